@@ -1,0 +1,5 @@
+"""``python -m indexer``: the full ``clipsearch`` command."""
+
+from .cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,67 @@
+"""The ``clipsearch`` console script: ``index`` here, ``search`` and ``info`` from retrieval."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+
+from retrieval import cli as query_cli
+from retrieval.encoders import DEFAULT_MODEL
+
+
+def _nonnegative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
+    return value
+
+
+def _cmd_index(args: argparse.Namespace) -> int:
+    from .build import build_index
+
+    report = build_index(
+        args.photos_dir,
+        args.index_dir,
+        model=args.model,
+        batch_size=args.batch_size,
+        workers=args.workers,
+        device=args.device,
+        progress=not args.no_progress,
+    )
+    if args.json:
+        query_cli.print_json(report.to_dict())
+    else:
+        print(
+            f"indexed {report.indexed} images, skipped {report.skipped}, in {report.seconds:.1f} s "
+            f"({report.images_per_second:.1f} images/s) -> {report.index_dir}"
+        )
+    return 0
+
+
+def register_index_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "index",
+        help="build an index of a folder of images",
+        description="Embed every image under PHOTOS_DIR with CLIP and write an index to INDEX_DIR.",
+    )
+    p.add_argument("photos_dir", metavar="PHOTOS_DIR")
+    p.add_argument("index_dir", metavar="INDEX_DIR")
+    p.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face hub id or local checkpoint directory (default: {DEFAULT_MODEL})")
+    p.add_argument("--batch-size", type=query_cli.positive_int, default=64, help="images per model call (default: 64)")
+    p.add_argument("--workers", type=_nonnegative_int, default=None, help="decode worker processes (default: from the core count; 0 = in-process)")
+    query_cli.add_device_arguments(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(handler=_cmd_index)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``clipsearch`` command."""
+    return query_cli.main(argv, registrars=[register_index_command])
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,79 @@
+"""Find the image files of a collection: recursive, deterministic, loop-free.
+
+Directory symlinks are not followed (they cause loops and count the same image twice); file
+symlinks that point at a regular file are taken, as the user placed them in the collection.
+Names are handled as bytes, so file names that are not valid UTF-8 are found too.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+
+from retrieval.images import IMAGE_EXTENSIONS
+
+
+@dataclass(frozen=True)
+class ImageFile:
+    """One candidate image: its path relative to the collection root, as file-system bytes."""
+
+    rel: bytes
+    size: int
+    mtime_ns: int
+
+
+@dataclass(frozen=True)
+class Discovery:
+    """What a walk found: the images, and directories that could not be listed (with why)."""
+
+    files: list[ImageFile]
+    unreadable_dirs: list[tuple[bytes, str]]
+
+
+def _has_image_extension(name: bytes, extensions: frozenset[bytes]) -> bool:
+    dot = name.rfind(b".")
+    return dot > 0 and name[dot:].lower() in extensions
+
+
+def discover(root: str | os.PathLike[str], extensions: Iterable[str] = IMAGE_EXTENSIONS) -> Discovery:
+    """Walk ``root`` and return its image files sorted by relative path (byte order).
+
+    Only regular files (or symlinks to regular files) whose extension is in ``extensions``
+    (case-insensitive) are returned; FIFOs, sockets, dangling links and directory symlinks are
+    ignored. Directories that cannot be listed are reported, not fatal.
+    """
+    exts = frozenset(e.lower().encode() for e in extensions)
+    root_b = os.fsencode(Path(root))
+    files: list[ImageFile] = []
+    unreadable: list[tuple[bytes, str]] = []
+    stack: list[bytes] = [b""]
+    while stack:
+        rel_dir = stack.pop()
+        abs_dir = os.path.join(root_b, rel_dir) if rel_dir else root_b
+        try:
+            with os.scandir(abs_dir) as it:
+                entries = sorted(it, key=lambda e: e.name)
+        except OSError as exc:
+            unreadable.append((rel_dir, exc.strerror or type(exc).__name__))
+            continue
+        subdirs: list[bytes] = []
+        for entry in entries:
+            rel = os.path.join(rel_dir, entry.name) if rel_dir else entry.name
+            try:
+                if entry.is_dir(follow_symlinks=False):
+                    subdirs.append(rel)
+                    continue
+                if not _has_image_extension(entry.name, exts):
+                    continue
+                st = entry.stat(follow_symlinks=True)
+            except OSError:
+                continue  # dangling symlink or vanished file: nothing to index
+            if stat.S_ISREG(st.st_mode):
+                files.append(ImageFile(rel=rel, size=st.st_size, mtime_ns=st.st_mtime_ns))
+        # Reverse so that popping yields subdirectories in sorted order.
+        stack.extend(reversed(subdirs))
+    files.sort(key=lambda f: f.rel)
+    return Discovery(files=files, unreadable_dirs=unreadable)

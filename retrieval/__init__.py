@@ -1,0 +1,36 @@
+"""clipsearch query layer: open an index, encode queries with CLIP, rank with FAISS.
+
+Importing this package does no work: models load on first query, FAISS on first open.
+"""
+
+from .errors import (
+    ClipSearchError,
+    ImageDecodeError,
+    IndexDirError,
+    IndexFormatError,
+    InvalidArgumentError,
+    ModelLoadError,
+    ModelMismatchError,
+    NotAnIndexError,
+    PhotosDirError,
+    UnsupportedFormatError,
+)
+from .index import Hit, ImageIndex, SkippedFile
+from .version import __version__
+
+__all__ = [
+    "ClipSearchError",
+    "Hit",
+    "ImageDecodeError",
+    "ImageIndex",
+    "IndexDirError",
+    "IndexFormatError",
+    "InvalidArgumentError",
+    "ModelLoadError",
+    "ModelMismatchError",
+    "NotAnIndexError",
+    "PhotosDirError",
+    "SkippedFile",
+    "UnsupportedFormatError",
+    "__version__",
+]

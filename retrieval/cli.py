@@ -1,0 +1,158 @@
+"""The query half of the ``clipsearch`` command: ``search`` and ``info``.
+
+The console script lives in :mod:`indexer.cli`, which adds ``index`` (the indexer may import
+this package, never the reverse). Only CLI modules turn exceptions into messages and exit
+codes: a user mistake prints one line on stderr and exits 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import os
+import sys
+import warnings
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from .errors import ClipSearchError, InvalidArgumentError
+
+PROG = "clipsearch"
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+Registrar = Callable[[argparse._SubParsersAction], None]  # type: ignore[type-arg]
+
+
+def positive_int(text: str) -> int:
+    """argparse type: an integer >= 1."""
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def print_json(obj: Any) -> None:
+    """One JSON object on stdout (non-ASCII kept, lone surrogates escaped)."""
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
+    sys.stdout.flush()
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda (default: auto)")
+
+
+def _cmd_search(args: argparse.Namespace) -> int:
+    from .index import ImageIndex
+
+    if args.query is None and args.image is None:
+        raise InvalidArgumentError("give a text query or --image PATH")
+    if args.query is not None and args.image is not None:
+        raise InvalidArgumentError("give either a text query or --image, not both")
+    if args.query is not None and not args.query.strip():
+        raise InvalidArgumentError("the query is empty")
+    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device)
+    hits = index.search(args.query, k=args.k) if args.image is None else index.search_image(args.image, k=args.k)
+    if args.json:
+        print_json({"results": [h.to_dict() for h in hits]})
+    else:
+        if not hits:
+            print("no results (the index is empty)")
+        for rank, hit in enumerate(hits, 1):
+            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}")
+    return 0
+
+
+def _cmd_info(args: argparse.Namespace) -> int:
+    from .index import ImageIndex
+
+    index = ImageIndex.open(args.index_dir)
+    info = index.info()
+    if args.json:
+        print_json(info)
+        return 0
+    width = max(len(k) for k in info)
+    for key, value in info.items():
+        if key == "skipped_files":
+            continue
+        shown = json.dumps(value) if isinstance(value, (dict, list)) else value
+        print(f"{key:<{width}}  {shown}")
+    if info["skipped_files"]:
+        print(f"\nskipped files ({len(info['skipped_files'])}):")
+        for item in info["skipped_files"]:
+            print(f"  {item['path']}: {item['reason']}")
+    return 0
+
+
+def register_query_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    """Add ``search`` and ``info`` to a ``clipsearch`` sub-parser set."""
+    p = sub.add_parser("search", help="search an index by text or by image", description="Search an index by text or by image.")
+    p.add_argument("index_dir", metavar="INDEX_DIR")
+    p.add_argument("query", metavar="QUERY", nargs="?", help="text query")
+    p.add_argument("--image", metavar="PATH", help="search with this image instead of text")
+    p.add_argument("-k", "--k", type=positive_int, default=10, help="number of results (default: 10)")
+    p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
+    add_device_arguments(p)
+    p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score"}, ...]}')
+    p.set_defaults(handler=_cmd_search)
+
+    p = sub.add_parser("info", help="describe an index", description="Describe an index: model, size, skipped files.")
+    p.add_argument("index_dir", metavar="INDEX_DIR")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p.set_defaults(handler=_cmd_info)
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> Any:  # one line, no usage dump
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+def build_parser(registrars: Sequence[Registrar] = ()) -> argparse.ArgumentParser:
+    from .version import __version__
+
+    parser = _Parser(prog=PROG, description="CLIP image search: index a folder of images, search it by text or image.")
+    parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for register in registrars:
+        register(sub)
+    register_query_commands(sub)
+    return parser
+
+
+@contextlib.contextmanager
+def _quiet_libraries() -> Iterator[None]:
+    # Library warnings (deprecations, hub notices) are for developers, not for CLI users.
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        yield
+
+
+def main(argv: Sequence[str] | None = None, registrars: Sequence[Registrar] = ()) -> int:
+    """Run the CLI; returns the exit code."""
+    parser = build_parser(registrars)
+    args = parser.parse_args(argv)
+    try:
+        with _quiet_libraries():
+            return int(args.handler(args))
+    except ClipSearchError as exc:
+        print(f"{PROG}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"{PROG}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    except BrokenPipeError:
+        # `clipsearch search ... | head` closed the pipe: not an error of ours.
+        with contextlib.suppress(OSError):
+            sys.stdout = open(os.devnull, "w")  # noqa: SIM115
+        return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,363 @@
+"""CLIP encoders: a checkpoint in, L2-normalised float32 vectors out.
+
+Only this module imports torch and transformers. Vectors are normalised here, once, so that
+inner product is cosine similarity everywhere else.
+
+The Hugging Face encoder loads each tower on first use: a text search needs only
+``CLIPTextModelWithProjection`` and never pays for the vision tower, the indexer only
+``CLIPVisionModelWithProjection``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import logging
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
+from urllib.parse import urlparse
+
+import numpy as np
+
+from .errors import InvalidArgumentError, ModelLoadError
+from .images import PreprocessConfig
+
+if TYPE_CHECKING:
+    import torch
+
+LOG = logging.getLogger(__name__)
+
+DEFAULT_MODEL = "openai/clip-vit-base-patch32"
+
+# Weight files from_pretrained reads, in its order of preference.
+_WEIGHT_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*-of-*.bin")
+
+_FINGERPRINT_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+class Encoder(Protocol):
+    """What the indexer and the query layer need from a model, whatever its backend."""
+
+    name: str
+    backend: str
+    dim: int
+    preprocess: PreprocessConfig
+    max_text_length: int
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray: ...
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cpu``, ``cuda``, ``cuda:N`` as given.
+
+    Raises:
+        InvalidArgumentError: unknown device string, or CUDA asked for but not available.
+    """
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidArgumentError(f"unknown device {device!r}; use auto, cpu or cuda") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgumentError("--device cuda was asked for but CUDA is not available here; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"unsupported device {device!r}; use auto, cpu or cuda")
+    return dev
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    """Row-wise L2 normalisation in float32 (zero rows stay zero)."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, np.finfo(np.float32).tiny)
+
+
+def _looks_like_path(model: str) -> bool:
+    # Hub ids are "name" or "org/name"; anything else with a slash can only be a path.
+    return model.startswith(("/", ".", "~")) or model.count("/") > 1 or model.endswith("/")
+
+
+def resolve_checkpoint(model: str) -> tuple[str, Path]:
+    """Find the local directory of a checkpoint given by hub id or path.
+
+    Returns:
+        (canonical name, directory): the absolute path for local checkpoints (so an index
+        records where its model lives), the hub id otherwise.
+
+    Raises:
+        ModelLoadError: the path does not exist, or the hub id is not cached and cannot be
+            downloaded.
+    """
+    if not model or not model.strip():
+        raise InvalidArgumentError("model must not be empty")
+    local = Path(model).expanduser()
+    if local.is_dir():
+        resolved = local.resolve()
+        if not (resolved / "config.json").is_file():
+            raise ModelLoadError(f"{resolved} is not a model checkpoint directory: it has no config.json")
+        return str(resolved), resolved
+    if _looks_like_path(model) or local.exists():
+        raise ModelLoadError(f"model checkpoint directory {model!r} does not exist")
+    return model, _hub_snapshot(model)
+
+
+def _hub_reachable() -> bool:
+    """Cheap check before asking the hub: offline mode set, or the hub's host does not resolve."""
+    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
+def _hub_snapshot(model: str) -> Path:
+    # The cache first, without network; the hub only when it can be reached (huggingface_hub
+    # would otherwise retry for ~25 s on a machine without network before failing).
+    from huggingface_hub import snapshot_download
+
+    def fetch(patterns: list[str], offline: bool) -> Path:
+        with _quiet_transformers():
+            return Path(snapshot_download(model, allow_patterns=patterns, local_files_only=offline))
+
+    last: BaseException | None = None
+    for offline in (True, False):
+        if not offline and not _hub_reachable():
+            raise ModelLoadError(
+                f"cannot load model {model!r}: it is not in the local Hugging Face cache and the Hub cannot "
+                "be reached from this machine. Pass a local checkpoint directory: --model /path/to/checkpoint"
+            )
+        try:
+            directory = fetch(["*.json", "*.txt", "*.safetensors"], offline)
+            if not any(directory.glob("*.safetensors")):
+                directory = fetch(["*.json", "*.txt", "*.bin"], offline)
+            if (directory / "config.json").is_file() and _weight_files(directory):
+                return directory
+        except Exception as exc:  # noqa: BLE001 - hub errors come in many types; the cause is kept
+            last = exc
+    raise ModelLoadError(_offline_message(model, last))
+
+
+def _offline_message(model: str, exc: BaseException | None) -> str:
+    cause = f" ({str(exc).splitlines()[0]})" if exc is not None and str(exc) else ""
+    return (
+        f"cannot load model {model!r}: it is not a local directory and could not be fetched from the "
+        f"Hugging Face Hub{cause}. Offline, pass a local checkpoint directory: --model /path/to/checkpoint"
+    )
+
+
+def _weight_files(directory: Path) -> list[Path]:
+    for pattern in _WEIGHT_PATTERNS:
+        files = sorted(directory.glob(pattern))
+        if files:
+            return files
+    return []
+
+
+def checkpoint_fingerprint(directory: Path) -> str:
+    """sha256 over the weight files from_pretrained would read (names, sizes and contents).
+
+    The result is cached per file identity (path, size, mtime) for the life of the process.
+
+    Raises:
+        ModelLoadError: the directory holds no weight files.
+    """
+    files = _weight_files(directory)
+    if not files:
+        raise ModelLoadError(f"{directory} holds no model weights (model.safetensors or pytorch_model.bin)")
+    digest = hashlib.sha256()
+    for path in files:
+        stat = path.stat()
+        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+        file_hash = _FINGERPRINT_CACHE.get(key)
+        if file_hash is None:
+            h = hashlib.sha256()
+            with open(path, "rb") as fh:
+                for chunk in iter(lambda: fh.read(1 << 22), b""):
+                    h.update(chunk)
+            file_hash = _FINGERPRINT_CACHE[key] = h.hexdigest()
+        digest.update(f"{path.name}\0{stat.st_size}\0{file_hash}\n".encode())
+    return "sha256:" + digest.hexdigest()
+
+
+@contextlib.contextmanager
+def _quiet_transformers() -> Iterator[None]:
+    """Silence transformers' logging (load reports, hub retries) for the duration."""
+    from huggingface_hub.utils import logging as hub_logging
+    from transformers.utils import logging as hf_logging
+
+    hub_logger = hub_logging.get_logger("huggingface_hub")
+    hub_level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)
+    previous = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
+        hub_logger.setLevel(hub_level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+class HFClipEncoder:
+    """A Hugging Face CLIP checkpoint (``CLIP*WithProjection`` towers loaded lazily).
+
+    Use :meth:`load`; the constructor takes already-resolved parts.
+    """
+
+    backend = "hf"
+
+    def __init__(self, name: str, directory: Path, config: Any, preprocess: PreprocessConfig, device: torch.device) -> None:
+        self.name = name
+        self.directory = directory
+        self.config = config
+        self.preprocess = preprocess
+        self.device = device
+        self.dim = int(config.projection_dim)
+        self.max_text_length = int(config.text_config.max_position_embeddings)
+        self._fingerprint: str | None = None
+        self._text_model: Any = None
+        self._vision_model: Any = None
+        self._tokenizer: Any = None
+
+    @classmethod
+    def load(cls, model: str = DEFAULT_MODEL, device: str = "auto") -> HFClipEncoder:
+        """Open a CLIP checkpoint by hub id or local directory (weights load on first use).
+
+        Args:
+            model: hub id such as ``openai/clip-vit-base-patch32`` or a checkpoint directory.
+            device: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
+
+        Raises:
+            ModelLoadError: the checkpoint cannot be found or is not a CLIP checkpoint.
+            InvalidArgumentError: bad device.
+        """
+        dev = resolve_device(device)
+        name, directory = resolve_checkpoint(model)
+        try:
+            from transformers import CLIPConfig
+
+            with _quiet_transformers():
+                config = CLIPConfig.from_pretrained(directory)
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(f"{name} is not a CLIP checkpoint: {str(exc).splitlines()[0]}") from exc
+        if getattr(config, "model_type", None) != "clip":
+            raise ModelLoadError(f"{name} is not a CLIP checkpoint (model_type={config.model_type!r})")
+        proc_file = directory / "preprocessor_config.json"
+        if not proc_file.is_file():
+            raise ModelLoadError(f"{name} has no preprocessor_config.json; cannot know its image preprocessing")
+        try:
+            proc_cfg = json.loads(proc_file.read_text(encoding="utf-8"))
+            proc_cfg = proc_cfg.get("image_processor", proc_cfg)
+            preprocess = PreprocessConfig.from_hf(proc_cfg)
+        except (OSError, ValueError, KeyError, TypeError) as exc:
+            raise ModelLoadError(f"{name}: unreadable preprocessor_config.json: {exc}") from exc
+        return cls(name, directory, config, preprocess, dev)
+
+    @property
+    def fingerprint(self) -> str:
+        """Stable id of the checkpoint's weights (computed once, on first use)."""
+        if self._fingerprint is None:
+            self._fingerprint = checkpoint_fingerprint(self.directory)
+        return self._fingerprint
+
+    def _load_tower(self, cls_name: str) -> Any:
+        import torch
+        import transformers
+
+        model_cls = getattr(transformers, cls_name)
+        try:
+            with _quiet_transformers():
+                model, info = model_cls.from_pretrained(
+                    self.directory, output_loading_info=True, dtype=torch.float32
+                )
+        except Exception as exc:  # noqa: BLE001
+            raise ModelLoadError(f"cannot load {cls_name} from {self.name}: {str(exc).splitlines()[0]}") from exc
+        missing = list(info.get("missing_keys") or [])
+        if missing:
+            # A tower with missing weights would silently embed with random parameters.
+            raise ModelLoadError(
+                f"{self.name} lacks weights for {cls_name} ({len(missing)} missing, e.g. {missing[0]})"
+            )
+        return model.eval().to(self.device)
+
+    @property
+    def text_model(self) -> Any:
+        if self._text_model is None:
+            self._text_model = self._load_tower("CLIPTextModelWithProjection")
+        return self._text_model
+
+    @property
+    def vision_model(self) -> Any:
+        if self._vision_model is None:
+            self._vision_model = self._load_tower("CLIPVisionModelWithProjection")
+        return self._vision_model
+
+    @property
+    def tokenizer(self) -> Any:
+        if self._tokenizer is None:
+            try:
+                from transformers import AutoTokenizer
+
+                with _quiet_transformers():
+                    self._tokenizer = AutoTokenizer.from_pretrained(self.directory)
+            except Exception as exc:  # noqa: BLE001
+                raise ModelLoadError(f"cannot load the tokenizer of {self.name}: {str(exc).splitlines()[0]}") from exc
+        return self._tokenizer
+
+    def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
+        """Tokenize like the reference processor: pad to the longest, truncate to the model's length."""
+        return self.tokenizer(
+            list(texts),
+            padding=True,
+            truncation=True,
+            max_length=self.max_text_length,
+            return_tensors="pt",
+        )
+
+    def embed_texts(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+        """Encode texts to L2-normalised float32 vectors of shape ``(len(texts), dim)``."""
+        import torch
+
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        model = self.text_model
+        with torch.inference_mode():
+            for start in range(0, len(texts), batch_size):
+                batch = self.tokenize(texts[start : start + batch_size])
+                emb = model(
+                    input_ids=batch["input_ids"].to(self.device),
+                    attention_mask=batch["attention_mask"].to(self.device),
+                ).text_embeds
+                out[start : start + len(emb)] = emb.float().cpu().numpy()
+        return l2_normalize(out)
+
+    def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
+        """Encode a preprocessed ``(N, 3, h, w)`` batch to L2-normalised float32 vectors."""
+        import torch
+
+        model = self.vision_model
+        with torch.inference_mode():
+            emb = model(pixel_values=pixel_values.to(self.device, torch.float32, non_blocking=True)).image_embeds
+            return l2_normalize(emb.float().cpu().numpy())
+
+
+def load_encoder(model: str = DEFAULT_MODEL, device: str = "auto") -> Encoder:
+    """Open the encoder for ``model`` (currently Hugging Face CLIP checkpoints)."""
+    return HFClipEncoder.load(model, device=device)

@@ -1,0 +1,53 @@
+"""Typed exceptions of clipsearch.
+
+Library code raises these; only the CLI turns them into one-line messages and exit codes.
+Every message is written for the person who ran the command: it says what is wrong and,
+where there is one, what to do about it.
+"""
+
+from __future__ import annotations
+
+
+class ClipSearchError(Exception):
+    """Base class of every error clipsearch raises on purpose."""
+
+
+class InvalidArgumentError(ClipSearchError, ValueError):
+    """A bad value passed by the caller (empty query, k < 1, unknown device, ...)."""
+
+
+class PhotosDirError(ClipSearchError):
+    """The image collection to index is missing, not a directory, or holds no images."""
+
+
+class IndexDirError(ClipSearchError):
+    """INDEX_DIR cannot be used: not an index, or a non-index directory we refuse to overwrite."""
+
+
+class NotAnIndexError(IndexDirError):
+    """The directory holds no clipsearch index (no manifest)."""
+
+
+class IndexFormatError(ClipSearchError):
+    """The index exists but cannot be read: unsupported version, damaged or inconsistent files."""
+
+
+class UnsupportedFormatError(IndexFormatError):
+    """The index was written in a format version this code does not read."""
+
+
+class ModelLoadError(ClipSearchError):
+    """A model checkpoint could not be loaded (missing, offline, not a CLIP checkpoint)."""
+
+
+class ModelMismatchError(ClipSearchError):
+    """The query model is not the model the index was built with."""
+
+
+class ImageDecodeError(ClipSearchError):
+    """An image file could not be decoded. ``reason`` is a short, stable description."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"cannot decode image {path!r}: {reason}")
+        self.path = path
+        self.reason = reason

@@ -1,0 +1,409 @@
+"""Image decoding and CLIP preprocessing, shared by the indexer and image queries.
+
+Decoding turns any file PIL can read into an RGB image the way a person would expect:
+EXIF orientation applied, transparency composited onto white, 16-bit and float images scaled
+to 8 bits rather than clipped, the first frame of animations, and JPEGs decoded at a reduced
+DCT scale (draft mode) when the model needs far fewer pixels than the file has.
+
+Preprocessing reproduces the checkpoint's ``CLIPImageProcessor`` (transformers 5, torchvision
+backend): resize with torchvision's antialiased bicubic on uint8, center crop (zero padding
+when the image is smaller than the crop), rescale and normalise. The configuration comes from
+the checkpoint's own ``preprocessor_config.json``; nothing is hard-coded to 224 px.
+"""
+
+from __future__ import annotations
+
+import io
+import os
+import warnings
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+from typing import TYPE_CHECKING, Any, BinaryIO
+
+import numpy as np
+from PIL import Image, ImageOps
+
+from .errors import ImageDecodeError
+
+if TYPE_CHECKING:
+    import torch
+
+# File extensions the indexer looks at (compared lower-case).
+IMAGE_EXTENSIONS: frozenset[str] = frozenset(
+    {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+)
+
+# PIL's own limit: images above it are refused as decompression bombs (PIL only warns between
+# 1x and 2x of it; a long build must not be stalled by a 200-megapixel decode either).
+DEFAULT_MAX_PIXELS: int = Image.MAX_IMAGE_PIXELS or 89_478_485
+
+_RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
+
+OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
+OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
+
+
+@dataclass(frozen=True)
+class PreprocessConfig:
+    """How an RGB image becomes the model's ``pixel_values``.
+
+    Attributes:
+        shortest_edge: resize so the shorter side has this many pixels (aspect kept); or None.
+        resize_to: resize to exactly (height, width) instead; used when ``shortest_edge`` is None.
+        crop_size: (height, width) of the center crop, or None for no crop.
+        resample: interpolation name (``"bicubic"``, ``"bilinear"``, ...).
+        rescale_factor: multiplier applied to 0..255 values (1/255), or None for no rescale.
+        mean, std: per-channel normalisation, or None for no normalisation.
+        alpha: how transparency becomes RGB; ``"white"`` composites onto white like the
+            reference processor does.
+    """
+
+    shortest_edge: int | None = 224
+    resize_to: tuple[int, int] | None = None
+    crop_size: tuple[int, int] | None = (224, 224)
+    resample: str = "bicubic"
+    rescale_factor: float | None = 1 / 255
+    mean: tuple[float, float, float] | None = OPENAI_CLIP_MEAN
+    std: tuple[float, float, float] | None = OPENAI_CLIP_STD
+    alpha: str = "white"
+
+    def __post_init__(self) -> None:
+        if self.shortest_edge is not None and self.shortest_edge < 1:
+            raise ValueError(f"shortest_edge must be >= 1, got {self.shortest_edge}")
+        if self.shortest_edge is None and self.resize_to is None and self.crop_size is None:
+            raise ValueError("preprocessing needs a resize or a crop to reach a fixed input size")
+        for name in ("resize_to", "crop_size"):
+            value = getattr(self, name)
+            if value is not None and (len(value) != 2 or min(value) < 1):
+                raise ValueError(f"{name} must be (height, width) >= 1, got {value}")
+        if self.resample not in _RESAMPLE_NAMES.values():
+            raise ValueError(f"unknown resample {self.resample!r}")
+        if (self.mean is None) != (self.std is None):
+            raise ValueError("mean and std must be given together")
+        if self.std is not None and min(self.std) <= 0:
+            raise ValueError("std must be > 0")
+        if self.alpha != "white":
+            raise ValueError(f"unknown alpha policy {self.alpha!r}; only 'white' is supported")
+
+    @property
+    def input_size(self) -> tuple[int, int]:
+        """(height, width) of the tensor the model receives."""
+        if self.crop_size is not None:
+            return self.crop_size
+        if self.resize_to is not None:
+            return self.resize_to
+        raise ValueError("input size depends on the image: shortest_edge resize without a crop")
+
+    @property
+    def min_decode_edge(self) -> int:
+        """Smallest side length (pixels) the decoded image needs for a lossless resize step."""
+        if self.shortest_edge is not None:
+            return self.shortest_edge
+        return max(self.resize_to or self.input_size)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("resize_to", "crop_size", "mean", "std"):
+            if data[key] is not None:
+                data[key] = list(data[key])
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> PreprocessConfig:
+        def tup(value: Any) -> Any:
+            return tuple(value) if value is not None else None
+
+        return cls(
+            shortest_edge=data.get("shortest_edge"),
+            resize_to=tup(data.get("resize_to")),
+            crop_size=tup(data.get("crop_size")),
+            resample=data.get("resample", "bicubic"),
+            rescale_factor=data.get("rescale_factor"),
+            mean=tup(data.get("mean")),
+            std=tup(data.get("std")),
+            alpha=data.get("alpha", "white"),
+        )
+
+    @classmethod
+    def from_hf(cls, config: Mapping[str, Any]) -> PreprocessConfig:
+        """Build from a Hugging Face ``preprocessor_config.json`` (CLIPImageProcessor keys).
+
+        Raises:
+            ValueError: a setting we cannot reproduce (e.g. a resize mode other than
+                ``shortest_edge`` or ``height``/``width``).
+        """
+        size = config.get("size", {"shortest_edge": 224})
+        if isinstance(size, int):
+            size = {"shortest_edge": size}
+        shortest_edge: int | None = None
+        resize_to: tuple[int, int] | None = None
+        if config.get("do_resize", True):
+            if "shortest_edge" in size and "longest_edge" not in size:
+                shortest_edge = int(size["shortest_edge"])
+            elif "height" in size and "width" in size:
+                resize_to = (int(size["height"]), int(size["width"]))
+            else:
+                raise ValueError(f"unsupported resize setting size={size!r}")
+        crop: tuple[int, int] | None = None
+        if config.get("do_center_crop", True):
+            crop_size = config.get("crop_size", {"height": 224, "width": 224})
+            if isinstance(crop_size, int):
+                crop_size = {"height": crop_size, "width": crop_size}
+            crop = (int(crop_size["height"]), int(crop_size["width"]))
+        resample = _RESAMPLE_NAMES.get(int(config.get("resample", 3)))
+        if resample is None:
+            raise ValueError(f"unsupported resample {config.get('resample')!r}")
+        rescale = float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None
+        mean = std = None
+        if config.get("do_normalize", True):
+            mean = tuple(float(v) for v in config.get("image_mean", OPENAI_CLIP_MEAN))
+            std = tuple(float(v) for v in config.get("image_std", OPENAI_CLIP_STD))
+        return cls(
+            shortest_edge=shortest_edge,
+            resize_to=resize_to,
+            crop_size=crop,
+            resample=resample,
+            rescale_factor=rescale,
+            mean=mean,  # type: ignore[arg-type]
+            std=std,  # type: ignore[arg-type]
+        )
+
+
+@dataclass(frozen=True)
+class DecodedImage:
+    """An RGB image plus the size of the original after EXIF orientation.
+
+    ``image`` may be smaller than ``width`` x ``height`` when JPEG draft decoding was used.
+    """
+
+    image: Image.Image
+    width: int
+    height: int
+
+
+def _scale_to_uint8(img: Image.Image) -> Image.Image:
+    # PIL's own convert("L") clips 16-bit and float pixels at 255, turning most of a 16-bit
+    # photo white; scale the real value range instead.
+    arr = np.asarray(img)
+    if img.mode == "F":
+        arr = arr.astype(np.float64)
+        finite = arr[np.isfinite(arr)]
+        top = float(finite.max()) if finite.size else 1.0
+        scale = 255.0 if top <= 1.0 else (255.0 / 65535.0 if top > 255.0 else 1.0)
+        out = np.clip(np.nan_to_num(arr) * scale, 0, 255)
+    else:
+        arr = arr.astype(np.int64)
+        # I;16 is always 16-bit; mode I (32-bit) from PNG/TIFF holds 16-bit samples in practice.
+        sixteen = img.mode.startswith("I;16") or int(arr.max(initial=0)) > 255
+        out = np.clip(arr, 0, 65535) / 257.0 if sixteen else np.clip(arr, 0, 255)
+    return Image.fromarray(np.rint(out).astype(np.uint8), "L")
+
+
+def to_rgb(img: Image.Image) -> Image.Image:
+    """Convert any PIL image to RGB, compositing transparency onto a white background."""
+    if img.mode == "RGB":
+        return img
+    if img.mode in ("I", "F") or img.mode.startswith("I;16"):
+        return _scale_to_uint8(img).convert("RGB")
+    has_alpha = "A" in img.getbands() or "transparency" in img.info
+    if has_alpha:
+        # Same rule as transformers' convert_to_rgb, so transparent images keep parity too.
+        rgba = img.convert("RGBA")
+        background = Image.new("RGBA", rgba.size, (255, 255, 255, 255))
+        return Image.alpha_composite(background, rgba).convert("RGB")
+    return img.convert("RGB")
+
+
+def _oriented_size(img: Image.Image) -> tuple[int, int]:
+    # EXIF orientations 5..8 swap width and height.
+    try:
+        orientation = img.getexif().get(0x0112, 1)
+    except Exception:  # noqa: BLE001 - a broken EXIF block must not fail the decode
+        orientation = 1
+    w, h = img.size
+    return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+
+
+def decode_image(
+    source: str | bytes | os.PathLike[str] | os.PathLike[bytes] | BinaryIO,
+    *,
+    min_edge: int | None = None,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    name: str | None = None,
+) -> DecodedImage:
+    """Open and decode one image file to RGB.
+
+    Args:
+        source: a path (str or bytes) or a binary file object.
+        min_edge: if given, JPEGs are decoded at the smallest DCT scale (1/2, 1/4, 1/8) whose
+            shorter side is still >= ``min_edge`` pixels.
+        max_pixels: images with more pixels are refused as decompression bombs.
+        name: how to name the file in error messages (defaults to the path).
+
+    Returns:
+        The RGB image with its original (EXIF-oriented) width and height.
+
+    Raises:
+        ImageDecodeError: the file is empty, truncated, not an image, too large or unreadable.
+    """
+    label = name if name is not None else _label(source)
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(source) as img:  # type: ignore[arg-type]
+                width, height = _oriented_size(img)
+                if width * height > max_pixels:
+                    raise ImageDecodeError(
+                        label,
+                        f"decompression bomb: {width}x{height} pixels exceeds the limit of {max_pixels}",
+                    )
+                if getattr(img, "n_frames", 1) > 1:
+                    img.seek(0)
+                if min_edge is not None and img.format == "JPEG":
+                    # draft() picks the largest reduction that keeps both sides >= the request.
+                    img.draft(img.mode, (min_edge, min_edge))
+                img.load()
+                oriented = ImageOps.exif_transpose(img)
+                rgb = to_rgb(oriented)
+                rgb.load()
+                if rgb is img:
+                    rgb = img.copy()
+    except ImageDecodeError:
+        raise
+    except FileNotFoundError:
+        raise ImageDecodeError(label, "file not found") from None
+    except PermissionError:
+        raise ImageDecodeError(label, "permission denied") from None
+    except IsADirectoryError:
+        raise ImageDecodeError(label, "is a directory") from None
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        # PIL's text ends in ", could be decompression bomb DOS attack."; keep the numbers.
+        detail = str(exc).split(", could be")[0].rstrip(".")
+        raise ImageDecodeError(label, f"decompression bomb: {detail}") from None
+    except Image.UnidentifiedImageError:
+        reason = "empty file" if _is_empty(source) else "not an image (unrecognised format)"
+        raise ImageDecodeError(label, reason) from None
+    except (OSError, SyntaxError, ValueError, EOFError, MemoryError, TypeError, IndexError) as exc:
+        text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        if "truncated" in text:
+            text = "truncated file"
+        raise ImageDecodeError(label, f"decode failed: {text}") from None
+    return DecodedImage(image=rgb, width=width, height=height)
+
+
+def _label(source: Any) -> str:
+    if isinstance(source, bytes):
+        return os.fsdecode(source)
+    if isinstance(source, (str, os.PathLike)):
+        return os.fsdecode(source)
+    return getattr(source, "name", "<stream>")
+
+
+def _is_empty(source: Any) -> bool:
+    try:
+        if isinstance(source, (str, bytes, os.PathLike)):
+            return os.path.getsize(source) == 0
+        if isinstance(source, io.BytesIO):
+            return len(source.getbuffer()) == 0
+    except OSError:
+        return False
+    return False
+
+
+def resize_output_size(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, int]:
+    """(height, width) after the resize step, with transformers' integer rounding."""
+    if cfg.shortest_edge is None:
+        return cfg.resize_to if cfg.resize_to is not None else (height, width)
+    short, long = (width, height) if width <= height else (height, width)
+    new_short, new_long = cfg.shortest_edge, int(cfg.shortest_edge * long / short)
+    return (new_long, new_short) if width <= height else (new_short, new_long)
+
+
+def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
+    """Resize, center-crop and normalise a batch of RGB image tensors.
+
+    Args:
+        images: ``(N, 3, H, W)`` or ``(3, H, W)``; uint8 in 0..255 or float in 0..255 (float
+            input keeps the whole computation differentiable).
+        cfg: the checkpoint's preprocessing.
+
+    Returns:
+        float32 ``pixel_values`` of shape ``(N, 3, h, w)`` (or ``(3, h, w)``).
+    """
+    import torch
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as tvF
+
+    if images.ndim not in (3, 4) or images.shape[-3] != 3:
+        raise ValueError(f"expected (N, 3, H, W) or (3, H, W) RGB tensors, got shape {tuple(images.shape)}")
+    height, width = images.shape[-2:]
+    if cfg.shortest_edge is not None or cfg.resize_to is not None:
+        new_size = resize_output_size(int(height), int(width), cfg)
+        mode = InterpolationMode(cfg.resample)
+        images = tvF.resize(images, list(new_size), interpolation=mode, antialias=True)
+    if cfg.crop_size is not None:
+        images = _center_crop(images, cfg.crop_size)
+    out = images.to(torch.float32)
+    if cfg.mean is not None and cfg.std is not None:
+        scale = 1.0 / cfg.rescale_factor if cfg.rescale_factor else 1.0
+        mean = torch.tensor(cfg.mean, dtype=torch.float32, device=out.device) * scale
+        std = torch.tensor(cfg.std, dtype=torch.float32, device=out.device) * scale
+        out = (out - mean[:, None, None]) / std[:, None, None]
+    elif cfg.rescale_factor is not None:
+        out = out * cfg.rescale_factor
+    return out
+
+
+def _center_crop(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+    from torchvision.transforms.v2 import functional as tvF
+
+    crop_h, crop_w = size
+    height, width = images.shape[-2:]
+    if crop_w > width or crop_h > height:
+        # Pad with zeros like the reference, then crop the (possibly padded) center.
+        pad = [
+            (crop_w - width) // 2 if crop_w > width else 0,
+            (crop_h - height) // 2 if crop_h > height else 0,
+            (crop_w - width + 1) // 2 if crop_w > width else 0,
+            (crop_h - height + 1) // 2 if crop_h > height else 0,
+        ]
+        images = tvF.pad(images, pad, fill=0)
+        height, width = images.shape[-2:]
+    top = int((height - crop_h) / 2.0)
+    left = int((width - crop_w) / 2.0)
+    return images[..., top : top + crop_h, left : left + crop_w]
+
+
+def pil_to_tensor(img: Image.Image) -> torch.Tensor:
+    """RGB PIL image -> uint8 tensor (3, H, W) sharing no memory with PIL."""
+    import torch
+
+    arr = np.array(img, dtype=np.uint8, copy=True)
+    return torch.from_numpy(arr).permute(2, 0, 1).contiguous()
+
+
+def load_pixels(
+    source: str | bytes | os.PathLike[str] | BinaryIO,
+    cfg: PreprocessConfig,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    draft: bool = True,
+    name: str | None = None,
+) -> tuple[torch.Tensor, int, int]:
+    """Decode and preprocess one image: returns ``(pixel_values (3,h,w), width, height)``.
+
+    Raises:
+        ImageDecodeError: see :func:`decode_image`.
+    """
+    decoded = decode_image(
+        source, min_edge=cfg.min_decode_edge if draft else None, max_pixels=max_pixels, name=name
+    )
+    pixels = preprocess_tensor(pil_to_tensor(decoded.image), cfg)
+    return pixels, decoded.width, decoded.height
+
+
+def preprocess_images(images: Sequence[Image.Image], cfg: PreprocessConfig) -> torch.Tensor:
+    """Preprocess already-open PIL images into a ``(N, 3, h, w)`` batch."""
+    import torch
+
+    return torch.stack([preprocess_tensor(pil_to_tensor(to_rgb(img)), cfg) for img in images])

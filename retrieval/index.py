@@ -1,0 +1,274 @@
+"""``ImageIndex``: open an index directory and search it by text, image or vector."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, BinaryIO
+
+import numpy as np
+import pyarrow.parquet as pq
+
+from . import faiss_index
+from .encoders import Encoder, load_encoder
+from .errors import (
+    IndexFormatError,
+    InvalidArgumentError,
+    ModelMismatchError,
+)
+from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
+from .layout import GENERATION_KEY, Manifest, read_manifest
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: ``score`` is the cosine similarity (higher is better)."""
+
+    id: int
+    path: str
+    score: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"id": self.id, "path": self.path, "score": self.score}
+
+
+@dataclass(frozen=True)
+class SkippedFile:
+    """A file the indexer found but could not decode."""
+
+    path: str
+    reason: str
+
+
+EncoderFactory = Callable[[str, str], Encoder]
+
+
+class ImageIndex:
+    """A built index directory, ready to search.
+
+    Opening reads the manifest and the FAISS index and checks that they agree with the Parquet
+    file; the query model is loaded on the first text or image query.
+    """
+
+    def __init__(
+        self,
+        directory: Path,
+        manifest: Manifest,
+        faiss: Any,
+        *,
+        model: str | None = None,
+        device: str = "auto",
+        encoder: Encoder | None = None,
+        encoder_factory: EncoderFactory | None = None,
+    ) -> None:
+        self.directory = directory
+        self.manifest = manifest
+        self._faiss = faiss
+        self._model = model
+        self._device = device
+        self._encoder = encoder
+        self._encoder_factory = encoder_factory or (lambda name, dev: load_encoder(name, device=dev))
+        self._encoder_checked = False
+        self._paths: list[str] | None = None
+
+    @classmethod
+    def open(
+        cls,
+        directory: str | os.PathLike[str],
+        *,
+        model: str | None = None,
+        device: str = "auto",
+        encoder: Encoder | None = None,
+        mmap: bool = False,
+    ) -> ImageIndex:
+        """Open an index directory.
+
+        Args:
+            directory: the INDEX_DIR written by ``build_index``.
+            model: query with this checkpoint instead of the one recorded in the manifest; it
+                must be the same weights (checked by fingerprint).
+            device: where the query model runs (``auto``, ``cpu``, ``cuda``).
+            encoder: an already-loaded encoder to use for queries (checked the same way).
+            mmap: memory-map the FAISS index instead of reading it into RAM.
+
+        Raises:
+            NotAnIndexError: no index there.
+            UnsupportedFormatError: the index is newer than this code reads.
+            IndexFormatError: files missing, damaged or inconsistent with the manifest.
+        """
+        path = Path(directory)
+        manifest = read_manifest(path)
+        emb_path = path / manifest.files["embeddings"]
+        faiss_path = path / manifest.files["faiss"]
+        if not emb_path.is_file():
+            raise IndexFormatError(f"{emb_path} is missing; rebuild the index with `clipsearch index`")
+        try:
+            meta = pq.read_metadata(emb_path)
+            schema = pq.read_schema(emb_path)
+        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
+            raise IndexFormatError(f"{emb_path} is damaged: {exc}") from exc
+        generation = (schema.metadata or {}).get(GENERATION_KEY, b"").decode()
+        if generation != manifest.generation:
+            raise IndexFormatError(
+                f"{emb_path} does not belong to this manifest (generation {generation or 'missing'} != "
+                f"{manifest.generation}); the index was modified while being written: rebuild it"
+            )
+        if meta.num_rows != manifest.count:
+            raise IndexFormatError(f"{emb_path} has {meta.num_rows} rows but the manifest says {manifest.count}")
+        index = faiss_index.read(faiss_path, mmap=mmap)
+        if index.ntotal != manifest.count or index.d != manifest.dim:
+            raise IndexFormatError(
+                f"{faiss_path} holds {index.ntotal} vectors of dim {index.d}, but the manifest says "
+                f"{manifest.count} of dim {manifest.dim}; rebuild the index"
+            )
+        ids = pq.read_table(emb_path, columns=["id"]).column("id").to_numpy()
+        if not np.array_equal(ids, np.arange(manifest.count, dtype=np.int64)):
+            raise IndexFormatError(f"{emb_path}: ids are not 0..{manifest.count - 1} in row order; rebuild the index")
+        return cls(path, manifest, index, model=model, device=device, encoder=encoder)
+
+    # -- properties ---------------------------------------------------------------------------
+
+    @property
+    def count(self) -> int:
+        return self.manifest.count
+
+    @property
+    def dim(self) -> int:
+        return self.manifest.dim
+
+    @property
+    def preprocess(self) -> PreprocessConfig:
+        return PreprocessConfig.from_dict(self.manifest.preprocess)
+
+    def __len__(self) -> int:
+        return self.count
+
+    # -- encoder --------------------------------------------------------------------------------
+
+    @property
+    def encoder(self) -> Encoder:
+        """The query encoder, loaded on first use and checked against the manifest."""
+        if self._encoder is None:
+            self._encoder = self._encoder_factory(self._model or self.manifest.model, self._device)
+        if not self._encoder_checked:
+            self._check_encoder(self._encoder)
+            self._encoder_checked = True
+        return self._encoder
+
+    def _check_encoder(self, encoder: Encoder) -> None:
+        built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"
+        if encoder.dim != self.manifest.dim:
+            raise ModelMismatchError(
+                f"model mismatch: the index was built with {built}, dim {self.manifest.dim}; "
+                f"the query model {encoder.name} has dim {encoder.dim}"
+            )
+        if encoder.backend != self.manifest.backend or encoder.fingerprint != self.manifest.model_fingerprint:
+            raise ModelMismatchError(
+                f"model mismatch: the index was built with {built} but the query model is "
+                f"{encoder.name} ({encoder.fingerprint[:19]}); query with the same model or rebuild the index"
+            )
+
+    # -- search ---------------------------------------------------------------------------------
+
+    def search(self, query: str, k: int = 10) -> list[Hit]:
+        """Text-to-image search.
+
+        Raises:
+            InvalidArgumentError: empty query or k < 1.
+            ModelMismatchError: the query model is not the index's model.
+        """
+        return self.search_many([query], k)[0]
+
+    def search_many(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
+        """Search several texts at once (encoded in batches)."""
+        _check_k(k)
+        if isinstance(queries, str):
+            raise InvalidArgumentError("search_many takes a list of queries, not a single string")
+        for q in queries:
+            if not isinstance(q, str) or not q.strip():
+                raise InvalidArgumentError("query must be a non-empty text")
+        if not queries:
+            return []
+        vectors = self.encoder.embed_texts(list(queries))
+        return self.search_vectors(vectors, k)
+
+    def search_image(
+        self, image: str | bytes | os.PathLike[str] | BinaryIO, k: int = 10
+    ) -> list[Hit]:
+        """Image-to-image search with an image file (path or binary file object).
+
+        Raises:
+            ImageDecodeError: the query image cannot be decoded.
+        """
+        _check_k(k)
+        encoder = self.encoder
+        pixels, _, _ = load_pixels(image, self.preprocess, max_pixels=DEFAULT_MAX_PIXELS)
+        vector = encoder.embed_pixels(pixels[None])
+        return self.search_vectors(vector, k)[0]
+
+    def search_vectors(self, vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
+        """Search with ready query vectors ``(n, dim)`` (normalised by the caller)."""
+        _check_k(k)
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim == 1:
+            vectors = vectors[None]
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise InvalidArgumentError(f"query vectors must have shape (n, {self.dim}), got {vectors.shape}")
+        scores, ids = faiss_index.search(self._faiss, vectors, k)
+        paths = self._load_paths()
+        return [
+            [Hit(int(i), paths[int(i)], float(s)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
+            for row_s, row_i in zip(scores, ids, strict=True)
+        ]
+
+    def _load_paths(self) -> list[str]:
+        if self._paths is None:
+            table = pq.read_table(self.directory / self.manifest.files["embeddings"], columns=["path"])
+            self._paths = table.column("path").to_pylist()
+        return self._paths
+
+    # -- metadata ---------------------------------------------------------------------------------
+
+    def embeddings(self) -> np.ndarray:
+        """All stored embeddings as an ``(count, dim)`` float32 array, in id order."""
+        table = pq.read_table(self.directory / self.manifest.files["embeddings"], columns=["embedding"])
+        col = table.column("embedding").combine_chunks()
+        return col.values.to_numpy(zero_copy_only=False).reshape(-1, self.dim).astype(np.float32, copy=False)
+
+    def skipped(self) -> list[SkippedFile]:
+        """Files that were found but could not be decoded, with the reason."""
+        path = self.directory / self.manifest.files["skipped"]
+        if not path.is_file():
+            return []
+        table = pq.read_table(path, columns=["path", "reason"])
+        return [SkippedFile(p, r) for p, r in zip(table.column("path").to_pylist(), table.column("reason").to_pylist(), strict=True)]
+
+    def info(self) -> dict[str, Any]:
+        """The facts ``clipsearch info --json`` prints."""
+        m = self.manifest
+        return {
+            "model": m.model,
+            "model_fingerprint": m.model_fingerprint,
+            "backend": m.backend,
+            "dim": m.dim,
+            "count": m.count,
+            "skipped": m.skipped,
+            "format_version": m.format_version,
+            "index_type": m.index_type,
+            "metric": m.metric,
+            "preprocess": dict(m.preprocess),
+            "source_root": m.source_root,
+            "created": m.created,
+            "tool_version": m.tool_version,
+            "skipped_files": [{"path": s.path, "reason": s.reason} for s in self.skipped()],
+        }
+
+
+def _check_k(k: int) -> None:
+    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+        raise InvalidArgumentError(f"k must be an integer >= 1, got {k!r}")
+
+
+__all__ = ["Hit", "ImageIndex", "SkippedFile"]

@@ -1,0 +1,234 @@
+"""The on-disk contract of an index directory.
+
+An index directory holds::
+
+    manifest.json        written last; names the format version, the model and the files below
+    embeddings.parquet   one row per indexed image: id, path, path_bytes, width, height, embedding
+    index.faiss          FAISS index over the same vectors; FAISS row i is the image with id i
+    skipped.parquet      files that could not be decoded: path, path_bytes, reason
+
+Readers refuse a manifest whose ``format_version`` is newer than :data:`FORMAT_VERSION`.
+Every file is written to a temporary name in the same directory, flushed to disk and renamed
+into place (``os.replace`` is atomic on POSIX), and the manifest is renamed last, so a reader
+never sees a manifest that names files which are not complete.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable, Mapping
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+import pyarrow as pa
+
+from .errors import IndexFormatError, NotAnIndexError, UnsupportedFormatError
+
+FORMAT_VERSION = 1
+FORMAT_NAME = "clipsearch-index"
+
+MANIFEST_FILE = "manifest.json"
+EMBEDDINGS_FILE = "embeddings.parquet"
+FAISS_FILE = "index.faiss"
+SKIPPED_FILE = "skipped.parquet"
+
+# Parquet key/value metadata that ties a data file to the manifest that names it.
+GENERATION_KEY = b"clipsearch.generation"
+
+
+def embeddings_schema(dim: int) -> pa.Schema:
+    """Schema of ``embeddings.parquet`` for vectors of ``dim`` float32 values.
+
+    ``path`` is the image path relative to the indexed folder, as ``search`` returns it: valid
+    UTF-8, with bytes of non-UTF-8 file names written as ``\\xNN``. ``path_bytes`` holds the
+    exact file-system bytes of the same relative path, so every file can be opened again.
+    """
+    if dim < 1:
+        raise ValueError(f"embedding dim must be >= 1, got {dim}")
+    return pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("path", pa.string(), nullable=False),
+            pa.field("path_bytes", pa.binary(), nullable=False),
+            pa.field("width", pa.int32(), nullable=False),
+            pa.field("height", pa.int32(), nullable=False),
+            pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False),
+        ]
+    )
+
+
+SKIPPED_SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("path_bytes", pa.binary(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+    ]
+)
+
+
+def display_path(raw: bytes) -> str:
+    """The UTF-8 form of a relative path stored in ``path``: undecodable bytes become ``\\xNN``."""
+    return raw.decode("utf-8", errors="backslashreplace")
+
+
+@dataclass(frozen=True)
+class Manifest:
+    """The contents of ``manifest.json``.
+
+    Attributes:
+        model: the model id or the absolute path of the local checkpoint the index was built with.
+        model_fingerprint: sha256 over the checkpoint's weight files (see ``encoders``).
+        backend: which encoder family produced the vectors (``"hf"`` for Hugging Face CLIP).
+        dim: embedding dimension.
+        count: number of indexed images (rows of the Parquet file, vectors in FAISS).
+        skipped: number of files that were found but could not be decoded.
+        preprocess: the image preprocessing used, as a JSON-able dict.
+        index_type: FAISS factory string of ``index.faiss``.
+        metric: always ``"inner_product"`` over L2-normalised vectors (cosine similarity).
+        generation: random id written into every data file of this build; opening checks it.
+        source_root: absolute path of the indexed folder at build time (informational).
+        created: ISO-8601 UTC time of the build.
+        tool_version: clipsearch version that wrote the index.
+        files: role -> file name inside the index directory.
+    """
+
+    model: str
+    model_fingerprint: str
+    backend: str
+    dim: int
+    count: int
+    skipped: int
+    preprocess: Mapping[str, Any]
+    index_type: str
+    generation: str
+    source_root: str
+    created: str
+    tool_version: str
+    metric: str = "inner_product"
+    normalized: bool = True
+    files: Mapping[str, str] = field(
+        default_factory=lambda: {
+            "embeddings": EMBEDDINGS_FILE,
+            "faiss": FAISS_FILE,
+            "skipped": SKIPPED_FILE,
+        }
+    )
+    format: str = FORMAT_NAME
+    format_version: int = FORMAT_VERSION
+
+    def __post_init__(self) -> None:
+        if self.dim < 1:
+            raise ValueError(f"manifest dim must be >= 1, got {self.dim}")
+        if self.count < 0 or self.skipped < 0:
+            raise ValueError("manifest counts must be >= 0")
+        if self.metric != "inner_product":
+            raise ValueError(f"unsupported metric {self.metric!r}")
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["preprocess"] = dict(self.preprocess)
+        data["files"] = dict(self.files)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any], where: str = "manifest") -> Manifest:
+        """Validate and build a manifest; raises IndexFormatError on anything unexpected."""
+        if data.get("format") != FORMAT_NAME:
+            raise IndexFormatError(f"{where} is not a clipsearch manifest (format={data.get('format')!r})")
+        version = data.get("format_version")
+        if not isinstance(version, int):
+            raise IndexFormatError(f"{where} has no integer format_version")
+        if version > FORMAT_VERSION:
+            raise UnsupportedFormatError(
+                f"{where} has index format version {version}, newer than this clipsearch reads "
+                f"(version {FORMAT_VERSION}); upgrade clipsearch to open it"
+            )
+        if version < 1:
+            raise IndexFormatError(f"{where} has invalid format_version {version}")
+        known = {f.name for f in cls.__dataclass_fields__.values()}
+        try:
+            kwargs = {k: v for k, v in data.items() if k in known}
+            return cls(**kwargs)
+        except (TypeError, ValueError) as exc:
+            raise IndexFormatError(f"{where} is damaged: {exc}") from exc
+
+
+def read_manifest(index_dir: str | os.PathLike[str]) -> Manifest:
+    """Read and validate ``INDEX_DIR/manifest.json``.
+
+    Raises:
+        NotAnIndexError: the directory does not exist or has no manifest.
+        UnsupportedFormatError: the index is newer than this code reads.
+        IndexFormatError: the manifest is unreadable or invalid.
+    """
+    index_dir = Path(index_dir)
+    path = index_dir / MANIFEST_FILE
+    if not index_dir.is_dir():
+        raise NotAnIndexError(f"{index_dir} is not a clipsearch index: no such directory")
+    if not path.is_file():
+        raise NotAnIndexError(f"{index_dir} is not a clipsearch index: it has no {MANIFEST_FILE}")
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexFormatError(f"{path} cannot be read: {exc}") from exc
+    if not isinstance(data, dict):
+        raise IndexFormatError(f"{path} is not a JSON object")
+    return Manifest.from_dict(data, where=str(path))
+
+
+def is_index_dir(path: str | os.PathLike[str]) -> bool:
+    """True when ``path`` holds a manifest (of any version)."""
+    return (Path(path) / MANIFEST_FILE).is_file()
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename itself is only durable once the directory entry is flushed.
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> None:
+    """Write a file atomically: ``write`` fills a temp file in the same directory, then rename.
+
+    If ``write`` raises, the temp file is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(path.parent)
+
+
+def install_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
+    """Move a complete file into place atomically (same file system), flushing it first."""
+    with open(src, "rb+") as fh:
+        os.fsync(fh.fileno())
+    os.replace(src, dst)
+    _fsync_dir(Path(dst).parent)
+
+
+def write_manifest(index_dir: str | os.PathLike[str], manifest: Manifest) -> None:
+    """Atomically write the manifest; call this only after every data file is in place."""
+    text = json.dumps(manifest.to_dict(), indent=2, ensure_ascii=False, sort_keys=True) + "\n"
+    atomic_write(Path(index_dir) / MANIFEST_FILE, lambda fh: fh.write(text.encode("utf-8")))
