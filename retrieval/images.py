@@ -13,10 +13,11 @@ the checkpoint's own ``preprocessor_config.json``; nothing is hard-coded to 224 
 
 from __future__ import annotations
 
+import contextlib
 import io
 import os
 import warnings
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import TYPE_CHECKING, Any, BinaryIO
 
@@ -201,11 +202,11 @@ def _scale_to_uint8(img: Image.Image) -> Image.Image:
 
 def to_rgb(img: Image.Image) -> Image.Image:
     """Convert any PIL image to RGB, compositing transparency onto a white background."""
-    if img.mode == "RGB":
+    has_alpha = "A" in img.getbands() or "transparency" in img.info
+    if img.mode == "RGB" and not has_alpha:
         return img
     if img.mode in ("I", "F") or img.mode.startswith("I;16"):
         return _scale_to_uint8(img).convert("RGB")
-    has_alpha = "A" in img.getbands() or "transparency" in img.info
     if has_alpha:
         # Same rule as transformers' convert_to_rgb, so transparent images keep parity too.
         rgba = img.convert("RGBA")
@@ -222,6 +223,18 @@ def _oriented_size(img: Image.Image) -> tuple[int, int]:
         orientation = 1
     w, h = img.size
     return (h, w) if orientation in (5, 6, 7, 8) else (w, h)
+
+
+@contextlib.contextmanager
+def _pixel_limit(max_pixels: int) -> Iterator[None]:
+    # PIL checks its module-global limit inside Image.open (warning above it, error above
+    # twice it); make that limit ours, so a caller's higher max_pixels is honoured too.
+    previous = Image.MAX_IMAGE_PIXELS
+    Image.MAX_IMAGE_PIXELS = max_pixels
+    try:
+        yield
+    finally:
+        Image.MAX_IMAGE_PIXELS = previous
 
 
 def decode_image(
@@ -248,7 +261,7 @@ def decode_image(
     """
     label = name if name is not None else _label(source)
     try:
-        with warnings.catch_warnings():
+        with warnings.catch_warnings(), _pixel_limit(max_pixels):
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(source) as img:  # type: ignore[arg-type]
                 width, height = _oriented_size(img)

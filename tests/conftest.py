@@ -1,0 +1,62 @@
+"""Shared fixtures: a tiny random CLIP checkpoint with the real tokenizer, image collections.
+
+Everything is built offline in temporary directories; nothing is downloaded.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).parent))
+
+from imagegen import Collection, make_collection  # noqa: E402
+
+# Keep library threads modest: tests run on 2 cores beside DataLoader workers.
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A tiny random CLIP checkpoint: 64 px images, 48-d projection, real CLIP tokenizer."""
+    from retrieval.random_model import make_random_clip
+
+    return make_random_clip(tmp_path_factory.mktemp("tiny_clip"), preset="tiny", seed=0)
+
+
+@pytest.fixture(scope="session")
+def other_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Same shapes as ``tiny_model`` but different weights (seed 1)."""
+    from retrieval.random_model import make_random_clip
+
+    return make_random_clip(tmp_path_factory.mktemp("tiny_clip_other"), preset="tiny", seed=1)
+
+
+@pytest.fixture(scope="session")
+def collection(tmp_path_factory: pytest.TempPathFactory) -> Collection:
+    """A generated collection with every image mode, broken files and file-system oddities."""
+    return make_collection(tmp_path_factory.mktemp("collection") / "photos")
+
+
+@pytest.fixture(scope="session")
+def built_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, collection: Collection) -> Path:
+    """``collection`` indexed with ``tiny_model`` through the Python API (read-only for tests)."""
+    from indexer import build_index
+
+    out = tmp_path_factory.mktemp("built") / "photos.idx"
+    build_index(collection.root, out, model=str(tiny_model), batch_size=8, workers=1, device="cpu")
+    return out
+
+
+def run_cli(args: Sequence[str | os.PathLike[str]], cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``clipsearch`` console script in a subprocess."""
+    exe = Path(sys.executable).parent / "clipsearch"
+    cmd = [str(exe) if exe.exists() else "clipsearch", *map(os.fspath, args)]
+    env = {**os.environ, "PYTHONWARNINGS": "default"}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)

@@ -1,0 +1,172 @@
+"""End-to-end: the real ``clipsearch`` console script in subprocesses."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+from conftest import run_cli
+from imagegen import Collection, photo_like
+from retrieval import ImageIndex
+from retrieval.layout import FORMAT_VERSION
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def cli_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, collection: Collection) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("cli") / "photos.idx"
+    proc = run_cli(["index", collection.root, out, "--model", tiny_model, "--batch-size", "4", "--workers", "1", "--device", "cpu", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads(proc.stdout)
+
+
+def _one_line_error(proc, *needles: str) -> None:
+    assert proc.returncode != 0
+    assert "Traceback" not in proc.stderr, proc.stderr
+    lines = [line for line in proc.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert lines[0].startswith("clipsearch"), lines[0]
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def test_index_json_summary(cli_index, collection: Collection) -> None:
+    _, summary = cli_index
+    assert summary["indexed"] == len(collection.good) + len(collection.file_symlinks)
+    assert summary["skipped"] == len(collection.broken)
+    assert summary["seconds"] > 0 and summary["images_per_second"] > 0
+    assert summary["dim"] == 48
+
+
+def test_index_human_summary_and_progress(tmp_path: Path, tiny_model: Path) -> None:
+    photos = tmp_path / "p"
+    photos.mkdir()
+    for i in range(5):
+        photo_like(90, 70, i).save(photos / f"{i}.jpg")
+    (photos / "bad.jpg").write_bytes(b"")
+    proc = run_cli(["index", photos, tmp_path / "idx", "--model", tiny_model, "--workers", "0"])
+    assert proc.returncode == 0, proc.stderr
+    assert "indexed 5 images, skipped 1" in proc.stdout and "images/s" in proc.stdout
+    assert "indexing" in proc.stderr  # the tqdm bar
+    assert "LOAD REPORT" not in proc.stderr and "Loading weights" not in proc.stderr
+
+
+def test_search_json(cli_index) -> None:
+    out, summary = cli_index
+    proc = run_cli(["search", out, "a dog on a beach", "-k", "5", "--json", "--device", "cpu"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == ""  # no load reports or warnings for users
+    results = json.loads(proc.stdout)["results"]
+    assert len(results) == 5
+    assert all(set(r) == {"id", "path", "score"} for r in results)
+    scores = [r["score"] for r in results]
+    assert scores == sorted(scores, reverse=True)
+    api = ImageIndex.open(out, device="cpu").search("a dog on a beach", k=5)
+    assert [r["id"] for r in results] == [h.id for h in api]
+    assert [r["path"] for r in results] == [h.path for h in api]
+
+
+def test_search_human(cli_index) -> None:
+    out, _ = cli_index
+    proc = run_cli(["search", out, "sunset", "-k", "3"])
+    assert proc.returncode == 0, proc.stderr
+    assert len(proc.stdout.strip().splitlines()) == 3
+
+
+def test_search_by_image(cli_index, collection: Collection) -> None:
+    out, _ = cli_index
+    proc = run_cli(["search", out, "--image", collection.root / "formats" / "rgba.png", "-k", "2", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    top = json.loads(proc.stdout)["results"][0]
+    assert top["path"] == "formats/rgba.png" and top["score"] == pytest.approx(1.0, abs=1e-5)
+
+
+def test_info(cli_index, tiny_model: Path, collection: Collection) -> None:
+    out, summary = cli_index
+    proc = run_cli(["info", out, "--json"])
+    assert proc.returncode == 0, proc.stderr
+    info = json.loads(proc.stdout)
+    assert info["model"] == str(tiny_model.resolve())
+    assert (info["dim"], info["count"], info["skipped"]) == (48, summary["indexed"], summary["skipped"])
+    assert info["format_version"] == FORMAT_VERSION
+    assert {s["path"] for s in info["skipped_files"]} == set(collection.broken)
+    human = run_cli(["info", out])
+    assert human.returncode == 0
+    for path in collection.broken:
+        assert path in human.stdout
+
+
+def test_non_utf8_name_round_trip(cli_index) -> None:
+    out, _ = cli_index
+    proc = run_cli(["search", out, "x", "-k", "1000", "--json"])
+    paths = [r["path"] for r in json.loads(proc.stdout)["results"]]
+    assert "intl/latin1_caf\\xe9.jpg" in paths and "intl/日本語 café.png" in paths
+
+
+def test_bad_photos_dir(tmp_path: Path, tiny_model: Path) -> None:
+    proc = run_cli(["index", tmp_path / "missing", tmp_path / "idx", "--model", tiny_model])
+    _one_line_error(proc, "does not exist")
+    (tmp_path / "empty").mkdir()
+    proc = run_cli(["index", tmp_path / "empty", tmp_path / "idx", "--model", tiny_model])
+    _one_line_error(proc, "no images")
+    assert not (tmp_path / "idx").exists()
+
+
+def test_model_not_available_offline(tmp_path: Path, collection: Collection) -> None:
+    proc = run_cli(["index", collection.root, tmp_path / "idx", "--model", "openai/clip-vit-base-patch32"])
+    _one_line_error(proc, "local checkpoint directory")
+    assert not (tmp_path / "idx").exists()
+
+
+def test_not_an_index(tmp_path: Path) -> None:
+    _one_line_error(run_cli(["search", tmp_path, "cat"]), "not a clipsearch index")
+    _one_line_error(run_cli(["info", tmp_path / "nope"]), "not a clipsearch index")
+
+
+def test_newer_format_version(cli_index, tmp_path: Path) -> None:
+    out, _ = cli_index
+    copy = tmp_path / "copy.idx"
+    shutil.copytree(out, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["format_version"] = FORMAT_VERSION + 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    _one_line_error(run_cli(["info", copy]), "newer", "upgrade")
+    _one_line_error(run_cli(["search", copy, "cat"]), "newer")
+
+
+@pytest.mark.parametrize(
+    ("args", "needle"),
+    [
+        (["   "], "empty"),
+        (["cat", "-k", "0"], "-k"),
+        (["cat", "-k", "two"], "-k"),
+        ([], "--image"),
+        (["cat", "--image", "x.jpg"], "not both"),
+    ],
+)
+def test_bad_query_arguments(cli_index, args: list[str], needle: str) -> None:
+    out, _ = cli_index
+    _one_line_error(run_cli(["search", out, *args]), needle)
+
+
+def test_undecodable_query_image(cli_index, collection: Collection, tmp_path: Path) -> None:
+    out, _ = cli_index
+    _one_line_error(run_cli(["search", out, "--image", collection.root / "broken" / "truncated.jpg"]), "cannot decode")
+    _one_line_error(run_cli(["search", out, "--image", tmp_path / "missing.jpg"]), "not found")
+
+
+def test_model_mismatch_names_both(cli_index, tiny_model: Path, other_model: Path) -> None:
+    out, _ = cli_index
+    proc = run_cli(["search", out, "cat", "--model", other_model])
+    _one_line_error(proc, "mismatch", str(tiny_model.resolve()), str(other_model.resolve()))
+
+
+def test_refuses_non_index_output_dir(tmp_path: Path, tiny_model: Path, collection: Collection) -> None:
+    (tmp_path / "out").mkdir()
+    (tmp_path / "out" / "keep.txt").write_text("keep")
+    _one_line_error(run_cli(["index", collection.root, tmp_path / "out", "--model", tiny_model]), "refusing")
+    assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]

@@ -1,0 +1,310 @@
+"""Build through the Python API, then open, check and search the index."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pyarrow.dataset as ds
+import pyarrow.parquet as pq
+import pytest
+
+from imagegen import Collection, photo_like
+from indexer import build_index
+from retrieval import (
+    ImageDecodeError,
+    ImageIndex,
+    IndexDirError,
+    IndexFormatError,
+    InvalidArgumentError,
+    ModelMismatchError,
+    NotAnIndexError,
+    PhotosDirError,
+    UnsupportedFormatError,
+)
+from retrieval.encoders import HFClipEncoder
+from retrieval.images import load_pixels
+from retrieval.layout import FORMAT_VERSION, display_path
+
+
+def _copy_index(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "copy.idx"
+    shutil.copytree(src, dst)
+    return dst
+
+
+def test_parquet_contract(built_index: Path, collection: Collection) -> None:
+    table = ds.dataset(built_index / "embeddings.parquet", format="parquet").to_table()
+    assert table.schema.field("id").type == "int64"
+    assert str(table.schema.field("embedding").type) == "fixed_size_list<element: float>[48]"
+    assert table.column("id").to_pylist() == list(range(table.num_rows))
+    paths = table.column("path").to_pylist()
+    raw = [os.fsdecode(b) for b in table.column("path_bytes").to_pylist()]
+    # Every good file indexed once, file symlinks too; directory symlinks are not followed.
+    assert sorted(raw) == sorted([*collection.good, *collection.file_symlinks])
+    assert paths == [display_path(os.fsencode(p)) for p in raw]
+    sizes = dict(zip(raw, zip(table.column("width").to_pylist(), table.column("height").to_pylist(), strict=True), strict=True))
+    for rel, size in collection.good.items():
+        assert sizes[rel] == size, rel
+    emb = np.asarray(table.column("embedding").to_pylist(), dtype=np.float32)
+    assert np.allclose(np.linalg.norm(emb, axis=1), 1.0, atol=1e-5)
+
+
+
+def test_parquet_readable_by_pandas_and_duckdb(built_index: Path) -> None:
+    import duckdb
+    import pandas as pd
+
+    frame = pd.read_parquet(built_index / "embeddings.parquet")
+    assert list(frame.columns[:2]) == ["id", "path"] and len(frame) == len(ImageIndex.open(built_index))
+    rows = duckdb.sql(
+        f"SELECT id, path, len(embedding) AS d FROM read_parquet('{built_index / 'embeddings.parquet'}') ORDER BY id"
+    ).fetchall()
+    assert [r[0] for r in rows] == list(range(len(frame)))
+    assert {r[2] for r in rows} == {48}
+    assert [r[1] for r in rows] == frame["path"].tolist()
+
+
+def test_manifest_contract(built_index: Path, tiny_model: Path, collection: Collection) -> None:
+    manifest = json.loads((built_index / "manifest.json").read_text())
+    assert manifest["format_version"] == FORMAT_VERSION
+    assert manifest["model"] == str(tiny_model.resolve())
+    assert manifest["model_fingerprint"].startswith("sha256:")
+    assert manifest["dim"] == 48
+    assert manifest["preprocess"]["crop_size"] == [64, 64]
+    assert manifest["preprocess"]["alpha"] == "white"
+    assert manifest["count"] == len(collection.good) + len(collection.file_symlinks)
+    assert manifest["skipped"] == len(collection.broken)
+    assert not [p for p in built_index.iterdir() if p.name.startswith(".")]  # no staging left
+
+
+def test_skipped_files_with_reasons(built_index: Path, collection: Collection) -> None:
+    skipped = {s.path: s.reason for s in ImageIndex.open(built_index).skipped()}
+    assert set(skipped) == set(collection.broken)
+    words = {"empty": "empty", "truncated": "truncated", "not-an-image": "not an image", "bomb": "decompression bomb"}
+    for path, kind in collection.broken.items():
+        assert words[kind] in skipped[path], (path, skipped[path])
+
+
+def test_flat_search_equals_brute_force(built_index: Path) -> None:
+    index = ImageIndex.open(built_index, device="cpu")
+    emb = index.embeddings()
+    queries = ["a dog on a beach", "red", "日本語"]
+    q = index.encoder.embed_texts(queries)
+    for text, vec in zip(queries, q, strict=True):
+        hits = index.search(text, k=len(index))
+        scores = emb @ vec
+        expected = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
+        assert [h.id for h in hits] == expected
+        assert np.allclose([h.score for h in hits], scores[expected], atol=1e-5)
+        assert [h.score for h in hits] == sorted((h.score for h in hits), reverse=True)
+
+
+def test_image_search_finds_itself(built_index: Path, collection: Collection) -> None:
+    index = ImageIndex.open(built_index, device="cpu")
+    hits = index.search_image(collection.root / "photos" / "a.jpg", k=3)
+    assert hits[0].score == pytest.approx(1.0, abs=1e-5)
+    assert hits[0].path in ("photos/a.jpg", "link_to_photo.jpg")
+
+
+def test_unicode_and_non_utf8_names_are_found(built_index: Path, collection: Collection) -> None:
+    index = ImageIndex.open(built_index, device="cpu")
+    emb = index.embeddings()
+    paths = index._load_paths()
+    for rel in collection.good:
+        if rel.isascii():
+            continue
+        i = paths.index(display_path(os.fsencode(rel)))
+        hit = index.search_vectors(emb[i], k=1)[0][0]
+        assert hit.id == i or hit.score == pytest.approx(1.0, abs=1e-5)
+    assert "intl/latin1_caf\\xe9.jpg" in paths
+
+
+def test_k_larger_than_index(built_index: Path) -> None:
+    index = ImageIndex.open(built_index, device="cpu")
+    assert len(index.search("anything", k=10_000)) == len(index)
+
+
+@pytest.mark.parametrize("k", [0, -1, 1.5, True])
+def test_bad_k(built_index: Path, k) -> None:
+    with pytest.raises(InvalidArgumentError):
+        ImageIndex.open(built_index, device="cpu").search("x", k=k)
+
+
+@pytest.mark.parametrize("query", ["", "   ", "\n"])
+def test_empty_query(built_index: Path, query: str) -> None:
+    with pytest.raises(InvalidArgumentError):
+        ImageIndex.open(built_index, device="cpu").search(query)
+
+
+def test_undecodable_query_image(built_index: Path, collection: Collection) -> None:
+    index = ImageIndex.open(built_index, device="cpu")
+    for rel in collection.broken:
+        with pytest.raises(ImageDecodeError):
+            index.search_image(collection.root / rel)
+
+
+def test_other_model_is_refused_naming_both(built_index: Path, tiny_model: Path, other_model: Path) -> None:
+    index = ImageIndex.open(built_index, model=str(other_model), device="cpu")
+    with pytest.raises(ModelMismatchError) as err:
+        index.search("a cat")
+    assert str(tiny_model.resolve()) in str(err.value) and str(other_model.resolve()) in str(err.value)
+    # The same weights under another path are the same model.
+    copy = other_model.parent / "same-weights"
+    if not copy.exists():
+        shutil.copytree(tiny_model, copy)
+    assert ImageIndex.open(built_index, model=str(copy), device="cpu").search("a cat", k=1)
+
+
+def test_changed_checkpoint_is_refused(built_index: Path, tiny_model: Path, tmp_path: Path) -> None:
+    idx = _copy_index(built_index, tmp_path)
+    manifest = json.loads((idx / "manifest.json").read_text())
+    manifest["model_fingerprint"] = "sha256:" + "0" * 64
+    (idx / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(ModelMismatchError):
+        ImageIndex.open(idx, device="cpu").search("x")
+
+
+def test_injected_encoder(built_index: Path, tiny_model: Path) -> None:
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu")
+    hits = ImageIndex.open(built_index, encoder=enc).search("x", k=2)
+    assert len(hits) == 2
+
+
+def test_newer_format_is_refused(built_index: Path, tmp_path: Path) -> None:
+    idx = _copy_index(built_index, tmp_path)
+    manifest = json.loads((idx / "manifest.json").read_text())
+    manifest["format_version"] = FORMAT_VERSION + 1
+    (idx / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(UnsupportedFormatError, match="upgrade clipsearch"):
+        ImageIndex.open(idx)
+
+
+@pytest.mark.parametrize("damage", ["no-faiss", "bad-faiss", "no-parquet", "count", "generation", "ids"])
+def test_inconsistent_index_is_refused(built_index: Path, tmp_path: Path, damage: str) -> None:
+    idx = _copy_index(built_index, tmp_path)
+    manifest = json.loads((idx / "manifest.json").read_text())
+    if damage == "no-faiss":
+        (idx / "index.faiss").unlink()
+    elif damage == "bad-faiss":
+        (idx / "index.faiss").write_bytes(b"garbage")
+    elif damage == "no-parquet":
+        (idx / "embeddings.parquet").unlink()
+    elif damage == "count":
+        manifest["count"] += 1
+    elif damage == "generation":
+        manifest["generation"] = "0" * 32
+    elif damage == "ids":
+        table = pq.read_table(idx / "embeddings.parquet")
+        ids = table.column("id").to_numpy()[::-1].copy()
+        table = table.set_column(0, "id", __import__("pyarrow").array(ids))
+        pq.write_table(table, idx / "embeddings.parquet")
+    (idx / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError):
+        ImageIndex.open(idx)
+
+
+def test_not_an_index(tmp_path: Path) -> None:
+    with pytest.raises(NotAnIndexError):
+        ImageIndex.open(tmp_path)
+    with pytest.raises(NotAnIndexError):
+        ImageIndex.open(tmp_path / "missing")
+
+
+def test_bad_photos_dirs(tmp_path: Path, tiny_model: Path) -> None:
+    with pytest.raises(PhotosDirError, match="does not exist"):
+        build_index(tmp_path / "missing", tmp_path / "idx", model=str(tiny_model))
+    (tmp_path / "file.jpg").write_bytes(b"x")
+    with pytest.raises(PhotosDirError, match="not a directory"):
+        build_index(tmp_path / "file.jpg", tmp_path / "idx", model=str(tiny_model))
+    (tmp_path / "empty").mkdir()
+    (tmp_path / "empty" / "notes.txt").write_text("no images here")
+    with pytest.raises(PhotosDirError, match="no images"):
+        build_index(tmp_path / "empty", tmp_path / "idx", model=str(tiny_model))
+    assert not (tmp_path / "idx").exists()
+
+
+def test_refuses_to_write_into_a_non_index_directory(tmp_path: Path, tiny_model: Path) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    photo_like(80, 60, 0).save(photos / "a.jpg")
+    target = tmp_path / "docs"
+    target.mkdir()
+    (target / "thesis.tex").write_text("precious")
+    with pytest.raises(IndexDirError, match="refusing"):
+        build_index(photos, target, model=str(tiny_model), workers=0)
+    assert (target / "thesis.tex").read_text() == "precious" and len(list(target.iterdir())) == 1
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(IndexDirError):
+        build_index(photos, tmp_path / "afile", model=str(tiny_model), workers=0)
+
+
+def test_rebuild_replaces_index_and_failure_keeps_old(tmp_path: Path, tiny_model: Path) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        photo_like(80, 60, i).save(photos / f"{i}.jpg")
+    idx = tmp_path / "idx"
+    first = build_index(photos, idx, model=str(tiny_model), workers=0)
+    assert first.indexed == 3
+    photo_like(80, 60, 9).save(photos / "new.jpg")
+    assert build_index(photos, idx, model=str(tiny_model), workers=0).indexed == 4
+    before = {p.name: p.read_bytes() for p in idx.iterdir()}
+
+    class Boom(RuntimeError):
+        pass
+
+    class FailingEncoder(HFClipEncoder):
+        def embed_pixels(self, pixel_values):  # type: ignore[override]
+            raise Boom("model crashed mid-build")
+
+    enc = FailingEncoder.load(str(tiny_model), device="cpu")
+    with pytest.raises(Boom):
+        build_index(photos, idx, encoder=enc, workers=0)
+    assert {p.name: p.read_bytes() for p in idx.iterdir()} == before
+    assert len(ImageIndex.open(idx)) == 4
+
+
+def test_failed_first_build_leaves_nothing(tmp_path: Path, tiny_model: Path) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    photo_like(80, 60, 0).save(photos / "a.jpg")
+
+    class FailingEncoder(HFClipEncoder):
+        def embed_pixels(self, pixel_values):  # type: ignore[override]
+            raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        build_index(photos, tmp_path / "idx", encoder=FailingEncoder.load(str(tiny_model), device="cpu"), workers=0)
+    assert not (tmp_path / "idx").exists()
+
+
+def test_all_images_broken_gives_an_empty_index(tmp_path: Path, tiny_model: Path) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    (photos / "a.jpg").write_bytes(b"")
+    report = build_index(photos, tmp_path / "idx", model=str(tiny_model), workers=0)
+    assert (report.indexed, report.skipped) == (0, 1)
+    index = ImageIndex.open(tmp_path / "idx")
+    assert index.search("anything") == []
+
+
+def test_workers_give_the_same_embeddings_as_in_process(tmp_path: Path, tiny_model: Path, collection: Collection) -> None:
+    a = build_index(collection.root, tmp_path / "a", model=str(tiny_model), workers=0, batch_size=5)
+    b = build_index(collection.root, tmp_path / "b", model=str(tiny_model), workers=2, batch_size=64)
+    assert a.indexed == b.indexed and a.skipped == b.skipped
+    ea, eb = ImageIndex.open(tmp_path / "a").embeddings(), ImageIndex.open(tmp_path / "b").embeddings()
+    assert np.abs(ea - eb).max() < 1e-5
+
+
+def test_stored_embedding_equals_single_image_encoding(built_index: Path, collection: Collection, tiny_model: Path) -> None:
+    index = ImageIndex.open(built_index, device="cpu")
+    enc = index.encoder
+    paths = index._load_paths()
+    emb = index.embeddings()
+    for rel in ("photos/a.jpg", "formats/rgba.png", "formats/gray16.png", "exif/rotated_6.jpg"):
+        pixels, _, _ = load_pixels(collection.root / rel, enc.preprocess)
+        assert float(enc.embed_pixels(pixels[None])[0] @ emb[paths.index(rel)]) > 0.99999
