@@ -8,6 +8,7 @@ any point removes the staging directory and leaves a previous index in INDEX_DIR
 from __future__ import annotations
 
 import datetime as dt
+import errno
 import os
 import shutil
 import time
@@ -20,15 +21,18 @@ import numpy as np
 
 from retrieval import faiss_index
 from retrieval.encoders import DEFAULT_MODEL, Encoder, load_encoder
-from retrieval.errors import IndexDirError, InvalidArgumentError, PhotosDirError
+from retrieval.errors import ClipSearchError, IndexDirError, InvalidArgumentError, PhotosDirError
 from retrieval.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS
 from retrieval.layout import (
     EMBEDDINGS_FILE,
     FAISS_FILE,
+    GENERATION_PREFIX,
     SKIPPED_FILE,
+    STAGING_PREFIX,
     Manifest,
-    install_file,
+    generation_dir,
     is_index_dir,
+    publish_generation,
     read_manifest,
     write_manifest,
 )
@@ -37,6 +41,10 @@ from retrieval.version import __version__
 from .dataset import Batch, ImageDataset, collate
 from .discover import discover
 from .writer import EmbeddingWriter, write_skipped
+
+
+# Errors of the index directory itself (not of an image): reported as one line, not a traceback.
+_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})
 
 
 def default_workers(device_type: str = "cpu") -> int:
@@ -180,19 +188,42 @@ def build_index(
     n_workers = cfg.workers if cfg.workers is not None else default_workers(device_type)
 
     created_dir = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
     generation = uuid.uuid4().hex
-    staging = out / f".staging-{generation}"
-    staging.mkdir()
+    staging = out / f"{STAGING_PREFIX}{generation}"
     try:
+        out.mkdir(parents=True, exist_ok=True)
+        staging.mkdir()
         report = _run(cfg, enc, photos, out, staging, found, generation, fingerprint, n_workers, start)
-    except BaseException:
+    except BaseException as exc:
         shutil.rmtree(staging, ignore_errors=True)
+        _remove_unpublished(out, generation)
         if created_dir:
             shutil.rmtree(out, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
+            raise IndexDirError(
+                f"cannot write the index to {out}: {exc.strerror}; the previous index, if any, is unchanged"
+            ) from exc
         raise
     shutil.rmtree(staging, ignore_errors=True)
     return report
+
+
+def _remove_unpublished(out: Path, generation: str) -> None:
+    # A generation renamed into place whose manifest was never written is garbage.
+    try:
+        current = read_manifest(out).generation
+    except ClipSearchError:
+        current = None
+    if current != generation:
+        shutil.rmtree(out / generation_dir(generation), ignore_errors=True)
+
+
+def _remove_superseded(out: Path, keep: str) -> None:
+    # Readers that opened an old generation keep their open file handles; new readers
+    # follow the manifest, which no longer names it.
+    for path in out.iterdir():
+        if path.is_dir() and path.name.startswith(GENERATION_PREFIX) and path.name != GENERATION_PREFIX + keep:
+            shutil.rmtree(path, ignore_errors=True)
 
 
 def _run(
@@ -266,9 +297,9 @@ def _run(
         tool_version=__version__,
     )
     # Data files first, manifest last: a reader never sees a manifest naming missing files.
-    for name in (EMBEDDINGS_FILE, FAISS_FILE, SKIPPED_FILE):
-        install_file(staging / name, out / name)
+    publish_generation(out, staging, generation)
     write_manifest(out, manifest)
+    _remove_superseded(out, keep=generation)
     write_s += time.perf_counter() - t0
     seconds = time.perf_counter() - start
     return BuildReport(

@@ -57,6 +57,8 @@ class ImageIndex:
         directory: Path,
         manifest: Manifest,
         faiss: Any,
+        embeddings: pq.ParquetFile,
+        skipped: pq.ParquetFile,
         *,
         model: str | None = None,
         device: str = "auto",
@@ -66,6 +68,8 @@ class ImageIndex:
         self.directory = directory
         self.manifest = manifest
         self._faiss = faiss
+        self._embeddings = embeddings
+        self._skipped = skipped
         self._model = model
         self._device = device
         self._encoder = encoder
@@ -102,31 +106,24 @@ class ImageIndex:
         manifest = read_manifest(path)
         emb_path = path / manifest.files["embeddings"]
         faiss_path = path / manifest.files["faiss"]
-        if not emb_path.is_file():
-            raise IndexFormatError(f"{emb_path} is missing; rebuild the index with `clipsearch index`")
-        try:
-            meta = pq.read_metadata(emb_path)
-            schema = pq.read_schema(emb_path)
-        except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
-            raise IndexFormatError(f"{emb_path} is damaged: {exc}") from exc
-        generation = (schema.metadata or {}).get(GENERATION_KEY, b"").decode()
-        if generation != manifest.generation:
+        # The Parquet files stay open: if a rebuild removes this generation later, this
+        # reader keeps answering from the files it opened.
+        embeddings = _open_parquet(emb_path, manifest.generation)
+        skipped = _open_parquet(path / manifest.files["skipped"], manifest.generation)
+        if embeddings.metadata.num_rows != manifest.count:
             raise IndexFormatError(
-                f"{emb_path} does not belong to this manifest (generation {generation or 'missing'} != "
-                f"{manifest.generation}); the index was modified while being written: rebuild it"
+                f"{emb_path} has {embeddings.metadata.num_rows} rows but the manifest says {manifest.count}"
             )
-        if meta.num_rows != manifest.count:
-            raise IndexFormatError(f"{emb_path} has {meta.num_rows} rows but the manifest says {manifest.count}")
         index = faiss_index.read(faiss_path, mmap=mmap)
         if index.ntotal != manifest.count or index.d != manifest.dim:
             raise IndexFormatError(
                 f"{faiss_path} holds {index.ntotal} vectors of dim {index.d}, but the manifest says "
                 f"{manifest.count} of dim {manifest.dim}; rebuild the index"
             )
-        ids = pq.read_table(emb_path, columns=["id"]).column("id").to_numpy()
+        ids = embeddings.read(columns=["id"]).column("id").to_numpy()
         if not np.array_equal(ids, np.arange(manifest.count, dtype=np.int64)):
             raise IndexFormatError(f"{emb_path}: ids are not 0..{manifest.count - 1} in row order; rebuild the index")
-        return cls(path, manifest, index, model=model, device=device, encoder=encoder)
+        return cls(path, manifest, index, embeddings, skipped, model=model, device=device, encoder=encoder)
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -225,25 +222,23 @@ class ImageIndex:
 
     def _load_paths(self) -> list[str]:
         if self._paths is None:
-            table = pq.read_table(self.directory / self.manifest.files["embeddings"], columns=["path"])
-            self._paths = table.column("path").to_pylist()
+            self._paths = self._embeddings.read(columns=["path"]).column("path").to_pylist()
         return self._paths
 
     # -- metadata ---------------------------------------------------------------------------------
 
     def embeddings(self) -> np.ndarray:
         """All stored embeddings as an ``(count, dim)`` float32 array, in id order."""
-        table = pq.read_table(self.directory / self.manifest.files["embeddings"], columns=["embedding"])
-        col = table.column("embedding").combine_chunks()
+        col = self._embeddings.read(columns=["embedding"]).column("embedding").combine_chunks()
         return col.values.to_numpy(zero_copy_only=False).reshape(-1, self.dim).astype(np.float32, copy=False)
 
     def skipped(self) -> list[SkippedFile]:
         """Files that were found but could not be decoded, with the reason."""
-        path = self.directory / self.manifest.files["skipped"]
-        if not path.is_file():
-            return []
-        table = pq.read_table(path, columns=["path", "reason"])
-        return [SkippedFile(p, r) for p, r in zip(table.column("path").to_pylist(), table.column("reason").to_pylist(), strict=True)]
+        table = self._skipped.read(columns=["path", "reason"])
+        return [
+            SkippedFile(p, r)
+            for p, r in zip(table.column("path").to_pylist(), table.column("reason").to_pylist(), strict=True)
+        ]
 
     def info(self) -> dict[str, Any]:
         """The facts ``clipsearch info --json`` prints."""
@@ -264,6 +259,23 @@ class ImageIndex:
             "tool_version": m.tool_version,
             "skipped_files": [{"path": s.path, "reason": s.reason} for s in self.skipped()],
         }
+
+
+def _open_parquet(path: Path, generation: str) -> pq.ParquetFile:
+    """Open one of the index's Parquet files and check it belongs to the manifest's build."""
+    if not path.is_file():
+        raise IndexFormatError(f"{path} is missing; rebuild the index with `clipsearch index`")
+    try:
+        pf = pq.ParquetFile(path)
+    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
+        raise IndexFormatError(f"{path} is damaged ({exc}); rebuild the index with `clipsearch index`") from exc
+    found = (pf.schema_arrow.metadata or {}).get(GENERATION_KEY, b"").decode()
+    if found != generation:
+        raise IndexFormatError(
+            f"{path} does not belong to this manifest (generation {found or 'missing'} != {generation}); "
+            "rebuild the index with `clipsearch index`"
+        )
+    return pf
 
 
 def _check_k(k: int) -> None:

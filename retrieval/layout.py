@@ -2,15 +2,17 @@
 
 An index directory holds::
 
-    manifest.json        written last; names the format version, the model and the files below
-    embeddings.parquet   one row per indexed image: id, path, path_bytes, width, height, embedding
-    index.faiss          FAISS index over the same vectors; FAISS row i is the image with id i
-    skipped.parquet      files that could not be decoded: path, path_bytes, reason
+    manifest.json            written last; names the format version, the model and the files below
+    gen-<generation>/
+        embeddings.parquet   one row per indexed image: id, path, path_bytes, width, height, embedding
+        index.faiss          FAISS index over the same vectors; FAISS row i is the image with id i
+        skipped.parquet      files that could not be decoded: path, path_bytes, reason
 
-Readers refuse a manifest whose ``format_version`` is newer than :data:`FORMAT_VERSION`.
-Every file is written to a temporary name in the same directory, flushed to disk and renamed
-into place (``os.replace`` is atomic on POSIX), and the manifest is renamed last, so a reader
-never sees a manifest that names files which are not complete.
+Each build writes a new generation directory (first under a ``.staging-`` name, renamed when
+complete), then atomically replaces the manifest, then removes the superseded generation. So a
+crash at any point leaves a manifest whose files all exist, and a reader that opened the old
+generation keeps its open files. Readers refuse a manifest whose ``format_version`` is newer
+than :data:`FORMAT_VERSION`.
 """
 
 from __future__ import annotations
@@ -35,8 +37,22 @@ EMBEDDINGS_FILE = "embeddings.parquet"
 FAISS_FILE = "index.faiss"
 SKIPPED_FILE = "skipped.parquet"
 
+GENERATION_PREFIX = "gen-"
+STAGING_PREFIX = ".staging-"
+
 # Parquet key/value metadata that ties a data file to the manifest that names it.
 GENERATION_KEY = b"clipsearch.generation"
+
+
+def generation_dir(generation: str) -> str:
+    """Name of the directory (inside INDEX_DIR) that holds one generation's data files."""
+    return GENERATION_PREFIX + generation
+
+
+def data_files(generation: str) -> dict[str, str]:
+    """The manifest's ``files`` mapping for a generation: role -> path relative to INDEX_DIR."""
+    gen = generation_dir(generation)
+    return {"embeddings": f"{gen}/{EMBEDDINGS_FILE}", "faiss": f"{gen}/{FAISS_FILE}", "skipped": f"{gen}/{SKIPPED_FILE}"}
 
 
 def embeddings_schema(dim: int) -> pa.Schema:
@@ -109,13 +125,7 @@ class Manifest:
     tool_version: str
     metric: str = "inner_product"
     normalized: bool = True
-    files: Mapping[str, str] = field(
-        default_factory=lambda: {
-            "embeddings": EMBEDDINGS_FILE,
-            "faiss": FAISS_FILE,
-            "skipped": SKIPPED_FILE,
-        }
-    )
+    files: Mapping[str, str] = field(default_factory=dict)
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -126,6 +136,15 @@ class Manifest:
             raise ValueError("manifest counts must be >= 0")
         if self.metric != "inner_product":
             raise ValueError(f"unsupported metric {self.metric!r}")
+        if not self.files:
+            object.__setattr__(self, "files", data_files(self.generation))
+        for role in ("embeddings", "faiss", "skipped"):
+            name = self.files.get(role) if isinstance(self.files, Mapping) else None
+            # Relative paths inside the index only: a manifest must not make readers open
+            # files elsewhere.
+            parts = name.split("/") if isinstance(name, str) else []
+            if not parts or name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
+                raise ValueError(f"files[{role!r}] must be a relative path inside the index, got {name!r}")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -220,12 +239,24 @@ def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None
     _fsync_dir(path.parent)
 
 
-def install_file(src: str | os.PathLike[str], dst: str | os.PathLike[str]) -> None:
-    """Move a complete file into place atomically (same file system), flushing it first."""
-    with open(src, "rb+") as fh:
-        os.fsync(fh.fileno())
-    os.replace(src, dst)
-    _fsync_dir(Path(dst).parent)
+def fsync_tree(directory: str | os.PathLike[str]) -> None:
+    """Flush every file of a (flat) directory and the directory itself to disk."""
+    directory = Path(directory)
+    for path in directory.iterdir():
+        if path.is_file():
+            with open(path, "rb") as fh:
+                os.fsync(fh.fileno())
+    _fsync_dir(directory)
+
+
+def publish_generation(index_dir: str | os.PathLike[str], staging: str | os.PathLike[str], generation: str) -> Path:
+    """Rename a complete staging directory to its generation name (atomic, same file system)."""
+    index_dir = Path(index_dir)
+    fsync_tree(staging)
+    target = index_dir / generation_dir(generation)
+    os.rename(staging, target)
+    _fsync_dir(index_dir)
+    return target
 
 
 def write_manifest(index_dir: str | os.PathLike[str], manifest: Manifest) -> None:

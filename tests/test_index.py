@@ -30,6 +30,15 @@ from retrieval.images import load_pixels
 from retrieval.layout import FORMAT_VERSION, display_path
 
 
+def _file(index_dir: Path, role: str) -> Path:
+    """Where the manifest says a data file of the current generation is."""
+    return index_dir / json.loads((index_dir / "manifest.json").read_text())["files"][role]
+
+
+def _snapshot(directory: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(directory)): p.read_bytes() for p in sorted(directory.rglob("*")) if p.is_file()}
+
+
 def _copy_index(src: Path, tmp_path: Path) -> Path:
     dst = tmp_path / "copy.idx"
     shutil.copytree(src, dst)
@@ -37,7 +46,7 @@ def _copy_index(src: Path, tmp_path: Path) -> Path:
 
 
 def test_parquet_contract(built_index: Path, collection: Collection) -> None:
-    table = ds.dataset(built_index / "embeddings.parquet", format="parquet").to_table()
+    table = ds.dataset(_file(built_index, "embeddings"), format="parquet").to_table()
     assert table.schema.field("id").type == "int64"
     assert str(table.schema.field("embedding").type) == "fixed_size_list<element: float>[48]"
     assert table.column("id").to_pylist() == list(range(table.num_rows))
@@ -58,10 +67,10 @@ def test_parquet_readable_by_pandas_and_duckdb(built_index: Path) -> None:
     import duckdb
     import pandas as pd
 
-    frame = pd.read_parquet(built_index / "embeddings.parquet")
+    frame = pd.read_parquet(_file(built_index, "embeddings"))
     assert list(frame.columns[:2]) == ["id", "path"] and len(frame) == len(ImageIndex.open(built_index))
     rows = duckdb.sql(
-        f"SELECT id, path, len(embedding) AS d FROM read_parquet('{built_index / 'embeddings.parquet'}') ORDER BY id"
+        f"SELECT id, path, len(embedding) AS d FROM read_parquet('{built_index}/gen-*/embeddings.parquet') ORDER BY id"
     ).fetchall()
     assert [r[0] for r in rows] == list(range(len(frame)))
     assert {r[2] for r in rows} == {48}
@@ -188,20 +197,20 @@ def test_inconsistent_index_is_refused(built_index: Path, tmp_path: Path, damage
     idx = _copy_index(built_index, tmp_path)
     manifest = json.loads((idx / "manifest.json").read_text())
     if damage == "no-faiss":
-        (idx / "index.faiss").unlink()
+        _file(idx, "faiss").unlink()
     elif damage == "bad-faiss":
-        (idx / "index.faiss").write_bytes(b"garbage")
+        _file(idx, "faiss").write_bytes(b"garbage")
     elif damage == "no-parquet":
-        (idx / "embeddings.parquet").unlink()
+        _file(idx, "embeddings").unlink()
     elif damage == "count":
         manifest["count"] += 1
     elif damage == "generation":
         manifest["generation"] = "0" * 32
     elif damage == "ids":
-        table = pq.read_table(idx / "embeddings.parquet")
+        table = pq.read_table(_file(idx, "embeddings"))
         ids = table.column("id").to_numpy()[::-1].copy()
         table = table.set_column(0, "id", __import__("pyarrow").array(ids))
-        pq.write_table(table, idx / "embeddings.parquet")
+        pq.write_table(table, _file(idx, "embeddings"))
     (idx / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IndexFormatError):
         ImageIndex.open(idx)
@@ -252,7 +261,7 @@ def test_rebuild_replaces_index_and_failure_keeps_old(tmp_path: Path, tiny_model
     assert first.indexed == 3
     photo_like(80, 60, 9).save(photos / "new.jpg")
     assert build_index(photos, idx, model=str(tiny_model), workers=0).indexed == 4
-    before = {p.name: p.read_bytes() for p in idx.iterdir()}
+    before = _snapshot(idx)
 
     class Boom(RuntimeError):
         pass
@@ -264,7 +273,7 @@ def test_rebuild_replaces_index_and_failure_keeps_old(tmp_path: Path, tiny_model
     enc = FailingEncoder.load(str(tiny_model), device="cpu")
     with pytest.raises(Boom):
         build_index(photos, idx, encoder=enc, workers=0)
-    assert {p.name: p.read_bytes() for p in idx.iterdir()} == before
+    assert _snapshot(idx) == before
     assert len(ImageIndex.open(idx)) == 4
 
 
@@ -308,3 +317,57 @@ def test_stored_embedding_equals_single_image_encoding(built_index: Path, collec
     for rel in ("photos/a.jpg", "formats/rgba.png", "formats/gray16.png", "exif/rotated_6.jpg"):
         pixels, _, _ = load_pixels(collection.root / rel, enc.preprocess)
         assert float(enc.embed_pixels(pixels[None])[0] @ emb[paths.index(rel)]) > 0.99999
+
+
+@pytest.mark.parametrize("where", ["faiss", "publish", "manifest"])
+def test_write_failure_keeps_previous_index(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
+    import errno
+
+    import indexer.build as build_mod
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    photo_like(80, 60, 0).save(photos / "a.jpg")
+    idx = tmp_path / "idx"
+    build_index(photos, idx, model=str(tiny_model), workers=0)
+    before = _snapshot(idx)
+    photo_like(80, 60, 1).save(photos / "b.jpg")
+
+    def disk_full(*args: object, **kwargs: object) -> None:
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    target = {"faiss": (build_mod.faiss_index, "write"), "publish": (build_mod, "publish_generation"), "manifest": (build_mod, "write_manifest")}[where]
+    if where == "manifest":
+        # Fail after the new generation is renamed into place, before the manifest switches.
+        real_publish = build_mod.publish_generation
+        monkeypatch.setattr(build_mod, "publish_generation", lambda *a: real_publish(*a))
+    monkeypatch.setattr(*target, disk_full)
+    with pytest.raises(IndexDirError, match="No space left on device"):
+        build_index(photos, idx, model=str(tiny_model), workers=0)
+    assert _snapshot(idx) == before  # nothing left over, nothing changed
+    assert len(ImageIndex.open(idx)) == 1
+
+
+def test_reader_keeps_answering_after_a_rebuild(tmp_path: Path, tiny_model: Path) -> None:
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i in range(3):
+        photo_like(80, 60, i).save(photos / f"{i}.jpg")
+    idx = tmp_path / "idx"
+    build_index(photos, idx, model=str(tiny_model), workers=0)
+    old = ImageIndex.open(idx, device="cpu")
+    (photos / "0.jpg").unlink()
+    build_index(photos, idx, model=str(tiny_model), workers=0)
+    assert len([p for p in idx.iterdir() if p.name.startswith("gen-")]) == 1  # old generation removed
+    assert [h.path for h in old.search("x", k=5)] and len(old.skipped()) == 0  # files it opened still read
+    assert len(old.embeddings()) == 3
+    assert len(ImageIndex.open(idx)) == 2
+
+
+def test_manifest_file_names_must_stay_inside_the_index(built_index: Path, tmp_path: Path) -> None:
+    idx = _copy_index(built_index, tmp_path)
+    manifest = json.loads((idx / "manifest.json").read_text())
+    manifest["files"]["embeddings"] = "../../etc/passwd"
+    (idx / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError, match="inside the index"):
+        ImageIndex.open(idx)
