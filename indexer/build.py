@@ -14,6 +14,7 @@ import shutil
 import time
 import uuid
 from dataclasses import asdict, dataclass
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +40,7 @@ from retrieval.layout import (
 from retrieval.version import __version__
 
 from .dataset import Batch, ImageDataset, collate
-from .discover import discover
+from .discover import Discovery, discover, from_list
 from .writer import EmbeddingWriter, write_skipped
 
 
@@ -141,6 +142,7 @@ def build_index(
     progress: bool = False,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     encoder: Encoder | None = None,
+    files: Sequence[str | bytes] | None = None,
 ) -> BuildReport:
     """Index every image under ``photos_dir`` into ``index_dir``.
 
@@ -155,6 +157,8 @@ def build_index(
         progress: show a tqdm bar on stderr.
         max_pixels: images above this many pixels are skipped as decompression bombs.
         encoder: an already-loaded encoder (then ``model`` and ``device`` are not used).
+        files: index exactly these paths (relative to ``photos_dir``) instead of walking it;
+            listed files that do not exist are recorded as skipped.
 
     Returns:
         A :class:`BuildReport` with counts and per-stage timings.
@@ -177,10 +181,15 @@ def build_index(
     out = Path(index_dir)
     _check_photos_dir(photos)
     _check_index_dir(out)
-    found = discover(photos)
-    if not found.files:
-        exts = ", ".join(sorted(IMAGE_EXTENSIONS))
-        raise PhotosDirError(f"no images found in {photos} (looked for {exts})")
+    if files is None:
+        found = discover(photos)
+        if not found.files:
+            exts = ", ".join(sorted(IMAGE_EXTENSIONS))
+            raise PhotosDirError(f"no images found in {photos} (looked for {exts})")
+    else:
+        found = from_list(photos, files)
+        if not found.files:
+            raise PhotosDirError(f"none of the {len(found.missing)} listed files exist in {photos}")
 
     enc = encoder if encoder is not None else load_encoder(cfg.model, device=cfg.device)
     fingerprint = enc.fingerprint  # fails on missing weights before anything is written
@@ -232,7 +241,7 @@ def _run(
     photos: Path,
     out: Path,
     staging: Path,
-    found: Any,
+    found: Discovery,
     generation: str,
     fingerprint: str,
     n_workers: int,
@@ -256,6 +265,7 @@ def _run(
     writer = EmbeddingWriter(staging / EMBEDDINGS_FILE, enc.dim, generation)
     vectors: list[np.ndarray] = []
     skipped: list[tuple[bytes, str]] = [(rel, f"directory not readable: {why}") for rel, why in found.unreadable_dirs]
+    skipped.extend(found.missing)
     decode_s = encode_s = write_s = 0.0
     bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
     try:

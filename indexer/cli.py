@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 from retrieval import cli as query_cli
 from retrieval.encoders import DEFAULT_MODEL
+from retrieval.errors import InvalidArgumentError
 
 
 def _nonnegative_int(text: str) -> int:
@@ -19,9 +20,21 @@ def _nonnegative_int(text: str) -> int:
     return value
 
 
+def _read_file_list(path: str) -> list[bytes]:
+    """One relative path per line; blank lines and lines starting with '#' are ignored."""
+    try:
+        with open(path, "rb") as fh:
+            lines = fh.read().splitlines()
+    except OSError as exc:
+        raise InvalidArgumentError(f"cannot read --files-from {path}: {exc.strerror}") from exc
+    # Only line ends are stripped: file names may start or end with spaces.
+    return [line.rstrip(b"\r") for line in lines if line.strip() and not line.lstrip().startswith(b"#")]
+
+
 def _cmd_index(args: argparse.Namespace) -> int:
     from .build import build_index
 
+    files = _read_file_list(args.files_from) if args.files_from else None
     report = build_index(
         args.photos_dir,
         args.index_dir,
@@ -30,6 +43,7 @@ def _cmd_index(args: argparse.Namespace) -> int:
         workers=args.workers,
         device=args.device,
         progress=not args.no_progress,
+        files=files,
     )
     if args.json:
         query_cli.print_json(report.to_dict())
@@ -53,6 +67,7 @@ def register_index_command(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument("--batch-size", type=query_cli.positive_int, default=64, help="images per model call (default: 64)")
     p.add_argument("--workers", type=_nonnegative_int, default=None, help="decode worker processes (default: from the core count; 0 = in-process)")
     query_cli.add_device_arguments(p)
+    p.add_argument("--files-from", metavar="LIST", help="index only the paths listed in this file (one per line, relative to PHOTOS_DIR)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(handler=_cmd_index)

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import stat
 from collections.abc import Iterable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from retrieval.images import IMAGE_EXTENSIONS
@@ -31,6 +31,7 @@ class Discovery:
 
     files: list[ImageFile]
     unreadable_dirs: list[tuple[bytes, str]]
+    missing: list[tuple[bytes, str]] = field(default_factory=list)
 
 
 def _has_image_extension(name: bytes, extensions: frozenset[bytes]) -> bool:
@@ -77,3 +78,35 @@ def discover(root: str | os.PathLike[str], extensions: Iterable[str] = IMAGE_EXT
         stack.extend(reversed(subdirs))
     files.sort(key=lambda f: f.rel)
     return Discovery(files=files, unreadable_dirs=unreadable)
+
+
+def from_list(root: str | os.PathLike[str], paths: Iterable[str | bytes]) -> Discovery:
+    """Take an explicit list of image paths relative to ``root`` instead of walking it.
+
+    Paths are normalised, de-duplicated and sorted like :func:`discover`. Entries that are
+    absolute, leave ``root``, or are not regular files are reported in ``missing`` with why.
+    """
+    root_b = os.fsencode(Path(root))
+    seen: set[bytes] = set()
+    files: list[ImageFile] = []
+    missing: list[tuple[bytes, str]] = []
+    for raw in paths:
+        rel = os.path.normpath(os.fsencode(raw))
+        if rel in seen:
+            continue
+        seen.add(rel)
+        if os.path.isabs(rel) or rel == b".." or rel.startswith(b"../"):
+            missing.append((rel, "outside the photos directory"))
+            continue
+        try:
+            st = os.stat(os.path.join(root_b, rel))
+        except OSError as exc:
+            missing.append((rel, "file not found" if isinstance(exc, FileNotFoundError) else exc.strerror or "unreadable"))
+            continue
+        if not stat.S_ISREG(st.st_mode):
+            missing.append((rel, "not a regular file"))
+            continue
+        files.append(ImageFile(rel=rel, size=st.st_size, mtime_ns=st.st_mtime_ns))
+    files.sort(key=lambda f: f.rel)
+    missing.sort()
+    return Discovery(files=files, unreadable_dirs=[], missing=missing)

@@ -170,3 +170,16 @@ def test_refuses_non_index_output_dir(tmp_path: Path, tiny_model: Path, collecti
     (tmp_path / "out" / "keep.txt").write_text("keep")
     _one_line_error(run_cli(["index", collection.root, tmp_path / "out", "--model", tiny_model]), "refusing")
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
+
+
+def test_index_files_from_list(tmp_path: Path, tiny_model: Path, collection: Collection) -> None:
+    listing = tmp_path / "list.txt"
+    listing.write_bytes(b"# the split\nphotos/a.jpg\nformats/rgba.png\n\nmissing.jpg\n")
+    out = tmp_path / "idx"
+    proc = run_cli(["index", collection.root, out, "--model", tiny_model, "--files-from", listing, "--workers", "0", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert (summary["indexed"], summary["skipped"]) == (2, 1)
+    info = json.loads(run_cli(["info", out, "--json"]).stdout)
+    assert info["skipped_files"] == [{"path": "missing.jpg", "reason": "file not found"}]
+    _one_line_error(run_cli(["index", collection.root, tmp_path / "x", "--model", tiny_model, "--files-from", tmp_path / "nolist"]), "--files-from")

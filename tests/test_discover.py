@@ -151,3 +151,17 @@ def test_discover_symlink_loop_terminates(collection: Collection) -> None:
 def test_discover_empty_dir(tmp_path: Path) -> None:
     d = discover(tmp_path)
     assert d.files == [] and d.unreadable_dirs == []
+
+
+def test_from_list_takes_listed_files_only(collection) -> None:
+    from indexer.discover import from_list
+
+    d = from_list(
+        collection.root,
+        ["photos/a.jpg", "photos/../photos/a.jpg", "formats/rgba.png", "nope.jpg", "../outside.jpg", "/etc/passwd", "folder.jpg", b"intl/latin1_caf\xe9.jpg"],
+    )
+    assert [f.rel for f in d.files] == [b"formats/rgba.png", b"intl/latin1_caf\xe9.jpg", b"photos/a.jpg"]
+    reasons = dict(d.missing)
+    assert reasons[b"nope.jpg"] == "file not found"
+    assert reasons[b"../outside.jpg"] == reasons[b"/etc/passwd"] == "outside the photos directory"
+    assert reasons[b"folder.jpg"] == "not a regular file"
