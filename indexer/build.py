@@ -39,9 +39,9 @@ from retrieval.layout import (
 )
 from retrieval.version import __version__
 
-from .dataset import Batch, ImageDataset, collate
+from .dataset import Batch, ImageDataset, Item, collate
 from .discover import Discovery, discover, from_list
-from .writer import EmbeddingWriter, write_skipped
+from .writer import EmbeddingWriter, FileRecord, SkipRecord, write_skipped
 
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
@@ -217,6 +217,13 @@ def build_index(
     return report
 
 
+def _file_facts(item: Item) -> tuple[int | None, int | None, str | None]:
+    # A file that could not even be read has no facts to compare against later.
+    if item.size < 0:
+        return None, None, None
+    return item.size, item.mtime_ns, item.content_hash
+
+
 def _remove_unpublished(out: Path, generation: str) -> None:
     # A generation renamed into place whose manifest was never written is garbage.
     try:
@@ -264,24 +271,28 @@ def _run(
     )
     writer = EmbeddingWriter(staging / EMBEDDINGS_FILE, enc.dim, generation)
     vectors: list[np.ndarray] = []
-    skipped: list[tuple[bytes, str]] = [(rel, f"directory not readable: {why}") for rel, why in found.unreadable_dirs]
-    skipped.extend(found.missing)
+    skipped = [SkipRecord(rel, f"directory not readable: {why}") for rel, why in found.unreadable_dirs]
+    skipped.extend(SkipRecord(rel, why) for rel, why in found.missing)
     decode_s = encode_s = write_s = 0.0
     bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
     try:
         batch: Batch
         for batch in loader:
             decode_s += batch.decode_seconds
-            skipped.extend((files[i].rel, reason) for i, reason in batch.failures)
+            skipped.extend(SkipRecord(files[it.index].rel, it.error or "", *_file_facts(it)) for it in batch.failed)
             if batch.pixels is not None:
                 t0 = time.perf_counter()
                 emb = enc.embed_pixels(batch.pixels)
                 t1 = time.perf_counter()
-                writer.add([files[i].rel for i in batch.indices], batch.widths, batch.heights, emb)
+                records = [
+                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
+                    for it in batch.good
+                ]
+                writer.add(records, emb)
                 vectors.append(emb)
                 write_s += time.perf_counter() - t1
                 encode_s += t1 - t0
-            bar.update(len(batch.indices) + len(batch.failures))
+            bar.update(len(batch.items))
             bar.set_postfix(skipped=len(skipped), refresh=False)
     finally:
         bar.close()
@@ -290,7 +301,6 @@ def _run(
     all_vectors = np.concatenate(vectors) if vectors else np.empty((0, enc.dim), np.float32)
     index = faiss_index.build(all_vectors, faiss_index.DEFAULT_INDEX_TYPE)
     faiss_index.write(index, staging / FAISS_FILE)
-    skipped.sort(key=lambda item: item[0])
     write_skipped(staging / SKIPPED_FILE, skipped, generation)
     manifest = Manifest(
         model=enc.name,

@@ -7,6 +7,9 @@ file cannot end a long run.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import io
 import os
 import time
 from collections.abc import Sequence
@@ -25,7 +28,11 @@ if TYPE_CHECKING:
 
 @dataclass
 class Item:
-    """One decoded file (``pixels`` set) or one failure (``error`` set)."""
+    """One decoded file (``pixels`` set) or one failure (``error`` set).
+
+    ``size``, ``mtime_ns`` and ``content_hash`` describe the bytes that were decoded (read
+    once, hashed and decoded from memory), so a later update can tell changed files apart.
+    """
 
     index: int
     pixels: torch.Tensor | None
@@ -33,18 +40,26 @@ class Item:
     height: int
     error: str | None
     seconds: float
+    size: int = -1
+    mtime_ns: int = -1
+    content_hash: str = ""
 
 
 @dataclass
 class Batch:
-    """A collated batch: good images in order, and the failures of the same slice."""
+    """A collated batch: the good images stacked in order, and every file's facts."""
 
-    indices: list[int]
-    pixels: torch.Tensor | None
-    widths: list[int]
-    heights: list[int]
-    failures: list[tuple[int, str]]
+    pixels: torch.Tensor | None  # (n_good, 3, h, w), rows in the order of ``good``
+    items: list[Item]  # every file of the batch, in order, without pixels
     decode_seconds: float
+
+    @property
+    def good(self) -> list[Item]:
+        return [it for it in self.items if it.error is None]
+
+    @property
+    def failed(self) -> list[Item]:
+        return [it for it in self.items if it.error is not None]
 
 
 class ImageDataset:
@@ -72,30 +87,57 @@ class ImageDataset:
         rel = self.files[index].rel
         start = time.perf_counter()
         try:
+            data, size, mtime_ns = _read_file(os.path.join(self.root, rel))
+        except OSError as exc:
+            return Item(index, None, 0, 0, _read_error(exc), time.perf_counter() - start)
+        digest = content_hash(data)
+        try:
             pixels, width, height = load_pixels(
-                os.path.join(self.root, rel),
+                io.BytesIO(data),
                 self.preprocess,
                 max_pixels=self.max_pixels,
                 draft=self.draft,
                 name=display_path(rel),
             )
         except ImageDecodeError as exc:
-            return Item(index, None, 0, 0, exc.reason, time.perf_counter() - start)
+            error = exc.reason
         except Exception as exc:  # noqa: BLE001 - a decoder bug on one file must not end the run
-            return Item(index, None, 0, 0, f"decode failed: {type(exc).__name__}: {exc}", time.perf_counter() - start)
-        return Item(index, pixels, width, height, None, time.perf_counter() - start)
+            error = f"decode failed: {type(exc).__name__}: {exc}"
+        else:
+            return Item(index, pixels, width, height, None, time.perf_counter() - start, size, mtime_ns, digest)
+        return Item(index, None, 0, 0, error, time.perf_counter() - start, size, mtime_ns, digest)
+
+
+def content_hash(data: bytes) -> str:
+    """Hex BLAKE2b-128 of a file's bytes: tells a touched-but-identical file from a changed one."""
+    return hashlib.blake2b(data, digest_size=16).hexdigest()
+
+
+def _read_file(path: bytes) -> tuple[bytes, int, int]:
+    # One read serves the hash and the decoder; fstat describes exactly the bytes read.
+    with open(path, "rb") as fh:
+        st = os.fstat(fh.fileno())
+        return fh.read(), st.st_size, st.st_mtime_ns
+
+
+def _read_error(exc: OSError) -> str:
+    if isinstance(exc, FileNotFoundError):
+        return "file not found"
+    if isinstance(exc, PermissionError):
+        return "permission denied"
+    if isinstance(exc, IsADirectoryError):
+        return "is a directory"
+    return f"unreadable: {exc.strerror or type(exc).__name__}"
 
 
 def collate(items: Sequence[Item]) -> Batch:
     """Stack the good items of a batch and list the failures."""
     import torch
 
-    good = [it for it in items if it.pixels is not None]
+    good = [it.pixels for it in items if it.pixels is not None]
     return Batch(
-        indices=[it.index for it in good],
-        pixels=torch.stack([it.pixels for it in good]) if good else None,  # type: ignore[misc]
-        widths=[it.width for it in good],
-        heights=[it.height for it in good],
-        failures=[(it.index, it.error or "unknown error") for it in items if it.pixels is None],
+        pixels=torch.stack(good) if good else None,  # type: ignore[arg-type]
+        # Per-file facts without the pixels, which travel once, stacked.
+        items=[dataclasses.replace(it, pixels=None) for it in items],
         decode_seconds=sum(it.seconds for it in items),
     )

@@ -71,6 +71,10 @@ def embeddings_schema(dim: int) -> pa.Schema:
             pa.field("path_bytes", pa.binary(), nullable=False),
             pa.field("width", pa.int32(), nullable=False),
             pa.field("height", pa.int32(), nullable=False),
+            # What was embedded: lets an update skip unchanged files and spot changed ones.
+            pa.field("size", pa.int64(), nullable=False),
+            pa.field("mtime_ns", pa.int64(), nullable=False),
+            pa.field("content_hash", pa.string(), nullable=False),
             pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False),
         ]
     )
@@ -81,6 +85,10 @@ SKIPPED_SCHEMA = pa.schema(
         pa.field("path", pa.string(), nullable=False),
         pa.field("path_bytes", pa.binary(), nullable=False),
         pa.field("reason", pa.string(), nullable=False),
+        # Null for entries that are not files (unreadable directories, missing list entries).
+        pa.field("size", pa.int64()),
+        pa.field("mtime_ns", pa.int64()),
+        pa.field("content_hash", pa.string()),
     ]
 )
 

@@ -63,6 +63,21 @@ def test_parquet_contract(built_index: Path, collection: Collection) -> None:
 
 
 
+def test_file_facts_are_stored(built_index: Path, collection: Collection) -> None:
+    import hashlib
+
+    table = pq.read_table(_file(built_index, "embeddings"), columns=["path_bytes", "size", "mtime_ns", "content_hash"])
+    for row in table.to_pylist():
+        data = (collection.root / os.fsdecode(row["path_bytes"])).read_bytes()
+        st = (collection.root / os.fsdecode(row["path_bytes"])).stat()
+        assert row["size"] == len(data) and row["mtime_ns"] == st.st_mtime_ns
+        assert row["content_hash"] == hashlib.blake2b(data, digest_size=16).hexdigest()
+    skipped = pq.read_table(_file(built_index, "skipped")).to_pylist()
+    for row in skipped:
+        path = collection.root / row["path"]
+        assert row["size"] == path.stat().st_size and row["content_hash"] is not None
+
+
 def test_parquet_readable_by_pandas_and_duckdb(built_index: Path) -> None:
     import duckdb
     import pandas as pd
