@@ -1,48 +1,40 @@
-"""``build_index``: discover → decode (workers) → embed → write Parquet → FAISS → manifest.
+"""``build_index``: create or update an index, committing work in chunks as it goes.
 
-Every file of the new index is written into a staging directory inside INDEX_DIR and moved
-into place only once all of them are complete, the manifest last; a failure or interrupt at
-any point removes the staging directory and leaves a previous index in INDEX_DIR untouched.
+discover → plan (what is new, changed, gone) → decode in DataLoader workers → embed → append
+rows → commit a generation every ``commit_every`` images → finish with the FAISS index.
+
+Running it again on the same INDEX_DIR updates the index in place: new files are embedded,
+changed files re-embedded, deleted files removed, unchanged files neither read nor decoded. A
+run that is killed leaves the last committed generation, which opens and searches; running the
+same command again resumes from it without embedding any committed image twice.
 """
 
 from __future__ import annotations
 
-import datetime as dt
 import errno
 import os
 import shutil
 import time
-import uuid
-from dataclasses import asdict, dataclass
 from collections.abc import Sequence
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
-import numpy as np
+import pyarrow.parquet as pq
 
-from retrieval import faiss_index
 from retrieval.encoders import DEFAULT_MODEL, Encoder, load_encoder
-from retrieval.errors import ClipSearchError, IndexDirError, InvalidArgumentError, PhotosDirError
+from retrieval.errors import IndexDirError, InvalidArgumentError, ModelMismatchError, PhotosDirError
 from retrieval.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS
-from retrieval.layout import (
-    EMBEDDINGS_FILE,
-    FAISS_FILE,
-    GENERATION_PREFIX,
-    SKIPPED_FILE,
-    STAGING_PREFIX,
-    Manifest,
-    generation_dir,
-    is_index_dir,
-    publish_generation,
-    read_manifest,
-    write_manifest,
-)
-from retrieval.version import __version__
+from retrieval.layout import GENERATION_PREFIX, LOCK_FILE, STAGING_PREFIX, Manifest, is_index_dir, read_manifest
 
-from .dataset import Batch, ImageDataset, Item, collate
+from .commit import GenerationWriter, IndexMeta, remove_stale
+from .dataset import ImageDataset, Item, collate, content_hash
 from .discover import Discovery, discover, from_list
-from .writer import EmbeddingWriter, FileRecord, SkipRecord, write_skipped
+from .lock import IndexLock
+from .plan import UpdatePlan, plan_update
+from .writer import FileRecord, SkipRecord
 
+INDEX_TYPE = "Flat"
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})
@@ -58,7 +50,7 @@ def default_workers(device_type: str = "cpu") -> int:
 
 @dataclass(frozen=True)
 class BuildConfig:
-    """Settings of one build.
+    """Settings of one build or update.
 
     Attributes:
         model: hub id or local checkpoint directory.
@@ -68,6 +60,9 @@ class BuildConfig:
         max_pixels: larger images are skipped as decompression bombs.
         draft: decode JPEGs at a reduced DCT scale when the model needs fewer pixels.
         progress: show a progress bar on stderr.
+        rebuild: ignore the existing index (and its model) and index everything again.
+        commit_every: publish a generation after this many processed images.
+        commit_seconds: ... or after this many seconds, whichever comes first.
     """
 
     model: str = DEFAULT_MODEL
@@ -77,6 +72,9 @@ class BuildConfig:
     max_pixels: int = DEFAULT_MAX_PIXELS
     draft: bool = True
     progress: bool = False
+    rebuild: bool = False
+    commit_every: int = 4096
+    commit_seconds: float = 300.0
 
     def __post_init__(self) -> None:
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
@@ -85,17 +83,35 @@ class BuildConfig:
             raise InvalidArgumentError(f"workers must be an integer >= 0, got {self.workers!r}")
         if self.max_pixels < 1:
             raise InvalidArgumentError(f"max_pixels must be >= 1, got {self.max_pixels}")
+        if isinstance(self.commit_every, bool) or not isinstance(self.commit_every, int) or self.commit_every < 1:
+            raise InvalidArgumentError(f"commit_every must be an integer >= 1, got {self.commit_every!r}")
+        if self.commit_seconds <= 0:
+            raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")
 
 
 @dataclass(frozen=True)
 class BuildReport:
-    """What a build did; ``to_dict`` is what ``clipsearch index --json`` prints."""
+    """What a run did; ``to_dict`` is what ``clipsearch index --json`` prints.
+
+    ``added`` new files embedded, ``updated`` changed files re-embedded, ``removed`` rows of
+    deleted files dropped, ``unchanged`` rows kept, ``skipped`` files in the skip list,
+    ``total`` (= ``indexed``) rows in the index now, ``embedded`` images embedded by this run.
+    """
 
     index_dir: str
     model: str
     dim: int
-    indexed: int
+    added: int
+    updated: int
+    removed: int
+    unchanged: int
     skipped: int
+    newly_skipped: int
+    total: int
+    indexed: int
+    embedded: int
+    resumed: bool
+    commits: int
     seconds: float
     images_per_second: float
     decode_seconds: float
@@ -124,7 +140,9 @@ def _check_index_dir(index_dir: Path) -> None:
     if is_index_dir(index_dir):
         read_manifest(index_dir)  # refuses an index newer than we can write over safely
         return
-    if any(index_dir.iterdir()):
+    # Leftovers of a first build killed before its first commit are ours to reuse.
+    ours = {LOCK_FILE}
+    if any(p.name not in ours and not p.name.startswith((STAGING_PREFIX, GENERATION_PREFIX)) for p in index_dir.iterdir()):
         raise IndexDirError(
             f"{index_dir} exists, is not empty and is not a clipsearch index; refusing to write into it. "
             "Choose a new or empty INDEX_DIR"
@@ -143,13 +161,14 @@ def build_index(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     encoder: Encoder | None = None,
     files: Sequence[str | bytes] | None = None,
+    rebuild: bool = False,
+    commit_every: int = 4096,
 ) -> BuildReport:
-    """Index every image under ``photos_dir`` into ``index_dir``.
+    """Index every image under ``photos_dir`` into ``index_dir``, or bring that index up to date.
 
     Args:
         photos_dir: the image collection (walked recursively).
-        index_dir: where the index is written; a new or empty directory, or an existing
-            index, which is replaced as a whole once the new one is complete.
+        index_dir: a new or empty directory, or an existing index to update in place.
         model: Hugging Face hub id or local checkpoint directory.
         batch_size: images per model call.
         workers: decode worker processes (None: chosen from the core count).
@@ -159,13 +178,18 @@ def build_index(
         encoder: an already-loaded encoder (then ``model`` and ``device`` are not used).
         files: index exactly these paths (relative to ``photos_dir``) instead of walking it;
             listed files that do not exist are recorded as skipped.
+        rebuild: re-index everything, also with a model other than the index's.
+        commit_every: publish a searchable generation after this many processed images.
 
     Returns:
         A :class:`BuildReport` with counts and per-stage timings.
 
     Raises:
         PhotosDirError: ``photos_dir`` is missing, not a directory, or holds no images.
-        IndexDirError: ``index_dir`` is a file or a non-empty directory that is not an index.
+        IndexDirError: ``index_dir`` is a file, a non-empty directory that is not an index, or
+            cannot be written (full disk, permissions); the previous index is left intact.
+        IndexLockedError: another process is writing the index.
+        ModelMismatchError: the index was built with another model and ``rebuild`` is False.
         ModelLoadError: the model cannot be loaded.
     """
     cfg = BuildConfig(
@@ -175,6 +199,8 @@ def build_index(
         device=device,
         max_pixels=max_pixels,
         progress=progress,
+        rebuild=rebuild,
+        commit_every=commit_every,
     )
     start = time.perf_counter()
     photos = Path(photos_dir)
@@ -193,28 +219,44 @@ def build_index(
 
     enc = encoder if encoder is not None else load_encoder(cfg.model, device=cfg.device)
     fingerprint = enc.fingerprint  # fails on missing weights before anything is written
-    device_type = getattr(getattr(enc, "device", None), "type", "cpu")
-    n_workers = cfg.workers if cfg.workers is not None else default_workers(device_type)
-
     created_dir = not out.exists()
-    generation = uuid.uuid4().hex
-    staging = out / f"{STAGING_PREFIX}{generation}"
     try:
         out.mkdir(parents=True, exist_ok=True)
-        staging.mkdir()
-        report = _run(cfg, enc, photos, out, staging, found, generation, fingerprint, n_workers, start)
+        with IndexLock(out) as lock:
+            return _run(cfg, enc, fingerprint, photos, out, found, lock.previous_holder is not None, start)
     except BaseException as exc:
-        shutil.rmtree(staging, ignore_errors=True)
-        _remove_unpublished(out, generation)
-        if created_dir:
+        if created_dir and not is_index_dir(out):
             shutil.rmtree(out, ignore_errors=True)
         if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
             raise IndexDirError(
-                f"cannot write the index to {out}: {exc.strerror}; the previous index, if any, is unchanged"
+                f"cannot write the index to {out}: {exc.strerror}; the last committed index, if any, is unchanged"
             ) from exc
         raise
-    shutil.rmtree(staging, ignore_errors=True)
-    return report
+
+
+def _check_model(base: Manifest, enc: Encoder, fingerprint: str, out: Path) -> None:
+    if base.backend == enc.backend and base.model_fingerprint == fingerprint and base.dim == enc.dim:
+        return
+    raise ModelMismatchError(
+        f"{out} was built with {base.model} ({base.model_fingerprint[:19]}), but this run uses "
+        f"{enc.name} ({fingerprint[:19]}); pass --rebuild to re-index everything with the new model"
+    )
+
+
+def _read_skips(out: Path, base: Manifest) -> list[SkipRecord]:
+    table = pq.read_table(out / base.skipped_file)
+    return [
+        SkipRecord(r["path_bytes"], r["reason"], r["size"], r["mtime_ns"], r["content_hash"])
+        for r in table.to_pylist()
+    ]
+
+
+def _hash_or_none(root: bytes, rel: bytes) -> str | None:
+    try:
+        with open(os.path.join(root, rel), "rb") as fh:
+            return content_hash(fh.read())
+    except OSError:
+        return None
 
 
 def _file_facts(item: Item) -> tuple[int | None, int | None, str | None]:
@@ -224,42 +266,94 @@ def _file_facts(item: Item) -> tuple[int | None, int | None, str | None]:
     return item.size, item.mtime_ns, item.content_hash
 
 
-def _remove_unpublished(out: Path, generation: str) -> None:
-    # A generation renamed into place whose manifest was never written is garbage.
-    try:
-        current = read_manifest(out).generation
-    except ClipSearchError:
-        current = None
-    if current != generation:
-        shutil.rmtree(out / generation_dir(generation), ignore_errors=True)
-
-
-def _remove_superseded(out: Path, keep: str) -> None:
-    # Readers that opened an old generation keep their open file handles; new readers
-    # follow the manifest, which no longer names it.
-    for path in out.iterdir():
-        if path.is_dir() and path.name.startswith(GENERATION_PREFIX) and path.name != GENERATION_PREFIX + keep:
-            shutil.rmtree(path, ignore_errors=True)
-
-
 def _run(
     cfg: BuildConfig,
     enc: Encoder,
+    fingerprint: str,
     photos: Path,
     out: Path,
-    staging: Path,
     found: Discovery,
-    generation: str,
-    fingerprint: str,
-    n_workers: int,
+    interrupted_before: bool,
     start: float,
 ) -> BuildReport:
+    base = read_manifest(out) if is_index_dir(out) else None
+    if base is not None and not cfg.rebuild:
+        _check_model(base, enc, fingerprint, out)
+    # Generations or staging left by a killed run are unreachable garbage now that we hold the lock.
+    remove_stale(out, keep=base.generation if base is not None else None)
+    previous = None if cfg.rebuild else base
+    meta = IndexMeta(
+        model=enc.name,
+        model_fingerprint=fingerprint,
+        backend=enc.backend,
+        dim=enc.dim,
+        preprocess={**enc.preprocess.to_dict(), "jpeg_draft": cfg.draft},
+        index_type=INDEX_TYPE,
+        source_root=str(photos.resolve()),
+    )
+    writer = GenerationWriter(out, meta, previous)
+    old_skips = _read_skips(out, previous) if previous is not None else []
+    root = os.fsencode(photos)
+    plan = plan_update(writer.facts(), old_skips, found.files, lambda rel: _hash_or_none(root, rel))
+    writer.skipped = [SkipRecord(rel, f"directory not readable: {why}") for rel, why in found.unreadable_dirs]
+    writer.skipped += [SkipRecord(rel, why) for rel, why in found.missing]
+    writer.skipped += plan.carried_skips
+    if plan.changes_rows:
+        writer.compact(plan.keep_ids, plan.refreshed)
+
+    stats = _embed(cfg, enc, photos, plan, writer)
+    up_to_date = (
+        previous is not None
+        and previous.complete
+        and not plan.to_embed
+        and not plan.changes_rows
+        and sorted((s.path, s.reason) for s in writer.skipped) == sorted((s.path, s.reason) for s in old_skips)
+    )
+    t0 = time.perf_counter()
+    if not up_to_date:
+        writer.finish()
+    stats["write"] += time.perf_counter() - t0
+    seconds = time.perf_counter() - start
+    embedded = stats["added"] + stats["updated"]
+    return BuildReport(
+        index_dir=str(out),
+        model=enc.name,
+        dim=enc.dim,
+        added=stats["added"],
+        updated=stats["updated"],
+        removed=plan.removed + stats["lost"],
+        unchanged=plan.unchanged,
+        skipped=len(writer.skipped),
+        newly_skipped=stats["newly_skipped"],
+        total=writer.count,
+        indexed=writer.count,
+        embedded=embedded,
+        resumed=interrupted_before or (previous is not None and not previous.complete),
+        commits=writer.commits,
+        seconds=round(seconds, 3),
+        images_per_second=round(embedded / seconds, 2) if seconds > 0 else 0.0,
+        decode_seconds=round(stats["decode"], 3),
+        encode_seconds=round(stats["encode"], 3),
+        write_seconds=round(stats["write"], 3),
+        workers=stats["workers"],
+        batch_size=cfg.batch_size,
+        device=str(getattr(enc, "device", "cpu")),
+    )
+
+
+def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, writer: GenerationWriter) -> dict[str, Any]:
+    """Decode and embed ``plan.to_embed``, committing a generation every chunk."""
     from torch.utils.data import DataLoader
     from tqdm import tqdm
 
-    files = found.files
-    dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels)
+    stats: dict[str, Any] = dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0)
+    files = plan.to_embed
+    if not files:
+        return stats
     device_type = getattr(getattr(enc, "device", None), "type", "cpu")
+    n_workers = cfg.workers if cfg.workers is not None else default_workers(device_type)
+    stats["workers"] = n_workers
+    dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft)
     loader = DataLoader(
         dataset,
         batch_size=cfg.batch_size,
@@ -269,74 +363,40 @@ def _run(
         pin_memory=device_type == "cuda",
         prefetch_factor=4 if n_workers > 0 else None,
     )
-    writer = EmbeddingWriter(staging / EMBEDDINGS_FILE, enc.dim, generation)
-    vectors: list[np.ndarray] = []
-    skipped = [SkipRecord(rel, f"directory not readable: {why}") for rel, why in found.unreadable_dirs]
-    skipped.extend(SkipRecord(rel, why) for rel, why in found.missing)
-    decode_s = encode_s = write_s = 0.0
+    since_commit, last_commit = 0, time.monotonic()
     bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
     try:
-        batch: Batch
         for batch in loader:
-            decode_s += batch.decode_seconds
-            skipped.extend(SkipRecord(files[it.index].rel, it.error or "", *_file_facts(it)) for it in batch.failed)
+            stats["decode"] += batch.decode_seconds
+            for it in batch.failed:
+                rel = files[it.index].rel
+                writer.skipped.append(SkipRecord(rel, it.error or "", *_file_facts(it)))
+                stats["newly_skipped"] += 1
+                # A changed file that no longer decodes loses its row.
+                stats["lost"] += rel in plan.updated_paths
             if batch.pixels is not None:
                 t0 = time.perf_counter()
                 emb = enc.embed_pixels(batch.pixels)
-                t1 = time.perf_counter()
+                stats["encode"] += time.perf_counter() - t0
+                good = batch.good
                 records = [
                     FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
-                    for it in batch.good
+                    for it in good
                 ]
-                writer.add(records, emb)
-                vectors.append(emb)
-                write_s += time.perf_counter() - t1
-                encode_s += t1 - t0
+                writer.append(records, emb)
+                for rec in records:
+                    stats["updated" if rec.path in plan.updated_paths else "added"] += 1
+            since_commit += len(batch.items)
             bar.update(len(batch.items))
-            bar.set_postfix(skipped=len(skipped), refresh=False)
+            bar.set_postfix(skipped=stats["newly_skipped"], refresh=False)
+            if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
+                t0 = time.perf_counter()
+                writer.commit(complete=False)
+                stats["write"] += time.perf_counter() - t0
+                since_commit, last_commit = 0, time.monotonic()
     finally:
         bar.close()
-    t0 = time.perf_counter()
-    count = writer.close()
-    all_vectors = np.concatenate(vectors) if vectors else np.empty((0, enc.dim), np.float32)
-    index = faiss_index.build(all_vectors, faiss_index.DEFAULT_INDEX_TYPE)
-    faiss_index.write(index, staging / FAISS_FILE)
-    write_skipped(staging / SKIPPED_FILE, skipped, generation)
-    manifest = Manifest(
-        model=enc.name,
-        model_fingerprint=fingerprint,
-        backend=enc.backend,
-        dim=enc.dim,
-        count=count,
-        skipped=len(skipped),
-        preprocess={**enc.preprocess.to_dict(), "jpeg_draft": cfg.draft},
-        index_type=faiss_index.DEFAULT_INDEX_TYPE,
-        generation=generation,
-        source_root=str(photos.resolve()),
-        created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
-        tool_version=__version__,
-    )
-    # Data files first, manifest last: a reader never sees a manifest naming missing files.
-    publish_generation(out, staging, generation)
-    write_manifest(out, manifest)
-    _remove_superseded(out, keep=generation)
-    write_s += time.perf_counter() - t0
-    seconds = time.perf_counter() - start
-    return BuildReport(
-        index_dir=str(out),
-        model=enc.name,
-        dim=enc.dim,
-        indexed=count,
-        skipped=len(skipped),
-        seconds=round(seconds, 3),
-        images_per_second=round(count / seconds, 2) if seconds > 0 else 0.0,
-        decode_seconds=round(decode_s, 3),
-        encode_seconds=round(encode_s, 3),
-        write_seconds=round(write_s, 3),
-        workers=n_workers,
-        batch_size=cfg.batch_size,
-        device=str(getattr(enc, "device", "cpu")),
-    )
+    return stats
 
 
 __all__ = ["BuildConfig", "BuildReport", "build_index", "default_workers"]

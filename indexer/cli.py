@@ -44,13 +44,16 @@ def _cmd_index(args: argparse.Namespace) -> int:
         device=args.device,
         progress=not args.no_progress,
         files=files,
+        rebuild=args.rebuild,
+        commit_every=args.commit_every,
     )
     if args.json:
         query_cli.print_json(report.to_dict())
     else:
         print(
-            f"indexed {report.indexed} images, skipped {report.skipped}, in {report.seconds:.1f} s "
-            f"({report.images_per_second:.1f} images/s) -> {report.index_dir}"
+            f"indexed {report.indexed} images, skipped {report.skipped} "
+            f"(added {report.added}, updated {report.updated}, removed {report.removed}, unchanged {report.unchanged}), "
+            f"in {report.seconds:.1f} s ({report.images_per_second:.1f} images/s) -> {report.index_dir}"
         )
     return 0
 
@@ -68,6 +71,8 @@ def register_index_command(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument("--workers", type=_nonnegative_int, default=None, help="decode worker processes (default: from the core count; 0 = in-process)")
     query_cli.add_device_arguments(p)
     p.add_argument("--files-from", metavar="LIST", help="index only the paths listed in this file (one per line, relative to PHOTOS_DIR)")
+    p.add_argument("--rebuild", action="store_true", help="re-index everything, also when the index was built with another model")
+    p.add_argument("--commit-every", type=query_cli.positive_int, default=4096, metavar="N", help="publish a searchable, resumable state every N images (default: 4096)")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(handler=_cmd_index)

@@ -1,7 +1,8 @@
-"""Parquet writers for the embeddings table and the skip list.
+"""Parquet writers for one part of the embeddings table and for the skip list.
 
-Rows get consecutive ids in the order they are added, starting at 0, so that id i is also
-FAISS row i. Rows are buffered and written in row groups, so memory stays bounded.
+Rows get consecutive ids in the order they are added, starting at the part's first id, so
+that id i is also FAISS row i. Rows are buffered and written in row groups, so memory stays
+bounded.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from retrieval.layout import GENERATION_KEY, SKIPPED_SCHEMA, display_path, embeddings_schema
+from retrieval.layout import FILE_ID_KEY, SKIPPED_SCHEMA, display_path, embeddings_schema
 
 ROW_GROUP_SIZE = 16_384
 
@@ -43,65 +44,70 @@ class SkipRecord:
 
 
 class EmbeddingWriter:
-    """Append rows to ``embeddings.parquet`` (``add``, ``flush``, ``close``)."""
+    """Write rows to one Parquet part (``add`` or ``write_table``, then ``close``)."""
 
-    def __init__(self, path: str | os.PathLike[str], dim: int, generation: str, row_group_size: int = ROW_GROUP_SIZE) -> None:
+    def __init__(
+        self,
+        path: str | os.PathLike[str],
+        dim: int,
+        file_id: str,
+        first_id: int = 0,
+        row_group_size: int = ROW_GROUP_SIZE,
+    ) -> None:
         if row_group_size < 1:
             raise ValueError("row_group_size must be >= 1")
+        if first_id < 0:
+            raise ValueError("first_id must be >= 0")
         self.dim = dim
-        self.schema = embeddings_schema(dim).with_metadata({GENERATION_KEY: generation.encode()})
+        self.first_id = first_id
+        self.schema = embeddings_schema(dim).with_metadata({FILE_ID_KEY: file_id.encode()})
         self._writer = pq.ParquetWriter(os.fspath(path), self.schema, compression="zstd")
         self._row_group_size = row_group_size
-        self._records: list[FileRecord] = []
-        self._vectors: list[np.ndarray] = []
         self.count = 0
 
     def add(self, records: Sequence[FileRecord], embeddings: np.ndarray) -> None:
-        """Queue rows: one record per row of ``embeddings`` (``(n, dim)`` float32)."""
+        """Write rows: one record per row of ``embeddings`` (``(n, dim)`` float32)."""
         embeddings = np.asarray(embeddings, dtype=np.float32)
         if embeddings.shape != (len(records), self.dim):
             raise ValueError(f"row batch shapes disagree: {len(records)} records, embeddings {embeddings.shape}")
-        self._records.extend(records)
-        self._vectors.append(embeddings)
-        if len(self._records) >= self._row_group_size:
-            self.flush()
+        self.write_table(records_table(records, embeddings, self.dim))
 
-    def flush(self) -> None:
-        """Write queued rows as one row group."""
-        if not self._records:
-            return
-        recs = self._records
-        n = len(recs)
-        emb = np.concatenate(self._vectors)
-        table = pa.table(
-            {
-                "id": pa.array(np.arange(self.count, self.count + n, dtype=np.int64)),
-                "path": pa.array([display_path(r.path) for r in recs], pa.string()),
-                "path_bytes": pa.array([r.path for r in recs], pa.binary()),
-                "width": pa.array([r.width for r in recs], pa.int32()),
-                "height": pa.array([r.height for r in recs], pa.int32()),
-                "size": pa.array([r.size for r in recs], pa.int64()),
-                "mtime_ns": pa.array([r.mtime_ns for r in recs], pa.int64()),
-                "content_hash": pa.array([r.content_hash for r in recs], pa.string()),
-                "embedding": pa.FixedSizeListArray.from_arrays(pa.array(emb.reshape(-1)), self.dim),
-            },
-            schema=self.schema,
-        )
-        self._writer.write_table(table)
-        self.count += n
-        self._records = []
-        self._vectors = []
+    def write_table(self, table: pa.Table) -> None:
+        """Write rows given as a table of the embeddings schema; their ids are renumbered."""
+        for start in range(0, table.num_rows, self._row_group_size):
+            chunk = table.slice(start, self._row_group_size)
+            ids = np.arange(self.first_id + self.count, self.first_id + self.count + chunk.num_rows, dtype=np.int64)
+            chunk = chunk.set_column(0, "id", pa.array(ids))
+            self._writer.write_table(chunk.cast(self.schema))
+            self.count += chunk.num_rows
 
     def close(self) -> int:
-        """Flush and close; returns the number of rows written."""
-        self.flush()
+        """Close the file; returns the number of rows written."""
         self._writer.close()
         return self.count
 
 
-def write_skipped(path: str | os.PathLike[str], skipped: Sequence[SkipRecord], generation: str) -> None:
+def records_table(records: Sequence[FileRecord], vectors: np.ndarray, dim: int) -> pa.Table:
+    """Rows of the embeddings schema for ``records`` (ids 0; writers renumber them)."""
+    return pa.table(
+        {
+            "id": pa.array(np.zeros(len(records), np.int64)),
+            "path": pa.array([display_path(r.path) for r in records], pa.string()),
+            "path_bytes": pa.array([r.path for r in records], pa.binary()),
+            "width": pa.array([r.width for r in records], pa.int32()),
+            "height": pa.array([r.height for r in records], pa.int32()),
+            "size": pa.array([r.size for r in records], pa.int64()),
+            "mtime_ns": pa.array([r.mtime_ns for r in records], pa.int64()),
+            "content_hash": pa.array([r.content_hash for r in records], pa.string()),
+            "embedding": pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1)), dim),
+        },
+        schema=embeddings_schema(dim),
+    )
+
+
+def write_skipped(path: str | os.PathLike[str], skipped: Sequence[SkipRecord]) -> None:
     """Write the skip list to ``skipped.parquet``, sorted by path."""
-    schema = SKIPPED_SCHEMA.with_metadata({GENERATION_KEY: generation.encode()})
+    schema = SKIPPED_SCHEMA
     recs = sorted(skipped, key=lambda r: r.path)
     table = pa.table(
         {

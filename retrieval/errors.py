@@ -24,6 +24,10 @@ class IndexDirError(ClipSearchError):
     """INDEX_DIR cannot be used: not an index, or a non-index directory we refuse to overwrite."""
 
 
+class IndexLockedError(IndexDirError):
+    """Another process is writing the index."""
+
+
 class NotAnIndexError(IndexDirError):
     """The directory holds no clipsearch index (no manifest)."""
 
@@ -51,3 +55,24 @@ class ImageDecodeError(ClipSearchError):
         super().__init__(f"cannot decode image {path!r}: {reason}")
         self.path = path
         self.reason = reason
+
+
+class QueriesFileError(InvalidArgumentError):
+    """An evaluation queries file is missing, empty or has a bad line.
+
+    ``path`` is the file (None for queries built in code) and ``line`` the 1-based line number
+    (None when the problem is the whole file); both are also in the message.
+    """
+
+    def __init__(self, message: str, path: str | None = None, line: int | None = None) -> None:
+        if path is not None:
+            where = f"{path}:{line}: " if line is not None else f"{path}: "
+        else:
+            where = f"line {line}: " if line is not None else ""
+        super().__init__(where + message)
+        self.path = path
+        self.line = line
+
+
+class EvaluationError(ClipSearchError):
+    """An evaluation cannot produce numbers, e.g. no query has a relevant image in the index."""

@@ -40,6 +40,13 @@ def build(vectors: np.ndarray, index_type: str = DEFAULT_INDEX_TYPE) -> Any:
     return index
 
 
+def add(index: Any, vectors: np.ndarray) -> None:
+    """Append vectors (labels continue from ``index.ntotal``)."""
+    vectors = np.ascontiguousarray(vectors, dtype=np.float32)
+    if len(vectors):
+        index.add(vectors)
+
+
 def write(index: Any, path: str | os.PathLike[str]) -> None:
     """Serialise ``index`` to ``path`` (callers handle the atomic rename)."""
     import faiss

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
@@ -11,7 +11,7 @@ from typing import Any, BinaryIO
 import numpy as np
 import pyarrow.parquet as pq
 
-from . import faiss_index
+from . import faiss_index, store
 from .encoders import Encoder, load_encoder
 from .errors import (
     IndexFormatError,
@@ -19,7 +19,7 @@ from .errors import (
     ModelMismatchError,
 )
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
-from .layout import GENERATION_KEY, Manifest, read_manifest
+from .layout import Manifest, read_manifest
 
 
 @dataclass(frozen=True)
@@ -57,7 +57,7 @@ class ImageIndex:
         directory: Path,
         manifest: Manifest,
         faiss: Any,
-        embeddings: pq.ParquetFile,
+        parts: Sequence[pq.ParquetFile],
         skipped: pq.ParquetFile,
         *,
         model: str | None = None,
@@ -68,7 +68,7 @@ class ImageIndex:
         self.directory = directory
         self.manifest = manifest
         self._faiss = faiss
-        self._embeddings = embeddings
+        self._parts = list(parts)
         self._skipped = skipped
         self._model = model
         self._device = device
@@ -104,26 +104,12 @@ class ImageIndex:
         """
         path = Path(directory)
         manifest = read_manifest(path)
-        emb_path = path / manifest.files["embeddings"]
-        faiss_path = path / manifest.files["faiss"]
-        # The Parquet files stay open: if a rebuild removes this generation later, this
-        # reader keeps answering from the files it opened.
-        embeddings = _open_parquet(emb_path, manifest.generation)
-        skipped = _open_parquet(path / manifest.files["skipped"], manifest.generation)
-        if embeddings.metadata.num_rows != manifest.count:
-            raise IndexFormatError(
-                f"{emb_path} has {embeddings.metadata.num_rows} rows but the manifest says {manifest.count}"
-            )
-        index = faiss_index.read(faiss_path, mmap=mmap)
-        if index.ntotal != manifest.count or index.d != manifest.dim:
-            raise IndexFormatError(
-                f"{faiss_path} holds {index.ntotal} vectors of dim {index.d}, but the manifest says "
-                f"{manifest.count} of dim {manifest.dim}; rebuild the index"
-            )
-        ids = embeddings.read(columns=["id"]).column("id").to_numpy()
-        if not np.array_equal(ids, np.arange(manifest.count, dtype=np.int64)):
-            raise IndexFormatError(f"{emb_path}: ids are not 0..{manifest.count - 1} in row order; rebuild the index")
-        return cls(path, manifest, index, embeddings, skipped, model=model, device=device, encoder=encoder)
+        # The Parquet files stay open: if a later generation replaces this one, this reader
+        # keeps answering from the files it opened.
+        parts = store.open_parts(path, manifest)
+        skipped = _open_skipped(path / manifest.skipped_file)
+        index = store.load_faiss(path, manifest, parts, mmap=mmap)
+        return cls(path, manifest, index, parts, skipped, model=model, device=device, encoder=encoder)
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -222,15 +208,32 @@ class ImageIndex:
 
     def _load_paths(self) -> list[str]:
         if self._paths is None:
-            self._paths = self._embeddings.read(columns=["path"]).column("path").to_pylist()
+            self._paths = store.read_column(self._parts, "path").to_pylist()
         return self._paths
 
     # -- metadata ---------------------------------------------------------------------------------
 
     def embeddings(self) -> np.ndarray:
         """All stored embeddings as an ``(count, dim)`` float32 array, in id order."""
-        col = self._embeddings.read(columns=["embedding"]).column("embedding").combine_chunks()
-        return col.values.to_numpy(zero_copy_only=False).reshape(-1, self.dim).astype(np.float32, copy=False)
+        return store.vectors_of(store.read_column(self._parts, "embedding"), self.dim) if self._parts else np.empty((0, self.dim), np.float32)
+
+    def iter_embeddings(self, batch_rows: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
+        """Stream the stored embeddings as ``(first_id, (n, dim) float32)`` chunks, in id order."""
+        return store.iter_vectors(self._parts, self.dim, batch_rows=batch_rows)
+
+    def rows(self, ids: Sequence[int], columns: Sequence[str] = ("id", "path")) -> list[dict[str, Any]]:
+        """Metadata of the given ids (any order; returned in the same order)."""
+        wanted = np.asarray(ids, dtype=np.int64)
+        if len(wanted) and (wanted.min() < 0 or wanted.max() >= self.count):
+            raise InvalidArgumentError(f"ids must be in 0..{self.count - 1}")
+        cols = list(dict.fromkeys(["id", *columns]))
+        out: dict[int, dict[str, Any]] = {}
+        for ref, pf in zip(self.manifest.parts, self._parts, strict=True):
+            local = wanted[(wanted >= ref.first_id) & (wanted < ref.first_id + ref.rows)] - ref.first_id
+            if len(local):
+                for row in pf.read(columns=cols).take(np.unique(local)).to_pylist():
+                    out[int(row["id"])] = {k: row[k] for k in columns}
+        return [out[int(i)] for i in wanted]
 
     def skipped(self) -> list[SkippedFile]:
         """Files that were found but could not be decoded, with the reason."""
@@ -251,6 +254,9 @@ class ImageIndex:
             "count": m.count,
             "skipped": m.skipped,
             "format_version": m.format_version,
+            "complete": m.complete,
+            "generation": m.generation,
+            "parts": [p.path for p in m.parts],
             "index_type": m.index_type,
             "metric": m.metric,
             "preprocess": dict(m.preprocess),
@@ -261,21 +267,13 @@ class ImageIndex:
         }
 
 
-def _open_parquet(path: Path, generation: str) -> pq.ParquetFile:
-    """Open one of the index's Parquet files and check it belongs to the manifest's build."""
+def _open_skipped(path: Path) -> pq.ParquetFile:
     if not path.is_file():
-        raise IndexFormatError(f"{path} is missing; rebuild the index with `clipsearch index`")
+        raise IndexFormatError(f"{path} is missing; {store.REBUILD_HINT}")
     try:
-        pf = pq.ParquetFile(path)
+        return pq.ParquetFile(path)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
-        raise IndexFormatError(f"{path} is damaged ({exc}); rebuild the index with `clipsearch index`") from exc
-    found = (pf.schema_arrow.metadata or {}).get(GENERATION_KEY, b"").decode()
-    if found != generation:
-        raise IndexFormatError(
-            f"{path} does not belong to this manifest (generation {found or 'missing'} != {generation}); "
-            "rebuild the index with `clipsearch index`"
-        )
-    return pf
+        raise IndexFormatError(f"{path} is damaged ({exc}); {store.REBUILD_HINT}") from exc
 
 
 def _check_k(k: int) -> None:

@@ -2,17 +2,23 @@
 
 An index directory holds::
 
-    manifest.json            written last; names the format version, the model and the files below
+    manifest.json                 the current generation: format version, model, the files below
+    lock                          held (flock) by the one process writing the index
     gen-<generation>/
-        embeddings.parquet   one row per indexed image: id, path, path_bytes, width, height, embedding
-        index.faiss          FAISS index over the same vectors; FAISS row i is the image with id i
-        skipped.parquet      files that could not be decoded: path, path_bytes, reason
+        embeddings/part-00000.parquet ...
+                                  rows id, path, path_bytes, width, height, size, mtime_ns,
+                                  content_hash, embedding; ids run 0..count-1 across the parts
+        index.faiss               FAISS index whose row i is id i, over the first ``faiss.rows``
+                                  ids (readers add the vectors of later rows on open)
+        skipped.parquet           files that could not be decoded: path, path_bytes, reason, ...
 
-Each build writes a new generation directory (first under a ``.staging-`` name, renamed when
-complete), then atomically replaces the manifest, then removes the superseded generation. So a
-crash at any point leaves a manifest whose files all exist, and a reader that opened the old
-generation keeps its open files. Readers refuse a manifest whose ``format_version`` is newer
-than :data:`FORMAT_VERSION`.
+A generation never changes once its manifest is written. A writer builds the next generation in
+``.staging-<generation>/`` (hard-linking the parts and FAISS file it keeps from the previous
+one, so a commit costs only the new rows), renames it to ``gen-<generation>/``, atomically
+replaces ``manifest.json`` and then removes the superseded generation. A crash at any point
+leaves a manifest whose files all exist; a reader that opened an older generation keeps its
+open files. Readers refuse a manifest whose ``format_version`` is newer than
+:data:`FORMAT_VERSION`.
 """
 
 from __future__ import annotations
@@ -33,15 +39,16 @@ FORMAT_VERSION = 1
 FORMAT_NAME = "clipsearch-index"
 
 MANIFEST_FILE = "manifest.json"
-EMBEDDINGS_FILE = "embeddings.parquet"
+EMBEDDINGS_DIR = "embeddings"
 FAISS_FILE = "index.faiss"
 SKIPPED_FILE = "skipped.parquet"
+LOCK_FILE = "lock"
 
 GENERATION_PREFIX = "gen-"
 STAGING_PREFIX = ".staging-"
 
-# Parquet key/value metadata that ties a data file to the manifest that names it.
-GENERATION_KEY = b"clipsearch.generation"
+# Parquet key/value metadata that ties a data file to the manifest entry that names it.
+FILE_ID_KEY = b"clipsearch.file_id"
 
 
 def generation_dir(generation: str) -> str:
@@ -49,10 +56,9 @@ def generation_dir(generation: str) -> str:
     return GENERATION_PREFIX + generation
 
 
-def data_files(generation: str) -> dict[str, str]:
-    """The manifest's ``files`` mapping for a generation: role -> path relative to INDEX_DIR."""
-    gen = generation_dir(generation)
-    return {"embeddings": f"{gen}/{EMBEDDINGS_FILE}", "faiss": f"{gen}/{FAISS_FILE}", "skipped": f"{gen}/{SKIPPED_FILE}"}
+def part_name(number: int) -> str:
+    """File name of the ``number``-th part of a generation (zero-padded: name order is id order)."""
+    return f"part-{number:05d}.parquet"
 
 
 def embeddings_schema(dim: int) -> pa.Schema:
@@ -98,6 +104,41 @@ def display_path(raw: bytes) -> str:
     return raw.decode("utf-8", errors="backslashreplace")
 
 
+def _check_relative(path: Any, what: str) -> None:
+    # Relative paths inside the index only: a manifest must not make readers open files elsewhere.
+    parts = path.split("/") if isinstance(path, str) else []
+    if not parts or path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
+        raise ValueError(f"{what} must be a relative path inside the index, got {path!r}")
+
+
+@dataclass(frozen=True)
+class PartRef:
+    """One Parquet part: ``rows`` rows with ids ``first_id .. first_id + rows - 1``."""
+
+    path: str
+    rows: int
+    first_id: int
+    file_id: str
+
+    def __post_init__(self) -> None:
+        _check_relative(self.path, "a part path")
+        if self.rows < 1 or self.first_id < 0:
+            raise ValueError(f"part {self.path}: rows must be >= 1 and first_id >= 0")
+
+
+@dataclass(frozen=True)
+class FaissRef:
+    """The FAISS file and how many rows (ids ``0 .. rows - 1``) it holds."""
+
+    path: str
+    rows: int
+
+    def __post_init__(self) -> None:
+        _check_relative(self.path, "the faiss path")
+        if self.rows < 0:
+            raise ValueError("faiss rows must be >= 0")
+
+
 @dataclass(frozen=True)
 class Manifest:
     """The contents of ``manifest.json``.
@@ -107,16 +148,20 @@ class Manifest:
         model_fingerprint: sha256 over the checkpoint's weight files (see ``encoders``).
         backend: which encoder family produced the vectors (``"hf"`` for Hugging Face CLIP).
         dim: embedding dimension.
-        count: number of indexed images (rows of the Parquet file, vectors in FAISS).
+        count: number of indexed images (rows over all parts, vectors in FAISS).
         skipped: number of files that were found but could not be decoded.
         preprocess: the image preprocessing used, as a JSON-able dict.
-        index_type: FAISS factory string of ``index.faiss``.
-        metric: always ``"inner_product"`` over L2-normalised vectors (cosine similarity).
-        generation: random id written into every data file of this build; opening checks it.
+        index_type: FAISS factory string of the FAISS file.
+        generation: id of this generation (its directory is ``gen-<generation>``).
         source_root: absolute path of the indexed folder at build time (informational).
-        created: ISO-8601 UTC time of the build.
+        created: ISO-8601 UTC time of this generation.
         tool_version: clipsearch version that wrote the index.
-        files: role -> file name inside the index directory.
+        parts: the Parquet parts, in id order.
+        faiss: the FAISS file, or None when readers build it from the parts.
+        skipped_file: the skip list (Parquet).
+        complete: False while a build or update that committed this generation is still to
+            finish (or was interrupted: running it again resumes).
+        metric: always ``"inner_product"`` over L2-normalised vectors (cosine similarity).
     """
 
     model: str
@@ -131,9 +176,12 @@ class Manifest:
     source_root: str
     created: str
     tool_version: str
+    parts: tuple[PartRef, ...]
+    faiss: FaissRef | None
+    skipped_file: str
+    complete: bool = True
     metric: str = "inner_product"
     normalized: bool = True
-    files: Mapping[str, str] = field(default_factory=dict)
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -144,20 +192,22 @@ class Manifest:
             raise ValueError("manifest counts must be >= 0")
         if self.metric != "inner_product":
             raise ValueError(f"unsupported metric {self.metric!r}")
-        if not self.files:
-            object.__setattr__(self, "files", data_files(self.generation))
-        for role in ("embeddings", "faiss", "skipped"):
-            name = self.files.get(role) if isinstance(self.files, Mapping) else None
-            # Relative paths inside the index only: a manifest must not make readers open
-            # files elsewhere.
-            parts = name.split("/") if isinstance(name, str) else []
-            if not parts or name.startswith("/") or "\\" in name or any(p in ("", ".", "..") for p in parts):
-                raise ValueError(f"files[{role!r}] must be a relative path inside the index, got {name!r}")
+        _check_relative(self.skipped_file, "skipped_file")
+        next_id = 0
+        for part in self.parts:
+            if part.first_id != next_id:
+                raise ValueError(f"part {part.path} starts at id {part.first_id}, expected {next_id}")
+            next_id += part.rows
+        if next_id != self.count:
+            raise ValueError(f"parts hold {next_id} rows but count is {self.count}")
+        if self.faiss is not None and self.faiss.rows > self.count:
+            raise ValueError(f"the faiss file holds {self.faiss.rows} rows, more than count {self.count}")
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["preprocess"] = dict(self.preprocess)
-        data["files"] = dict(self.files)
+        data["parts"] = [asdict(p) for p in self.parts]
+        data["faiss"] = asdict(self.faiss) if self.faiss is not None else None
         return data
 
     @classmethod
@@ -178,8 +228,10 @@ class Manifest:
         known = {f.name for f in cls.__dataclass_fields__.values()}
         try:
             kwargs = {k: v for k, v in data.items() if k in known}
+            kwargs["parts"] = tuple(PartRef(**p) for p in data["parts"])
+            kwargs["faiss"] = FaissRef(**data["faiss"]) if data.get("faiss") is not None else None
             return cls(**kwargs)
-        except (TypeError, ValueError) as exc:
+        except (TypeError, ValueError, KeyError, AttributeError) as exc:
             raise IndexFormatError(f"{where} is damaged: {exc}") from exc
 
 

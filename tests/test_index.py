@@ -32,7 +32,9 @@ from retrieval.layout import FORMAT_VERSION, display_path
 
 def _file(index_dir: Path, role: str) -> Path:
     """Where the manifest says a data file of the current generation is."""
-    return index_dir / json.loads((index_dir / "manifest.json").read_text())["files"][role]
+    manifest = json.loads((index_dir / "manifest.json").read_text())
+    rel = {"embeddings": manifest["parts"][0]["path"], "faiss": (manifest["faiss"] or {}).get("path"), "skipped": manifest["skipped_file"]}[role]
+    return index_dir / rel
 
 
 def _snapshot(directory: Path) -> dict[str, bytes]:
@@ -46,7 +48,7 @@ def _copy_index(src: Path, tmp_path: Path) -> Path:
 
 
 def test_parquet_contract(built_index: Path, collection: Collection) -> None:
-    table = ds.dataset(_file(built_index, "embeddings"), format="parquet").to_table()
+    table = ds.dataset(_file(built_index, "embeddings").parent, format="parquet").to_table()
     assert table.schema.field("id").type == "int64"
     assert str(table.schema.field("embedding").type) == "fixed_size_list<element: float>[48]"
     assert table.column("id").to_pylist() == list(range(table.num_rows))
@@ -82,10 +84,10 @@ def test_parquet_readable_by_pandas_and_duckdb(built_index: Path) -> None:
     import duckdb
     import pandas as pd
 
-    frame = pd.read_parquet(_file(built_index, "embeddings"))
+    frame = pd.read_parquet(_file(built_index, "embeddings").parent)
     assert list(frame.columns[:2]) == ["id", "path"] and len(frame) == len(ImageIndex.open(built_index))
     rows = duckdb.sql(
-        f"SELECT id, path, len(embedding) AS d FROM read_parquet('{built_index}/gen-*/embeddings.parquet') ORDER BY id"
+        f"SELECT id, path, len(embedding) AS d FROM read_parquet('{built_index}/gen-*/embeddings/*.parquet') ORDER BY id"
     ).fetchall()
     assert [r[0] for r in rows] == list(range(len(frame)))
     assert {r[2] for r in rows} == {48}
@@ -207,7 +209,7 @@ def test_newer_format_is_refused(built_index: Path, tmp_path: Path) -> None:
         ImageIndex.open(idx)
 
 
-@pytest.mark.parametrize("damage", ["no-faiss", "bad-faiss", "no-parquet", "count", "generation", "ids"])
+@pytest.mark.parametrize("damage", ["no-faiss", "bad-faiss", "no-parquet", "count", "file-id", "ids", "part-rows"])
 def test_inconsistent_index_is_refused(built_index: Path, tmp_path: Path, damage: str) -> None:
     idx = _copy_index(built_index, tmp_path)
     manifest = json.loads((idx / "manifest.json").read_text())
@@ -219,8 +221,10 @@ def test_inconsistent_index_is_refused(built_index: Path, tmp_path: Path, damage
         _file(idx, "embeddings").unlink()
     elif damage == "count":
         manifest["count"] += 1
-    elif damage == "generation":
-        manifest["generation"] = "0" * 32
+    elif damage == "file-id":
+        manifest["parts"][0]["file_id"] = "0" * 32
+    elif damage == "part-rows":
+        manifest["parts"][0]["rows"] += 1
     elif damage == "ids":
         table = pq.read_table(_file(idx, "embeddings"))
         ids = table.column("id").to_numpy()[::-1].copy()
@@ -287,7 +291,7 @@ def test_rebuild_replaces_index_and_failure_keeps_old(tmp_path: Path, tiny_model
 
     enc = FailingEncoder.load(str(tiny_model), device="cpu")
     with pytest.raises(Boom):
-        build_index(photos, idx, encoder=enc, workers=0)
+        build_index(photos, idx, encoder=enc, workers=0, rebuild=True)
     assert _snapshot(idx) == before
     assert len(ImageIndex.open(idx)) == 4
 
@@ -338,8 +342,6 @@ def test_stored_embedding_equals_single_image_encoding(built_index: Path, collec
 def test_write_failure_keeps_previous_index(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch, where: str) -> None:
     import errno
 
-    import indexer.build as build_mod
-
     photos = tmp_path / "photos"
     photos.mkdir()
     photo_like(80, 60, 0).save(photos / "a.jpg")
@@ -351,11 +353,11 @@ def test_write_failure_keeps_previous_index(tmp_path: Path, tiny_model: Path, mo
     def disk_full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    target = {"faiss": (build_mod.faiss_index, "write"), "publish": (build_mod, "publish_generation"), "manifest": (build_mod, "write_manifest")}[where]
-    if where == "manifest":
-        # Fail after the new generation is renamed into place, before the manifest switches.
-        real_publish = build_mod.publish_generation
-        monkeypatch.setattr(build_mod, "publish_generation", lambda *a: real_publish(*a))
+    import indexer.commit as commit_mod
+
+    # Fail while writing FAISS, while renaming the generation into place, or after that,
+    # while switching the manifest.
+    target = {"faiss": (commit_mod.faiss_index, "write"), "publish": (commit_mod, "publish_generation"), "manifest": (commit_mod, "write_manifest")}[where]
     monkeypatch.setattr(*target, disk_full)
     with pytest.raises(IndexDirError, match="No space left on device"):
         build_index(photos, idx, model=str(tiny_model), workers=0)
@@ -382,7 +384,7 @@ def test_reader_keeps_answering_after_a_rebuild(tmp_path: Path, tiny_model: Path
 def test_manifest_file_names_must_stay_inside_the_index(built_index: Path, tmp_path: Path) -> None:
     idx = _copy_index(built_index, tmp_path)
     manifest = json.loads((idx / "manifest.json").read_text())
-    manifest["files"]["embeddings"] = "../../etc/passwd"
+    manifest["parts"][0]["path"] = "../../etc/passwd"
     (idx / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IndexFormatError, match="inside the index"):
         ImageIndex.open(idx)

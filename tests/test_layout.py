@@ -12,6 +12,8 @@ import pytest
 
 from retrieval.errors import IndexFormatError, NotAnIndexError, UnsupportedFormatError
 from retrieval.layout import (
+    FaissRef,
+    PartRef,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_FILE,
@@ -39,6 +41,12 @@ def _manifest(**overrides: Any) -> Manifest:
         source_root="/photos",
         created="2024-01-02T03:04:05Z",
         tool_version="0.1.0",
+        parts=(
+            PartRef("gen-0123456789abcdef/embeddings/part-00000.parquet", 5, 0, "a" * 32),
+            PartRef("gen-0123456789abcdef/embeddings/part-00001.parquet", 7, 5, "b" * 32),
+        ),
+        faiss=FaissRef("gen-0123456789abcdef/index.faiss", 5),
+        skipped_file="gen-0123456789abcdef/skipped.parquet",
     )
     fields.update(overrides)
     return Manifest(**fields)
@@ -227,7 +235,7 @@ def test_atomic_write_failure_without_previous(tmp_path: Path) -> None:
 
 
 def test_write_manifest_failure_keeps_previous(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    old = _manifest(count=1)
+    old = _manifest(skipped=1)
     write_manifest(tmp_path, old)
 
     def fail_replace(src: Any, dst: Any) -> None:
@@ -235,7 +243,7 @@ def test_write_manifest_failure_keeps_previous(tmp_path: Path, monkeypatch: pyte
 
     monkeypatch.setattr(os, "replace", fail_replace)
     with pytest.raises(OSError):
-        write_manifest(tmp_path, _manifest(count=2))
+        write_manifest(tmp_path, _manifest(skipped=2))
     monkeypatch.undo()
     assert read_manifest(tmp_path) == old
     assert sorted(os.listdir(tmp_path)) == [MANIFEST_FILE]
@@ -271,3 +279,32 @@ def test_display_path() -> None:
     assert display_path(b"plain/a.jpg") == "plain/a.jpg"
     # Always valid UTF-8 (no surrogates), so it can go into a Parquet string column.
     display_path(b"\xff\xfe/x.jpg").encode("utf-8")
+
+
+# ---------------------------------------------------------------- parts and faiss references
+
+
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        {"count": 13},  # parts hold 12 rows
+        {"parts": (PartRef("gen-x/embeddings/part-00000.parquet", 5, 1, "a" * 32),)},  # must start at id 0
+        {"faiss": FaissRef("gen-x/index.faiss", 13)},  # more rows than the index
+        {"skipped_file": "../skipped.parquet"},
+        {"skipped_file": "/etc/passwd"},
+    ],
+)
+def test_manifest_rejects_inconsistent_references(overrides: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        _manifest(**overrides)
+
+
+def test_part_and_faiss_refs_validate() -> None:
+    with pytest.raises(ValueError):
+        PartRef("gen-x/embeddings/part-00000.parquet", 0, 0, "a")
+    with pytest.raises(ValueError):
+        PartRef("gen-x/../../x.parquet", 1, 0, "a")
+    with pytest.raises(ValueError):
+        FaissRef("gen-x/index.faiss", -1)
+    assert _manifest(faiss=None).to_dict()["faiss"] is None
+    assert Manifest.from_dict(_manifest(faiss=None).to_dict()) == _manifest(faiss=None)
