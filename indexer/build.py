@@ -30,6 +30,7 @@ from retrieval.layout import GENERATION_PREFIX, LOCK_FILE, STAGING_PREFIX, Manif
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .dataset import ImageDataset, Item, collate, content_hash
 from .discover import Discovery, discover, from_list
+from .faults import crash_point
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update
 from .writer import FileRecord, SkipRecord
@@ -375,6 +376,7 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
                 # A changed file that no longer decodes loses its row.
                 stats["lost"] += rel in plan.updated_paths
             if batch.pixels is not None:
+                crash_point("embed")
                 t0 = time.perf_counter()
                 emb = enc.embed_pixels(batch.pixels)
                 stats["encode"] += time.perf_counter() - t0

@@ -38,6 +38,7 @@ from retrieval.layout import (
 )
 from retrieval.version import __version__
 
+from .faults import crash_point
 from .plan import IndexedFacts
 from .writer import EmbeddingWriter, FileRecord, SkipRecord, records_table, write_skipped
 
@@ -198,6 +199,7 @@ class GenerationWriter:
                 complete=complete,
             )
             publish_generation(self.dir, staging, generation)
+            crash_point("publish")
         except BaseException:
             shutil.rmtree(staging, ignore_errors=True)
             raise
@@ -212,6 +214,7 @@ class GenerationWriter:
         self._records, self._vectors, self._rewrite_tail = [], [], None
         self.current = manifest
         self.commits += 1
+        crash_point("commit")
         remove_stale(self.dir, keep=generation)
         return manifest
 
@@ -230,6 +233,7 @@ class GenerationWriter:
             faiss_index.add(index, store.vectors_of(self._rewrite_tail.column("embedding"), self.meta.dim))
         for vecs in self._vectors:
             faiss_index.add(index, vecs)
+        crash_point("finish")
         return self.commit(complete=True, faiss=index)
 
     # -- helpers -------------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from retrieval.images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from retrieval.layout import display_path
 
 from .discover import ImageFile
+from .faults import crash_point
 
 if TYPE_CHECKING:
     import torch
@@ -85,6 +86,7 @@ class ImageDataset:
 
     def __getitem__(self, index: int) -> Item:
         rel = self.files[index].rel
+        crash_point("decode")
         start = time.perf_counter()
         try:
             data, size, mtime_ns = _read_file(os.path.join(self.root, rel))

@@ -1,18 +1,22 @@
-"""One writer per index: an advisory ``flock`` on ``INDEX_DIR/lock``.
+"""One writer per index: an advisory POSIX record lock on ``INDEX_DIR/lock``.
 
-The kernel releases a ``flock`` when its process dies, ``kill -9`` included, so a lock left by a
+The kernel releases the lock when its process dies, ``kill -9`` included, so a lock left by a
 killed writer is simply taken over by the next one; the holder's description written into the
 file is what a second writer's error message shows, and what tells the next writer that the
-previous run did not finish.
+previous run did not finish. A POSIX lock (``lockf``), not ``flock``: forked DataLoader workers
+do not inherit it, so a worker that outlives its killed parent for a moment does not keep the
+index locked.
 """
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import json
 import os
 import socket
 import sys
+import threading
 import time
 from pathlib import Path
 from types import TracebackType
@@ -20,6 +24,10 @@ from typing import Any
 
 from retrieval.errors import IndexLockedError
 from retrieval.layout import LOCK_FILE
+
+
+_HELD: set[str] = set()
+_HELD_GUARD = threading.Lock()
 
 
 class IndexLock:
@@ -40,10 +48,27 @@ class IndexLock:
         Raises:
             IndexLockedError: another process holds it (the message names that process).
         """
+        key = os.path.realpath(self.path)
+        with _HELD_GUARD:
+            # POSIX locks never conflict within one process: exclude our own second writer here.
+            if key in _HELD:
+                raise IndexLockedError(f"{self.path.parent} is being written by this process (pid {os.getpid()}); wait for it to finish")
+            _HELD.add(key)
+        try:
+            return self._acquire()
+        except BaseException:
+            with _HELD_GUARD:
+                _HELD.discard(key)
+            raise
+
+    def _acquire(self) -> IndexLock:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
         try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
+            fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError as exc:
+            if exc.errno not in (errno.EACCES, errno.EAGAIN):
+                os.close(fd)
+                raise
             holder = _read_holder(fd)
             os.close(fd)
             raise IndexLockedError(f"{self.path.parent} is being written by another clipsearch process ({_describe(holder)}); wait for it to finish") from None
@@ -64,10 +89,12 @@ class IndexLock:
             return
         try:
             os.ftruncate(self._fd, 0)
-            fcntl.flock(self._fd, fcntl.LOCK_UN)
+            fcntl.lockf(self._fd, fcntl.LOCK_UN)
         finally:
             os.close(self._fd)
             self._fd = None
+            with _HELD_GUARD:
+                _HELD.discard(os.path.realpath(self.path))
 
     def __enter__(self) -> IndexLock:
         return self.acquire()

@@ -3,7 +3,7 @@
 An index directory holds::
 
     manifest.json                 the current generation: format version, model, the files below
-    lock                          held (flock) by the one process writing the index
+    lock                          locked (POSIX lockf) by the one process writing the index
     gen-<generation>/
         embeddings/part-00000.parquet ...
                                   rows id, path, path_bytes, width, height, size, mtime_ns,

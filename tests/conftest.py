@@ -54,9 +54,19 @@ def built_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, coll
     return out
 
 
-def run_cli(args: Sequence[str | os.PathLike[str]], cwd: Path | None = None, timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    """Run the installed ``clipsearch`` console script in a subprocess."""
+def clipsearch_exe() -> str:
+    """The installed ``clipsearch`` console script of this interpreter's environment."""
     exe = Path(sys.executable).parent / "clipsearch"
-    cmd = [str(exe) if exe.exists() else "clipsearch", *map(os.fspath, args)]
-    env = {**os.environ, "PYTHONWARNINGS": "default"}
-    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=env)
+    return str(exe) if exe.exists() else "clipsearch"
+
+
+def run_cli(
+    args: Sequence[str | os.PathLike[str]],
+    cwd: Path | None = None,
+    timeout: float = 300,
+    env: dict[str, str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run the installed ``clipsearch`` console script in a subprocess."""
+    cmd = [clipsearch_exe(), *map(os.fspath, args)]
+    full_env = {**os.environ, "PYTHONWARNINGS": "default", **(env or {})}
+    return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=full_env)
