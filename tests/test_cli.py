@@ -183,3 +183,28 @@ def test_index_files_from_list(tmp_path: Path, tiny_model: Path, collection: Col
     info = json.loads(run_cli(["info", out, "--json"]).stdout)
     assert info["skipped_files"] == [{"path": "missing.jpg", "reason": "file not found"}]
     _one_line_error(run_cli(["index", collection.root, tmp_path / "x", "--model", tiny_model, "--files-from", tmp_path / "nolist"]), "--files-from")
+
+
+def test_update_summary_lock_and_model_errors(tmp_path: Path, tiny_model: Path, other_model: Path) -> None:
+    photos = tmp_path / "p"
+    photos.mkdir()
+    for i in range(3):
+        photo_like(90, 70, i).save(photos / f"{i}.jpg")
+    out = tmp_path / "idx"
+    assert run_cli(["index", photos, out, "--model", tiny_model, "--workers", "0"]).returncode == 0
+    (photos / "0.jpg").unlink()
+    photo_like(90, 70, 9).save(photos / "9.jpg")
+    proc = run_cli(["index", photos, out, "--model", tiny_model, "--workers", "0", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    summary = json.loads(proc.stdout)
+    assert {k: summary[k] for k in ("added", "updated", "removed", "unchanged", "skipped", "total")} == {
+        "added": 1, "updated": 0, "removed": 1, "unchanged": 2, "skipped": 0, "total": 3
+    }
+    assert summary["seconds"] > 0
+    _one_line_error(run_cli(["index", photos, out, "--model", other_model]), "--rebuild", str(tiny_model.resolve()), str(other_model.resolve()))
+    proc = run_cli(["index", photos, out, "--model", other_model, "--rebuild", "--workers", "0", "--json"])
+    assert proc.returncode == 0 and json.loads(proc.stdout)["added"] == 3
+    from indexer.lock import IndexLock
+
+    with IndexLock(out):
+        _one_line_error(run_cli(["index", photos, out, "--model", other_model]), "being written", "pid")
