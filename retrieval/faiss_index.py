@@ -85,7 +85,14 @@ def search(index: Any, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndar
     k = min(int(k), int(index.ntotal))
     if k <= 0:
         return np.empty((len(queries), 0), np.float32), np.empty((len(queries), 0), np.int64)
-    scores, ids = index.search(queries, k)
-    # FAISS does not promise an order among equal scores; sort (score desc, id asc) stably.
-    order = np.lexsort((ids, -scores), axis=1)
+    # FAISS keeps an arbitrary member of a group of equal scores that straddles position k.
+    # Fetch past the cut until no row ties across it, so that sorting (score desc, id asc)
+    # and cutting gives the documented order and search(k) is a prefix of search(k + 1).
+    fetch = k
+    while True:
+        fetch = min(int(index.ntotal), max(fetch * 2, k + 1))
+        scores, ids = index.search(queries, fetch)
+        if fetch == index.ntotal or not np.any(scores[:, k - 1] == scores[:, fetch - 1]):
+            break
+    order = np.lexsort((ids, -scores), axis=1)[:, :k]
     return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)

@@ -388,3 +388,16 @@ def test_manifest_file_names_must_stay_inside_the_index(built_index: Path, tmp_p
     (idx / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IndexFormatError, match="inside the index"):
         ImageIndex.open(idx)
+
+
+def test_ties_at_the_cut_follow_the_id_rule(tmp_path: Path) -> None:
+    # Five identical vectors tie; whatever k cuts them, the lowest ids come first.
+    from retrieval import faiss_index
+
+    vecs = np.tile(np.eye(4, dtype=np.float32)[0], (5, 1))
+    vecs = np.vstack([np.eye(4, dtype=np.float32)[1], vecs])
+    index = faiss_index.build(vecs)
+    query = np.eye(4, dtype=np.float32)[:1]
+    for k in range(1, 7):
+        _, ids = faiss_index.search(index, query, k)
+        assert ids[0].tolist() == [1, 2, 3, 4, 5, 0][:k]
