@@ -10,16 +10,6 @@ from retrieval.encoders import DEFAULT_MODEL
 from retrieval.errors import InvalidArgumentError
 
 
-def _nonnegative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
-
-
 def _read_file_list(path: str) -> list[bytes]:
     """One relative path per line; blank lines and lines starting with '#' are ignored."""
     try:
@@ -68,7 +58,7 @@ def register_index_command(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face hub id or local checkpoint directory (default: {DEFAULT_MODEL})")
     p.add_argument("--batch-size", type=query_cli.positive_int, default=64, help="images per model call (default: 64)")
-    p.add_argument("--workers", type=_nonnegative_int, default=None, help="decode worker processes (default: from the core count; 0 = in-process)")
+    p.add_argument("--workers", type=query_cli.int_at_least(0), default=None, help="decode worker processes (default: from the core count; 0 = in-process)")
     query_cli.add_device_arguments(p)
     p.add_argument("--files-from", metavar="LIST", help="index only the paths listed in this file (one per line, relative to PHOTOS_DIR)")
     p.add_argument("--rebuild", action="store_true", help="re-index everything, also when the index was built with another model")
