@@ -291,6 +291,7 @@ def _run(
         preprocess={**enc.preprocess.to_dict(), "jpeg_draft": cfg.draft},
         index_type=INDEX_TYPE,
         source_root=str(photos.resolve()),
+        model_info=dict(getattr(enc, "info", {})),
     )
     writer = GenerationWriter(out, meta, previous)
     old_skips = _read_skips(out, previous) if previous is not None else []

@@ -13,7 +13,7 @@ import os
 import shutil
 import uuid
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -54,6 +54,7 @@ class IndexMeta:
     preprocess: Mapping[str, Any]
     index_type: str
     source_root: str
+    model_info: Mapping[str, Any] = field(default_factory=dict)
 
 
 class GenerationWriter:
@@ -197,6 +198,7 @@ class GenerationWriter:
                 faiss=faiss_ref,
                 skipped_file=f"{gen_rel}/{SKIPPED_FILE}",
                 complete=complete,
+                model_info=dict(self.meta.model_info),
             )
             publish_generation(self.dir, staging, generation)
             crash_point("publish")

@@ -8,7 +8,9 @@ DCT scale (draft mode) when the model needs far fewer pixels than the file has.
 Preprocessing reproduces the checkpoint's ``CLIPImageProcessor`` (transformers 5, torchvision
 backend): resize with torchvision's antialiased bicubic on uint8, center crop (zero padding
 when the image is smaller than the crop), rescale and normalise. The configuration comes from
-the checkpoint's own ``preprocessor_config.json``; nothing is hard-coded to 224 px.
+the checkpoint's own ``preprocessor_config.json``; nothing is hard-coded to 224 px. open_clip
+models map their ``PreprocessCfg`` (shortest / longest / squash resize, crop or pad with a fill
+colour, torchvision's rounding) onto the same :class:`PreprocessConfig`.
 """
 
 from __future__ import annotations
@@ -44,14 +46,33 @@ OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
 OPENAI_CLIP_STD = (0.26862954, 0.26130258, 0.27577711)
 
 
+_KEEP_RATIO_FITS = ("shortest", "longest")
+_CROP_ROUNDINGS = ("floor", "round")
+_OPEN_CLIP_RESIZE_MODES = ("shortest", "longest", "squash")
+
+
 @dataclass(frozen=True)
 class PreprocessConfig:
     """How an RGB image becomes the model's ``pixel_values``.
 
+    The first resize setting that is not None applies: ``shortest_edge``, then ``resize_to``;
+    ``keep_ratio_size`` only with both None. With none of them the image is only cropped.
+
     Attributes:
-        shortest_edge: resize so the shorter side has this many pixels (aspect kept); or None.
-        resize_to: resize to exactly (height, width) instead; used when ``shortest_edge`` is None.
-        crop_size: (height, width) of the center crop, or None for no crop.
+        shortest_edge: resize so the shorter side has this many pixels (aspect kept, the longer
+            side rounded down like transformers and torchvision ``Resize(int)``); or None.
+        resize_to: resize to exactly (height, width) instead ("squash"); used when
+            ``shortest_edge`` is None.
+        keep_ratio_size: (height, width) box for an aspect-keeping resize with one scale factor
+            (open_clip's ``ResizeKeepRatio``: sides rounded to nearest); used when both of the
+            above are None.
+        keep_ratio_fit: ``"shortest"`` scales so the image covers the box (then crop),
+            ``"longest"`` so it fits inside the box (then pad).
+        crop_size: (height, width) of the center crop, or None for no crop. An image smaller
+            than the crop is padded first.
+        crop_rounding: where an odd margin puts the extra pixel: ``"floor"`` like transformers'
+            ``CLIPImageProcessor``, ``"round"`` like torchvision's ``CenterCrop`` (open_clip).
+        pad_fill: 0..255 value of the padding added around images smaller than the crop.
         resample: interpolation name (``"bicubic"``, ``"bilinear"``, ...).
         rescale_factor: multiplier applied to 0..255 values (1/255), or None for no rescale.
         mean, std: per-channel normalisation, or None for no normalisation.
@@ -67,16 +88,28 @@ class PreprocessConfig:
     mean: tuple[float, float, float] | None = OPENAI_CLIP_MEAN
     std: tuple[float, float, float] | None = OPENAI_CLIP_STD
     alpha: str = "white"
+    keep_ratio_size: tuple[int, int] | None = None
+    keep_ratio_fit: str = "shortest"
+    crop_rounding: str = "floor"
+    pad_fill: int = 0
 
     def __post_init__(self) -> None:
         if self.shortest_edge is not None and self.shortest_edge < 1:
             raise ValueError(f"shortest_edge must be >= 1, got {self.shortest_edge}")
-        if self.shortest_edge is None and self.resize_to is None and self.crop_size is None:
+        if self.keep_ratio_size is not None and (self.shortest_edge is not None or self.resize_to is not None):
+            raise ValueError("keep_ratio_size excludes shortest_edge and resize_to; set those to None")
+        if self.shortest_edge is None and self.resize_to is None and self.keep_ratio_size is None and self.crop_size is None:
             raise ValueError("preprocessing needs a resize or a crop to reach a fixed input size")
-        for name in ("resize_to", "crop_size"):
+        for name in ("resize_to", "crop_size", "keep_ratio_size"):
             value = getattr(self, name)
             if value is not None and (len(value) != 2 or min(value) < 1):
                 raise ValueError(f"{name} must be (height, width) >= 1, got {value}")
+        if self.keep_ratio_fit not in _KEEP_RATIO_FITS:
+            raise ValueError(f"keep_ratio_fit must be one of {_KEEP_RATIO_FITS}, got {self.keep_ratio_fit!r}")
+        if self.crop_rounding not in _CROP_ROUNDINGS:
+            raise ValueError(f"crop_rounding must be one of {_CROP_ROUNDINGS}, got {self.crop_rounding!r}")
+        if isinstance(self.pad_fill, bool) or not isinstance(self.pad_fill, int) or not 0 <= self.pad_fill <= 255:
+            raise ValueError(f"pad_fill must be an integer 0..255, got {self.pad_fill!r}")
         if self.resample not in _RESAMPLE_NAMES.values():
             raise ValueError(f"unknown resample {self.resample!r}")
         if (self.mean is None) != (self.std is None):
@@ -91,26 +124,38 @@ class PreprocessConfig:
         """(height, width) of the tensor the model receives."""
         if self.crop_size is not None:
             return self.crop_size
-        if self.resize_to is not None:
+        if self.shortest_edge is None and self.resize_to is not None:
             return self.resize_to
-        raise ValueError("input size depends on the image: shortest_edge resize without a crop")
+        raise ValueError("input size depends on the image: aspect-keeping resize without a crop")
 
     @property
     def min_decode_edge(self) -> int:
         """Smallest side length (pixels) the decoded image needs for a lossless resize step."""
         if self.shortest_edge is not None:
             return self.shortest_edge
-        return max(self.resize_to or self.input_size)
+        if self.resize_to is not None:
+            return max(self.resize_to)
+        if self.keep_ratio_size is not None:
+            # Both sides >= the larger box side: the resized image is never larger than that
+            # on its shorter side, so draft decoding never makes the resize an upscale.
+            return max(self.keep_ratio_size)
+        return max(self.input_size)
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
-        for key in ("resize_to", "crop_size", "mean", "std"):
+        for key in ("resize_to", "crop_size", "mean", "std", "keep_ratio_size"):
             if data[key] is not None:
                 data[key] = list(data[key])
         return data
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any]) -> PreprocessConfig:
+        """Rebuild from :meth:`to_dict` output; dicts written before a field existed get its default.
+
+        Raises:
+            ValueError: invalid values (see the attribute docs).
+        """
+
         def tup(value: Any) -> Any:
             return tuple(value) if value is not None else None
 
@@ -123,6 +168,10 @@ class PreprocessConfig:
             mean=tup(data.get("mean")),
             std=tup(data.get("std")),
             alpha=data.get("alpha", "white"),
+            keep_ratio_size=tup(data.get("keep_ratio_size")),
+            keep_ratio_fit=data.get("keep_ratio_fit", "shortest"),
+            crop_rounding=data.get("crop_rounding", "floor"),
+            pad_fill=data.get("pad_fill", 0),
         )
 
     @classmethod
@@ -168,6 +217,83 @@ class PreprocessConfig:
             mean=mean,  # type: ignore[arg-type]
             std=std,  # type: ignore[arg-type]
         )
+
+    @classmethod
+    def from_open_clip(cls, config: Mapping[str, Any]) -> PreprocessConfig:
+        """Build from an open_clip ``PreprocessCfg`` as a dict (``get_model_preprocess_cfg(model)``).
+
+        Reproduces open_clip's inference transform (``image_transform(..., is_train=False)``):
+
+        - ``shortest``, square size S: ``Resize(S)`` (shorter side S, longer side rounded down),
+          then ``CenterCrop(S)``;
+        - ``shortest``, size (H, W) not square: ``ResizeKeepRatio((H, W))`` (which open_clip
+          always runs bicubic), then ``CenterCrop((H, W))``;
+        - ``longest``: ``ResizeKeepRatio((H, W), longest=1)``, then ``CenterCropOrPad`` with
+          ``fill_color``;
+        - ``squash``: ``Resize((H, W))``, no crop;
+
+        then ``ToTensor`` (x / 255) and ``Normalize(mean, std)``. Crops round like torchvision.
+
+        Raises:
+            ValueError: a setting open_clip itself would refuse (mode other than RGB, unknown
+                resize mode or interpolation, bad size).
+        """
+        mode = config.get("mode", "RGB")
+        if mode != "RGB":
+            raise ValueError(f"unsupported open_clip image mode {mode!r}; only RGB is supported")
+        size = config.get("size", 224)
+        if isinstance(size, int):
+            height = width = size
+        elif isinstance(size, Sequence) and not isinstance(size, str) and len(size) in (1, 2):
+            height, width = int(size[0]), int(size[-1])
+        else:
+            raise ValueError(f"unsupported open_clip size {size!r}")
+        interpolation = config.get("interpolation") or "bicubic"
+        if interpolation not in ("bicubic", "bilinear", "random"):
+            raise ValueError(f"unsupported open_clip interpolation {interpolation!r}")
+        # 'random' is a training-time option; open_clip's inference transform uses bicubic for it.
+        resample = "bilinear" if interpolation == "bilinear" else "bicubic"
+        resize_mode = config.get("resize_mode") or "shortest"
+        if resize_mode not in _OPEN_CLIP_RESIZE_MODES:
+            raise ValueError(f"unsupported open_clip resize_mode {resize_mode!r}")
+        mean = _three(config.get("mean") or OPENAI_CLIP_MEAN, "mean")
+        std = _three(config.get("std") or OPENAI_CLIP_STD, "std")
+        fill = config.get("fill_color", 0) or 0
+        common: dict[str, Any] = {"rescale_factor": 1 / 255, "mean": mean, "std": std, "crop_rounding": "round"}
+        if resize_mode == "squash":
+            return cls(shortest_edge=None, resize_to=(height, width), crop_size=None, resample=resample, **common)
+        if resize_mode == "longest":
+            return cls(
+                shortest_edge=None,
+                keep_ratio_size=(height, width),
+                keep_ratio_fit="longest",
+                crop_size=(height, width),
+                resample=resample,
+                pad_fill=int(fill),
+                **common,
+            )
+        if height == width:
+            return cls(shortest_edge=height, crop_size=(height, width), resample=resample, **common)
+        return cls(
+            shortest_edge=None,
+            keep_ratio_size=(height, width),
+            keep_ratio_fit="shortest",
+            crop_size=(height, width),
+            resample="bicubic",
+            **common,
+        )
+
+
+def _three(value: Any, name: str) -> tuple[float, float, float]:
+    """A per-channel value: a scalar is repeated (as open_clip does), a sequence must have 3."""
+    if isinstance(value, (int, float)):
+        return (float(value),) * 3
+    values = tuple(float(v) for v in value)
+    if len(values) == 1:
+        values = values * 3
+    if len(values) != 3:
+        raise ValueError(f"open_clip {name} must have 3 values, got {value!r}")
+    return values  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -324,12 +450,20 @@ def _is_empty(source: Any) -> bool:
 
 
 def resize_output_size(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, int]:
-    """(height, width) after the resize step, with transformers' integer rounding."""
-    if cfg.shortest_edge is None:
-        return cfg.resize_to if cfg.resize_to is not None else (height, width)
-    short, long = (width, height) if width <= height else (height, width)
-    new_short, new_long = cfg.shortest_edge, int(cfg.shortest_edge * long / short)
-    return (new_long, new_short) if width <= height else (new_short, new_long)
+    """(height, width) after the resize step, with the reference implementations' rounding."""
+    if cfg.shortest_edge is not None:
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = cfg.shortest_edge, int(cfg.shortest_edge * long / short)
+        return (new_long, new_short) if width <= height else (new_short, new_long)
+    if cfg.resize_to is not None:
+        return cfg.resize_to
+    if cfg.keep_ratio_size is not None:
+        # open_clip's ResizeKeepRatio: one factor, from the shorter or the longer side.
+        ratio_h, ratio_w = height / cfg.keep_ratio_size[0], width / cfg.keep_ratio_size[1]
+        ratio = max(ratio_h, ratio_w) if cfg.keep_ratio_fit == "longest" else min(ratio_h, ratio_w)
+        # At least one pixel: a 1000x1 strip would otherwise resize to nothing.
+        return max(1, round(height / ratio)), max(1, round(width / ratio))
+    return height, width
 
 
 def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
@@ -350,12 +484,12 @@ def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tens
     if images.ndim not in (3, 4) or images.shape[-3] != 3:
         raise ValueError(f"expected (N, 3, H, W) or (3, H, W) RGB tensors, got shape {tuple(images.shape)}")
     height, width = images.shape[-2:]
-    if cfg.shortest_edge is not None or cfg.resize_to is not None:
-        new_size = resize_output_size(int(height), int(width), cfg)
+    new_size = resize_output_size(int(height), int(width), cfg)
+    if new_size != (height, width):
         mode = InterpolationMode(cfg.resample)
         images = tvF.resize(images, list(new_size), interpolation=mode, antialias=True)
     if cfg.crop_size is not None:
-        images = _center_crop(images, cfg.crop_size)
+        images = _center_crop(images, cfg.crop_size, rounding=cfg.crop_rounding, fill=cfg.pad_fill)
     out = images.to(torch.float32)
     if cfg.mean is not None and cfg.std is not None:
         scale = 1.0 / cfg.rescale_factor if cfg.rescale_factor else 1.0
@@ -367,23 +501,26 @@ def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tens
     return out
 
 
-def _center_crop(images: torch.Tensor, size: tuple[int, int]) -> torch.Tensor:
+def _center_crop(images: torch.Tensor, size: tuple[int, int], rounding: str = "floor", fill: int = 0) -> torch.Tensor:
     from torchvision.transforms.v2 import functional as tvF
 
     crop_h, crop_w = size
     height, width = images.shape[-2:]
     if crop_w > width or crop_h > height:
-        # Pad with zeros like the reference, then crop the (possibly padded) center.
+        # Pad like the references (transformers and torchvision alike), then crop the center.
         pad = [
             (crop_w - width) // 2 if crop_w > width else 0,
             (crop_h - height) // 2 if crop_h > height else 0,
             (crop_w - width + 1) // 2 if crop_w > width else 0,
             (crop_h - height + 1) // 2 if crop_h > height else 0,
         ]
-        images = tvF.pad(images, pad, fill=0)
+        images = tvF.pad(images, pad, fill=fill)
         height, width = images.shape[-2:]
-    top = int((height - crop_h) / 2.0)
-    left = int((width - crop_w) / 2.0)
+    if rounding == "round":
+        # torchvision's CenterCrop: round half to even, so an odd margin of 3 puts 2 on top.
+        top, left = int(round((height - crop_h) / 2.0)), int(round((width - crop_w) / 2.0))
+    else:
+        top, left = int((height - crop_h) / 2.0), int((width - crop_w) / 2.0)
     return images[..., top : top + crop_h, left : left + crop_w]
 
 

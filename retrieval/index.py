@@ -260,6 +260,7 @@ class ImageIndex:
             "index_type": m.index_type,
             "metric": m.metric,
             "preprocess": dict(m.preprocess),
+            "model_info": dict(m.model_info),
             "source_root": m.source_root,
             "created": m.created,
             "tool_version": m.tool_version,

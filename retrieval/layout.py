@@ -162,6 +162,9 @@ class Manifest:
         complete: False while a build or update that committed this generation is still to
             finish (or was interrupted: running it again resumes).
         metric: always ``"inner_product"`` over L2-normalised vectors (cosine similarity).
+        model_info: what the encoder reports about its model (backend, architecture, pretrained
+            tag or weights hash, the backend's own preprocessing settings, ...); informational,
+            ``{}`` in indexes written before it existed.
     """
 
     model: str
@@ -182,6 +185,7 @@ class Manifest:
     complete: bool = True
     metric: str = "inner_product"
     normalized: bool = True
+    model_info: Mapping[str, Any] = field(default_factory=dict)
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -192,6 +196,8 @@ class Manifest:
             raise ValueError("manifest counts must be >= 0")
         if self.metric != "inner_product":
             raise ValueError(f"unsupported metric {self.metric!r}")
+        if not isinstance(self.model_info, Mapping):
+            raise ValueError(f"model_info must be a mapping, got {type(self.model_info).__name__}")
         _check_relative(self.skipped_file, "skipped_file")
         next_id = 0
         for part in self.parts:
@@ -206,6 +212,7 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["preprocess"] = dict(self.preprocess)
+        data["model_info"] = dict(self.model_info)
         data["parts"] = [asdict(p) for p in self.parts]
         data["faiss"] = asdict(self.faiss) if self.faiss is not None else None
         return data

@@ -1,87 +1,31 @@
-"""CLIP encoders: a checkpoint in, L2-normalised float32 vectors out.
+"""Hugging Face CLIP checkpoints: a hub id or a local directory in, normalised vectors out.
 
-Only this module imports torch and transformers. Vectors are normalised here, once, so that
-inner product is cosine similarity everywhere else.
-
-The Hugging Face encoder loads each tower on first use: a text search needs only
-``CLIPTextModelWithProjection`` and never pays for the vision tower, the indexer only
-``CLIPVisionModelWithProjection``.
+Each tower loads on first use: a text search needs only ``CLIPTextModelWithProjection`` and
+never pays for the vision tower, the indexer only ``CLIPVisionModelWithProjection``.
 """
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import json
-import logging
-import os
-import socket
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-from urllib.parse import urlparse
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from .errors import InvalidArgumentError, ModelLoadError
-from .images import PreprocessConfig
+from ..errors import InvalidArgumentError, ModelLoadError
+from ..images import PreprocessConfig
+from . import base
+from .base import file_sha256, l2_normalize, quiet_transformers, resolve_device
 
 if TYPE_CHECKING:
     import torch
-
-LOG = logging.getLogger(__name__)
 
 DEFAULT_MODEL = "openai/clip-vit-base-patch32"
 
 # Weight files from_pretrained reads, in its order of preference.
 _WEIGHT_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_model.bin", "pytorch_model-*-of-*.bin")
-
-_FINGERPRINT_CACHE: dict[tuple[str, int, int], str] = {}
-
-
-class Encoder(Protocol):
-    """What the indexer and the query layer need from a model, whatever its backend."""
-
-    name: str
-    backend: str
-    dim: int
-    preprocess: PreprocessConfig
-    max_text_length: int
-
-    @property
-    def fingerprint(self) -> str: ...
-
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray: ...
-
-    def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray: ...
-
-
-def resolve_device(device: str = "auto") -> torch.device:
-    """``auto`` -> CUDA when available, else CPU; ``cpu``, ``cuda``, ``cuda:N`` as given.
-
-    Raises:
-        InvalidArgumentError: unknown device string, or CUDA asked for but not available.
-    """
-    import torch
-
-    if device == "auto":
-        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, TypeError) as exc:
-        raise InvalidArgumentError(f"unknown device {device!r}; use auto, cpu or cuda") from exc
-    if dev.type == "cuda" and not torch.cuda.is_available():
-        raise InvalidArgumentError("--device cuda was asked for but CUDA is not available here; use --device cpu")
-    if dev.type not in ("cpu", "cuda"):
-        raise InvalidArgumentError(f"unsupported device {device!r}; use auto, cpu or cuda")
-    return dev
-
-
-def l2_normalize(vectors: np.ndarray) -> np.ndarray:
-    """Row-wise L2 normalisation in float32 (zero rows stay zero)."""
-    vectors = np.asarray(vectors, dtype=np.float32)
-    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
-    return vectors / np.maximum(norms, np.finfo(np.float32).tiny)
 
 
 def _looks_like_path(model: str) -> bool:
@@ -106,23 +50,16 @@ def resolve_checkpoint(model: str) -> tuple[str, Path]:
     if local.is_dir():
         resolved = local.resolve()
         if not (resolved / "config.json").is_file():
-            raise ModelLoadError(f"{resolved} is not a model checkpoint directory: it has no config.json")
+            hint = (
+                f"; it looks like an open_clip model: use --model open_clip:local-dir:{resolved}"
+                if (resolved / "open_clip_config.json").is_file()
+                else ""
+            )
+            raise ModelLoadError(f"{resolved} is not a model checkpoint directory: it has no config.json{hint}")
         return str(resolved), resolved
     if _looks_like_path(model) or local.exists():
         raise ModelLoadError(f"model checkpoint directory {model!r} does not exist")
     return model, _hub_snapshot(model)
-
-
-def _hub_reachable() -> bool:
-    """Cheap check before asking the hub: offline mode set, or the hub's host does not resolve."""
-    if os.environ.get("HF_HUB_OFFLINE", "").strip().lower() in ("1", "true", "yes", "on"):
-        return False
-    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
-    try:
-        socket.getaddrinfo(host, 443)
-    except OSError:
-        return False
-    return True
 
 
 def _hub_snapshot(model: str) -> Path:
@@ -131,12 +68,12 @@ def _hub_snapshot(model: str) -> Path:
     from huggingface_hub import snapshot_download
 
     def fetch(patterns: list[str], offline: bool) -> Path:
-        with _quiet_transformers():
+        with quiet_transformers():
             return Path(snapshot_download(model, allow_patterns=patterns, local_files_only=offline))
 
     last: BaseException | None = None
     for offline in (True, False):
-        if not offline and not _hub_reachable():
+        if not offline and not base.hub_reachable():
             raise ModelLoadError(
                 f"cannot load model {model!r}: it is not in the local Hugging Face cache and the Hub cannot "
                 "be reached from this machine. Pass a local checkpoint directory: --model /path/to/checkpoint"
@@ -181,39 +118,9 @@ def checkpoint_fingerprint(directory: Path) -> str:
         raise ModelLoadError(f"{directory} holds no model weights (model.safetensors or pytorch_model.bin)")
     digest = hashlib.sha256()
     for path in files:
-        stat = path.stat()
-        key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
-        file_hash = _FINGERPRINT_CACHE.get(key)
-        if file_hash is None:
-            h = hashlib.sha256()
-            with open(path, "rb") as fh:
-                for chunk in iter(lambda: fh.read(1 << 22), b""):
-                    h.update(chunk)
-            file_hash = _FINGERPRINT_CACHE[key] = h.hexdigest()
-        digest.update(f"{path.name}\0{stat.st_size}\0{file_hash}\n".encode())
+        # Same digest as before the encoders became a package: existing indexes keep matching.
+        digest.update(f"{path.name}\0{path.stat().st_size}\0{file_sha256(path)}\n".encode())
     return "sha256:" + digest.hexdigest()
-
-
-@contextlib.contextmanager
-def _quiet_transformers() -> Iterator[None]:
-    """Silence transformers' logging (load reports, hub retries) for the duration."""
-    from huggingface_hub.utils import logging as hub_logging
-    from transformers.utils import logging as hf_logging
-
-    hub_logger = hub_logging.get_logger("huggingface_hub")
-    hub_level = hub_logger.level
-    hub_logger.setLevel(logging.ERROR)
-    previous = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(previous)
-        hub_logger.setLevel(hub_level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 class HFClipEncoder:
@@ -254,7 +161,7 @@ class HFClipEncoder:
         try:
             from transformers import CLIPConfig
 
-            with _quiet_transformers():
+            with quiet_transformers():
                 config = CLIPConfig.from_pretrained(directory)
         except Exception as exc:  # noqa: BLE001
             raise ModelLoadError(f"{name} is not a CLIP checkpoint: {str(exc).splitlines()[0]}") from exc
@@ -272,6 +179,20 @@ class HFClipEncoder:
         return cls(name, directory, config, preprocess, dev)
 
     @property
+    def info(self) -> dict[str, Any]:
+        """What the index manifest records about the model (``model_info``)."""
+        vision = self.config.vision_config
+        return {
+            "backend": self.backend,
+            "checkpoint": self.name,
+            "model_type": "clip",
+            "image_size": int(vision.image_size),
+            "patch_size": int(vision.patch_size),
+            "context_length": self.max_text_length,
+            "embed_dim": self.dim,
+        }
+
+    @property
     def fingerprint(self) -> str:
         """Stable id of the checkpoint's weights (computed once, on first use)."""
         if self._fingerprint is None:
@@ -284,7 +205,7 @@ class HFClipEncoder:
 
         model_cls = getattr(transformers, cls_name)
         try:
-            with _quiet_transformers():
+            with quiet_transformers():
                 model, info = model_cls.from_pretrained(
                     self.directory, output_loading_info=True, dtype=torch.float32
                 )
@@ -316,7 +237,7 @@ class HFClipEncoder:
             try:
                 from transformers import AutoTokenizer
 
-                with _quiet_transformers():
+                with quiet_transformers():
                     self._tokenizer = AutoTokenizer.from_pretrained(self.directory)
             except Exception as exc:  # noqa: BLE001
                 raise ModelLoadError(f"cannot load the tokenizer of {self.name}: {str(exc).splitlines()[0]}") from exc
@@ -356,8 +277,3 @@ class HFClipEncoder:
         with torch.inference_mode():
             emb = model(pixel_values=pixel_values.to(self.device, torch.float32, non_blocking=True)).image_embeds
             return l2_normalize(emb.float().cpu().numpy())
-
-
-def load_encoder(model: str = DEFAULT_MODEL, device: str = "auto") -> Encoder:
-    """Open the encoder for ``model`` (currently Hugging Face CLIP checkpoints)."""
-    return HFClipEncoder.load(model, device=device)

@@ -1,0 +1,51 @@
+"""CLIP encoders: a model name in, L2-normalised float32 vectors out.
+
+Only this package imports torch, transformers and open_clip (and only when a model is used,
+never at import). Vectors are normalised here, once, so that inner product is cosine
+similarity everywhere else. Backends, behind the one :class:`Encoder` interface:
+
+- ``hf`` (:mod:`.hf`): Hugging Face CLIP checkpoints, by hub id or local directory; every
+  name without a backend prefix.
+- ``open_clip`` (:mod:`.openclip`): names starting with ``open_clip:``, e.g.
+  ``open_clip:ViT-B-32/laion2b_s34b_b79k`` or ``open_clip:ViT-B-32@/path/to/weights.pt``.
+"""
+
+from __future__ import annotations
+
+from .base import Encoder, file_sha256, hub_reachable, l2_normalize, resolve_device
+from .hf import DEFAULT_MODEL, HFClipEncoder, checkpoint_fingerprint, resolve_checkpoint
+from .openclip import OpenClipEncoder, is_open_clip_name
+
+
+def load_encoder(model: str = DEFAULT_MODEL, device: str = "auto") -> Encoder:
+    """Open the encoder for ``model``: ``open_clip:...`` names open_clip, anything else Hugging Face.
+
+    Args:
+        model: a Hugging Face hub id or checkpoint directory, or an ``open_clip:`` name.
+        device: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
+
+    Returns:
+        An encoder whose weights load on first use.
+
+    Raises:
+        ModelLoadError: the model cannot be found, fetched or understood.
+        InvalidArgumentError: a malformed name or a bad device.
+    """
+    if is_open_clip_name(model):
+        return OpenClipEncoder.load(model, device=device)
+    return HFClipEncoder.load(model, device=device)
+
+
+__all__ = [
+    "DEFAULT_MODEL",
+    "Encoder",
+    "HFClipEncoder",
+    "OpenClipEncoder",
+    "checkpoint_fingerprint",
+    "file_sha256",
+    "hub_reachable",
+    "l2_normalize",
+    "load_encoder",
+    "resolve_checkpoint",
+    "resolve_device",
+]

@@ -1,0 +1,172 @@
+"""What every encoder backend shares: the Encoder protocol, devices, normalisation, file
+hashing and the offline checks in front of model hubs.
+
+Nothing here imports torch, transformers or open_clip at import time.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import socket
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Protocol
+from urllib.parse import urlparse
+
+import numpy as np
+
+from ..errors import InvalidArgumentError
+from ..images import PreprocessConfig
+
+if TYPE_CHECKING:
+    import torch
+
+# (resolved path, size, mtime_ns) -> sha256 hex of the file's contents, for the process's life.
+_FILE_HASH_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+class Encoder(Protocol):
+    """What the indexer and the query layer need from a model, whatever its backend.
+
+    Encoders may also offer ``info`` (a JSON-able mapping describing the model, recorded in
+    the index manifest as ``model_info``) and ``device`` (a ``torch.device``).
+    """
+
+    name: str
+    backend: str
+    dim: int
+    preprocess: PreprocessConfig
+    max_text_length: int
+
+    @property
+    def fingerprint(self) -> str: ...
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray: ...
+
+
+def resolve_device(device: str = "auto") -> torch.device:
+    """``auto`` -> CUDA when available, else CPU; ``cpu``, ``cuda``, ``cuda:N`` as given.
+
+    Raises:
+        InvalidArgumentError: unknown device string, or CUDA asked for but not available.
+    """
+    import torch
+
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, TypeError) as exc:
+        raise InvalidArgumentError(f"unknown device {device!r}; use auto, cpu or cuda") from exc
+    if dev.type == "cuda" and not torch.cuda.is_available():
+        raise InvalidArgumentError("--device cuda was asked for but CUDA is not available here; use --device cpu")
+    if dev.type not in ("cpu", "cuda"):
+        raise InvalidArgumentError(f"unsupported device {device!r}; use auto, cpu or cuda")
+    return dev
+
+
+def l2_normalize(vectors: np.ndarray) -> np.ndarray:
+    """Row-wise L2 normalisation in float32 (zero rows stay zero)."""
+    vectors = np.asarray(vectors, dtype=np.float32)
+    norms = np.linalg.norm(vectors, axis=1, keepdims=True)
+    return vectors / np.maximum(norms, np.finfo(np.float32).tiny)
+
+
+def file_sha256(path: Path) -> str:
+    """Hex sha256 of a file's contents, cached per file identity (path, size, mtime).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    stat = path.stat()
+    key = (str(path.resolve()), stat.st_size, stat.st_mtime_ns)
+    cached = _FILE_HASH_CACHE.get(key)
+    if cached is None:
+        h = hashlib.sha256()
+        with open(path, "rb") as fh:
+            for chunk in iter(lambda: fh.read(1 << 22), b""):
+                h.update(chunk)
+        cached = _FILE_HASH_CACHE[key] = h.hexdigest()
+    return cached
+
+
+def offline_requested() -> bool:
+    """True when the user asked for offline mode (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``)."""
+    flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("TRANSFORMERS_OFFLINE", ""))
+    return any(flag.strip().lower() in ("1", "true", "yes", "on") for flag in flags)
+
+
+def host_resolves(host: str) -> bool:
+    """Whether ``host`` has a DNS entry: a machine without network fails this at once."""
+    try:
+        socket.getaddrinfo(host, 443)
+    except OSError:
+        return False
+    return True
+
+
+def hub_reachable() -> bool:
+    """Cheap check before asking the hub: offline mode set, or the hub's host does not resolve."""
+    if offline_requested():
+        return False
+    host = urlparse(os.environ.get("HF_ENDPOINT", "https://huggingface.co")).hostname or "huggingface.co"
+    return host_resolves(host)
+
+
+def url_reachable(url: str) -> bool:
+    """Like :func:`hub_reachable` for a plain download URL."""
+    if offline_requested():
+        return False
+    host = urlparse(url).hostname
+    return bool(host) and host_resolves(host)  # type: ignore[arg-type]
+
+
+@contextlib.contextmanager
+def hub_offline() -> Iterator[None]:
+    """Make huggingface_hub (and transformers through it) use the local cache only, for the duration.
+
+    huggingface_hub reads ``HF_HUB_OFFLINE`` once at import; its ``is_offline_mode()`` reads the
+    module constant on every request, so switching the constant is what takes effect. Without
+    this, a cached file is revalidated online first, which without network means retries.
+    """
+    from huggingface_hub import constants
+
+    previous = constants.HF_HUB_OFFLINE
+    constants.HF_HUB_OFFLINE = True
+    try:
+        yield
+    finally:
+        constants.HF_HUB_OFFLINE = previous
+
+
+@contextlib.contextmanager
+def quiet_transformers() -> Iterator[None]:
+    """Silence transformers' and huggingface_hub's logging (load reports, hub retries)."""
+    from huggingface_hub.utils import logging as hub_logging
+    from transformers.utils import logging as hf_logging
+
+    hub_logger = hub_logging.get_logger("huggingface_hub")
+    hub_level = hub_logger.level
+    hub_logger.setLevel(logging.ERROR)
+    previous = hf_logging.get_verbosity()
+    bars = hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        hf_logging.set_verbosity(previous)
+        hub_logger.setLevel(hub_level)
+        if bars:
+            hf_logging.enable_progress_bar()
+
+
+def first_line(exc: BaseException) -> str:
+    """The first line of an exception's message (or its type name), for one-line errors."""
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__

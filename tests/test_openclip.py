@@ -1,0 +1,449 @@
+"""open_clip models as a second encoder backend: names, preprocessing and embedding parity with
+open_clip itself, the index contract and model-mismatch checks, offline errors.
+
+Every model here is a tiny open_clip architecture with random weights, built offline from a
+custom model config and saved with ``torch.save(model.state_dict(), path)``.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from conftest import run_cli
+from imagegen import photo_like
+from retrieval import ImageIndex
+from retrieval.encoders import OpenClipEncoder, load_encoder
+from retrieval.encoders.openclip import parse_spec
+from retrieval.errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
+from retrieval.images import PreprocessConfig, load_pixels, pil_to_tensor, preprocess_tensor, to_rgb
+
+open_clip = pytest.importorskip("open_clip")
+
+# The brief's tiny architecture: ViT width 64 / 2 layers / patch 16 / 64 px; text width 32 /
+# 2 layers / 2 heads / 77 tokens / CLIP vocabulary; 48-d embeddings.
+TINY_CFG: dict[str, Any] = {
+    "embed_dim": 48,
+    "vision_cfg": {"image_size": 64, "layers": 2, "width": 64, "patch_size": 16, "head_width": 32},
+    "text_cfg": {"context_length": 77, "vocab_size": 49408, "width": 32, "heads": 2, "layers": 2},
+}
+# Registered in this process only, to build reference models; the CLI gets the JSON file.
+TINY_NAME = "clipsearch-test-tiny"
+
+TEXTS = ["a dog on a beach", "A PHOTO of a Cat!!  ", "日本語 café 🐱", "two  spaces\tand a tab", "word " * 120, "x"]
+
+# SigLIP's preprocessing (open_clip's _slpcfg): squash to the input size, no crop, mean/std 0.5.
+SIGLIP_PREPROCESS = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "interpolation": "bicubic", "resize_mode": "squash"}
+
+
+def _normalised(t: torch.Tensor) -> np.ndarray:
+    return (t / t.norm(dim=-1, keepdim=True)).numpy()
+
+
+def _save_random(name: str, path: Path, seed: int) -> Path:
+    torch.manual_seed(seed)
+    model = open_clip.create_model(name, pretrained=None)
+    torch.save(model.state_dict(), path)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_oc(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """The tiny architecture as a JSON file, its weights (seed 0) and other weights (seed 1)."""
+    root = tmp_path_factory.mktemp("open_clip")
+    arch = root / f"{TINY_NAME}.json"
+    arch.write_text(json.dumps(TINY_CFG))
+    open_clip.add_model_config(arch)
+    return {
+        "arch": arch,
+        "weights": _save_random(TINY_NAME, root / "tiny.pt", seed=0),
+        "other": _save_random(TINY_NAME, root / "other.pt", seed=1),
+        "root": root,
+    }
+
+
+@pytest.fixture(scope="module")
+def tiny_spec(tiny_oc: dict[str, Path]) -> str:
+    return f"open_clip:{tiny_oc['arch']}@{tiny_oc['weights']}"
+
+
+@pytest.fixture(scope="module")
+def encoder(tiny_spec: str) -> OpenClipEncoder:
+    enc = load_encoder(tiny_spec, device="cpu")
+    assert isinstance(enc, OpenClipEncoder)
+    return enc
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_oc: dict[str, Path]):
+    """open_clip's own model, preprocess and tokenizer for the same weights."""
+    model, _, preprocess = open_clip.create_model_and_transforms(TINY_NAME, pretrained=str(tiny_oc["weights"]))
+    return model.eval(), preprocess, open_clip.get_tokenizer(TINY_NAME)
+
+
+@pytest.fixture(scope="module")
+def siglip_dir(tmp_path_factory: pytest.TempPathFactory, tiny_oc: dict[str, Path]) -> Path:
+    """An open_clip directory (``local-dir:``) shaped like SigLIP: squash resize, mean/std 0.5,
+    non-causal text tower pooled at the last token, 64 tokens, and a Hugging Face tokenizer
+    (SigLIP's own needs the Hub, so the offline CLIP BPE stands in, loaded the same way)."""
+    from retrieval.random_model import build_clip_tokenizer
+
+    directory = tmp_path_factory.mktemp("siglip_like")
+    text_cfg = {
+        **TINY_CFG["text_cfg"],
+        "context_length": 64,
+        "hf_tokenizer_name": "local",
+        "tokenizer_kwargs": {"clean": "canonicalize"},
+        "no_causal_mask": True,
+        "pool_type": "last",
+        "proj_bias": True,
+    }
+    model_cfg = {**TINY_CFG, "custom_text": True, "init_logit_bias": -10, "text_cfg": text_cfg}
+    (directory / "open_clip_config.json").write_text(
+        json.dumps({"model_cfg": model_cfg, "preprocess_cfg": SIGLIP_PREPROCESS})
+    )
+    build_clip_tokenizer(64).save_pretrained(directory)
+    torch.manual_seed(2)
+    model = open_clip.create_model(f"local-dir:{directory}", load_weights=False)
+    torch.save(model.state_dict(), directory / "open_clip_pytorch_model.bin")
+    return directory
+
+
+# ====================================================================== names
+
+
+def test_canonical_names(tiny_oc: dict[str, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.chdir(tiny_oc["root"])
+    weights = tiny_oc["weights"].resolve()
+    assert parse_spec("open_clip:ViT-B-32/laion2b-S34B-b79k").name == "open_clip:ViT-B-32/laion2b_s34b_b79k"
+    assert parse_spec("open_clip:ViT-B-32@tiny.pt").name == f"open_clip:ViT-B-32@{weights}"
+    assert parse_spec("open_clip:ViT-B-16-SigLIP/webli@./tiny.pt").name == f"open_clip:ViT-B-16-SigLIP/webli@{weights}"
+    assert parse_spec(f"open_clip:{TINY_NAME}.json@tiny.pt").name == f"open_clip:{tiny_oc['arch'].resolve()}@{weights}"
+    assert parse_spec("open_clip:hf-hub:timm/ViT-B-16-SigLIP").name == "open_clip:hf-hub:timm/ViT-B-16-SigLIP"
+    spec = parse_spec("open_clip:ViT-B-32/openai")
+    assert (spec.kind, spec.architecture, spec.pretrained) == ("tag", "ViT-B-32", "openai")
+
+
+@pytest.mark.parametrize(
+    ("name", "error", "needle"),
+    [
+        ("open_clip:", InvalidArgumentError, "names no model"),
+        ("open_clip:ViT-B-32", InvalidArgumentError, "laion2b_s34b_b79k"),  # lists the tags
+        ("open_clip:hf-hub:justone", InvalidArgumentError, "ORG/NAME"),
+        ("open_clip:ViT-B-32@/no/such/weights.pt", ModelLoadError, "does not exist"),
+        ("open_clip:local-dir:/no/such/dir", ModelLoadError, "does not exist"),
+        ("open_clip:ViT-B-99/laion2b", ModelLoadError, "list_models"),
+        ("open_clip:ViT-B-32/no_such_tag", ModelLoadError, "laion2b_s34b_b79k"),
+    ],
+)
+def test_bad_names(name: str, error: type[Exception], needle: str) -> None:
+    with pytest.raises(error, match=needle):
+        load_encoder(name, device="cpu")
+
+
+def test_unknown_architecture_suggests_close_names() -> None:
+    with pytest.raises(ModelLoadError, match="ViT-B-32"):
+        load_encoder("open_clip:ViT-B32/openai", device="cpu")
+
+
+def test_uncached_weights_fail_fast_offline() -> None:
+    # conftest sets HF_HUB_OFFLINE=1 (and this machine has no network anyway): no retries.
+    for name in ("open_clip:ViT-B-32/laion2b_s34b_b79k", "open_clip:hf-hub:laion/CLIP-ViT-B-32-laion2B-s34B-b79K"):
+        start = time.perf_counter()
+        with pytest.raises(ModelLoadError, match="local checkpoint") as err:
+            load_encoder(name, device="cpu")
+        assert time.perf_counter() - start < 10
+        assert "cannot be reached" in str(err.value)
+
+
+def test_weights_of_another_architecture_are_refused(tiny_oc: dict[str, Path]) -> None:
+    enc = load_encoder(f"open_clip:ViT-B-32@{tiny_oc['weights']}", device="cpu")
+    with pytest.raises(ModelLoadError, match="cannot load"):
+        enc.embed_texts(["x"])
+
+
+# ====================================================================== preprocessing
+
+
+def test_preprocess_comes_from_open_clip(encoder: OpenClipEncoder, reference) -> None:
+    assert encoder.backend == "open_clip" and encoder.dim == 48 and encoder.max_text_length == 77
+    cfg = encoder.preprocess
+    assert (cfg.shortest_edge, cfg.crop_size, cfg.resample, cfg.crop_rounding) == (64, (64, 64), "bicubic", "round")
+    model, _, _ = reference
+    assert PreprocessConfig.from_open_clip(open_clip.get_model_preprocess_cfg(model)) == cfg
+
+
+OPEN_CLIP_CFGS = {
+    "openai": {"size": 64},
+    "siglip": {"size": (64, 64), **SIGLIP_PREPROCESS},
+    "longest": {"size": 64, "resize_mode": "longest"},
+    "longest-fill-bilinear": {"size": (48, 64), "resize_mode": "longest", "fill_color": 128, "interpolation": "bilinear"},
+    "shortest-not-square": {"size": (64, 48)},
+    "mobileclip": {"size": 64, "mean": (0.0, 0.0, 0.0), "std": (1.0, 1.0, 1.0), "interpolation": "bilinear"},
+}
+
+
+@pytest.mark.parametrize("cfg_name", sorted(OPEN_CLIP_CFGS))
+def test_preprocess_matches_open_clip_transform(cfg_name: str) -> None:
+    """Every open_clip resize mode: same geometry (size, crop offsets, padding), pixels within
+    the rounding of torchvision's antialiased tensor resize vs PIL's."""
+    from open_clip.transform import PreprocessCfg, image_transform_v2
+
+    raw = OPEN_CLIP_CFGS[cfg_name]
+    transform = image_transform_v2(PreprocessCfg(**raw), is_train=False)
+    cfg = PreprocessConfig.from_open_clip(raw)
+    std = torch.tensor(transform.transforms[-1].std)[:, None, None] * 255
+    for size in [(640, 480), (480, 640), (301, 97), (65, 63), (40, 30), (1, 1)]:
+        img = photo_like(*size, seed=sum(size))
+        ref = transform(img)
+        ours = preprocess_tensor(pil_to_tensor(img), cfg)
+        assert ours.shape == ref.shape, (size, ours.shape, ref.shape)
+        diff = ((ours - ref) * std).abs()  # in 0..255 grey levels
+        assert float(diff.max()) <= 2.01 and float(diff.mean()) < 0.05, (size, float(diff.max()), float(diff.mean()))
+
+
+def test_preprocess_dict_round_trip_and_old_dicts() -> None:
+    for raw in OPEN_CLIP_CFGS.values():
+        cfg = PreprocessConfig.from_open_clip(raw)
+        assert PreprocessConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
+    # A manifest written before the open_clip fields existed still reads, as the HF default.
+    old = {"shortest_edge": 224, "resize_to": None, "crop_size": [224, 224], "resample": "bicubic",
+           "rescale_factor": 1 / 255, "mean": list(PreprocessConfig().mean), "std": list(PreprocessConfig().std),
+           "alpha": "white", "jpeg_draft": True}
+    assert PreprocessConfig.from_dict(old) == PreprocessConfig()
+
+
+@pytest.mark.parametrize(
+    "kwargs",
+    [
+        {"keep_ratio_size": (64, 64)},  # shortest_edge (default 224) would win: refused
+        {"shortest_edge": None, "keep_ratio_size": (0, 64)},
+        {"shortest_edge": None, "keep_ratio_size": (64, 64), "keep_ratio_fit": "cover"},
+        {"crop_rounding": "ceil"},
+        {"pad_fill": 256},
+        {"pad_fill": 1.5},
+    ],
+)
+def test_new_preprocess_fields_are_validated(kwargs: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        PreprocessConfig(**kwargs)
+
+
+@pytest.mark.parametrize(
+    "raw", [{"mode": "L"}, {"resize_mode": "fit"}, {"interpolation": "lanczos"}, {"size": (1, 2, 3)}]
+)
+def test_unsupported_open_clip_preprocess(raw: dict[str, Any]) -> None:
+    with pytest.raises(ValueError):
+        PreprocessConfig.from_open_clip(raw)
+
+
+# ====================================================================== embedding parity
+
+
+def test_text_parity_with_open_clip(encoder: OpenClipEncoder, reference) -> None:
+    model, _, tokenizer = reference
+    with torch.no_grad():
+        ref = _normalised(model.encode_text(tokenizer(TEXTS)))
+    ours = encoder.embed_texts(TEXTS)
+    assert (ours * ref).sum(axis=1).min() >= 0.99999
+    single = np.concatenate([encoder.embed_texts([t]) for t in TEXTS])
+    assert np.abs(ours - single).max() < 1e-5
+
+
+@pytest.mark.parametrize("size", [(640, 480), (480, 640), (300, 200), (1000, 30), (50, 40)])
+@pytest.mark.parametrize("draft", [False, True])
+def test_image_parity_with_open_clip(encoder: OpenClipEncoder, reference, tmp_path: Path, size, draft: bool) -> None:
+    model, preprocess, _ = reference
+    path = tmp_path / "photo.jpg"
+    photo_like(*size, seed=sum(size)).save(path, quality=90)
+    with torch.no_grad():
+        ref = _normalised(model.encode_image(preprocess(Image.open(path))[None]))
+    pixels, width, height = load_pixels(path, encoder.preprocess, draft=draft)
+    assert (width, height) == size
+    cos = float((encoder.embed_pixels(pixels[None]) * ref).sum())
+    assert cos >= 0.9999, cos
+
+
+def test_transparent_png_is_composited_on_white(encoder: OpenClipEncoder, reference, tmp_path: Path) -> None:
+    # open_clip's preprocess ends in convert("RGB"), which drops alpha and shows whatever colour
+    # the transparent pixels hold; we composite transparency onto white for every backend (what
+    # a viewer shows, and the same policy as the HF path). Parity holds against open_clip given
+    # that composited image; against open_clip on the raw RGBA file it does not, by design.
+    model, preprocess, _ = reference
+    rgba = photo_like(120, 90, seed=3).convert("RGBA")
+    alpha = np.zeros((90, 120), np.uint8)
+    alpha[20:70, 30:100] = 255
+    alpha[:, :10] = 128
+    rgba.putalpha(Image.fromarray(alpha))
+    path = tmp_path / "t.png"
+    rgba.save(path)
+    pixels, _, _ = load_pixels(path, encoder.preprocess)
+    ours = encoder.embed_pixels(pixels[None])
+    with torch.no_grad():
+        on_white = _normalised(model.encode_image(preprocess(to_rgb(Image.open(path)))[None]))
+        dropped = _normalised(model.encode_image(preprocess(Image.open(path))[None]))
+    assert float((ours * on_white).sum()) >= 0.9999
+    assert float((ours * dropped).sum()) < float((ours * on_white).sum())
+
+
+def test_siglip_like_directory_parity(siglip_dir: Path, tmp_path: Path) -> None:
+    enc = load_encoder(f"open_clip:local-dir:{siglip_dir}", device="cpu")
+    assert enc.name == f"open_clip:local-dir:{siglip_dir.resolve()}"
+    cfg = enc.preprocess
+    assert (cfg.shortest_edge, cfg.resize_to, cfg.crop_size) == (None, (64, 64), None)
+    assert cfg.mean == (0.5, 0.5, 0.5) and cfg.std == (0.5, 0.5, 0.5)
+    assert enc.max_text_length == 64
+    model, _, preprocess = open_clip.create_model_and_transforms(f"local-dir:{siglip_dir}")
+    model.eval()
+    tokenizer = open_clip.get_tokenizer(f"local-dir:{siglip_dir}")
+    assert type(tokenizer).__name__ == "HFTokenizer" and type(enc.tokenizer).__name__ == "HFTokenizer"
+    with torch.no_grad():
+        ref_text = _normalised(model.encode_text(tokenizer(TEXTS)))
+    assert (enc.embed_texts(TEXTS) * ref_text).sum(axis=1).min() >= 0.99999
+    for size in [(640, 480), (97, 301)]:
+        path = tmp_path / f"{size}.jpg"
+        photo_like(*size, seed=7).save(path, quality=90)
+        with torch.no_grad():
+            ref = _normalised(model.encode_image(preprocess(Image.open(path))[None]))
+        pixels, _, _ = load_pixels(path, enc.preprocess, draft=False)
+        assert float((enc.embed_pixels(pixels[None]) * ref).sum()) >= 0.9999
+
+
+def test_hub_repository_loads_from_the_cache(tiny_oc: dict[str, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``open_clip:hf-hub:ORG/NAME`` offline, from a Hugging Face cache laid out like a download."""
+    from huggingface_hub import constants
+
+    commit = "0123456789abcdef0123456789abcdef01234567"
+    repo = tmp_path / "hub" / "models--test-org--tiny-oc"
+    snapshot = repo / "snapshots" / commit
+    snapshot.mkdir(parents=True)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text(commit)
+    (snapshot / "open_clip_config.json").write_text(json.dumps({"model_cfg": TINY_CFG, "preprocess_cfg": SIGLIP_PREPROCESS}))
+    shutil.copy(tiny_oc["weights"], snapshot / "open_clip_pytorch_model.bin")
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", True)
+    enc = load_encoder("open_clip:hf-hub:test-org/tiny-oc", device="cpu")
+    assert enc.name == "open_clip:hf-hub:test-org/tiny-oc"
+    assert enc.preprocess.resize_to == (64, 64) and enc.preprocess.mean == (0.5, 0.5, 0.5)
+    model, _, preprocess = open_clip.create_model_and_transforms("hf-hub:test-org/tiny-oc")
+    model.eval()
+    tokenizer = open_clip.get_tokenizer("hf-hub:test-org/tiny-oc")
+    with torch.no_grad():
+        ref_text = _normalised(model.encode_text(tokenizer(TEXTS)))
+    assert (enc.embed_texts(TEXTS) * ref_text).sum(axis=1).min() >= 0.99999
+    path = tmp_path / "p.jpg"
+    photo_like(300, 200, seed=5).save(path, quality=90)
+    with torch.no_grad():
+        ref = _normalised(model.encode_image(preprocess(Image.open(path))[None]))
+    pixels, _, _ = load_pixels(path, enc.preprocess, draft=False)
+    assert float((enc.embed_pixels(pixels[None]) * ref).sum()) >= 0.9999
+
+
+def test_text_query_does_not_run_the_vision_tower(tiny_spec: str) -> None:
+    enc = load_encoder(tiny_spec, device="cpu")
+    assert enc._model is None  # loading resolved names, sizes and preprocessing only
+    calls: list[int] = []
+    enc.model.visual.register_forward_hook(lambda *_: calls.append(1))
+    enc.embed_texts(["hello"])
+    assert calls == []
+
+
+# ====================================================================== identity
+
+
+def test_fingerprint_tracks_weights_and_architecture(tiny_oc: dict[str, Path], encoder: OpenClipEncoder, tmp_path: Path) -> None:
+    assert encoder.fingerprint.startswith("sha256:")
+    copy = tmp_path / "copy.pt"
+    shutil.copy(tiny_oc["weights"], copy)
+    assert load_encoder(f"open_clip:{tiny_oc['arch']}@{copy}", device="cpu").fingerprint == encoder.fingerprint
+    assert load_encoder(f"open_clip:{tiny_oc['arch']}@{tiny_oc['other']}", device="cpu").fingerprint != encoder.fingerprint
+    # Same weights, QuickGELU activations: other embeddings, so another model.
+    quick = tmp_path / "quick.json"
+    quick.write_text(json.dumps({**TINY_CFG, "quick_gelu": True}))
+    assert load_encoder(f"open_clip:{quick}@{tiny_oc['weights']}", device="cpu").fingerprint != encoder.fingerprint
+
+
+# ====================================================================== index and CLI
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("oc_photos")
+    for i, size in enumerate([(320, 240), (200, 300), (64, 64), (500, 120)]):
+        photo_like(*size, seed=i).save(root / f"{i}.jpg", quality=90)
+    (root / "broken.jpg").write_bytes(b"not a jpeg")
+    return root
+
+
+@pytest.fixture(scope="module")
+def cli_index(tmp_path_factory: pytest.TempPathFactory, photos: Path, tiny_spec: str) -> tuple[Path, dict]:
+    out = tmp_path_factory.mktemp("oc_cli") / "photos.idx"
+    proc = run_cli(["index", photos, out, "--model", tiny_spec, "--workers", "1", "--device", "cpu", "--json"])
+    assert proc.returncode == 0, proc.stderr
+    return out, json.loads(proc.stdout)
+
+
+@pytest.mark.slow
+def test_cli_index_and_search(cli_index, encoder: OpenClipEncoder, photos: Path) -> None:
+    out, summary = cli_index
+    assert (summary["indexed"], summary["skipped"], summary["dim"]) == (4, 1, 48)
+    assert summary["model"] == encoder.name
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert manifest["backend"] == "open_clip" and manifest["model"] == encoder.name
+    assert manifest["model_fingerprint"] == encoder.fingerprint
+    assert PreprocessConfig.from_dict(manifest["preprocess"]) == encoder.preprocess
+    info = manifest["model_info"]
+    assert ImageIndex.open(out).info()["model_info"] == info
+    assert info["architecture_file"] == str(parse_spec(encoder.name).arch_file)
+    assert info["weights_sha256"] and info["preprocess_cfg"]["resize_mode"] == "shortest"
+    # Stored vectors are the encoder's own: each photo finds itself.
+    index = ImageIndex.open(out, device="cpu")
+    for name in ("0.jpg", "3.jpg"):
+        pixels, _, _ = load_pixels(photos / name, encoder.preprocess)
+        hit = index.search_vectors(encoder.embed_pixels(pixels[None]), k=1)[0][0]
+        assert hit.path == name and hit.score == pytest.approx(1.0, abs=1e-5)
+    proc = run_cli(["search", out, "a dog on a beach", "-k", "3", "--json", "--device", "cpu"])
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stderr.strip() == ""
+    results = json.loads(proc.stdout)["results"]
+    api = index.search("a dog on a beach", k=3)
+    assert [r["id"] for r in results] == [h.id for h in api]
+    top = index.search_image(photos / "1.jpg", k=1)[0]
+    assert top.path == "1.jpg" and top.score == pytest.approx(1.0, abs=1e-4)
+
+
+def test_hf_model_cannot_search_open_clip_index(cli_index, tiny_model: Path, encoder: OpenClipEncoder) -> None:
+    # Same dim (48), other backend: refused, naming both (the CLI prints this message as is).
+    out, _ = cli_index
+    with pytest.raises(ModelMismatchError, match="mismatch") as err:
+        ImageIndex.open(out, model=str(tiny_model), device="cpu").search("a cat")
+    assert encoder.name in str(err.value) and str(tiny_model.resolve()) in str(err.value)
+
+
+def test_other_weights_are_refused_same_weights_accepted(cli_index, tiny_oc: dict[str, Path], tmp_path: Path) -> None:
+    out, _ = cli_index
+    other = f"open_clip:{tiny_oc['arch']}@{tiny_oc['other']}"
+    with pytest.raises(ModelMismatchError) as err:
+        ImageIndex.open(out, model=other, device="cpu").search("a cat")
+    assert str(tiny_oc["weights"]) in str(err.value) and str(tiny_oc["other"]) in str(err.value)
+    copy = tmp_path / "elsewhere.pt"
+    shutil.copy(tiny_oc["weights"], copy)
+    assert ImageIndex.open(out, model=f"open_clip:{tiny_oc['arch']}@{copy}", device="cpu").search("a cat", k=1)
+
+
+def test_hf_index_refuses_open_clip_query(tmp_path: Path, photos: Path, tiny_model: Path, tiny_spec: str) -> None:
+    from indexer import build_index
+
+    build_index(photos, tmp_path / "hf.idx", model=str(tiny_model), workers=0, device="cpu")
+    with pytest.raises(ModelMismatchError) as err:
+        ImageIndex.open(tmp_path / "hf.idx", model=tiny_spec, device="cpu").search("a cat")
+    assert str(tiny_model.resolve()) in str(err.value) and tiny_spec.split("@")[0] in str(err.value)
