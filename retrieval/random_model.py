@@ -40,13 +40,13 @@ import json
 import os
 import sys
 import tempfile
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .encoders.base import quiet_transformers
 from .errors import InvalidArgumentError
 
 if TYPE_CHECKING:
@@ -285,23 +285,6 @@ def clean_text_like_open_clip(text: str) -> str:
     return " ".join(text.split()).strip().lower()
 
 
-@contextmanager
-def _no_progress_bars() -> Iterator[None]:
-    """Hide transformers' tqdm bars ("Writing model shards") for the duration, then restore.
-
-    A one-file checkpoint needs no progress bar, and tests/CLI output should stay clean.
-    """
-    from transformers.utils import logging as hf_logging
-
-    was_enabled = hf_logging.is_progress_bar_enabled()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        if was_enabled:
-            hf_logging.enable_progress_bar()
-
-
 def _resolve_spec(preset: str | RandomClipSpec) -> RandomClipSpec:
     """Map a preset name or spec to a spec.
 
@@ -409,7 +392,7 @@ def make_random_clip(
     CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
     out.mkdir(parents=True, exist_ok=True)
-    with _no_progress_bars():
+    with quiet_transformers():
         model.save_pretrained(out, safe_serialization=True)
     # Saved piecewise, not with CLIPProcessor.save_pretrained: transformers 5 would nest the image
     # settings inside processor_config.json, while the Hub's openai/clip-vit-base-patch32 (and

@@ -2,16 +2,15 @@
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
 import os
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from retrieval.encoders.base import quiet_transformers
 from retrieval.random_model import (
     BOS_TOKEN_ID,
     CLIP_VOCAB_SIZE,
@@ -58,23 +57,6 @@ NEEDS_CLEANING_TEXTS = [
     "ΟΔΟΣ σοφός",  # Greek final sigma (str.lower is context-sensitive)
     "tab\x1cfile sep",  # U+001C is whitespace to str.split, not to \s
 ]
-
-
-@contextlib.contextmanager
-def quiet_transformers() -> Iterator[None]:
-    """Silence load reports and progress bars of transformers, restoring its settings after."""
-    from transformers.utils import logging as hf_logging
-
-    level = hf_logging.get_verbosity()
-    bars = hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-    try:
-        yield
-    finally:
-        hf_logging.set_verbosity(level)
-        if bars:
-            hf_logging.enable_progress_bar()
 
 
 def weights_digest(directory: Path) -> str:
