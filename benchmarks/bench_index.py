@@ -12,41 +12,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
-import resource
 import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from _common import ROOT, machine_facts, peak_rss_mb
+
 sys.path.insert(0, str(ROOT / "tests"))
-
-
-def machine_facts() -> dict[str, object]:
-    import faiss
-    import torch
-    import transformers
-
-    cpu = platform.processor()
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {
-        "cpu": cpu,
-        "cores": os.cpu_count(),
-        "torch": torch.__version__,
-        "torch_threads": torch.get_num_threads(),
-        "transformers": transformers.__version__,
-        "faiss": faiss.__version__,
-        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
-        "python": platform.python_version(),
-    }
 
 
 def run_baseline(model_dir: Path, files: list[Path], batch_size: int, device: str) -> float:
@@ -94,9 +67,9 @@ def main(argv: list[str] | None = None) -> int:
         for f in files:
             f.read_bytes()
         ours = run_ours(model_dir, tmp_path / "photos", tmp_path / "idx", args.batch_size, args.workers, args.device)
-        ours_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        ours_rss = peak_rss_mb()
         base_s = run_baseline(model_dir, files, args.batch_size, args.device)
-        base_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+        base_rss = peak_rss_mb()
 
     base_ips = len(files) / base_s
     result = {

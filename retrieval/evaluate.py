@@ -418,7 +418,7 @@ def evaluate(
     out_path = _check_output_path(per_query_path) if per_query_path is not None else None
     started = time.perf_counter()
 
-    paths = index._load_paths()
+    paths = index.paths()
     lookup: dict[str, int] = {}
     for i, p in enumerate(paths):
         lookup.setdefault(p, i)

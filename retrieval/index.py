@@ -193,20 +193,25 @@ class ImageIndex:
 
     def search_vectors(self, vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
         """Search with ready query vectors ``(n, dim)`` (normalised by the caller)."""
+        scores, ids = self.search_ids(vectors, k)
+        paths = self.paths()
+        return [
+            [Hit(int(i), paths[int(i)], float(s)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
+            for row_s, row_i in zip(scores, ids, strict=True)
+        ]
+
+    def search_ids(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
+        """The FAISS stage alone: ``(scores, ids)`` of shape ``(n, min(k, count))``."""
         _check_k(k)
         vectors = np.asarray(vectors, dtype=np.float32)
         if vectors.ndim == 1:
             vectors = vectors[None]
         if vectors.ndim != 2 or vectors.shape[1] != self.dim:
             raise InvalidArgumentError(f"query vectors must have shape (n, {self.dim}), got {vectors.shape}")
-        scores, ids = faiss_index.search(self._faiss, vectors, k)
-        paths = self._load_paths()
-        return [
-            [Hit(int(i), paths[int(i)], float(s)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
-            for row_s, row_i in zip(scores, ids, strict=True)
-        ]
+        return faiss_index.search(self._faiss, vectors, k)
 
-    def _load_paths(self) -> list[str]:
+    def paths(self) -> list[str]:
+        """Every stored path in id order (read once, then cached)."""
         if self._paths is None:
             self._paths = store.read_column(self._parts, "path").to_pylist()
         return self._paths

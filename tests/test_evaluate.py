@@ -193,7 +193,7 @@ def test_exact_ranks_checks_the_stream() -> None:
 
 def _random_queries(index: ImageIndex, n: int, seed: int) -> list[Query]:
     rng = np.random.default_rng(seed)
-    paths = index._load_paths()
+    paths = index.paths()
     queries = [
         Query(relevant=tuple(rng.choice(paths, size=int(rng.integers(1, 4)), replace=False)), text=TEXTS[i % len(TEXTS)], line=i + 1)
         for i in range(n)
@@ -208,7 +208,7 @@ def test_exact_evaluation_equals_naive_full_sort(index: ImageIndex) -> None:
     report = evaluate(index, queries)
     emb = index.embeddings()
     qvecs = index.encoder.embed_texts([q.text for q in queries])  # one batch, as evaluate does
-    paths = index._load_paths()
+    paths = index.paths()
     firsts, ndcgs = [], []
     for q, vec, result in zip(queries, qvecs, report.results, strict=True):
         order = _reference_order(emb, vec)
@@ -237,7 +237,7 @@ def test_chunked_evaluation_gives_identical_results(index: ImageIndex) -> None:
     assert [[h.id for h in r.top] for r in small.results] == [[h.id for h in r.top] for r in whole.results]
     # With the very same vectors, everything is bit-identical.
     qvecs = index.encoder.embed_texts([q.text for q in queries])
-    rel = [np.array([index._load_paths().index(p) for p in q.relevant]) for q in queries]
+    rel = [np.array([index.paths().index(p) for p in q.relevant]) for q in queries]
     a = exact_ranks(index.iter_embeddings, index.count, qvecs, rel)
     b = exact_ranks(index.iter_embeddings, index.count, qvecs, rel, chunk_rows=3, batch_size=2)
     assert all(np.array_equal(x, y) for x, y in zip(a[0], b[0], strict=True))
@@ -245,7 +245,7 @@ def test_chunked_evaluation_gives_identical_results(index: ImageIndex) -> None:
 
 
 def test_exact_ranks_agree_with_flat_search_order(index: ImageIndex) -> None:
-    everything = tuple(index._load_paths())
+    everything = tuple(index.paths())
     queries = [Query(relevant=everything, text=t) for t in TEXTS[:3]]
     report = evaluate(index, queries)
     for q, result in zip(queries, report.results, strict=True):
@@ -257,7 +257,7 @@ def test_exact_ranks_agree_with_flat_search_order(index: ImageIndex) -> None:
 
 def test_ties_between_identical_images_go_by_id(dup_index: Path, index: ImageIndex) -> None:
     dups = ImageIndex.open(dup_index, encoder=index.encoder)
-    paths = dups._load_paths()
+    paths = dups.paths()
     assert paths == ["a.png", "a_copy.png", "b.png", "c.png", "d.png", "zz/a_copy2.png"]
     emb = dups.embeddings()
     assert np.array_equal(emb[0], emb[1]) and np.array_equal(emb[0], emb[5])  # same bytes, same vector

@@ -139,7 +139,7 @@ def test_image_search_finds_itself(built_index: Path, collection: Collection) ->
 def test_unicode_and_non_utf8_names_are_found(built_index: Path, collection: Collection) -> None:
     index = ImageIndex.open(built_index, device="cpu")
     emb = index.embeddings()
-    paths = index._load_paths()
+    paths = index.paths()
     for rel in collection.good:
         if rel.isascii():
             continue
@@ -331,7 +331,7 @@ def test_workers_give_the_same_embeddings_as_in_process(tmp_path: Path, tiny_mod
 def test_stored_embedding_equals_single_image_encoding(built_index: Path, collection: Collection, tiny_model: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu")
     enc = index.encoder
-    paths = index._load_paths()
+    paths = index.paths()
     emb = index.embeddings()
     for rel in ("photos/a.jpg", "formats/rgba.png", "formats/gray16.png", "exif/rotated_6.jpg"):
         pixels, _, _ = load_pixels(collection.root / rel, enc.preprocess)

@@ -1,0 +1,69 @@
+"""Helpers shared by the benchmark scripts: machine facts, peak memory, percentiles.
+
+Benchmarks are scripts (``python benchmarks/NAME.py``), so this module is imported as
+``_common`` from the scripts' own directory; it imports torch/faiss only when called.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def machine_facts() -> dict[str, object]:
+    """CPU model, core count and library versions, for the record next to every figure."""
+    import faiss
+    import torch
+    import transformers
+
+    cpu = platform.processor()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return {
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "torch": torch.__version__,
+        "torch_threads": torch.get_num_threads(),
+        "transformers": transformers.__version__,
+        "faiss": faiss.__version__,
+        "faiss_threads": faiss.omp_get_max_threads(),
+        "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+        "python": platform.python_version(),
+        # torch and faiss-cpu each bring their own OpenMP runtime; how idle threads wait
+        # changes small-query latency a lot on few cores, so the setting is part of the record.
+        "omp_env": {k: os.environ[k] for k in ("OMP_NUM_THREADS", "OMP_WAIT_POLICY", "GOMP_SPINCOUNT") if k in os.environ},
+        "load_average": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def peak_rss_mb() -> float:
+    """Peak resident memory of this process so far, in MiB (ru_maxrss is KiB on Linux)."""
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    # macOS reports bytes, Linux kibibytes.
+    return peak / (1024 * 1024) if sys.platform == "darwin" else peak / 1024
+
+
+def latency_summary(seconds: Sequence[float]) -> dict[str, float]:
+    """p50 / p99 / mean / max of a list of durations, in milliseconds (3 decimals)."""
+    import numpy as np
+
+    ms = np.asarray(seconds, dtype=np.float64) * 1000.0
+    if ms.size == 0:
+        return {"p50": float("nan"), "p99": float("nan"), "mean": float("nan"), "max": float("nan")}
+    return {
+        "p50": round(float(np.percentile(ms, 50)), 3),
+        "p99": round(float(np.percentile(ms, 99)), 3),
+        "mean": round(float(ms.mean()), 3),
+        "max": round(float(ms.max()), 3),
+    }

@@ -1,0 +1,382 @@
+"""Text-query latency at 10k / 100k / 1M vectors, split into encode, search and metadata.
+
+Each size gets a real clipsearch index directory without images: synthetic clustered 512-d
+vectors (Gaussian clusters around random centres on the sphere, normalised; real CLIP
+embeddings are clustered too, unlike uniform noise) written through the indexer's own write
+path (``indexer.commit.GenerationWriter``: Parquet parts committed every ``--commit-every``
+rows, FAISS, generation and manifest), under the model id and fingerprint of a randomly
+initialised ViT-B/32-shaped CLIP checkpoint, so ``ImageIndex.open`` and ``.search`` run exactly
+as on an index of photos. Text-tower cost does not depend on the weights' values.
+
+Per query (after a warm-up) it times, with ``time.perf_counter``:
+
+* encode: ``encoder.embed_texts([query])`` (tokenise + text tower + normalise);
+* search: the FAISS top-k (``retrieval.faiss_index.search`` on the index's FAISS object,
+  including the deterministic tie ordering ``ImageIndex`` applies);
+* metadata: turning the k ids into ``Hit(id, path, score)`` from the index's path table
+  (loaded once per opened index, timed separately as ``paths_load_seconds``);
+* end to end: ``index.search(text, k)``, the public call, on the same queries.
+
+Prints one JSON line, then a readable table.
+
+    python benchmarks/bench_query.py [--sizes 10000,100000,1000000] [--queries 200] [--k 10]
+"""
+
+from __future__ import annotations
+
+import argparse
+import gc
+import json
+import shutil
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from _common import latency_summary, machine_facts, peak_rss_mb
+
+# Rows generated and written per step: bounds the transient memory (randn + Parquet buffers)
+# to ~100 MB whatever the size; only the FAISS input array grows with the index.
+CHUNK_ROWS = 32_768
+
+_SUBJECTS = (
+    "a dog", "two cats", "a red car", "an old man", "a little girl", "a bowl of soup", "a sailboat",
+    "a mountain", "a crowded street", "a wooden table", "a bicycle", "a plate of pasta", "a horse",
+    "a birthday cake", "a lighthouse", "a laptop", "a pair of shoes", "a snowy forest", "a train",
+    "a bride and groom",
+)
+_SCENES = (
+    "", "on a beach", "at night", "in the rain", "in a kitchen", "next to a window", "under a bridge",
+    "in a city park at sunset, seen from far away", "covered in snow", "on a table with a blue cloth",
+)
+
+
+@dataclass(frozen=True)
+class SyntheticSpec:
+    """How the synthetic vectors are drawn.
+
+    Attributes:
+        clusters: number of Gaussian cluster centres (uniform on the unit sphere).
+        noise: standard deviation of the offset from the centre, as a fraction of unit norm
+            (0.8 puts a vector at cosine ~0.78 from its centre before normalisation).
+        seed: RNG seed; the same seed gives the same vectors.
+    """
+
+    clusters: int = 1000
+    noise: float = 0.8
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if self.clusters < 1:
+            raise ValueError(f"clusters must be >= 1, got {self.clusters}")
+        if self.noise < 0:
+            raise ValueError(f"noise must be >= 0, got {self.noise}")
+
+
+def query_texts(n: int) -> list[str]:
+    """``n`` distinct-ish query texts of varied length (deterministic)."""
+    out = []
+    for i in range(n):
+        subject = _SUBJECTS[i % len(_SUBJECTS)]
+        scene = _SCENES[(i // len(_SUBJECTS)) % len(_SCENES)]
+        text = f"a photo of {subject} {scene}".strip()
+        if i >= len(_SUBJECTS) * len(_SCENES):
+            text += f", picture {i}"
+        out.append(text)
+    return out
+
+
+def synthetic_chunks(n: int, dim: int, spec: SyntheticSpec, rows_per_chunk: int = 0) -> Iterator[Any]:
+    """Yield ``(rows, dim)`` float32 L2-normalised chunks (``rows_per_chunk``, default
+    :data:`CHUNK_ROWS`), ``n`` rows in all."""
+    import numpy as np
+
+    rng = np.random.default_rng(spec.seed)
+    centres = rng.standard_normal((spec.clusters, dim), dtype=np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    # Noise per coordinate scaled by 1/sqrt(dim) so that its norm is ~spec.noise.
+    scale = np.float32(spec.noise / np.sqrt(dim))
+    done = 0
+    step = rows_per_chunk or CHUNK_ROWS
+    while done < n:
+        rows = min(step, n - done)
+        labels = rng.integers(0, spec.clusters, size=rows)
+        chunk = rng.standard_normal((rows, dim), dtype=np.float32)
+        chunk *= scale
+        chunk += centres[labels]
+        chunk /= np.linalg.norm(chunk, axis=1, keepdims=True)
+        yield chunk
+        done += rows
+
+
+def build_synthetic_index(out: Path, encoder: Any, n: int, spec: SyntheticSpec, commit_every: int) -> dict[str, float | int]:
+    """Write a complete clipsearch index of ``n`` synthetic vectors to ``out`` (a new directory).
+
+    The rows go through the indexer's own write path (``GenerationWriter`` under the index
+    lock: Parquet parts, a generation published every ``commit_every`` rows, then the FAISS
+    index and the final manifest), so the directory is laid out exactly as ``build_index``
+    leaves a collection of ``n`` photos; only decoding and embedding are replaced.
+
+    Returns:
+        Timings in seconds: ``generate`` (drawing vectors), ``write`` (rows and intermediate
+        commits), ``finish`` (FAISS over all rows and the final commit) and ``total``.
+    """
+    import numpy as np
+
+    from indexer.commit import GenerationWriter, IndexMeta
+    from indexer.lock import IndexLock
+    from indexer.writer import FileRecord
+    from retrieval import faiss_index
+
+    start = time.perf_counter()
+    out.mkdir(parents=True)
+    meta = IndexMeta(
+        model=encoder.name,
+        model_fingerprint=encoder.fingerprint,
+        backend=encoder.backend,
+        dim=encoder.dim,
+        preprocess={**encoder.preprocess.to_dict(), "jpeg_draft": True},
+        index_type=faiss_index.DEFAULT_INDEX_TYPE,
+        source_root="synthetic",
+    )
+    width = max(6, len(str(n - 1)))
+    facts_rng = np.random.default_rng(spec.seed + 1)
+    gen_s = write_s = 0.0
+    row = since_commit = 0
+    with IndexLock(out):
+        writer = GenerationWriter(out, meta, None)
+        t0 = time.perf_counter()
+        for chunk in synthetic_chunks(n, encoder.dim, spec, rows_per_chunk=min(CHUNK_ROWS, commit_every)):
+            t1 = time.perf_counter()
+            gen_s += t1 - t0
+            rows = len(chunk)
+            # File facts as a photo collection has them: random (incompressible) content hashes
+            # and varied sizes, so that bytes per vector on disk are realistic.
+            digests = facts_rng.bytes(16 * rows)
+            sizes = facts_rng.integers(50_000, 400_000, size=rows)
+            records = [
+                FileRecord(
+                    path=f"synthetic/{i:0{width}d}.jpg".encode(),
+                    width=640,
+                    height=480,
+                    size=int(sizes[j]),
+                    mtime_ns=1_700_000_000_000_000_000 + i,
+                    content_hash=digests[16 * j : 16 * j + 16].hex(),
+                )
+                for j, i in enumerate(range(row, row + rows))
+            ]
+            writer.append(records, chunk)
+            row += rows
+            since_commit += rows
+            if since_commit >= commit_every:
+                writer.commit(complete=False)
+                since_commit = 0
+            t0 = time.perf_counter()
+            write_s += t0 - t1
+        t1 = time.perf_counter()
+        writer.finish()
+        finish_s = time.perf_counter() - t1
+        commits = writer.commits
+    return {
+        "generate": round(gen_s, 3),
+        "write": round(write_s, 3),
+        "finish": round(finish_s, 3),
+        "total": round(time.perf_counter() - start, 3),
+        "commits": commits,
+    }
+
+
+def _disk_bytes(index_dir: Path) -> dict[str, int]:
+    """Bytes of the current generation's files: Parquet parts, FAISS file, everything."""
+    from retrieval.layout import read_manifest
+
+    manifest = read_manifest(index_dir)
+    parts = sum((index_dir / p.path).stat().st_size for p in manifest.parts)
+    faiss = (index_dir / manifest.faiss.path).stat().st_size if manifest.faiss is not None else 0
+    total = sum(p.stat().st_size for p in index_dir.rglob("*") if p.is_file())
+    return {"embeddings": parts, "faiss": faiss, "total": total, "parts": len(manifest.parts)}
+
+
+def measure_size(
+    work: Path, encoder: Any, n: int, texts: list[str], warmup: int, k: int, spec: SyntheticSpec, commit_every: int
+) -> dict[str, Any]:
+    """Build an index of ``n`` vectors, time queries against it, delete it; return the figures."""
+    from retrieval import ImageIndex
+    from retrieval.index import Hit
+
+    out = work / f"synthetic-{n}.idx"
+    build = build_synthetic_index(out, encoder, n, spec, commit_every)
+    disk = _disk_bytes(out)
+    t0 = time.perf_counter()
+    index = ImageIndex.open(out, encoder=encoder)
+    open_s = time.perf_counter() - t0
+    # The stages are timed through ImageIndex's own per-stage calls: the FAISS search
+    # (search_ids) and the path table (paths) that index.search uses.
+    t0 = time.perf_counter()
+    paths = index.paths()
+    paths_s = time.perf_counter() - t0
+
+    for text in texts[:warmup]:
+        index.search(text, k)
+    enc_t: list[float] = []
+    search_t: list[float] = []
+    meta_t: list[float] = []
+    for text in texts[warmup:]:
+        t0 = time.perf_counter()
+        vec = encoder.embed_texts([text])
+        t1 = time.perf_counter()
+        scores, ids = index.search_ids(vec, k)
+        t2 = time.perf_counter()
+        hits = [Hit(int(i), paths[int(i)], float(s)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0]
+        t3 = time.perf_counter()
+        if len(hits) != min(k, n):
+            raise RuntimeError(f"expected {min(k, n)} hits, got {len(hits)}")
+        enc_t.append(t1 - t0)
+        search_t.append(t2 - t1)
+        meta_t.append(t3 - t2)
+    e2e_t: list[float] = []
+    for text in texts[warmup:]:
+        t0 = time.perf_counter()
+        index.search(text, k)
+        e2e_t.append(time.perf_counter() - t0)
+    result = {
+        "n": n,
+        "build_seconds": build,
+        "open_seconds": round(open_s, 3),
+        "paths_load_seconds": round(paths_s, 3),
+        "disk_bytes": disk,
+        "bytes_per_vector": {
+            "total": round(disk["total"] / n, 1),
+            "embeddings_parquet": round(disk["embeddings"] / n, 1),
+            "faiss": round(disk["faiss"] / n, 1),
+        },
+        "latency_ms": {
+            "encode": latency_summary(enc_t),
+            "search": latency_summary(search_t),
+            "metadata": latency_summary(meta_t),
+            "end_to_end": latency_summary(e2e_t),
+        },
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+    }
+    del index, paths
+    gc.collect()
+    shutil.rmtree(out, ignore_errors=True)
+    return result
+
+
+def _sizes(text: str) -> list[int]:
+    try:
+        sizes = [int(s.replace("_", "")) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"sizes must be comma-separated integers, got {text!r}") from None
+    if not sizes or any(s < 1 for s in sizes):
+        raise argparse.ArgumentTypeError(f"sizes must be integers >= 1, got {text!r}")
+    return sizes
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
+    return value
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--sizes", type=_sizes, default=[10_000, 100_000, 1_000_000], help="index sizes (default: 10000,100000,1000000)")
+    parser.add_argument("--queries", type=_positive, default=200, help="timed queries per size (default: 200)")
+    parser.add_argument("--warmup", type=int, default=20, help="untimed queries first (default: 20)")
+    parser.add_argument("--k", type=_positive, default=10, help="results per query (default: 10)")
+    parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"], help="random model shape (default: vit-b-32)")
+    parser.add_argument("--clusters", type=_positive, default=1000, help="Gaussian cluster centres (default: 1000)")
+    parser.add_argument("--noise", type=float, default=0.8, help="cluster spread, as a norm (default: 0.8)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--commit-every",
+        type=_positive,
+        default=None,
+        help="rows per committed Parquet part, as build_index's commit_every (default: the indexer's default)",
+    )
+    parser.add_argument("--device", default="cpu", help="query encoder device (default: cpu)")
+    parser.add_argument("--torch-threads", type=_positive, default=None, help="torch intra-op threads (default: torch's choice)")
+    parser.add_argument("--faiss-threads", type=_positive, default=None, help="FAISS OpenMP threads (default: FAISS's choice)")
+    parser.add_argument("--work-dir", help="where to write the model and indexes (default: a temp dir, removed)")
+    args = parser.parse_args(argv)
+    if args.warmup < 0:
+        parser.error("--warmup must be >= 0")
+    spec = SyntheticSpec(clusters=args.clusters, noise=args.noise, seed=args.seed)
+    if args.commit_every is None:
+        from indexer.build import BuildConfig
+
+        args.commit_every = BuildConfig().commit_every
+
+    from retrieval.encoders import load_encoder
+    from retrieval.random_model import make_random_clip
+
+    # Imported here so that the first build's FAISS time excludes the import.
+    import faiss
+    import torch
+
+    if args.torch_threads:
+        torch.set_num_threads(args.torch_threads)
+    if args.faiss_threads:
+        faiss.omp_set_num_threads(args.faiss_threads)
+
+    texts = query_texts(args.warmup + args.queries)
+    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+        work = Path(tmp)
+        t0 = time.perf_counter()
+        model_dir = make_random_clip(work / "model", preset=args.preset, seed=0)
+        model_s = time.perf_counter() - t0
+        encoder = load_encoder(str(model_dir), device=args.device)
+        t0 = time.perf_counter()
+        encoder.embed_texts(["warm up the text tower"])  # loads the tower: not a query cost
+        load_s = time.perf_counter() - t0
+        results = [measure_size(work, encoder, n, texts, args.warmup, args.k, spec, args.commit_every) for n in args.sizes]
+
+    report = {
+        "bench": "query",
+        "date": time.strftime("%Y-%m-%d"),
+        "preset": args.preset,
+        "dim": encoder.dim,
+        "k": args.k,
+        "queries": args.queries,
+        "warmup": args.warmup,
+        "device": str(getattr(encoder, "device", args.device)),
+        "synthetic": {"clusters": spec.clusters, "noise": spec.noise, "seed": spec.seed},
+        "commit_every": args.commit_every,
+        "model_create_seconds": round(model_s, 3),
+        "text_tower_load_seconds": round(load_s, 3),
+        "sizes": results,
+        "peak_rss_mb": round(peak_rss_mb(), 1),
+        "machine": machine_facts(),
+    }
+    print(json.dumps(report))
+    print()
+    head = f"{'vectors':>10} {'encode p50/p99':>16} {'search p50/p99':>16} {'meta p50/p99':>14} {'e2e p50/p99':>16} {'build s':>8} {'B/vec':>7} {'RSS MB':>7}"
+    print(head)
+    print("-" * len(head))
+    for r in results:
+        lat = r["latency_ms"]
+
+        def pair(stage: str, digits: int = 1) -> str:
+            return f"{lat[stage]['p50']:.{digits}f}/{lat[stage]['p99']:.{digits}f}"
+
+        print(
+            f"{r['n']:>10,} {pair('encode'):>16} {pair('search', 2):>16} {pair('metadata', 3):>14} {pair('end_to_end'):>16} "
+            f"{r['build_seconds']['total']:>8.1f} {r['bytes_per_vector']['total']:>7.0f} {r['peak_rss_mb']:>7.0f}"
+        )
+    print(
+        f"latencies in ms over {args.queries} queries after {args.warmup} warm-up, k={args.k}, {args.preset} text tower "
+        f"on {report['device']}; {report['machine']['cores']} cores, {report['machine']['cpu']}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,119 @@
+"""Smoke tests of the benchmark scripts on tiny inputs (seconds, not minutes)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+from imagegen import photo_like
+
+BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
+sys.path.insert(0, str(BENCHMARKS))
+
+import bench_query  # noqa: E402
+import eval_retrieval  # noqa: E402
+
+
+def _json_line(out: str) -> dict:
+    return json.loads(out.splitlines()[0])
+
+
+def _coco_like(tmp_path: Path) -> tuple[Path, Path]:
+    """Images root with val2014/ JPEGs and a Karpathy file: 3 test images, one train image."""
+    root = tmp_path / "coco"
+    (root / "val2014").mkdir(parents=True)
+    images = []
+    for i, split in enumerate(["test", "train", "test", "test"]):
+        name = f"COCO_val2014_{i:012d}.jpg"
+        photo_like(96, 64, seed=i).save(root / "val2014" / name, quality=85)
+        n = 6 if i == 0 else 5
+        sentences = [{"raw": f"photo {i} caption {j}", "tokens": []} for j in range(n)]
+        images.append({"filepath": "val2014", "filename": name, "split": split, "sentences": sentences, "imgid": i})
+    karpathy = tmp_path / "dataset_coco.json"
+    karpathy.write_text(json.dumps({"images": images, "dataset": "coco"}))
+    return karpathy, root
+
+
+def test_eval_retrieval_karpathy_build_update_rebuild(
+    tmp_path: Path, tiny_model: Path, other_model: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    pytest.importorskip("retrieval.evaluate")
+    karpathy, root = _coco_like(tmp_path)
+    index_dir = tmp_path / "eval" / "coco.idx"
+    base = ["--karpathy", str(karpathy), "--images", str(root), "--index-dir", str(index_dir), "--device", "cpu", "--workers", "0"]
+
+    assert eval_retrieval.main([*base, "--model", str(tiny_model)]) == 0
+    first = _json_line(capsys.readouterr().out)
+    assert (first["dataset"], first["split"], first["n_images"], first["n_queries"]) == ("coco", "test", 3, 15)
+    assert first["captions_per_image"] == 5 and first["reference"] is None
+    assert first["index"]["embedded"] == 3 and not first["index_rebuilt"]
+    assert first["metrics"]["queries"] == 15 and 0.0 <= first["metrics"]["recall@1"] <= 1.0
+    queries = Path(first["queries_file"]).read_text().splitlines()
+    assert json.loads(queries[0]) == {"query": "photo 0 caption 0", "relevant": ["val2014/COCO_val2014_000000000000.jpg"]}
+    assert Path(first["queries_file"]).parent == index_dir.parent
+
+    # Same model: the index is brought up to date in place, nothing is embedded again.
+    assert eval_retrieval.main([*base, "--model", str(tiny_model), "--k", "1,2", "--max-captions", "0"]) == 0
+    second = _json_line(capsys.readouterr().out)
+    assert second["index"]["embedded"] == 0 and second["n_queries"] == 16
+    assert "recall@2" in second["metrics"]
+
+    # Another model's weights: rebuilt rather than refused.
+    assert eval_retrieval.main([*base, "--model", str(other_model)]) == 0
+    third = _json_line(capsys.readouterr().out)
+    assert third["index_rebuilt"] and third["index"]["embedded"] == 3
+
+
+def test_eval_retrieval_errors_are_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    bad = tmp_path / "caps.jsonl"
+    bad.write_text('{"path": "a.png", "caption": "ok"}\n{"path": "b.png"}\n')
+    code = eval_retrieval.main(["--captions", str(bad), "--images", str(tmp_path), "--model", str(tmp_path / "nomodel")])
+    err = capsys.readouterr().err
+    assert code == 1
+    assert err.startswith("eval_retrieval: error: ") and "caps.jsonl:2: no caption key" in err
+    assert len(err.strip().splitlines()) == 1
+
+
+def test_reference_only_for_known_model_dataset_and_split() -> None:
+    ref = eval_retrieval.reference_for("coco", "test", "openai/clip-vit-base-patch32")
+    assert ref is not None and (ref["recall@1"], ref["recall@5"], ref["recall@10"]) == (0.3044, 0.5594, 0.6687)
+    assert eval_retrieval.reference_for("flickr30k", "test", "open_clip:ViT-B-32/openai")["recall@5"] == 0.8356
+    assert eval_retrieval.reference_for("flickr30k", "test", "/ckpt/clip-vit-base-patch32/")["recall@1"] == 0.5878
+    assert eval_retrieval.reference_for("coco", "val", "openai/clip-vit-base-patch32") is None
+    assert eval_retrieval.reference_for("coco", "test", "openai/clip-vit-large-patch14") is None
+    assert eval_retrieval.reference_for("demo", "test", "openai/clip-vit-base-patch32") is None
+
+
+def test_bench_query_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench_query.main(
+        ["--preset", "tiny", "--sizes", "300,700", "--queries", "3", "--warmup", "1", "--commit-every", "256", "--work-dir", str(tmp_path)]
+    )
+    assert code == 0
+    result = _json_line(capsys.readouterr().out)
+    assert [r["n"] for r in result["sizes"]] == [300, 700]
+    big = result["sizes"][1]
+    assert big["disk_bytes"]["parts"] == 3 and big["build_seconds"]["commits"] == 3
+    assert big["bytes_per_vector"]["faiss"] > 4 * result["dim"]
+    for stage in ("encode", "search", "metadata", "end_to_end"):
+        assert big["latency_ms"][stage]["p50"] > 0
+    assert list(tmp_path.iterdir()) == []  # the temp work dir is removed
+
+
+def test_synthetic_vectors_are_clustered_and_normalised() -> None:
+    import numpy as np
+
+    spec = bench_query.SyntheticSpec(clusters=4, noise=0.5, seed=1)
+    chunks = list(bench_query.synthetic_chunks(1000, 32, spec, rows_per_chunk=300))
+    assert [len(c) for c in chunks] == [300, 300, 300, 100]
+    vecs = np.concatenate(chunks)
+    assert vecs.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(vecs, axis=1), 1.0, rtol=1e-5)
+    # 4 clusters: each vector's nearest neighbours are mostly very close, unlike uniform noise.
+    sims = vecs @ vecs.T
+    np.fill_diagonal(sims, -1)
+    assert np.median(sims.max(axis=1)) > 0.7
+    with pytest.raises(ValueError):
+        bench_query.SyntheticSpec(clusters=0)
