@@ -222,6 +222,10 @@ def build_parser(registrars: Sequence[Registrar] = ()) -> argparse.ArgumentParse
 def _quiet_libraries() -> Iterator[None]:
     # Library warnings (deprecations, hub notices) are for developers, not for CLI users.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    # torch and faiss-cpu each load their own OpenMP runtime; with both spinning idle threads
+    # (the default ACTIVE wait) they fight over few cores and a query can take 10-40x longer
+    # (benchmarks/README.md). Must be set before either library is imported.
+    os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
