@@ -5,13 +5,15 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.clipsearch-installed
-# A model to index the demo with: a hub id or a local checkpoint directory. Empty means a tiny
-# randomly initialised CLIP written to models/ (works offline; its rankings are meaningless).
+# A model to index the demo with: a hub id or a local checkpoint directory. Empty means the tiny
+# CLIP trained on the demo's 627 training images, committed in data/models/demo-clip (offline).
 DEMO_MODEL ?=
 DEMO_INDEX ?= demo.idx
+DEMO_CLIP := data/models/demo-clip
+# A randomly initialised CLIP (meaningless rankings) for pipeline checks, e.g. in benchmarks/.
 RANDOM_MODEL := models/tiny-random-clip
 
-.PHONY: demo test install clean
+.PHONY: demo test install clean random-model
 
 install: $(STAMP)
 
@@ -21,20 +23,25 @@ $(STAMP): pyproject.toml
 	$(BIN)/pip install --quiet -e '.[test]'
 	touch $(STAMP)
 
+random-model: $(RANDOM_MODEL)/config.json
+
 $(RANDOM_MODEL)/config.json: | $(STAMP)
 	$(BIN)/python -m retrieval.random_model $(RANDOM_MODEL) --preset tiny --seed 0
 
 ifeq ($(DEMO_MODEL),)
-demo: $(RANDOM_MODEL)/config.json
-demo: MODEL := $(RANDOM_MODEL)
+demo: MODEL := $(DEMO_CLIP)
 else
 demo: MODEL := $(DEMO_MODEL)
 endif
+# --rebuild: an index left by an earlier demo with another model is re-embedded, not refused.
+# Sample queries whose answers can be checked by eye (file names say what the stamps show).
 demo: $(STAMP)
-	$(BIN)/clipsearch index data/demo $(DEMO_INDEX) --model $(MODEL)
+	$(BIN)/clipsearch index data/demo $(DEMO_INDEX) --model $(MODEL) --rebuild
 	$(BIN)/clipsearch info $(DEMO_INDEX)
 	$(BIN)/clipsearch search $(DEMO_INDEX) "a banana" -k 5
-	$(BIN)/clipsearch search $(DEMO_INDEX) "a black cat" -k 5 --json
+	$(BIN)/clipsearch search $(DEMO_INDEX) "a black cat" -k 5
+	$(BIN)/clipsearch search $(DEMO_INDEX) "a race car" -k 5
+	$(BIN)/clipsearch search $(DEMO_INDEX) "an airplane" -k 5 --json
 	$(BIN)/clipsearch search $(DEMO_INDEX) --image data/demo/images/food/fruit/banana.png -k 5
 
 test: $(STAMP)

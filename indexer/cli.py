@@ -9,6 +9,8 @@ from retrieval import cli as query_cli
 from retrieval.encoders import DEFAULT_MODEL
 from retrieval.errors import InvalidArgumentError
 
+from .finetune_cli import register_finetune_command
+
 
 def _read_file_list(path: str) -> list[bytes]:
     """One relative path per line; blank lines and lines starting with '#' are ignored."""
@@ -70,7 +72,7 @@ def register_index_command(sub: argparse._SubParsersAction) -> None:  # type: ig
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``clipsearch`` command."""
-    return query_cli.main(argv, registrars=[register_index_command])
+    return query_cli.main(argv, registrars=[register_index_command, register_finetune_command])
 
 
 if __name__ == "__main__":

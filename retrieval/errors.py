@@ -76,3 +76,17 @@ class QueriesFileError(InvalidArgumentError):
 
 class EvaluationError(ClipSearchError):
     """An evaluation cannot produce numbers, e.g. no query has a relevant image in the index."""
+
+
+class PairsFileError(InvalidArgumentError):
+    """A training pairs file (``{"path", "caption"}`` per line) is missing, unreadable, or holds
+    no usable pair. ``path`` is the file; it is also in the message."""
+
+    def __init__(self, message: str, path: str | None = None) -> None:
+        super().__init__(f"{path}: {message}" if path is not None else message)
+        self.path = path
+
+
+class FinetuneError(ClipSearchError):
+    """Fine-tuning cannot start or go on: an unsupported model, an output directory in the way,
+    or a checkpoint that cannot be resumed with the options given."""
