@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import latency_summary, machine_facts, peak_rss_mb
+from retrieval.cli import int_at_least
 
 # Rows generated and written per step: bounds the transient memory (randn + Parquet buffers)
 # to ~100 MB whatever the size; only the FAISS input array grows with the index.
@@ -276,14 +277,7 @@ def _sizes(text: str) -> list[int]:
     return sizes
 
 
-def _positive(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"must be >= 1, got {value}")
-    return value
+_positive = int_at_least(1)
 
 
 def main(argv: list[str] | None = None) -> int:

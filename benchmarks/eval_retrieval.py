@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import machine_facts
+from retrieval.cli import int_at_least
 
 # Published text-to-image ("image retrieval") recall of open_clip's ViT-B-32 with the OpenAI
 # weights, on the Karpathy test splits: the "MSCOCO/Flickr image retr. R@K" columns of open_clip's
@@ -111,14 +112,7 @@ def _ks(text: str) -> tuple[int, ...]:
     return tuple(sorted(set(ks)))
 
 
-def _nonnegative(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"must be >= 0, got {value}")
-    return value
+_nonnegative = int_at_least(0)
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
