@@ -12,6 +12,7 @@ same command again resumes from it without embedding any committed image twice.
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import time
@@ -23,9 +24,25 @@ from typing import Any
 import pyarrow.parquet as pq
 
 from retrieval.encoders import DEFAULT_MODEL, Encoder, load_encoder
-from retrieval.errors import IndexDirError, InvalidArgumentError, ModelMismatchError, PhotosDirError
+from retrieval.errors import (
+    IndexDirError,
+    IndexFormatError,
+    InvalidArgumentError,
+    ModelMismatchError,
+    PhotosDirError,
+    UnsupportedFormatError,
+)
 from retrieval.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS
-from retrieval.layout import GENERATION_PREFIX, LOCK_FILE, STAGING_PREFIX, Manifest, is_index_dir, read_manifest
+from retrieval.layout import (
+    FORMAT_NAME,
+    GENERATION_PREFIX,
+    LOCK_FILE,
+    MANIFEST_FILE,
+    STAGING_PREFIX,
+    Manifest,
+    is_index_dir,
+    read_manifest,
+)
 
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .dataset import ImageDataset, Item, collate, content_hash
@@ -133,13 +150,25 @@ def _check_photos_dir(photos_dir: Path) -> None:
         raise PhotosDirError(f"{photos_dir} is not a directory")
 
 
-def _check_index_dir(index_dir: Path) -> None:
+def _check_index_dir(index_dir: Path, rebuild: bool) -> None:
     if not index_dir.exists():
         return
     if not index_dir.is_dir():
         raise IndexDirError(f"{index_dir} exists and is not a directory; choose a new INDEX_DIR")
     if is_index_dir(index_dir):
-        read_manifest(index_dir)  # refuses an index newer than we can write over safely
+        try:
+            read_manifest(index_dir)  # refuses an index newer than we can write over safely
+        except UnsupportedFormatError:
+            raise
+        except IndexFormatError as exc:
+            # A damaged clipsearch manifest may be replaced on request; anything else that
+            # merely has a manifest.json is not ours to overwrite.
+            if not _is_clipsearch_manifest(index_dir):
+                raise IndexDirError(
+                    f"{index_dir} holds a manifest.json that is not a clipsearch index; refusing to write into it"
+                ) from exc
+            if not rebuild:
+                raise IndexFormatError(f"{exc}; `clipsearch index --rebuild` replaces it") from exc
         return
     # Leftovers of a first build killed before its first commit are ours to reuse.
     ours = {LOCK_FILE}
@@ -207,7 +236,7 @@ def build_index(
     photos = Path(photos_dir)
     out = Path(index_dir)
     _check_photos_dir(photos)
-    _check_index_dir(out)
+    _check_index_dir(out, rebuild)
     if files is None:
         found = discover(photos)
         if not found.files:
@@ -233,6 +262,26 @@ def build_index(
                 f"cannot write the index to {out}: {exc.strerror}; the last committed index, if any, is unchanged"
             ) from exc
         raise
+
+
+def _is_clipsearch_manifest(index_dir: Path) -> bool:
+    try:
+        data = json.loads((index_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return False
+    return isinstance(data, dict) and data.get("format") == FORMAT_NAME
+
+
+def _readable_manifest(out: Path) -> Manifest | None:
+    # None for a new directory, or for a damaged index that --rebuild replaces (checked before).
+    if not is_index_dir(out):
+        return None
+    try:
+        return read_manifest(out)
+    except UnsupportedFormatError:
+        raise
+    except IndexFormatError:
+        return None
 
 
 def _check_model(base: Manifest, enc: Encoder, fingerprint: str, out: Path) -> None:
@@ -277,7 +326,7 @@ def _run(
     interrupted_before: bool,
     start: float,
 ) -> BuildReport:
-    base = read_manifest(out) if is_index_dir(out) else None
+    base = _readable_manifest(out)
     if base is not None and not cfg.rebuild:
         _check_model(base, enc, fingerprint, out)
     # Generations or staging left by a killed run are unreachable garbage now that we hold the lock.

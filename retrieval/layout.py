@@ -238,7 +238,9 @@ class Manifest:
             kwargs["parts"] = tuple(PartRef(**p) for p in data["parts"])
             kwargs["faiss"] = FaissRef(**data["faiss"]) if data.get("faiss") is not None else None
             return cls(**kwargs)
-        except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        except KeyError as exc:
+            raise IndexFormatError(f"{where} is damaged (missing {exc})") from exc
+        except (TypeError, ValueError, AttributeError) as exc:
             raise IndexFormatError(f"{where} is damaged: {exc}") from exc
 
 

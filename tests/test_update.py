@@ -202,3 +202,25 @@ def test_leftovers_of_a_killed_first_build_are_reused(tmp_path: Path, tiny_model
     report = build_index(photos, idx, model=str(tiny_model), workers=0)
     assert report.total == 2
     assert sorted(p.name for p in idx.iterdir() if not p.name.startswith("gen-")) == ["lock", "manifest.json"]
+
+
+def test_damaged_index_is_replaced_only_with_rebuild(tmp_path: Path, tiny_model: Path) -> None:
+    from retrieval import IndexDirError, IndexFormatError
+
+    photos = _photos(tmp_path / "photos", 2)
+    idx = tmp_path / "idx"
+    build_index(photos, idx, model=str(tiny_model), workers=0)
+    manifest = _manifest(idx)
+    del manifest["parts"]
+    (idx / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(IndexFormatError, match="missing 'parts'.*--rebuild"):
+        build_index(photos, idx, model=str(tiny_model), workers=0)
+    assert build_index(photos, idx, model=str(tiny_model), workers=0, rebuild=True).total == 2
+    assert len(ImageIndex.open(idx)) == 2
+
+    other = tmp_path / "webapp"
+    other.mkdir()
+    (other / "manifest.json").write_text('{"name": "my web app"}')
+    with pytest.raises(IndexDirError, match="not a clipsearch index"):
+        build_index(photos, other, model=str(tiny_model), workers=0, rebuild=True)
+    assert (other / "manifest.json").read_text() == '{"name": "my web app"}'
