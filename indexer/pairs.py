@@ -16,7 +16,6 @@ that exists but cannot be decoded is skipped the same way.
 
 from __future__ import annotations
 
-import codecs
 import json
 import os
 from collections.abc import Sequence
@@ -25,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.errors import PairsFileError
+from retrieval.jsonl import read_lines
 
 # How many skipped lines a summary lists before "... and N more".
 DEFAULT_LISTED = 5
@@ -106,14 +106,7 @@ def load_pairs(path: str | os.PathLike[str], images_root: str | os.PathLike[str]
             a directory, or no line is usable (the message gives the first reasons).
     """
     source = os.fspath(path)
-    try:
-        data = Path(source).read_bytes()
-    except FileNotFoundError:
-        raise PairsFileError("pairs file not found", source) from None
-    except IsADirectoryError:
-        raise PairsFileError("is a directory, not a pairs file", source) from None
-    except OSError as exc:
-        raise PairsFileError(f"cannot read the pairs file: {exc.strerror}", source) from exc
+    lines = read_lines(source, "pairs file", PairsFileError)
     if images_root is None:
         root = Path(os.path.abspath(os.path.dirname(source) or "."))
     else:
@@ -123,13 +116,7 @@ def load_pairs(path: str | os.PathLike[str], images_root: str | os.PathLike[str]
 
     pairs: list[Pair] = []
     skipped: list[SkippedLine] = []
-    # Split on "\n" only: JSON strings may hold U+2028 and friends, which str.splitlines cuts.
-    for number, raw in enumerate(data.split(b"\n"), 1):
-        if number == 1 and raw.startswith(codecs.BOM_UTF8):
-            raw = raw[len(codecs.BOM_UTF8) :]
-        raw = raw.rstrip(b"\r")
-        if not raw.strip():
-            continue
+    for number, raw in lines:
         result = _parse_line(raw, root, number)
         (pairs if isinstance(result, Pair) else skipped).append(result)  # type: ignore[arg-type]
     if not pairs:

@@ -31,7 +31,6 @@ less than that may be listed in the other order there.
 
 from __future__ import annotations
 
-import codecs
 import json
 import math
 import os
@@ -51,6 +50,7 @@ from .errors import (
     QueriesFileError,
 )
 from .images import DEFAULT_MAX_PIXELS, load_pixels
+from .jsonl import read_lines
 from .index import Hit
 
 if TYPE_CHECKING:
@@ -131,23 +131,10 @@ def load_queries(path: str | os.PathLike[str]) -> list[Query]:
             The message names the file and line.
     """
     file = os.fspath(path)
-    try:
-        data = Path(file).read_bytes()
-    except FileNotFoundError:
-        raise QueriesFileError("queries file not found", file) from None
-    except IsADirectoryError:
-        raise QueriesFileError("is a directory, not a queries file", file) from None
-    except OSError as exc:
-        raise QueriesFileError(f"cannot read the queries file: {exc.strerror}", file) from exc
+    lines = read_lines(file, "queries file", QueriesFileError)
     base = Path(os.path.abspath(os.path.dirname(file) or "."))
     queries: list[Query] = []
-    # Split on "\n" only: JSON strings may hold U+2028 and friends, which str.splitlines cuts.
-    for number, raw in enumerate(data.split(b"\n"), 1):
-        if number == 1 and raw.startswith(codecs.BOM_UTF8):
-            raw = raw[len(codecs.BOM_UTF8) :]
-        raw = raw.rstrip(b"\r")
-        if not raw.strip():
-            continue
+    for number, raw in lines:
         try:
             obj = json.loads(raw.decode("utf-8"))
         except UnicodeDecodeError:
