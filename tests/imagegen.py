@@ -250,6 +250,17 @@ def _frames(size: tuple[int, int], seed: int) -> list[Image.Image]:
 # --------------------------------------------------------------------------
 
 
+def transparent_photo_like(width: int, height: int, seed: int) -> Image.Image:
+    """An RGBA photo-like image: opaque in a central box, half transparent at the left edge,
+    fully transparent elsewhere (for parity tests of the alpha policy)."""
+    rgba = photo_like(width, height, seed=seed).convert("RGBA")
+    alpha = np.zeros((height, width), np.uint8)
+    alpha[height * 2 // 9 : height * 7 // 9, width // 4 : width * 5 // 6] = 255
+    alpha[:, : width // 12] = 128
+    rgba.putalpha(Image.fromarray(alpha))
+    return rgba
+
+
 def make_collection(root: Path, *, with_unreadable: bool = True) -> Collection:
     """Write the test image collection under ``root`` and describe it.
 

@@ -11,7 +11,7 @@ import pytest
 import torch
 from PIL import Image
 
-from imagegen import photo_like
+from imagegen import photo_like, transparent_photo_like
 from retrieval.encoders import HFClipEncoder, checkpoint_fingerprint, load_encoder, resolve_device
 from retrieval.errors import InvalidArgumentError, ModelLoadError
 from retrieval.images import load_pixels
@@ -96,13 +96,8 @@ def test_image_parity_with_reference(encoder: HFClipEncoder, reference, tmp_path
 def test_transparent_png_matches_reference(encoder: HFClipEncoder, reference, tmp_path: Path) -> None:
     # The reference composites transparency on white, and so do we: parity holds for RGBA too.
     model, proc = reference
-    rgba = photo_like(120, 90, seed=3).convert("RGBA")
-    alpha = np.zeros((90, 120), np.uint8)
-    alpha[20:70, 30:100] = 255
-    alpha[:, :10] = 128
-    rgba.putalpha(Image.fromarray(alpha))
     path = tmp_path / "t.png"
-    rgba.save(path)
+    transparent_photo_like(120, 90, seed=3).save(path)
     with torch.no_grad():
         ref = _normalised(_features(model.get_image_features(**proc(images=Image.open(path), return_tensors="pt"))))
     pixels, _, _ = load_pixels(path, encoder.preprocess)

@@ -19,7 +19,7 @@ import torch
 from PIL import Image
 
 from conftest import run_cli
-from imagegen import photo_like
+from imagegen import photo_like, transparent_photo_like
 from retrieval import ImageIndex
 from retrieval.encoders import OpenClipEncoder, load_encoder
 from retrieval.encoders.openclip import parse_spec
@@ -278,13 +278,8 @@ def test_transparent_png_is_composited_on_white(encoder: OpenClipEncoder, refere
     # a viewer shows, and the same policy as the HF path). Parity holds against open_clip given
     # that composited image; against open_clip on the raw RGBA file it does not, by design.
     model, preprocess, _ = reference
-    rgba = photo_like(120, 90, seed=3).convert("RGBA")
-    alpha = np.zeros((90, 120), np.uint8)
-    alpha[20:70, 30:100] = 255
-    alpha[:, :10] = 128
-    rgba.putalpha(Image.fromarray(alpha))
     path = tmp_path / "t.png"
-    rgba.save(path)
+    transparent_photo_like(120, 90, seed=3).save(path)
     pixels, _, _ = load_pixels(path, encoder.preprocess)
     ours = encoder.embed_pixels(pixels[None])
     with torch.no_grad():
