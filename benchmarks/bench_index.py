@@ -1,17 +1,21 @@
-"""End-to-end indexing speed: clipsearch's indexer against a naive baseline, in one run.
+"""End-to-end indexing speed: clipsearch's indexer in every precision mode against a naive
+baseline, in one run, with the quality gate of each reduced mode and the achieved GFLOP/s.
 
 The baseline is what a hand-rolled script does: a plain loop of PIL open + ``CLIPProcessor`` +
-``CLIPModel.get_image_features`` over the same files, same model, same batch size. Both run on
+``CLIPModel.get_image_features`` over the same files, same model, same batch size. All run on
 the same generated 640x480 photo-like JPEGs with a randomly initialised model (weights do not
 change speed). Prints one JSON line, then a readable table.
 
     python benchmarks/bench_index.py [--preset vit-b-32|tiny] [--images 256] [--batch-size 64]
+        [--modes fp32,int8,bf16,auto] [--workers N] [--threads N]
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
+import shutil
 import sys
 import tempfile
 import time
@@ -41,10 +45,74 @@ def run_baseline(model_dir: Path, files: list[Path], batch_size: int, device: st
     return time.perf_counter() - start
 
 
-def run_ours(model_dir: Path, photos: Path, out: Path, batch_size: int, workers: int | None, device: str) -> dict:
+def run_ours(model_dir: Path, photos: Path, out: Path, batch_size: int, workers: int | None, threads: int | None,
+             device: str, precision: str | None) -> dict:
     from indexer import build_index
 
-    return build_index(photos, out, model=str(model_dir), batch_size=batch_size, workers=workers, device=device).to_dict()
+    shutil.rmtree(out, ignore_errors=True)
+    return build_index(photos, out, model=str(model_dir), batch_size=batch_size, workers=workers, threads=threads,
+                       device=device, precision=precision).to_dict()
+
+
+def embeddings(index_dir: Path):
+    from retrieval import ImageIndex
+
+    return ImageIndex.open(index_dir).embeddings()
+
+
+def flops_per_image(model_dir: Path) -> float:
+    """FLOPs of one image through the vision tower (FlopCounterMode: 2 per multiply-add)."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from retrieval.encoders import HFClipEncoder
+
+    enc = HFClipEncoder.load(str(model_dir), device="cpu")
+    x = torch.zeros(1, 3, *enc.preprocess.input_size)
+    with torch.inference_mode(), FlopCounterMode(display=False) as counter:
+        enc.vision_model(pixel_values=x)
+    return float(counter.get_total_flops())
+
+
+def cpu_peak_gflops() -> dict:
+    """fp32 peak = cores x clock x 64 FLOP/cycle (2 AVX-512 FMA units x 16 lanes x 2 FLOP).
+
+    The clock is /proc/cpuinfo's "cpu MHz" (a VM reports its nominal clock; turbo may be higher).
+    With AVX-512 VNNI, int8 products peak 4x higher (vpdpbusd: 64 MACs per unit and cycle).
+    """
+    mhz = 0.0
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("cpu MHz"):
+                mhz = float(line.split(":")[1])
+                break
+    except OSError:
+        pass
+    cores = os.cpu_count() or 1
+    fp32 = cores * mhz / 1000 * 64
+    return {"cores": cores, "mhz": mhz, "fp32_peak_gflops": round(fp32, 1), "int8_peak_gops": round(fp32 * 4, 1)}
+
+
+def decode_per_core(files: list[Path], model_dir: Path) -> dict:
+    """Decode + preprocess only, in this process with one torch thread: images/s per core."""
+    import torch
+
+    from retrieval.encoders import HFClipEncoder
+    from retrieval.images import load_pixels
+
+    cfg = HFClipEncoder.load(str(model_dir), device="cpu").preprocess
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    out = {}
+    try:
+        for draft in (True, False):
+            t0 = time.perf_counter()
+            for f in files:
+                load_pixels(f, cfg, draft=draft)
+            out["draft" if draft else "full"] = round(len(files) / (time.perf_counter() - t0), 1)
+    finally:
+        torch.set_num_threads(threads)
+    return out
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -53,25 +121,58 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=64)
     parser.add_argument("--workers", type=int, default=None)
+    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--modes", default="fp32,int8,bf16,auto", help="precision modes to run (fp32 is always run first)")
     args = parser.parse_args(argv)
 
     from imagegen import make_jpegs
+    from retrieval.encoders.precision import gate
     from retrieval.random_model import make_random_clip
 
+    modes = ["fp32"] + [m for m in args.modes.split(",") if m and m != "fp32"]
+    runs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
         model_dir = make_random_clip(tmp_path / "model", preset=args.preset, seed=0)
         files = make_jpegs(tmp_path / "photos", args.images, size=(640, 480))
-        # Warm the page cache for both runs alike.
+        # Warm the page cache for every run alike.
         for f in files:
             f.read_bytes()
-        ours = run_ours(model_dir, tmp_path / "photos", tmp_path / "idx", args.batch_size, args.workers, args.device)
+        decode = decode_per_core(files[: min(64, len(files))], model_dir)
+        # Warm-up (imports, first FAISS write, allocator), not timed.
+        from indexer import build_index
+
+        build_index(tmp_path / "photos", tmp_path / "warm", model=str(model_dir), files=[f.name for f in files[:8]],
+                    workers=0, device=args.device)
+        ref = None
+        for mode in modes:
+            out = tmp_path / f"idx-{mode}"
+            r = run_ours(model_dir, tmp_path / "photos", out, args.batch_size, args.workers, args.threads, args.device, mode)
+            vectors = embeddings(out)
+            if ref is None:
+                ref = vectors
+            runs[mode] = {
+                "images_per_second": r["images_per_second"],
+                "seconds": r["seconds"],
+                "precision": r["precision"],
+                "workers": r["workers"],
+                "threads": r["threads"],
+                "stage_seconds": {k: r[f"{k}_seconds"] for k in ("decode", "encode", "write")},
+                "model_images_per_second": round(r["embedded"] / r["encode_seconds"], 2) if r["encode_seconds"] else None,
+                "gate": gate(mode, ref, vectors).to_dict() if mode != "fp32" else None,
+            }
         ours_rss = peak_rss_mb()
         base_s = run_baseline(model_dir, files, args.batch_size, args.device)
-        base_rss = peak_rss_mb()
+        flops = flops_per_image(model_dir)
 
     base_ips = len(files) / base_s
+    peak = cpu_peak_gflops()
+    for run in runs.values():
+        run["speedup"] = round(run["images_per_second"] / base_ips, 3)
+        mips = run["model_images_per_second"]
+        run["model_gflops"] = round(flops * mips / 1e9, 1) if mips else None
+        run["end_to_end_gflops"] = round(flops * run["images_per_second"] / 1e9, 1)
     result = {
         "bench": "index",
         "date": time.strftime("%Y-%m-%d"),
@@ -80,25 +181,29 @@ def main(argv: list[str] | None = None) -> int:
         "image_size": [640, 480],
         "batch_size": args.batch_size,
         "device": args.device,
-        "ours_images_per_second": ours["images_per_second"],
-        "ours_seconds": ours["seconds"],
-        "ours_workers": ours["workers"],
-        "ours_stage_seconds": {k: ours[f"{k}_seconds"] for k in ("decode", "encode", "write")},
+        "modes": runs,
         "baseline_images_per_second": round(base_ips, 2),
         "baseline_seconds": round(base_s, 3),
-        "speedup": round(ours["images_per_second"] / base_ips, 3),
-        # ru_maxrss is the peak of the whole process; the baseline ran second, so its figure
-        # is the peak over both runs.
+        "gflop_per_image": round(flops / 1e9, 3),
+        "cpu_peak": peak,
+        "decode_images_per_second_per_core": decode,
         "peak_rss_mb_after_ours": round(ours_rss, 1),
-        "peak_rss_mb_after_baseline": round(base_rss, 1),
         "machine": machine_facts(),
     }
     print(json.dumps(result))
     print()
-    print(f"{'pipeline':<28}{'images/s':>10}{'seconds':>10}")
-    print(f"{'clipsearch build_index':<28}{ours['images_per_second']:>10.2f}{ours['seconds']:>10.2f}")
-    print(f"{'naive CLIPProcessor loop':<28}{base_ips:>10.2f}{base_s:>10.2f}")
-    print(f"speedup {result['speedup']:.2f}x  ({args.preset}, {len(files)} JPEGs 640x480, batch {args.batch_size}, {args.device})")
+    print(f"{'pipeline':<30}{'images/s':>10}{'seconds':>9}{'model img/s':>13}{'GFLOP/s':>9}{'x naive':>9}  gate (mean / min cosine, top-10 overlap)")
+    for mode, run in runs.items():
+        g = run["gate"]
+        gate_text = "reference" if g is None else f"{g['mean_cosine']:.6f} / {g['min_cosine']:.6f}, {g['topk_overlap']:.3f} {'pass' if g['passed'] else 'FAIL'}"
+        label = f"build_index --precision {mode}" + (f" ({run['precision']})" if mode == "auto" else "")
+        print(f"{label:<30}{run['images_per_second']:>10.2f}{run['seconds']:>9.2f}{run['model_images_per_second'] or 0:>13.2f}"
+              f"{run['model_gflops'] or 0:>9.1f}{run['speedup']:>8.2f}x  {gate_text}")
+    print(f"{'naive CLIPProcessor loop':<30}{base_ips:>10.2f}{base_s:>9.2f}{'':>13}{'':>9}{1:>8.2f}x")
+    print(f"{flops / 1e9:.2f} GFLOP per image; CPU fp32 peak {peak['fp32_peak_gflops']} GFLOP/s "
+          f"({peak['cores']} cores x {peak['mhz']:.0f} MHz x 64), int8 peak {peak['int8_peak_gops']} GOP/s")
+    print(f"decode + preprocess only, 1 thread: {decode['draft']} img/s with JPEG draft, {decode['full']} img/s without")
+    print(f"({args.preset}, {len(files)} JPEGs 640x480, batch {args.batch_size}, {args.device})")
     return 0
 
 

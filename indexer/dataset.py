@@ -17,7 +17,15 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from retrieval.errors import ImageDecodeError
-from retrieval.images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
+from retrieval.images import (
+    DEFAULT_MAX_PIXELS,
+    PreprocessConfig,
+    decode_jpegs_on_device,
+    is_jpeg,
+    load_pixels,
+    preprocess_on_device,
+    probe_image,
+)
 from retrieval.layout import display_path
 
 from .discover import ImageFile
@@ -44,6 +52,8 @@ class Item:
     size: int = -1
     mtime_ns: int = -1
     content_hash: str = ""
+    # A JPEG left for the device to decode (``ImageDataset(device_decode=True)``): its bytes.
+    data: bytes | None = None
 
 
 @dataclass
@@ -53,6 +63,8 @@ class Batch:
     pixels: torch.Tensor | None  # (n_good, 3, h, w), rows in the order of ``good``
     items: list[Item]  # every file of the batch, in order, without pixels
     decode_seconds: float
+    # Items still to decode on the device (then ``pixels`` is None): see :func:`finish_on_device`.
+    pending: list[Item] | None = None
 
     @property
     def good(self) -> list[Item]:
@@ -74,7 +86,9 @@ class ImageDataset:
         *,
         max_pixels: int = DEFAULT_MAX_PIXELS,
         draft: bool = True,
+        device_decode: bool = False,
     ) -> None:
+        self.device_decode = device_decode
         self.root = os.fsencode(root)
         self.files = list(files)
         self.preprocess = preprocess
@@ -93,6 +107,13 @@ class ImageDataset:
         except OSError as exc:
             return Item(index, None, 0, 0, _read_error(exc), time.perf_counter() - start)
         digest = content_hash(data)
+        if self.device_decode and is_jpeg(data):
+            # Only the header here (size, EXIF, bomb check); the pixels are decoded on the GPU.
+            try:
+                width, height = probe_image(data, max_pixels=self.max_pixels, name=display_path(rel))
+            except ImageDecodeError as exc:
+                return Item(index, None, 0, 0, exc.reason, time.perf_counter() - start, size, mtime_ns, digest)
+            return Item(index, None, width, height, None, time.perf_counter() - start, size, mtime_ns, digest, data)
         try:
             pixels, width, height = load_pixels(
                 io.BytesIO(data),
@@ -136,6 +157,9 @@ def collate(items: Sequence[Item]) -> Batch:
     """Stack the good items of a batch and list the failures."""
     import torch
 
+    if any(it.data is not None for it in items):
+        return Batch(None, [dataclasses.replace(it, pixels=None, data=None) for it in items],
+                     sum(it.seconds for it in items), pending=list(items))
     good = [it.pixels for it in items if it.pixels is not None]
     return Batch(
         pixels=torch.stack(good) if good else None,  # type: ignore[arg-type]
@@ -143,3 +167,51 @@ def collate(items: Sequence[Item]) -> Batch:
         items=[dataclasses.replace(it, pixels=None) for it in items],
         decode_seconds=sum(it.seconds for it in items),
     )
+
+
+def finish_on_device(
+    batch: Batch,
+    preprocess: PreprocessConfig,
+    device: torch.device,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    draft: bool = True,
+) -> Batch:
+    """Decode a batch's pending JPEGs on ``device`` and stack every good image there.
+
+    A JPEG the device decoder cannot handle is decoded on the CPU with PIL instead; a file
+    neither can decode becomes a failure with its reason, like in the workers.
+    """
+    import torch
+
+    if batch.pending is None:
+        return batch
+    start = time.perf_counter()
+    raw = [it for it in batch.pending if it.data is not None]
+    decoded = dict(zip((it.index for it in raw), decode_jpegs_on_device([it.data for it in raw], device), strict=True))  # type: ignore[misc]
+    items: list[Item] = []
+    rows: list[torch.Tensor] = []
+    for it in batch.pending:
+        if it.data is None:
+            if it.pixels is not None:
+                rows.append(it.pixels.to(device, non_blocking=True))
+            items.append(dataclasses.replace(it, pixels=None))
+            continue
+        image = decoded.get(it.index)
+        try:
+            if image is not None and tuple(image.shape[-2:]) == (it.height, it.width):
+                pixels = preprocess_on_device(image, preprocess)
+            else:
+                pixels, _, _ = load_pixels(io.BytesIO(it.data), preprocess, max_pixels=max_pixels, draft=draft)
+                pixels = pixels.to(device, non_blocking=True)
+        except ImageDecodeError as exc:
+            items.append(dataclasses.replace(it, pixels=None, data=None, width=0, height=0, error=exc.reason))
+            continue
+        except Exception as exc:  # noqa: BLE001 - one file must not end the run
+            error = f"decode failed: {type(exc).__name__}: {exc}"
+            items.append(dataclasses.replace(it, pixels=None, data=None, width=0, height=0, error=error))
+            continue
+        rows.append(pixels)
+        items.append(dataclasses.replace(it, pixels=None, data=None))
+    seconds = batch.decode_seconds + time.perf_counter() - start
+    return Batch(torch.stack(rows) if rows else None, items, seconds)

@@ -17,6 +17,7 @@ from .errors import (
     UnsupportedFormatError,
 )
 from .index import Hit, ImageIndex, SkippedFile
+from .images import preprocess_tensor
 from .version import __version__
 
 __all__ = [
@@ -35,4 +36,5 @@ __all__ = [
     "SkippedFile",
     "UnsupportedFormatError",
     "__version__",
+    "preprocess_tensor",
 ]

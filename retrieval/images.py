@@ -467,15 +467,26 @@ def resize_output_size(height: int, width: int, cfg: PreprocessConfig) -> tuple[
 
 
 def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
-    """Resize, center-crop and normalise a batch of RGB image tensors.
+    """Resize, center-crop and normalise a batch of RGB image tensors, on any device.
+
+    Built only from differentiable torch operations (antialiased resize, slicing, padding,
+    affine normalisation), so float input can sit inside autograd, e.g. to score rendered
+    images with CLIP in a training loop; the indexer's GPU path runs it on CUDA.
 
     Args:
-        images: ``(N, 3, H, W)`` or ``(3, H, W)``; uint8 in 0..255 or float in 0..255 (float
-            input keeps the whole computation differentiable).
-        cfg: the checkpoint's preprocessing.
+        images: ``(N, 3, H, W)`` or ``(3, H, W)``; uint8 in 0..255 (bit-identical to the
+            checkpoint's ``CLIPImageProcessor``) or float in 0..255 (clamped to 0..255 after
+            the resize like the reference, but not rounded to integers: from the
+            reference's normalised values at most 0.04, about 2.4 grey levels, measured in
+            tests/test_preprocess_tensor.py).
+        cfg: the checkpoint's preprocessing (``encoder.preprocess``).
 
     Returns:
-        float32 ``pixel_values`` of shape ``(N, 3, h, w)`` (or ``(3, h, w)``).
+        float32 ``pixel_values`` of shape ``(N, 3, h, w)`` (or ``(3, h, w)``); float64 input
+        stays float64.
+
+    Raises:
+        ValueError: not an RGB image tensor.
     """
     import torch
     from torchvision.transforms import InterpolationMode
@@ -488,13 +499,17 @@ def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tens
     if new_size != (height, width):
         mode = InterpolationMode(cfg.resample)
         images = tvF.resize(images, list(new_size), interpolation=mode, antialias=True)
+        if images.is_floating_point():
+            # The reference's uint8 resize saturates bicubic overshoot at 0 and 255; so do we.
+            images = images.clamp(0.0, 255.0)
     if cfg.crop_size is not None:
         images = _center_crop(images, cfg.crop_size, rounding=cfg.crop_rounding, fill=cfg.pad_fill)
-    out = images.to(torch.float32)
+    dtype = torch.float64 if images.dtype == torch.float64 else torch.float32
+    out = images.to(dtype)
     if cfg.mean is not None and cfg.std is not None:
         scale = 1.0 / cfg.rescale_factor if cfg.rescale_factor else 1.0
-        mean = torch.tensor(cfg.mean, dtype=torch.float32, device=out.device) * scale
-        std = torch.tensor(cfg.std, dtype=torch.float32, device=out.device) * scale
+        mean = torch.tensor(cfg.mean, dtype=torch.float32, device=out.device).to(dtype) * scale
+        std = torch.tensor(cfg.std, dtype=torch.float32, device=out.device).to(dtype) * scale
         out = (out - mean[:, None, None]) / std[:, None, None]
     elif cfg.rescale_factor is not None:
         out = out * cfg.rescale_factor
@@ -548,8 +563,26 @@ def load_pixels(
     decoded = decode_image(
         source, min_edge=cfg.min_decode_edge if draft else None, max_pixels=max_pixels, name=name
     )
-    pixels = preprocess_tensor(pil_to_tensor(decoded.image), cfg)
+    image = reduce_for_resize(decoded.image, cfg.min_decode_edge) if draft else decoded.image
+    pixels = preprocess_tensor(pil_to_tensor(image), cfg)
     return pixels, decoded.width, decoded.height
+
+
+# Reduced images keep at least this many times the resize target on their shorter side, so the
+# antialiased resize still does the last (and decisive) step: PIL's own ``reducing_gap`` idea.
+REDUCING_GAP = 2
+
+
+def reduce_for_resize(img: Image.Image, min_edge: int) -> Image.Image:
+    """Box-reduce a large image by an integer factor before the resize (draft mode only).
+
+    ``Image.reduce`` averages k x k blocks in one cheap pass; a 4000x3000 PNG bound for 224 px
+    then resizes from 666x500 instead of from 12 megapixels. The result keeps at least
+    ``REDUCING_GAP`` times ``min_edge`` on its shorter side; images already that small (JPEGs
+    after draft decoding, nearly always) are returned as they are.
+    """
+    factor = min(img.size) // (REDUCING_GAP * min_edge)
+    return img.reduce(factor) if factor >= 2 else img
 
 
 def preprocess_images(images: Sequence[Image.Image], cfg: PreprocessConfig) -> torch.Tensor:
@@ -557,3 +590,76 @@ def preprocess_images(images: Sequence[Image.Image], cfg: PreprocessConfig) -> t
     import torch
 
     return torch.stack([preprocess_tensor(pil_to_tensor(to_rgb(img)), cfg) for img in images])
+
+
+JPEG_MAGIC = b"\xff\xd8\xff"
+
+
+def is_jpeg(data: bytes) -> bool:
+    """Whether ``data`` starts like a JPEG file (SOI marker)."""
+    return data[:3] == JPEG_MAGIC
+
+
+def probe_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, name: str | None = None) -> tuple[int, int]:
+    """(width, height) after EXIF orientation from the header alone, with the bomb check.
+
+    Raises:
+        ImageDecodeError: not an image, or more than ``max_pixels`` pixels.
+    """
+    label = name if name is not None else "<bytes>"
+    try:
+        with warnings.catch_warnings(), _pixel_limit(max_pixels):
+            warnings.simplefilter("error", Image.DecompressionBombWarning)
+            with Image.open(io.BytesIO(data)) as img:
+                width, height = _oriented_size(img)
+    except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
+        detail = str(exc).split(", could be")[0].rstrip(".")
+        raise ImageDecodeError(label, f"decompression bomb: {detail}") from None
+    except Image.UnidentifiedImageError:
+        raise ImageDecodeError(label, "empty file" if not data else "not an image (unrecognised format)") from None
+    except (OSError, SyntaxError, ValueError, EOFError, TypeError, IndexError) as exc:
+        raise ImageDecodeError(label, f"decode failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
+    if width * height > max_pixels:
+        raise ImageDecodeError(label, f"decompression bomb: {width}x{height} pixels exceeds the limit of {max_pixels}")
+    return width, height
+
+
+def decode_jpegs_on_device(datas: Sequence[bytes], device: torch.device | str) -> list[torch.Tensor | None]:
+    """Decode JPEG files with ``torchvision.io.decode_jpeg`` on ``device`` (nvJPEG on CUDA).
+
+    Returns one ``(3, H, W)`` uint8 RGB tensor per file, EXIF orientation applied, or None for
+    a file this decoder could not handle (the caller decodes it on the CPU with PIL instead).
+    A batch is decoded in one call; if that fails, each file is tried alone.
+    """
+    import torch
+    from torchvision.io import ImageReadMode, decode_jpeg
+
+    if not datas:
+        return []
+    raw = [torch.frombuffer(bytearray(d), dtype=torch.uint8) for d in datas]
+
+    def one(t: torch.Tensor) -> torch.Tensor | None:
+        try:
+            return decode_jpeg(t, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True)
+        except Exception:  # noqa: BLE001 - unsupported variants (CMYK, progressive on some GPUs, ...)
+            return None
+
+    with warnings.catch_warnings():
+        # torchvision 0.29 announces a move to torchcodec; decode_jpeg still works.
+        warnings.simplefilter("ignore", DeprecationWarning)
+        try:
+            out = decode_jpeg(raw, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True)
+            return list(out)  # type: ignore[arg-type]
+        except Exception:  # noqa: BLE001 - one bad file fails the batch call: retry one by one
+            return [one(t) for t in raw]
+
+
+def preprocess_on_device(image: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
+    """:func:`preprocess_tensor` for a decoded ``(3, H, W)`` uint8 image on its device.
+
+    On the CPU uint8 keeps bit parity with the reference; on CUDA the resize runs in float32
+    (antialiased bicubic on uint8 is a CPU kernel), which differs by less than one grey level.
+    """
+    if image.device.type != "cpu":
+        image = image.float()
+    return preprocess_tensor(image, cfg)

@@ -15,32 +15,39 @@ from __future__ import annotations
 from .base import Encoder, file_sha256, hub_reachable, l2_normalize, resolve_device
 from .hf import DEFAULT_MODEL, HFClipEncoder, checkpoint_fingerprint, resolve_checkpoint
 from .openclip import OpenClipEncoder, is_open_clip_name
+from .precision import PRECISIONS, GateResult, check_precision
 
 
-def load_encoder(model: str = DEFAULT_MODEL, device: str = "auto") -> Encoder:
+def load_encoder(model: str = DEFAULT_MODEL, device: str = "auto", precision: str = "fp32") -> Encoder:
     """Open the encoder for ``model``: ``open_clip:...`` names open_clip, anything else Hugging Face.
 
     Args:
         model: a Hugging Face hub id or checkpoint directory, or an ``open_clip:`` name.
         device: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
+        precision: ``fp32`` (exact), ``bf16``, ``fp16``, ``int8`` or ``auto`` (the fastest mode
+            that passes the quality gate), for both towers; see :mod:`.precision`.
 
     Returns:
         An encoder whose weights load on first use.
 
     Raises:
         ModelLoadError: the model cannot be found, fetched or understood.
-        InvalidArgumentError: a malformed name or a bad device.
+        InvalidArgumentError: a malformed name, a bad device or precision.
     """
+    check_precision(precision)
     if is_open_clip_name(model):
-        return OpenClipEncoder.load(model, device=device)
-    return HFClipEncoder.load(model, device=device)
+        return OpenClipEncoder.load(model, device=device, precision=precision)
+    return HFClipEncoder.load(model, device=device, precision=precision)
 
 
 __all__ = [
     "DEFAULT_MODEL",
     "Encoder",
+    "GateResult",
     "HFClipEncoder",
     "OpenClipEncoder",
+    "PRECISIONS",
+    "check_precision",
     "checkpoint_fingerprint",
     "file_sha256",
     "hub_reachable",

@@ -18,6 +18,7 @@ from ..errors import InvalidArgumentError, ModelLoadError
 from ..images import PreprocessConfig
 from . import base
 from .base import file_sha256, l2_normalize, quiet_transformers, resolve_device
+from .precision import CALIBRATION_IMAGES, PROBE_TEXTS, TowerPrecision, autocast, check_precision
 
 if TYPE_CHECKING:
     import torch
@@ -131,7 +132,15 @@ class HFClipEncoder:
 
     backend = "hf"
 
-    def __init__(self, name: str, directory: Path, config: Any, preprocess: PreprocessConfig, device: torch.device) -> None:
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        config: Any,
+        preprocess: PreprocessConfig,
+        device: torch.device,
+        precision: str = "fp32",
+    ) -> None:
         self.name = name
         self.directory = directory
         self.config = config
@@ -143,19 +152,25 @@ class HFClipEncoder:
         self._text_model: Any = None
         self._vision_model: Any = None
         self._tokenizer: Any = None
+        # Separate modules, separate int8 copies: each tower resolves its own mode.
+        self.image_precision = TowerPrecision(precision, device)
+        self.text_precision = TowerPrecision(precision, device)
 
     @classmethod
-    def load(cls, model: str = DEFAULT_MODEL, device: str = "auto") -> HFClipEncoder:
+    def load(cls, model: str = DEFAULT_MODEL, device: str = "auto", precision: str = "fp32") -> HFClipEncoder:
         """Open a CLIP checkpoint by hub id or local directory (weights load on first use).
 
         Args:
             model: hub id such as ``openai/clip-vit-base-patch32`` or a checkpoint directory.
             device: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
+            precision: ``fp32``, ``bf16``, ``fp16``, ``int8`` or ``auto``, for both towers
+                (see :mod:`retrieval.encoders.precision`).
 
         Raises:
             ModelLoadError: the checkpoint cannot be found or is not a CLIP checkpoint.
-            InvalidArgumentError: bad device.
+            InvalidArgumentError: bad device or precision.
         """
+        check_precision(precision)
         dev = resolve_device(device)
         name, directory = resolve_checkpoint(model)
         try:
@@ -176,7 +191,7 @@ class HFClipEncoder:
             preprocess = PreprocessConfig.from_hf(proc_cfg)
         except (OSError, ValueError, KeyError, TypeError) as exc:
             raise ModelLoadError(f"{name}: unreadable preprocessor_config.json: {exc}") from exc
-        return cls(name, directory, config, preprocess, dev)
+        return cls(name, directory, config, preprocess, dev, precision=precision)
 
     @property
     def info(self) -> dict[str, Any]:
@@ -190,6 +205,7 @@ class HFClipEncoder:
             "patch_size": int(vision.patch_size),
             "context_length": self.max_text_length,
             "embed_dim": self.dim,
+            **self.image_precision.manifest_info(),
         }
 
     @property
@@ -255,25 +271,44 @@ class HFClipEncoder:
 
     def embed_texts(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
         """Encode texts to L2-normalised float32 vectors of shape ``(len(texts), dim)``."""
+
+        mode = self.text_precision.calibrate(lambda m: self._embed_texts(PROBE_TEXTS, batch_size, m))
+        return self._embed_texts(texts, batch_size, mode)
+
+    def _embed_texts(self, texts: Sequence[str], batch_size: int, mode: str) -> np.ndarray:
         import torch
 
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        model = self.text_model
-        with torch.inference_mode():
+        model = self.text_precision.module(self.text_model, mode)
+        device = torch.device("cpu") if mode == "int8" else self.device
+        with torch.inference_mode(), autocast(mode, device):
             for start in range(0, len(texts), batch_size):
                 batch = self.tokenize(texts[start : start + batch_size])
                 emb = model(
-                    input_ids=batch["input_ids"].to(self.device),
-                    attention_mask=batch["attention_mask"].to(self.device),
+                    input_ids=batch["input_ids"].to(device),
+                    attention_mask=batch["attention_mask"].to(device),
                 ).text_embeds
                 out[start : start + len(emb)] = emb.float().cpu().numpy()
         return l2_normalize(out)
 
     def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
-        """Encode a preprocessed ``(N, 3, h, w)`` batch to L2-normalised float32 vectors."""
+        """Encode a preprocessed ``(N, 3, h, w)`` batch to L2-normalised float32 vectors.
+
+        With precision ``auto`` the first call calibrates the mode on up to 16 of its images.
+        """
+        sample = pixel_values[:CALIBRATION_IMAGES]
+        mode = self.image_precision.calibrate(lambda m: self._embed_pixels(sample, m))
+        return self._embed_pixels(pixel_values, mode)
+
+    def calibrate_images(self, pixel_values: torch.Tensor) -> str:
+        """Resolve an ``auto`` image precision on this sample now; returns the mode."""
+        return self.image_precision.calibrate(lambda m: self._embed_pixels(pixel_values, m))
+
+    def _embed_pixels(self, pixel_values: torch.Tensor, mode: str) -> np.ndarray:
         import torch
 
-        model = self.vision_model
-        with torch.inference_mode():
-            emb = model(pixel_values=pixel_values.to(self.device, torch.float32, non_blocking=True)).image_embeds
+        model = self.image_precision.module(self.vision_model, mode)
+        device = torch.device("cpu") if mode == "int8" else self.device
+        with torch.inference_mode(), autocast(mode, device):
+            emb = model(pixel_values=pixel_values.to(device, torch.float32, non_blocking=True)).image_embeds
             return l2_normalize(emb.float().cpu().numpy())

@@ -41,6 +41,7 @@ from ..errors import InvalidArgumentError, ModelLoadError
 from ..images import PreprocessConfig
 from . import base
 from .base import file_sha256, first_line, l2_normalize, quiet_transformers, resolve_device
+from .precision import CALIBRATION_IMAGES, PROBE_TEXTS, TowerPrecision, autocast, check_precision
 
 if TYPE_CHECKING:
     import torch
@@ -398,6 +399,7 @@ class OpenClipEncoder:
         preprocess_cfg: Mapping[str, Any],
         weights: Path,
         device: torch.device,
+        precision: str = "fp32",
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -416,20 +418,26 @@ class OpenClipEncoder:
         self._model: Any = None
         self._tokenizer: Any = None
         self._registered: str | None = None
+        # One module holds both towers: one int8 copy serves both.
+        variants: dict[str, Any] = {}
+        self.image_precision = TowerPrecision(precision, device, variants)
+        self.text_precision = TowerPrecision(precision, device, variants)
 
     @classmethod
-    def load(cls, model: str, device: str = "auto") -> OpenClipEncoder:
+    def load(cls, model: str, device: str = "auto", precision: str = "fp32") -> OpenClipEncoder:
         """Resolve an ``open_clip:...`` name: weights file, embedding size, preprocessing.
 
         Args:
             model: see the module docs for the forms.
             device: ``auto`` (CUDA when available), ``cpu`` or ``cuda[:N]``.
+            precision: ``fp32``, ``bf16``, ``fp16``, ``int8`` or ``auto`` for both towers.
 
         Raises:
-            InvalidArgumentError: malformed name or bad device.
+            InvalidArgumentError: malformed name, bad device or precision.
             ModelLoadError: unknown architecture or tag, missing files, or weights that are not
                 cached and cannot be downloaded.
         """
+        check_precision(precision)
         dev = resolve_device(device)
         spec = parse_spec(model)
         try:
@@ -473,7 +481,7 @@ class OpenClipEncoder:
         # create_model sets the size from the built vision tower, which takes it from vision_cfg.
         size = model_cfg["vision_cfg"].get("image_size", 224)
         preprocess["size"] = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
-        return cls(spec, model_cfg, preprocess, Path(weights), dev)
+        return cls(spec, model_cfg, preprocess, Path(weights), dev, precision=precision)
 
     # -- identity -------------------------------------------------------------------------------
 
@@ -526,6 +534,7 @@ class OpenClipEncoder:
             "preprocess_cfg": {k: list(v) if isinstance(v, tuple) else v for k, v in self.preprocess_cfg.items()},
             "context_length": self.max_text_length,
             "open_clip_version": oc_version,
+            **self.image_precision.manifest_info(),
         }
 
     # -- lazy parts -----------------------------------------------------------------------------
@@ -645,24 +654,43 @@ class OpenClipEncoder:
 
         Texts longer than the model's context are truncated by open_clip's tokenizer.
         """
+
+        mode = self.text_precision.calibrate(lambda m: self._embed_texts(PROBE_TEXTS, batch_size, m))
+        return self._embed_texts(texts, batch_size, mode)
+
+    def _embed_texts(self, texts: Sequence[str], batch_size: int, mode: str) -> np.ndarray:
         import torch
 
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        tokenizer, model = self.tokenizer, self.model
-        with torch.inference_mode():
+        tokenizer, model = self.tokenizer, self.text_precision.module(self.model, mode)
+        device = torch.device("cpu") if mode == "int8" else self.device
+        with torch.inference_mode(), autocast(mode, device):
             for start in range(0, len(texts), batch_size):
                 tokens = tokenizer(list(texts[start : start + batch_size]))
-                emb = model.encode_text(tokens.to(self.device))
+                emb = model.encode_text(tokens.to(device))
                 out[start : start + len(emb)] = emb.float().cpu().numpy()
         return l2_normalize(out)
 
     def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
-        """Encode a preprocessed ``(N, 3, h, w)`` batch to L2-normalised float32 vectors."""
+        """Encode a preprocessed ``(N, 3, h, w)`` batch to L2-normalised float32 vectors.
+
+        With precision ``auto`` the first call calibrates the mode on up to 16 of its images.
+        """
+        sample = pixel_values[:CALIBRATION_IMAGES]
+        mode = self.image_precision.calibrate(lambda m: self._embed_pixels(sample, m))
+        return self._embed_pixels(pixel_values, mode)
+
+    def calibrate_images(self, pixel_values: torch.Tensor) -> str:
+        """Resolve an ``auto`` image precision on this sample now; returns the mode."""
+        return self.image_precision.calibrate(lambda m: self._embed_pixels(pixel_values, m))
+
+    def _embed_pixels(self, pixel_values: torch.Tensor, mode: str) -> np.ndarray:
         import torch
 
-        model = self.model
-        with torch.inference_mode():
-            emb = model.encode_image(pixel_values.to(self.device, torch.float32, non_blocking=True))
+        model = self.image_precision.module(self.model, mode)
+        device = torch.device("cpu") if mode == "int8" else self.device
+        with torch.inference_mode(), autocast(mode, device):
+            emb = model.encode_image(pixel_values.to(device, torch.float32, non_blocking=True))
             return l2_normalize(emb.float().cpu().numpy())
 
 

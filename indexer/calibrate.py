@@ -1,0 +1,111 @@
+"""Precision of a build: resolve ``auto`` on the collection's own images, record it.
+
+``auto`` embeds a small calibration sample (the first images to embed, decoded in-process) in
+fp32 and in each reduced candidate, fastest first, and keeps the first that passes the gate
+(:mod:`retrieval.encoders.precision`). An update of an index whose manifest records a mode
+chosen by ``auto`` reuses that mode without calibrating again. Another explicit mode on update
+is allowed (its vectors agree with fp32's within the gate) and recorded: ``model_info`` keeps
+``precision`` (this run's mode) and ``precisions`` (every mode the index's runs embedded with).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from retrieval.encoders import Encoder
+from retrieval.encoders.precision import CALIBRATION_IMAGES, check_precision, gate_results_from_info
+from retrieval.errors import InvalidArgumentError
+
+from .dataset import ImageDataset, collate
+from .discover import ImageFile
+
+# Files tried for a calibration sample: broken files are skipped, a few more are looked at.
+_SAMPLE_TRIES = 4 * CALIBRATION_IMAGES
+
+
+def apply_precision(enc: Encoder, precision: str) -> None:
+    """Set the image precision of an already-loaded encoder (``build_index(encoder=...)``).
+
+    Raises:
+        InvalidArgumentError: unknown mode, a mode the device cannot run, or an encoder without
+            precision support asked for anything but fp32.
+    """
+    check_precision(precision)
+    tower = getattr(enc, "image_precision", None)
+    if tower is None:
+        if precision != "fp32":
+            raise InvalidArgumentError(f"this encoder ({type(enc).__name__}) runs in fp32 only, not {precision}")
+        return
+    if precision != tower.requested:
+        tower.request(precision)
+
+
+def resolve(
+    enc: Encoder,
+    previous_info: Mapping[str, Any] | None,
+    root: str | os.PathLike[str],
+    files: Sequence[ImageFile],
+    *,
+    max_pixels: int,
+    draft: bool,
+) -> None:
+    """Resolve an ``auto`` image precision before embedding (no-op for a fixed mode).
+
+    An update reuses the mode a previous ``auto`` run recorded; otherwise the first decodable
+    images of ``files`` (up to 16) calibrate it. With nothing to embed it stays unresolved.
+    """
+    tower = getattr(enc, "image_precision", None)
+    if tower is None or tower.mode is not None or not files:
+        return
+    recorded = (previous_info or {}).get("precision")
+    if (previous_info or {}).get("precision_requested") == "auto" and recorded not in (None, "auto"):
+        gate = ((previous_info or {}).get("precision_gate") or {}).get("gate")
+        try:
+            tower.set(str(recorded), gate_results_from_info(gate))
+            return
+        except InvalidArgumentError:
+            pass  # e.g. int8 recorded on a CPU run, now on CUDA: calibrate anew
+    dataset = ImageDataset(root, files[:_SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=draft)
+    good = []
+    for i in range(len(dataset)):
+        item = dataset[i]
+        if item.pixels is not None:
+            good.append(item)
+            if len(good) == CALIBRATION_IMAGES:
+                break
+    if good:
+        enc.calibrate_images(collate(good).pixels)  # type: ignore[attr-defined]
+
+
+def model_info(enc: Encoder, previous_info: Mapping[str, Any] | None, embedded: bool) -> dict[str, Any]:
+    """``enc.info`` plus ``precisions``: the modes of this run and of the runs before it."""
+    info = dict(getattr(enc, "info", {}))
+    mode = info.get("precision")
+    if mode is None:
+        return info
+    before: list[str] = []
+    if previous_info is not None:
+        recorded = previous_info.get("precisions")
+        if isinstance(recorded, list):
+            before = [str(m) for m in recorded]
+        else:
+            # An index from before precision modes existed holds fp32 vectors.
+            before = [str(previous_info.get("precision", "fp32"))]
+        if not embedded and previous_info.get("precision") not in (None, "auto"):
+            # Nothing embedded now: the index's precision is still the recorded one.
+            for key in ("precision", "precision_requested", "precision_gate"):
+                if key in previous_info:
+                    info[key] = previous_info[key]
+                else:
+                    info.pop(key, None)
+            mode = info.get("precision")
+    modes = set(before)
+    if embedded or previous_info is None:
+        modes.add(str(mode))
+    info["precisions"] = sorted(m for m in modes if m != "auto")
+    return info
+
+
+__all__ = ["apply_precision", "model_info", "resolve"]

@@ -1,0 +1,81 @@
+"""The GPU decode path's logic, run on the CPU: torchvision's decode_jpeg on the device the
+model uses, PIL for other formats and for files that decoder refuses, failures skipped."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+from PIL import Image
+
+from imagegen import photo_like
+from indexer import dataset as D
+from indexer.discover import ImageFile
+from retrieval.encoders import HFClipEncoder
+from retrieval.images import decode_jpegs_on_device, is_jpeg, load_pixels
+
+
+def _jpeg(img: Image.Image, **kw: object) -> bytes:
+    buf = io.BytesIO()
+    img.save(buf, "JPEG", quality=90, **kw)
+    return buf.getvalue()
+
+
+@pytest.fixture(scope="module")
+def folder(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("gpu") / "p"
+    root.mkdir()
+    exif = Image.Exif()
+    exif[0x0112] = 6
+    (root / "a.jpg").write_bytes(_jpeg(photo_like(200, 150, seed=1)))
+    (root / "b_rot.jpg").write_bytes(_jpeg(photo_like(200, 100, seed=2), exif=exif.tobytes()))
+    photo_like(120, 90, seed=3).save(root / "c.png")
+    good = _jpeg(photo_like(160, 120, seed=4))
+    (root / "d_truncated.jpg").write_bytes(good[: len(good) // 3])
+    (root / "e_garbage.jpg").write_bytes(b"\xff\xd8\xff" + b"\x00" * 64)
+    (root / "f_gray.jpg").write_bytes(_jpeg(photo_like(90, 90, seed=5).convert("L")))
+    return root
+
+
+def test_decode_jpeg_matches_pil_and_applies_exif(folder: Path) -> None:
+    datas = [(folder / n).read_bytes() for n in ("a.jpg", "b_rot.jpg", "f_gray.jpg")]
+    assert all(is_jpeg(d) for d in datas) and not is_jpeg((folder / "c.png").read_bytes())
+    out = decode_jpegs_on_device(datas, "cpu")
+    assert [tuple(t.shape) for t in out] == [(3, 150, 200), (3, 200, 100), (3, 90, 90)]  # EXIF 6: rotated
+    pil = np.asarray(Image.open(folder / "a.jpg").convert("RGB"))
+    assert np.abs(out[0].permute(1, 2, 0).numpy().astype(int) - pil.astype(int)).max() <= 2
+    # A file the decoder refuses is None (the caller falls back), the others still decode.
+    mixed = decode_jpegs_on_device([datas[0], (folder / "e_garbage.jpg").read_bytes()], "cpu")
+    assert mixed[0] is not None and mixed[1] is None
+
+
+def _batch(folder: Path, cfg, device_decode: bool) -> D.Batch:
+    files = [ImageFile(n.encode(), 0, 0) for n in sorted(p.name for p in folder.iterdir())]
+    ds = D.ImageDataset(folder, files, cfg, device_decode=device_decode)
+    return D.collate([ds[i] for i in range(len(ds))])
+
+
+def test_device_batch_equals_cpu_batch_and_skips_failures(tiny_model: Path, folder: Path) -> None:
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu")
+    cpu = _batch(folder, enc.preprocess, device_decode=False)
+    pending = _batch(folder, enc.preprocess, device_decode=True)
+    assert pending.pixels is None and pending.pending is not None
+    done = D.finish_on_device(pending, enc.preprocess, torch.device("cpu"))
+    assert [it.error is None for it in done.items] == [it.error is None for it in cpu.items]
+    assert [(it.width, it.height) for it in done.good] == [(it.width, it.height) for it in cpu.good]
+    reasons = {it.index: it.error for it in done.failed}
+    assert len(reasons) == 2 and all(reasons.values())
+    # Full-size decode + resize vs PIL draft decode + resize: the same embeddings within 1e-3.
+    cos = (enc.embed_pixels(done.pixels) * enc.embed_pixels(cpu.pixels)).sum(axis=1)
+    assert cos.min() >= 0.999, cos
+
+
+def test_decoder_failure_falls_back_to_pil(tiny_model: Path, folder: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu")
+    monkeypatch.setattr(D, "decode_jpegs_on_device", lambda datas, device: [None] * len(datas))
+    done = D.finish_on_device(_batch(folder, enc.preprocess, True), enc.preprocess, torch.device("cpu"))
+    ref = torch.stack([load_pixels(folder / n, enc.preprocess)[0] for n in ("a.jpg", "b_rot.jpg", "c.png", "f_gray.jpg")])
+    assert torch.equal(done.pixels, ref)  # exactly the CPU path

@@ -1,0 +1,149 @@
+"""Reduced precision: modes, the quality gate, ``auto`` and what the manifest records."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from conftest import run_cli
+from imagegen import make_jpegs
+from indexer import build_index
+from indexer.build import BuildConfig
+from retrieval.encoders import HFClipEncoder, load_encoder
+from retrieval.encoders import precision as P
+from retrieval.errors import InvalidArgumentError
+from retrieval.images import load_pixels
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("prec") / "photos"
+    make_jpegs(root, 20, size=(160, 120))
+    return root
+
+
+@pytest.fixture(scope="module")
+def pixels(tiny_model: Path, photos: Path) -> torch.Tensor:
+    cfg = HFClipEncoder.load(str(tiny_model), device="cpu").preprocess
+    return torch.stack([load_pixels(p, cfg)[0] for p in sorted(photos.iterdir())])
+
+
+def test_unknown_precision_is_refused(tiny_model: Path) -> None:
+    for bad in ("fp64", "", "INT8"):
+        with pytest.raises(InvalidArgumentError, match="unknown precision"):
+            load_encoder(str(tiny_model), device="cpu", precision=bad)
+    with pytest.raises(InvalidArgumentError, match="unknown precision"):
+        BuildConfig(precision="half")
+    with pytest.raises(InvalidArgumentError, match="threads"):
+        BuildConfig(threads=0)
+
+
+@pytest.mark.parametrize("mode", ["bf16", "fp16", "int8"])
+def test_reduced_modes_stay_close_to_fp32(tiny_model: Path, pixels: torch.Tensor, mode: str) -> None:
+    ref = HFClipEncoder.load(str(tiny_model), device="cpu")
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision=mode)
+    result = P.gate(mode, ref.embed_pixels(pixels), enc.embed_pixels(pixels))
+    assert result.passed, result
+    texts = list(P.PROBE_TEXTS[:6])
+    cos = (ref.embed_texts(texts) * enc.embed_texts(texts)).sum(axis=1)
+    assert cos.min() >= 0.99, cos
+    assert enc.info["precision"] == mode
+
+
+def test_gate_figures_and_choice() -> None:
+    rng = np.random.default_rng(0)
+    ref = rng.normal(size=(30, 16)).astype(np.float32)
+    ref /= np.linalg.norm(ref, axis=1, keepdims=True)
+    same = P.gate("int8", ref, ref.copy())
+    assert same.passed and same.mean_cosine == pytest.approx(1.0) and (same.topk_overlap, same.k) == (1.0, 10)
+    noisy = ref + rng.normal(scale=0.5, size=ref.shape).astype(np.float32)
+    noisy /= np.linalg.norm(noisy, axis=1, keepdims=True)
+    bad = P.gate("int8", ref, noisy)
+    assert not bad.passed and bad.min_cosine < 0.99
+    # The first passing candidate wins; a failing one is rejected and its figures kept.
+    vectors = {"fp32": ref, "bf16": noisy, "int8": ref}
+    mode, results = P.choose(lambda m: vectors[m], ["bf16", "int8"])
+    assert mode == "int8" and [r.mode for r in results] == ["bf16", "int8"] and not results[0].passed
+    mode, results = P.choose(lambda m: vectors[m], ["bf16"])
+    assert mode == "fp32" and len(results) == 1
+    assert P.topk_overlap(ref[:1], ref[:1]) == (1.0, 0)
+
+
+def _info(index_dir: Path) -> dict:
+    proc = run_cli(["info", index_dir, "--json"])
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)["model_info"]
+
+
+def test_auto_records_its_choice_and_updates_reuse_it(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    out = tmp_path / "auto.idx"
+    files = sorted(p.name for p in photos.iterdir())
+    report = build_index(photos, out, model=str(tiny_model), workers=0, device="cpu", precision="auto", files=files[:16])
+    info = _info(out)
+    assert info["precision_requested"] == "auto" and info["precision"] == report.precision
+    gate = info["precision_gate"]["gate"]
+    assert gate[0]["mode"] == "int8" and gate[0]["samples"] == 16 and gate[0]["k"] == 10
+    assert info["precision"] == ("int8" if gate[0]["passed"] else "fp32")
+    assert info["precisions"] == [info["precision"]]
+
+    # An update with auto reuses the recorded mode: no calibration.
+    def no_calibration(*args: object, **kwargs: object) -> None:
+        raise AssertionError("auto calibrated again on update")
+
+    monkeypatch.setattr(P, "choose", no_calibration)
+    report = build_index(photos, out, model=str(tiny_model), workers=0, device="cpu", precision="auto")
+    assert report.added == 4 and report.precision == info["precision"]
+    assert _info(out)["precision_gate"] == info["precision_gate"]
+
+
+def test_auto_rejects_a_failing_mode(tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    real_gate = P.gate
+
+    def failing(mode: str, ref: np.ndarray, cand: np.ndarray, seconds: float = 0.0) -> P.GateResult:
+        r = real_gate(mode, ref, cand, seconds)
+        return P.GateResult(r.mode, r.samples, r.mean_cosine, 0.5, r.topk_overlap, r.k, r.seconds)
+
+    monkeypatch.setattr(P, "gate", failing)
+    report = build_index(photos, tmp_path / "i", model=str(tiny_model), workers=0, device="cpu", precision="auto")
+    assert report.precision == "fp32"
+    manifest = json.loads((tmp_path / "i" / "manifest.json").read_text())
+    gate = manifest["model_info"]["precision_gate"]["gate"]
+    assert [g["passed"] for g in gate] == [False] and gate[0]["min_cosine"] == 0.5
+
+
+def test_fp32_default_is_exact_and_another_mode_on_update_is_recorded(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
+    from retrieval import ImageIndex
+
+    files = sorted(p.name for p in photos.iterdir())
+    out = tmp_path / "x.idx"
+    report = build_index(photos, out, model=str(tiny_model), workers=0, device="cpu", files=files[:10])
+    assert report.precision == "fp32"
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu")
+    ref = np.concatenate([enc.embed_pixels(load_pixels(photos / f, enc.preprocess)[0][None]) for f in files[:10]])
+    np.testing.assert_allclose(ImageIndex.open(out).embeddings(), ref, atol=1e-6)
+    # An update in another mode is allowed (its vectors agree within the gate) and recorded.
+    report = build_index(photos, out, model=str(tiny_model), workers=0, device="cpu", precision="int8")
+    info = json.loads((out / "manifest.json").read_text())["model_info"]
+    assert report.added == 10 and (info["precision"], info["precisions"]) == ("int8", ["fp32", "int8"])
+
+
+def test_cli_precision_options(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
+    bad = run_cli(["index", photos, tmp_path / "b.idx", "--model", tiny_model, "--precision", "fp64", "--no-progress"])
+    assert bad.returncode == 1 and bad.stderr.startswith("clipsearch: error: unknown precision 'fp64'")
+    assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "b.idx").exists()
+    out = tmp_path / "c.idx"
+    ok = run_cli(["index", photos, out, "--model", tiny_model, "--precision", "int8", "--threads", "1", "--workers", "0", "--json", "--no-progress"])
+    assert ok.returncode == 0, ok.stderr
+    summary = json.loads(ok.stdout)
+    assert (summary["precision"], summary["threads"]) == ("int8", 1)
+    hits = run_cli(["search", out, "a dog", "--precision", "int8", "--json", "-k", "3"])
+    assert hits.returncode == 0, hits.stderr
+    assert len(json.loads(hits.stdout)["results"]) == 3
+    bad = run_cli(["search", out, "a dog", "--precision", "nope"])
+    assert bad.returncode == 1 and "unknown precision 'nope'" in bad.stderr
