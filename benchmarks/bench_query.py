@@ -14,7 +14,7 @@ Per query (after a warm-up) it times, with ``time.perf_counter``:
 * search: the FAISS top-k (``retrieval.faiss_index.search`` on the index's FAISS object,
   including the deterministic tie ordering ``ImageIndex`` applies);
 * metadata: turning the k ids into ``Hit(id, path, score)`` from the index's path table
-  (loaded once per opened index, timed separately as ``paths_load_seconds``);
+  (read for the k hits only, from the memory-mapped path files);
 * end to end: ``index.search(text, k)``, the public call, on the same queries.
 
 Prints one JSON line, then a readable table.
@@ -112,7 +112,22 @@ def synthetic_chunks(n: int, dim: int, spec: SyntheticSpec, rows_per_chunk: int 
         done += rows
 
 
-def build_synthetic_index(out: Path, encoder: Any, n: int, spec: SyntheticSpec, commit_every: int) -> dict[str, float | int]:
+def synthetic_queries(q: int, dim: int, spec: SyntheticSpec) -> Any:
+    """``q`` vectors from the same clusters as :func:`synthetic_chunks` (same centres, other
+    draws): in-distribution queries that are not in the index."""
+    import numpy as np
+
+    centres = np.random.default_rng(spec.seed).standard_normal((spec.clusters, dim), dtype=np.float32)
+    centres /= np.linalg.norm(centres, axis=1, keepdims=True)
+    rng = np.random.default_rng(spec.seed + 10_000)
+    x = rng.standard_normal((q, dim), dtype=np.float32) * np.float32(spec.noise / np.sqrt(dim))
+    x += centres[rng.integers(0, spec.clusters, size=q)]
+    return x / np.linalg.norm(x, axis=1, keepdims=True)
+
+
+def build_synthetic_index(
+    out: Path, encoder: Any, n: int, spec: SyntheticSpec, commit_every: int, index_type: str = "flat"
+) -> dict[str, float | int]:
     """Write a complete clipsearch index of ``n`` synthetic vectors to ``out`` (a new directory).
 
     The rows go through the indexer's own write path (``GenerationWriter`` under the index
@@ -129,7 +144,6 @@ def build_synthetic_index(out: Path, encoder: Any, n: int, spec: SyntheticSpec, 
     from indexer.commit import GenerationWriter, IndexMeta
     from indexer.lock import IndexLock
     from indexer.writer import FileRecord
-    from retrieval import faiss_index
 
     start = time.perf_counter()
     out.mkdir(parents=True)
@@ -139,8 +153,8 @@ def build_synthetic_index(out: Path, encoder: Any, n: int, spec: SyntheticSpec, 
         backend=encoder.backend,
         dim=encoder.dim,
         preprocess={**encoder.preprocess.to_dict(), "jpeg_draft": True},
-        index_type=faiss_index.DEFAULT_INDEX_TYPE,
         source_root="synthetic",
+        index_options={"index_type": index_type},
     )
     width = max(6, len(str(n - 1)))
     facts_rng = np.random.default_rng(spec.seed + 1)
@@ -214,10 +228,7 @@ def measure_size(
     index = ImageIndex.open(out, encoder=encoder)
     open_s = time.perf_counter() - t0
     # The stages are timed through ImageIndex's own per-stage calls: the FAISS search
-    # (search_ids) and the path table (paths) that index.search uses.
-    t0 = time.perf_counter()
-    paths = index.paths()
-    paths_s = time.perf_counter() - t0
+    # (search_ids) and the hits' paths (paths_of, memory-mapped path files) that index.search uses.
 
     for text in texts[:warmup]:
         index.search(text, k)
@@ -230,7 +241,9 @@ def measure_size(
         t1 = time.perf_counter()
         scores, ids = index.search_ids(vec, k)
         t2 = time.perf_counter()
-        hits = [Hit(int(i), paths[int(i)], float(s)) for s, i in zip(scores[0], ids[0], strict=True) if i >= 0]
+        ok = ids[0] >= 0
+        found = ids[0][ok]
+        hits = [Hit(int(i), p, float(s)) for s, i, p in zip(scores[0][ok], found, index.paths_of(found), strict=True)]
         t3 = time.perf_counter()
         if len(hits) != min(k, n):
             raise RuntimeError(f"expected {min(k, n)} hits, got {len(hits)}")
@@ -246,7 +259,6 @@ def measure_size(
         "n": n,
         "build_seconds": build,
         "open_seconds": round(open_s, 3),
-        "paths_load_seconds": round(paths_s, 3),
         "disk_bytes": disk,
         "bytes_per_vector": {
             "total": round(disk["total"] / n, 1),
@@ -261,7 +273,7 @@ def measure_size(
         },
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
-    del index, paths
+    del index
     gc.collect()
     shutil.rmtree(out, ignore_errors=True)
     return result

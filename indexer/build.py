@@ -15,15 +15,14 @@ import errno
 import json
 import os
 import shutil
+import sys
 import time
 from collections.abc import Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-import pyarrow.parquet as pq
-
-from retrieval.encoders import DEFAULT_MODEL, Encoder, load_encoder
+from retrieval.encoders import DEFAULT_MODEL, Encoder, check_precision, load_encoder
 from retrieval.errors import (
     IndexDirError,
     IndexFormatError,
@@ -33,6 +32,7 @@ from retrieval.errors import (
     UnsupportedFormatError,
 )
 from retrieval.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS
+from retrieval.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions, parse_memory
 from retrieval.layout import (
     FORMAT_NAME,
     GENERATION_PREFIX,
@@ -44,17 +44,21 @@ from retrieval.layout import (
     read_manifest,
 )
 
+from . import calibrate
 from .commit import GenerationWriter, IndexMeta, remove_stale
-from .dataset import ImageDataset, Item, collate, content_hash
+from .dataset import ImageDataset, Item, collate, content_hash, finish_on_device
 from .discover import Discovery, discover, from_list
 from .faults import crash_point
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update
-from .writer import FileRecord, SkipRecord
+from .writer import FileRecord, SkipRecord, read_skipped
 
-INDEX_TYPE = "Flat"
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
+# fp32 by default: exact, and a vector does not depend on its batch-mates (dynamic int8
+# quantises activations per batch), so an update equals a rebuild. ``auto`` is opt-in.
+DEFAULT_PRECISION = "fp32"
+
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})
 
 
@@ -64,6 +68,16 @@ def default_workers(device_type: str = "cpu") -> int:
     if device_type == "cuda":
         return max(1, min(16, cores - 1))
     return max(1, min(4, cores - 1))
+
+
+def default_threads(device_type: str = "cpu", workers: int = 1) -> int:
+    """torch intra-op threads while embedding: every core on CPU (decode workers of a
+    JPEG collection need a fraction of one, measured in benchmarks/README.md); on GPU the
+    model needs few CPU threads, so leave the cores to the decode workers."""
+    cores = os.cpu_count() or 1
+    if device_type == "cuda":
+        return max(1, min(4, cores - workers))
+    return cores
 
 
 @dataclass(frozen=True)
@@ -81,6 +95,12 @@ class BuildConfig:
         rebuild: ignore the existing index (and its model) and index everything again.
         commit_every: publish a generation after this many processed images.
         commit_seconds: ... or after this many seconds, whichever comes first.
+        precision: image tower mode, ``fp32``, ``bf16``, ``fp16``, ``int8`` or ``auto``; None:
+            ``DEFAULT_PRECISION`` for a model loaded by the build, a given encoder's own mode.
+        threads: torch intra-op threads while embedding; None picks from the core count.
+        index_type, max_memory, target_recall: the FAISS index choice (see
+            :class:`retrieval.index_types.IndexOptions`); None keeps what the index recorded
+            (or the defaults for a new index).
     """
 
     model: str = DEFAULT_MODEL
@@ -93,8 +113,23 @@ class BuildConfig:
     rebuild: bool = False
     commit_every: int = 4096
     commit_seconds: float = 300.0
+    precision: str | None = None
+    threads: int | None = None
+    index_type: str | None = None
+    max_memory: int | None = None
+    target_recall: float | None = None
 
     def __post_init__(self) -> None:
+        # Checked up front: a bad --index-type must fail before hours of embedding.
+        IndexOptions(
+            index_type=self.index_type or "auto",
+            max_memory=self.max_memory if self.max_memory is not None else DEFAULT_MAX_MEMORY,
+            target_recall=self.target_recall if self.target_recall is not None else DEFAULT_TARGET_RECALL,
+        )
+        if self.precision is not None:
+            check_precision(self.precision)
+        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
+            raise InvalidArgumentError(f"threads must be an integer >= 1, got {self.threads!r}")
         if isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1:
             raise InvalidArgumentError(f"batch size must be an integer >= 1, got {self.batch_size!r}")
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
@@ -138,6 +173,8 @@ class BuildReport:
     workers: int
     batch_size: int
     device: str
+    threads: int = 0
+    precision: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -193,6 +230,11 @@ def build_index(
     files: Sequence[str | bytes] | None = None,
     rebuild: bool = False,
     commit_every: int = 4096,
+    precision: str | None = None,
+    threads: int | None = None,
+    index_type: str | None = None,
+    max_memory: int | str | None = None,
+    target_recall: float | None = None,
 ) -> BuildReport:
     """Index every image under ``photos_dir`` into ``index_dir``, or bring that index up to date.
 
@@ -210,6 +252,14 @@ def build_index(
             listed files that do not exist are recorded as skipped.
         rebuild: re-index everything, also with a model other than the index's.
         commit_every: publish a searchable generation after this many processed images.
+        precision: ``fp32`` (exact), ``bf16``, ``fp16``, ``int8`` or ``auto`` (the fastest mode
+            passing the quality gate on a sample of the collection); None: ``fp32``, or the
+            given ``encoder``'s own mode. Recorded in the manifest's ``model_info``.
+        threads: torch threads while embedding (None: from the core count and ``workers``).
+        index_type: ``auto`` (default for a new index), ``flat``, ``hnsw``, ``ivf-sq8``,
+            ``ivf-pq`` or a FAISS factory string; None keeps the index's recorded choice.
+        max_memory: memory budget of the FAISS index (bytes or ``"4GB"``); None keeps the recorded one.
+        target_recall: recall@10 that approximate indexes are tuned to reach.
 
     Returns:
         A :class:`BuildReport` with counts and per-stage timings.
@@ -231,6 +281,11 @@ def build_index(
         progress=progress,
         rebuild=rebuild,
         commit_every=commit_every,
+        precision=precision,
+        threads=threads,
+        index_type=index_type,
+        max_memory=parse_memory(max_memory) if max_memory is not None else None,
+        target_recall=target_recall,
     )
     start = time.perf_counter()
     photos = Path(photos_dir)
@@ -247,7 +302,12 @@ def build_index(
         if not found.files:
             raise PhotosDirError(f"none of the {len(found.missing)} listed files exist in {photos}")
 
-    enc = encoder if encoder is not None else load_encoder(cfg.model, device=cfg.device)
+    if encoder is None:
+        enc = load_encoder(cfg.model, device=cfg.device, precision=cfg.precision or DEFAULT_PRECISION)
+    else:
+        enc = encoder
+        if cfg.precision is not None:
+            calibrate.apply_precision(enc, cfg.precision)
     fingerprint = enc.fingerprint  # fails on missing weights before anything is written
     created_dir = not out.exists()
     try:
@@ -284,6 +344,16 @@ def _readable_manifest(out: Path) -> Manifest | None:
         return None
 
 
+def _index_options(cfg: BuildConfig, previous: Manifest | None) -> IndexOptions:
+    """The run's FAISS options: what was asked, else what the index recorded, else defaults."""
+    recorded = dict(previous.index_options) if previous is not None else {}
+    if previous is not None and not recorded:
+        # A version-1 index: flat was the only choice, and it stays until asked otherwise.
+        recorded = {"index_type": "flat"}
+    asked = {"index_type": cfg.index_type, "max_memory": cfg.max_memory, "target_recall": cfg.target_recall}
+    return IndexOptions.from_dict({**recorded, **{k: v for k, v in asked.items() if v is not None}})
+
+
 def _check_model(base: Manifest, enc: Encoder, fingerprint: str, out: Path) -> None:
     if base.backend == enc.backend and base.model_fingerprint == fingerprint and base.dim == enc.dim:
         return
@@ -294,11 +364,7 @@ def _check_model(base: Manifest, enc: Encoder, fingerprint: str, out: Path) -> N
 
 
 def _read_skips(out: Path, base: Manifest) -> list[SkipRecord]:
-    table = pq.read_table(out / base.skipped_file)
-    return [
-        SkipRecord(r["path_bytes"], r["reason"], r["size"], r["mtime_ns"], r["content_hash"])
-        for r in table.to_pylist()
-    ]
+    return read_skipped(out / base.skipped_file)
 
 
 def _hash_or_none(root: bytes, rel: bytes) -> str | None:
@@ -332,23 +398,30 @@ def _run(
     # Generations or staging left by a killed run are unreachable garbage now that we hold the lock.
     remove_stale(out, keep=base.generation if base is not None else None)
     previous = None if cfg.rebuild else base
+    options = _index_options(cfg, previous)
     meta = IndexMeta(
         model=enc.name,
         model_fingerprint=fingerprint,
         backend=enc.backend,
         dim=enc.dim,
         preprocess={**enc.preprocess.to_dict(), "jpeg_draft": cfg.draft},
-        index_type=INDEX_TYPE,
         source_root=str(photos.resolve()),
         model_info=dict(getattr(enc, "info", {})),
+        index_options=options.to_dict(),
     )
     writer = GenerationWriter(out, meta, previous)
+    options_changed = previous is not None and dict(previous.index_options) != options.to_dict()
+    if options_changed:
+        writer.drop_faiss(options.to_dict())
     old_skips = _read_skips(out, previous) if previous is not None else []
     root = os.fsencode(photos)
     plan = plan_update(writer.facts(), old_skips, found.files, lambda rel: _hash_or_none(root, rel))
     writer.skipped = [SkipRecord(rel, f"directory not readable: {why}") for rel, why in found.unreadable_dirs]
     writer.skipped += [SkipRecord(rel, why) for rel, why in found.missing]
     writer.skipped += plan.carried_skips
+    prev_info = previous.model_info if previous is not None else None
+    calibrate.resolve(enc, prev_info, photos, plan.to_embed, max_pixels=cfg.max_pixels, draft=cfg.draft)
+    writer.meta = replace(meta, model_info=calibrate.model_info(enc, prev_info, bool(plan.to_embed)))
     if plan.changes_rows:
         writer.compact(plan.keep_ids, plan.refreshed)
 
@@ -356,13 +429,14 @@ def _run(
     up_to_date = (
         previous is not None
         and previous.complete
+        and not options_changed
         and not plan.to_embed
         and not plan.changes_rows
         and sorted((s.path, s.reason) for s in writer.skipped) == sorted((s.path, s.reason) for s in old_skips)
     )
     t0 = time.perf_counter()
     if not up_to_date:
-        writer.finish()
+        writer.finish(progress=(lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if cfg.progress else None)
     stats["write"] += time.perf_counter() - t0
     seconds = time.perf_counter() - start
     embedded = stats["added"] + stats["updated"]
@@ -389,6 +463,8 @@ def _run(
         workers=stats["workers"],
         batch_size=cfg.batch_size,
         device=str(getattr(enc, "device", "cpu")),
+        threads=stats["threads"],
+        precision=str(writer.meta.model_info.get("precision", "fp32")),
     )
 
 
@@ -397,14 +473,21 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
     from torch.utils.data import DataLoader
     from tqdm import tqdm
 
-    stats: dict[str, Any] = dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0)
+    import torch
+
+    stats: dict[str, Any] = dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0, threads=0)
     files = plan.to_embed
     if not files:
         return stats
     device_type = getattr(getattr(enc, "device", None), "type", "cpu")
     n_workers = cfg.workers if cfg.workers is not None else default_workers(device_type)
     stats["workers"] = n_workers
-    dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft)
+    stats["threads"] = cfg.threads if cfg.threads is not None else default_threads(device_type, n_workers)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(stats["threads"])
+    # On CUDA, workers only read and hash JPEGs; they are decoded and preprocessed on the GPU.
+    on_gpu = device_type == "cuda"
+    dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft, device_decode=on_gpu)
     loader = DataLoader(
         dataset,
         batch_size=cfg.batch_size,
@@ -418,6 +501,8 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
     bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
     try:
         for batch in loader:
+            if batch.pending is not None:
+                batch = finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)  # type: ignore[attr-defined]
             stats["decode"] += batch.decode_seconds
             for it in batch.failed:
                 rel = files[it.index].rel
@@ -448,7 +533,8 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
                 since_commit, last_commit = 0, time.monotonic()
     finally:
         bar.close()
+        torch.set_num_threads(threads_before)
     return stats
 
 
-__all__ = ["BuildConfig", "BuildReport", "build_index", "default_workers"]
+__all__ = ["BuildConfig", "BuildReport", "build_index", "default_threads", "default_workers"]

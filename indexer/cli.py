@@ -38,10 +38,16 @@ def _cmd_index(args: argparse.Namespace) -> int:
         files=files,
         rebuild=args.rebuild,
         commit_every=args.commit_every,
+        precision=args.precision,
+        threads=args.threads,
+        index_type=args.index_type,
+        max_memory=args.max_memory,
+        target_recall=args.target_recall,
     )
     if args.json:
         query_cli.print_json(report.to_dict())
     else:
+        _warn_recall(args.index_dir)
         print(
             f"indexed {report.indexed} images, skipped {report.skipped} "
             f"(added {report.added}, updated {report.updated}, removed {report.removed}, unchanged {report.unchanged}), "
@@ -65,14 +71,89 @@ def register_index_command(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument("--files-from", metavar="LIST", help="index only the paths listed in this file (one per line, relative to PHOTOS_DIR)")
     p.add_argument("--rebuild", action="store_true", help="re-index everything, also when the index was built with another model")
     p.add_argument("--commit-every", type=query_cli.positive_int, default=4096, metavar="N", help="publish a searchable, resumable state every N images (default: 4096)")
+    query_cli.add_precision_argument(p, "fp32", "image tower precision, recorded in the index")
+    p.add_argument("--threads", type=query_cli.positive_int, default=None, metavar="N", help="torch threads for the model (default: from the core count)")
+    add_index_type_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(handler=_cmd_index)
 
 
+def add_index_type_arguments(parser: argparse.ArgumentParser) -> None:
+    """--index-type, --max-memory, --target-recall (None: keep what the index recorded)."""
+    parser.add_argument(
+        "--index-type",
+        metavar="TYPE",
+        help="auto, flat, hnsw, ivf-sq8, ivf-pq or a FAISS factory string "
+        "(default: what the index recorded; auto for a new index)",
+    )
+    parser.add_argument("--max-memory", metavar="SIZE", help="memory budget of the FAISS index, e.g. 4GB (default: 4GB)")
+    parser.add_argument(
+        "--target-recall",
+        type=float,
+        metavar="R",
+        help="recall@10 against exact search that approximate indexes are tuned to reach (default: 0.95)",
+    )
+
+
+def _warn_recall(index_dir: str) -> None:
+    """One line on stderr when tuning could not reach the asked recall."""
+    import sys
+
+    from retrieval.layout import read_manifest
+
+    tuning = read_manifest(index_dir).index_tuning
+    if tuning and tuning.get("reached") is False:
+        print(
+            f"clipsearch: warning: {read_manifest(index_dir).index_type} reaches recall@10 "
+            f"{tuning.get('recall_at_10')} < target {tuning.get('target_recall')}; "
+            "raise --max-memory or choose another --index-type",
+            file=sys.stderr,
+        )
+
+
+def _cmd_reindex(args: argparse.Namespace) -> int:
+    from .reindex import reindex
+
+    report = reindex(
+        args.index_dir,
+        index_type=args.index_type,
+        max_memory=args.max_memory,
+        target_recall=args.target_recall,
+        progress=not args.no_progress,
+    )
+    if args.json:
+        query_cli.print_json(report.to_dict())
+        return 0
+    _warn_recall(args.index_dir)
+    tuning = report.index_tuning
+    recall = f", recall@10 {tuning['recall_at_10']:.3f}" if "recall_at_10" in tuning else ""
+    params = ", ".join(f"{k}={v}" for k, v in report.search_params.items())
+    print(
+        f"reindexed {report.count} vectors as {report.index_type}"
+        f"{f' ({params})' if params else ''}{recall}, {report.faiss_bytes / 2**20:.1f} MB, "
+        f"in {report.seconds:.1f} s -> {report.index_dir}"
+    )
+    return 0
+
+
+def register_reindex_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
+    p = sub.add_parser(
+        "reindex",
+        help="rebuild the FAISS index from the stored embeddings",
+        description="Rebuild only the FAISS index of INDEX_DIR from its stored embeddings (no image is read), "
+        "e.g. to switch --index-type or --max-memory.",
+    )
+    p.add_argument("index_dir", metavar="INDEX_DIR")
+    add_index_type_arguments(p)
+    p.add_argument("--no-progress", action="store_true", help="no progress messages")
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    p.set_defaults(handler=_cmd_reindex)
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``clipsearch`` command."""
-    return query_cli.main(argv, registrars=[register_index_command, register_finetune_command])
+    return query_cli.main(argv, registrars=[register_index_command, register_reindex_command, register_finetune_command])
 
 
 if __name__ == "__main__":

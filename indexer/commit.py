@@ -8,11 +8,12 @@ costs only the new rows. The caller holds the index lock.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import os
 import shutil
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -22,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from retrieval import faiss_index, store
+from retrieval.index_types import IndexOptions
 from retrieval.layout import (
     EMBEDDINGS_DIR,
     FAISS_FILE,
@@ -32,15 +34,25 @@ from retrieval.layout import (
     Manifest,
     PartRef,
     generation_dir,
+    atomic_write,
     part_name,
+    paths_file_of,
     publish_generation,
     write_manifest,
+    write_paths_file,
 )
 from retrieval.version import __version__
 
+from . import ann
 from .faults import crash_point
 from .plan import IndexedFacts
-from .writer import EmbeddingWriter, FileRecord, SkipRecord, records_table, write_skipped
+from .writer import ROW_GROUP_SIZE, EmbeddingWriter, FileRecord, SkipRecord, records_table, write_skipped
+
+# Finishing a build merges runs of at least MERGE_MIN_PARTS consecutive parts smaller than
+# MERGE_TARGET_ROWS into parts of up to MERGE_TARGET_ROWS rows: chunk commits leave one small
+# part each, and a 10M-image index should not be thousands of open files.
+MERGE_TARGET_ROWS = 1 << 20
+MERGE_MIN_PARTS = 8
 
 
 @dataclass(frozen=True)
@@ -52,9 +64,26 @@ class IndexMeta:
     backend: str
     dim: int
     preprocess: Mapping[str, Any]
-    index_type: str
     source_root: str
     model_info: Mapping[str, Any] = field(default_factory=dict)
+    index_options: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FaissInfo:
+    """What the manifest says about a FAISS file: its factory string and tuning."""
+
+    factory: str = faiss_index.DEFAULT_INDEX_TYPE
+    search_params: Mapping[str, int] = field(default_factory=dict)
+    tuning: Mapping[str, Any] = field(default_factory=dict)
+
+
+# One input of a new part: an existing part file (reference, path) or a table of rows.
+_Source = tuple[PartRef, Path] | pa.Table
+
+
+def _rows_of(source: _Source) -> int:
+    return source.num_rows if isinstance(source, pa.Table) else source[0].rows
 
 
 class GenerationWriter:
@@ -67,8 +96,10 @@ class GenerationWriter:
         # (reference, file) of every committed part, in id order.
         self._parts: list[tuple[PartRef, Path]] = [(p, index_dir / p.path) for p in base.parts] if base else []
         self._faiss: tuple[FaissRef, Path] | None = None
+        self._faiss_info = FaissInfo()
         if base is not None and base.faiss is not None:
             self._faiss = (base.faiss, index_dir / base.faiss.path)
+            self._faiss_info = FaissInfo(base.index_type, dict(base.search_params), dict(base.index_tuning))
         self._committed = base.count if base else 0
         self._records: list[FileRecord] = []
         self._vectors: list[np.ndarray] = []
@@ -153,33 +184,41 @@ class GenerationWriter:
 
     # -- publishing ----------------------------------------------------------------------------
 
-    def commit(self, complete: bool = False, faiss: Any = None) -> Manifest:
-        """Publish a generation with every row so far; ``faiss`` (covering all rows) if given."""
+    def commit(
+        self, complete: bool = False, faiss: Any = None, faiss_info: FaissInfo | None = None, merge: bool = False
+    ) -> Manifest:
+        """Publish a generation with every row so far; ``faiss`` (covering all rows) if given.
+
+        ``merge`` also rewrites runs of small parts into bigger ones (see MERGE_TARGET_ROWS).
+        """
         generation = uuid.uuid4().hex
         staging = self.dir / f"{STAGING_PREFIX}{generation}"
         gen_rel = generation_dir(generation)
         (staging / EMBEDDINGS_DIR).mkdir(parents=True)
         try:
             new_parts: list[tuple[PartRef, Path]] = []
-            for ref, src in self._parts:
-                name = f"{EMBEDDINGS_DIR}/{part_name(len(new_parts))}"
-                os.link(src, staging / name)
-                new_parts.append((PartRef(f"{gen_rel}/{name}", ref.rows, ref.first_id, ref.file_id), self.dir / gen_rel / name))
-            for table in self._tail_tables():
+            for group in self._groups(merge):
                 first_id = new_parts[-1][0].first_id + new_parts[-1][0].rows if new_parts else 0
                 name = f"{EMBEDDINGS_DIR}/{part_name(len(new_parts))}"
-                ref = self._write_part(staging / name, f"{gen_rel}/{name}", first_id, table)
-                new_parts.append((ref, self.dir / ref.path))
+                if len(group) == 1 and not isinstance(group[0], pa.Table):
+                    ref, src = group[0]
+                    new_parts.append(self._link_part(ref, src, staging, gen_rel, name))
+                else:
+                    ref = self._write_part(staging / name, f"{gen_rel}/{name}", first_id, group)
+                    new_parts.append((ref, self.dir / ref.path))
             count = new_parts[-1][0].first_id + new_parts[-1][0].rows if new_parts else 0
             faiss_ref: FaissRef | None = None
+            info = FaissInfo()
             if faiss is not None:
                 if faiss.ntotal != count:
                     raise RuntimeError(f"faiss index holds {faiss.ntotal} vectors for {count} rows")
                 faiss_index.write(faiss, staging / FAISS_FILE)
                 faiss_ref = FaissRef(f"{gen_rel}/{FAISS_FILE}", count)
+                info = faiss_info or FaissInfo()
             elif self._faiss is not None:
                 os.link(self._faiss[1], staging / FAISS_FILE)
                 faiss_ref = FaissRef(f"{gen_rel}/{FAISS_FILE}", self._faiss[0].rows)
+                info = self._faiss_info
             write_skipped(staging / SKIPPED_FILE, self.skipped)
             manifest = Manifest(
                 model=self.meta.model,
@@ -189,7 +228,7 @@ class GenerationWriter:
                 count=count,
                 skipped=len(self.skipped),
                 preprocess=dict(self.meta.preprocess),
-                index_type=self.meta.index_type,
+                index_type=info.factory,
                 generation=generation,
                 source_root=self.meta.source_root,
                 created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
@@ -199,6 +238,9 @@ class GenerationWriter:
                 skipped_file=f"{gen_rel}/{SKIPPED_FILE}",
                 complete=complete,
                 model_info=dict(self.meta.model_info),
+                index_options=dict(self.meta.index_options),
+                search_params=dict(info.search_params),
+                index_tuning=dict(info.tuning),
             )
             publish_generation(self.dir, staging, generation)
             crash_point("publish")
@@ -212,6 +254,7 @@ class GenerationWriter:
             raise
         self._parts = new_parts
         self._faiss = (faiss_ref, self.dir / faiss_ref.path) if faiss_ref is not None else None
+        self._faiss_info = info
         self._committed = count
         self._records, self._vectors, self._rewrite_tail = [], [], None
         self.current = manifest
@@ -220,25 +263,50 @@ class GenerationWriter:
         remove_stale(self.dir, keep=generation)
         return manifest
 
-    def finish(self) -> Manifest:
-        """Commit the remaining rows with a FAISS index over all rows, marked complete."""
-        committed_parts = self._open_parts()
-        if self._faiss is not None:
+    def finish(self, progress: ann.Progress | None = None) -> Manifest:
+        """Commit the remaining rows with a FAISS index over all rows, marked complete.
+
+        The FAISS file of the previous generation is extended when the index options still
+        call for the same index (re-tuned when the row count drifted); otherwise a new one is
+        planned, trained, filled and tuned from the stored vectors, streamed in chunks.
+        """
+        options = IndexOptions.from_dict(self.meta.index_options)
+        count = self.count
+        say = progress or (lambda _: None)
+        info = self._faiss_info
+        if self._faiss is not None and not ann.needs_rebuild(info.factory, count, self.meta.dim, options):
             index = faiss_index.read(self._faiss[1])
-            start = self._faiss[0].rows
+            for _, vecs in self._chunks(self._faiss[0].rows):
+                faiss_index.add(index, vecs)
+            if faiss_index.kind_of(index) != "flat" and ann.needs_retune(dict(info.tuning), count):
+                say(f"re-tuning {info.factory} for {count} vectors")
+                params, facts = ann.retune(index, self._chunks, self.meta.dim, options)
+                info = FaissInfo(info.factory, params, {**info.tuning, **facts})
         else:
-            index = faiss_index.build(np.empty((0, self.meta.dim), np.float32), self.meta.index_type)
-            start = 0
-        for _, vecs in store.iter_vectors(committed_parts, self.meta.dim, start_id=start):
-            faiss_index.add(index, vecs)
-        if self._rewrite_tail is not None:
-            faiss_index.add(index, store.vectors_of(self._rewrite_tail.column("embedding"), self.meta.dim))
-        for vecs in self._vectors:
-            faiss_index.add(index, vecs)
+            built = ann.build(self._chunks, self.meta.dim, count, options, progress=say)
+            index, info = built.index, FaissInfo(built.factory, built.search_params, built.tuning)
         crash_point("finish")
-        return self.commit(complete=True, faiss=index)
+        return self.commit(complete=True, faiss=index, faiss_info=info, merge=True)
+
+    def drop_faiss(self, index_options: Mapping[str, Any]) -> None:
+        """Forget the FAISS file (and switch options): the next :meth:`finish` builds a new one."""
+        self.meta = dataclasses.replace(self.meta, index_options=dict(index_options))
+        self._faiss = None
+        self._faiss_info = FaissInfo()
 
     # -- helpers -------------------------------------------------------------------------------
+
+    def _chunks(self, start: int = 0) -> Iterator[tuple[int, np.ndarray]]:
+        """Every row's vector from id ``start`` on: committed parts, then rows not yet written."""
+        yield from store.iter_vectors(self._open_parts(), self.meta.dim, start_id=start)
+        first = self._parts[-1][0].first_id + self._parts[-1][0].rows if self._parts else 0
+        pending = [store.vectors_of(self._rewrite_tail.column("embedding"), self.meta.dim)] if self._rewrite_tail is not None else []
+        pending += self._vectors
+        for vecs in pending:
+            if first + len(vecs) > start and len(vecs):
+                skip = max(0, start - first)
+                yield first + skip, vecs[skip:]
+            first += len(vecs)
 
     def _tail_tables(self) -> list[pa.Table]:
         tables = [] if self._rewrite_tail is None else [self._rewrite_tail]
@@ -246,12 +314,65 @@ class GenerationWriter:
             tables.append(records_table(self._records, np.concatenate(self._vectors), self.meta.dim))
         return tables
 
-    def _write_part(self, path: Path, rel: str, first_id: int, table: pa.Table) -> PartRef:
+    def _groups(self, merge: bool) -> list[list[_Source]]:
+        """Which sources become which new part: one part each, or runs of small ones merged."""
+        sources: list[_Source] = [*self._parts, *self._tail_tables()]
+        if not merge:
+            return [[src] for src in sources]
+        groups: list[list[_Source]] = []
+        run: list[_Source] = []
+
+        def flush() -> None:
+            if len(run) >= MERGE_MIN_PARTS:
+                current: list[_Source] = []
+                for src in run:
+                    if current and sum(map(_rows_of, current)) + _rows_of(src) > MERGE_TARGET_ROWS:
+                        groups.append(current)
+                        current = []
+                    current.append(src)
+                groups.append(current)
+            else:
+                groups.extend([src] for src in run)
+            run.clear()
+
+        for src in sources:
+            if _rows_of(src) < MERGE_TARGET_ROWS:
+                run.append(src)
+            else:
+                flush()
+                groups.append([src])
+        flush()
+        return groups
+
+    def _link_part(self, ref: PartRef, src: Path, staging: Path, gen_rel: str, name: str) -> tuple[PartRef, Path]:
+        os.link(src, staging / name)
+        paths_name = paths_file_of(name)
+        (staging / paths_name).parent.mkdir(exist_ok=True)
+        if ref.paths is not None:
+            os.link(self.dir / ref.paths, staging / paths_name)
+        else:
+            # A version-1 part: give it the path side file that version 2 readers use.
+            table = pq.read_table(src, columns=["path"])
+            column = table.column("path").combine_chunks().cast(pa.large_string())
+            offsets = np.frombuffer(column.buffers()[1], np.int64)[column.offset : column.offset + len(column) + 1]
+            data = column.buffers()[2]
+            blob = memoryview(data)[int(offsets[0]) : int(offsets[-1])] if data is not None else b""
+            atomic_write(staging / paths_name, lambda fh: write_paths_file(fh, ref.file_id, offsets - offsets[0], blob))
+        new_ref = PartRef(f"{gen_rel}/{name}", ref.rows, ref.first_id, ref.file_id, f"{gen_rel}/{paths_name}")
+        return new_ref, self.dir / gen_rel / name
+
+    def _write_part(self, path: Path, rel: str, first_id: int, sources: Sequence[_Source]) -> PartRef:
         file_id = uuid.uuid4().hex
         writer = EmbeddingWriter(path, self.meta.dim, file_id, first_id=first_id)
-        writer.write_table(table)
+        for src in sources:
+            if isinstance(src, pa.Table):
+                writer.write_table(src)
+            else:
+                # Streamed a row group at a time: merging never holds a whole part in memory.
+                for batch in pq.ParquetFile(src[1]).iter_batches(batch_size=ROW_GROUP_SIZE):
+                    writer.write_table(pa.Table.from_batches([batch]))
         rows = writer.close()
-        return PartRef(rel, rows, first_id, file_id)
+        return PartRef(rel, rows, first_id, file_id, paths_file_of(rel))
 
 
 def remove_stale(index_dir: Path, keep: str | None) -> None:

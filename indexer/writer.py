@@ -15,7 +15,15 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from retrieval.layout import FILE_ID_KEY, SKIPPED_SCHEMA, display_path, embeddings_schema
+from retrieval.layout import (
+    FILE_ID_KEY,
+    SKIPPED_SCHEMA,
+    atomic_write,
+    display_path,
+    embeddings_schema,
+    paths_file_of,
+    write_paths_file,
+)
 
 ROW_GROUP_SIZE = 16_384
 
@@ -44,7 +52,10 @@ class SkipRecord:
 
 
 class EmbeddingWriter:
-    """Write rows to one Parquet part (``add`` or ``write_table``, then ``close``)."""
+    """Write rows to one Parquet part (``add`` or ``write_table``, then ``close``).
+
+    ``close`` also writes the part's path side file (``part-NNNNN.paths``) next to it.
+    """
 
     def __init__(
         self,
@@ -60,6 +71,9 @@ class EmbeddingWriter:
             raise ValueError("first_id must be >= 0")
         self.dim = dim
         self.first_id = first_id
+        self.file_id = file_id
+        self.path = os.fspath(path)
+        self._paths: list[pa.Array] = []
         self.schema = embeddings_schema(dim).with_metadata({FILE_ID_KEY: file_id.encode()})
         self._writer = pq.ParquetWriter(os.fspath(path), self.schema, compression="zstd")
         self._row_group_size = row_group_size
@@ -79,11 +93,26 @@ class EmbeddingWriter:
             ids = np.arange(self.first_id + self.count, self.first_id + self.count + chunk.num_rows, dtype=np.int64)
             chunk = chunk.set_column(0, "id", pa.array(ids))
             self._writer.write_table(chunk.cast(self.schema))
+            self._paths.extend(chunk.column("path").chunks)
             self.count += chunk.num_rows
 
     def close(self) -> int:
-        """Close the file; returns the number of rows written."""
+        """Close the file and write its path side file; returns the number of rows written."""
         self._writer.close()
+        paths = (
+            pa.concat_arrays([c.cast(pa.large_string()) for c in self._paths])
+            if self._paths
+            else pa.array([], pa.large_string())
+        )
+        offsets = np.frombuffer(paths.buffers()[1], np.int64)[paths.offset : paths.offset + len(paths) + 1]
+        base = int(offsets[0]) if len(offsets) else 0
+        data = paths.buffers()[2]
+        blob = memoryview(data)[base : base + int(offsets[-1] - base)] if data is not None and len(offsets) else b""
+        rel_offsets = offsets - base if len(offsets) else np.zeros(1, np.int64)
+        target = paths_file_of(self.path)
+        os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
+        atomic_write(target, lambda fh: write_paths_file(fh, self.file_id, rel_offsets, blob))
+        self._paths = []
         return self.count
 
 
@@ -121,3 +150,12 @@ def write_skipped(path: str | os.PathLike[str], skipped: Sequence[SkipRecord]) -
         schema=schema,
     )
     pq.write_table(table, os.fspath(path), compression="zstd")
+
+
+def read_skipped(path: str | os.PathLike[str]) -> list[SkipRecord]:
+    """The skip list written by :func:`write_skipped`."""
+    table = pq.read_table(os.fspath(path))
+    return [
+        SkipRecord(r["path_bytes"], r["reason"], r["size"], r["mtime_ns"], r["content_hash"])
+        for r in table.to_pylist()
+    ]

@@ -53,6 +53,44 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda (default: auto)")
 
 
+def add_precision_argument(parser: argparse.ArgumentParser, default: str, what: str) -> None:
+    """``--precision``, checked by the handler (an unknown mode is a one-line error, exit 1)."""
+    parser.add_argument(
+        "--precision",
+        default=default,
+        metavar="MODE",
+        help=f"{what}: fp32 (exact), bf16, fp16, int8 (CPU) or auto (fastest passing the quality gate) (default: {default})",
+    )
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    """Metadata filters of ``search``: only images passing all of them are returned."""
+    group = parser.add_argument_group("filters (all must hold; k results whenever k images match)")
+    group.add_argument("--path-prefix", action="append", default=[], metavar="PREFIX", help="stored path starts with PREFIX (repeat for any of several)")
+    group.add_argument("--path-glob", metavar="PATTERN", help="stored path matches this shell pattern, e.g. '*/2023-*.jpg'")
+    group.add_argument("--min-width", type=int_at_least(0), metavar="PX")
+    group.add_argument("--max-width", type=int_at_least(0), metavar="PX")
+    group.add_argument("--min-height", type=int_at_least(0), metavar="PX")
+    group.add_argument("--max-height", type=int_at_least(0), metavar="PX")
+    group.add_argument("--modified-after", metavar="DATE", help="file modified at or after DATE (ISO 8601, UTC unless a zone is given)")
+    group.add_argument("--modified-before", metavar="DATE", help="file modified before DATE")
+
+
+def filter_from_args(args: argparse.Namespace) -> Any:
+    from .filters import Filter, parse_time
+
+    return Filter(
+        path_prefix=tuple(args.path_prefix),
+        path_glob=args.path_glob,
+        min_width=args.min_width,
+        max_width=args.max_width,
+        min_height=args.min_height,
+        max_height=args.max_height,
+        modified_after=parse_time(args.modified_after) if args.modified_after else None,
+        modified_before=parse_time(args.modified_before) if args.modified_before else None,
+    )
+
+
 def _cmd_search(args: argparse.Namespace) -> int:
     from .index import ImageIndex
 
@@ -62,13 +100,17 @@ def _cmd_search(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("give either a text query or --image, not both")
     if args.query is not None and not args.query.strip():
         raise InvalidArgumentError("the query is empty")
-    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device)
-    hits = index.search(args.query, k=args.k) if args.image is None else index.search_image(args.image, k=args.k)
+    where = filter_from_args(args)
+    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device, precision=args.precision)
+    if args.image is None:
+        hits = index.search(args.query, k=args.k, where=where)
+    else:
+        hits = index.search_image(args.image, k=args.k, where=where)
     if args.json:
         print_json({"results": [h.to_dict() for h in hits]})
     else:
         if not hits:
-            print("no results (the index is empty)")
+            print("no results (no image matches the filters)" if where.active else "no results (the index is empty)")
         for rank, hit in enumerate(hits, 1):
             print(f"{rank:>3}  {hit.score:.4f}  {hit.path}")
     return 0
@@ -106,7 +148,7 @@ def _cmd_eval(args: argparse.Namespace) -> int:
     # Inputs are checked before the index and the model are loaded: mistakes fail fast.
     ks = parse_ks(args.k)
     queries = load_queries(args.queries)
-    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device)
+    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device, precision=args.precision)
     report = evaluate(index, queries, ks=ks, ann=args.ann, batch_size=args.batch_size, per_query_path=args.per_query)
     _warn_missing(report)
     if args.json:
@@ -170,6 +212,8 @@ def register_query_commands(sub: argparse._SubParsersAction) -> None:  # type: i
     p.add_argument("-k", "--k", type=positive_int, default=10, help="number of results (default: 10)")
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
+    add_precision_argument(p, "fp32", "query tower precision")
+    add_filter_arguments(p)
     p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score"}, ...]}')
     p.set_defaults(handler=_cmd_search)
 
@@ -196,6 +240,7 @@ def register_query_commands(sub: argparse._SubParsersAction) -> None:  # type: i
     p.add_argument("--batch-size", type=positive_int, default=256, help="queries encoded and ranked together (default: 256)")
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
+    add_precision_argument(p, "fp32", "query tower precision")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.set_defaults(handler=_cmd_eval)
 

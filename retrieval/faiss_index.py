@@ -7,14 +7,17 @@ FAISS row i holds the image with id i; :mod:`retrieval.index` checks this on ope
 from __future__ import annotations
 
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-from .errors import IndexFormatError
+from .errors import IndexFormatError, InvalidArgumentError
 
 DEFAULT_INDEX_TYPE = "Flat"
+# k-means iterations when training IVF/PQ: past ~10 the centroids barely move for retrieval.
+TRAIN_ITERATIONS = 10
 
 
 def build(vectors: np.ndarray, index_type: str = DEFAULT_INDEX_TYPE) -> Any:
@@ -38,6 +41,116 @@ def build(vectors: np.ndarray, index_type: str = DEFAULT_INDEX_TYPE) -> Any:
     if len(vectors):
         index.add(vectors)
     return index
+
+
+def create(factory: str, dim: int) -> Any:
+    """An empty inner-product index from a FAISS factory string.
+
+    Raises:
+        InvalidArgumentError: FAISS does not understand ``factory`` for this dimension.
+    """
+    import faiss
+
+    try:
+        index = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
+    except RuntimeError as exc:
+        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else "unknown error"
+        raise InvalidArgumentError(f"FAISS cannot build index type {factory!r} for {dim}-d vectors: {first}") from exc
+    ivf = _ivf_of(index)
+    if ivf is not None:
+        ivf.cp.niter = TRAIN_ITERATIONS
+    return index
+
+
+def train(index: Any, sample: np.ndarray, seed: int = 0) -> None:
+    """Train ``index`` (IVF centroids, PQ/SQ codebooks, OPQ rotation) on ``sample`` if it needs it."""
+    if index.is_trained:
+        return
+    ivf = _ivf_of(index)
+    if ivf is not None:
+        ivf.cp.seed = seed
+    index.train(np.ascontiguousarray(sample, dtype=np.float32))
+
+
+def kind_of(index: Any) -> str:
+    """``ivf``, ``hnsw`` or ``flat`` (anything else searched as it is)."""
+    if _ivf_of(index) is not None:
+        return "ivf"
+    if _hnsw_of(index) is not None:
+        return "hnsw"
+    return "flat"
+
+
+def _ivf_of(index: Any) -> Any:
+    import faiss
+
+    try:
+        return faiss.extract_index_ivf(index)
+    except (RuntimeError, AttributeError):
+        return None
+
+
+def _hnsw_of(index: Any) -> Any:
+    import faiss
+
+    inner = faiss.downcast_index(index.index) if isinstance(index, faiss.IndexPreTransform) else index
+    inner = faiss.downcast_index(inner)
+    return inner if hasattr(inner, "hnsw") else None
+
+
+def tunable(index: Any) -> tuple[str, list[int]] | None:
+    """The search parameter that trades speed for recall, and the values worth trying."""
+    ivf = _ivf_of(index)
+    if ivf is not None:
+        values, v = [], 1
+        while v < ivf.nlist:
+            values.append(v)
+            v *= 2
+        return "nprobe", values + [int(ivf.nlist)]
+    if _hnsw_of(index) is not None:
+        return "efSearch", [16, 24, 32, 48, 64, 96, 128, 192, 256, 384, 512, 768, 1024, 2048]
+    return None
+
+
+def set_search_params(index: Any, params: Mapping[str, int]) -> None:
+    """Apply tuned search parameters (``{"nprobe": 32}``, ``{"efSearch": 64}``) to ``index``."""
+    ivf = _ivf_of(index)
+    if "nprobe" in params and ivf is not None:
+        ivf.nprobe = int(params["nprobe"])
+        quantizer = _hnsw_of(ivf.quantizer)
+        if quantizer is not None:
+            # An HNSW coarse quantizer must return at least nprobe good lists.
+            quantizer.hnsw.efSearch = max(64, 2 * int(params["nprobe"]))
+    hnsw = _hnsw_of(index)
+    if "efSearch" in params and hnsw is not None:
+        hnsw.hnsw.efSearch = int(params["efSearch"])
+
+
+def _selector(allowed: np.ndarray) -> Any:
+    import faiss
+
+    bits = np.packbits(np.asarray(allowed, dtype=bool), bitorder="little")
+    sel = faiss.IDSelectorBitmap(bits)
+    sel.bits_ref = bits  # keep the buffer alive as long as the selector
+    return sel
+
+
+def _filtered_params(index: Any, sel: Any, boost: int) -> Any:
+    """Search parameters restricting results to ``sel``; ``boost`` multiplies nprobe/efSearch."""
+    import faiss
+
+    ivf = _ivf_of(index)
+    if ivf is not None:
+        inner: Any = faiss.SearchParametersIVF(sel=sel, nprobe=min(int(ivf.nlist), max(1, int(ivf.nprobe)) * boost))
+    elif _hnsw_of(index) is not None:
+        inner = faiss.SearchParametersHNSW(sel=sel, efSearch=int(_hnsw_of(index).hnsw.efSearch) * boost)
+    else:
+        inner = faiss.SearchParameters(sel=sel)
+    if isinstance(faiss.downcast_index(index), faiss.IndexPreTransform):
+        outer = faiss.SearchParametersPreTransform(index_params=inner)
+        outer.inner_ref = inner
+        return outer
+    return inner
 
 
 def add(index: Any, vectors: np.ndarray) -> None:
@@ -73,26 +186,160 @@ def read(path: str | os.PathLike[str], mmap: bool = False) -> Any:
         raise IndexFormatError(f"{path} is damaged ({first}); rebuild the index with `clipsearch index`") from exc
 
 
-def search(index: Any, queries: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+def search(
+    index: Any, queries: np.ndarray, k: int, allowed: np.ndarray | None = None
+) -> tuple[np.ndarray, np.ndarray]:
     """Top-``k`` search: returns ``(scores, ids)``, each ``(n_queries, min(k, ntotal))``.
 
     Results are ordered by descending score; ties are ordered by ascending id so that the
-    ranking is deterministic.
+    ranking is deterministic. Missing results (an approximate index found fewer) have id -1.
+
+    Args:
+        allowed: optional boolean mask over ids; only those ids are returned. An
+            approximate index is searched with growing ``nprobe``/``efSearch`` until every
+            query has ``min(k, allowed.sum())`` results (an IVF index at ``nprobe = nlist``
+            and HNSW's flat storage are exhaustive), so a filter never yields fewer results.
     """
     queries = np.ascontiguousarray(queries, dtype=np.float32)
     if queries.ndim == 1:
         queries = queries[None, :]
-    k = min(int(k), int(index.ntotal))
+    if allowed is None:
+        return _search(index, queries, min(int(k), int(index.ntotal)), int(index.ntotal), None)
+    allowed = np.asarray(allowed, dtype=bool)
+    if len(allowed) != index.ntotal:
+        raise ValueError(f"allowed mask has {len(allowed)} entries for {index.ntotal} vectors")
+    matches = int(allowed.sum())
+    k = min(int(k), matches)
+    sel = _selector(allowed)
+    boost = 1
+    while True:
+        params = _filtered_params(index, sel, boost)
+        scores, ids = _search(index, queries, k, matches, params)
+        if k == 0 or bool(np.all(ids[:, k - 1] >= 0)):
+            return scores, ids
+        if not _can_boost(index, boost):
+            break
+        boost *= 4
+    # HNSW's graph can strand a selective filter: scan its flat storage with the same filter.
+    hnsw = _hnsw_of(index)
+    if hnsw is not None and not _is_pretransform(index):
+        import faiss
+
+        storage = faiss.downcast_index(hnsw.storage)
+        return _search(storage, queries, k, matches, faiss.SearchParameters(sel=sel))
+    return scores, ids
+
+
+def _is_pretransform(index: Any) -> bool:
+    import faiss
+
+    return isinstance(faiss.downcast_index(index), faiss.IndexPreTransform)
+
+
+def _can_boost(index: Any, boost: int) -> bool:
+    ivf = _ivf_of(index)
+    if ivf is not None:
+        return max(1, int(ivf.nprobe)) * boost < int(ivf.nlist)
+    hnsw = _hnsw_of(index)
+    if hnsw is not None:
+        return int(hnsw.hnsw.efSearch) * boost < max(4096, int(index.ntotal) // 16)
+    return False
+
+
+def _search(index: Any, queries: np.ndarray, k: int, limit: int, params: Any) -> tuple[np.ndarray, np.ndarray]:
     if k <= 0:
         return np.empty((len(queries), 0), np.float32), np.empty((len(queries), 0), np.int64)
     # FAISS keeps an arbitrary member of a group of equal scores that straddles position k.
     # Fetch past the cut until no row ties across it, so that sorting (score desc, id asc)
     # and cutting gives the documented order and search(k) is a prefix of search(k + 1).
+    # ``limit`` caps the fetch (the number of vectors that can be returned at all).
     fetch = k
     while True:
-        fetch = min(int(index.ntotal), max(fetch * 2, k + 1))
-        scores, ids = index.search(queries, fetch)
-        if fetch == index.ntotal or not np.any(scores[:, k - 1] == scores[:, fetch - 1]):
+        fetch = min(limit, max(fetch * 2, k + 1))
+        scores, ids = index.search(queries, fetch) if params is None else index.search(queries, fetch, params=params)
+        tied = (scores[:, k - 1] == scores[:, fetch - 1]) & (ids[:, fetch - 1] >= 0)
+        if fetch >= limit or not np.any(tied):
             break
-    order = np.lexsort((ids, -scores), axis=1)[:, :k]
+    # Missing results (-1) sort last whatever their placeholder score.
+    order = np.lexsort((ids, -scores, ids < 0), axis=1)[:, :k]
     return np.take_along_axis(scores, order, 1), np.take_along_axis(ids, order, 1)
+
+
+class ExactTopK:
+    """Exact top-``k`` by inner product for fixed queries, over vectors fed in chunks.
+
+    Memory is one chunk plus ``(n_queries, k)`` results, whatever the collection size.
+    """
+
+    def __init__(self, queries: np.ndarray, k: int) -> None:
+        import faiss
+
+        self.queries = np.ascontiguousarray(queries, dtype=np.float32)
+        self.k = k
+        self._heap = faiss.ResultHeap(len(self.queries), k, keep_max=True)
+
+    def add(self, first_id: int, vectors: np.ndarray) -> None:
+        import faiss
+
+        if not len(vectors) or not len(self.queries):
+            return
+        flat = faiss.IndexFlatIP(self.queries.shape[1])
+        flat.add(np.ascontiguousarray(vectors, dtype=np.float32))
+        scores, ids = flat.search(self.queries, min(self.k, len(vectors)))
+        if scores.shape[1] < self.k:
+            pad = self.k - scores.shape[1]
+            scores = np.pad(scores, ((0, 0), (0, pad)), constant_values=-np.inf)
+            ids = np.pad(ids, ((0, 0), (0, pad)), constant_values=-1)
+        self._heap.add_result(np.ascontiguousarray(scores), np.ascontiguousarray(np.where(ids >= 0, ids + first_id, -1)))
+
+    def result(self) -> tuple[np.ndarray, np.ndarray]:
+        """``(scores, ids)`` sorted by descending score (call once, after the last chunk)."""
+        self._heap.finalize()
+        return self._heap.D, self._heap.I
+
+
+def recall_at(found: np.ndarray, truth: np.ndarray, exclude: np.ndarray | None = None, k: int = 10) -> float:
+    """Mean fraction of each query's true top-``k`` found in its approximate top-``k``.
+
+    ``exclude`` (one id per query) drops the query's own vector from both lists: a collection
+    vector used as a query would otherwise always find itself.
+    """
+    total = 0.0
+    for i in range(len(truth)):
+        drop = int(exclude[i]) if exclude is not None else -1
+        want = [int(t) for t in truth[i] if t >= 0 and t != drop][:k]
+        got = [int(f) for f in found[i] if f >= 0 and f != drop][:k]
+        total += len(set(got).intersection(want)) / max(1, len(want))
+    return total / max(1, len(truth))
+
+
+def tune(
+    index: Any,
+    queries: np.ndarray,
+    truth: np.ndarray,
+    target: float,
+    exclude: np.ndarray | None = None,
+    k: int = 10,
+) -> tuple[dict[str, int], float, bool]:
+    """The cheapest ``nprobe``/``efSearch`` whose recall@``k`` reaches ``target``.
+
+    Returns:
+        ``(params, recall, reached)``; when no value reaches the target, the best one tried.
+    """
+    knob = tunable(index)
+    if knob is None:
+        _, found = index.search(np.ascontiguousarray(queries, dtype=np.float32), k + 1)
+        return {}, recall_at(found, truth, exclude, k), True
+    name, values = knob
+    best: tuple[dict[str, int], float] = ({}, -1.0)
+    fetch = k + (1 if exclude is not None else 0)
+    for value in values:
+        set_search_params(index, {name: value})
+        _, found = index.search(np.ascontiguousarray(queries, dtype=np.float32), fetch)
+        recall = recall_at(found, truth, exclude, k)
+        if recall > best[1] + 1e-9:
+            best = ({name: value}, recall)
+        if recall >= target:
+            return {name: value}, recall, True
+    set_search_params(index, best[0])
+    return best[0], best[1], False

@@ -2,22 +2,26 @@
 
 from __future__ import annotations
 
+import bisect
 import os
+from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
+import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import faiss_index, store
-from .encoders import Encoder, load_encoder
+from .encoders import Encoder, check_precision, load_encoder
 from .errors import (
     IndexFormatError,
     InvalidArgumentError,
     ModelMismatchError,
 )
+from .filters import Filter
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from .layout import Manifest, read_manifest
 
@@ -43,6 +47,12 @@ class SkippedFile:
 
 
 EncoderFactory = Callable[[str, str], Encoder]
+
+# FAISS files at least this big are memory-mapped by default: opening costs no RAM and no
+# read of the whole file; the OS pages in what searches touch.
+MMAP_MIN_BYTES = 1 << 30
+# Masks of recent filters, per opened index (a filter is evaluated over whole columns).
+_MASK_CACHE_SIZE = 8
 
 
 class ImageIndex:
@@ -76,6 +86,10 @@ class ImageIndex:
         self._encoder_factory = encoder_factory or (lambda name, dev: load_encoder(name, device=dev))
         self._encoder_checked = False
         self._paths: list[str] | None = None
+        self._path_tables = [store.open_paths(directory, ref) for ref in manifest.parts]
+        self._first_ids = [ref.first_id for ref in manifest.parts]
+        self._columns: dict[str, pa.ChunkedArray] = {}
+        self._masks: OrderedDict[Filter, np.ndarray] = OrderedDict()
 
     @classmethod
     def open(
@@ -85,7 +99,8 @@ class ImageIndex:
         model: str | None = None,
         device: str = "auto",
         encoder: Encoder | None = None,
-        mmap: bool = False,
+        mmap: bool | None = None,
+        precision: str = "fp32",
     ) -> ImageIndex:
         """Open an index directory.
 
@@ -95,7 +110,10 @@ class ImageIndex:
                 must be the same weights (checked by fingerprint).
             device: where the query model runs (``auto``, ``cpu``, ``cuda``).
             encoder: an already-loaded encoder to use for queries (checked the same way).
-            mmap: memory-map the FAISS index instead of reading it into RAM.
+            mmap: memory-map the FAISS index instead of reading it into RAM; None (default)
+                maps FAISS files of 1 GB and more.
+            precision: text/image tower precision for queries (``fp32``, ``bf16``, ``fp16``,
+                ``int8``, ``auto``; see ``retrieval.encoders.precision``).
 
         Raises:
             NotAnIndexError: no index there.
@@ -108,8 +126,22 @@ class ImageIndex:
         # keeps answering from the files it opened.
         parts = store.open_parts(path, manifest)
         skipped = _open_skipped(path / manifest.skipped_file)
+        if mmap is None:
+            faiss_file = path / manifest.faiss.path if manifest.faiss is not None else None
+            mmap = faiss_file is not None and faiss_file.is_file() and faiss_file.stat().st_size >= MMAP_MIN_BYTES
         index = store.load_faiss(path, manifest, parts, mmap=mmap)
-        return cls(path, manifest, index, parts, skipped, model=model, device=device, encoder=encoder)
+        check_precision(precision)
+        return cls(
+            path,
+            manifest,
+            index,
+            parts,
+            skipped,
+            model=model,
+            device=device,
+            encoder=encoder,
+            encoder_factory=lambda name, dev: load_encoder(name, device=dev, precision=precision),
+        )
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -155,17 +187,22 @@ class ImageIndex:
 
     # -- search ---------------------------------------------------------------------------------
 
-    def search(self, query: str, k: int = 10) -> list[Hit]:
+    def search(self, query: str, k: int = 10, where: Filter | None = None) -> list[Hit]:
         """Text-to-image search.
+
+        Args:
+            query: the text.
+            k: number of results (fewer only when the index or the filter has fewer images).
+            where: only return images that pass this :class:`~retrieval.filters.Filter`.
 
         Raises:
             InvalidArgumentError: empty query or k < 1.
             ModelMismatchError: the query model is not the index's model.
         """
-        return self.search_many([query], k)[0]
+        return self.search_many([query], k, where=where)[0]
 
-    def search_many(self, queries: Sequence[str], k: int = 10) -> list[list[Hit]]:
-        """Search several texts at once (encoded in batches)."""
+    def search_many(self, queries: Sequence[str], k: int = 10, where: Filter | None = None) -> list[list[Hit]]:
+        """Search several texts at once (encoded and searched in batches)."""
         _check_k(k)
         if isinstance(queries, str):
             raise InvalidArgumentError("search_many takes a list of queries, not a single string")
@@ -175,10 +212,10 @@ class ImageIndex:
         if not queries:
             return []
         vectors = self.encoder.embed_texts(list(queries))
-        return self.search_vectors(vectors, k)
+        return self.search_vectors(vectors, k, where=where)
 
     def search_image(
-        self, image: str | bytes | os.PathLike[str] | BinaryIO, k: int = 10
+        self, image: str | bytes | os.PathLike[str] | BinaryIO, k: int = 10, where: Filter | None = None
     ) -> list[Hit]:
         """Image-to-image search with an image file (path or binary file object).
 
@@ -189,26 +226,68 @@ class ImageIndex:
         encoder = self.encoder
         pixels, _, _ = load_pixels(image, self.preprocess, max_pixels=DEFAULT_MAX_PIXELS)
         vector = encoder.embed_pixels(pixels[None])
-        return self.search_vectors(vector, k)[0]
+        return self.search_vectors(vector, k, where=where)[0]
 
-    def search_vectors(self, vectors: np.ndarray, k: int = 10) -> list[list[Hit]]:
+    def search_vectors(self, vectors: np.ndarray, k: int = 10, where: Filter | None = None) -> list[list[Hit]]:
         """Search with ready query vectors ``(n, dim)`` (normalised by the caller)."""
-        scores, ids = self.search_ids(vectors, k)
-        paths = self.paths()
+        scores, ids = self.search_ids(vectors, k, where=where)
+        found = ids[ids >= 0]
+        paths = dict(zip(found.tolist(), self.paths_of(found), strict=True))
         return [
             [Hit(int(i), paths[int(i)], float(s)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
             for row_s, row_i in zip(scores, ids, strict=True)
         ]
 
-    def search_ids(self, vectors: np.ndarray, k: int = 10) -> tuple[np.ndarray, np.ndarray]:
-        """The FAISS stage alone: ``(scores, ids)`` of shape ``(n, min(k, count))``."""
+    def search_ids(self, vectors: np.ndarray, k: int = 10, where: Filter | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The FAISS stage alone: ``(scores, ids)`` of shape ``(n, min(k, matches))``."""
         _check_k(k)
         vectors = np.asarray(vectors, dtype=np.float32)
         if vectors.ndim == 1:
             vectors = vectors[None]
         if vectors.ndim != 2 or vectors.shape[1] != self.dim:
             raise InvalidArgumentError(f"query vectors must have shape (n, {self.dim}), got {vectors.shape}")
-        return faiss_index.search(self._faiss, vectors, k)
+        if where is None or not where.active:
+            return faiss_index.search(self._faiss, vectors, k)
+        return faiss_index.search(self._faiss, vectors, k, allowed=self.mask(where))
+
+    def mask(self, where: Filter) -> np.ndarray:
+        """Boolean mask over ids of the images passing ``where`` (recent masks are cached)."""
+        if not isinstance(where, Filter):
+            raise InvalidArgumentError(f"where must be a retrieval.filters.Filter, got {type(where).__name__}")
+        mask = self._masks.get(where)
+        if mask is None:
+            mask = self._masks[where] = where.mask(self._column, self.count)
+            if len(self._masks) > _MASK_CACHE_SIZE:
+                self._masks.popitem(last=False)
+        else:
+            self._masks.move_to_end(where)
+        return mask
+
+    def _column(self, name: str) -> pa.ChunkedArray:
+        if name not in self._columns:
+            self._columns[name] = store.read_column(self._parts, name)
+        return self._columns[name]
+
+    def paths_of(self, ids: Sequence[int] | np.ndarray) -> list[str]:
+        """Stored paths of ``ids``, reading only those rows (memory-mapped path files)."""
+        out: list[str] = []
+        missing: list[int] = []
+        for i in (int(x) for x in ids):
+            if not 0 <= i < self.count:
+                raise InvalidArgumentError(f"ids must be in 0..{self.count - 1}")
+            part = bisect.bisect_right(self._first_ids, i) - 1
+            table = self._path_tables[part]
+            if table is None:
+                missing.append(len(out))
+                out.append("")
+            else:
+                out.append(table[i - self._first_ids[part]])
+        if missing:
+            # A version-1 index has no path files: read the rows' row groups instead.
+            rows = self.rows([int(ids[j]) for j in missing], columns=("path",))
+            for j, row in zip(missing, rows, strict=True):
+                out[j] = row["path"]
+        return out
 
     def paths(self) -> list[str]:
         """Every stored path in id order (read once, then cached)."""
@@ -227,16 +306,24 @@ class ImageIndex:
         return store.iter_vectors(self._parts, self.dim, batch_rows=batch_rows)
 
     def rows(self, ids: Sequence[int], columns: Sequence[str] = ("id", "path")) -> list[dict[str, Any]]:
-        """Metadata of the given ids (any order; returned in the same order)."""
+        """Metadata of the given ids (any order; returned in the same order).
+
+        Reads only the row groups that hold the ids, and only the asked columns.
+        """
         wanted = np.asarray(ids, dtype=np.int64)
         if len(wanted) and (wanted.min() < 0 or wanted.max() >= self.count):
             raise InvalidArgumentError(f"ids must be in 0..{self.count - 1}")
         cols = list(dict.fromkeys(["id", *columns]))
         out: dict[int, dict[str, Any]] = {}
         for ref, pf in zip(self.manifest.parts, self._parts, strict=True):
-            local = wanted[(wanted >= ref.first_id) & (wanted < ref.first_id + ref.rows)] - ref.first_id
-            if len(local):
-                for row in pf.read(columns=cols).take(np.unique(local)).to_pylist():
+            local = np.unique(wanted[(wanted >= ref.first_id) & (wanted < ref.first_id + ref.rows)] - ref.first_id)
+            if not len(local):
+                continue
+            starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
+            groups = np.searchsorted(starts, local, side="right") - 1
+            for g in np.unique(groups):
+                table = pf.read_row_group(int(g), columns=cols)
+                for row in table.take(pa.array(local[groups == g] - starts[g])).to_pylist():
                     out[int(row["id"])] = {k: row[k] for k in columns}
         return [out[int(i)] for i in wanted]
 
@@ -263,6 +350,10 @@ class ImageIndex:
             "generation": m.generation,
             "parts": [p.path for p in m.parts],
             "index_type": m.index_type,
+            "index_options": dict(m.index_options),
+            "search_params": dict(m.search_params),
+            "index_tuning": dict(m.index_tuning),
+            "faiss_bytes": (self.directory / m.faiss.path).stat().st_size if m.faiss is not None else 0,
             "metric": m.metric,
             "preprocess": dict(m.preprocess),
             "model_info": dict(m.model_info),

@@ -8,6 +8,9 @@ An index directory holds::
         embeddings/part-00000.parquet ...
                                   rows id, path, path_bytes, width, height, size, mtime_ns,
                                   content_hash, embedding; ids run 0..count-1 across the parts
+    paths/part-00000.paths ...    (format 2) each part's ``path`` column as offsets + UTF-8
+                                  bytes, memory-mapped so that a search reads the paths of
+                                  its hits only (:func:`write_paths_file`)
         index.faiss               FAISS index whose row i is id i, over the first ``faiss.rows``
                                   ids (readers add the vectors of later rows on open)
         skipped.parquet           files that could not be decoded: path, path_bytes, reason, ...
@@ -19,12 +22,18 @@ replaces ``manifest.json`` and then removes the superseded generation. A crash a
 leaves a manifest whose files all exist; a reader that opened an older generation keeps its
 open files. Readers refuse a manifest whose ``format_version`` is newer than
 :data:`FORMAT_VERSION`.
+
+Format history: 1 = flat FAISS only; 2 = any FAISS index type with its tuned search
+parameters (``search_params``: a version-1 reader would search an approximate index untuned),
+the options it was chosen with (``index_options``), how tuning went (``index_tuning``), and
+path side files. Version-1 indexes are still read (and updated to version 2 when written).
 """
 
 from __future__ import annotations
 
 import json
 import os
+import struct
 import tempfile
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
@@ -35,14 +44,20 @@ import pyarrow as pa
 
 from .errors import IndexFormatError, NotAnIndexError, UnsupportedFormatError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
 FORMAT_NAME = "clipsearch-index"
 
 MANIFEST_FILE = "manifest.json"
 EMBEDDINGS_DIR = "embeddings"
+PATHS_DIR = "paths"
 FAISS_FILE = "index.faiss"
 SKIPPED_FILE = "skipped.parquet"
 LOCK_FILE = "lock"
+PATHS_SUFFIX = ".paths"
+# Side file of a part's paths: magic, file id (32 ASCII hex), row count (u64), count + 1
+# offsets (u64, little-endian) into the UTF-8 bytes that follow.
+PATHS_MAGIC = b"CSPATHS1"
+PATHS_HEADER = struct.Struct("<8s32sQ")
 
 GENERATION_PREFIX = "gen-"
 STAGING_PREFIX = ".staging-"
@@ -111,17 +126,46 @@ def _check_relative(path: Any, what: str) -> None:
         raise ValueError(f"{what} must be a relative path inside the index, got {path!r}")
 
 
+def paths_file_of(part_path: str) -> str:
+    """The path side file of a part: ``.../embeddings/part-00000.parquet`` ->
+    ``.../paths/part-00000.paths`` (kept out of ``embeddings/`` so that the Parquet parts stay
+    readable as one dataset by pandas, DuckDB or Spark)."""
+    head, _, name = part_path.rpartition("/")
+    stem = name[: -len(".parquet")] if name.endswith(".parquet") else name
+    parent = head.rpartition("/")[0] if head.endswith(EMBEDDINGS_DIR) else head
+    return "/".join(p for p in (parent, PATHS_DIR, stem + PATHS_SUFFIX) if p)
+
+
+def write_paths_file(fh: IO[bytes], file_id: str, offsets: Any, data: bytes | memoryview) -> None:
+    """Write a path side file: ``offsets`` (count + 1 ascending ints from 0) into ``data``."""
+    import numpy as np
+
+    offsets = np.asarray(offsets, dtype="<u8")
+    fid = file_id.encode("ascii")
+    if len(fid) != 32:
+        raise ValueError(f"file id must be 32 hex characters, got {file_id!r}")
+    fh.write(PATHS_HEADER.pack(PATHS_MAGIC, fid, len(offsets) - 1))
+    fh.write(offsets.tobytes())
+    fh.write(data)
+
+
 @dataclass(frozen=True)
 class PartRef:
-    """One Parquet part: ``rows`` rows with ids ``first_id .. first_id + rows - 1``."""
+    """One Parquet part: ``rows`` rows with ids ``first_id .. first_id + rows - 1``.
+
+    ``paths`` names its path side file (format 2); None in version-1 indexes.
+    """
 
     path: str
     rows: int
     first_id: int
     file_id: str
+    paths: str | None = None
 
     def __post_init__(self) -> None:
         _check_relative(self.path, "a part path")
+        if self.paths is not None:
+            _check_relative(self.paths, "a part's paths file")
         if self.rows < 1 or self.first_id < 0:
             raise ValueError(f"part {self.path}: rows must be >= 1 and first_id >= 0")
 
@@ -165,6 +209,12 @@ class Manifest:
         model_info: what the encoder reports about its model (backend, architecture, pretrained
             tag or weights hash, the backend's own preprocessing settings, ...); informational,
             ``{}`` in indexes written before it existed.
+        index_options: what the index type was chosen from (``index_type`` as asked, e.g.
+            ``auto``, ``max_memory``, ``target_recall``); updates keep them.
+        search_params: FAISS search parameters tuned for the FAISS file (``nprobe``,
+            ``efSearch``); readers apply them. ``{}`` for flat.
+        index_tuning: how the FAISS file was chosen and tuned (recall@10 reached, queries,
+            timings); informational.
     """
 
     model: str
@@ -186,6 +236,9 @@ class Manifest:
     metric: str = "inner_product"
     normalized: bool = True
     model_info: Mapping[str, Any] = field(default_factory=dict)
+    index_options: Mapping[str, Any] = field(default_factory=dict)
+    search_params: Mapping[str, int] = field(default_factory=dict)
+    index_tuning: Mapping[str, Any] = field(default_factory=dict)
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -196,8 +249,12 @@ class Manifest:
             raise ValueError("manifest counts must be >= 0")
         if self.metric != "inner_product":
             raise ValueError(f"unsupported metric {self.metric!r}")
-        if not isinstance(self.model_info, Mapping):
-            raise ValueError(f"model_info must be a mapping, got {type(self.model_info).__name__}")
+        for name in ("model_info", "index_options", "search_params", "index_tuning"):
+            if not isinstance(getattr(self, name), Mapping):
+                raise ValueError(f"{name} must be a mapping, got {type(getattr(self, name)).__name__}")
+        for key, value in self.search_params.items():
+            if key not in ("nprobe", "efSearch") or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+                raise ValueError(f"unknown search parameter {key}={value!r}")
         _check_relative(self.skipped_file, "skipped_file")
         next_id = 0
         for part in self.parts:
@@ -212,7 +269,8 @@ class Manifest:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         data["preprocess"] = dict(self.preprocess)
-        data["model_info"] = dict(self.model_info)
+        for name in ("model_info", "index_options", "search_params", "index_tuning"):
+            data[name] = dict(getattr(self, name))
         data["parts"] = [asdict(p) for p in self.parts]
         data["faiss"] = asdict(self.faiss) if self.faiss is not None else None
         return data

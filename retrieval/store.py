@@ -6,7 +6,8 @@ vectors from one generation to the next), so both apply the same checks.
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+import mmap
+from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -16,7 +17,7 @@ import pyarrow.parquet as pq
 
 from . import faiss_index
 from .errors import IndexFormatError
-from .layout import FILE_ID_KEY, Manifest, PartRef
+from .layout import FILE_ID_KEY, PATHS_HEADER, PATHS_MAGIC, Manifest, PartRef
 
 REBUILD_HINT = "rebuild the index with `clipsearch index --rebuild`"
 
@@ -35,12 +36,59 @@ def open_part(index_dir: Path, ref: PartRef) -> pq.ParquetFile:
         raise IndexFormatError(f"{path} is not the part the manifest names (file id {found or 'missing'}); {REBUILD_HINT}")
     if pf.metadata.num_rows != ref.rows:
         raise IndexFormatError(f"{path} has {pf.metadata.num_rows} rows but the manifest says {ref.rows}; {REBUILD_HINT}")
-    ids = pf.read(columns=["id"]).column("id").to_numpy()
-    if not np.array_equal(ids, np.arange(ref.first_id, ref.first_id + ref.rows, dtype=np.int64)):
-        raise IndexFormatError(
-            f"{path}: ids are not {ref.first_id}..{ref.first_id + ref.rows - 1} in row order; {REBUILD_HINT}"
-        )
+    _check_ids(path, pf, ref)
     return pf
+
+
+def _check_ids(path: Path, pf: pq.ParquetFile, ref: PartRef) -> None:
+    # The id range from the row groups' statistics (the footer alone): opening an index costs
+    # O(parts), not O(rows). Ids are written consecutively, so first/last/count pin them down.
+    meta = pf.metadata
+    expected = ref.first_id
+    col = pf.schema_arrow.get_field_index("id")
+    for i in range(meta.num_row_groups):
+        rg = meta.row_group(i)
+        stats = rg.column(col).statistics if col >= 0 else None
+        if stats is None or not stats.has_min_max:
+            ids = pf.read_row_group(i, columns=["id"]).column("id").to_numpy()
+            ok = np.array_equal(ids, np.arange(expected, expected + rg.num_rows, dtype=np.int64))
+        else:
+            ok = stats.min == expected and stats.max == expected + rg.num_rows - 1
+        if not ok:
+            raise IndexFormatError(
+                f"{path}: ids are not {ref.first_id}..{ref.first_id + ref.rows - 1} in row order; {REBUILD_HINT}"
+            )
+        expected += rg.num_rows
+
+
+class PathTable:
+    """One part's paths, memory-mapped from its side file: ``table[i]`` reads row ``i`` only."""
+
+    def __init__(self, path: Path, ref: PartRef) -> None:
+        try:
+            with open(path, "rb") as fh:
+                self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
+        except (OSError, ValueError) as exc:
+            raise IndexFormatError(f"{path} cannot be read ({exc}); {REBUILD_HINT}") from exc
+        size = PATHS_HEADER.size
+        if len(self._map) < size:
+            raise IndexFormatError(f"{path} is damaged (too short); {REBUILD_HINT}")
+        magic, file_id, count = PATHS_HEADER.unpack_from(self._map, 0)
+        if magic != PATHS_MAGIC or file_id.decode("ascii", "replace") != ref.file_id or count != ref.rows:
+            raise IndexFormatError(f"{path} is not the paths file of {ref.path}; {REBUILD_HINT}")
+        self._offsets = np.frombuffer(self._map, dtype="<u8", count=count + 1, offset=size)
+        self._data = size + 8 * (count + 1)
+        if self._data + int(self._offsets[-1]) > len(self._map):
+            raise IndexFormatError(f"{path} is damaged (truncated); {REBUILD_HINT}")
+
+    def __getitem__(self, row: int) -> str:
+        start, end = int(self._offsets[row]), int(self._offsets[row + 1])
+        return self._map[self._data + start : self._data + end].decode("utf-8")
+
+
+def open_paths(index_dir: Path, ref: PartRef) -> PathTable | None:
+    """The part's path side file, or None for a version-1 part that has none."""
+    return PathTable(index_dir / ref.paths, ref) if ref.paths is not None else None
 
 
 def open_parts(index_dir: Path, manifest: Manifest) -> list[pq.ParquetFile]:
@@ -83,15 +131,32 @@ def iter_vectors(
             first += n
 
 
+def gather_vectors(chunks: Iterable[tuple[int, np.ndarray]], dim: int, ids: np.ndarray) -> np.ndarray:
+    """The vectors of ``ids`` (sorted, unique), in that order, from one pass over ``chunks``
+    (``(first_id, vectors)`` in id order, as :func:`iter_vectors` yields them)."""
+    ids = np.asarray(ids, dtype=np.int64)
+    out = np.empty((len(ids), dim), np.float32)
+    if not len(ids):
+        return out
+    for first, vecs in chunks:
+        lo, hi = np.searchsorted(ids, [first, first + len(vecs)])
+        if hi > lo:
+            out[lo:hi] = vecs[ids[lo:hi] - first]
+        if hi == len(ids):
+            break
+    return out
+
+
 def load_faiss(index_dir: Path, manifest: Manifest, parts: Sequence[pq.ParquetFile], mmap: bool = False) -> Any:
     """The generation's FAISS index, complete: rows missing from the file are added from the parts.
 
     A generation committed while a build was running names a FAISS file that covers only its
-    first rows, or none (then a flat index is built from the stored vectors).
+    first rows, or none (then an exact flat index is built from the stored vectors). The
+    manifest's tuned search parameters are applied.
     """
     ref = manifest.faiss
     if ref is None:
-        index = faiss_index.build(np.empty((0, manifest.dim), np.float32), manifest.index_type)
+        index = faiss_index.build(np.empty((0, manifest.dim), np.float32), faiss_index.DEFAULT_INDEX_TYPE)
         start = 0
     else:
         path = index_dir / ref.path
@@ -106,4 +171,6 @@ def load_faiss(index_dir: Path, manifest: Manifest, parts: Sequence[pq.ParquetFi
     if start < manifest.count:
         for _, vecs in iter_vectors(parts, manifest.dim, start_id=start):
             faiss_index.add(index, vecs)
+    if ref is not None:
+        faiss_index.set_search_params(index, manifest.search_params)
     return index

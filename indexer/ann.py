@@ -1,0 +1,153 @@
+"""Building and tuning the FAISS index of a generation from its stored embeddings.
+
+The vectors are streamed from the Parquet parts in chunks (never all in RAM): one pass
+gathers a random training sample and held-out query vectors, a second trains nothing and
+adds every chunk to the index while computing the queries' exact top-10 on the same chunks.
+Then the search parameter (``nprobe`` / ``efSearch``) is raised until recall@10 against that
+exact answer reaches the target. The plan itself comes from :func:`retrieval.index_types.plan_index`.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from retrieval import faiss_index, store
+from retrieval.index_types import IndexOptions, IndexPlan, plan_index
+
+# Held-out collection vectors used as queries when tuning; their own row is excluded from
+# both the exact and the approximate top-10 (a query would otherwise trivially find itself).
+TUNE_QUERIES = 1000
+RECALL_K = 10
+# An update re-tunes once the index has grown or shrunk by this fraction since last tuned.
+RETUNE_DRIFT = 0.1
+
+Progress = Callable[[str], None]
+# ``chunks(start_id)`` streams the stored vectors from ``start_id`` on as ``(first_id, (n, dim))``.
+Chunks = Callable[[int], Iterable[tuple[int, np.ndarray]]]
+
+
+@dataclass(frozen=True)
+class FaissBuild:
+    """A filled FAISS index and what the manifest records about it."""
+
+    index: Any
+    factory: str
+    search_params: dict[str, int] = field(default_factory=dict)
+    tuning: dict[str, Any] = field(default_factory=dict)
+
+
+def _quiet(_: str) -> None:
+    return None
+
+
+def _sample_ids(count: int, n: int, rng: np.random.Generator, exclude: np.ndarray | None = None) -> np.ndarray:
+    pool = count - (0 if exclude is None else len(exclude))
+    n = min(n, max(pool, 0))
+    if n <= 0:
+        return np.empty(0, np.int64)
+    if exclude is None or not len(exclude):
+        return np.sort(rng.choice(count, size=n, replace=False)).astype(np.int64)
+    mask = np.ones(count, dtype=bool)
+    mask[exclude] = False
+    return np.sort(rng.choice(np.flatnonzero(mask), size=n, replace=False)).astype(np.int64)
+
+
+def build(
+    chunks: Chunks,
+    dim: int,
+    count: int,
+    options: IndexOptions,
+    *,
+    seed: int = 0,
+    progress: Progress = _quiet,
+) -> FaissBuild:
+    """Plan, train, fill and tune a FAISS index over every stored vector.
+
+    Raises:
+        InvalidArgumentError: the plan does not fit ``max_memory`` or FAISS rejects a factory string.
+    """
+    plan = plan_index(count, dim, options)
+    start = time.perf_counter()
+    index = faiss_index.create(plan.factory, dim)
+    rng = np.random.default_rng(seed)
+    train_ids = _sample_ids(count, plan.train_rows, rng) if not index.is_trained else np.empty(0, np.int64)
+    query_ids = np.empty(0, np.int64)
+    if plan.needs_tuning or plan.kind == "custom":
+        # Held out from training when the collection is big enough to spare them.
+        held_out = train_ids if count - len(train_ids) >= TUNE_QUERIES else None
+        query_ids = _sample_ids(count, TUNE_QUERIES, rng, exclude=held_out)
+    wanted = np.union1d(train_ids, query_ids)
+    if len(wanted):
+        progress(f"reading a sample of {len(wanted)} vectors")
+        gathered = store.gather_vectors(chunks(int(wanted[0])), dim, wanted)
+        if len(train_ids):
+            progress(f"training {plan.factory} on {len(train_ids)} vectors")
+            faiss_index.train(index, gathered[np.searchsorted(wanted, train_ids)], seed=seed)
+        queries = gathered[np.searchsorted(wanted, query_ids)]
+    else:
+        queries = np.empty((0, dim), np.float32)
+    train_s = time.perf_counter() - start
+    exact = faiss_index.ExactTopK(queries, RECALL_K + 1) if len(query_ids) else None
+    progress(f"adding {count} vectors to {plan.factory}")
+    t0 = time.perf_counter()
+    for first, vecs in chunks(0):
+        faiss_index.add(index, vecs)
+        if exact is not None:
+            exact.add(first, vecs)
+    add_s = time.perf_counter() - t0
+    tuning: dict[str, Any] = {"reason": plan.reason, "estimated_bytes": plan.estimated_bytes}
+    params: dict[str, int] = {}
+    if exact is not None:
+        params, tuning_facts = _tune(index, queries, query_ids, exact, options)
+        tuning.update(tuning_facts)
+    tuning.update(train_seconds=round(train_s, 3), add_seconds=round(add_s, 3), trained_rows=int(len(train_ids)))
+    return FaissBuild(index, plan.factory, params, tuning)
+
+
+def _tune(
+    index: Any, queries: np.ndarray, query_ids: np.ndarray, exact: faiss_index.ExactTopK, options: IndexOptions
+) -> tuple[dict[str, int], dict[str, Any]]:
+    t0 = time.perf_counter()
+    _, truth = exact.result()
+    params, recall, reached = faiss_index.tune(index, queries, truth, options.target_recall, exclude=query_ids, k=RECALL_K)
+    return params, {
+        "recall_at_10": round(float(recall), 4),
+        "target_recall": options.target_recall,
+        "reached": bool(reached),
+        "queries": int(len(query_ids)),
+        "tuned_rows": int(index.ntotal),
+        "tune_seconds": round(time.perf_counter() - t0, 3),
+    }
+
+
+def retune(index: Any, chunks: Chunks, dim: int, options: IndexOptions, *, seed: int = 0) -> tuple[dict[str, int], dict[str, Any]]:
+    """Tune an already-filled index again (after an update changed its size)."""
+    count = int(index.ntotal)
+    rng = np.random.default_rng(seed)
+    query_ids = _sample_ids(count, TUNE_QUERIES, rng)
+    if not len(query_ids):
+        return {}, {}
+    queries = store.gather_vectors(chunks(int(query_ids[0])), dim, query_ids)
+    exact = faiss_index.ExactTopK(queries, RECALL_K + 1)
+    for first, vecs in chunks(0):
+        exact.add(first, vecs)
+    return _tune(index, queries, query_ids, exact, options)
+
+
+def needs_rebuild(current_factory: str, count: int, dim: int, options: IndexOptions) -> bool:
+    """Whether an update must rebuild the index rather than add to it (the plan changed)."""
+    plan: IndexPlan = plan_index(count, dim, options)
+    return plan.factory != current_factory
+
+
+def needs_retune(tuning: dict[str, Any], count: int) -> bool:
+    tuned = int(tuning.get("tuned_rows", 0) or 0)
+    return "recall_at_10" in tuning and (tuned == 0 or abs(count - tuned) > RETUNE_DRIFT * tuned)
+
+
+__all__ = ["FaissBuild", "build", "needs_rebuild", "needs_retune", "retune"]

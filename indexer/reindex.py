@@ -1,0 +1,106 @@
+"""``reindex``: rebuild only the FAISS index of an index directory from its stored embeddings.
+
+No image is read and no model is loaded: the vectors come from the Parquet parts (streamed in
+chunks). The new FAISS file is published as a new generation (parts hard-linked), so readers
+keep answering from the old one until the manifest switches.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+from retrieval.errors import IndexFormatError
+from retrieval.index_types import IndexOptions, parse_memory
+from retrieval.layout import read_manifest
+
+from .commit import GenerationWriter, IndexMeta, remove_stale
+from .lock import IndexLock
+from .writer import read_skipped
+
+
+@dataclass(frozen=True)
+class ReindexReport:
+    """What ``clipsearch reindex --json`` prints."""
+
+    index_dir: str
+    count: int
+    index_type: str
+    index_options: dict[str, Any]
+    search_params: dict[str, int]
+    index_tuning: dict[str, Any]
+    faiss_bytes: int
+    seconds: float
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def reindex(
+    index_dir: str | os.PathLike[str],
+    *,
+    index_type: str | None = None,
+    max_memory: int | str | None = None,
+    target_recall: float | None = None,
+    progress: bool = False,
+) -> ReindexReport:
+    """Replace the FAISS index of ``index_dir`` with one built from the stored embeddings.
+
+    Options left as None keep what the index recorded.
+
+    Raises:
+        NotAnIndexError, IndexFormatError, UnsupportedFormatError: no readable index there,
+            or its build was interrupted (finish it with ``clipsearch index`` first).
+        IndexLockedError: another process is writing the index.
+        InvalidArgumentError: bad options, or nothing fits in ``max_memory``.
+    """
+    start = time.perf_counter()
+    out = Path(index_dir)
+    read_manifest(out)  # a clear error before taking the lock
+    asked = {
+        "index_type": index_type,
+        "max_memory": parse_memory(max_memory) if max_memory is not None else None,
+        "target_recall": target_recall,
+    }
+    with IndexLock(out):
+        base = read_manifest(out)
+        if not base.complete:
+            raise IndexFormatError(
+                f"{out} holds an interrupted build; finish it first by running the same `clipsearch index` command again"
+            )
+        recorded = dict(base.index_options) or {"index_type": "flat"}
+        options = IndexOptions.from_dict({**recorded, **{k: v for k, v in asked.items() if v is not None}})
+        remove_stale(out, keep=base.generation)
+        meta = IndexMeta(
+            model=base.model,
+            model_fingerprint=base.model_fingerprint,
+            backend=base.backend,
+            dim=base.dim,
+            preprocess=dict(base.preprocess),
+            source_root=base.source_root,
+            model_info=dict(base.model_info),
+            index_options=options.to_dict(),
+        )
+        writer = GenerationWriter(out, meta, base)
+        writer.skipped = read_skipped(out / base.skipped_file)
+        writer.drop_faiss(options.to_dict())
+        say = (lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if progress else None
+        manifest = writer.finish(progress=say)
+    faiss_path = out / manifest.faiss.path if manifest.faiss is not None else None
+    return ReindexReport(
+        index_dir=str(out),
+        count=manifest.count,
+        index_type=manifest.index_type,
+        index_options=dict(manifest.index_options),
+        search_params=dict(manifest.search_params),
+        index_tuning=dict(manifest.index_tuning),
+        faiss_bytes=faiss_path.stat().st_size if faiss_path is not None else 0,
+        seconds=round(time.perf_counter() - start, 3),
+    )
+
+
+__all__ = ["ReindexReport", "reindex"]

@@ -1,0 +1,129 @@
+"""Query-time filters over the stored metadata: which images a search may return.
+
+A :class:`Filter` turns into a boolean mask over ids, computed from whole metadata columns
+(read once per opened index and cached). :func:`retrieval.faiss_index.search` takes that mask
+and always returns ``min(k, matches)`` results: the filter restricts the candidates, it never
+shortens the answer.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import fnmatch
+from collections.abc import Callable
+from dataclasses import dataclass, fields
+from typing import Any
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+
+from .errors import InvalidArgumentError
+
+ColumnReader = Callable[[str], pa.ChunkedArray]
+
+
+@dataclass(frozen=True)
+class Filter:
+    """Conditions an image must meet to be returned (all of them; None means no condition).
+
+    Attributes:
+        path_prefix: the stored path starts with one of these (``"holidays/"``).
+        path_glob: the stored path matches this shell pattern (``"*/2023-*.jpg"``; ``*``
+            also crosses ``/``).
+        min_width, max_width, min_height, max_height: pixel bounds, inclusive.
+        modified_after, modified_before: file modification time bounds (ns since the epoch),
+            inclusive / exclusive.
+    """
+
+    path_prefix: tuple[str, ...] = ()
+    path_glob: str | None = None
+    min_width: int | None = None
+    max_width: int | None = None
+    min_height: int | None = None
+    max_height: int | None = None
+    modified_after: int | None = None
+    modified_before: int | None = None
+
+    def __post_init__(self) -> None:
+        if isinstance(self.path_prefix, str):
+            object.__setattr__(self, "path_prefix", (self.path_prefix,))
+        if not all(isinstance(p, str) and p for p in self.path_prefix):
+            raise InvalidArgumentError("path prefixes must be non-empty strings")
+        if self.path_glob is not None and (not isinstance(self.path_glob, str) or not self.path_glob):
+            raise InvalidArgumentError("path glob must be a non-empty string")
+        for name in ("min_width", "max_width", "min_height", "max_height", "modified_after", "modified_before"):
+            value = getattr(self, name)
+            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+                raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
+            if value is not None and name.endswith(("width", "height")) and value < 0:
+                raise InvalidArgumentError(f"{name} must be >= 0, got {value}")
+        for low, high in (("min_width", "max_width"), ("min_height", "max_height"), ("modified_after", "modified_before")):
+            a, b = getattr(self, low), getattr(self, high)
+            if a is not None and b is not None and a > b:
+                raise InvalidArgumentError(f"{low} ({a}) is greater than {high} ({b}): nothing can match")
+
+    @property
+    def active(self) -> bool:
+        return any(getattr(self, f.name) not in (None, ()) for f in fields(self))
+
+    def mask(self, column: ColumnReader, count: int) -> np.ndarray:
+        """Boolean mask over ids ``0 .. count - 1``: True where the image passes."""
+        keep = np.ones(count, dtype=bool)
+        if self.path_prefix or self.path_glob is not None:
+            paths = column("path")
+            if self.path_prefix:
+                hit = np.zeros(count, dtype=bool)
+                for prefix in self.path_prefix:
+                    hit |= _bool(pc.starts_with(paths, pattern=prefix))
+                keep &= hit
+            if self.path_glob is not None:
+                keep &= _bool(pc.match_substring_regex(paths, pattern=_glob_regex(self.path_glob)))
+        for name, col, op in (
+            ("min_width", "width", np.greater_equal),
+            ("max_width", "width", np.less_equal),
+            ("min_height", "height", np.greater_equal),
+            ("max_height", "height", np.less_equal),
+            ("modified_after", "mtime_ns", np.greater_equal),
+            ("modified_before", "mtime_ns", np.less),
+        ):
+            bound = getattr(self, name)
+            if bound is not None:
+                keep &= op(column(col).to_numpy(), bound)
+        return keep
+
+    def describe(self) -> dict[str, Any]:
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) not in (None, ())}
+
+
+def _glob_regex(glob: str) -> str:
+    # fnmatch.translate writes a Python full-match regex ending in \Z, which RE2 (Arrow's
+    # engine) spells \z.
+    regex = fnmatch.translate(glob)
+    if regex.endswith("\\Z"):
+        regex = regex[:-2] + "\\z"
+    return "^" + regex
+
+
+def _bool(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
+    arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
+    return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=bool)
+
+
+def parse_time(text: str) -> int:
+    """``2024-05-01`` or ``2024-05-01T12:30:00[+02:00]`` -> ns since the epoch (UTC when no zone).
+
+    Raises:
+        InvalidArgumentError: not an ISO-8601 date or time.
+    """
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidArgumentError(f"cannot read time {text!r}; use an ISO date like 2024-05-01 or 2024-05-01T12:30") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    return (when - epoch) // dt.timedelta(microseconds=1) * 1000
+
+
+__all__ = ["Filter", "parse_time"]

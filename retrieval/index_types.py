@@ -1,0 +1,251 @@
+"""Which FAISS index an index directory gets: ``--index-type``, ``--max-memory``, ``--target-recall``.
+
+Pure Python (no faiss): a user's :class:`IndexOptions` and the collection's size and dimension
+in, a :class:`IndexPlan` (a FAISS factory string, how much to train on, which search parameter
+to tune) out. The rules behind ``auto``:
+
+- up to :data:`FLAT_MAX_ROWS` vectors: exact ``Flat`` search (a full scan of 50k 512-d
+  vectors takes a few ms, and exact beats approximate when it is that cheap);
+- HNSW over full-precision vectors when they and the graph fit in ``max_memory``;
+- IVF over 8-bit scalar-quantised vectors (512 B per 512-d vector) when those fit;
+- IVF with OPQ + product quantisation (``dim / 8`` bytes per vector or fewer) beyond.
+
+Every approximate plan is then tuned (``nprobe`` or ``efSearch``) to reach ``target_recall``
+recall@10 against exact search; see :mod:`indexer.ann`.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Mapping
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from .errors import InvalidArgumentError
+
+FLAT_MAX_ROWS = 50_000
+DEFAULT_MAX_MEMORY = 4 * 1024**3
+DEFAULT_TARGET_RECALL = 0.95
+HNSW_M = 32
+# Below this many vectors an approximate index has nothing to gain and too little to train on.
+MIN_ANN_ROWS = 256
+MAX_NLIST = 8192
+# Training points per IVF list: FAISS warns below 39; more buys little and costs k-means time.
+TRAIN_PER_LIST = 40
+MAX_TRAIN_ROWS = 400_000
+
+NAMED_TYPES = ("auto", "flat", "hnsw", "ivf-sq8", "ivf-pq")
+
+_UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3, "T": 1024**4, "TB": 1024**4}
+_MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?B?|[KMGT]iB)?\s*$", re.IGNORECASE)
+
+
+def parse_memory(text: str | int) -> int:
+    """``"4GB"``, ``"512M"``, ``"1.5GiB"`` or a byte count -> bytes (binary units).
+
+    Raises:
+        InvalidArgumentError: not a size, or zero.
+    """
+    if isinstance(text, int) and not isinstance(text, bool):
+        value = text
+    else:
+        match = _MEMORY_RE.match(str(text))
+        if not match:
+            raise InvalidArgumentError(f"cannot read memory size {text!r}; write it like 4GB, 512MB or 1073741824")
+        unit = (match.group(2) or "").upper().replace("IB", "B")
+        value = int(float(match.group(1)) * _UNITS[unit])
+    if value < 1:
+        raise InvalidArgumentError(f"memory size must be > 0, got {text!r}")
+    return value
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KB' (binary units, as :func:`parse_memory` reads them)."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"
+
+
+@dataclass(frozen=True)
+class IndexOptions:
+    """What the user asked for; recorded in the manifest so that updates keep it.
+
+    Attributes:
+        index_type: ``auto``, ``flat``, ``hnsw``, ``ivf-sq8``, ``ivf-pq`` or a FAISS factory
+            string (e.g. ``"IVF1024,PQ32"``), always used with inner product.
+        max_memory: bytes the FAISS index may take in RAM (or mapped); ``auto`` chooses within it.
+        target_recall: recall@10 against exact search that tuning aims for.
+    """
+
+    index_type: str = "auto"
+    max_memory: int = DEFAULT_MAX_MEMORY
+    target_recall: float = DEFAULT_TARGET_RECALL
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.index_type, str) or not self.index_type.strip():
+            raise InvalidArgumentError("index type must be a non-empty string")
+        if isinstance(self.max_memory, bool) or not isinstance(self.max_memory, int) or self.max_memory < 1:
+            raise InvalidArgumentError(f"max_memory must be a positive number of bytes, got {self.max_memory!r}")
+        if not isinstance(self.target_recall, (int, float)) or not 0.0 < float(self.target_recall) <= 1.0:
+            raise InvalidArgumentError(f"target recall must be in (0, 1], got {self.target_recall!r}")
+
+    @property
+    def named(self) -> bool:
+        """True for the names above, False for a raw factory string."""
+        return self.index_type.lower() in NAMED_TYPES
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> IndexOptions:
+        known = {k: data[k] for k in ("index_type", "max_memory", "target_recall") if k in data}
+        return cls(**known)
+
+
+@dataclass(frozen=True)
+class IndexPlan:
+    """A resolved choice.
+
+    Attributes:
+        factory: FAISS factory string (metric: inner product).
+        kind: ``flat``, ``hnsw``, ``ivf`` or ``custom``: decides which parameter is tuned.
+        train_rows: vectors to train on (0: no training needed).
+        estimated_bytes: expected size of the index in memory.
+        reason: one line on why this plan (shown by ``info``).
+    """
+
+    factory: str
+    kind: str
+    train_rows: int
+    estimated_bytes: int
+    reason: str
+
+    @property
+    def needs_tuning(self) -> bool:
+        return self.kind != "flat"
+
+
+def _pow2_at_most(x: float) -> int:
+    return 1 << max(0, int(math.floor(math.log2(max(1.0, x)))))
+
+
+def ivf_lists(n: int) -> int:
+    """IVF list count: the power of two nearest 4 * sqrt(n), with >= 40 vectors per list."""
+    target = 4 * math.sqrt(max(n, 1))
+    nlist = 1 << max(0, round(math.log2(target)))
+    return max(1, min(nlist, MAX_NLIST, _pow2_at_most(n / TRAIN_PER_LIST)))
+
+
+def _pq_bits(n: int) -> int:
+    # 8-bit codebooks need 256 centroids per sub-space; fewer training vectors, fewer bits.
+    return max(4, min(8, int(math.floor(math.log2(max(16, n / TRAIN_PER_LIST))))))
+
+
+def _hnsw_bytes(n: int, dim: int) -> int:
+    # Full vectors + level-0 links (2*M ids) + ~5% for upper levels and bookkeeping.
+    return int(n * (dim * 4 + 2 * HNSW_M * 4) * 1.05)
+
+
+def _ivf_bytes(n: int, dim: int, code_bytes: int, nlist: int) -> int:
+    return n * (code_bytes + 8) + nlist * dim * 4 * 2
+
+
+def _pq_m_choices(dim: int) -> list[int]:
+    # Sub-quantisers dividing dim, from dim/4 bytes per vector down to 4.
+    return [m for m in (dim // 4, dim // 8, dim // 16, dim // 32, 8, 4) if m >= 1 and dim % m == 0]
+
+
+def _train_rows(n: int, nlist: int, pq: bool) -> int:
+    want = max(nlist * TRAIN_PER_LIST, 256 * TRAIN_PER_LIST if pq else 0, 10_000)
+    return min(n, want, MAX_TRAIN_ROWS)
+
+
+def _flat(n: int, dim: int, reason: str) -> IndexPlan:
+    return IndexPlan("Flat", "flat", 0, n * dim * 4, reason)
+
+
+def _hnsw(n: int, dim: int, reason: str) -> IndexPlan:
+    return IndexPlan(f"HNSW{HNSW_M}", "hnsw", 0, _hnsw_bytes(n, dim), reason)
+
+
+def _ivf_prefix(nlist: int) -> str:
+    # Past a few thousand lists, assigning vectors to lists by brute force dominates the
+    # build; an HNSW graph over the centroids makes it logarithmic.
+    return f"IVF{nlist}_HNSW32" if nlist >= 4096 else f"IVF{nlist}"
+
+
+def _ivf_sq8(n: int, dim: int, reason: str) -> IndexPlan:
+    nlist = ivf_lists(n)
+    return IndexPlan(f"{_ivf_prefix(nlist)},SQ8", "ivf", _train_rows(n, nlist, False), _ivf_bytes(n, dim, dim, nlist), reason)
+
+
+def _ivf_pq(n: int, dim: int, budget: int | None, reason: str) -> IndexPlan | None:
+    nlist = ivf_lists(n)
+    bits = _pq_bits(n)
+    for m in _pq_m_choices(dim):
+        size = _ivf_bytes(n, dim, math.ceil(m * bits / 8), nlist)
+        if budget is None or size <= budget:
+            # OPQ trains 8-bit codebooks of its own: only with enough vectors for them.
+            head, tail = ("OPQ{m},", "") if bits == 8 else ("", f"x{bits}")
+            factory = f"{head.format(m=m)}{_ivf_prefix(nlist)},PQ{m}{tail}"
+            return IndexPlan(factory, "ivf", _train_rows(n, nlist, True), size, reason)
+    return None
+
+
+def plan_index(n: int, dim: int, options: IndexOptions) -> IndexPlan:
+    """Choose the FAISS index for ``n`` vectors of ``dim`` dimensions.
+
+    Raises:
+        InvalidArgumentError: nothing fits in ``max_memory``, or a bad factory string shape.
+    """
+    kind = options.index_type.lower()
+    budget = options.max_memory
+    few = n < MIN_ANN_ROWS
+    if kind == "flat":
+        return _flat(n, dim, "asked for flat (exact) search")
+    if kind in ("hnsw", "ivf-sq8", "ivf-pq") and few:
+        return _flat(n, dim, f"{kind} asked for, but {n} vectors are too few to need or train it: exact search")
+    if kind == "hnsw":
+        return _hnsw(n, dim, "asked for hnsw")
+    if kind == "ivf-sq8":
+        return _ivf_sq8(n, dim, "asked for ivf-sq8")
+    if kind == "ivf-pq":
+        return _ivf_pq(n, dim, None, "asked for ivf-pq")  # type: ignore[return-value]  # no budget: always fits
+    if kind != "auto":
+        return IndexPlan(options.index_type, "custom", min(n, MAX_TRAIN_ROWS), 0, "asked for this FAISS factory string")
+    flat_bytes = n * dim * 4
+    if n <= FLAT_MAX_ROWS and flat_bytes <= budget:
+        return _flat(n, dim, f"auto: {n} vectors <= {FLAT_MAX_ROWS}, exact search is fast enough")
+    if few:
+        return _flat(n, dim, f"auto: {n} vectors, too few for an approximate index")
+    if _hnsw_bytes(n, dim) <= budget:
+        return _hnsw(n, dim, f"auto: vectors and graph ({format_bytes(_hnsw_bytes(n, dim))}) fit in {format_bytes(budget)}")
+    sq8 = _ivf_sq8(n, dim, "")
+    if sq8.estimated_bytes <= budget:
+        return _ivf_sq8(n, dim, f"auto: full vectors do not fit in {format_bytes(budget)}; 8-bit codes ({format_bytes(sq8.estimated_bytes)}) do")
+    pq = _ivf_pq(n, dim, budget, f"auto: only product-quantised codes fit in {format_bytes(budget)}")
+    if pq is None:
+        smallest = _ivf_bytes(n, dim, 4, ivf_lists(n))
+        raise InvalidArgumentError(
+            f"no index of {n} vectors fits in --max-memory {format_bytes(budget)}; the smallest needs about "
+            f"{format_bytes(smallest)}: raise --max-memory"
+        )
+    return pq
+
+
+__all__ = [
+    "DEFAULT_MAX_MEMORY",
+    "DEFAULT_TARGET_RECALL",
+    "FLAT_MAX_ROWS",
+    "IndexOptions",
+    "IndexPlan",
+    "format_bytes",
+    "ivf_lists",
+    "parse_memory",
+    "plan_index",
+]
