@@ -18,7 +18,7 @@ from ..errors import InvalidArgumentError, ModelLoadError
 from ..images import PreprocessConfig
 from . import base
 from .base import file_sha256, l2_normalize, quiet_transformers, resolve_device
-from .precision import CALIBRATION_IMAGES, PROBE_TEXTS, TowerPrecision, autocast, check_precision
+from .precision import PROBE_TEXTS, PixelPrecisionMixin, TowerPrecision, autocast, check_precision
 
 if TYPE_CHECKING:
     import torch
@@ -124,7 +124,7 @@ def checkpoint_fingerprint(directory: Path) -> str:
     return "sha256:" + digest.hexdigest()
 
 
-class HFClipEncoder:
+class HFClipEncoder(PixelPrecisionMixin):
     """A Hugging Face CLIP checkpoint (``CLIP*WithProjection`` towers loaded lazily).
 
     Use :meth:`load`; the constructor takes already-resolved parts.
@@ -290,19 +290,6 @@ class HFClipEncoder:
                 ).text_embeds
                 out[start : start + len(emb)] = emb.float().cpu().numpy()
         return l2_normalize(out)
-
-    def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
-        """Encode a preprocessed ``(N, 3, h, w)`` batch to L2-normalised float32 vectors.
-
-        With precision ``auto`` the first call calibrates the mode on up to 16 of its images.
-        """
-        sample = pixel_values[:CALIBRATION_IMAGES]
-        mode = self.image_precision.calibrate(lambda m: self._embed_pixels(sample, m))
-        return self._embed_pixels(pixel_values, mode)
-
-    def calibrate_images(self, pixel_values: torch.Tensor) -> str:
-        """Resolve an ``auto`` image precision on this sample now; returns the mode."""
-        return self.image_precision.calibrate(lambda m: self._embed_pixels(pixel_values, m))
 
     def _embed_pixels(self, pixel_values: torch.Tensor, mode: str) -> np.ndarray:
         import torch

@@ -285,6 +285,29 @@ class TowerPrecision:
         return data
 
 
+class PixelPrecisionMixin:
+    """``embed_pixels`` and ``calibrate_images`` for any backend: it provides ``image_precision``
+    and ``_embed_pixels(pixel_values, mode)``."""
+
+    image_precision: TowerPrecision
+
+    def _embed_pixels(self, pixel_values: torch.Tensor, mode: str) -> np.ndarray:
+        raise NotImplementedError
+
+    def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
+        """Encode a preprocessed ``(N, 3, h, w)`` batch to L2-normalised float32 vectors.
+
+        With precision ``auto`` the first call calibrates the mode on up to 16 of its images.
+        """
+        sample = pixel_values[:CALIBRATION_IMAGES]
+        mode = self.image_precision.calibrate(lambda m: self._embed_pixels(sample, m))
+        return self._embed_pixels(pixel_values, mode)
+
+    def calibrate_images(self, pixel_values: torch.Tensor) -> str:
+        """Resolve an ``auto`` image precision on this sample now; returns the mode."""
+        return self.image_precision.calibrate(lambda m: self._embed_pixels(pixel_values, m))
+
+
 def gate_results_from_info(data: Any) -> list[GateResult]:
     """Rebuild gate figures recorded by :meth:`TowerPrecision.info` (tolerant of junk)."""
     out: list[GateResult] = []
