@@ -14,6 +14,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import bench_query  # noqa: E402
+import bench_search  # noqa: E402
 import eval_retrieval  # noqa: E402
 
 
@@ -100,6 +101,32 @@ def test_bench_query_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     for stage in ("encode", "search", "metadata", "end_to_end"):
         assert big["latency_ms"][stage]["p50"] > 0
     assert list(tmp_path.iterdir()) == []  # the temp work dir is removed
+
+
+def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench_search.main(
+        ["--preset", "tiny", "--dim", "48", "--sizes", "2000", "--types", "flat,hnsw,ivf-sq8", "--e2e", "flat",
+         "--queries", "20", "--text-queries", "3", "--warmup", "1", "--commit-every", "500", "--work-dir", str(tmp_path)]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    result = _json_line(out)
+    rows = {t["type"]: t for t in result["sizes"][0]["types"]}
+    assert rows["flat"]["factory"] == "Flat" and rows["flat"]["recall_at_10"] == 1.0
+    assert rows["hnsw"]["factory"] == "HNSW32" and "efSearch" in rows["hnsw"]["search_params"]
+    assert rows["ivf-sq8"]["factory"].endswith(",SQ8") and 0 < rows["ivf-sq8"]["recall_at_10"] <= 1
+    assert rows["flat"]["end_to_end_ms"]["p50"] > 0 and "end_to_end_ms" not in rows["hnsw"]
+    assert "recall@10" in out and list(tmp_path.iterdir()) == []
+
+
+def test_synthetic_queries_share_the_clusters_but_not_the_vectors() -> None:
+    import numpy as np
+
+    spec = bench_query.SyntheticSpec(clusters=4, noise=0.5, seed=1)
+    vecs = np.concatenate(list(bench_query.synthetic_chunks(500, 32, spec)))
+    queries = bench_query.synthetic_queries(50, 32, spec)
+    sims = queries @ vecs.T
+    assert sims.max() < 0.9999 and np.median(sims.max(axis=1)) > 0.7
 
 
 def test_synthetic_vectors_are_clustered_and_normalised() -> None:
