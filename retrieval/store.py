@@ -115,20 +115,25 @@ def vectors_of(table_column: pa.ChunkedArray | pa.Array, dim: int) -> np.ndarray
 def iter_vectors(
     parts: Sequence[pq.ParquetFile], dim: int, start_id: int = 0, batch_rows: int = 65536
 ) -> Iterator[tuple[int, np.ndarray]]:
-    """Yield ``(first_id, vectors)`` chunks of at most ``batch_rows`` rows, from ``start_id`` on."""
+    """Yield ``(first_id, vectors)`` chunks of at most ``batch_rows`` rows, from ``start_id`` on.
+
+    Reads one row group at a time (16,384 rows as the indexer writes them), so memory stays at
+    a few row groups whatever the size of a part; Arrow's pool is trimmed after each part.
+    """
     first = 0
     for pf in parts:
-        rows = pf.metadata.num_rows
-        if first + rows <= start_id:
-            first += rows
+        meta = pf.metadata
+        if first + meta.num_rows <= start_id:
+            first += meta.num_rows
             continue
-        for batch in pf.iter_batches(batch_size=batch_rows, columns=["embedding"]):
-            n = batch.num_rows
+        for g in range(meta.num_row_groups):
+            n = meta.row_group(g).num_rows
             if first + n > start_id:
-                vecs = vectors_of(batch.column(0), dim)
-                skip = max(0, start_id - first)
-                yield first + skip, vecs[skip:]
+                vecs = vectors_of(pf.read_row_group(g, columns=["embedding"]).column(0), dim)
+                for lo in range(max(0, start_id - first), n, batch_rows):
+                    yield first + lo, vecs[lo : lo + batch_rows]
             first += n
+        pa.default_memory_pool().release_unused()
 
 
 def gather_vectors(chunks: Iterable[tuple[int, np.ndarray]], dim: int, ids: np.ndarray) -> np.ndarray:

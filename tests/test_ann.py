@@ -108,7 +108,7 @@ def test_auto_plan_follows_size_and_memory() -> None:
     sq8 = plan_index(10_000_000, 512, IndexOptions(max_memory=parse_memory("8GB")))
     assert sq8.factory == "IVF8192_HNSW32,SQ8" and sq8.train_rows <= 400_000
     pq = plan_index(10_000_000, 512, IndexOptions(max_memory=parse_memory("1GB")))
-    assert pq.factory.startswith("OPQ") and ",PQ" in pq.factory and pq.estimated_bytes <= 2**30
+    assert pq.factory.startswith("IVF8192_HNSW32,PQ") and pq.estimated_bytes <= 2**30
     with pytest.raises(InvalidArgumentError, match="raise --max-memory"):
         plan_index(10_000_000, 512, IndexOptions(max_memory=parse_memory("10MB")))
     # Named types with too few vectors to train fall back to exact search.
