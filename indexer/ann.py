@@ -10,14 +10,14 @@ exact answer reaches the target. The plan itself comes from :func:`retrieval.ind
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
 from retrieval import faiss_index, store
-from retrieval.index_types import IndexOptions, IndexPlan, plan_index
+from retrieval.index_types import IndexOptions, IndexPlan, candidate_plans
 
 # Held-out collection vectors used as queries when tuning; their own row is excluded from
 # both the exact and the approximate top-10 (a query would otherwise trivially find itself).
@@ -68,52 +68,94 @@ def build(
 ) -> FaissBuild:
     """Plan, train, fill and tune a FAISS index over every stored vector.
 
+    ``auto`` may try several plans (:func:`retrieval.index_types.candidate_plans`): the first
+    whose tuned recall reaches the target is kept, else the one with the best recall. The
+    training sample, tuning queries and their exact answers are computed once for all.
+
     Raises:
-        InvalidArgumentError: the plan does not fit ``max_memory`` or FAISS rejects a factory string.
+        InvalidArgumentError: nothing fits ``max_memory`` or FAISS rejects a factory string.
     """
-    plan = plan_index(count, dim, options)
+    plans = candidate_plans(count, dim, options)
+    check_plans(plans, dim)
     start = time.perf_counter()
-    index = faiss_index.create(plan.factory, dim)
     rng = np.random.default_rng(seed)
-    train_ids = _sample_ids(count, plan.train_rows, rng) if not index.is_trained else np.empty(0, np.int64)
+    train_ids = _sample_ids(count, max(p.train_rows for p in plans), rng)
     query_ids = np.empty(0, np.int64)
-    if plan.needs_tuning or plan.kind == "custom":
+    if any(p.needs_tuning for p in plans):
         # Held out from training when the collection is big enough to spare them.
         held_out = train_ids if count - len(train_ids) >= TUNE_QUERIES else None
         query_ids = _sample_ids(count, TUNE_QUERIES, rng, exclude=held_out)
     wanted = np.union1d(train_ids, query_ids)
+    gathered = np.empty((0, dim), np.float32)
     if len(wanted):
         progress(f"reading a sample of {len(wanted)} vectors")
         gathered = store.gather_vectors(chunks(int(wanted[0])), dim, wanted)
-        if len(train_ids):
-            progress(f"training {plan.factory} on {len(train_ids)} vectors")
-            faiss_index.train(index, gathered[np.searchsorted(wanted, train_ids)], seed=seed)
-        queries = gathered[np.searchsorted(wanted, query_ids)]
-    else:
-        queries = np.empty((0, dim), np.float32)
-    train_s = time.perf_counter() - start
+    sample = gathered[np.searchsorted(wanted, train_ids)] if len(train_ids) else gathered[:0]
+    queries = gathered[np.searchsorted(wanted, query_ids)] if len(query_ids) else gathered[:0]
+    sample_s = time.perf_counter() - start
     exact = faiss_index.ExactTopK(queries, RECALL_K + 1) if len(query_ids) else None
-    progress(f"adding {count} vectors to {plan.factory}")
-    t0 = time.perf_counter()
-    for first, vecs in chunks(0):
-        faiss_index.add(index, vecs)
-        if exact is not None:
-            exact.add(first, vecs)
-    add_s = time.perf_counter() - t0
-    tuning: dict[str, Any] = {"reason": plan.reason, "estimated_bytes": plan.estimated_bytes}
-    params: dict[str, int] = {}
-    if exact is not None:
-        params, tuning_facts = _tune(index, queries, query_ids, exact, options)
-        tuning.update(tuning_facts)
-    tuning.update(train_seconds=round(train_s, 3), add_seconds=round(add_s, 3), trained_rows=int(len(train_ids)))
-    return FaissBuild(index, plan.factory, params, tuning)
+    truth: np.ndarray | None = None
+    best: FaissBuild | None = None
+    tried: list[dict[str, Any]] = []
+    for plan in plans:
+        t0 = time.perf_counter()
+        index = faiss_index.create(plan.factory, dim)
+        if not index.is_trained:
+            # A random subset of the shared sample (train_ids are sorted by id).
+            rows = np.sort(rng.choice(len(sample), size=min(plan.train_rows, len(sample)), replace=False))
+            progress(f"training {plan.factory} on {len(rows)} vectors")
+            faiss_index.train(index, sample[rows], seed=seed)
+        train_s = time.perf_counter() - t0
+        progress(f"adding {count} vectors to {plan.factory}")
+        t0 = time.perf_counter()
+        for first, vecs in chunks(0):
+            faiss_index.add(index, vecs)
+            if exact is not None and truth is None:
+                exact.add(first, vecs)
+        add_s = time.perf_counter() - t0
+        tuning: dict[str, Any] = {"reason": plan.reason, "estimated_bytes": plan.estimated_bytes}
+        params: dict[str, int] = {}
+        if exact is not None and plan.needs_tuning:
+            if truth is None:
+                truth = exact.result()[1]
+            params, facts = _tune(index, queries, query_ids, truth, options)
+            tuning.update(facts)
+        tuning.update(train_seconds=round(train_s, 3), add_seconds=round(add_s, 3), trained_rows=int(min(plan.train_rows, len(sample))))
+        built = FaissBuild(index, plan.factory, params, tuning)
+        reached = tuning.get("reached", True)
+        tried.append({"factory": plan.factory, "recall_at_10": tuning.get("recall_at_10"), "reached": reached})
+        if best is None or tuning.get("recall_at_10", 1.0) > best.tuning.get("recall_at_10", 1.0):
+            best = built
+        if reached:
+            break
+        progress(f"{plan.factory} reaches recall@10 {tuning.get('recall_at_10')} < {options.target_recall}")
+    if best is None:
+        raise RuntimeError("no index plan to build")  # candidate_plans never returns none
+    if len(tried) > 1:
+        best.tuning["tried"] = tried
+    best.tuning["sample_seconds"] = round(sample_s, 3)
+    return best
+
+
+def check_plans(plans: Sequence[IndexPlan], dim: int) -> None:
+    """Fail now, not after a pass over the data, on a factory string FAISS rejects.
+
+    Raises:
+        InvalidArgumentError: naming the factory string and FAISS's reason.
+    """
+    for plan in plans:
+        faiss_index.create(plan.factory, dim)
+
+
+def check_options(options: IndexOptions, dim: int, count: int = 100_000) -> None:
+    """:func:`check_plans` for what ``options`` would build over ``count`` vectors."""
+    check_plans(candidate_plans(count, dim, options), dim)
 
 
 def _tune(
-    index: Any, queries: np.ndarray, query_ids: np.ndarray, exact: faiss_index.ExactTopK, options: IndexOptions
+    index: Any, queries: np.ndarray, query_ids: np.ndarray, truth: np.ndarray, options: IndexOptions
 ) -> tuple[dict[str, int], dict[str, Any]]:
     t0 = time.perf_counter()
-    _, truth = exact.result()
     params, recall, reached = faiss_index.tune(index, queries, truth, options.target_recall, exclude=query_ids, k=RECALL_K)
     return params, {
         "recall_at_10": round(float(recall), 4),
@@ -136,13 +178,13 @@ def retune(index: Any, chunks: Chunks, dim: int, options: IndexOptions, *, seed:
     exact = faiss_index.ExactTopK(queries, RECALL_K + 1)
     for first, vecs in chunks(0):
         exact.add(first, vecs)
-    return _tune(index, queries, query_ids, exact, options)
+    return _tune(index, queries, query_ids, exact.result()[1], options)
 
 
 def needs_rebuild(current_factory: str, count: int, dim: int, options: IndexOptions) -> bool:
-    """Whether an update must rebuild the index rather than add to it (the plan changed)."""
-    plan: IndexPlan = plan_index(count, dim, options)
-    return plan.factory != current_factory
+    """Whether an update must rebuild the index rather than add to it: the options would no
+    longer choose its kind of index (e.g. a collection outgrowing flat search)."""
+    return current_factory not in {p.factory for p in candidate_plans(count, dim, options)}
 
 
 def needs_retune(tuning: dict[str, Any], count: int) -> bool:

@@ -44,7 +44,7 @@ from retrieval.layout import (
     read_manifest,
 )
 
-from . import calibrate
+from . import ann, calibrate
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .dataset import ImageDataset, Item, collate, content_hash, finish_on_device
 from .discover import Discovery, discover, from_list
@@ -399,6 +399,8 @@ def _run(
     remove_stale(out, keep=base.generation if base is not None else None)
     previous = None if cfg.rebuild else base
     options = _index_options(cfg, previous)
+    # A factory string FAISS rejects fails here, before any image is embedded.
+    ann.check_options(options, enc.dim, max(len(found.files), previous.count if previous is not None else 0))
     meta = IndexMeta(
         model=enc.name,
         model_fingerprint=fingerprint,

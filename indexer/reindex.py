@@ -18,6 +18,7 @@ from retrieval.errors import IndexFormatError
 from retrieval.index_types import IndexOptions, parse_memory
 from retrieval.layout import read_manifest
 
+from . import ann
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .lock import IndexLock
 from .writer import read_skipped
@@ -74,6 +75,7 @@ def reindex(
             )
         recorded = dict(base.index_options) or {"index_type": "flat"}
         options = IndexOptions.from_dict({**recorded, **{k: v for k, v in asked.items() if v is not None}})
+        ann.check_options(options, base.dim, base.count)
         remove_stale(out, keep=base.generation)
         meta = IndexMeta(
             model=base.model,

@@ -7,6 +7,7 @@ FAISS row i holds the image with id i; :mod:`retrieval.index` checks this on ope
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -54,8 +55,10 @@ def create(factory: str, dim: int) -> Any:
     try:
         index = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
-        first = str(exc).strip().splitlines()[-1] if str(exc).strip() else "unknown error"
-        raise InvalidArgumentError(f"FAISS cannot build index type {factory!r} for {dim}-d vectors: {first}") from exc
+        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else "unknown error"
+        # "Error in faiss::Index* faiss::index_factory(...) at /project/faiss/index_factory.cpp:1228: could not ..."
+        reason = re.sub(r"^Error in .* at \S+:\d+: ", "", last)
+        raise InvalidArgumentError(f"FAISS cannot build index type {factory!r} for {dim}-d vectors: {reason}") from exc
     ivf = _ivf_of(index)
     if ivf is not None:
         ivf.cp.niter = TRAIN_ITERATIONS

@@ -6,11 +6,12 @@ to tune) out. The rules behind ``auto``:
 
 - up to :data:`FLAT_MAX_ROWS` vectors: exact ``Flat`` search (a full scan of 50k 512-d
   vectors takes a few ms, and exact beats approximate when it is that cheap);
-- HNSW over full-precision vectors when they and the graph fit in ``max_memory``;
-- IVF over 8-bit scalar-quantised vectors (512 B per 512-d vector) when those fit;
-- IVF with product quantisation (``dim / 4`` bytes per vector or fewer) beyond.
+- else the approximate families that fit ``max_memory``, tried in this order until one reaches
+  the target recall: HNSW over full vectors; IVF over full vectors; IVF over 8-bit
+  scalar-quantised vectors (512 B per 512-d vector); IVF with product quantisation (``dim / 4``
+  bytes per vector or fewer).
 
-Every approximate plan is then tuned (``nprobe`` or ``efSearch``) to reach ``target_recall``
+Every approximate plan is tuned (``nprobe`` or ``efSearch``) to reach ``target_recall``
 recall@10 against exact search; see :mod:`indexer.ann`.
 """
 
@@ -35,7 +36,7 @@ MAX_NLIST = 8192
 TRAIN_PER_LIST = 40
 MAX_TRAIN_ROWS = 400_000
 
-NAMED_TYPES = ("auto", "flat", "hnsw", "ivf-sq8", "ivf-pq")
+NAMED_TYPES = ("auto", "flat", "hnsw", "ivf-flat", "ivf-sq8", "ivf-pq")
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3, "T": 1024**4, "TB": 1024**4}
 _MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?B?|[KMGT]iB)?\s*$", re.IGNORECASE)
@@ -198,45 +199,64 @@ def _ivf_pq(n: int, dim: int, budget: int | None, reason: str) -> IndexPlan | No
     return None
 
 
-def plan_index(n: int, dim: int, options: IndexOptions) -> IndexPlan:
-    """Choose the FAISS index for ``n`` vectors of ``dim`` dimensions.
+def _ivf_flat(n: int, dim: int, reason: str) -> IndexPlan:
+    nlist = ivf_lists(n)
+    return IndexPlan(f"{_ivf_prefix(nlist)},Flat", "ivf", _train_rows(n, nlist, False), _ivf_bytes(n, dim, dim * 4, nlist), reason)
+
+
+def candidate_plans(n: int, dim: int, options: IndexOptions) -> list[IndexPlan]:
+    """The plans to try, best first: the builder keeps the first whose tuning reaches the
+    target recall (else the one with the best recall).
+
+    A named type or factory string gives one plan. ``auto`` gives exact flat search for small
+    collections, else every approximate family that fits ``max_memory``, from the most
+    accurate per byte to the most compressed: HNSW over full vectors, IVF over full vectors
+    (exhaustive at ``nprobe = nlist``, so any target is reachable), IVF-SQ8, IVF-PQ.
 
     Raises:
-        InvalidArgumentError: nothing fits in ``max_memory``, or a bad factory string shape.
+        InvalidArgumentError: nothing fits in ``max_memory``.
     """
     kind = options.index_type.lower()
     budget = options.max_memory
     few = n < MIN_ANN_ROWS
     if kind == "flat":
-        return _flat(n, dim, "asked for flat (exact) search")
-    if kind in ("hnsw", "ivf-sq8", "ivf-pq") and few:
-        return _flat(n, dim, f"{kind} asked for, but {n} vectors are too few to need or train it: exact search")
+        return [_flat(n, dim, "asked for flat (exact) search")]
+    if kind in ("hnsw", "ivf-flat", "ivf-sq8", "ivf-pq") and few:
+        return [_flat(n, dim, f"{kind} asked for, but {n} vectors are too few to need or train it: exact search")]
     if kind == "hnsw":
-        return _hnsw(n, dim, "asked for hnsw")
+        return [_hnsw(n, dim, "asked for hnsw")]
+    if kind == "ivf-flat":
+        return [_ivf_flat(n, dim, "asked for ivf-flat")]
     if kind == "ivf-sq8":
-        return _ivf_sq8(n, dim, "asked for ivf-sq8")
+        return [_ivf_sq8(n, dim, "asked for ivf-sq8")]
     if kind == "ivf-pq":
-        return _ivf_pq(n, dim, None, "asked for ivf-pq")  # type: ignore[return-value]  # no budget: always fits
+        return [_ivf_pq(n, dim, None, "asked for ivf-pq")]  # type: ignore[list-item]  # no budget: always fits
     if kind != "auto":
-        return IndexPlan(options.index_type, "custom", min(n, MAX_TRAIN_ROWS), 0, "asked for this FAISS factory string")
-    flat_bytes = n * dim * 4
-    if n <= FLAT_MAX_ROWS and flat_bytes <= budget:
-        return _flat(n, dim, f"auto: {n} vectors <= {FLAT_MAX_ROWS}, exact search is fast enough")
+        return [IndexPlan(options.index_type, "custom", min(n, MAX_TRAIN_ROWS), 0, "asked for this FAISS factory string")]
+    if n <= FLAT_MAX_ROWS and n * dim * 4 <= budget:
+        return [_flat(n, dim, f"auto: {n} vectors <= {FLAT_MAX_ROWS}, exact search is fast enough")]
     if few:
-        return _flat(n, dim, f"auto: {n} vectors, too few for an approximate index")
-    if _hnsw_bytes(n, dim) <= budget:
-        return _hnsw(n, dim, f"auto: vectors and graph ({format_bytes(_hnsw_bytes(n, dim))}) fit in {format_bytes(budget)}")
-    sq8 = _ivf_sq8(n, dim, "")
-    if sq8.estimated_bytes <= budget:
-        return _ivf_sq8(n, dim, f"auto: full vectors do not fit in {format_bytes(budget)}; 8-bit codes ({format_bytes(sq8.estimated_bytes)}) do")
-    pq = _ivf_pq(n, dim, budget, f"auto: only product-quantised codes fit in {format_bytes(budget)}")
-    if pq is None:
+        return [_flat(n, dim, f"auto: {n} vectors, too few for an approximate index")]
+    fit = f"fits in {format_bytes(budget)}"
+    plans = [
+        _hnsw(n, dim, f"auto: vectors and graph {fit}"),
+        _ivf_flat(n, dim, f"auto: full vectors in IVF lists {fit}"),
+        _ivf_sq8(n, dim, f"auto: 8-bit codes {fit}"),
+    ]
+    pq = _ivf_pq(n, dim, budget, f"auto: product-quantised codes {fit}")
+    plans = [p for p in plans if p.estimated_bytes <= budget] + ([pq] if pq is not None else [])
+    if not plans:
         smallest = _ivf_bytes(n, dim, 4, ivf_lists(n))
         raise InvalidArgumentError(
             f"no index of {n} vectors fits in --max-memory {format_bytes(budget)}; the smallest needs about "
             f"{format_bytes(smallest)}: raise --max-memory"
         )
-    return pq
+    return plans
+
+
+def plan_index(n: int, dim: int, options: IndexOptions) -> IndexPlan:
+    """The first plan :func:`candidate_plans` would try."""
+    return candidate_plans(n, dim, options)[0]
 
 
 __all__ = [
@@ -248,5 +268,6 @@ __all__ = [
     "format_bytes",
     "ivf_lists",
     "parse_memory",
+    "candidate_plans",
     "plan_index",
 ]

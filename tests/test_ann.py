@@ -116,6 +116,34 @@ def test_auto_plan_follows_size_and_memory() -> None:
     assert plan_index(5000, 32, IndexOptions(index_type="IVF16,Flat")).kind == "custom"
 
 
+def test_auto_candidates_are_tried_until_one_reaches_the_target(
+    vec_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import indexer.ann as ann
+    from retrieval.index_types import IndexPlan
+
+    plans = [IndexPlan("IVF16,PQ2x4", "ivf", 2000, 0, "too coarse"), IndexPlan("IVF16,Flat", "ivf", 2000, 0, "exact lists")]
+    monkeypatch.setattr(ann, "candidate_plans", lambda n, dim, options: plans)
+    idx = copy_of(vec_index, tmp_path)
+    reindex(idx, index_type="auto", target_recall=0.97)
+    manifest = read_manifest(idx)
+    assert manifest.index_type == "IVF16,Flat" and manifest.index_tuning["reached"]
+    tried = manifest.index_tuning["tried"]
+    assert [t["factory"] for t in tried] == ["IVF16,PQ2x4", "IVF16,Flat"] and not tried[0]["reached"]
+    # An update keeps a fallback choice: it is still one of the candidates.
+    assert not ann.needs_rebuild("IVF16,Flat", ROWS + 10, DIM, IndexOptions())
+
+
+def test_auto_candidates_within_budget() -> None:
+    from retrieval.index_types import candidate_plans
+
+    factories = [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions())]
+    assert factories == ["HNSW32", "IVF4096_HNSW32,Flat", "IVF4096_HNSW32,SQ8", "IVF4096_HNSW32,PQ128"]
+    small = [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions(max_memory=parse_memory("1GB")))]
+    assert small == ["IVF4096_HNSW32,SQ8", "IVF4096_HNSW32,PQ128"]
+    assert [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions(index_type="ivf-flat"))] == ["IVF4096_HNSW32,Flat"]
+
+
 def test_ivf_lists_keep_enough_training_points() -> None:
     for n in (300, 3000, 100_000, 1_000_000, 10_000_000):
         nlist = ivf_lists(n)
@@ -381,6 +409,9 @@ def test_cli_index_with_index_type(collection: Collection, tiny_model: Path, tmp
     assert read_manifest(out).index_options["index_type"] == "flat"
     bad = run_cli(["index", str(collection.root), str(tmp_path / "bad.idx"), "--model", str(tiny_model), "--max-memory", "x"])
     assert bad.returncode == 1 and "memory size" in bad.stderr and not (tmp_path / "bad.idx").exists()
+    bogus = run_cli(["index", str(collection.root), str(tmp_path / "bogus.idx"), "--model", str(tiny_model), "--index-type", "Bogus7", "--no-progress"])
+    assert bogus.returncode == 1 and bogus.stderr.count("\n") == 1 and "could not parse index string Bogus7" in bogus.stderr
+    assert not (tmp_path / "bogus.idx").exists()
 
 
 def _chunks(vectors: np.ndarray, step: int) -> Iterator[tuple[int, np.ndarray]]:
