@@ -44,11 +44,13 @@ from bench_query import SyntheticSpec, build_synthetic_index, query_texts, synth
 from retrieval.cli import int_at_least  # noqa: E402
 
 _REINDEX = """
-import json, resource, sys
+import json, sys
 from indexer.reindex import reindex
-base = [int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith("VmRSS:")][0]
+# VmHWM, not ru_maxrss: Linux carries ru_maxrss over exec from the forked parent's image.
+status = lambda key: [int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith(key)][0]
+base = status("VmRSS:")
 r = reindex(sys.argv[1], index_type=sys.argv[2], max_memory=sys.argv[3], target_recall=float(sys.argv[4]))
-print(json.dumps({**r.to_dict(), "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024, "base_rss_mb": base}))
+print(json.dumps({**r.to_dict(), "peak_rss_mb": status("VmHWM:"), "base_rss_mb": base}))
 """
 
 
@@ -88,16 +90,17 @@ def recall(found: Any, truth: Any, k: int) -> float:
 
 
 def measure_type(
-    index_dir: Path, queries: Any, truth: Any, k: int, encoder: Any, texts: list[str], warmup: int
+    index_dir: Path, queries: Any, truth: Any, k: int, encoders: dict[str, Any], texts: list[str], warmup: int
 ) -> dict[str, Any]:
     import numpy as np
 
     from retrieval import ImageIndex
+    from retrieval.index import MMAP_MIN_BYTES
 
     gc.collect()
     rss0 = rss_mb()
     t0 = time.perf_counter()
-    index = ImageIndex.open(index_dir, encoder=encoder)
+    index = ImageIndex.open(index_dir)
     open_s = time.perf_counter() - t0
     for q in queries[:warmup]:
         index.search_ids(q[None], k)
@@ -112,9 +115,13 @@ def measure_type(
         "search_ms": latency_summary(times),
         "recall_at_10": round(recall(np.stack(found), truth, min(k, 10)), 4),
         "serving_rss_mb": round(rss_mb() - rss0, 1),
-        "mmap": bool(getattr(index, "_faiss", None) is not None and index.info()["faiss_bytes"] >= (1 << 30)),
+        "mmap": index.info()["faiss_bytes"] >= MMAP_MIN_BYTES,  # what open(mmap=None) did
     }
-    if texts:
+    del index
+    for precision, encoder in encoders.items() if texts else ():
+        # The public call with this query-tower precision: tokenise, encode, search, paths.
+        gc.collect()
+        index = ImageIndex.open(index_dir, encoder=encoder)
         for text in texts[:warmup]:
             index.search(text, 10)
         e2e = []
@@ -124,8 +131,8 @@ def measure_type(
             e2e.append(time.perf_counter() - t0)
             if len(hits) != 10:
                 raise RuntimeError(f"expected 10 hits, got {len(hits)}")
-        out["end_to_end_ms"] = latency_summary(e2e)
-    del index
+        out.setdefault("end_to_end_ms", {})[precision] = latency_summary(e2e)
+        del index
     gc.collect()
     return out
 
@@ -145,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--flat-max", type=int, default=2_000_000, help="largest size that gets an in-RAM flat index (default: 2000000)")
     parser.add_argument("--commit-every", type=int_at_least(1), default=65536, help="rows per committed part while writing (default: 65536)")
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"], help="text tower shape for --e2e (default: vit-b-32)")
+    parser.add_argument("--text-precisions", default="fp32,int8", help="query-tower precisions timed end to end (default: fp32,int8)")
     parser.add_argument("--clusters", type=int_at_least(1), default=1000)
     parser.add_argument("--noise", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
@@ -162,8 +170,10 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         work = Path(tmp)
         model_dir = make_random_clip(work / "model", preset=args.preset, seed=0)
-        encoder = load_encoder(str(model_dir), device="cpu")
-        encoder.embed_texts(["warm up"])
+        encoders = {p: load_encoder(str(model_dir), device="cpu", precision=p) for p in args.text_precisions.split(",") if p}
+        for enc in encoders.values():
+            enc.embed_texts(["warm up"])
+        encoder = next(iter(encoders.values()))
         if encoder.dim != args.dim:
             parser.error(f"--dim {args.dim} but the {args.preset} text tower has dim {encoder.dim}")
         texts = query_texts(args.warmup + args.text_queries) if args.text_queries else []
@@ -184,7 +194,7 @@ def main(argv: list[str] | None = None) -> int:
                 if index_type == "flat" and n > args.flat_max:
                     continue
                 built = reindex_subprocess(out, index_type, args.max_memory, args.target_recall)
-                measured = measure_type(out, queries, truth, args.k, encoder, texts if index_type in e2e_types else [], args.warmup)
+                measured = measure_type(out, queries, truth, args.k, encoders, texts if index_type in e2e_types else [], args.warmup)
                 rows.append({"type": index_type, "factory": built["index_type"], "search_params": built["search_params"],
                              "tuning": built["index_tuning"], "build_seconds": built["seconds"],
                              "build_peak_rss_mb": round(built["peak_rss_mb"], 1),
@@ -211,17 +221,17 @@ def main(argv: list[str] | None = None) -> int:
     print(json.dumps(report))
     print()
     head = (f"{'vectors':>10} {'type':<8} {'factory':<26} {'params':<13} {'build s':>8} {'+MB':>7} {'B/vec':>7} "
-            f"{'search p50/p99 ms':>18} {'recall@10':>9} {'e2e p50/p99 ms':>15}")
+            f"{'search p50/p99 ms':>18} {'recall@10':>9} {'e2e p50/p99 ms by text precision':>34}")
     print(head)
     print("-" * len(head))
     for r in results:
         for t in r["types"]:
             params = ",".join(f"{k}={v}" for k, v in t["search_params"].items()) or "-"
-            e2e = t.get("end_to_end_ms")
-            e2e_s = f"{e2e['p50']:.1f}/{e2e['p99']:.1f}" if e2e else "-"
+            e2e = t.get("end_to_end_ms", {})
+            e2e_s = " ".join(f"{p} {v['p50']:.1f}/{v['p99']:.1f}" for p, v in e2e.items()) or "-"
             print(f"{r['n']:>10,} {t['type']:<8} {t['factory']:<26} {params:<13} {t['build_seconds']:>8.1f} {t['build_rss_growth_mb']:>7.0f} "
                   f"{t['faiss_bytes_per_vector']:>7.0f} {t['search_ms']['p50']:>8.3f}/{t['search_ms']['p99']:<9.3f} "
-                  f"{t['recall_at_10']:>9.3f} {e2e_s:>15}")
+                  f"{t['recall_at_10']:>9.3f} {e2e_s:>34}")
     print("+MB: peak RSS growth of the reindex process over its RSS after imports")
     print(f"single queries, k={args.k}, {args.queries} held-out in-distribution queries; recall against exact search; "
           f"--max-memory {args.max_memory}, target recall {args.target_recall}; {report['machine']['cores']} cores, {report['machine']['cpu']}")

@@ -105,7 +105,7 @@ def test_bench_query_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
 
 def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     code = bench_search.main(
-        ["--preset", "tiny", "--dim", "48", "--sizes", "2000", "--types", "flat,hnsw,ivf-sq8", "--e2e", "flat",
+        ["--preset", "tiny", "--dim", "48", "--sizes", "2000", "--text-precisions", "fp32", "--types", "flat,hnsw,ivf-sq8", "--e2e", "flat",
          "--queries", "20", "--text-queries", "3", "--warmup", "1", "--commit-every", "500", "--work-dir", str(tmp_path)]
     )
     assert code == 0
@@ -115,7 +115,7 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert rows["flat"]["factory"] == "Flat" and rows["flat"]["recall_at_10"] == 1.0
     assert rows["hnsw"]["factory"] == "HNSW32" and "efSearch" in rows["hnsw"]["search_params"]
     assert rows["ivf-sq8"]["factory"].endswith(",SQ8") and 0 < rows["ivf-sq8"]["recall_at_10"] <= 1
-    assert rows["flat"]["end_to_end_ms"]["p50"] > 0 and "end_to_end_ms" not in rows["hnsw"]
+    assert rows["flat"]["end_to_end_ms"]["fp32"]["p50"] > 0 and "end_to_end_ms" not in rows["hnsw"]
     assert "recall@10" in out and list(tmp_path.iterdir()) == []
 
 
