@@ -426,3 +426,19 @@ def test_exact_top_k_over_chunks_equals_brute_force(vectors: np.ndarray) -> None
         exact.add(first, chunk)
     _, ids = exact.result()
     assert ids.tolist() == exact_top(vectors, queries, 11).tolist()
+
+
+def test_tuning_stops_when_compressed_codes_cap_recall(vectors: np.ndarray, monkeypatch: pytest.MonkeyPatch) -> None:
+    index = faiss_index.create("IVF64,PQ2x4", DIM)
+    faiss_index.train(index, vectors)
+    faiss_index.add(index, vectors)
+    queries = vectors[:200]
+    exact = faiss_index.ExactTopK(queries, 11)
+    exact.add(0, vectors)
+    tried: list[int] = []
+    real = faiss_index.set_search_params
+    monkeypatch.setattr(faiss_index, "set_search_params", lambda idx, p: (tried.append(p.get("nprobe", 0)), real(idx, p)))
+    params, recall, reached = faiss_index.tune(index, queries, exact.result()[1], 0.999, exclude=np.arange(200))
+    assert not reached and recall < 0.999 and params["nprobe"] in tried
+    # 2 bytes per vector plateau early: the search stops long before a full scan (nprobe 64).
+    assert max(tried) < 64, tried
