@@ -34,19 +34,25 @@ from retrieval.layout import (
     Manifest,
     PartRef,
     generation_dir,
-    atomic_write,
     part_name,
     paths_file_of,
     publish_generation,
     write_manifest,
-    write_paths_file,
 )
 from retrieval.version import __version__
 
 from . import ann
 from .faults import crash_point
 from .plan import IndexedFacts
-from .writer import ROW_GROUP_SIZE, EmbeddingWriter, FileRecord, SkipRecord, records_table, write_skipped
+from .writer import (
+    ROW_GROUP_SIZE,
+    EmbeddingWriter,
+    FileRecord,
+    SkipRecord,
+    records_table,
+    write_paths_column,
+    write_skipped,
+)
 
 # Finishing a build merges runs of at least MERGE_MIN_PARTS consecutive parts smaller than
 # MERGE_TARGET_ROWS into parts of up to MERGE_TARGET_ROWS rows: chunk commits leave one small
@@ -352,12 +358,7 @@ class GenerationWriter:
             os.link(self.dir / ref.paths, staging / paths_name)
         else:
             # A version-1 part: give it the path side file that version 2 readers use.
-            table = pq.read_table(src, columns=["path"])
-            column = table.column("path").combine_chunks().cast(pa.large_string())
-            offsets = np.frombuffer(column.buffers()[1], np.int64)[column.offset : column.offset + len(column) + 1]
-            data = column.buffers()[2]
-            blob = memoryview(data)[int(offsets[0]) : int(offsets[-1])] if data is not None else b""
-            atomic_write(staging / paths_name, lambda fh: write_paths_file(fh, ref.file_id, offsets - offsets[0], blob))
+            write_paths_column(staging / paths_name, ref.file_id, pq.read_table(src, columns=["path"]).column("path").chunks)
         new_ref = PartRef(f"{gen_rel}/{name}", ref.rows, ref.first_id, ref.file_id, f"{gen_rel}/{paths_name}")
         return new_ref, self.dir / gen_rel / name
 

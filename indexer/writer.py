@@ -99,21 +99,22 @@ class EmbeddingWriter:
     def close(self) -> int:
         """Close the file and write its path side file; returns the number of rows written."""
         self._writer.close()
-        paths = (
-            pa.concat_arrays([c.cast(pa.large_string()) for c in self._paths])
-            if self._paths
-            else pa.array([], pa.large_string())
-        )
-        offsets = np.frombuffer(paths.buffers()[1], np.int64)[paths.offset : paths.offset + len(paths) + 1]
-        base = int(offsets[0]) if len(offsets) else 0
-        data = paths.buffers()[2]
-        blob = memoryview(data)[base : base + int(offsets[-1] - base)] if data is not None and len(offsets) else b""
-        rel_offsets = offsets - base if len(offsets) else np.zeros(1, np.int64)
         target = paths_file_of(self.path)
         os.makedirs(os.path.dirname(target) or ".", exist_ok=True)
-        atomic_write(target, lambda fh: write_paths_file(fh, self.file_id, rel_offsets, blob))
+        write_paths_column(target, self.file_id, self._paths)
         self._paths = []
         return self.count
+
+
+def write_paths_column(path: str | os.PathLike[str], file_id: str, chunks: Sequence[pa.Array]) -> None:
+    """Write a part's path side file from its ``path`` column (string array chunks, in row order)."""
+    paths = pa.concat_arrays([c.cast(pa.large_string()) for c in chunks]) if chunks else pa.array([], pa.large_string())
+    # large_string: int64 offsets into one UTF-8 buffer, which is the side file's layout.
+    offsets = np.frombuffer(paths.buffers()[1], np.int64)[paths.offset : paths.offset + len(paths) + 1]
+    base, end = int(offsets[0]), int(offsets[-1])
+    data = paths.buffers()[2]
+    blob = memoryview(data)[base:end] if data is not None else b""
+    atomic_write(path, lambda fh: write_paths_file(fh, file_id, offsets - base, blob))
 
 
 def records_table(records: Sequence[FileRecord], vectors: np.ndarray, dim: int) -> pa.Table:
