@@ -6,8 +6,9 @@ Modes (``--precision``):
 - ``bf16`` / ``fp16``: ``torch.autocast`` (matrix products in 16 bits, LayerNorm, softmax and the
   final normalisation in float32). On CUDA the fast modes; on CPUs without AMX, measured slower
   than fp32 (see README), so ``auto`` never picks them there.
-- ``int8``: dynamic int8 quantisation of every ``nn.Linear`` (``torch.ao.quantization.
-  quantize_dynamic``: int8 weights, activations quantised per batch), CPU only (fbgemm, VNNI).
+- ``int8``: int8 weights and per-row dynamically quantised activations for every ``nn.Linear``
+  and the patch embedding (:mod:`retrieval.encoders.int8`), CPU only; a vector stays a
+  function of its input alone (bit-identical in any batch).
 - ``auto``: the fastest mode that passes the gate, else fp32. The candidates, fastest first,
   depend on the device (:func:`auto_candidates`); each is compared with fp32 on a small
   calibration sample (the first images a build embeds; a fixed set of captions for texts).
@@ -20,8 +21,6 @@ ranking against the candidate's.
 from __future__ import annotations
 
 import contextlib
-import copy
-import warnings
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -79,24 +78,38 @@ def check_device_support(precision: str, device: torch.device) -> None:
         raise InvalidArgumentError("precision int8 runs on the CPU only; on CUDA use bf16, fp16 or auto")
 
 
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
 def cpu_has_amx() -> bool:
     """Whether the CPU has AMX bf16 tiles (where bf16 matrix products outrun fp32)."""
-    try:
-        flags = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return False
-    return "amx_bf16" in flags
+    return "amx_bf16" in cpu_flags()
+
+
+def cpu_has_int8_dot() -> bool:
+    """Whether the CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX int8)."""
+    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
 
 
 def auto_candidates(device: torch.device) -> tuple[str, ...]:
     """Reduced modes ``auto`` tries on ``device``, fastest first (measured; see README).
 
-    CPU: int8 (1.6x fp32 on AVX-512 VNNI); bf16 too only with AMX, since with AVX-512 BF16 alone
-    oneDNN's bf16 products ran at 0.6x fp32 here. CUDA: fp16, then bf16 (tensor cores).
+    CPU: int8 where the CPU has int8 dot products (2.5x fp32 with AVX-512 VNNI; elsewhere
+    unmeasured, so fp32); bf16 first only with AMX, since with AVX-512 BF16 alone oneDNN's bf16
+    products ran at 0.6x fp32 here. CUDA: fp16, then bf16 (tensor cores).
     """
     if device.type == "cuda":
         return ("fp16", "bf16")
-    return ("bf16", "int8") if cpu_has_amx() else ("int8",)
+    return (("bf16",) if cpu_has_amx() else ()) + (("int8",) if cpu_has_int8_dot() else ())
 
 
 @dataclass(frozen=True)
@@ -189,15 +202,10 @@ def choose(
 
 
 def quantize_int8(module: Any) -> Any:
-    """A copy of ``module`` with every ``nn.Linear`` dynamically quantised to int8 (CPU)."""
-    import torch
+    """A CPU copy of ``module`` in per-row int8 (:mod:`retrieval.encoders.int8`)."""
+    from .int8 import quantize_int8 as per_row
 
-    with warnings.catch_warnings():
-        # torch 2.10+ announces the move of eager quantisation to torchao; it still works.
-        warnings.simplefilter("ignore")
-        from torch.ao.quantization import quantize_dynamic
-
-        return quantize_dynamic(copy.deepcopy(module).cpu(), {torch.nn.Linear}, dtype=torch.qint8)
+    return per_row(module)
 
 
 @contextlib.contextmanager

@@ -1,0 +1,175 @@
+"""int8 inference for CLIP towers on the CPU that keeps every vector a function of its input alone.
+
+``torch.ao.quantization.quantize_dynamic`` (fbgemm) quantises a layer's activations with one
+scale for the whole batch, so an image's vector moved with its batch-mates (by up to 0.1 in a
+coordinate, measured) and an update could not equal a rebuild. Here, as in torchao's
+``int8_dynamic_activation_int8_weight``, every *row* (token) gets its own scale:
+
+- weights: int8, symmetric, one scale per output channel, quantised once;
+- activations: uint8-range codes per row, asymmetric (``scale = (max - min) / 255``, with the
+  zero point folded into a rank-one correction), so the signed int8 x int8 product of
+  ``torch._int_mm`` (oneDNN, AVX-512 VNNI) can be used;
+- integer accumulation is exact whatever the blocking, and every float step is per row, so a
+  row's result is bit-identical in any batch (tested), not just close.
+
+Also converted: a patch-embedding ``Conv2d`` whose stride equals its kernel (a matrix product over
+unfolded patches), so no large float product is left whose rounding depends on the batch; and a
+quick-GELU MLP (``x * sigmoid(1.702 x)``, CLIP's activation) becomes ``silu`` in place, with the
+1.702 folded into the two layers' scales (per-row quantisation does not see a row's scale).
+
+Measured on 2 AVX-512 VNNI cores with a ViT-B/32 vision tower (batch 32): fp32 17-20 img/s,
+this 42-48 img/s, fbgemm's per-batch int8 47-59 img/s; cosine to fp32 0.99990 (fbgemm 0.99963).
+"""
+
+from __future__ import annotations
+
+import copy
+from typing import Any
+
+import torch
+from torch import nn
+
+# Activations CLIP writes as x * sigmoid(1.702 x): transformers' and open_clip's classes.
+_QUICK_GELU = ("QuickGELUActivation", "QuickGELU")
+_QUICK_GELU_ALPHA = 1.702
+# (first layer, activation, second layer) attribute names of an MLP: transformers, open_clip.
+_MLP_NAMES = (("fc1", "activation_fn", "fc2"), ("c_fc", "gelu", "c_proj"))
+
+
+def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-output-channel symmetric int8 codes of a ``(out, in)`` weight and their scales."""
+    w = weight.detach().to(torch.float32)
+    scale = w.abs().amax(dim=1).clamp_min(1e-12) / 127.0
+    codes = torch.round(w / scale[:, None]).clamp_(-127, 127).to(torch.int8)
+    return codes, scale
+
+
+def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Per-row asymmetric int8 codes of a 2-D float tensor: ``x ~= (codes - zero) * scale``.
+
+    Each row's range (widened to include 0, so zeros are exact) is split into 255 steps; the
+    codes are ``round(x / scale) + zero`` in [-128, 127]. Returns ``(codes, scale, zero)``
+    with ``scale`` and ``zero`` of shape ``(rows, 1)`` (``zero`` holds integers, as floats).
+    """
+    # amin and amax separately: aminmax over a dimension ran 25x slower here (torch 2.14 CPU).
+    lo = x.amin(dim=1, keepdim=True).clamp_(max=0.0)
+    hi = x.amax(dim=1, keepdim=True).clamp_(min=0.0)
+    scale = (hi - lo).div_(255.0).clamp_(min=1e-12)
+    zero = torch.round(lo / scale).neg_().sub_(128.0)
+    # One out-of-place pass, then in-place ones (out-of-place passes cost ~4x here).
+    codes = torch.mul(x, scale.reciprocal()).add_(zero).round_().clamp_(-128.0, 127.0).to(torch.int8)
+    return codes, scale, zero
+
+
+class Int8Linear(nn.Module):
+    """``nn.Linear`` with int8 weights and per-row dynamically quantised int8 activations.
+
+    ``out_scale`` multiplies the output and ``in_scale`` is the factor the caller's input carries
+    relative to the original layer's (both folded into the scales, at no cost per call).
+    """
+
+    def __init__(self, linear: nn.Linear, *, out_scale: float = 1.0, in_scale: float = 1.0) -> None:
+        super().__init__()
+        codes, scale = quantize_weight(linear.weight)
+        self.in_features = linear.in_features
+        self.out_features = linear.out_features
+        col_scale = scale * (out_scale / in_scale)
+        bias = torch.zeros(self.out_features) if linear.bias is None else linear.bias.detach().float() * out_scale
+        # (in, out) contiguous: _int_mm ran 12 % faster than on a transposed view.
+        self.register_buffer("weight_t", codes.t().contiguous())
+        self.register_buffer("col_scale", col_scale)
+        # Zero-point correction per output: the sum of its codes (times its scale).
+        self.register_buffer("code_sums", codes.sum(dim=1).float() * col_scale)
+        self.register_buffer("bias", bias)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        lead = x.shape[:-1]
+        rows = x.reshape(-1, self.in_features).to(torch.float32)
+        if rows.shape[0] == 0:
+            return rows.new_zeros(*lead, self.out_features)
+        codes, scale, zero = quantize_rows(rows)
+        out = torch._int_mm(codes, self.weight_t).to(torch.float32)
+        # Elementwise only (a BLAS call here took another path for one row than for many,
+        # changing the last bit): out = acc * s * w_s - zero * s * code_sums + bias.
+        out.mul_(scale).mul_(self.col_scale)
+        out.addcmul_((zero * scale).neg_(), self.code_sums).add_(self.bias)
+        return out.reshape(*lead, self.out_features)
+
+    def extra_repr(self) -> str:
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row"
+
+
+class Int8PatchEmbedding(nn.Module):
+    """A ``Conv2d`` with stride == kernel, no padding: an :class:`Int8Linear` over unfolded patches."""
+
+    def __init__(self, conv: nn.Conv2d) -> None:
+        super().__init__()
+        self.kernel = tuple(conv.kernel_size)
+        out_channels = conv.out_channels
+        linear = nn.Linear(conv.weight[0].numel(), out_channels, bias=conv.bias is not None)
+        with torch.no_grad():
+            linear.weight.copy_(conv.weight.reshape(out_channels, -1))
+            if conv.bias is not None:
+                linear.bias.copy_(conv.bias)
+        self.linear = Int8Linear(linear)
+        # Callers read the convolution's weight (transformers casts its input to weight.dtype).
+        self.register_buffer("weight", conv.weight.detach().to(torch.float32))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, c, h, w = x.shape
+        kh, kw = self.kernel
+        gh, gw = h // kh, w // kw
+        # Like the convolution, a remainder smaller than the kernel is dropped.
+        patches = x[:, :, : gh * kh, : gw * kw].reshape(b, c, gh, kh, gw, kw).permute(0, 2, 4, 1, 3, 5)
+        out = self.linear(patches.reshape(b * gh * gw, c * kh * kw))
+        return out.reshape(b, gh, gw, -1).permute(0, 3, 1, 2)
+
+
+class _SiluInPlace(nn.Module):
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return nn.functional.silu(x, inplace=True)
+
+
+def _is_patch_conv(module: nn.Module) -> bool:
+    return (
+        type(module) is nn.Conv2d
+        and tuple(module.stride) == tuple(module.kernel_size)
+        and tuple(module.dilation) == (1, 1)
+        and module.groups == 1
+        and not isinstance(module.padding, str)
+        and tuple(module.padding) == (0, 0)
+    )
+
+
+def _fold_quick_gelu(root: nn.Module) -> None:
+    # quick_gelu(h) = silu(a h) / a: the first layer emits a h, the second takes silu(a h) and
+    # divides by a in its scales.
+    for module in list(root.modules()):
+        for first, act, second in _MLP_NAMES:
+            layers = [getattr(module, name, None) for name in (first, act, second)]
+            if (
+                type(layers[0]) is nn.Linear
+                and type(layers[2]) is nn.Linear
+                and type(layers[1]).__name__ in _QUICK_GELU
+            ):
+                setattr(module, first, Int8Linear(layers[0], out_scale=_QUICK_GELU_ALPHA))
+                setattr(module, act, _SiluInPlace())
+                setattr(module, second, Int8Linear(layers[2], in_scale=_QUICK_GELU_ALPHA))
+
+
+def quantize_int8(module: Any) -> Any:
+    """A CPU copy of ``module`` with every ``nn.Linear`` (exact type; e.g. not the output
+    projection inside ``nn.MultiheadAttention``, which reads its weight directly) and every
+    patch-embedding ``Conv2d`` replaced by per-row int8 versions; for inference only."""
+    root = copy.deepcopy(module).cpu().eval()
+    _fold_quick_gelu(root)
+    for parent in list(root.modules()):
+        for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear:
+                setattr(parent, name, Int8Linear(child))
+            elif _is_patch_conv(child):
+                setattr(parent, name, Int8PatchEmbedding(child))
+    return root
+
+
+__all__ = ["Int8Linear", "Int8PatchEmbedding", "quantize_int8", "quantize_rows", "quantize_weight"]
