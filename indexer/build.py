@@ -49,15 +49,17 @@ from .commit import GenerationWriter, IndexMeta, remove_stale
 from .dataset import ImageDataset, Item, collate, content_hash, finish_on_device
 from .discover import Discovery, discover, from_list
 from .faults import crash_point
+from .heap import retained_heap
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update
 from .writer import FileRecord, SkipRecord, read_skipped
 
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
-# fp32 by default: exact, and a vector does not depend on its batch-mates (dynamic int8
-# quantises activations per batch), so an update equals a rebuild. ``auto`` is opt-in.
-DEFAULT_PRECISION = "fp32"
+# A new index: the fastest mode that passes the quality gate on the collection's own images.
+# Every mode keeps a vector a function of its image alone (int8 quantises per row), so an update
+# still equals a rebuild. An update without --precision keeps the index's recorded mode.
+DEFAULT_PRECISION = "auto"
 
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})
 
@@ -313,7 +315,8 @@ def build_index(
     try:
         out.mkdir(parents=True, exist_ok=True)
         with IndexLock(out) as lock:
-            return _run(cfg, enc, fingerprint, photos, out, found, lock.previous_holder is not None, start)
+            keep_precision = cfg.precision is None and encoder is None
+            return _run(cfg, enc, fingerprint, photos, out, found, lock.previous_holder is not None, start, keep_precision)
     except BaseException as exc:
         if created_dir and not is_index_dir(out):
             shutil.rmtree(out, ignore_errors=True)
@@ -391,6 +394,7 @@ def _run(
     found: Discovery,
     interrupted_before: bool,
     start: float,
+    keep_precision: bool,
 ) -> BuildReport:
     base = _readable_manifest(out)
     if base is not None and not cfg.rebuild:
@@ -422,7 +426,9 @@ def _run(
     writer.skipped += [SkipRecord(rel, why) for rel, why in found.missing]
     writer.skipped += plan.carried_skips
     prev_info = previous.model_info if previous is not None else None
-    calibrate.resolve(enc, prev_info, photos, plan.to_embed, max_pixels=cfg.max_pixels, draft=cfg.draft)
+    calibrate.resolve(
+        enc, prev_info, photos, plan.to_embed, max_pixels=cfg.max_pixels, draft=cfg.draft, keep_recorded=keep_precision
+    )
     writer.meta = replace(meta, model_info=calibrate.model_info(enc, prev_info, bool(plan.to_embed)))
     if plan.changes_rows:
         writer.compact(plan.keep_ids, plan.refreshed)
@@ -500,42 +506,44 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
         prefetch_factor=4 if n_workers > 0 else None,
     )
     since_commit, last_commit = 0, time.monotonic()
-    bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
-    try:
-        for batch in loader:
-            if batch.pending is not None:
-                batch = finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)  # type: ignore[attr-defined]
-            stats["decode"] += batch.decode_seconds
-            for it in batch.failed:
-                rel = files[it.index].rel
-                writer.skipped.append(SkipRecord(rel, it.error or "", *_file_facts(it)))
-                stats["newly_skipped"] += 1
-                # A changed file that no longer decodes loses its row.
-                stats["lost"] += rel in plan.updated_paths
-            if batch.pixels is not None:
-                crash_point("embed")
-                t0 = time.perf_counter()
-                emb = enc.embed_pixels(batch.pixels)
-                stats["encode"] += time.perf_counter() - t0
-                good = batch.good
-                records = [
-                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
-                    for it in good
-                ]
-                writer.append(records, emb)
-                for rec in records:
-                    stats["updated" if rec.path in plan.updated_paths else "added"] += 1
-            since_commit += len(batch.items)
-            bar.update(len(batch.items))
-            bar.set_postfix(skipped=stats["newly_skipped"], refresh=False)
-            if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
-                t0 = time.perf_counter()
-                writer.commit(complete=False)
-                stats["write"] += time.perf_counter() - t0
-                since_commit, last_commit = 0, time.monotonic()
-    finally:
-        bar.close()
-        torch.set_num_threads(threads_before)
+    # Activations are freed and allocated again every layer: keep them in the heap (see heap).
+    with retained_heap():
+        bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
+        try:
+            for batch in loader:
+                if batch.pending is not None:
+                    batch = finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)  # type: ignore[attr-defined]
+                stats["decode"] += batch.decode_seconds
+                for it in batch.failed:
+                    rel = files[it.index].rel
+                    writer.skipped.append(SkipRecord(rel, it.error or "", *_file_facts(it)))
+                    stats["newly_skipped"] += 1
+                    # A changed file that no longer decodes loses its row.
+                    stats["lost"] += rel in plan.updated_paths
+                if batch.pixels is not None:
+                    crash_point("embed")
+                    t0 = time.perf_counter()
+                    emb = enc.embed_pixels(batch.pixels)
+                    stats["encode"] += time.perf_counter() - t0
+                    good = batch.good
+                    records = [
+                        FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
+                        for it in good
+                    ]
+                    writer.append(records, emb)
+                    for rec in records:
+                        stats["updated" if rec.path in plan.updated_paths else "added"] += 1
+                since_commit += len(batch.items)
+                bar.update(len(batch.items))
+                bar.set_postfix(skipped=stats["newly_skipped"], refresh=False)
+                if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
+                    t0 = time.perf_counter()
+                    writer.commit(complete=False)
+                    stats["write"] += time.perf_counter() - t0
+                    since_commit, last_commit = 0, time.monotonic()
+        finally:
+            bar.close()
+            torch.set_num_threads(threads_before)
     return stats
 
 
