@@ -50,18 +50,30 @@ def resolve(
     *,
     max_pixels: int,
     draft: bool,
+    keep_recorded: bool = False,
 ) -> None:
     """Resolve an ``auto`` image precision before embedding (no-op for a fixed mode).
 
-    An update reuses the mode a previous ``auto`` run recorded; otherwise the first decodable
-    images of ``files`` (up to 16) calibrate it. With nothing to embed it stays unresolved.
+    With ``keep_recorded`` (no mode asked for) an update of an index asks for the mode its
+    manifest records (fp32 for an index from before precision modes), so all its vectors are
+    made alike. An update reuses the mode a previous ``auto`` run chose; otherwise the first
+    decodable images of ``files`` (up to 16) calibrate it. With nothing to embed it stays
+    unresolved.
     """
     tower = getattr(enc, "image_precision", None)
-    if tower is None or tower.mode is not None or not files:
+    if tower is None:
         return
-    recorded = (previous_info or {}).get("precision")
-    if (previous_info or {}).get("precision_requested") == "auto" and recorded not in (None, "auto"):
-        gate = ((previous_info or {}).get("precision_gate") or {}).get("gate")
+    prev = previous_info or {}
+    if keep_recorded and previous_info is not None:
+        try:
+            tower.request(str(prev.get("precision_requested") or prev.get("precision") or "fp32"))
+        except InvalidArgumentError:
+            pass  # e.g. int8 recorded on a CPU run, now on CUDA: the default (auto) decides
+    if tower.mode is not None or not files:
+        return
+    recorded = prev.get("precision")
+    if prev.get("precision_requested") == "auto" and recorded not in (None, "auto"):
+        gate = (prev.get("precision_gate") or {}).get("gate")
         try:
             tower.set(str(recorded), gate_results_from_info(gate))
             return

@@ -71,7 +71,9 @@ def register_index_command(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument("--files-from", metavar="LIST", help="index only the paths listed in this file (one per line, relative to PHOTOS_DIR)")
     p.add_argument("--rebuild", action="store_true", help="re-index everything, also when the index was built with another model")
     p.add_argument("--commit-every", type=query_cli.positive_int, default=4096, metavar="N", help="publish a searchable, resumable state every N images (default: 4096)")
-    query_cli.add_precision_argument(p, "fp32", "image tower precision, recorded in the index")
+    query_cli.add_precision_argument(
+        p, None, "image tower precision, recorded in the index", "auto for a new index, the recorded mode on update"
+    )
     p.add_argument("--threads", type=query_cli.positive_int, default=None, metavar="N", help="torch threads for the model (default: from the core count)")
     add_index_type_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

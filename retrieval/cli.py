@@ -53,13 +53,14 @@ def add_device_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda (default: auto)")
 
 
-def add_precision_argument(parser: argparse.ArgumentParser, default: str, what: str) -> None:
+def add_precision_argument(parser: argparse.ArgumentParser, default: str | None, what: str, default_text: str = "") -> None:
     """``--precision``, checked by the handler (an unknown mode is a one-line error, exit 1)."""
     parser.add_argument(
         "--precision",
         default=default,
         metavar="MODE",
-        help=f"{what}: fp32 (exact), bf16, fp16, int8 (CPU) or auto (fastest passing the quality gate) (default: {default})",
+        help=f"{what}: fp32 (exact), bf16, fp16, int8 (CPU) or auto (fastest passing the quality gate) "
+        f"(default: {default_text or default})",
     )
 
 
@@ -212,7 +213,7 @@ def register_query_commands(sub: argparse._SubParsersAction) -> None:  # type: i
     p.add_argument("-k", "--k", type=positive_int, default=10, help="number of results (default: 10)")
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
-    add_precision_argument(p, "fp32", "query tower precision")
+    add_precision_argument(p, "fp32", "text query tower precision (image queries use the index's mode)")
     add_filter_arguments(p)
     p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score"}, ...]}')
     p.set_defaults(handler=_cmd_search)
@@ -240,7 +241,7 @@ def register_query_commands(sub: argparse._SubParsersAction) -> None:  # type: i
     p.add_argument("--batch-size", type=positive_int, default=256, help="queries encoded and ranked together (default: 256)")
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
-    add_precision_argument(p, "fp32", "query tower precision")
+    add_precision_argument(p, "fp32", "text query tower precision (image queries use the index's mode)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.set_defaults(handler=_cmd_eval)
 

@@ -16,6 +16,7 @@ import pyarrow.parquet as pq
 
 from . import faiss_index, store
 from .encoders import Encoder, check_precision, load_encoder
+from .encoders.precision import PRECISIONS
 from .errors import (
     IndexFormatError,
     InvalidArgumentError,
@@ -112,8 +113,9 @@ class ImageIndex:
             encoder: an already-loaded encoder to use for queries (checked the same way).
             mmap: memory-map the FAISS index instead of reading it into RAM; None (default)
                 maps FAISS files of 1 GB and more.
-            precision: text/image tower precision for queries (``fp32``, ``bf16``, ``fp16``,
-                ``int8``, ``auto``; see ``retrieval.encoders.precision``).
+            precision: text tower precision for queries (``fp32``, ``bf16``, ``fp16``,
+                ``int8``, ``auto``; see ``retrieval.encoders.precision``). Image queries use
+                the mode the index's images were embedded in (fp32 where the device cannot).
 
         Raises:
             NotAnIndexError: no index there.
@@ -167,10 +169,23 @@ class ImageIndex:
         """The query encoder, loaded on first use and checked against the manifest."""
         if self._encoder is None:
             self._encoder = self._encoder_factory(self._model or self.manifest.model, self._device)
+            self._match_image_precision(self._encoder)
         if not self._encoder_checked:
             self._check_encoder(self._encoder)
             self._encoder_checked = True
         return self._encoder
+
+    def _match_image_precision(self, encoder: Encoder) -> None:
+        # Image queries are embedded in the mode the index's images were, so an indexed image
+        # finds itself with score 1.0; fp32 where this device cannot run that mode.
+        tower = getattr(encoder, "image_precision", None)
+        mode = self.manifest.model_info.get("precision", "fp32")
+        if tower is None or mode not in PRECISIONS or mode == "auto":
+            return
+        try:
+            tower.set(str(mode))
+        except InvalidArgumentError:
+            tower.set("fp32")
 
     def _check_encoder(self, encoder: Encoder) -> None:
         built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"

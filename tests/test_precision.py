@@ -117,12 +117,12 @@ def test_auto_rejects_a_failing_mode(tiny_model: Path, photos: Path, tmp_path: P
     assert [g["passed"] for g in gate] == [False] and gate[0]["min_cosine"] == 0.5
 
 
-def test_fp32_default_is_exact_and_another_mode_on_update_is_recorded(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
+def test_fp32_is_exact_and_another_mode_on_update_is_recorded(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
     from retrieval import ImageIndex
 
     files = sorted(p.name for p in photos.iterdir())
     out = tmp_path / "x.idx"
-    report = build_index(photos, out, model=str(tiny_model), workers=0, device="cpu", files=files[:10])
+    report = build_index(photos, out, model=str(tiny_model), workers=0, device="cpu", precision="fp32", files=files[:10])
     assert report.precision == "fp32"
     enc = HFClipEncoder.load(str(tiny_model), device="cpu")
     ref = np.concatenate([enc.embed_pixels(load_pixels(photos / f, enc.preprocess)[0][None]) for f in files[:10]])
