@@ -123,7 +123,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
-    parser.add_argument("--modes", default="fp32,int8,bf16,auto", help="precision modes to run (fp32 is always run first)")
+    parser.add_argument("--modes", default="fp32,int8,bf16,auto",
+                        help="precision modes to run (fp32 is always run first; auto is the default of a new index)")
     args = parser.parse_args(argv)
 
     from imagegen import make_jpegs
@@ -192,14 +193,14 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(result))
     print()
-    print(f"{'pipeline':<30}{'images/s':>10}{'seconds':>9}{'model img/s':>13}{'GFLOP/s':>9}{'x naive':>9}  gate (mean / min cosine, top-10 overlap)")
+    print(f"{'pipeline':<46}{'images/s':>10}{'seconds':>9}{'model img/s':>13}{'GFLOP/s':>9}{'x naive':>9}  gate (mean / min cosine, top-10 overlap)")
     for mode, run in runs.items():
         g = run["gate"]
         gate_text = "reference" if g is None else f"{g['mean_cosine']:.6f} / {g['min_cosine']:.6f}, {g['topk_overlap']:.3f} {'pass' if g['passed'] else 'FAIL'}"
-        label = f"build_index --precision {mode}" + (f" ({run['precision']})" if mode == "auto" else "")
-        print(f"{label:<30}{run['images_per_second']:>10.2f}{run['seconds']:>9.2f}{run['model_images_per_second'] or 0:>13.2f}"
+        label = f"build_index --precision {mode}" + (f" (default: {run['precision']})" if mode == "auto" else "")
+        print(f"{label:<46}{run['images_per_second']:>10.2f}{run['seconds']:>9.2f}{run['model_images_per_second'] or 0:>13.2f}"
               f"{run['model_gflops'] or 0:>9.1f}{run['speedup']:>8.2f}x  {gate_text}")
-    print(f"{'naive CLIPProcessor loop':<30}{base_ips:>10.2f}{base_s:>9.2f}{'':>13}{'':>9}{1:>8.2f}x")
+    print(f"{'naive CLIPProcessor loop':<46}{base_ips:>10.2f}{base_s:>9.2f}{'':>13}{'':>9}{1:>8.2f}x")
     print(f"{flops / 1e9:.2f} GFLOP per image; CPU fp32 peak {peak['fp32_peak_gflops']} GFLOP/s "
           f"({peak['cores']} cores x {peak['mhz']:.0f} MHz x 64), int8 peak {peak['int8_peak_gops']} GOP/s")
     print(f"decode + preprocess only, 1 thread: {decode['draft']} img/s with JPEG draft, {decode['full']} img/s without")

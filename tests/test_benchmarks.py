@@ -13,6 +13,8 @@ from imagegen import photo_like
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import bench_index  # noqa: E402
+import bench_int8  # noqa: E402
 import bench_query  # noqa: E402
 import bench_search  # noqa: E402
 import eval_retrieval  # noqa: E402
@@ -117,6 +119,25 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) 
     assert rows["ivf-sq8"]["factory"].endswith(",SQ8") and 0 < rows["ivf-sq8"]["recall_at_10"] <= 1
     assert rows["flat"]["end_to_end_ms"]["fp32"]["p50"] > 0 and "end_to_end_ms" not in rows["hnsw"]
     assert "recall@10" in out and list(tmp_path.iterdir()) == []
+
+
+def test_bench_int8_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_int8.main(["--preset", "tiny", "--batch", "6", "--reps", "1", "--threads", "1"]) == 0
+    out = capsys.readouterr().out
+    results = _json_line(out)["results"]
+    assert results["fp32"]["x_fp32"] == 1.0 and results["fp32"]["batch_dependence"] < 1e-5
+    ours = results["int8 per-row (clipsearch)"]
+    assert ours["batch_dependence"] == 0.0 and ours["mean_cosine"] > 0.999
+    assert "moves with batch" in out
+
+
+def test_bench_index_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    assert bench_index.main(["--preset", "tiny", "--images", "6", "--batch-size", "4", "--modes", "int8,auto", "--workers", "0"]) == 0
+    out = capsys.readouterr().out
+    result = _json_line(out)
+    assert list(result["modes"]) == ["fp32", "int8", "auto"]
+    assert result["modes"]["int8"]["gate"]["passed"] and result["modes"]["fp32"]["gate"] is None
+    assert result["baseline_images_per_second"] > 0 and "(default: " in out
 
 
 def test_synthetic_queries_share_the_clusters_but_not_the_vectors() -> None:

@@ -1,0 +1,173 @@
+"""Vision tower alone: fp32 against the int8 schemes we tried, side by side in one run.
+
+For each: images/s on one batch of random pixels (best of ``--reps``), per-image cosine to the
+fp32 vectors (mean, min), and how far a vector moves with its batch-mates (max abs difference
+between each of the first images embedded alone and in the batch; 0 means bit-identical).
+
+- ``fp32``: the reference (``CLIPVisionModelWithProjection``, eager).
+- ``int8 per-batch``: ``torch.ao.quantization.quantize_dynamic`` (fbgemm), what clipsearch
+  used before: one activation scale per batch.
+- ``int8 per-row``: clipsearch's ``--precision int8`` (``retrieval.encoders.int8``).
+- ``onnxruntime fp32`` / ``onnxruntime int8``: the tower exported to ONNX and, for int8,
+  ``onnxruntime.quantization.quantize_dynamic`` (one activation scale per call), also run one
+  image per call (batch-free that way); only when ``onnxruntime`` and ``onnx`` are installed
+  (they are not dependencies of clipsearch).
+
+All run inside ``indexer.heap.retained_heap`` (freed memory kept for reuse), as ``build_index``
+embeds; ``--system-malloc`` runs them with glibc's defaults instead (ONNX Runtime has its own
+arena either way).
+
+    python benchmarks/bench_int8.py [--preset vit-b-32|tiny] [--batch 32] [--reps 3] [--threads N]
+        [--system-malloc]
+"""
+
+from __future__ import annotations
+
+import argparse
+import copy
+import json
+import tempfile
+import time
+import warnings
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from _common import machine_facts
+
+
+def _timed(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, reps: int) -> tuple[float, np.ndarray]:
+    run(x[:2])  # warm-up: primitive creation, allocator
+    best, out = float("inf"), None
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        out = run(x)
+        best = min(best, time.perf_counter() - t0)
+    assert out is not None
+    return len(x) / best, out
+
+
+def _normalised(v: np.ndarray) -> np.ndarray:
+    return v / np.linalg.norm(v, axis=1, keepdims=True)
+
+
+def _onnx_runners(model, x: np.ndarray, tmp: Path, threads: int) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
+    try:
+        import onnxruntime as ort
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+    except ImportError:
+        return {}
+    import torch
+
+    class Tower(torch.nn.Module):
+        def __init__(self, m):
+            super().__init__()
+            self.m = m
+
+        def forward(self, pixels):
+            return self.m(pixel_values=pixels).image_embeds
+
+    fp32, int8 = tmp / "tower.onnx", tmp / "tower-int8.onnx"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(Tower(model), (torch.from_numpy(x[:2]),), str(fp32), input_names=["x"], output_names=["y"],
+                          dynamic_axes={"x": {0: "b"}, "y": {0: "b"}}, opset_version=17, dynamo=False)
+        quantize_dynamic(str(fp32), str(int8), weight_type=QuantType.QInt8)
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    runners = {}
+    for name, path in (("onnxruntime fp32", fp32), ("onnxruntime int8", int8)):
+        session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        runners[name] = lambda a, s=session: s.run(None, {"x": a})[0]
+    # One image per call: what it takes for ORT's per-tensor int8 to keep a vector batch-free.
+    runners["onnxruntime int8, 1 per call"] = lambda a, s=session: np.concatenate(
+        [s.run(None, {"x": a[i : i + 1]})[0] for i in range(len(a))]
+    )
+    return runners
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"])
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--reps", type=int, default=3)
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--system-malloc", action="store_true", help="do not keep freed memory for reuse")
+    args = parser.parse_args(argv)
+
+    import contextlib
+
+    from indexer.heap import retained_heap
+
+    with contextlib.nullcontext(False) if args.system_malloc else retained_heap() as heap:
+        return _run(args, heap)
+
+
+def _run(args: argparse.Namespace, heap: bool) -> int:
+    import torch
+    from transformers import CLIPVisionModelWithProjection
+
+    from retrieval.encoders.base import quiet_transformers
+    from retrieval.encoders.int8 import quantize_int8
+    from retrieval.random_model import make_random_clip
+
+    if args.threads:
+        torch.set_num_threads(args.threads)
+    threads = torch.get_num_threads()
+    results: dict[str, dict] = {}
+    with tempfile.TemporaryDirectory() as tmp_dir:
+        tmp = Path(tmp_dir)
+        model_dir = make_random_clip(tmp / "model", preset=args.preset, seed=0)
+        with quiet_transformers():
+            model = CLIPVisionModelWithProjection.from_pretrained(model_dir).eval()
+        size = model.config.image_size
+        x = np.random.default_rng(0).normal(size=(args.batch, 3, size, size)).astype(np.float32)
+
+        def torch_runner(m) -> Callable[[np.ndarray], np.ndarray]:
+            def run(a: np.ndarray) -> np.ndarray:
+                with torch.inference_mode():
+                    return m(pixel_values=torch.from_numpy(a)).image_embeds.numpy()
+            return run
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # torch announces eager quantisation's move to torchao
+            from torch.ao.quantization import quantize_dynamic
+
+            per_batch = quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+        runners = {
+            "fp32": torch_runner(model),
+            "int8 per-batch (fbgemm)": torch_runner(per_batch),
+            "int8 per-row (clipsearch)": torch_runner(quantize_int8(model)),
+        }
+        runners.update(_onnx_runners(model, x, tmp, threads))
+        ref = None
+        for name, run in runners.items():
+            ips, out = _timed(run, x, args.reps)
+            vectors = _normalised(out)
+            if ref is None:
+                ref = vectors
+            cos = np.sum(ref.astype(np.float64) * vectors, axis=1)
+            alone = np.concatenate([_normalised(run(x[i : i + 1])) for i in range(min(4, len(x)))])
+            results[name] = {
+                "images_per_second": round(ips, 2),
+                "mean_cosine": round(float(cos.mean()), 6),
+                "min_cosine": round(float(cos.min()), 6),
+                "batch_dependence": float(np.abs(alone - vectors[: len(alone)]).max()),
+            }
+    base = results["fp32"]["images_per_second"]
+    for r in results.values():
+        r["x_fp32"] = round(r["images_per_second"] / base, 2)
+    print(json.dumps({"bench": "int8", "date": time.strftime("%Y-%m-%d"), "preset": args.preset, "batch": args.batch,
+                      "threads": threads, "retained_heap": heap, "results": results, "machine": machine_facts()}))
+    print()
+    print(f"{'vision tower':<28}{'images/s':>10}{'x fp32':>8}{'mean cos':>10}{'min cos':>10}{'moves with batch':>18}")
+    for name, r in results.items():
+        print(f"{name:<28}{r['images_per_second']:>10.1f}{r['x_fp32']:>8.2f}{r['mean_cosine']:>10.6f}"
+              f"{r['min_cosine']:>10.6f}{r['batch_dependence']:>18.2e}")
+    print(f"({args.preset}, batch {args.batch} of random pixels, {threads} threads, best of {args.reps}, "
+          f"{'freed memory kept for reuse' if heap else 'glibc malloc defaults'})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
