@@ -18,7 +18,7 @@ embeds; ``--system-malloc`` runs them with glibc's defaults instead (ONNX Runtim
 arena either way).
 
     python benchmarks/bench_int8.py [--preset vit-b-32|tiny] [--batch 32] [--reps 3] [--threads N]
-        [--system-malloc]
+        [--system-malloc] [--open-clip]
 """
 
 from __future__ import annotations
@@ -86,6 +86,32 @@ def _onnx_runners(model, x: np.ndarray, tmp: Path, threads: int) -> dict[str, Ca
     return runners
 
 
+def _open_clip_rows(x: np.ndarray, reps: int) -> dict[str, dict]:
+    import open_clip
+    import torch
+
+    from retrieval.encoders.int8 import quantize_int8
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        model = open_clip.create_model("ViT-B-32", pretrained=None).eval()
+    rows: dict[str, dict] = {}
+    ref = None
+    for name, m in (("open_clip fp32", model), ("open_clip int8 per-row", quantize_int8(model))):
+        def run(a: np.ndarray, m=m) -> np.ndarray:
+            with torch.inference_mode():
+                return m.encode_image(torch.from_numpy(a)).numpy()
+        ips, out = _timed(run, x, reps)
+        vectors = _normalised(out)
+        ref = vectors if ref is None else ref
+        cos = np.sum(ref.astype(np.float64) * vectors, axis=1)
+        alone = np.concatenate([_normalised(run(x[i : i + 1])) for i in range(min(4, len(x)))])
+        rows[name] = {"images_per_second": round(ips, 2), "mean_cosine": round(float(cos.mean()), 6),
+                      "min_cosine": round(float(cos.min()), 6),
+                      "batch_dependence": float(np.abs(alone - vectors[: len(alone)]).max())}
+    return rows
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"])
@@ -93,6 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--system-malloc", action="store_true", help="do not keep freed memory for reuse")
+    parser.add_argument("--open-clip", action="store_true",
+                        help="also open_clip's ViT-B-32 (random weights) in fp32 and per-row int8 (fp32 is its own reference)")
     args = parser.parse_args(argv)
 
     import contextlib
@@ -154,9 +182,13 @@ def _run(args: argparse.Namespace, heap: bool) -> int:
                 "min_cosine": round(float(cos.min()), 6),
                 "batch_dependence": float(np.abs(alone - vectors[: len(alone)]).max()),
             }
+        if args.open_clip:
+            results.update(_open_clip_rows(x if size == 224 else np.random.default_rng(0).normal(
+                size=(args.batch, 3, 224, 224)).astype(np.float32), args.reps))
     base = results["fp32"]["images_per_second"]
-    for r in results.values():
-        r["x_fp32"] = round(r["images_per_second"] / base, 2)
+    for name, r in results.items():
+        r["x_fp32"] = round(r["images_per_second"] / (results["open_clip fp32"]["images_per_second"]
+                                                      if name.startswith("open_clip") else base), 2)
     print(json.dumps({"bench": "int8", "date": time.strftime("%Y-%m-%d"), "preset": args.preset, "batch": args.batch,
                       "threads": threads, "retained_heap": heap, "results": results, "machine": machine_facts()}))
     print()

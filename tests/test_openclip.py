@@ -442,3 +442,39 @@ def test_hf_index_refuses_open_clip_query(tmp_path: Path, photos: Path, tiny_mod
     with pytest.raises(ModelMismatchError) as err:
         ImageIndex.open(tmp_path / "hf.idx", model=tiny_spec, device="cpu").search("a cat")
     assert str(tiny_model.resolve()) in str(err.value) and tiny_spec.split("@")[0] in str(err.value)
+
+
+def test_int8_open_clip_is_close_to_fp32_and_batch_invariant(tiny_spec: str, encoder: OpenClipEncoder, photos: Path) -> None:
+    from retrieval.encoders import precision as P
+    from retrieval.encoders.int8 import Int8Linear, Int8PatchEmbedding, Int8SelfAttention, quantize_int8
+
+    enc = load_encoder(tiny_spec, device="cpu", precision="int8")
+    names = sorted(p.name for p in photos.iterdir() if p.name != "broken.jpg")
+    pixels = torch.stack([load_pixels(photos / n, enc.preprocess)[0] for n in names])
+    vectors = enc.embed_pixels(pixels)
+    result = P.gate("int8", encoder.embed_pixels(pixels), vectors)
+    assert result.passed and result.min_cosine > 0.999, result
+    # Every int8 product sees the same codes in any batch; only open_clip's final projection
+    # (x @ proj, float32) rounds with the batch size, as in fp32.
+    np.testing.assert_allclose(enc.embed_pixels(pixels[2:3]), vectors[2:3], rtol=0, atol=1e-6)
+    texts = ["a dog", "two  spaces\tand a tab"]
+    together = enc.embed_texts(texts)
+    np.testing.assert_allclose(enc.embed_texts(texts[1:]), together[1:], rtol=0, atol=1e-6)
+    assert (encoder.embed_texts(texts) * together).sum(axis=1).min() > 0.999
+    # open_clip's own module: patch convolution, attention and MLPs convert; quick-GELU MLPs
+    # are folded; the causal mask of the text tower is honoured.
+    model = open_clip.create_model(TINY_NAME, pretrained=None, force_quick_gelu=True).eval()
+    q = quantize_int8(model)
+    block = q.visual.transformer.resblocks[0]
+    assert isinstance(q.visual.conv1, Int8PatchEmbedding) and isinstance(block.mlp.c_fc, Int8Linear)
+    assert isinstance(block.attn, Int8SelfAttention) and type(block.mlp.gelu).__name__ == "_SiluInPlace"
+    x = torch.randn(3, 3, 64, 64)
+    tokens = open_clip.get_tokenizer(TINY_NAME)(["a dog on a beach", "x", "a much longer caption about a red car"])
+    with torch.inference_mode():
+        for ref, out in ((model.encode_image(x), q.encode_image(x)), (model.encode_text(tokens), q.encode_text(tokens))):
+            cos = torch.nn.functional.cosine_similarity(ref, out)
+            assert cos.min() > 0.999, cos
+        # Attention weights or cross-attention go to the original fp32 module.
+        h = torch.randn(2, 5, 64)
+        _, weights = block.attn(h, h, h, need_weights=True)
+        assert weights is not None and weights.shape == (2, 5, 5)

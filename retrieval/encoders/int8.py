@@ -10,10 +10,13 @@ coordinate, measured) and an update could not equal a rebuild. Here, as in torch
   zero point folded into a rank-one correction), so the signed int8 x int8 product of
   ``torch._int_mm`` (oneDNN, AVX-512 VNNI) can be used;
 - integer accumulation is exact whatever the blocking, and every float step is per row, so a
-  row's result is bit-identical in any batch (tested), not just close.
+  row's result is bit-identical in any batch (tested, transformers' CLIP), not just close. In
+  open_clip's towers the final projection (``x @ proj``, a float32 product) still rounds with
+  the batch size, as in fp32 (~1e-8); every int8 layer before it sees the same codes.
 
 Also converted: a patch-embedding ``Conv2d`` whose stride equals its kernel (a matrix product over
-unfolded patches), so no large float product is left whose rounding depends on the batch; and a
+unfolded patches) and open_clip's ``nn.MultiheadAttention`` self-attention, so no large float
+product is left whose rounding depends on the batch; and a
 quick-GELU MLP (``x * sigmoid(1.702 x)``, CLIP's activation) becomes ``silu`` in place, with the
 1.702 folded into the two layers' scales (per-row quantisation does not see a row's scale).
 
@@ -73,6 +76,8 @@ class Int8Linear(nn.Module):
         codes, scale = quantize_weight(linear.weight)
         self.in_features = linear.in_features
         self.out_features = linear.out_features
+        # open_clip reads this (its hook for int8 layers) to pick the dtype of its inputs.
+        self.int8_original_dtype = torch.float32
         col_scale = scale * (out_scale / in_scale)
         bias = torch.zeros(self.out_features) if linear.bias is None else linear.bias.detach().float() * out_scale
         # (in, out) contiguous: _int_mm ran 12 % faster than on a transposed view.
@@ -125,6 +130,70 @@ class Int8PatchEmbedding(nn.Module):
         return out.reshape(b, gh, gw, -1).permute(0, 3, 1, 2)
 
 
+class Int8SelfAttention(nn.Module):
+    """``nn.MultiheadAttention`` used as self-attention, with :class:`Int8Linear` projections.
+
+    open_clip's blocks call it as ``attn(x, x, x, need_weights=False, attn_mask=mask)``; any
+    other call (cross-attention, padding masks, attention weights) goes to the original fp32
+    module, kept for that.
+    """
+
+    def __init__(self, mha: nn.MultiheadAttention) -> None:
+        super().__init__()
+        embed = mha.embed_dim
+        self.heads = mha.num_heads
+        self.batch_first = mha.batch_first
+        in_proj = nn.Linear(embed, 3 * embed, bias=mha.in_proj_bias is not None)
+        out_proj = nn.Linear(embed, embed, bias=mha.out_proj.bias is not None)
+        with torch.no_grad():
+            in_proj.weight.copy_(mha.in_proj_weight)
+            out_proj.weight.copy_(mha.out_proj.weight)
+            if mha.in_proj_bias is not None:
+                in_proj.bias.copy_(mha.in_proj_bias)
+            if mha.out_proj.bias is not None:
+                out_proj.bias.copy_(mha.out_proj.bias)
+        self.in_proj = Int8Linear(in_proj)
+        self.out_proj = Int8Linear(out_proj)
+        self.fallback = mha
+
+    @staticmethod
+    def supports(mha: nn.Module) -> bool:
+        return (
+            type(mha) is nn.MultiheadAttention
+            and mha._qkv_same_embed_dim
+            and mha.bias_k is None
+            and mha.bias_v is None
+            and not mha.add_zero_attn
+        )
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        key_padding_mask: torch.Tensor | None = None,
+        need_weights: bool = True,
+        attn_mask: torch.Tensor | None = None,
+        average_attn_weights: bool = True,
+        is_causal: bool = False,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        if key is not query or value is not query or key_padding_mask is not None or need_weights or query.dim() != 3:
+            return self.fallback(query, key, value, key_padding_mask=key_padding_mask, need_weights=need_weights,
+                                 attn_mask=attn_mask, average_attn_weights=average_attn_weights, is_causal=is_causal)
+        x = query if self.batch_first else query.transpose(0, 1)
+        n, length, embed = x.shape
+        q, k, v = self.in_proj(x).view(n, length, 3, self.heads, embed // self.heads).permute(2, 0, 3, 1, 4)
+        mask = attn_mask
+        if mask is not None:
+            if mask.dtype == torch.bool:
+                mask = ~mask  # nn.MultiheadAttention: True = masked; sdpa: True = attends
+            if mask.dim() == 3:
+                mask = mask.view(n, self.heads, length, -1)
+        out = nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal and mask is None)
+        out = self.out_proj(out.transpose(1, 2).reshape(n, length, embed))
+        return (out if self.batch_first else out.transpose(0, 1)), None
+
+
 class _SiluInPlace(nn.Module):
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return nn.functional.silu(x, inplace=True)
@@ -158,18 +227,20 @@ def _fold_quick_gelu(root: nn.Module) -> None:
 
 
 def quantize_int8(module: Any) -> Any:
-    """A CPU copy of ``module`` with every ``nn.Linear`` (exact type; e.g. not the output
-    projection inside ``nn.MultiheadAttention``, which reads its weight directly) and every
-    patch-embedding ``Conv2d`` replaced by per-row int8 versions; for inference only."""
+    """A CPU copy of ``module`` with every ``nn.Linear`` (exact type), ``nn.MultiheadAttention``
+    (as self-attention) and patch-embedding ``Conv2d`` replaced by per-row int8 versions; for
+    inference only."""
     root = copy.deepcopy(module).cpu().eval()
     _fold_quick_gelu(root)
     for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
                 setattr(parent, name, Int8Linear(child))
+            elif Int8SelfAttention.supports(child):
+                setattr(parent, name, Int8SelfAttention(child))
             elif _is_patch_conv(child):
                 setattr(parent, name, Int8PatchEmbedding(child))
     return root
 
 
-__all__ = ["Int8Linear", "Int8PatchEmbedding", "quantize_int8", "quantize_rows", "quantize_weight"]
+__all__ = ["Int8Linear", "Int8PatchEmbedding", "Int8SelfAttention", "quantize_int8", "quantize_rows", "quantize_weight"]
