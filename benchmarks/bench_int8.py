@@ -51,6 +51,25 @@ def _normalised(v: np.ndarray) -> np.ndarray:
     return v / np.linalg.norm(v, axis=1, keepdims=True)
 
 
+def _measure(runners: dict[str, Callable[[np.ndarray], np.ndarray]], x: np.ndarray, reps: int) -> dict[str, dict]:
+    """Speed, cosine to the first runner's vectors, and movement with the batch, per runner."""
+    rows: dict[str, dict] = {}
+    ref = None
+    for name, run in runners.items():
+        ips, out = _timed(run, x, reps)
+        vectors = _normalised(out)
+        ref = vectors if ref is None else ref
+        cos = np.sum(ref.astype(np.float64) * vectors, axis=1)
+        alone = np.concatenate([_normalised(run(x[i : i + 1])) for i in range(min(4, len(x)))])
+        rows[name] = {
+            "images_per_second": round(ips, 2),
+            "mean_cosine": round(float(cos.mean()), 6),
+            "min_cosine": round(float(cos.min()), 6),
+            "batch_dependence": float(np.abs(alone - vectors[: len(alone)]).max()),
+        }
+    return rows
+
+
 def _onnx_runners(model, x: np.ndarray, tmp: Path, threads: int) -> dict[str, Callable[[np.ndarray], np.ndarray]]:
     try:
         import onnxruntime as ort
@@ -95,21 +114,13 @@ def _open_clip_rows(x: np.ndarray, reps: int) -> dict[str, dict]:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         model = open_clip.create_model("ViT-B-32", pretrained=None).eval()
-    rows: dict[str, dict] = {}
-    ref = None
-    for name, m in (("open_clip fp32", model), ("open_clip int8 per-row", quantize_int8(model))):
-        def run(a: np.ndarray, m=m) -> np.ndarray:
+    def runner(m) -> Callable[[np.ndarray], np.ndarray]:
+        def run(a: np.ndarray) -> np.ndarray:
             with torch.inference_mode():
                 return m.encode_image(torch.from_numpy(a)).numpy()
-        ips, out = _timed(run, x, reps)
-        vectors = _normalised(out)
-        ref = vectors if ref is None else ref
-        cos = np.sum(ref.astype(np.float64) * vectors, axis=1)
-        alone = np.concatenate([_normalised(run(x[i : i + 1])) for i in range(min(4, len(x)))])
-        rows[name] = {"images_per_second": round(ips, 2), "mean_cosine": round(float(cos.mean()), 6),
-                      "min_cosine": round(float(cos.min()), 6),
-                      "batch_dependence": float(np.abs(alone - vectors[: len(alone)]).max())}
-    return rows
+        return run
+
+    return _measure({"open_clip fp32": runner(model), "open_clip int8 per-row": runner(quantize_int8(model))}, x, reps)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -142,7 +153,6 @@ def _run(args: argparse.Namespace, heap: bool) -> int:
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    results: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp_dir:
         tmp = Path(tmp_dir)
         model_dir = make_random_clip(tmp / "model", preset=args.preset, seed=0)
@@ -168,20 +178,7 @@ def _run(args: argparse.Namespace, heap: bool) -> int:
             "int8 per-row (clipsearch)": torch_runner(quantize_int8(model)),
         }
         runners.update(_onnx_runners(model, x, tmp, threads))
-        ref = None
-        for name, run in runners.items():
-            ips, out = _timed(run, x, args.reps)
-            vectors = _normalised(out)
-            if ref is None:
-                ref = vectors
-            cos = np.sum(ref.astype(np.float64) * vectors, axis=1)
-            alone = np.concatenate([_normalised(run(x[i : i + 1])) for i in range(min(4, len(x)))])
-            results[name] = {
-                "images_per_second": round(ips, 2),
-                "mean_cosine": round(float(cos.mean()), 6),
-                "min_cosine": round(float(cos.min()), 6),
-                "batch_dependence": float(np.abs(alone - vectors[: len(alone)]).max()),
-            }
+        results = _measure(runners, x, args.reps)
         if args.open_clip:
             results.update(_open_clip_rows(x if size == 224 else np.random.default_rng(0).normal(
                 size=(args.batch, 3, 224, 224)).astype(np.float32), args.reps))
