@@ -1,8 +1,8 @@
 """int8 inference for CLIP towers on the CPU that keeps every vector a function of its input alone.
 
 ``torch.ao.quantization.quantize_dynamic`` (fbgemm) quantises a layer's activations with one
-scale for the whole batch, so an image's vector moved with its batch-mates (by up to 0.1 in a
-coordinate, measured) and an update could not equal a rebuild. Here, as in torchao's
+scale for the whole batch, so an image's vector moved with its batch-mates (by up to 5e-3 in a
+coordinate, ``benchmarks/bench_int8.py``) and an update could not equal a rebuild. Here, as in torchao's
 ``int8_dynamic_activation_int8_weight``, every *row* (token) gets its own scale:
 
 - weights: int8, symmetric, one scale per output channel, quantised once;
@@ -20,8 +20,9 @@ product is left whose rounding depends on the batch; and a
 quick-GELU MLP (``x * sigmoid(1.702 x)``, CLIP's activation) becomes ``silu`` in place, with the
 1.702 folded into the two layers' scales (per-row quantisation does not see a row's scale).
 
-Measured on 2 AVX-512 VNNI cores with a ViT-B/32 vision tower (batch 32): fp32 17-20 img/s,
-this 42-48 img/s, fbgemm's per-batch int8 47-59 img/s; cosine to fp32 0.99990 (fbgemm 0.99963).
+Measured with ``benchmarks/bench_int8.py`` on 2 AVX-512 VNNI cores, ViT-B/32 vision tower,
+batch 32, freed memory kept as the indexer does: fp32 20.2-20.5 img/s, this 53.1-55.3 img/s,
+fbgemm's per-batch int8 56.4-58.3 img/s; cosine to fp32 0.99990 (fbgemm 0.99964).
 """
 
 from __future__ import annotations
