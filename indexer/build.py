@@ -1,7 +1,8 @@
 """``build_index``: create or update an index, committing work in chunks as it goes.
 
-discover → plan (what is new, changed, gone) → decode in DataLoader workers → embed → append
-rows → commit a generation every ``commit_every`` images → finish with the FAISS index.
+discover → plan (what is new, changed, gone) → decode (threads in this process on CPU,
+DataLoader workers on GPU) → embed → append rows → commit a generation every ``commit_every``
+images → finish with the FAISS index.
 
 Running it again on the same INDEX_DIR updates the index in place: new files are embedded,
 changed files re-embedded, deleted files removed, unchanged files neither read nor decoded. A
@@ -65,17 +66,23 @@ _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM
 
 
 def default_workers(device_type: str = "cpu") -> int:
-    """Decode workers: leave one core to the model on CPU; more on GPU, which waits on decode."""
+    """Decode worker processes: none on CPU, many on GPU, which waits on decode.
+
+    On CPU the model's threads fill every core and wait for each other at every operation, so
+    a worker decoding beside them stalls them all; decoding each batch in this process on all
+    cores between model batches ran faster (ViT-B/32, 2 cores, 768 JPEGs: 53.4 against 49.1
+    images/s with one worker; benchmarks/README.md).
+    """
     cores = os.cpu_count() or 1
     if device_type == "cuda":
         return max(1, min(16, cores - 1))
-    return max(1, min(4, cores - 1))
+    return 0
 
 
 def default_threads(device_type: str = "cpu", workers: int = 1) -> int:
-    """torch intra-op threads while embedding: every core on CPU (decode workers of a
-    JPEG collection need a fraction of one, measured in benchmarks/README.md); on GPU the
-    model needs few CPU threads, so leave the cores to the decode workers."""
+    """torch intra-op threads while embedding: every core on CPU (in-process decoding uses as
+    many between batches); on GPU the model needs few CPU threads, so leave the cores to the
+    decode workers."""
     cores = os.cpu_count() or 1
     if device_type == "cuda":
         return max(1, min(4, cores - workers))
@@ -89,7 +96,8 @@ class BuildConfig:
     Attributes:
         model: hub id or local checkpoint directory.
         batch_size: images per model call.
-        workers: decode worker processes; None picks from the core count, 0 decodes in-process.
+        workers: decode worker processes; None: 0 on CPU (decoded in-process between batches, on
+            ``threads`` threads), from the core count on GPU.
         device: ``auto``, ``cpu`` or ``cuda[:N]``.
         max_pixels: larger images are skipped as decompression bombs.
         draft: decode JPEGs at a reduced DCT scale when the model needs fewer pixels.
@@ -426,14 +434,17 @@ def _run(
     writer.skipped += [SkipRecord(rel, why) for rel, why in found.missing]
     writer.skipped += plan.carried_skips
     prev_info = previous.model_info if previous is not None else None
-    calibrate.resolve(
-        enc, prev_info, photos, plan.to_embed, max_pixels=cfg.max_pixels, draft=cfg.draft, keep_recorded=keep_precision
-    )
-    writer.meta = replace(meta, model_info=calibrate.model_info(enc, prev_info, bool(plan.to_embed)))
-    if plan.changes_rows:
-        writer.compact(plan.keep_ids, plan.refreshed)
+    # Activations are freed and allocated again every layer: keep them in the heap (see heap),
+    # for the calibration's model calls as for the build's.
+    with retained_heap():
+        calibrate.resolve(
+            enc, prev_info, photos, plan.to_embed, max_pixels=cfg.max_pixels, draft=cfg.draft, keep_recorded=keep_precision
+        )
+        writer.meta = replace(meta, model_info=calibrate.model_info(enc, prev_info, bool(plan.to_embed)))
+        if plan.changes_rows:
+            writer.compact(plan.keep_ids, plan.refreshed)
 
-    stats = _embed(cfg, enc, photos, plan, writer)
+        stats = _embed(cfg, enc, photos, plan, writer)
     up_to_date = (
         previous is not None
         and previous.complete
@@ -495,7 +506,9 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
     torch.set_num_threads(stats["threads"])
     # On CUDA, workers only read and hash JPEGs; they are decoded and preprocessed on the GPU.
     on_gpu = device_type == "cuda"
-    dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft, device_decode=on_gpu)
+    # In-process decoding runs between batches, on as many threads as the model (see default_workers).
+    dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft,
+                           device_decode=on_gpu, threads=stats["threads"] if n_workers == 0 else 1)
     loader = DataLoader(
         dataset,
         batch_size=cfg.batch_size,
@@ -506,44 +519,43 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
         prefetch_factor=4 if n_workers > 0 else None,
     )
     since_commit, last_commit = 0, time.monotonic()
-    # Activations are freed and allocated again every layer: keep them in the heap (see heap).
-    with retained_heap():
-        bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
-        try:
-            for batch in loader:
-                if batch.pending is not None:
-                    batch = finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)  # type: ignore[attr-defined]
-                stats["decode"] += batch.decode_seconds
-                for it in batch.failed:
-                    rel = files[it.index].rel
-                    writer.skipped.append(SkipRecord(rel, it.error or "", *_file_facts(it)))
-                    stats["newly_skipped"] += 1
-                    # A changed file that no longer decodes loses its row.
-                    stats["lost"] += rel in plan.updated_paths
-                if batch.pixels is not None:
-                    crash_point("embed")
-                    t0 = time.perf_counter()
-                    emb = enc.embed_pixels(batch.pixels)
-                    stats["encode"] += time.perf_counter() - t0
-                    good = batch.good
-                    records = [
-                        FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
-                        for it in good
-                    ]
-                    writer.append(records, emb)
-                    for rec in records:
-                        stats["updated" if rec.path in plan.updated_paths else "added"] += 1
-                since_commit += len(batch.items)
-                bar.update(len(batch.items))
-                bar.set_postfix(skipped=stats["newly_skipped"], refresh=False)
-                if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
-                    t0 = time.perf_counter()
-                    writer.commit(complete=False)
-                    stats["write"] += time.perf_counter() - t0
-                    since_commit, last_commit = 0, time.monotonic()
-        finally:
-            bar.close()
-            torch.set_num_threads(threads_before)
+    bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
+    try:
+        for batch in loader:
+            if batch.pending is not None:
+                batch = finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)  # type: ignore[attr-defined]
+            stats["decode"] += batch.decode_seconds
+            for it in batch.failed:
+                rel = files[it.index].rel
+                writer.skipped.append(SkipRecord(rel, it.error or "", *_file_facts(it)))
+                stats["newly_skipped"] += 1
+                # A changed file that no longer decodes loses its row.
+                stats["lost"] += rel in plan.updated_paths
+            if batch.pixels is not None:
+                crash_point("embed")
+                t0 = time.perf_counter()
+                emb = enc.embed_pixels(batch.pixels)
+                stats["encode"] += time.perf_counter() - t0
+                good = batch.good
+                records = [
+                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
+                    for it in good
+                ]
+                writer.append(records, emb)
+                for rec in records:
+                    stats["updated" if rec.path in plan.updated_paths else "added"] += 1
+            since_commit += len(batch.items)
+            bar.update(len(batch.items))
+            bar.set_postfix(skipped=stats["newly_skipped"], refresh=False)
+            if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
+                t0 = time.perf_counter()
+                writer.commit(complete=False)
+                stats["write"] += time.perf_counter() - t0
+                since_commit, last_commit = 0, time.monotonic()
+    finally:
+        bar.close()
+        dataset.close()
+        torch.set_num_threads(threads_before)
     return stats
 
 

@@ -13,6 +13,7 @@ import io
 import os
 import time
 from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -87,8 +88,13 @@ class ImageDataset:
         max_pixels: int = DEFAULT_MAX_PIXELS,
         draft: bool = True,
         device_decode: bool = False,
+        threads: int = 1,
     ) -> None:
         self.device_decode = device_decode
+        # Threads decoding one batch in this process (PIL and torch release the GIL); a
+        # DataLoader worker process uses one.
+        self.threads = threads
+        self._pool: ThreadPoolExecutor | None = None
         self.root = os.fsencode(root)
         self.files = list(files)
         self.preprocess = preprocess
@@ -97,6 +103,24 @@ class ImageDataset:
 
     def __len__(self) -> int:
         return len(self.files)
+
+    def __getitems__(self, indices: Sequence[int]) -> list[Item]:
+        """A batch of items (DataLoader's batched fetch), decoded ``threads`` at a time."""
+        if self.threads <= 1 or len(indices) < 2:
+            return [self[i] for i in indices]
+        if self._pool is None:
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="clipsearch-decode")
+        return list(self._pool.map(self.__getitem__, indices))
+
+    def close(self) -> None:
+        """Stop the decode threads (if any were started)."""
+        if self._pool is not None:
+            self._pool.shutdown()
+            self._pool = None
+
+    def __getstate__(self) -> dict[str, object]:
+        # Worker processes get the dataset without the thread pool (not copyable, not wanted).
+        return {**self.__dict__, "_pool": None}
 
     def __getitem__(self, index: int) -> Item:
         rel = self.files[index].rel

@@ -11,6 +11,7 @@ import numpy as np
 import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
+import torch
 
 from imagegen import Collection, photo_like
 from indexer import build_index
@@ -328,6 +329,45 @@ def test_workers_give_the_same_embeddings_as_in_process(tmp_path: Path, tiny_mod
     assert a.indexed == b.indexed and a.skipped == b.skipped
     ea, eb = ImageIndex.open(tmp_path / "a").embeddings(), ImageIndex.open(tmp_path / "b").embeddings()
     assert np.abs(ea - eb).max() < 1e-5
+
+
+def test_in_process_decoding_on_threads_equals_a_worker_process(tmp_path: Path, tiny_model: Path, collection: Collection) -> None:
+    from indexer.build import default_workers
+
+    assert default_workers("cpu") == 0  # the CPU default decodes in-process, between batches
+    common = dict(model=str(tiny_model), batch_size=7, precision="fp32", device="cpu")
+    a = build_index(collection.root, tmp_path / "a", workers=0, threads=2, **common)
+    b = build_index(collection.root, tmp_path / "b", workers=1, threads=2, **common)
+    assert (a.workers, a.threads) == (0, 2)
+    ia, ib = ImageIndex.open(tmp_path / "a"), ImageIndex.open(tmp_path / "b")
+    assert ia.paths() == ib.paths() and a.skipped == b.skipped > 0
+    assert [(s.path, s.reason) for s in ia.skipped()] == [(s.path, s.reason) for s in ib.skipped()]
+    np.testing.assert_array_equal(ia.embeddings(), ib.embeddings())  # same pixels, same batches
+
+
+def test_dataset_decodes_a_batch_on_threads_in_order(tiny_model: Path, collection: Collection) -> None:
+    import pickle
+
+    from indexer.dataset import ImageDataset
+    from indexer.discover import discover
+    from retrieval.encoders import HFClipEncoder
+
+    files = discover(collection.root).files
+    cfg = HFClipEncoder.load(str(tiny_model), device="cpu").preprocess
+    serial = ImageDataset(collection.root, files, cfg)
+    threaded = ImageDataset(collection.root, files, cfg, threads=3)
+    try:
+        indices = list(range(len(files)))[::-1]
+        got, want = threaded.__getitems__(indices), serial.__getitems__(indices)
+        assert [it.index for it in got] == indices
+        assert [it.error for it in got] == [it.error for it in want] and any(it.error for it in got)
+        for g, w in zip(got, want, strict=True):
+            assert (g.pixels is None and w.pixels is None) or torch.equal(g.pixels, w.pixels)
+        copy = pickle.loads(pickle.dumps(threaded))  # what a worker process gets: no pool
+        assert copy._pool is None and threaded._pool is not None and copy.threads == 3
+    finally:
+        threaded.close()
+    assert threaded._pool is None
 
 
 def test_stored_embedding_equals_single_image_encoding(built_index: Path, collection: Collection, tiny_model: Path) -> None:
