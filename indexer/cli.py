@@ -66,7 +66,7 @@ def register_index_command(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face hub id or local checkpoint directory (default: {DEFAULT_MODEL})")
     p.add_argument("--batch-size", type=query_cli.positive_int, default=64, help="images per model call (default: 64)")
-    p.add_argument("--workers", type=query_cli.int_at_least(0), default=None, help="decode worker processes (default: from the core count; 0 = in-process)")
+    p.add_argument("--workers", type=query_cli.int_at_least(0), default=None, help="decode worker processes (default: 0 on CPU = in-process, on --threads threads between batches; from the core count on GPU)")
     query_cli.add_device_arguments(p)
     p.add_argument("--files-from", metavar="LIST", help="index only the paths listed in this file (one per line, relative to PHOTOS_DIR)")
     p.add_argument("--rebuild", action="store_true", help="re-index everything, also when the index was built with another model")

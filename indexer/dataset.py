@@ -109,7 +109,7 @@ class ImageDataset:
         if self.threads <= 1 or len(indices) < 2:
             return [self[i] for i in indices]
         if self._pool is None:
-            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="clipsearch-decode")
+            self._pool = ThreadPoolExecutor(self.threads, thread_name_prefix="clipsearch-decode", initializer=_one_torch_thread)
         return list(self._pool.map(self.__getitem__, indices))
 
     def close(self) -> None:
@@ -153,6 +153,15 @@ class ImageDataset:
         else:
             return Item(index, pixels, width, height, None, time.perf_counter() - start, size, mtime_ns, digest)
         return Item(index, None, 0, 0, error, time.perf_counter() - start, size, mtime_ns, digest)
+
+
+def _one_torch_thread() -> None:
+    # A decode thread's torch operations (resize, normalise) run on that thread alone; without
+    # this each pool thread opened an OpenMP team of its own on the same cores. It sets the
+    # calling thread's count (and the default for threads started later), not the model's.
+    import torch
+
+    torch.set_num_threads(1)
 
 
 def content_hash(data: bytes) -> str:

@@ -356,9 +356,11 @@ def test_dataset_decodes_a_batch_on_threads_in_order(tiny_model: Path, collectio
     cfg = HFClipEncoder.load(str(tiny_model), device="cpu").preprocess
     serial = ImageDataset(collection.root, files, cfg)
     threaded = ImageDataset(collection.root, files, cfg, threads=3)
+    threads_before = torch.get_num_threads()
     try:
         indices = list(range(len(files)))[::-1]
         got, want = threaded.__getitems__(indices), serial.__getitems__(indices)
+        assert torch.get_num_threads() == threads_before  # decode threads use 1; the model keeps its own
         assert [it.index for it in got] == indices
         assert [it.error for it in got] == [it.error for it in want] and any(it.error for it in got)
         for g, w in zip(got, want, strict=True):
