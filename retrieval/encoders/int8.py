@@ -6,23 +6,27 @@ coordinate, ``benchmarks/bench_int8.py``) and an update could not equal a rebuil
 ``int8_dynamic_activation_int8_weight``, every *row* (token) gets its own scale:
 
 - weights: int8, symmetric, one scale per output channel, quantised once;
-- activations: uint8-range codes per row, asymmetric (``scale = (max - min) / 255``, with the
-  zero point folded into a rank-one correction), so the signed int8 x int8 product of
-  ``torch._int_mm`` (oneDNN, AVX-512 VNNI) can be used;
+- activations: uint8 codes per row, asymmetric (``scale = (max - min) / 254``, min and max
+  widened to include 0), the zero point folded into a rank-one correction after the product;
+- products: oneDNN's uint8 x int8 linear (``torch.ops.onednn.qlinear_pointwise``, VNNI), which
+  applies the weight scales in the kernel and returns float32; ``torch._int_mm`` on codes
+  shifted to int8 where that path is missing or the CPU lacks int8 dot products;
 - integer accumulation is exact whatever the blocking, and every float step is per row, so a
   row's result is bit-identical in any batch (tested, transformers' CLIP), not just close. In
   open_clip's towers the final projection (``x @ proj``, a float32 product) still rounds with
-  the batch size, as in fp32 (~1e-8); every int8 layer before it sees the same codes.
+  the batch size, as in fp32 (~1e-7); every int8 layer before it sees the same codes.
 
 Also converted: a patch-embedding ``Conv2d`` whose stride equals its kernel (a matrix product over
 unfolded patches) and open_clip's ``nn.MultiheadAttention`` self-attention, so no large float
 product is left whose rounding depends on the batch; and a
 quick-GELU MLP (``x * sigmoid(1.702 x)``, CLIP's activation) becomes ``silu`` in place, with the
 1.702 folded into the two layers' scales (per-row quantisation does not see a row's scale).
+transformers' q/k/v projections share one quantised input and one product.
 
 Measured with ``benchmarks/bench_int8.py`` on 2 AVX-512 VNNI cores, ViT-B/32 vision tower,
-batch 32, freed memory kept as the indexer does: fp32 20.2-20.5 img/s, this 53.1-55.3 img/s,
-fbgemm's per-batch int8 56.4-58.3 img/s; cosine to fp32 0.99990 (fbgemm 0.99964).
+batch 32, freed memory kept as the indexer does: fp32 20.4 img/s, this 62.6 img/s (with
+``torch._int_mm`` and separate elementwise passes it was 53.1-55.3), fbgemm's per-batch int8
+56.4, ONNX Runtime's dynamic int8 59.8; cosine to fp32 0.99990 (fbgemm 0.99964).
 """
 
 from __future__ import annotations

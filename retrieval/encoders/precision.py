@@ -103,7 +103,7 @@ def cpu_has_int8_dot() -> bool:
 def auto_candidates(device: torch.device) -> tuple[str, ...]:
     """Reduced modes ``auto`` tries on ``device``, fastest first (measured; see README).
 
-    CPU: int8 where the CPU has int8 dot products (2.5x fp32 with AVX-512 VNNI; elsewhere
+    CPU: int8 where the CPU has int8 dot products (3x fp32 with AVX-512 VNNI; elsewhere
     unmeasured, so fp32); bf16 first only with AMX, since with AVX-512 BF16 alone oneDNN's bf16
     products ran at 0.6x fp32 here. CUDA: fp16, then bf16 (tensor cores).
     """
