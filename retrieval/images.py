@@ -666,7 +666,8 @@ def decode_jpegs_on_device(datas: Sequence[bytes], device: torch.device | str) -
 
 
 def preprocess_on_device(image: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
-    """:func:`preprocess_tensor` for a decoded ``(3, H, W)`` uint8 image on its device.
+    """:func:`preprocess_tensor` for decoded uint8 images, ``(3, H, W)`` or a stacked
+    ``(N, 3, H, W)`` batch of one size, on their device.
 
     On the CPU uint8 keeps bit parity with the reference; on CUDA the resize runs in float32
     (antialiased bicubic on uint8 is a CPU kernel), which differs by less than one grey level.

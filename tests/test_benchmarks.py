@@ -140,6 +140,16 @@ def test_bench_index_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["baseline_images_per_second"] > 0 and "(default: " in out
 
 
+def test_bench_index_copies_and_baseline_subset(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--preset", "tiny", "--images", "10", "--unique", "4", "--baseline-images", "3", "--batch-size", "4",
+            "--modes", "bf16", "--workers", "0"]
+    assert bench_index.main(argv) == 0
+    result = _json_line(capsys.readouterr().out)
+    assert (result["images"], result["unique_images"], result["baseline_images"]) == (10, 4, 3)
+    # The gate compares the distinct images only: copies would tie in the top-10.
+    assert result["modes"]["bf16"]["gate"]["samples"] == 4
+
+
 def test_synthetic_queries_share_the_clusters_but_not_the_vectors() -> None:
     import numpy as np
 

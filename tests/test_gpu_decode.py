@@ -79,3 +79,58 @@ def test_decoder_failure_falls_back_to_pil(tiny_model: Path, folder: Path, monke
     done = D.finish_on_device(_batch(folder, enc.preprocess, True), enc.preprocess, torch.device("cpu"))
     ref = torch.stack([load_pixels(folder / n, enc.preprocess)[0] for n in ("a.jpg", "b_rot.jpg", "c.png", "f_gray.jpg")])
     assert torch.equal(done.pixels, ref)  # exactly the CPU path
+
+
+DEVICES = ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_same_size_images_are_preprocessed_together_in_batch_order(
+    tiny_model: Path, tmp_path: Path, device: str
+) -> None:
+    from retrieval.images import preprocess_on_device
+
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu")
+    root = tmp_path / "p"
+    root.mkdir()
+    # Two sizes interleaved, a PNG (CPU path) in between, a broken file: rows stay in file order.
+    names = []
+    for i, size in enumerate([(160, 120), (120, 160), (160, 120), None, (160, 120), (120, 160)]):
+        if size is None:
+            photo_like(64, 48, seed=i).save(root / f"{i}.png")
+            names.append(f"{i}.png")
+        else:
+            (root / f"{i}.jpg").write_bytes(_jpeg(photo_like(*size, seed=i)))
+            names.append(f"{i}.jpg")
+    (root / "9_bad.jpg").write_bytes(b"\xff\xd8\xff" + b"\x00" * 64)
+    names.append("9_bad.jpg")
+    files = [ImageFile(n.encode(), 0, 0) for n in names]
+    ds = D.ImageDataset(root, files, enc.preprocess, device_decode=True)
+    done = D.finish_on_device(D.collate([ds[i] for i in range(len(ds))]), enc.preprocess, torch.device(device))
+    assert [it.error is None for it in done.items] == [True] * 6 + [False]
+    expected = []
+    for n in names[:6]:
+        data = (root / n).read_bytes()
+        if is_jpeg(data):
+            (image,) = decode_jpegs_on_device([data], device)
+            expected.append(preprocess_on_device(image, enc.preprocess))
+        else:
+            expected.append(load_pixels(root / n, enc.preprocess)[0].to(device))
+    assert done.pixels is not None and done.pixels.device.type == device
+    # One stacked resize equals one resize per image (the same kernel, row by row).
+    torch.testing.assert_close(done.pixels, torch.stack(expected), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_one_size_batch_is_the_stacked_tensor(tiny_model: Path, tmp_path: Path, device: str) -> None:
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu")
+    root = tmp_path / "p"
+    root.mkdir()
+    for i in range(3):
+        (root / f"{i}.jpg").write_bytes(_jpeg(photo_like(200, 150, seed=i)))
+    files = [ImageFile(f"{i}.jpg".encode(), 0, 0) for i in range(3)]
+    ds = D.ImageDataset(root, files, enc.preprocess, device_decode=True)
+    done = D.finish_on_device(D.collate([ds[i] for i in range(3)]), enc.preprocess, torch.device(device))
+    single = [D.finish_on_device(D.collate([ds[i]]), enc.preprocess, torch.device(device)).pixels for i in range(3)]
+    assert done.pixels is not None and done.pixels.shape[0] == 3
+    torch.testing.assert_close(done.pixels, torch.cat(single), rtol=0, atol=1e-5)
