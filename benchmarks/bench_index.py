@@ -6,7 +6,7 @@ The baseline is what a hand-rolled script does: a plain loop of PIL open + ``CLI
 the same generated 640x480 photo-like JPEGs with a randomly initialised model (weights do not
 change speed). Prints one JSON line, then a readable table.
 
-    python benchmarks/bench_index.py [--preset vit-b-32|tiny] [--images 256] [--batch-size 64]
+    python benchmarks/bench_index.py [--preset vit-b-32|tiny] [--images 256] [--batch-size N]
         [--modes fp32,int8,bf16,auto] [--workers N] [--threads N] [--device cpu|cuda]
         [--unique N] [--baseline-images N]
 
@@ -51,7 +51,7 @@ def run_baseline(model_dir: Path, files: list[Path], batch_size: int, device: st
     return time.perf_counter() - start
 
 
-def run_ours(model_dir: Path, photos: Path, out: Path, batch_size: int, workers: int | None, threads: int | None,
+def run_ours(model_dir: Path, photos: Path, out: Path, batch_size: int | None, workers: int | None, threads: int | None,
              device: str, precision: str | None) -> dict:
     from indexer import build_index
 
@@ -167,7 +167,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"])
     parser.add_argument("--images", type=int, default=256)
-    parser.add_argument("--batch-size", type=int, default=64)
+    parser.add_argument("--batch-size", type=int, default=None, help="default: the build's (64 on CPU, 512 on GPU)")
     parser.add_argument("--workers", type=int, default=None)
     parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
@@ -210,13 +210,16 @@ def main(argv: list[str] | None = None) -> int:
                 "precision": r["precision"],
                 "workers": r["workers"],
                 "threads": r["threads"],
+                "batch_size": r["batch_size"],
                 "stage_seconds": {k: r[f"{k}_seconds"] for k in ("decode", "encode", "write")},
                 "model_images_per_second": round(r["embedded"] / r["encode_seconds"], 2) if r["encode_seconds"] else None,
                 "gate": gate(mode, ref, vectors).to_dict() if mode != "fp32" else None,
             }
         ours_rss = peak_rss_mb()
         base_files = files[: args.baseline_images] if args.baseline_images else files
-        base_s = run_baseline(model_dir, base_files, args.batch_size, args.device)
+        # The naive loop at the build's batch size.
+        batch_size = next(iter(runs.values()))["batch_size"]
+        base_s = run_baseline(model_dir, base_files, batch_size, args.device)
         flops = flops_per_image(model_dir)
 
     base_ips = len(base_files) / base_s
@@ -232,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
         "preset": args.preset,
         "images": len(files),
         "image_size": [640, 480],
-        "batch_size": args.batch_size,
+        "batch_size": batch_size,
         "device": args.device,
         "modes": runs,
         "unique_images": unique,
@@ -264,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{flops / 1e9:.2f} GFLOP per image; CPU fp32 peak {peak['fp32_peak_gflops']} GFLOP/s "
               f"({peak['cores']} cores x {peak['mhz']:.0f} MHz x 64), int8 peak {peak['int8_peak_gops']} GOP/s")
     print(f"decode + preprocess only, 1 thread: {decode['draft']} img/s with JPEG draft, {decode['full']} img/s without")
-    print(f"({args.preset}, {len(files)} JPEGs 640x480 ({unique} distinct), batch {args.batch_size}, {args.device})")
+    print(f"({args.preset}, {len(files)} JPEGs 640x480 ({unique} distinct), batch {batch_size}, {args.device})")
     return 0
 
 

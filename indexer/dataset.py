@@ -67,6 +67,15 @@ class Batch:
     # Items still to decode on the device (then ``pixels`` is None): see :func:`finish_on_device`.
     pending: list[Item] | None = None
 
+    def pin_memory(self) -> Batch:
+        """The batch with its pixel tensors in page-locked memory (the DataLoader's pin-memory
+        thread calls this), so copies to the GPU are asynchronous."""
+        pixels = self.pixels.pin_memory() if self.pixels is not None else None
+        pending = self.pending
+        if pending is not None:
+            pending = [dataclasses.replace(it, pixels=it.pixels.pin_memory()) if it.pixels is not None else it for it in pending]
+        return dataclasses.replace(self, pixels=pixels, pending=pending)
+
     @property
     def good(self) -> list[Item]:
         return [it for it in self.items if it.error is None]
@@ -202,6 +211,10 @@ def collate(items: Sequence[Item]) -> Batch:
     )
 
 
+# Decoded images of one size preprocessed per call on the device (bounds its float copies).
+DEVICE_CHUNK = 128
+
+
 def finish_on_device(
     batch: Batch,
     preprocess: PreprocessConfig,
@@ -253,7 +266,12 @@ def finish_on_device(
         items.append(dataclasses.replace(it, pixels=None, data=None))
     stacked: torch.Tensor | None = None
     for group in same_size.values():
-        stacked = preprocess_on_device(torch.stack([image for _, image in group]), preprocess)
+        # In chunks: the float copy of full-size images is large (128 at 640x480: 472 MB).
+        parts = [
+            preprocess_on_device(torch.stack([image for _, image in group[i : i + DEVICE_CHUNK]]), preprocess)
+            for i in range(0, len(group), DEVICE_CHUNK)
+        ]
+        stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
         for (row, _), pixels in zip(group, stacked, strict=True):
             rows[row] = pixels
     seconds = batch.decode_seconds + time.perf_counter() - start

@@ -75,7 +75,10 @@ class EmbeddingWriter:
         self.path = os.fspath(path)
         self._paths: list[pa.Array] = []
         self.schema = embeddings_schema(dim).with_metadata({FILE_ID_KEY: file_id.encode()})
-        self._writer = pq.ParquetWriter(os.fspath(path), self.schema, compression="zstd")
+        # No dictionary for the float vectors: building one that never fits took 4x the time of
+        # writing them (4096 x 512 float32: 81 ms against 21 ms, and the file came out larger).
+        dictionary = [name for name in self.schema.names if name != "embedding"]
+        self._writer = pq.ParquetWriter(os.fspath(path), self.schema, compression="zstd", use_dictionary=dictionary)
         self._row_group_size = row_group_size
         self.count = 0
 

@@ -122,7 +122,11 @@ def test_same_size_images_are_preprocessed_together_in_batch_order(
 
 
 @pytest.mark.parametrize("device", DEVICES)
-def test_one_size_batch_is_the_stacked_tensor(tiny_model: Path, tmp_path: Path, device: str) -> None:
+@pytest.mark.parametrize("chunk", [128, 2])
+def test_one_size_batch_is_the_stacked_tensor(
+    tiny_model: Path, tmp_path: Path, device: str, chunk: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(D, "DEVICE_CHUNK", chunk)  # 2: preprocessed in two calls, concatenated
     enc = HFClipEncoder.load(str(tiny_model), device="cpu")
     root = tmp_path / "p"
     root.mkdir()
@@ -134,3 +138,59 @@ def test_one_size_batch_is_the_stacked_tensor(tiny_model: Path, tmp_path: Path, 
     single = [D.finish_on_device(D.collate([ds[i]]), enc.preprocess, torch.device(device)).pixels for i in range(3)]
     assert done.pixels is not None and done.pixels.shape[0] == 3
     torch.testing.assert_close(done.pixels, torch.cat(single), rtol=0, atol=1e-5)
+
+
+@pytest.mark.parametrize("workers", [0, 2])
+def test_build_with_device_decoding_matches_cpu_build(
+    tiny_model: Path, folder: Path, tmp_path: Path, workers: int, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The GPU build's pipeline (workers hand JPEG bytes over, a helper thread decodes and
+    resizes on the device) run end to end with the CPU as the device."""
+    from indexer import build as B
+    from retrieval import ImageIndex
+
+    cpu = B.build_index(folder, tmp_path / "cpu", model=str(tiny_model), workers=0, device="cpu", precision="fp32", batch_size=4)
+    monkeypatch.setattr(B, "_decodes_on_device", lambda device_type: True)
+    dev = B.build_index(folder, tmp_path / "dev", model=str(tiny_model), workers=workers, device="cpu", precision="fp32", batch_size=4)
+    assert (dev.indexed, dev.skipped) == (cpu.indexed, cpu.skipped) == (4, 2)
+    a, b = ImageIndex.open(tmp_path / "cpu"), ImageIndex.open(tmp_path / "dev")
+    assert a.paths() == b.paths()
+    assert [(s.path, s.reason) for s in a.skipped()] == [(s.path, s.reason) for s in b.skipped()]
+    # Full-size decode + resize against PIL's draft decode: the same vectors within 1e-3.
+    assert (a.embeddings() * b.embeddings()).sum(axis=1).min() >= 0.999
+
+
+def test_device_decoding_error_ends_the_build_with_it(
+    tiny_model: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from indexer import build as B
+
+    def broken(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("CUDA error: out of memory")
+
+    monkeypatch.setattr(B, "_decodes_on_device", lambda device_type: True)
+    monkeypatch.setattr(B, "finish_on_device", broken)
+    with pytest.raises(RuntimeError, match="out of memory"):
+        B.build_index(folder, tmp_path / "dev", model=str(tiny_model), workers=0, device="cpu", batch_size=4)
+
+
+def test_batch_pin_memory_pins_every_pixel_tensor() -> None:
+    class FakeTensor:
+        def __init__(self, pinned: bool = False) -> None:
+            self.pinned = pinned
+
+        def pin_memory(self) -> FakeTensor:
+            return FakeTensor(True)
+
+    item = D.Item(0, FakeTensor(), 1, 1, None, 0.0)  # type: ignore[arg-type]
+    jpeg = D.Item(1, None, 1, 1, None, 0.0, data=b"\xff\xd8\xff")
+    pinned = D.Batch(FakeTensor(), [item], 0.0, pending=[item, jpeg]).pin_memory()  # type: ignore[arg-type]
+    assert pinned.pixels.pinned and pinned.pending[0].pixels.pinned and pinned.pending[1] is jpeg
+    assert not item.pixels.pinned  # the original batch is untouched
+
+
+def test_defaults_by_device() -> None:
+    from indexer.build import default_batch_size, default_workers
+
+    assert (default_batch_size("cpu"), default_batch_size("cuda")) == (64, 512)
+    assert default_workers("cpu") == 0 and 1 <= default_workers("cuda") <= 8
