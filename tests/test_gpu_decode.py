@@ -140,18 +140,20 @@ def test_one_size_batch_is_the_stacked_tensor(
     torch.testing.assert_close(done.pixels, torch.cat(single), rtol=0, atol=1e-5)
 
 
-@pytest.mark.parametrize("workers", [0, 2])
+@pytest.mark.parametrize(("device", "workers"), [("cpu", 0), ("cpu", 2)] + [("cuda", 2)] * (len(DEVICES) - 1))
 def test_build_with_device_decoding_matches_cpu_build(
-    tiny_model: Path, folder: Path, tmp_path: Path, workers: int, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Path, folder: Path, tmp_path: Path, device: str, workers: int, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The GPU build's pipeline (workers hand JPEG bytes over, a helper thread decodes and
-    resizes on the device) run end to end with the CPU as the device."""
+    resizes on the device; other formats come decoded, pinned on CUDA) run end to end, on
+    the CPU as the device where there is no GPU."""
     from indexer import build as B
     from retrieval import ImageIndex
 
     cpu = B.build_index(folder, tmp_path / "cpu", model=str(tiny_model), workers=0, device="cpu", precision="fp32", batch_size=4)
     monkeypatch.setattr(B, "_decodes_on_device", lambda device_type: True)
-    dev = B.build_index(folder, tmp_path / "dev", model=str(tiny_model), workers=workers, device="cpu", precision="fp32", batch_size=4)
+    dev = B.build_index(folder, tmp_path / "dev", model=str(tiny_model), workers=workers, device=device, precision="fp32", batch_size=4)
+    assert dev.device.startswith(device)
     assert (dev.indexed, dev.skipped) == (cpu.indexed, cpu.skipped) == (4, 2)
     a, b = ImageIndex.open(tmp_path / "cpu"), ImageIndex.open(tmp_path / "dev")
     assert a.paths() == b.paths()
