@@ -23,6 +23,7 @@ from retrieval.images import (
     PreprocessConfig,
     decode_jpegs_on_device,
     is_jpeg,
+    jpeg_has_end,
     load_pixels,
     preprocess_on_device,
     probe_image,
@@ -140,7 +141,7 @@ class ImageDataset:
         except OSError as exc:
             return Item(index, None, 0, 0, _read_error(exc), time.perf_counter() - start)
         digest = content_hash(data)
-        if self.device_decode and is_jpeg(data):
+        if self.device_decode and is_jpeg(data) and jpeg_has_end(data):
             # Only the header here (size, EXIF, bomb check); the pixels are decoded on the GPU.
             try:
                 width, height = probe_image(data, max_pixels=self.max_pixels, name=display_path(rel))

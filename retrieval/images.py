@@ -611,6 +611,18 @@ def is_jpeg(data: bytes) -> bool:
     return data[:3] == JPEG_MAGIC
 
 
+def jpeg_has_end(data: bytes) -> bool:
+    """Whether a JPEG's end-of-image marker is in its last bytes (not a truncated file).
+
+    nvJPEG decodes a truncated JPEG without complaint (the missing rows come out grey) where
+    PIL refuses it; a file without its end marker goes to PIL, which decides as on the CPU.
+    Entropy-coded data cannot hold ``FF D9`` (every ``FF`` there is followed by ``00`` or a
+    restart marker), so it is found only as the end marker; trailing bytes beyond 32 also send
+    the file to PIL, which is slower but decodes it the same way.
+    """
+    return b"\xff\xd9" in data[-32:]
+
+
 def probe_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, name: str | None = None) -> tuple[int, int]:
     """(width, height) after EXIF orientation from the header alone, with the bomb check.
 

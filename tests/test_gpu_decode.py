@@ -196,3 +196,24 @@ def test_defaults_by_device() -> None:
 
     assert (default_batch_size("cpu"), default_batch_size("cuda")) == (64, 512)
     assert default_workers("cpu") == 0 and 1 <= default_workers("cuda") <= 8
+
+
+def test_truncated_jpeg_goes_to_pil_which_skips_it(tiny_model: Path, folder: Path, tmp_path: Path) -> None:
+    """nvJPEG decodes a truncated JPEG (grey rows) where PIL refuses it: without its end
+    marker a file is decoded by PIL in the worker, so CPU and GPU builds skip the same files."""
+    from retrieval.images import jpeg_has_end
+
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu")
+    good = (folder / "a.jpg").read_bytes()
+    assert jpeg_has_end(good) and not jpeg_has_end((folder / "d_truncated.jpg").read_bytes())
+    root = tmp_path / "p"
+    root.mkdir()
+    (root / "0_trunc.jpg").write_bytes(good[: len(good) - 100])
+    (root / "1_junk_after_end.jpg").write_bytes(good + b"\x00" * 100)  # valid, end marker not last
+    (root / "2_good.jpg").write_bytes(good)
+    files = [ImageFile(n.encode(), 0, 0) for n in sorted(p.name for p in root.iterdir())]
+    ds = D.ImageDataset(root, files, enc.preprocess, device_decode=True)
+    trunc, junk, ok = (ds[i] for i in range(3))
+    assert trunc.data is None and trunc.pixels is None and "truncated" in (trunc.error or "")
+    assert junk.data is None and junk.pixels is not None and junk.error is None  # decoded by PIL
+    assert ok.data == good and ok.pixels is None  # left for the device
