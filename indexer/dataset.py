@@ -265,7 +265,6 @@ def finish_on_device(
             continue
         rows.append(pixels.to(device, non_blocking=True))
         items.append(dataclasses.replace(it, pixels=None, data=None))
-    stacked: torch.Tensor | None = None
     for group in same_size.values():
         # In chunks: the float copy of full-size images is large (128 at 640x480: 472 MB).
         parts = [
@@ -273,9 +272,10 @@ def finish_on_device(
             for i in range(0, len(group), DEVICE_CHUNK)
         ]
         stacked = parts[0] if len(parts) == 1 else torch.cat(parts)
+        if len(group) == len(rows):
+            # One size and nothing else: already the batch, in order (no split and re-stack).
+            return Batch(stacked, items, batch.decode_seconds + time.perf_counter() - start)
         for (row, _), pixels in zip(group, stacked, strict=True):
             rows[row] = pixels
     seconds = batch.decode_seconds + time.perf_counter() - start
-    if stacked is not None and len(same_size) == 1 and len(stacked) == len(rows):
-        return Batch(stacked, items, seconds)  # one size, nothing else: already in batch order
     return Batch(torch.stack(rows) if rows else None, items, seconds)  # type: ignore[arg-type]
