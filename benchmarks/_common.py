@@ -30,8 +30,13 @@ def machine_facts() -> dict[str, object]:
                 break
     except OSError:
         pass
+    from retrieval.encoders import cpu as cpu_caps
+
     return {
         "cpu": cpu,
+        # What clipsearch acts on (detected, capped by CLIPSEARCH_CPU_CAP / ONEDNN_MAX_CPU_ISA):
+        # a figure from a capped run says so.
+        "cpu_level": cpu_caps.describe(),
         "cores": os.cpu_count(),
         "torch": torch.__version__,
         "torch_threads": torch.get_num_threads(),

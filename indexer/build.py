@@ -23,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from retrieval.encoders import DEFAULT_MODEL, Encoder, check_precision, load_encoder
+from retrieval.encoders import DEFAULT_MODEL, Encoder, check_precision, cpu, load_encoder
 from retrieval.errors import (
     IndexDirError,
     IndexFormatError,
@@ -195,6 +195,8 @@ class BuildReport:
     device: str
     threads: int = 0
     precision: str = ""
+    # The CPU level the run acted on (retrieval.encoders.cpu), e.g. "avx2"; "" on CUDA.
+    cpu_level: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -308,6 +310,7 @@ def build_index(
         target_recall=target_recall,
     )
     start = time.perf_counter()
+    cpu.cpu_level()  # a bad CLIPSEARCH_CPU_CAP fails here, before any work
     photos = Path(photos_dir)
     out = Path(index_dir)
     _check_photos_dir(photos)
@@ -494,6 +497,7 @@ def _run(
         device=str(getattr(enc, "device", "cpu")),
         threads=stats["threads"],
         precision=str(writer.meta.model_info.get("precision", "fp32")),
+        cpu_level=cpu.cpu_level() if str(getattr(enc, "device", "cpu")).startswith("cpu") else "",
     )
 
 

@@ -107,7 +107,7 @@ def model_info(enc: Encoder, previous_info: Mapping[str, Any] | None, embedded: 
             before = [str(previous_info.get("precision", "fp32"))]
         if not embedded and previous_info.get("precision") not in (None, "auto"):
             # Nothing embedded now: the index's precision is still the recorded one.
-            for key in ("precision", "precision_requested", "precision_gate"):
+            for key in ("precision", "precision_requested", "precision_gate", "int8_activation_bits"):
                 if key in previous_info:
                     info[key] = previous_info[key]
                 else:

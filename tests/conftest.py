@@ -22,6 +22,16 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 
+def pytest_report_header(config: pytest.Config) -> str:
+    """The CPU level the suite acts on: tests adapt to it (or skip, saying why), and
+    ``CLIPSEARCH_CPU_CAP`` / ``ONEDNN_MAX_CPU_ISA`` lower it to run the suite as on a smaller CPU."""
+    from retrieval.encoders import cpu
+
+    facts = cpu.describe()
+    caps = ", ".join(f"{k}={v}" for k, v in facts.items() if k not in ("detected", "level"))
+    return f"clipsearch CPU level: {facts['level']} (detected {facts['detected']}{'; ' + caps if caps else ''})"
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random CLIP checkpoint: 64 px images, 48-d projection, real CLIP tokenizer."""

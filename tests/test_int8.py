@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 from pathlib import Path
 
 import numpy as np
@@ -16,8 +17,10 @@ from imagegen import make_jpegs
 from indexer import build_index
 from retrieval import ImageIndex
 from retrieval.encoders import HFClipEncoder
+from retrieval.encoders import cpu
 from retrieval.encoders import precision as P
 from retrieval.encoders import int8 as I8
+from retrieval.errors import InvalidArgumentError
 from retrieval.encoders.int8 import Int8Linear, Int8PatchEmbedding, quantize_int8, quantize_rows
 from retrieval.images import load_pixels
 
@@ -36,16 +39,21 @@ def test_row_quantisation_error_is_half_a_step() -> None:
     assert torch.equal(back[1], torch.zeros(40))
     # Each row uses the whole code range (its zero point may pin one end): 254 steps.
     assert int(codes[0].max()) - int(codes[0].min()) in (253, 254)
+    # 7-bit codes (CPUs without int8 dot products): 126 steps, codes 0..127, same bound.
+    codes, scale, zero = quantize_rows(x, steps=I8.REDUCED_STEPS)
+    back = (codes.float() - zero) * scale
+    assert int(codes.max()) <= 127 and int(codes[0].max()) - int(codes[0].min()) in (125, 126)
+    assert torch.all((back - x).abs() <= scale * 0.5 + 1e-6 * x.abs() + 1e-12)
 
 
 @pytest.mark.parametrize("shape", [(1, 13), (5, 64), (3, 7, 32), (0, 16)])
 @pytest.mark.parametrize("bias", [True, False])
-def test_int8_linear_matches_fp32(shape: tuple[int, ...], bias: bool, backend: str) -> None:
+def test_int8_linear_matches_fp32(shape: tuple[int, ...], bias: bool, kernel: I8.Int8Kernel) -> None:
     torch.manual_seed(1)
     k = shape[-1]
     linear = nn.Linear(k, 24, bias=bias)
     x = torch.randn(*shape)
-    q = Int8Linear(linear)
+    q = Int8Linear(linear, kernel=kernel)
     with torch.inference_mode():
         ref, out = linear(x), q(x)
     assert out.shape == ref.shape and out.dtype == torch.float32
@@ -54,22 +62,37 @@ def test_int8_linear_matches_fp32(shape: tuple[int, ...], bias: bool, backend: s
         assert err < 0.02, float(err)
 
 
-BACKENDS = ["onednn", "int_mm"]
+def _exact_kernels() -> list[I8.Int8Kernel]:
+    """The kernels whose integer sums are exact on this machine's real kernels (not our cap):
+    oneDNN with 7-bit codes on any x86; 8-bit codes and ``torch._int_mm`` only with int8 dot
+    products (without them both saturate 16-bit pair sums, see test_reduced_range_...)."""
+    dot = cpu.rank(cpu.kernel_level()) >= cpu.rank("avx_vnni")
+    out = []
+    for onednn in (True, False):
+        for steps in (I8.FULL_STEPS, I8.REDUCED_STEPS):
+            if onednn and not I8._onednn_available():
+                continue
+            if (steps == I8.FULL_STEPS or not onednn) and not dot:
+                continue
+            out.append(I8.Int8Kernel(onednn=onednn, steps=steps))
+    return out
 
 
-@pytest.fixture(params=BACKENDS)
-def backend(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Run a test with oneDNN's uint8 x int8 linear and with the ``torch._int_mm`` fallback."""
-    if request.param == "onednn" and not I8._onednn_int8():
-        pytest.skip("oneDNN's int8 linear needs an x86 CPU with int8 dot products")
-    monkeypatch.setattr(I8, "_onednn_int8", lambda: request.param == "onednn")
-    return str(request.param)
+KERNELS = [I8.Int8Kernel(o, s) for o in (True, False) for s in (I8.FULL_STEPS, I8.REDUCED_STEPS)]
+
+
+@pytest.fixture(params=KERNELS, ids=lambda k: f"{'onednn' if k.onednn else 'int_mm'}-{k.steps}")
+def kernel(request: pytest.FixtureRequest) -> I8.Int8Kernel:
+    """Each int8 kernel this CPU runs exactly; the others skip, saying why."""
+    if request.param not in _exact_kernels():
+        pytest.skip(f"{request.param} is not exact on a {cpu.kernel_level()} CPU (or oneDNN's op is missing)")
+    return request.param
 
 
 @pytest.mark.parametrize("k,n", [(96, 48), (37, 5), (768, 64)])
-def test_int8_linear_rows_are_independent_of_their_batch(backend: str, k: int, n: int) -> None:
+def test_int8_linear_rows_are_independent_of_their_batch(kernel: I8.Int8Kernel, k: int, n: int) -> None:
     torch.manual_seed(2)
-    q = Int8Linear(nn.Linear(k, n))
+    q = Int8Linear(nn.Linear(k, n), kernel=kernel)
     x = torch.randn(37, k) * torch.linspace(0.01, 30, 37)[:, None]
     with torch.inference_mode():
         whole = q(x)
@@ -79,20 +102,80 @@ def test_int8_linear_rows_are_independent_of_their_batch(backend: str, k: int, n
         assert torch.equal(q(x.t().contiguous().t()), whole)  # a strided input: same codes
 
 
-def test_int8_backends_agree_and_copies_repack(monkeypatch: pytest.MonkeyPatch) -> None:
-    if not I8._onednn_int8():
-        pytest.skip("oneDNN's int8 linear needs an x86 CPU with int8 dot products")
-    torch.manual_seed(4)
-    q = Int8Linear(nn.Linear(64, 40))
-    x = torch.randn(9, 64)
+def _exact_product(q: Int8Linear, x: torch.Tensor) -> torch.Tensor:
+    """What ``q(x)`` must be: its own codes of ``x``, multiplied in float64 (exact for integers)."""
+    codes, scale, zero = quantize_rows(x.clone(), steps=q.kernel.steps)
+    acc = (codes.double() - zero.double()) @ q.weight_codes.double().t()
+    return acc * q.col_scale.double() * scale.double() + q.bias.double()
+
+
+def _saturating_case() -> tuple[nn.Linear, torch.Tensor]:
+    # Weights of +-1 (codes +-127) in pairs of equal sign and inputs near their row maximum:
+    # a 16-bit pair sum of 8-bit codes would reach 2 * 254 * 127 and saturate.
+    torch.manual_seed(6)
+    linear = nn.Linear(256, 32)
+    with torch.no_grad():
+        linear.weight.copy_(torch.sign(torch.randn(32, 128)).repeat_interleave(2, dim=1))
+    x = torch.rand(8, 256) * 0.1 + 1.0
+    return linear, x
+
+
+def test_every_kernel_sums_exactly_and_agrees_with_the_others(kernel: I8.Int8Kernel) -> None:
+    linear, x = _saturating_case()
+    q = Int8Linear(linear, kernel=kernel)
     with torch.inference_mode():
-        fast = q(x)
+        out = q(x)
         copied = copy.deepcopy(q)  # oneDNN's packed weight cannot be copied: packed again
-        assert torch.equal(copied(x), fast)
-        monkeypatch.setattr(I8, "_onednn_int8", lambda: False)
-        slow = q(x)
-    # The same integer sums; only the float steps of dequantisation may round differently.
-    torch.testing.assert_close(slow, fast, rtol=1e-6, atol=1e-6)
+        assert torch.equal(copied(x), out)
+    # Exact integer sums; only the float steps of dequantisation may round differently.
+    torch.testing.assert_close(out.double(), _exact_product(q, x), rtol=1e-6, atol=1e-5)
+    torch.manual_seed(4)
+    small = nn.Linear(64, 40)
+    y = torch.randn(9, 64)
+    same_steps = [k for k in _exact_kernels() if k.steps == kernel.steps]
+    with torch.inference_mode():
+        outs = [Int8Linear(small, kernel=k)(y) for k in same_steps]
+    for other in outs[1:]:
+        torch.testing.assert_close(other, outs[0], rtol=1e-6, atol=1e-6)
+
+
+_AVX2_PROBE = """
+import json, torch
+from torch import nn
+from retrieval.encoders import cpu, int8 as I8
+torch.manual_seed(6)
+linear = nn.Linear(256, 32)
+with torch.no_grad():
+    linear.weight.copy_(torch.sign(torch.randn(32, 128)).repeat_interleave(2, dim=1))
+x = torch.rand(8, 256) * 0.1 + 1.0
+def err(kernel):
+    q = I8.Int8Linear(linear, kernel=kernel)
+    codes, scale, zero = I8.quantize_rows(x.clone(), steps=kernel.steps)
+    ref = ((codes.double() - zero.double()) @ q.weight_codes.double().t()) * q.col_scale.double() * scale.double() + q.bias.double()
+    with torch.inference_mode():
+        return float(((q(x).double() - ref).abs().max() / ref.abs().max()))
+chosen = I8.current_kernel()
+print(json.dumps({"level": cpu.cpu_level(), "steps": chosen.steps, "chosen": err(chosen),
+                  "full": err(I8.Int8Kernel(onednn=True, steps=I8.FULL_STEPS))}))
+"""
+
+
+def test_reduced_range_is_chosen_and_exact_where_onednn_runs_avx2_kernels() -> None:
+    """oneDNN told to use AVX2 kernels (as on an AVX2-only host): 8-bit codes saturate there,
+    so the kernel chosen has 7-bit codes, and its sums are exact."""
+    import subprocess
+    import sys
+
+    if not I8._onednn_available():
+        pytest.skip("oneDNN's int8 linear is x86-only")
+    env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
+    env.pop(cpu.CAP_ENV, None)
+    proc = subprocess.run([sys.executable, "-c", _AVX2_PROBE], env=env, capture_output=True, text=True, check=False)
+    assert proc.returncode == 0, proc.stderr
+    probe = json.loads(proc.stdout)
+    assert probe["level"] == "avx2" and probe["steps"] == I8.REDUCED_STEPS
+    assert probe["chosen"] < 1e-6
+    assert probe["full"] > 0.05  # what the reduced range avoids: saturated pair sums
 
 
 def test_fused_projections_equal_separate_layers_and_release_the_product() -> None:
@@ -192,7 +275,12 @@ def test_default_is_auto_for_a_new_index_and_the_recorded_mode_on_update(
     out = tmp_path / "d.idx"
     build_index(photos, out, model=str(tiny_model), workers=0, device="cpu", files=files[:8])
     info = _model_info(out)
-    assert info["precision_requested"] == "auto" and info["precision_gate"]["gate"][0]["mode"] == "int8"
+    assert info["precision_requested"] == "auto"
+    candidates = P.auto_candidates(torch.device("cpu"))
+    if candidates:  # this CPU (or its cap) has a reduced mode to try: the first one was gated
+        assert info["precision_gate"]["gate"][0]["mode"] == candidates[0]
+    else:
+        assert "precision_gate" not in info and info["precision"] == "fp32"
 
     fixed = tmp_path / "f.idx"
     build_index(photos, fixed, model=str(tiny_model), workers=0, device="cpu", precision="fp32", files=files[:8])
@@ -218,20 +306,100 @@ def test_default_is_auto_for_a_new_index_and_the_recorded_mode_on_update(
     assert report.added == 3 and report.precision == "fp32" and _model_info(old)["precisions"] == ["fp32"]
 
 
-def test_auto_keeps_fp32_without_int8_dot_products(
+@pytest.mark.parametrize(
+    "flags,level,candidates",
+    [
+        ({"sse4_2"}, "none", ()),
+        ({"avx2", "fma"}, "avx2", ("int8",)),
+        ({"avx2", "fma", "avx512f", "avx512_bf16"}, "avx2", ("int8",)),  # AVX-512 without VNNI
+        ({"avx2", "fma", "avx_vnni"}, "avx_vnni", ("int8",)),
+        ({"avx2", "fma", "avx512_vnni"}, "avx512_vnni", ("int8",)),
+        ({"avx512_vnni", "amx_bf16", "amx_int8"}, "amx", ("bf16", "int8")),
+    ],
+)
+def test_cpu_level_decides_the_candidates_and_the_int8_range(
+    flags: set[str], level: str, candidates: tuple[str, ...], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv(cpu.CAP_ENV, raising=False)
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset(flags))
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+    assert cpu.cpu_level() == level
+    assert P.auto_candidates(torch.device("cpu")) == candidates
+    assert P.auto_candidates(torch.device("cuda")) == ("fp16", "bf16")
+    dot = level in ("avx_vnni", "avx512_vnni", "amx")
+    assert I8.current_kernel().steps == (I8.FULL_STEPS if dot else I8.REDUCED_STEPS)
+    # Other architectures: no int8 measured there, so fp32 and the safe range.
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "aarch64")
+    assert cpu.cpu_level() == "none" and P.auto_candidates(torch.device("cpu")) == ()
+
+
+def test_the_environment_caps_the_level_and_refuses_an_unknown_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512_vnni", "amx_bf16", "amx_int8"}))
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
+    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    for cap in cpu.LEVELS:
+        monkeypatch.setenv(cpu.CAP_ENV, cap)
+        assert cpu.cpu_level() == cap and cpu.detected_level() == "amx"
+    monkeypatch.setenv(cpu.CAP_ENV, " AVX2 ")
+    assert cpu.cpu_level() == "avx2" and cpu.describe() == {"detected": "amx", "level": "avx2", "cap": " AVX2 "}
+    # A cap above the CPU changes nothing.
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setenv(cpu.CAP_ENV, "amx")
+    assert cpu.cpu_level() == "avx2"
+    # oneDNN's own cap lowers the level too (its AVX2 kernels would saturate 8-bit codes).
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512_vnni"}))
+    monkeypatch.delenv(cpu.CAP_ENV)
+    for isa, level in (("AVX2", "avx2"), ("avx512_core", "avx2"), ("AVX2_VNNI", "avx_vnni"),
+                       ("AVX512_CORE_VNNI", "avx512_vnni"), ("SSE41", "none"), ("something_new", "none")):
+        monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", isa)
+        assert (cpu.kernel_level(), cpu.cpu_level()) == (level, level), isa
+    monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "DEFAULT")
+    assert cpu.cpu_level() == "avx512_vnni"
+    monkeypatch.setenv(cpu.CAP_ENV, "avx-2")
+    with pytest.raises(InvalidArgumentError, match="CLIPSEARCH_CPU_CAP='avx-2' is not a CPU level; use one of none, avx2"):
+        cpu.cpu_level()
+
+
+def test_auto_keeps_fp32_without_a_fast_int8_path_and_does_not_calibrate(
     tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setenv(cpu.CAP_ENV, "none")
     assert P.auto_candidates(torch.device("cpu")) == ()
-    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset({"avx2", "avx_vnni"}))
-    assert P.auto_candidates(torch.device("cpu")) == ("int8",)
-    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset({"avx512_vnni", "amx_bf16", "amx_int8"}))
-    assert P.auto_candidates(torch.device("cpu")) == ("bf16", "int8")
-    monkeypatch.setattr(P, "cpu_flags", lambda: frozenset())
+    embedded: list[int] = []
+    real = HFClipEncoder._embed_pixels
+
+    def counting(self: HFClipEncoder, pixel_values: torch.Tensor, mode: str) -> np.ndarray:
+        embedded.append(len(pixel_values))
+        return real(self, pixel_values, mode)
+
+    monkeypatch.setattr(HFClipEncoder, "_embed_pixels", counting)
     files = sorted(p.name for p in photos.iterdir())[:4]
     report = build_index(photos, tmp_path / "n.idx", model=str(tiny_model), workers=0, device="cpu", files=files)
     info = _model_info(tmp_path / "n.idx")
     assert report.precision == "fp32" and info["precision_requested"] == "auto" and "precision_gate" not in info
+    assert sum(embedded) == 4  # each image once: no calibration sample embedded on the side
+
+
+def test_int8_on_a_capped_cpu_uses_the_reduced_range_and_passes_the_gate(
+    tiny_model: Path, photos: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(cpu.CAP_ENV, "avx2")
+    if not cpu.has_fast_int8():
+        pytest.skip(f"this CPU ({cpu.detected_level()}) is below AVX2")
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="auto")
+    ref = HFClipEncoder.load(str(tiny_model), device="cpu")
+    pixels = torch.stack([load_pixels(p, ref.preprocess)[0] for p in sorted(photos.iterdir())])
+    vectors = enc.embed_pixels(pixels)
+    assert enc.info["precision"] == "int8" and enc.info["precision_gate"]["gate"][0]["mode"] == "int8"
+    layer = enc.image_precision.variants["int8"].visual_projection
+    assert layer.kernel.steps == I8.REDUCED_STEPS and enc.info["int8_activation_bits"] == 7
+    result = P.gate("int8", ref.embed_pixels(pixels), vectors)
+    assert result.passed and result.mean_cosine > 0.999, result
+    for lo, hi in ((0, 1), (3, 11)):
+        np.testing.assert_array_equal(enc.embed_pixels(pixels[lo:hi]), vectors[lo:hi])
 
 
 def test_retained_heap_applies_on_glibc_and_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -14,6 +14,7 @@ from imagegen import make_jpegs
 from indexer import build_index
 from indexer.build import BuildConfig
 from retrieval.encoders import HFClipEncoder, load_encoder
+from retrieval.encoders import cpu
 from retrieval.encoders import precision as P
 from retrieval.errors import InvalidArgumentError
 from retrieval.images import load_pixels
@@ -52,6 +53,8 @@ def test_reduced_modes_stay_close_to_fp32(tiny_model: Path, pixels: torch.Tensor
     cos = (ref.embed_texts(texts) * enc.embed_texts(texts)).sum(axis=1)
     assert cos.min() >= 0.99, cos
     assert enc.info["precision"] == mode
+    if mode == "int8":  # 7-bit codes where 8-bit ones would saturate (no int8 dot products)
+        assert enc.info["int8_activation_bits"] == (8 if cpu.has_int8_dot() else 7)
 
 
 def test_gate_figures_and_choice() -> None:
@@ -70,6 +73,11 @@ def test_gate_figures_and_choice() -> None:
     assert mode == "int8" and [r.mode for r in results] == ["bf16", "int8"] and not results[0].passed
     mode, results = P.choose(lambda m: vectors[m], ["bf16"])
     assert mode == "fp32" and len(results) == 1
+
+    def unused(mode: str) -> np.ndarray:
+        raise AssertionError(f"embedded the sample in {mode} with nothing to compare")
+
+    assert P.choose(unused, []) == ("fp32", [])
     assert P.topk_overlap(ref[:1], ref[:1]) == (1.0, 0)
 
 
@@ -80,16 +88,32 @@ def _info(index_dir: Path) -> dict:
 
 
 def test_auto_records_its_choice_and_updates_reuse_it(
-    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+    tiny_model: Path, photos: Path, pixels: torch.Tensor, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     out = tmp_path / "auto.idx"
     files = sorted(p.name for p in photos.iterdir())
     report = build_index(photos, out, model=str(tiny_model), workers=0, device="cpu", precision="auto", files=files[:16])
     info = _info(out)
     assert info["precision_requested"] == "auto" and info["precision"] == report.precision
-    gate = info["precision_gate"]["gate"]
-    assert gate[0]["mode"] == "int8" and gate[0]["samples"] == 16 and gate[0]["k"] == 10
-    assert info["precision"] == ("int8" if gate[0]["passed"] else "fp32")
+    candidates = P.auto_candidates(torch.device("cpu"))
+    if candidates:
+        # The gate worked out here on the same calibration sample (the first 16 images, in
+        # build order): the candidates fastest first up to the first that passes, else fp32.
+        sample = pixels[:16]
+        ref = HFClipEncoder.load(str(tiny_model), device="cpu").embed_pixels(sample)
+        expected = []
+        for mode in candidates:
+            expected.append(P.gate(mode, ref, HFClipEncoder.load(str(tiny_model), device="cpu", precision=mode).embed_pixels(sample)))
+            if expected[-1].passed:
+                break
+        gate = info["precision_gate"]["gate"]
+        assert [(g["mode"], g["passed"], g["samples"], g["k"]) for g in gate] == [(e.mode, e.passed, 16, 10) for e in expected]
+        for g, e in zip(gate, expected, strict=True):
+            assert g["mean_cosine"] == pytest.approx(e.mean_cosine, abs=2e-6)
+            assert g["min_cosine"] == pytest.approx(e.min_cosine, abs=2e-6)
+        assert info["precision"] == (expected[-1].mode if expected[-1].passed else "fp32")
+    else:  # nothing to try on this CPU (or under its cap): fp32, no gate
+        assert "precision_gate" not in info and info["precision"] == "fp32"
     assert info["precisions"] == [info["precision"]]
 
     # An update with auto reuses the recorded mode: no calibration.
@@ -99,7 +123,7 @@ def test_auto_records_its_choice_and_updates_reuse_it(
     monkeypatch.setattr(P, "choose", no_calibration)
     report = build_index(photos, out, model=str(tiny_model), workers=0, device="cpu", precision="auto")
     assert report.added == 4 and report.precision == info["precision"]
-    assert _info(out)["precision_gate"] == info["precision_gate"]
+    assert _info(out).get("precision_gate") == info.get("precision_gate")
 
 
 def test_auto_rejects_a_failing_mode(tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,11 +134,16 @@ def test_auto_rejects_a_failing_mode(tiny_model: Path, photos: Path, tmp_path: P
         return P.GateResult(r.mode, r.samples, r.mean_cosine, 0.5, r.topk_overlap, r.k, r.seconds)
 
     monkeypatch.setattr(P, "gate", failing)
+    candidates = P.auto_candidates(torch.device("cpu"))
+    if not candidates:
+        pytest.skip(f"no reduced mode to gate on a {cpu.cpu_level()} CPU (see test_int8's fp32-only test)")
     report = build_index(photos, tmp_path / "i", model=str(tiny_model), workers=0, device="cpu", precision="auto")
     assert report.precision == "fp32"
     manifest = json.loads((tmp_path / "i" / "manifest.json").read_text())
     gate = manifest["model_info"]["precision_gate"]["gate"]
-    assert [g["passed"] for g in gate] == [False] and gate[0]["min_cosine"] == 0.5
+    # Every candidate tried, in order, and each rejected with the figure that failed it.
+    assert [g["mode"] for g in gate] == list(candidates)
+    assert [g["passed"] for g in gate] == [False] * len(candidates) and {g["min_cosine"] for g in gate} == {0.5}
 
 
 def test_fp32_is_exact_and_another_mode_on_update_is_recorded(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
@@ -141,7 +170,12 @@ def test_cli_precision_options(tiny_model: Path, photos: Path, tmp_path: Path) -
     ok = run_cli(["index", photos, out, "--model", tiny_model, "--precision", "int8", "--threads", "1", "--workers", "0", "--json", "--no-progress"])
     assert ok.returncode == 0, ok.stderr
     summary = json.loads(ok.stdout)
-    assert (summary["precision"], summary["threads"]) == ("int8", 1)
+    assert (summary["precision"], summary["threads"], summary["cpu_level"]) == ("int8", 1, cpu.cpu_level())
+    bad = run_cli(["index", photos, tmp_path / "d.idx", "--model", tiny_model, "--no-progress"], env={cpu.CAP_ENV: "avx3"})
+    assert bad.returncode == 1 and bad.stderr.strip() == (
+        "clipsearch: error: CLIPSEARCH_CPU_CAP='avx3' is not a CPU level; use one of none, avx2, avx_vnni, avx512_vnni, amx"
+    )
+    assert not (tmp_path / "d.idx").exists()
     hits = run_cli(["search", out, "a dog", "--precision", "int8", "--json", "-k", "3"])
     assert hits.returncode == 0, hits.stderr
     assert len(json.loads(hits.stdout)["results"]) == 3

@@ -8,9 +8,13 @@ coordinate, ``benchmarks/bench_int8.py``) and an update could not equal a rebuil
 - weights: int8, symmetric, one scale per output channel, quantised once;
 - activations: uint8 codes per row, asymmetric (``scale = (max - min) / 254``, min and max
   widened to include 0), the zero point folded into a rank-one correction after the product;
-- products: oneDNN's uint8 x int8 linear (``torch.ops.onednn.qlinear_pointwise``, VNNI), which
-  applies the weight scales in the kernel and returns float32; ``torch._int_mm`` on codes
-  shifted to int8 where that path is missing or the CPU lacks int8 dot products;
+- products: oneDNN's uint8 x int8 linear (``torch.ops.onednn.qlinear_pointwise``), which
+  applies the weight scales in the kernel and returns float32; ``torch._int_mm`` where that op
+  is missing (not x86);
+- activation codes: 8 bits (254 steps) where the CPU has int8 dot products (VNNI, AMX); 7 bits
+  (126 steps) elsewhere, e.g. AVX2, whose ``vpmaddubsw`` sums pairs in 16 bits with saturation:
+  full 8-bit codes gave errors of 40 % of the output's range there (``ONEDNN_MAX_CPU_ISA=AVX2``,
+  tested), 7-bit codes exact integer sums (:func:`current_kernel`, :mod:`.cpu`);
 - integer accumulation is exact whatever the blocking, and every float step is per row, so a
   row's result is bit-identical in any batch (tested, transformers' CLIP), not just close. In
   open_clip's towers the final projection (``x @ proj``, a float32 product) still rounds with
@@ -34,6 +38,7 @@ from __future__ import annotations
 import copy
 import functools
 import platform
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -54,53 +59,83 @@ def quantize_weight(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     return codes, scale
 
 
-# Steps per row range: 254, not 255, so that round(x / scale) + zero provably stays in 0..255
-# (float error in x / scale is far below the half step left over) and no clamp pass is needed.
-_ROW_STEPS = 254.0
+# Steps per row range. 8-bit codes: 254, not 255, so that round(x / scale) + zero provably
+# stays in 0..255 (float error in x / scale is far below the half step left over) and no clamp
+# pass is needed. 7-bit codes (0..126, same reasoning) where the CPU has no int8 dot product:
+# its kernels sum uint8 x int8 pairs in 16 bits with saturation (``vpmaddubsw``; oneDNN's
+# "nuances of int8 computations"), and 2 * 126 * 127 stays below 2**15 - 1.
+FULL_STEPS = 254
+REDUCED_STEPS = 126
 
 
-def _shifted_row_codes(x: torch.Tensor, *, in_place: bool = False) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # codes - 128 as int8 (a float -> int8 conversion ran 3x faster than float -> uint8 here).
+@dataclass(frozen=True)
+class Int8Kernel:
+    """How an :class:`Int8Linear` multiplies: fixed when the layer is made, so that a model's
+    arithmetic (and so its vectors) does not change while it runs.
+
+    ``onednn``: oneDNN's uint8 x int8 linear (weight scales applied in the kernel), else
+    ``torch._int_mm``. ``steps``: activation code range per row, :data:`FULL_STEPS` (8 bits,
+    codes stored shifted by -128 as int8) or :data:`REDUCED_STEPS` (7 bits, codes as they are).
+    """
+
+    onednn: bool
+    steps: int
+
+    @property
+    def offset(self) -> int:
+        """What is subtracted from a code to store it as int8."""
+        return 128 if self.steps == FULL_STEPS else 0
+
+
+def current_kernel() -> Int8Kernel:
+    """The kernel for this CPU (:mod:`retrieval.encoders.cpu`, caps applied): 8-bit activations
+    only where int8 dot products do not saturate."""
+    from . import cpu
+
+    return Int8Kernel(onednn=_onednn_available(), steps=FULL_STEPS if cpu.has_int8_dot() else REDUCED_STEPS)
+
+
+def _shifted_row_codes(
+    x: torch.Tensor, *, steps: int = FULL_STEPS, in_place: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    # codes - offset as int8 (a float -> int8 conversion ran 3x faster than float -> uint8 here).
     # ``in_place`` overwrites ``x`` (for an input nobody reads afterwards).
     # amin and amax separately: aminmax over a dimension ran 25x slower here (torch 2.14 CPU).
     lo = x.amin(dim=1, keepdim=True).clamp_(max=0.0)
     hi = x.amax(dim=1, keepdim=True).clamp_(min=0.0)
-    scale = (hi - lo).div_(_ROW_STEPS).clamp_(min=1e-12)
+    scale = (hi - lo).div_(float(steps)).clamp_(min=1e-12)
     inv = scale.reciprocal()
     zero = torch.round(lo * inv).neg_()
+    offset = 128.0 if steps == FULL_STEPS else 0.0
     # One out-of-place pass, then in-place ones (an out-of-place pass cost ~3x an in-place one here).
     scaled = x.mul_(inv) if in_place else torch.mul(x, inv)
-    shifted = scaled.add_(zero - 128.0).round_().to(torch.int8)
+    shifted = scaled.add_(zero - offset).round_().to(torch.int8)
     return shifted, scale, zero
 
 
-def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def quantize_rows(x: torch.Tensor, steps: int = FULL_STEPS) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Per-row asymmetric uint8 codes of a 2-D float tensor: ``x ~= (codes - zero) * scale``.
 
-    Each row's range (widened to include 0, so zeros are exact) is split into 254 steps; the
-    codes are ``round(x / scale) + zero`` in 0..255. Returns ``(codes, scale, zero)`` with
-    ``scale`` and ``zero`` of shape ``(rows, 1)`` (``zero`` holds integers, as floats).
+    Each row's range (widened to include 0, so zeros are exact) is split into ``steps`` steps
+    (254: codes in 0..255; 126: codes in 0..127); the codes are ``round(x / scale) + zero``.
+    Returns ``(codes, scale, zero)`` with ``scale`` and ``zero`` of shape ``(rows, 1)``
+    (``zero`` holds integers, as floats).
     """
-    shifted, scale, zero = _shifted_row_codes(x)
-    return shifted.view(torch.uint8).bitwise_xor_(128), scale, zero
+    shifted, scale, zero = _shifted_row_codes(x, steps=steps)
+    codes = shifted.view(torch.uint8)
+    return (codes.bitwise_xor_(128) if steps == FULL_STEPS else codes), scale, zero
 
 
 @functools.lru_cache(maxsize=1)
-def _onednn_int8() -> bool:
-    """Whether oneDNN's int8 linear (uint8 x int8 -> float, dequantised in the kernel) can run.
-
-    Only with int8 dot-product instructions: without them oneDNN may saturate uint8 x int8
-    pair sums in 16 bits (its "nuances of int8 computations"); ``torch._int_mm`` is used there.
-    """
-    from .precision import cpu_has_int8_dot
-
+def _onednn_available() -> bool:
+    """Whether oneDNN's int8 linear (uint8 x int8 -> float, dequantised in the kernel) exists here."""
     if platform.machine().lower() not in ("x86_64", "amd64") or not torch.backends.mkldnn.is_available():
         return False
     try:
         torch.ops.onednn.qlinear_pointwise  # noqa: B018 - raises where this build lacks the op
     except (AttributeError, RuntimeError):
         return False
-    return cpu_has_int8_dot()
+    return True
 
 
 class _PackedWeight:
@@ -137,13 +172,21 @@ class Int8Linear(nn.Module):
     relative to the original layer's (both folded into the scales, at no cost per call).
     ``consumes_input``: the caller's input is dead after the call (the output of an in-place
     activation only this layer reads), so it is quantised in place, saving a pass.
+    ``kernel``: how to multiply; :func:`current_kernel` (this CPU's) when not given.
     """
 
     def __init__(
-        self, linear: nn.Linear, *, out_scale: float = 1.0, in_scale: float = 1.0, consumes_input: bool = False
+        self,
+        linear: nn.Linear,
+        *,
+        out_scale: float = 1.0,
+        in_scale: float = 1.0,
+        consumes_input: bool = False,
+        kernel: Int8Kernel | None = None,
     ) -> None:
         super().__init__()
         self.consumes_input = consumes_input
+        self.kernel = kernel if kernel is not None else current_kernel()
         codes, scale = quantize_weight(linear.weight)
         self.in_features = linear.in_features
         self.out_features = linear.out_features
@@ -165,7 +208,7 @@ class Int8Linear(nn.Module):
         rows = x.reshape(-1, self.in_features).to(torch.float32)
         if rows.shape[0] == 0:
             return rows.new_zeros(*lead, self.out_features)
-        shifted, scale, zero = _shifted_row_codes(rows, in_place=self.consumes_input)
+        shifted, scale, zero = _shifted_row_codes(rows, steps=self.kernel.steps, in_place=self.consumes_input)
         out = self._scaled_product(shifted.contiguous())
         # Elementwise only, per row (a BLAS call here took another path for one row than for
         # many, changing the last bit): out = scale * (product - zero * code_sums) + bias.
@@ -173,21 +216,27 @@ class Int8Linear(nn.Module):
         return torch.addcmul(self.bias, out, scale, out=out).reshape(*lead, self.out_features)
 
     def _scaled_product(self, shifted: torch.Tensor) -> torch.Tensor:
-        """``col_scale * (codes @ weight_codes.T)`` in float32, codes = ``shifted + 128``."""
-        if _onednn_int8():
-            codes = shifted.view(torch.uint8).bitwise_xor_(128)
+        """``col_scale * (codes @ weight_codes.T)`` in float32, codes = ``shifted + offset``."""
+        offset = self.kernel.offset
+        if self.kernel.onednn:
+            codes = shifted.view(torch.uint8)
+            if offset:
+                codes.bitwise_xor_(128)
             # Integer sums are exact and each is dequantised alone, so a row's values do not
             # depend on the other rows (tested); one kernel pass instead of four.
             return torch.ops.onednn.qlinear_pointwise(
                 codes, 1.0, 0, self._packed.get(self.weight_codes), self.col_scale, self.weight_zero,
                 None, 1.0, 0, torch.float32, "none", [], "",
             )
-        acc = torch._int_mm(shifted, self.weight_codes.t())
+        acc = torch._int_mm(shifted, self.weight_codes.t()).to(torch.float32)
+        if not offset:
+            return acc.mul_(self.col_scale)
         # (codes - 128) @ W.T, plus 128 * code_sums: the shift back.
-        return torch.addcmul(self.neg_code_sums.mul(-128.0), acc.to(torch.float32), self.col_scale)
+        return torch.addcmul(self.neg_code_sums.mul(-float(offset)), acc, self.col_scale)
 
     def extra_repr(self) -> str:
-        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row"
+        kernel = "oneDNN" if self.kernel.onednn else "_int_mm"
+        return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row, {self.kernel.steps} steps, {kernel}"
 
 
 class Int8PatchEmbedding(nn.Module):

@@ -23,7 +23,6 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -78,38 +77,19 @@ def check_device_support(precision: str, device: torch.device) -> None:
         raise InvalidArgumentError("precision int8 runs on the CPU only; on CUDA use bf16, fp16 or auto")
 
 
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
-    try:
-        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
-    except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
-
-
-def cpu_has_amx() -> bool:
-    """Whether the CPU has AMX bf16 tiles (where bf16 matrix products outrun fp32)."""
-    return "amx_bf16" in cpu_flags()
-
-
-def cpu_has_int8_dot() -> bool:
-    """Whether the CPU has int8 dot-product instructions (AVX-512 VNNI, AVX-VNNI or AMX int8)."""
-    return bool(cpu_flags() & {"avx512_vnni", "avx_vnni", "amx_int8"})
-
-
 def auto_candidates(device: torch.device) -> tuple[str, ...]:
     """Reduced modes ``auto`` tries on ``device``, fastest first (measured; see README).
 
-    CPU: int8 where the CPU has int8 dot products (3x fp32 with AVX-512 VNNI; elsewhere
-    unmeasured, so fp32); bf16 first only with AMX, since with AVX-512 BF16 alone oneDNN's bf16
-    products ran at 0.6x fp32 here. CUDA: fp16, then bf16 (tensor cores).
+    CPU, by :func:`retrieval.encoders.cpu.cpu_level`: int8 from AVX2 up (with VNNI 3x fp32;
+    on AVX2, 7-bit activations, ~2x fp32 in the products); bf16 first only with AMX, since with
+    AVX-512 BF16 alone oneDNN's bf16 products ran at 0.6x fp32. Elsewhere (no AVX2, other
+    architectures) none: fp32. CUDA: fp16, then bf16 (tensor cores).
     """
+    from . import cpu
+
     if device.type == "cuda":
         return ("fp16", "bf16")
-    return (("bf16",) if cpu_has_amx() else ()) + (("int8",) if cpu_has_int8_dot() else ())
+    return (("bf16",) if cpu.has_amx() else ()) + (("int8",) if cpu.has_fast_int8() else ())
 
 
 @dataclass(frozen=True)
@@ -189,6 +169,8 @@ def choose(
     """
     import time
 
+    if not candidates:  # nothing to compare: do not embed the sample in fp32 for nothing
+        return "fp32", []
     reference = embed("fp32")
     results: list[GateResult] = []
     for mode in candidates:
@@ -286,11 +268,25 @@ class TowerPrecision:
 
     def manifest_info(self) -> dict[str, Any]:
         """What an index records in ``model_info``: ``precision`` (the mode its vectors were
-        made with), ``precision_requested`` and, when ``auto`` calibrated, ``precision_gate``."""
+        made with), ``precision_requested``, when ``auto`` calibrated ``precision_gate``, and for
+        int8 ``int8_activation_bits``."""
         data: dict[str, Any] = {"precision": self.mode or self.requested, "precision_requested": self.requested}
         if self.gate_results:
             data["precision_gate"] = self.info()
+        if data["precision"] == "int8":
+            data["int8_activation_bits"] = self.int8_activation_bits()
         return data
+
+    def int8_activation_bits(self) -> int:
+        """8 or 7: the activation codes of the int8 copy (or of this CPU's kernel, before one
+        exists); 7 on CPUs without int8 dot products (:mod:`retrieval.encoders.int8`)."""
+        from .int8 import FULL_STEPS, Int8Linear, current_kernel
+
+        kernel = current_kernel()
+        variant = self.variants.get("int8")
+        if variant is not None:
+            kernel = next((m.kernel for m in variant.modules() if isinstance(m, Int8Linear)), kernel)
+        return 8 if kernel.steps == FULL_STEPS else 7
 
 
 class PixelPrecisionMixin:

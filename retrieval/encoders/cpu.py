@@ -1,0 +1,178 @@
+"""What the CPU can do for reduced precision, as one ordered level, and a way to cap it.
+
+The CPU paths that differ by hardware (which modes ``auto`` tries, which int8 activation range
+is safe) read one value, :func:`cpu_level`, so that a machine can be made to behave like a
+smaller one, in tests and by users who want the same behaviour everywhere:
+
+=============== ======================================================================
+level            what clipsearch does there
+=============== ======================================================================
+``none``         no fast int8: ``auto`` keeps fp32; ``--precision int8`` still runs, with
+                 7-bit activations (exact integer sums on any kernel)
+``avx2``         int8 dot products only through 16-bit pair sums (``vpmaddubsw``, which
+                 saturates): int8 with 7-bit activations, tried by ``auto``
+``avx_vnni``     int8 dot products (256-bit AVX-VNNI): int8 with 8-bit activations
+``avx512_vnni``  the same, 512-bit
+``amx``          AMX tiles: bf16 and int8, bf16 tried first
+=============== ======================================================================
+
+Detected from ``/proc/cpuinfo`` (x86 flags; any other architecture is ``none`` until an int8
+path is measured there), capped by:
+
+- ``CLIPSEARCH_CPU_CAP`` (:data:`CAP_ENV`): one of the levels above; the lower of it and the
+  detected level is used. An unknown value raises :class:`InvalidArgumentError`.
+- ``ONEDNN_MAX_CPU_ISA`` / ``DNNL_MAX_CPU_ISA``: oneDNN's own cap. Where oneDNN is told to use
+  AVX2 kernels, 8-bit activations would saturate in them, so that cap lowers the level too.
+
+To make this machine behave as an AVX2-only host in every respect (speed included), set both:
+``CLIPSEARCH_CPU_CAP=avx2 ONEDNN_MAX_CPU_ISA=AVX2``.
+"""
+
+from __future__ import annotations
+
+import functools
+import os
+import platform
+from pathlib import Path
+
+from ..errors import InvalidArgumentError
+
+CAP_ENV = "CLIPSEARCH_CPU_CAP"
+LEVELS: tuple[str, ...] = ("none", "avx2", "avx_vnni", "avx512_vnni", "amx")
+
+# oneDNN's ISA names (lower case) whose kernels have no int8 dot product, most capable first
+# where a prefix is shared; see oneDNN's "CPU dispatcher control".
+_ONEDNN_ISA_LEVEL: tuple[tuple[str, str], ...] = (
+    ("avx10", "amx"),  # AVX10.1 and later: Granite Rapids and newer
+    ("avx512_core_amx", "amx"),
+    ("avx512_core_fp16", "avx512_vnni"),
+    ("avx512_core_bf16", "avx512_vnni"),
+    ("avx512_core_vnni", "avx512_vnni"),
+    ("avx512_core", "avx2"),  # AVX-512 without VNNI: vpmaddubsw, like AVX2
+    ("avx2_vnni_2", "avx_vnni"),
+    ("avx2_vnni", "avx_vnni"),
+    ("avx2", "avx2"),
+    ("avx", "none"),
+    ("sse41", "none"),
+    ("default", "amx"),  # no cap
+)
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    try:
+        text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
+    except OSError:
+        return frozenset()
+    for line in text.splitlines():
+        if line.startswith("flags"):
+            return frozenset(line.partition(":")[2].split())
+    return frozenset()
+
+
+def level_of_flags(flags: frozenset[str], machine: str | None = None) -> str:
+    """The level an x86 CPU with these ``/proc/cpuinfo`` flags has (``none`` elsewhere)."""
+    arch = (machine if machine is not None else platform.machine()).lower()
+    if arch not in ("x86_64", "amd64"):
+        return "none"
+    if {"amx_bf16", "amx_int8"} <= flags:
+        return "amx"
+    if "avx512_vnni" in flags:
+        return "avx512_vnni"
+    if "avx_vnni" in flags:
+        return "avx_vnni"
+    if {"avx2", "fma"} <= flags:
+        return "avx2"
+    return "none"
+
+
+def rank(level: str) -> int:
+    """Position of ``level`` in :data:`LEVELS` (higher can do more)."""
+    return LEVELS.index(level)
+
+
+def _check_cap(value: str) -> str:
+    level = value.strip().lower()
+    if level not in LEVELS:
+        raise InvalidArgumentError(f"{CAP_ENV}={value!r} is not a CPU level; use one of {', '.join(LEVELS)}")
+    return level
+
+
+def _onednn_cap() -> str | None:
+    value = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA")
+    if not value:
+        return None
+    isa = value.strip().lower()
+    for prefix, level in _ONEDNN_ISA_LEVEL:
+        if isa.startswith(prefix):
+            return level
+    return "none"  # a name we do not know: assume the least
+
+
+def detected_level() -> str:
+    """The level of this CPU, before any cap."""
+    return level_of_flags(cpu_flags())
+
+
+def _lower(level: str, cap: str | None) -> str:
+    return cap if cap is not None and rank(cap) < rank(level) else level
+
+
+def kernel_level() -> str:
+    """The level oneDNN's kernels run at: the detected one, capped by ``ONEDNN_MAX_CPU_ISA``.
+
+    This, not :func:`cpu_level`, says whether 8-bit int8 codes would saturate in them.
+    """
+    return _lower(detected_level(), _onednn_cap())
+
+
+def cpu_level() -> str:
+    """The level clipsearch acts on: the detected one, capped by the environment (module docstring).
+
+    Raises:
+        InvalidArgumentError: ``CLIPSEARCH_CPU_CAP`` holds an unknown level.
+    """
+    cap = os.environ.get(CAP_ENV)
+    return _lower(kernel_level(), _check_cap(cap) if cap else None)
+
+
+def has_int8_dot() -> bool:
+    """Int8 dot products without 16-bit saturation (VNNI or AMX), after the caps."""
+    return rank(cpu_level()) >= rank("avx_vnni")
+
+
+def has_fast_int8() -> bool:
+    """Int8 products faster than fp32 (AVX2 and up), after the caps."""
+    return rank(cpu_level()) >= rank("avx2")
+
+
+def has_amx() -> bool:
+    """AMX tiles (bf16 products faster than fp32), after the caps."""
+    return cpu_level() == "amx"
+
+
+def describe() -> dict[str, str]:
+    """The detected and the effective level, and the cap that made them differ (for ``info``)."""
+    data = {"detected": detected_level(), "level": cpu_level()}
+    if os.environ.get(CAP_ENV):
+        data["cap"] = os.environ[CAP_ENV]
+    if _onednn_cap() is not None:
+        data["onednn_cap"] = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA", "")
+    return data
+
+
+__all__ = [
+    "CAP_ENV",
+    "LEVELS",
+    "cpu_flags",
+    "cpu_level",
+    "describe",
+    "detected_level",
+    "has_amx",
+    "has_fast_int8",
+    "has_int8_dot",
+    "kernel_level",
+    "level_of_flags",
+    "rank",
+]
