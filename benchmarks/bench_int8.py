@@ -7,7 +7,9 @@ between each of the first images embedded alone and in the batch; 0 means bit-id
 - ``fp32``: the reference (``CLIPVisionModelWithProjection``, eager).
 - ``int8 per-batch``: ``torch.ao.quantization.quantize_dynamic`` (fbgemm), what clipsearch
   used before: one activation scale per batch.
-- ``int8 per-row``: clipsearch's ``--precision int8`` (``retrieval.encoders.int8``).
+- ``int8 per-row``: clipsearch's ``--precision int8`` (``retrieval.encoders.int8``), with this
+  CPU's kernel (8-bit activation codes with int8 dot products, 7-bit without); where that is
+  8-bit, also ``int8 per-row, 7-bit codes`` (what an AVX2 CPU runs, for its accuracy).
 - ``onnxruntime fp32`` / ``onnxruntime int8``: the tower exported to ONNX and, for int8,
   ``onnxruntime.quantization.quantize_dynamic`` (one activation scale per call), also run one
   image per call (batch-free that way); only when ``onnxruntime`` and ``onnx`` are installed
@@ -30,6 +32,7 @@ import tempfile
 import time
 import warnings
 from collections.abc import Callable
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -147,7 +150,7 @@ def _run(args: argparse.Namespace, heap: bool) -> int:
     from transformers import CLIPVisionModelWithProjection
 
     from retrieval.encoders.base import quiet_transformers
-    from retrieval.encoders.int8 import quantize_int8
+    from retrieval.encoders.int8 import FULL_STEPS, REDUCED_STEPS, current_kernel, quantize_int8
     from retrieval.random_model import make_random_clip
 
     if args.threads:
@@ -172,11 +175,15 @@ def _run(args: argparse.Namespace, heap: bool) -> int:
             from torch.ao.quantization import quantize_dynamic
 
             per_batch = quantize_dynamic(copy.deepcopy(model), {torch.nn.Linear}, dtype=torch.qint8)
+        kernel = current_kernel()
         runners = {
             "fp32": torch_runner(model),
             "int8 per-batch (fbgemm)": torch_runner(per_batch),
-            "int8 per-row (clipsearch)": torch_runner(quantize_int8(model)),
+            "int8 per-row (clipsearch)": torch_runner(quantize_int8(model, kernel)),
         }
+        if kernel.steps == FULL_STEPS:
+            # What a CPU without int8 dot products runs (7-bit codes), here with this CPU's kernels.
+            runners["int8 per-row, 7-bit codes"] = torch_runner(quantize_int8(model, replace(kernel, steps=REDUCED_STEPS)))
         runners.update(_onnx_runners(model, x, tmp, threads))
         results = _measure(runners, x, args.reps)
         if args.open_clip:
@@ -193,8 +200,10 @@ def _run(args: argparse.Namespace, heap: bool) -> int:
     for name, r in results.items():
         print(f"{name:<28}{r['images_per_second']:>10.1f}{r['x_fp32']:>8.2f}{r['mean_cosine']:>10.6f}"
               f"{r['min_cosine']:>10.6f}{r['batch_dependence']:>18.2e}")
+    level = machine_facts()["cpu_level"]
     print(f"({args.preset}, batch {args.batch} of random pixels, {threads} threads, best of {args.reps}, "
-          f"{'freed memory kept for reuse' if heap else 'glibc malloc defaults'})")
+          f"{'freed memory kept for reuse' if heap else 'glibc malloc defaults'}; CPU level {level['level']}, "
+          f"detected {level['detected']}; clipsearch's int8: {kernel.steps} steps)")
     return 0
 
 

@@ -242,7 +242,7 @@ class Int8Linear(nn.Module):
 class Int8PatchEmbedding(nn.Module):
     """A ``Conv2d`` with stride == kernel, no padding: an :class:`Int8Linear` over unfolded patches."""
 
-    def __init__(self, conv: nn.Conv2d) -> None:
+    def __init__(self, conv: nn.Conv2d, kernel: Int8Kernel | None = None) -> None:
         super().__init__()
         self.kernel = tuple(conv.kernel_size)
         out_channels = conv.out_channels
@@ -251,7 +251,7 @@ class Int8PatchEmbedding(nn.Module):
             linear.weight.copy_(conv.weight.reshape(out_channels, -1))
             if conv.bias is not None:
                 linear.bias.copy_(conv.bias)
-        self.linear = Int8Linear(linear)
+        self.linear = Int8Linear(linear, kernel=kernel)
         # Callers read the convolution's weight (transformers casts its input to weight.dtype).
         self.register_buffer("weight", conv.weight.detach().to(torch.float32))
 
@@ -273,7 +273,7 @@ class Int8SelfAttention(nn.Module):
     module, kept for that.
     """
 
-    def __init__(self, mha: nn.MultiheadAttention) -> None:
+    def __init__(self, mha: nn.MultiheadAttention, kernel: Int8Kernel | None = None) -> None:
         super().__init__()
         embed = mha.embed_dim
         self.heads = mha.num_heads
@@ -287,8 +287,8 @@ class Int8SelfAttention(nn.Module):
                 in_proj.bias.copy_(mha.in_proj_bias)
             if mha.out_proj.bias is not None:
                 out_proj.bias.copy_(mha.out_proj.bias)
-        self.in_proj = Int8Linear(in_proj)
-        self.out_proj = Int8Linear(out_proj)
+        self.in_proj = Int8Linear(in_proj, kernel=kernel)
+        self.out_proj = Int8Linear(out_proj, kernel=kernel)
         self.fallback = mha
 
     @staticmethod
@@ -338,7 +338,7 @@ class _FusedProjections(nn.Module):
     object; any other call order just computes again.
     """
 
-    def __init__(self, linears: list[nn.Linear]) -> None:
+    def __init__(self, linears: list[nn.Linear], kernel: Int8Kernel | None = None) -> None:
         super().__init__()
         fused = _uninitialised_linear(linears[0].in_features, sum(lin.out_features for lin in linears))
         with torch.no_grad():
@@ -346,7 +346,7 @@ class _FusedProjections(nn.Module):
             fused.bias.copy_(torch.cat([
                 lin.bias if lin.bias is not None else torch.zeros(lin.out_features) for lin in linears
             ]))
-        self.linear = Int8Linear(fused)
+        self.linear = Int8Linear(fused, kernel=kernel)
         ends = torch.tensor([lin.out_features for lin in linears]).cumsum(0).tolist()
         self.bounds = list(zip([0, *ends[:-1]], ends))
         self._input: torch.Tensor | None = None
@@ -382,11 +382,11 @@ class _ProjectionPart(nn.Module):
 _SIBLING_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 
 
-def _fuse_projections(root: nn.Module) -> None:
+def _fuse_projections(root: nn.Module, kernel: Int8Kernel | None = None) -> None:
     for module in list(root.modules()):
         layers = [getattr(module, name, None) for name in _SIBLING_PROJECTIONS]
         if all(type(layer) is nn.Linear for layer in layers) and len({layer.in_features for layer in layers}) == 1:  # type: ignore[union-attr]
-            fused = _FusedProjections(layers)  # type: ignore[arg-type]
+            fused = _FusedProjections(layers, kernel)  # type: ignore[arg-type]
             for index, name in enumerate(_SIBLING_PROJECTIONS):
                 setattr(module, name, _ProjectionPart(fused, index))
 
@@ -407,7 +407,7 @@ def _is_patch_conv(module: nn.Module) -> bool:
     )
 
 
-def _fold_quick_gelu(root: nn.Module) -> None:
+def _fold_quick_gelu(root: nn.Module, kernel: Int8Kernel) -> None:
     # quick_gelu(h) = silu(a h) / a: the first layer emits a h, the second takes silu(a h) and
     # divides by a in its scales.
     for module in list(root.modules()):
@@ -418,27 +418,28 @@ def _fold_quick_gelu(root: nn.Module) -> None:
                 and type(layers[2]) is nn.Linear
                 and type(layers[1]).__name__ in _QUICK_GELU
             ):
-                setattr(module, first, Int8Linear(layers[0], out_scale=_QUICK_GELU_ALPHA))
+                setattr(module, first, Int8Linear(layers[0], out_scale=_QUICK_GELU_ALPHA, kernel=kernel))
                 setattr(module, act, _SiluInPlace())
                 # The activation's output (in place) is read by the second layer alone.
-                setattr(module, second, Int8Linear(layers[2], in_scale=_QUICK_GELU_ALPHA, consumes_input=True))
+                setattr(module, second, Int8Linear(layers[2], in_scale=_QUICK_GELU_ALPHA, consumes_input=True, kernel=kernel))
 
 
-def quantize_int8(module: Any) -> Any:
+def quantize_int8(module: Any, kernel: Int8Kernel | None = None) -> Any:
     """A CPU copy of ``module`` with every ``nn.Linear`` (exact type), ``nn.MultiheadAttention``
-    (as self-attention) and patch-embedding ``Conv2d`` replaced by per-row int8 versions; for
-    inference only."""
+    (as self-attention) and patch-embedding ``Conv2d`` replaced by per-row int8 versions, all
+    multiplying with ``kernel`` (this CPU's, :func:`current_kernel`, by default); for inference only."""
+    kernel = kernel if kernel is not None else current_kernel()
     root = copy.deepcopy(module).cpu().eval()
-    _fold_quick_gelu(root)
-    _fuse_projections(root)
+    _fold_quick_gelu(root, kernel)
+    _fuse_projections(root, kernel)
     for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
             if type(child) is nn.Linear:
-                setattr(parent, name, Int8Linear(child))
+                setattr(parent, name, Int8Linear(child, kernel=kernel))
             elif Int8SelfAttention.supports(child):
-                setattr(parent, name, Int8SelfAttention(child))
+                setattr(parent, name, Int8SelfAttention(child, kernel))
             elif _is_patch_conv(child):
-                setattr(parent, name, Int8PatchEmbedding(child))
+                setattr(parent, name, Int8PatchEmbedding(child, kernel))
     return root
 
 
