@@ -171,6 +171,13 @@ def test_invalid_seed_raises_value_error(tmp_path: Path, seed) -> None:
         make_random_clip(tmp_path / "x", "tiny", seed=seed)
 
 
+@pytest.mark.parametrize("layout", ["", "Hub", "preprocessor", None])
+def test_invalid_processor_layout_raises_value_error(tmp_path: Path, layout) -> None:
+    with pytest.raises(ValueError, match="processor_layout"):
+        make_random_clip(tmp_path / "x", "tiny", processor_layout=layout)
+    assert not (tmp_path / "x").exists()
+
+
 # --- checkpoint round trip ---------------------------------------------------------------------
 
 
