@@ -89,7 +89,29 @@ def test_auto_records_its_choice_and_updates_reuse_it(
     assert info["precision_requested"] == "auto" and info["precision"] == report.precision
     gate = info["precision_gate"]["gate"]
     assert gate[0]["mode"] == "int8" and gate[0]["samples"] == 16 and gate[0]["k"] == 10
-    assert info["precision"] == ("int8" if gate[0]["passed"] else "fp32")
+    # The gate worked out here, for each candidate it tried (fastest first): the 16 calibration
+    # images embedded in fp32 and in the candidate, each image's cosine and its 10 nearest
+    # sample images compared in numpy, then the thresholds; the first to pass is the choice.
+    cfg = HFClipEncoder.load(str(tiny_model), device="cpu").preprocess
+    sample = torch.stack([load_pixels(photos / name, cfg)[0] for name in files[:16]])
+    ref = load_encoder(str(tiny_model), device="cpu", precision="fp32").embed_pixels(sample).astype(np.float64)
+    chosen = "fp32"
+    for tried in gate:
+        cand = load_encoder(str(tiny_model), device="cpu", precision=tried["mode"]).embed_pixels(sample).astype(np.float64)
+        cosines = np.sum(ref * cand, axis=1)
+        nearest = [
+            [set(np.argsort(-np.where(np.arange(16) == i, -np.inf, db @ ref[i]), kind="stable")[:10].tolist()) for i in range(16)]
+            for db in (ref, cand)
+        ]
+        overlap = float(np.mean([len(a & b) / 10 for a, b in zip(*nearest, strict=True)]))
+        passed = bool(cosines.mean() >= 0.999 and cosines.min() >= 0.99 and overlap >= 0.9)
+        assert tried["mean_cosine"] == pytest.approx(cosines.mean(), abs=2e-6), tried
+        assert tried["min_cosine"] == pytest.approx(cosines.min(), abs=2e-6), tried
+        assert tried["topk_overlap"] == round(overlap, 4) and tried["passed"] == passed, tried
+        if passed:
+            assert tried is gate[-1]  # no candidate is tried after one passes
+            chosen = tried["mode"]
+    assert info["precision"] == chosen
     assert info["precisions"] == [info["precision"]]
 
     # An update with auto reuses the recorded mode: no calibration.
