@@ -153,6 +153,22 @@ def test_no_image_settings_is_a_one_line_error(
     assert not (tmp_path / "idx" / "manifest.json").exists()
 
 
+@pytest.mark.parametrize(
+    ("content", "needle"),
+    [
+        ("{not json", "unreadable processor_config.json"),
+        ('{"image_processor": [1, 2]}', "'image_processor' is not a JSON object"),
+    ],
+)
+def test_damaged_processor_config_is_a_clear_error(tmp_path: Path, tiny_model: Path, content: str, needle: str) -> None:
+    # Even beside a good preprocessor_config.json: transformers reads processor_config.json first.
+    directory = _checkpoint(tmp_path / "damaged", tiny_model, "hub", **ODD_SETTINGS)
+    (directory / "processor_config.json").write_text(content)
+    with pytest.raises(ModelLoadError, match=needle) as err:
+        HFClipEncoder.load(str(directory), device="cpu")
+    assert len(str(err.value).splitlines()) == 1
+
+
 def test_cli_index_and_search_on_a_nested_checkpoint(tmp_path: Path, nested_model: Path, tiny_model: Path) -> None:
     from indexer import build_index
 

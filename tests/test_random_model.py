@@ -262,6 +262,15 @@ def test_main_writes_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert (out / "model.safetensors").is_file()
 
 
+def test_main_writes_the_nested_processor_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli"
+    assert main([str(out), "--preset", "tiny", "--processor-layout", "processor"]) == 0
+    capsys.readouterr()
+    assert (out / "processor_config.json").is_file() and not (out / "preprocessor_config.json").exists()
+    assert main([str(tmp_path / "bad"), "--processor-layout", "nested"]) == 2
+    assert "processor_layout" in capsys.readouterr().err
+
+
 def test_main_bad_preset_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main([str(tmp_path / "cli"), "--preset", "huge"]) == 2
     captured = capsys.readouterr()
