@@ -33,7 +33,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
 
-from retrieval.encoders import HFClipEncoder
+from retrieval.encoders import HFClipEncoder, read_image_processor_config
 from retrieval.errors import (
     FinetuneError,
     InvalidArgumentError,
@@ -349,7 +349,10 @@ def _load_model(source: str, device: str, name: str) -> _Model:
     if missing:
         # Training would start from random values for these without saying so.
         raise ModelLoadError(f"{name} lacks weights for CLIPModel ({len(missing)} missing, e.g. {missing[0]})")
-    preprocessor = (Path(encoder.directory) / train_state.PREPROCESSOR_FILE).read_bytes()
+    # Settings from either layout of the base (the same ones clipsearch and transformers use),
+    # saved as a top-level preprocessor_config.json: byte for byte when the base has one.
+    processor = encoder.image_processor or read_image_processor_config(Path(encoder.directory), name)
+    preprocessor = processor.preprocessor_json()
     return _Model(
         name=name,
         model=model.to(encoder.device),

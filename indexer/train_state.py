@@ -23,10 +23,12 @@ Both are written so that a crash never leaves a half-written one in place:
   either has no ``config.json`` (not a checkpoint: loading it fails with a clear message) or
   has all the new files.
 
-The preprocessor configuration is copied byte for byte from the base checkpoint, never
-re-saved through ``CLIPProcessor.save_pretrained`` (transformers 5 would nest it inside
-``processor_config.json``; ``clipsearch index`` and the Hub's CLIP checkpoints use a
-top-level ``preprocessor_config.json``, see :mod:`retrieval.random_model`).
+The image processor settings are written as a top-level ``preprocessor_config.json``, the
+layout of the Hub's CLIP checkpoints, which every transformers version reads: copied byte for
+byte when the base checkpoint has that file, otherwise the settings transformers 5's
+``CLIPProcessor.save_pretrained`` nested in the base's ``processor_config.json`` (see
+:func:`retrieval.encoders.hf.read_image_processor_config`). They are never re-saved through
+``CLIPProcessor.save_pretrained``, which would write only the nested layout.
 """
 
 from __future__ import annotations
@@ -111,7 +113,8 @@ def save_checkpoint(out: Path, model: Any, tokenizer: Any, preprocessor: bytes, 
     Args:
         out: the run's output directory (created if missing).
         model: the ``CLIPModel`` being trained (saved in its current dtype).
-        tokenizer, preprocessor: the base checkpoint's tokenizer and preprocessor_config.json bytes.
+        tokenizer, preprocessor: the base checkpoint's tokenizer and the bytes of the
+            ``preprocessor_config.json`` to write (``ImageProcessorConfig.preprocessor_json``).
         state: tensors and plain values (``torch.save``-able with ``weights_only`` loading).
         run: the training options, written as JSON.
 

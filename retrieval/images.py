@@ -8,7 +8,9 @@ DCT scale (draft mode) when the model needs far fewer pixels than the file has.
 Preprocessing reproduces the checkpoint's ``CLIPImageProcessor`` (transformers 5, torchvision
 backend): resize with torchvision's antialiased bicubic on uint8, center crop (zero padding
 when the image is smaller than the crop), rescale and normalise. The configuration comes from
-the checkpoint's own ``preprocessor_config.json``; nothing is hard-coded to 224 px. open_clip
+the checkpoint's own image processor settings (``preprocessor_config.json``, or nested in
+``processor_config.json`` as transformers 5 saves them; read by
+:func:`retrieval.encoders.hf.read_image_processor_config`); nothing is hard-coded to 224 px. open_clip
 models map their ``PreprocessCfg`` (shortest / longest / squash resize, crop or pad with a fill
 colour, torchvision's rounding) onto the same :class:`PreprocessConfig`.
 """
@@ -176,7 +178,10 @@ class PreprocessConfig:
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> PreprocessConfig:
-        """Build from a Hugging Face ``preprocessor_config.json`` (CLIPImageProcessor keys).
+        """Build from a checkpoint's ``CLIPImageProcessor`` settings (its keys: ``size``, ``crop_size``, ...).
+
+        ``config`` is what :func:`retrieval.encoders.hf.read_image_processor_config` returns
+        as ``settings``, from either checkpoint layout.
 
         Raises:
             ValueError: a setting we cannot reproduce (e.g. a resize mode other than

@@ -49,6 +49,11 @@ from typing import TYPE_CHECKING
 from .encoders.base import quiet_transformers
 from .errors import InvalidArgumentError
 
+#: Where :func:`make_random_clip` puts the image processor settings: ``"hub"`` a top-level
+#: ``preprocessor_config.json`` (like openai/clip-vit-base-patch32), ``"processor"`` what
+#: transformers 5's ``CLIPProcessor.save_pretrained`` writes (nested in ``processor_config.json``).
+PROCESSOR_LAYOUTS: tuple[str, ...] = ("hub", "processor")
+
 if TYPE_CHECKING:
     from transformers import CLIPTokenizer
 
@@ -307,10 +312,12 @@ def make_random_clip(
     out_dir: str | os.PathLike[str],
     preset: str | RandomClipSpec = "tiny",
     seed: int = 0,
+    processor_layout: str = "hub",
 ) -> Path:
     """Write a randomly initialised CLIP checkpoint (model + processor) to ``out_dir``.
 
-    The directory then holds ``config.json``, ``model.safetensors``, ``preprocessor_config.json``,
+    The directory then holds ``config.json``, ``model.safetensors``, ``preprocessor_config.json``
+    (``processor_config.json`` instead with ``processor_layout="processor"``),
     ``tokenizer.json`` and ``tokenizer_config.json`` (transformers 5 writes no ``vocab.json`` /
     ``merges.txt``: ``tokenizer.json`` holds both), and loads with ``CLIPModel``,
     ``CLIPVisionModelWithProjection``, ``CLIPTextModelWithProjection``, ``CLIPProcessor`` and
@@ -320,18 +327,21 @@ def make_random_clip(
         out_dir: directory to write; created (with parents) if missing, files in it overwritten.
         preset: a name from :data:`PRESETS` or a :class:`RandomClipSpec`.
         seed: seed of the weight initialisation (0 <= seed < 2**63).
+        processor_layout: one of :data:`PROCESSOR_LAYOUTS`; the weights do not depend on it.
 
     Returns:
         ``out_dir`` as a ``pathlib.Path``.
 
     Raises:
-        InvalidArgumentError: (a ``ValueError``) for an unknown preset or a bad seed.
+        InvalidArgumentError: (a ``ValueError``) for an unknown preset, a bad seed or layout.
         FileNotFoundError: if open_clip (which ships the BPE file) is not installed.
         OSError: if ``out_dir`` cannot be created or written.
     """
     spec = _resolve_spec(preset)
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
         raise InvalidArgumentError(f"seed must be an int in [0, 2**63), got {seed!r}")
+    if processor_layout not in PROCESSOR_LAYOUTS:
+        raise InvalidArgumentError(f"processor_layout must be one of {PROCESSOR_LAYOUTS}, got {processor_layout!r}")
     out = Path(out_dir)
     # Build the tokenizer first: it is the step that fails without open_clip, before any writing.
     tokenizer = build_clip_tokenizer(spec.max_length)
@@ -388,18 +398,20 @@ def make_random_clip(
         image_std=list(OPENAI_CLIP_STD),
         do_convert_rgb=True,
     )
-    # Built only to fail here, before writing, if transformers would not accept the pair.
-    CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    # Built before writing, so that it fails here if transformers would not accept the pair.
+    processor = CLIPProcessor(image_processor=image_processor, tokenizer=tokenizer)
 
     out.mkdir(parents=True, exist_ok=True)
     with quiet_transformers():
         model.save_pretrained(out, safe_serialization=True)
-    # Saved piecewise, not with CLIPProcessor.save_pretrained: transformers 5 would nest the image
-    # settings inside processor_config.json, while the Hub's openai/clip-vit-base-patch32 (and
-    # retrieval.encoders, which reads it directly) has a top-level preprocessor_config.json.
-    # CLIPProcessor.from_pretrained loads this layout too.
-    image_processor.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    if processor_layout == "processor":
+        processor.save_pretrained(out)
+    else:
+        # Saved piecewise: CLIPProcessor.save_pretrained in transformers 5 writes only the nested
+        # layout, while the Hub's openai/clip-vit-base-patch32 has a top-level
+        # preprocessor_config.json. clipsearch and CLIPProcessor.from_pretrained read both.
+        image_processor.save_pretrained(out)
+        tokenizer.save_pretrained(out)
     return out
 
 
@@ -420,9 +432,15 @@ def main(argv: Sequence[str] | None = None) -> int:
     # No argparse `choices`: its multi-line usage dump is not the one-line error we promise.
     parser.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)} (default: tiny)")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default: 0)")
+    parser.add_argument(
+        "--processor-layout",
+        default="hub",
+        help="hub: a top-level preprocessor_config.json (default); processor: as transformers 5's "
+        "CLIPProcessor.save_pretrained writes it, nested in processor_config.json",
+    )
     args = parser.parse_args(argv)
     try:
-        path = make_random_clip(args.out_dir, preset=args.preset, seed=args.seed)
+        path = make_random_clip(args.out_dir, preset=args.preset, seed=args.seed, processor_layout=args.processor_layout)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -224,6 +224,42 @@ def test_resume_continues_exactly(tiny_model: Path, pairs_dir: Path, tmp_path: P
     assert not (tmp_path / "split" / "checkpoint").exists()
 
 
+@pytest.mark.parametrize("layout", ["hub", "processor"])
+def test_output_opens_in_transformers_whatever_the_base_layout(layout: str, pairs_dir: Path, tmp_path: Path) -> None:
+    # "processor": the base has only what transformers 5's CLIPProcessor.save_pretrained writes
+    # (settings nested in processor_config.json, no preprocessor_config.json).
+    from transformers import AutoProcessor, CLIPImageProcessor, CLIPModel, CLIPProcessor
+
+    from retrieval.encoders import HFClipEncoder
+    from retrieval.random_model import make_random_clip
+
+    base = make_random_clip(tmp_path / "base", preset="tiny", seed=0, processor_layout=layout)
+    assert (base / "preprocessor_config.json").is_file() == (layout == "hub")
+    out = tmp_path / "out"
+    report = finetune(_config(base, pairs_dir, out, epochs=1))
+    assert report.finished and report.steps == 2
+
+    # The Hub layout, whatever the base's: the one every transformers version reads.
+    names = {p.name for p in out.iterdir()}
+    assert "preprocessor_config.json" in names and "processor_config.json" not in names
+    if layout == "hub":
+        assert (out / "preprocessor_config.json").read_bytes() == (base / "preprocessor_config.json").read_bytes()
+    model, info = CLIPModel.from_pretrained(out, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"]
+    weights = _weights(out)
+    assert np.array_equal(model.text_projection.weight.detach().numpy(), weights["text_projection.weight"])
+    base_settings = CLIPImageProcessor.from_pretrained(base).to_dict()
+    assert base_settings["size"] == {"shortest_edge": 64} and base_settings["crop_size"] == {"height": 64, "width": 64}
+    assert CLIPImageProcessor.from_pretrained(out).to_dict() == base_settings
+    base_ids = CLIPProcessor.from_pretrained(base)(text=["a grey cat"])["input_ids"]
+    for loader in (CLIPProcessor, AutoProcessor):
+        processor = loader.from_pretrained(out)
+        assert type(processor) is CLIPProcessor, loader
+        assert processor.image_processor.to_dict() == base_settings
+        assert processor(text=["a grey cat"])["input_ids"] == base_ids
+    assert HFClipEncoder.load(str(out), device="cpu").preprocess == HFClipEncoder.load(str(base), device="cpu").preprocess
+
+
 def test_from_config_tiny_trains_a_loadable_model(pairs_dir: Path, tmp_path: Path) -> None:
     from transformers import CLIPModel
 

@@ -138,15 +138,25 @@ def test_image_search_finds_itself(built_index: Path, collection: Collection) ->
 
 
 def test_unicode_and_non_utf8_names_are_found(built_index: Path, collection: Collection) -> None:
+    import faiss
+
     index = ImageIndex.open(built_index, device="cpu")
     emb = index.embeddings()
     paths = index.paths()
-    for rel in collection.good:
-        if rel.isascii():
-            continue
+    exact = faiss.IndexFlatIP(emb.shape[1])
+    exact.add(emb)
+    names = [rel for rel in collection.good if not rel.isascii()]
+    assert len(names) == 3
+    for rel in names:
         i = paths.index(display_path(os.fsencode(rel)))
-        hit = index.search_vectors(emb[i], k=1)[0][0]
-        assert hit.id == i or hit.score == pytest.approx(1.0, abs=1e-5)
+        hits = index.search_vectors(emb[i], k=3)[0]
+        scores, ids = exact.search(emb[i : i + 1], 3)
+        # The exact answer: the image first (no other indexed image has the same pixels), found
+        # under its own name, then the same neighbours as exhaustive search, with its scores.
+        assert ids[0][0] == i and hits[0].id == i and hits[0].path == display_path(os.fsencode(rel))
+        assert [h.id for h in hits] == ids[0].tolist()
+        assert np.allclose([h.score for h in hits], scores[0], atol=1e-6)
+        assert hits[0].score == pytest.approx(1.0, abs=1e-5)
     assert "intl/latin1_caf\\xe9.jpg" in paths
 
 

@@ -171,6 +171,13 @@ def test_invalid_seed_raises_value_error(tmp_path: Path, seed) -> None:
         make_random_clip(tmp_path / "x", "tiny", seed=seed)
 
 
+@pytest.mark.parametrize("layout", ["", "Hub", "preprocessor", None])
+def test_invalid_processor_layout_raises_value_error(tmp_path: Path, layout) -> None:
+    with pytest.raises(ValueError, match="processor_layout"):
+        make_random_clip(tmp_path / "x", "tiny", processor_layout=layout)
+    assert not (tmp_path / "x").exists()
+
+
 # --- checkpoint round trip ---------------------------------------------------------------------
 
 
@@ -253,6 +260,15 @@ def test_main_writes_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert main([str(out), "--preset", "tiny", "--seed", "0"]) == 0
     assert capsys.readouterr().out.strip() == str(out)
     assert (out / "model.safetensors").is_file()
+
+
+def test_main_writes_the_nested_processor_layout(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "cli"
+    assert main([str(out), "--preset", "tiny", "--processor-layout", "processor"]) == 0
+    capsys.readouterr()
+    assert (out / "processor_config.json").is_file() and not (out / "preprocessor_config.json").exists()
+    assert main([str(tmp_path / "bad"), "--processor-layout", "nested"]) == 2
+    assert "processor_layout" in capsys.readouterr().err
 
 
 def test_main_bad_preset_exits_2_with_one_line(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -13,7 +13,14 @@ similarity everywhere else. Backends, behind the one :class:`Encoder` interface:
 from __future__ import annotations
 
 from .base import Encoder, file_sha256, hub_reachable, l2_normalize, resolve_device
-from .hf import DEFAULT_MODEL, HFClipEncoder, checkpoint_fingerprint, resolve_checkpoint
+from .hf import (
+    DEFAULT_MODEL,
+    HFClipEncoder,
+    ImageProcessorConfig,
+    checkpoint_fingerprint,
+    read_image_processor_config,
+    resolve_checkpoint,
+)
 from .openclip import OpenClipEncoder, is_open_clip_name
 from .precision import PRECISIONS, GateResult, check_precision
 
@@ -45,6 +52,7 @@ __all__ = [
     "Encoder",
     "GateResult",
     "HFClipEncoder",
+    "ImageProcessorConfig",
     "OpenClipEncoder",
     "PRECISIONS",
     "check_precision",
@@ -53,6 +61,7 @@ __all__ = [
     "hub_reachable",
     "l2_normalize",
     "load_encoder",
+    "read_image_processor_config",
     "resolve_checkpoint",
     "resolve_device",
 ]
