@@ -422,11 +422,13 @@ def test_cli_index_and_search(cli_index, encoder: OpenClipEncoder, photos: Path)
     assert ImageIndex.open(out).info()["model_info"] == info
     assert info["architecture_file"] == str(parse_spec(encoder.name).arch_file)
     assert info["weights_sha256"] and info["preprocess_cfg"]["resize_mode"] == "shortest"
-    # Stored vectors are the encoder's own: each photo finds itself.
+    # Stored vectors are the encoder's own, in the mode auto chose on this CPU (int8 with VNNI,
+    # bf16 first with AMX, fp32 below AVX2): each photo finds itself.
     index = ImageIndex.open(out, device="cpu")
+    same_mode = load_encoder(encoder.name, device="cpu", precision=info["precision"])
     for name in ("0.jpg", "3.jpg"):
         pixels, _, _ = load_pixels(photos / name, encoder.preprocess)
-        hit = index.search_vectors(encoder.embed_pixels(pixels[None]), k=1)[0][0]
+        hit = index.search_vectors(same_mode.embed_pixels(pixels[None]), k=1)[0][0]
         assert hit.path == name and hit.score == pytest.approx(1.0, abs=1e-5)
     proc = run_cli(["search", out, "a dog on a beach", "-k", "3", "--json", "--device", "cpu"])
     assert proc.returncode == 0, proc.stderr
