@@ -17,11 +17,7 @@ import pyarrow.parquet as pq
 from . import faiss_index, store
 from .encoders import Encoder, check_precision, load_encoder
 from .encoders.precision import PRECISIONS
-from .errors import (
-    IndexFormatError,
-    InvalidArgumentError,
-    ModelMismatchError,
-)
+from .errors import InvalidArgumentError, ModelMismatchError
 from .filters import Filter
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from .layout import Manifest, read_manifest
