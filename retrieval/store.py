@@ -44,14 +44,17 @@ def fix_for(index_dir: Path, manifest: Manifest, rel: str) -> str:
     return rebuild_hint(index_dir, manifest)
 
 
-def check_files(index_dir: Path, manifest: Manifest) -> None:
+def check_files(index_dir: Path, manifest: Manifest, faiss: bool = True) -> None:
     """The cheap part of the checksums, done on every open: each recorded file exists and has
     its recorded size (one ``stat`` per file; a truncated or extended file fails here).
+    ``faiss=False`` leaves the FAISS file out (``reindex`` replaces it, damaged or not).
 
     Raises:
         IndexCorruptError: a file is missing or has another size.
     """
     for rel, recorded in manifest.checksums.items():
+        if not faiss and manifest.faiss is not None and rel == manifest.faiss.path:
+            continue
         path = index_dir / rel
         try:
             size = path.stat().st_size

@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from conftest import run_cli
+from imagegen import Collection
 
 from indexer.commit import GenerationWriter, IndexMeta
 from indexer.lock import IndexLock
@@ -101,14 +102,12 @@ def idx(clean: Path, tmp_path: Path) -> Path:
 def file_of(index_dir: Path, kind: str) -> str:
     """The relative path of a file of the current generation: part0, part1, paths0, paths1, faiss, skipped."""
     m = read_manifest(index_dir)
-    return {
-        "part0": m.parts[0].path,
-        "part1": m.parts[1].path,
-        "paths0": str(m.parts[0].paths),
-        "paths1": str(m.parts[1].paths),
-        "faiss": m.faiss.path if m.faiss is not None else "",
-        "skipped": m.skipped_file,
-    }[kind]
+    if kind == "faiss":
+        return m.faiss.path if m.faiss is not None else ""
+    if kind == "skipped":
+        return m.skipped_file
+    part = m.parts[int(kind[-1])]
+    return part.path if kind.startswith("part") else str(part.paths)
 
 
 def flip(path: Path, offset: int, bit: int = 0) -> None:
@@ -471,3 +470,25 @@ def test_an_update_refuses_to_carry_a_damaged_part(idx: Path) -> None:
     meta = IndexMeta(base.model, base.model_fingerprint, base.backend, base.dim, base.preprocess, base.source_root)
     with IndexLock(idx), pytest.raises(IndexCorruptError, match="part-00000.parquet is damaged .*CRC"):
         GenerationWriter(idx, meta, base).facts()
+
+
+def test_reindex_checks_every_file_but_the_faiss_file_it_replaces(idx: Path) -> None:
+    rel = file_of(idx, "part1")
+    truncate(idx / rel)
+    before = (idx / MANIFEST_FILE).read_bytes()
+    with pytest.raises(IndexCorruptError, match="part-00001.parquet is damaged .*bytes, the manifest records.*--rebuild"):
+        reindex(idx)
+    assert (idx / MANIFEST_FILE).read_bytes() == before
+
+
+def test_an_update_names_a_truncated_faiss_file_and_reindex(built_index: Path, collection: Collection, tiny_model: Path, tmp_path: Path) -> None:
+    from indexer import build_index
+
+    idx = tmp_path / "built.idx"
+    shutil.copytree(built_index, idx)
+    truncate(idx / file_of(idx, "faiss"))
+    with pytest.raises(IndexCorruptError, match=f"index.faiss is damaged .*`clipsearch reindex {idx}`"):
+        build_index(collection.root, idx, model=str(tiny_model), workers=0, device="cpu")
+    reindex(idx)
+    assert build_index(collection.root, idx, model=str(tiny_model), workers=0, device="cpu").unchanged == len(ImageIndex.open(idx))
+    assert verify_index(idx).ok
