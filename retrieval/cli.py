@@ -145,10 +145,13 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     if args.json:
         print_json(report.to_dict())
     else:
-        what = "file checksums verified" if report.checksums else "no file checksums recorded"
-        faiss = f", {report.faiss_sampled} FAISS vectors compared" if report.faiss_sampled else ""
         status = "ok" if report.ok else f"{len(report.problems)} damaged file(s)"
-        print(f"{args.index_dir}: {status} ({report.count} images, {len(report.files)} files, {what}{faiss})")
+        if report.generation is None:
+            print(f"{args.index_dir}: {status} (the manifest cannot be read: nothing else was checked)")
+        else:
+            what = "file checksums verified" if report.checksums else "no file checksums recorded"
+            faiss = f", {report.faiss_sampled} FAISS vectors compared" if report.faiss_sampled else ""
+            print(f"{args.index_dir}: {status} ({report.count} images, {len(report.files)} files, {what}{faiss})")
         for note in report.notes:
             print(f"note: {note}")
     # One line per damaged file on stderr, with the repair, whatever the output format.

@@ -353,6 +353,11 @@ def test_flipped_version_digit_is_damage_not_a_newer_format(idx: Path) -> None:
     assert [(p.file, p.check) for p in report.problems] == [("manifest.json", "manifest")]
     proc = run_cli(["verify", idx, "--json"])
     assert proc.returncode == 1 and json.loads(proc.stdout)["problems"][0]["file"] == "manifest.json"
+    text = run_cli(["verify", idx])
+    assert text.returncode == 1
+    assert text.stdout == f"{idx}: 1 damaged file(s) (the manifest cannot be read: nothing else was checked)\n"
+    assert text.stderr == f"clipsearch: error: {report.problems[0].message()}\n"
+    assert report.problems[0].fix == f"rebuild the index with `clipsearch index PHOTOS_DIR {idx} --rebuild`"
 
 
 def test_truncated_manifest_fails_open(idx: Path) -> None:
@@ -491,4 +496,20 @@ def test_an_update_names_a_truncated_faiss_file_and_reindex(built_index: Path, c
         build_index(collection.root, idx, model=str(tiny_model), workers=0, device="cpu")
     reindex(idx)
     assert build_index(collection.root, idx, model=str(tiny_model), workers=0, device="cpu").unchanged == len(ImageIndex.open(idx))
+    assert verify_index(idx).ok
+
+
+def test_the_named_rebuild_repairs_a_damaged_part(built_index: Path, collection: Collection, tiny_model: Path, tmp_path: Path) -> None:
+    from indexer import build_index
+
+    idx = tmp_path / "built.idx"
+    shutil.copytree(built_index, idx)
+    rel = file_of(idx, "part0")
+    flip(idx / rel, page_offset(idx / rel, "path_bytes"), 2)
+    [problem] = verify_index(idx).problems
+    assert (problem.file, problem.check) == (rel, "checksum")
+    assert problem.fix == f"rebuild the index with `clipsearch index {collection.root.resolve()} {idx} --rebuild`"
+    with pytest.raises(IndexCorruptError, match="CRC"):
+        build_index(collection.root, idx, model=str(tiny_model), workers=0, device="cpu")  # an update refuses
+    build_index(collection.root, idx, model=str(tiny_model), workers=0, device="cpu", rebuild=True)
     assert verify_index(idx).ok
