@@ -44,6 +44,7 @@ import json
 import os
 import struct
 import tempfile
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -64,9 +65,12 @@ SKIPPED_FILE = "skipped.parquet"
 LOCK_FILE = "lock"
 PATHS_SUFFIX = ".paths"
 # Side file of a part's paths: magic, file id (32 ASCII hex), row count (u64), count + 1
-# offsets (u64, little-endian) into the UTF-8 bytes that follow.
+# offsets (u64, little-endian) into the UTF-8 bytes that follow, then (written since checksums)
+# a trailer: one CRC-32 (u32) per path and PATHS_CRC_MAGIC. Readers that predate the trailer
+# ignore bytes after the paths; readers that know it check each path they read.
 PATHS_MAGIC = b"CSPATHS1"
 PATHS_HEADER = struct.Struct("<8s32sQ")
+PATHS_CRC_MAGIC = b"CSPCRC32"
 
 GENERATION_PREFIX = "gen-"
 STAGING_PREFIX = ".staging-"
@@ -152,7 +156,8 @@ def paths_file_of(part_path: str) -> str:
 
 
 def write_paths_file(fh: IO[bytes], file_id: str, offsets: Any, data: bytes | memoryview) -> None:
-    """Write a path side file: ``offsets`` (count + 1 ascending ints from 0) into ``data``."""
+    """Write a path side file: ``offsets`` (count + 1 ascending ints from 0) into ``data``,
+    and the trailer of per-path CRC-32s (a search reads single paths: each is checked alone)."""
     import numpy as np
 
     offsets = np.asarray(offsets, dtype="<u8")
@@ -162,6 +167,11 @@ def write_paths_file(fh: IO[bytes], file_id: str, offsets: Any, data: bytes | me
     fh.write(PATHS_HEADER.pack(PATHS_MAGIC, fid, len(offsets) - 1))
     fh.write(offsets.tobytes())
     fh.write(data)
+    view = memoryview(data)
+    bounds = offsets.tolist()
+    crcs = np.fromiter((zlib.crc32(view[a:b]) for a, b in zip(bounds, bounds[1:])), dtype="<u4", count=len(bounds) - 1)
+    fh.write(crcs.tobytes())
+    fh.write(PATHS_CRC_MAGIC)
 
 
 @dataclass(frozen=True)

@@ -10,6 +10,7 @@ import contextlib
 import mmap
 import shlex
 import weakref
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -20,7 +21,7 @@ import pyarrow.parquet as pq
 
 from . import faiss_index
 from .errors import IndexCorruptError, IndexFormatError
-from .layout import FILE_ID_KEY, PATHS_HEADER, PATHS_MAGIC, Manifest, PartRef
+from .layout import FILE_ID_KEY, PATHS_CRC_MAGIC, PATHS_HEADER, PATHS_MAGIC, Manifest, PartRef
 
 REBUILD_HINT = "rebuild the index with `clipsearch index PHOTOS_DIR INDEX_DIR --rebuild`"
 
@@ -131,9 +132,12 @@ def _check_ids(path: Path, pf: pq.ParquetFile, ref: PartRef, fix: str) -> None:
 
 
 class PathTable:
-    """One part's paths, memory-mapped from its side file: ``table[i]`` reads row ``i`` only."""
+    """One part's paths, memory-mapped from its side file: ``table[i]`` reads row ``i`` only,
+    and checks it against its CRC-32 (files written before the CRC trailer: unchecked)."""
 
     def __init__(self, path: Path, ref: PartRef, fix: str = REBUILD_HINT) -> None:
+        self.path = path
+        self.fix = fix
         if not path.is_file():
             raise IndexCorruptError(path, "missing", fix)
         try:
@@ -151,8 +155,22 @@ class PathTable:
             raise IndexCorruptError(path, "truncated", fix)
         self._offsets = np.frombuffer(self._map, dtype="<u8", count=count + 1, offset=size)
         self._data = size + 8 * (count + 1)
-        if self._data + int(self._offsets[-1]) > len(self._map):
+        self._end = self._data + int(self._offsets[-1])
+        if self._end > len(self._map):
             raise IndexCorruptError(path, "truncated", fix)
+        trailer = self._end + 4 * count + len(PATHS_CRC_MAGIC)
+        self._crcs: np.ndarray | None = None
+        if len(self._map) == trailer and self._map[trailer - len(PATHS_CRC_MAGIC) : trailer] == PATHS_CRC_MAGIC:
+            self._crcs = np.frombuffer(self._map, dtype="<u4", count=count, offset=self._end)
+
+    @property
+    def well_formed(self) -> bool:
+        """Whether the file ends right after its paths or with a complete CRC trailer."""
+        return self._crcs is not None or len(self._map) == self._end
+
+    @property
+    def has_crcs(self) -> bool:
+        return self._crcs is not None
 
     @property
     def offsets(self) -> np.ndarray:
@@ -162,11 +180,33 @@ class PathTable:
     @property
     def data(self) -> memoryview:
         """The UTF-8 bytes of every path, concatenated."""
-        return memoryview(self._map)[self._data :]
+        return memoryview(self._map)[self._data : self._end]
+
+    def first_bad_row(self) -> int | None:
+        """The first row whose bytes fail their CRC (a full pass), or None."""
+        if self._crcs is None:
+            return None
+        for row in range(len(self._offsets) - 1):
+            if self._crc_fails(row):
+                return row
+        return None
+
+    def _crc_fails(self, row: int) -> bool:
+        start, end = int(self._offsets[row]), int(self._offsets[row + 1])
+        return self._crcs is not None and zlib.crc32(self._map[self._data + start : self._data + end]) != int(self._crcs[row])
 
     def __getitem__(self, row: int) -> str:
         start, end = int(self._offsets[row]), int(self._offsets[row + 1])
-        return self._map[self._data + start : self._data + end].decode("utf-8")
+        if end < start or self._data + end > self._end:
+            raise IndexCorruptError(self.path, f"the offsets of row {row} are out of range", self.fix)
+        raw = self._map[self._data + start : self._data + end]
+        # A damaged path is raised, never returned as another file's name.
+        if self._crcs is not None and zlib.crc32(raw) != int(self._crcs[row]):
+            raise IndexCorruptError(self.path, f"the path of row {row} fails its CRC", self.fix)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise IndexCorruptError(self.path, f"the path of row {row} is not UTF-8", self.fix) from exc
 
 
 def open_paths(index_dir: Path, ref: PartRef, fix: str = REBUILD_HINT) -> PathTable | None:

@@ -6,7 +6,8 @@ whenever they are read. :func:`verify_index` checks everything else, reading eve
 
 - every file of the generation against the size and sha256 the manifest records;
 - every Parquet page (CRC), ids ``0 .. count - 1`` in row order, every embedding finite with
-  norm 1, each path file equal to its part's ``path`` column, the skip list's row count;
+  norm 1, each path file equal to its part's ``path`` column (and each path's CRC), the skip
+  list's row count;
 - the FAISS file's vector count and dim, and a sample of its vectors against the stored ones.
 
 Damage is reported, not raised: the report names each damaged file and the command that
@@ -289,9 +290,14 @@ def _check_part(
     except IndexCorruptError as exc:
         return Problem(ref.paths, "unreadable", exc.problem, fix)
     assert table_of_paths is not None
+    if not table_of_paths.well_formed:
+        return Problem(ref.paths, "paths", "unexpected bytes after its paths (a damaged CRC trailer?)", fix)
     row = _first_difference(table_of_paths, chunks)
     if row is not None:
         return Problem(ref.paths, "paths", f"path of row {row} differs from the part's path column", fix)
+    row = table_of_paths.first_bad_row()
+    if row is not None:
+        return Problem(ref.paths, "paths", f"the path of row {row} fails its CRC", fix)
     return None
 
 

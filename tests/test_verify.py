@@ -9,9 +9,9 @@ gets a flipped bit, a truncation and a deletion. What happens is exact and diffe
 - on read: a flipped bit in a Parquet data page fails the page's CRC whenever that page is read
   (filtered search, rows, embeddings, the skip list, vectors added to FAISS on open): the same
   error, never the changed values;
-- only in ``verify``: a flipped bit in a FAISS file's vectors or in a path file's strings, which
-  open does not read (opening stays O(files)); ``verify`` names the file (and ``reindex`` repairs
-  a FAISS file).
+- on read of a path: its CRC (a search's hits; a damaged path is raised, not returned);
+- only in ``verify``: a flipped bit in a FAISS file's vectors, which open does not check (opening
+  stays O(files)); ``verify`` names the file, and ``reindex`` repairs it.
 """
 
 from __future__ import annotations
@@ -37,6 +37,7 @@ from retrieval.filters import Filter
 from retrieval.layout import (
     MANIFEST_DIGEST_KEY,
     MANIFEST_FILE,
+    PATHS_CRC_MAGIC,
     Manifest,
     checksum_file,
     read_manifest,
@@ -247,17 +248,46 @@ def test_truncated_or_deleted_file_fails_open(idx: Path, kind: str, damage: str)
 # -- path files ---------------------------------------------------------------------------------------
 
 
-def test_flipped_bit_in_a_path_is_named_by_verify(idx: Path) -> None:
+def paths_data_end(path: Path) -> int:
+    """Where a path file's UTF-8 bytes end (its CRC trailer follows: a u32 per row, a magic)."""
+    return path.stat().st_size - len(PATHS_CRC_MAGIC) - 4 * PART_ROWS
+
+
+def test_flipped_bit_in_a_path_is_raised_when_read(idx: Path, clean: Path, vectors: np.ndarray) -> None:
     rel = file_of(idx, "paths1")
-    size = (idx / rel).stat().st_size
-    flip(idx / rel, size - 5, 0)  # a character of the part's last path (img00299.jpg)
+    flip(idx / rel, paths_data_end(idx / rel) - 5, 0)  # a character of the part's last path (img00299.jpg)
     index = ImageIndex.open(idx)  # opening reads the header only (memory-mapped)
-    assert index.paths_of([ROWS - 1]) != ["dir2/img00299.jpg"]  # not detectable without reading the file
+    with pytest.raises(IndexCorruptError, match="part-00001.paths is damaged \\(the path of row 149 fails its CRC\\)"):
+        index.paths_of([ROWS - 1])
+    with pytest.raises(IndexCorruptError, match="part-00001.paths is damaged"):
+        index.search_vectors(vectors[ROWS - 1 :], 1)  # its top hit is id 299
+    # Searches whose hits avoid that row are answered (from intact data).
+    assert index.search_vectors(vectors[:1], 3) == ImageIndex.open(clean).search_vectors(vectors[:1], 3)
     assert problems(idx) == [(rel, "checksum")]
-    # Without checksums (an older index) the content check compares it with the part's column.
+    # Without file checksums (an older index) the content check compares it with the part's column.
     strip_checksums(idx)
     assert problems(idx) == [(rel, "paths")]
-    assert "row 149 " in verify_index(idx).problems[0].detail
+    assert verify_index(idx).problems[0].detail == "path of row 149 differs from the part's path column"
+
+
+def test_flipped_bit_in_a_path_crc_is_raised_when_read(idx: Path) -> None:
+    rel = file_of(idx, "paths0")
+    flip(idx / rel, paths_data_end(idx / rel) + 4 * 7, 0)  # row 7's CRC
+    index = ImageIndex.open(idx)
+    assert index.paths_of([6, 8]) == ["dir0/img00006.jpg", "dir2/img00008.jpg"]
+    with pytest.raises(IndexCorruptError, match="the path of row 7 fails its CRC"):
+        index.paths_of([7])
+    strip_checksums(idx)
+    assert [(p.file, p.check, p.detail) for p in verify_index(idx).problems] == [(rel, "paths", "the path of row 7 fails its CRC")]
+
+
+def test_path_files_without_a_crc_trailer_are_read(idx: Path) -> None:
+    # Path files written before the trailer: read unchecked, as before.
+    strip_checksums(idx)
+    rel = file_of(idx, "paths0")
+    (idx / rel).write_bytes((idx / rel).read_bytes()[: paths_data_end(idx / rel)])
+    assert ImageIndex.open(idx).paths_of([0, 149]) == ["dir0/img00000.jpg", "dir2/img00149.jpg"]
+    assert verify_index(idx).ok
 
 
 def test_flipped_bit_in_a_path_file_header_fails_open(idx: Path) -> None:
