@@ -91,8 +91,8 @@ def reading(pf: pq.ParquetFile) -> Iterator[None]:
     :class:`IndexCorruptError` naming the file: damaged data is raised, never returned."""
     try:
         yield
-    except IndexFormatError:
-        raise
+    except (IndexFormatError, MemoryError):
+        raise  # out of memory (ArrowMemoryError too) is not damage
     except (OSError, pa.ArrowException) as exc:
         path, fix = _SOURCES.get(pf, ("a Parquet file of the index", REBUILD_HINT))
         raise IndexCorruptError(path, f"unreadable: {exc}", fix) from exc
