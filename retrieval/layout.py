@@ -9,8 +9,9 @@ An index directory holds::
                                   rows id, path, path_bytes, width, height, size, mtime_ns,
                                   content_hash, embedding; ids run 0..count-1 across the parts
     paths/part-00000.paths ...    (format 2) each part's ``path`` column as offsets + UTF-8
-                                  bytes, memory-mapped so that a search reads the paths of
-                                  its hits only (:func:`write_paths_file`)
+                                  bytes and a CRC-32 per path, memory-mapped so that a search
+                                  reads (and checks) the paths of its hits only
+                                  (:func:`write_paths_file`)
         index.faiss               FAISS index whose row i is id i, over the first ``faiss.rows``
                                   ids (readers add the vectors of later rows on open)
         skipped.parquet           files that could not be decoded: path, path_bytes, reason, ...
