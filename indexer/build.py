@@ -23,6 +23,7 @@ from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from retrieval import store
 from retrieval.encoders import DEFAULT_MODEL, Encoder, check_precision, cpu, load_encoder
 from retrieval.errors import (
     IndexDirError,
@@ -423,6 +424,10 @@ def _run(
     # Generations or staging left by a killed run are unreachable garbage now that we hold the lock.
     remove_stale(out, keep=base.generation if base is not None else None)
     previous = None if cfg.rebuild else base
+    if previous is not None:
+        # A missing or truncated file of the index fails here, naming it and the repair,
+        # rather than somewhere in the update.
+        store.check_files(out, previous)
     options = _index_options(cfg, previous)
     # A factory string FAISS rejects fails here, before any image is embedded.
     ann.check_options(options, enc.dim, max(len(found.files), previous.count if previous is not None else 0))

@@ -31,8 +31,10 @@ from retrieval.layout import (
     SKIPPED_FILE,
     STAGING_PREFIX,
     FaissRef,
+    FileChecksum,
     Manifest,
     PartRef,
+    checksum_file,
     generation_dir,
     part_name,
     paths_file_of,
@@ -107,6 +109,10 @@ class GenerationWriter:
             self._faiss = (base.faiss, index_dir / base.faiss.path)
             self._faiss_info = FaissInfo(base.index_type, dict(base.search_params), dict(base.index_tuning))
         self._committed = base.count if base else 0
+        # Checksums of the committed files by path, carried to the next generation with the
+        # files it links (a generation of a version-2 index written before checksums has none:
+        # its files are hashed when first linked, which is how such an index gets them).
+        self._sums: dict[str, FileChecksum] = dict(base.checksums) if base else {}
         self._records: list[FileRecord] = []
         self._vectors: list[np.ndarray] = []
         # Kept rows of rewritten parts (after compact), written as one part at the next commit.
@@ -126,7 +132,9 @@ class GenerationWriter:
     # -- reading the base ----------------------------------------------------------------------
 
     def _open_parts(self) -> list[pq.ParquetFile]:
-        return [pq.ParquetFile(path) for _, path in self._parts]
+        # Pages are checked against their CRC: a damaged part fails the update, never carries
+        # its damage into a new part with fresh checksums.
+        return [store.open_parquet(path) for _, path in self._parts]
 
     def facts(self) -> IndexedFacts:
         """Per-row facts of the committed rows, for planning an update."""
@@ -166,7 +174,9 @@ class GenerationWriter:
         base_id = self._parts[-1][0].first_id + self._parts[-1][0].rows if self._parts else 0
         tables = []
         for ref, path in tail:
-            table = pq.read_table(path)
+            pf = store.open_parquet(path)
+            with store.reading(pf):
+                table = pf.read()
             ids = np.arange(ref.first_id, ref.first_id + ref.rows)
             mtimes = table.column("mtime_ns").to_numpy().copy()
             for j, old_id in enumerate(ids):
@@ -201,6 +211,9 @@ class GenerationWriter:
         staging = self.dir / f"{STAGING_PREFIX}{generation}"
         gen_rel = generation_dir(generation)
         (staging / EMBEDDINGS_DIR).mkdir(parents=True)
+        # Every file of the new generation, hashed once when written (from the page cache) and
+        # then carried along with the file from generation to generation.
+        sums: dict[str, FileChecksum] = {}
         try:
             new_parts: list[tuple[PartRef, Path]] = []
             for group in self._groups(merge):
@@ -208,9 +221,14 @@ class GenerationWriter:
                 name = f"{EMBEDDINGS_DIR}/{part_name(len(new_parts))}"
                 if len(group) == 1 and not isinstance(group[0], pa.Table):
                     ref, src = group[0]
-                    new_parts.append(self._link_part(ref, src, staging, gen_rel, name))
+                    new_ref, new_path = self._link_part(ref, src, staging, gen_rel, name)
+                    sums[new_ref.path] = self._carried(ref.path, staging / name)
+                    sums[str(new_ref.paths)] = self._carried(ref.paths, staging / paths_file_of(name))
+                    new_parts.append((new_ref, new_path))
                 else:
                     ref = self._write_part(staging / name, f"{gen_rel}/{name}", first_id, group)
+                    sums[ref.path] = checksum_file(staging / name)
+                    sums[str(ref.paths)] = checksum_file(staging / paths_file_of(name))
                     new_parts.append((ref, self.dir / ref.path))
             count = new_parts[-1][0].first_id + new_parts[-1][0].rows if new_parts else 0
             faiss_ref: FaissRef | None = None
@@ -221,11 +239,14 @@ class GenerationWriter:
                 faiss_index.write(faiss, staging / FAISS_FILE)
                 faiss_ref = FaissRef(f"{gen_rel}/{FAISS_FILE}", count)
                 info = faiss_info or FaissInfo()
+                sums[faiss_ref.path] = checksum_file(staging / FAISS_FILE)
             elif self._faiss is not None:
                 os.link(self._faiss[1], staging / FAISS_FILE)
                 faiss_ref = FaissRef(f"{gen_rel}/{FAISS_FILE}", self._faiss[0].rows)
                 info = self._faiss_info
+                sums[faiss_ref.path] = self._carried(self._faiss[0].path, staging / FAISS_FILE)
             write_skipped(staging / SKIPPED_FILE, self.skipped)
+            sums[f"{gen_rel}/{SKIPPED_FILE}"] = checksum_file(staging / SKIPPED_FILE)
             manifest = Manifest(
                 model=self.meta.model,
                 model_fingerprint=self.meta.model_fingerprint,
@@ -247,6 +268,7 @@ class GenerationWriter:
                 index_options=dict(self.meta.index_options),
                 search_params=dict(info.search_params),
                 index_tuning=dict(info.tuning),
+                checksums=sums,
             )
             publish_generation(self.dir, staging, generation)
             crash_point("publish")
@@ -261,6 +283,7 @@ class GenerationWriter:
         self._parts = new_parts
         self._faiss = (faiss_ref, self.dir / faiss_ref.path) if faiss_ref is not None else None
         self._faiss_info = info
+        self._sums = sums
         self._committed = count
         self._records, self._vectors, self._rewrite_tail = [], [], None
         self.current = manifest
@@ -350,6 +373,12 @@ class GenerationWriter:
         flush()
         return groups
 
+    def _carried(self, rel: str | None, linked: Path) -> FileChecksum:
+        """The recorded checksum of a file linked from the last generation; hashed when that
+        generation recorded none (written before checksums, or a version-1 part's new paths)."""
+        recorded = self._sums.get(rel) if rel is not None else None
+        return recorded if recorded is not None else checksum_file(linked)
+
     def _link_part(self, ref: PartRef, src: Path, staging: Path, gen_rel: str, name: str) -> tuple[PartRef, Path]:
         os.link(src, staging / name)
         paths_name = paths_file_of(name)
@@ -358,7 +387,10 @@ class GenerationWriter:
             os.link(self.dir / ref.paths, staging / paths_name)
         else:
             # A version-1 part: give it the path side file that version 2 readers use.
-            write_paths_column(staging / paths_name, ref.file_id, pq.read_table(src, columns=["path"]).column("path").chunks)
+            pf = store.open_parquet(src)
+            with store.reading(pf):
+                chunks = pf.read(columns=["path"]).column("path").chunks
+            write_paths_column(staging / paths_name, ref.file_id, chunks)
         new_ref = PartRef(f"{gen_rel}/{name}", ref.rows, ref.first_id, ref.file_id, f"{gen_rel}/{paths_name}")
         return new_ref, self.dir / gen_rel / name
 
@@ -370,8 +402,10 @@ class GenerationWriter:
                 writer.write_table(src)
             else:
                 # Streamed a row group at a time: merging never holds a whole part in memory.
-                for batch in pq.ParquetFile(src[1]).iter_batches(batch_size=ROW_GROUP_SIZE):
-                    writer.write_table(pa.Table.from_batches([batch]))
+                pf = store.open_parquet(src[1])
+                with store.reading(pf):
+                    for batch in pf.iter_batches(batch_size=ROW_GROUP_SIZE):
+                        writer.write_table(pa.Table.from_batches([batch]))
         rows = writer.close()
         return PartRef(rel, rows, first_id, file_id, paths_file_of(rel))
 

@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from retrieval import store
 from retrieval.errors import IndexFormatError
 from retrieval.index_types import IndexOptions, parse_memory
 from retrieval.layout import read_manifest
@@ -73,6 +74,8 @@ def reindex(
             raise IndexFormatError(
                 f"{out} holds an interrupted build; finish it first by running the same `clipsearch index` command again"
             )
+        # Every file but the FAISS file, which this replaces (repairing it is one use of reindex).
+        store.check_files(out, base, faiss=False)
         recorded = dict(base.index_options) or {"index_type": "flat"}
         options = IndexOptions.from_dict({**recorded, **{k: v for k, v in asked.items() if v is not None}})
         ann.check_options(options, base.dim, base.count)

@@ -6,6 +6,7 @@ Importing this package does no work: models load on first query, FAISS on first 
 from .errors import (
     ClipSearchError,
     ImageDecodeError,
+    IndexCorruptError,
     IndexDirError,
     IndexFormatError,
     IndexLockedError,
@@ -18,6 +19,7 @@ from .errors import (
 )
 from .index import Hit, ImageIndex, SkippedFile
 from .images import preprocess_tensor
+from .verify import VerifyReport, verify_index
 from .version import __version__
 
 __all__ = [
@@ -25,6 +27,7 @@ __all__ = [
     "Hit",
     "ImageDecodeError",
     "ImageIndex",
+    "IndexCorruptError",
     "IndexDirError",
     "IndexFormatError",
     "IndexLockedError",
@@ -35,6 +38,8 @@ __all__ = [
     "PhotosDirError",
     "SkippedFile",
     "UnsupportedFormatError",
+    "VerifyReport",
     "__version__",
     "preprocess_tensor",
+    "verify_index",
 ]

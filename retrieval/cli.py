@@ -1,4 +1,4 @@
-"""The query half of the ``clipsearch`` command: ``search``, ``info`` and ``eval``.
+"""The query half of the ``clipsearch`` command: ``search``, ``info``, ``verify`` and ``eval``.
 
 The console script lives in :mod:`indexer.cli`, which adds ``index`` (the indexer may import
 this package, never the reverse). Only CLI modules turn exceptions into messages and exit
@@ -138,6 +138,28 @@ def _cmd_info(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cmd_verify(args: argparse.Namespace) -> int:
+    from .verify import verify_index
+
+    report = verify_index(args.index_dir)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        status = "ok" if report.ok else f"{len(report.problems)} damaged file(s)"
+        if report.generation is None:
+            print(f"{args.index_dir}: {status} (the manifest cannot be read: nothing else was checked)")
+        else:
+            what = "file checksums verified" if report.checksums else "no file checksums recorded"
+            faiss = f", {report.faiss_sampled} FAISS vectors compared" if report.faiss_sampled else ""
+            print(f"{args.index_dir}: {status} ({report.count} images, {len(report.files)} files, {what}{faiss})")
+        for note in report.notes:
+            print(f"note: {note}")
+    # One line per damaged file on stderr, with the repair, whatever the output format.
+    for problem in report.problems:
+        print(f"{PROG}: error: {problem.message()}", file=sys.stderr)
+    return 0 if report.ok else EXIT_ERROR
+
+
 # At most this many skipped or incomplete queries are listed on stderr (the JSON has all).
 _MAX_LISTED = 20
 
@@ -205,7 +227,7 @@ def _print_eval_table(report: Any, per_query: str | None) -> None:
 
 
 def register_query_commands(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``search``, ``info`` and ``eval`` to a ``clipsearch`` sub-parser set."""
+    """Add ``search``, ``info``, ``verify`` and ``eval`` to a ``clipsearch`` sub-parser set."""
     p = sub.add_parser("search", help="search an index by text or by image", description="Search an index by text or by image.")
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("query", metavar="QUERY", nargs="?", help="text query")
@@ -222,6 +244,24 @@ def register_query_commands(sub: argparse._SubParsersAction) -> None:  # type: i
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=_cmd_info)
+
+    p = sub.add_parser(
+        "verify",
+        help="check every file of an index for damage",
+        description=(
+            "Read every file of INDEX_DIR and check it: file checksums, Parquet page checksums, ids 0..n-1, "
+            "embedding norms, path files, the FAISS vector count and a sample of FAISS vectors against the "
+            "stored ones. Exits 0 when the index is intact, 1 naming each damaged file and the command that "
+            "repairs it."
+        ),
+    )
+    p.add_argument("index_dir", metavar="INDEX_DIR")
+    p.add_argument(
+        "--json",
+        action="store_true",
+        help='print {"index_dir", "ok", "generation", "count", "checksums", "files", "faiss_sampled", "problems", "notes", "seconds"}',
+    )
+    p.set_defaults(handler=_cmd_verify)
 
     p = sub.add_parser(
         "eval",

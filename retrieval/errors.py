@@ -40,6 +40,20 @@ class UnsupportedFormatError(IndexFormatError):
     """The index was written in a format version this code does not read."""
 
 
+class IndexCorruptError(IndexFormatError):
+    """A file of the index is damaged: missing, truncated, or its bytes changed.
+
+    ``path`` is the damaged file and ``fix`` the command that repairs the index (``clipsearch
+    reindex`` for a FAISS file, a rebuild otherwise); both are in the message.
+    """
+
+    def __init__(self, path: object, problem: str, fix: str) -> None:
+        super().__init__(f"{path} is damaged ({problem}); {fix}")
+        self.path = str(path)
+        self.problem = problem
+        self.fix = fix
+
+
 class ModelLoadError(ClipSearchError):
     """A model checkpoint could not be loaded (missing, offline, not a CLIP checkpoint)."""
 

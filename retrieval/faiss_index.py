@@ -189,6 +189,35 @@ def read(path: str | os.PathLike[str], mmap: bool = False) -> Any:
         raise IndexFormatError(f"{path} is damaged ({first}); rebuild the index with `clipsearch index`") from exc
 
 
+def stored_vectors(index: Any, ids: np.ndarray) -> tuple[np.ndarray, bool] | None:
+    """The vectors ``index`` holds for ``ids``, and whether they are exact copies.
+
+    Flat storage (flat, HNSW over flat, IVF-flat) holds the vectors as given: they must equal
+    the stored embeddings. Compressed codes (SQ, PQ, OPQ rotations) decode to approximations.
+    None when the index type cannot return its vectors.
+    """
+    import faiss
+
+    ids = np.asarray(ids, dtype=np.int64)
+    ivf = _ivf_of(index)
+    inner = faiss.downcast_index(index)
+    exact = not isinstance(inner, faiss.IndexPreTransform) and (
+        isinstance(inner, faiss.IndexFlat)
+        or isinstance(inner, faiss.IndexIVFFlat)
+        or (_hnsw_of(index) is not None and isinstance(faiss.downcast_index(_hnsw_of(index).storage), faiss.IndexFlat))
+    )
+    try:
+        if ivf is not None:
+            # id -> (list, offset), built in memory: IVF lists are not addressable by id otherwise.
+            ivf.make_direct_map()
+        out = np.empty((len(ids), int(index.d)), np.float32)
+        for row, i in enumerate(ids.tolist()):
+            out[row] = index.reconstruct(int(i))
+    except RuntimeError:
+        return None
+    return out, exact
+
+
 def search(
     index: Any, queries: np.ndarray, k: int, allowed: np.ndarray | None = None
 ) -> tuple[np.ndarray, np.ndarray]:

@@ -17,11 +17,7 @@ import pyarrow.parquet as pq
 from . import faiss_index, store
 from .encoders import Encoder, check_precision, load_encoder
 from .encoders.precision import PRECISIONS
-from .errors import (
-    IndexFormatError,
-    InvalidArgumentError,
-    ModelMismatchError,
-)
+from .errors import InvalidArgumentError, ModelMismatchError
 from .filters import Filter
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from .layout import Manifest, read_manifest
@@ -87,7 +83,8 @@ class ImageIndex:
         self._encoder_factory = encoder_factory or (lambda name, dev: load_encoder(name, device=dev))
         self._encoder_checked = False
         self._paths: list[str] | None = None
-        self._path_tables = [store.open_paths(directory, ref) for ref in manifest.parts]
+        fix = store.rebuild_hint(directory, manifest)
+        self._path_tables = [store.open_paths(directory, ref, fix) for ref in manifest.parts]
         self._first_ids = [ref.first_id for ref in manifest.parts]
         self._columns: dict[str, pa.ChunkedArray] = {}
         self._masks: OrderedDict[Filter, np.ndarray] = OrderedDict()
@@ -120,14 +117,19 @@ class ImageIndex:
         Raises:
             NotAnIndexError: no index there.
             UnsupportedFormatError: the index is newer than this code reads.
-            IndexFormatError: files missing, damaged or inconsistent with the manifest.
+            IndexCorruptError: a file missing, truncated, or inconsistent with the manifest
+                (an :class:`IndexFormatError`); the message names it and the repair.
+            IndexFormatError: the manifest is invalid.
         """
         path = Path(directory)
         manifest = read_manifest(path)
+        # Opening stays O(files): sizes and footers here, whole-file digests in `verify`; pages
+        # are checked against their CRC whenever they are read.
+        store.check_files(path, manifest)
         # The Parquet files stay open: if a later generation replaces this one, this reader
         # keeps answering from the files it opened.
         parts = store.open_parts(path, manifest)
-        skipped = _open_skipped(path / manifest.skipped_file)
+        skipped = store.open_parquet(path / manifest.skipped_file, store.rebuild_hint(path, manifest))
         if mmap is None:
             faiss_file = path / manifest.faiss.path if manifest.faiss is not None else None
             mmap = faiss_file is not None and faiss_file.is_file() and faiss_file.stat().st_size >= MMAP_MIN_BYTES
@@ -337,14 +339,16 @@ class ImageIndex:
             starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
             groups = np.searchsorted(starts, local, side="right") - 1
             for g in np.unique(groups):
-                table = pf.read_row_group(int(g), columns=cols)
+                with store.reading(pf):
+                    table = pf.read_row_group(int(g), columns=cols)
                 for row in table.take(pa.array(local[groups == g] - starts[g])).to_pylist():
                     out[int(row["id"])] = {k: row[k] for k in columns}
         return [out[int(i)] for i in wanted]
 
     def skipped(self) -> list[SkippedFile]:
         """Files that were found but could not be decoded, with the reason."""
-        table = self._skipped.read(columns=["path", "reason"])
+        with store.reading(self._skipped):
+            table = self._skipped.read(columns=["path", "reason"])
         return [
             SkippedFile(p, r)
             for p, r in zip(table.column("path").to_pylist(), table.column("reason").to_pylist(), strict=True)
@@ -377,15 +381,6 @@ class ImageIndex:
             "tool_version": m.tool_version,
             "skipped_files": [{"path": s.path, "reason": s.reason} for s in self.skipped()],
         }
-
-
-def _open_skipped(path: Path) -> pq.ParquetFile:
-    if not path.is_file():
-        raise IndexFormatError(f"{path} is missing; {store.REBUILD_HINT}")
-    try:
-        return pq.ParquetFile(path)
-    except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
-        raise IndexFormatError(f"{path} is damaged ({exc}); {store.REBUILD_HINT}") from exc
 
 
 def _check_k(k: int) -> None:

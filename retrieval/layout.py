@@ -9,8 +9,9 @@ An index directory holds::
                                   rows id, path, path_bytes, width, height, size, mtime_ns,
                                   content_hash, embedding; ids run 0..count-1 across the parts
     paths/part-00000.paths ...    (format 2) each part's ``path`` column as offsets + UTF-8
-                                  bytes, memory-mapped so that a search reads the paths of
-                                  its hits only (:func:`write_paths_file`)
+                                  bytes and a CRC-32 per path, memory-mapped so that a search
+                                  reads (and checks) the paths of its hits only
+                                  (:func:`write_paths_file`)
         index.faiss               FAISS index whose row i is id i, over the first ``faiss.rows``
                                   ids (readers add the vectors of later rows on open)
         skipped.parquet           files that could not be decoded: path, path_bytes, reason, ...
@@ -27,14 +28,24 @@ Format history: 1 = flat FAISS only; 2 = any FAISS index type with its tuned sea
 parameters (``search_params``: a version-1 reader would search an approximate index untuned),
 the options it was chosen with (``index_options``), how tuning went (``index_tuning``), and
 path side files. Version-1 indexes are still read (and updated to version 2 when written).
+
+Integrity (still version 2: every addition is optional and ignored by readers that predate it,
+who read such an index correctly, only without the checks): ``checksums`` records the size and
+sha256 of every data file of the generation; ``manifest_digest`` is the sha256 of the manifest's
+own canonical JSON (every key but itself, sorted, compact), so that any change to the manifest is
+detected on open; Parquet files carry page CRCs, verified whenever a page is read. Manifests
+without them (written before) are read as before; :func:`retrieval.verify.verify_index` reports
+the missing checksums, and the next writer of a generation records them.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import struct
 import tempfile
+import zlib
 from collections.abc import Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -42,7 +53,7 @@ from typing import IO, Any
 
 import pyarrow as pa
 
-from .errors import IndexFormatError, NotAnIndexError, UnsupportedFormatError
+from .errors import IndexCorruptError, IndexFormatError, NotAnIndexError, UnsupportedFormatError
 
 FORMAT_VERSION = 2
 FORMAT_NAME = "clipsearch-index"
@@ -55,15 +66,24 @@ SKIPPED_FILE = "skipped.parquet"
 LOCK_FILE = "lock"
 PATHS_SUFFIX = ".paths"
 # Side file of a part's paths: magic, file id (32 ASCII hex), row count (u64), count + 1
-# offsets (u64, little-endian) into the UTF-8 bytes that follow.
+# offsets (u64, little-endian) into the UTF-8 bytes that follow, then (written since checksums)
+# a trailer: one CRC-32 (u32) per path and PATHS_CRC_MAGIC. Readers that predate the trailer
+# ignore bytes after the paths; readers that know it check each path they read.
 PATHS_MAGIC = b"CSPATHS1"
 PATHS_HEADER = struct.Struct("<8s32sQ")
+PATHS_CRC_MAGIC = b"CSPCRC32"
 
 GENERATION_PREFIX = "gen-"
 STAGING_PREFIX = ".staging-"
 
 # Parquet key/value metadata that ties a data file to the manifest entry that names it.
 FILE_ID_KEY = b"clipsearch.file_id"
+
+# Content checksums of data files (``Manifest.checksums``) and of the manifest itself.
+CHECKSUM_ALGORITHM = "sha256"
+MANIFEST_DIGEST_KEY = "manifest_digest"
+# Files are hashed in chunks of this size: memory stays flat whatever the file size.
+_HASH_CHUNK = 1 << 20
 
 
 def generation_dir(generation: str) -> str:
@@ -137,7 +157,8 @@ def paths_file_of(part_path: str) -> str:
 
 
 def write_paths_file(fh: IO[bytes], file_id: str, offsets: Any, data: bytes | memoryview) -> None:
-    """Write a path side file: ``offsets`` (count + 1 ascending ints from 0) into ``data``."""
+    """Write a path side file: ``offsets`` (count + 1 ascending ints from 0) into ``data``,
+    and the trailer of per-path CRC-32s (a search reads single paths: each is checked alone)."""
     import numpy as np
 
     offsets = np.asarray(offsets, dtype="<u8")
@@ -147,6 +168,43 @@ def write_paths_file(fh: IO[bytes], file_id: str, offsets: Any, data: bytes | me
     fh.write(PATHS_HEADER.pack(PATHS_MAGIC, fid, len(offsets) - 1))
     fh.write(offsets.tobytes())
     fh.write(data)
+    view = memoryview(data)
+    bounds = offsets.tolist()
+    crcs = np.fromiter((zlib.crc32(view[a:b]) for a, b in zip(bounds, bounds[1:])), dtype="<u4", count=len(bounds) - 1)
+    fh.write(crcs.tobytes())
+    fh.write(PATHS_CRC_MAGIC)
+
+
+@dataclass(frozen=True)
+class FileChecksum:
+    """Size and content digest of one data file, as the manifest records them.
+
+    The size is checked whenever the index is opened (one ``stat``); the digest, which costs a
+    read of the whole file, only by ``clipsearch verify``.
+    """
+
+    algorithm: str
+    digest: str
+    size: int
+
+    def __post_init__(self) -> None:
+        if self.algorithm != CHECKSUM_ALGORITHM:
+            raise ValueError(f"unknown checksum algorithm {self.algorithm!r}")
+        if not isinstance(self.digest, str) or len(self.digest) != 64 or any(c not in "0123456789abcdef" for c in self.digest):
+            raise ValueError(f"bad {self.algorithm} digest {self.digest!r}")
+        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+            raise ValueError(f"bad file size {self.size!r}")
+
+
+def checksum_file(path: str | os.PathLike[str]) -> FileChecksum:
+    """Hash a file in chunks (memory stays flat); raises OSError when it cannot be read."""
+    h = hashlib.new(CHECKSUM_ALGORITHM)
+    size = 0
+    with open(path, "rb") as fh:
+        while chunk := fh.read(_HASH_CHUNK):
+            h.update(chunk)
+            size += len(chunk)
+    return FileChecksum(CHECKSUM_ALGORITHM, h.hexdigest(), size)
 
 
 @dataclass(frozen=True)
@@ -215,6 +273,8 @@ class Manifest:
             ``efSearch``); readers apply them. ``{}`` for flat.
         index_tuning: how the FAISS file was chosen and tuned (recall@10 reached, queries,
             timings); informational.
+        checksums: size and digest of every file of the generation (:meth:`files`), by path;
+            ``{}`` in indexes written before checksums were recorded.
     """
 
     model: str
@@ -239,6 +299,7 @@ class Manifest:
     index_options: Mapping[str, Any] = field(default_factory=dict)
     search_params: Mapping[str, int] = field(default_factory=dict)
     index_tuning: Mapping[str, Any] = field(default_factory=dict)
+    checksums: Mapping[str, FileChecksum] = field(default_factory=dict)
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -265,6 +326,26 @@ class Manifest:
             raise ValueError(f"parts hold {next_id} rows but count is {self.count}")
         if self.faiss is not None and self.faiss.rows > self.count:
             raise ValueError(f"the faiss file holds {self.faiss.rows} rows, more than count {self.count}")
+        if not isinstance(self.checksums, Mapping):
+            raise ValueError("checksums must be a mapping")
+        if self.checksums and set(self.checksums) != set(self.files()):
+            # All or nothing: a checksum missing for one file would let its damage pass unseen.
+            missing = sorted(set(self.files()) - set(self.checksums))
+            extra = sorted(set(self.checksums) - set(self.files()))
+            raise ValueError(f"checksums do not cover the generation's files (missing {missing}, unknown {extra})")
+
+    def files(self) -> dict[str, str]:
+        """Every data file of this generation: relative path -> kind (``part``, ``paths``,
+        ``faiss``, ``skipped``), in id order of the parts."""
+        out: dict[str, str] = {}
+        for part in self.parts:
+            out[part.path] = "part"
+            if part.paths is not None:
+                out[part.paths] = "paths"
+        if self.faiss is not None:
+            out[self.faiss.path] = "faiss"
+        out[self.skipped_file] = "skipped"
+        return out
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -273,6 +354,7 @@ class Manifest:
             data[name] = dict(getattr(self, name))
         data["parts"] = [asdict(p) for p in self.parts]
         data["faiss"] = asdict(self.faiss) if self.faiss is not None else None
+        data["checksums"] = {path: asdict(c) for path, c in self.checksums.items()}
         return data
 
     @classmethod
@@ -295,6 +377,7 @@ class Manifest:
             kwargs = {k: v for k, v in data.items() if k in known}
             kwargs["parts"] = tuple(PartRef(**p) for p in data["parts"])
             kwargs["faiss"] = FaissRef(**data["faiss"]) if data.get("faiss") is not None else None
+            kwargs["checksums"] = {str(k): FileChecksum(**v) for k, v in (data.get("checksums") or {}).items()}
             return cls(**kwargs)
         except KeyError as exc:
             raise IndexFormatError(f"{where} is damaged (missing {exc})") from exc
@@ -316,13 +399,33 @@ def read_manifest(index_dir: str | os.PathLike[str]) -> Manifest:
         raise NotAnIndexError(f"{index_dir} is not a clipsearch index: no such directory")
     if not path.is_file():
         raise NotAnIndexError(f"{index_dir} is not a clipsearch index: it has no {MANIFEST_FILE}")
+    fix = f"rebuild the index with `clipsearch index PHOTOS_DIR {index_dir} --rebuild`"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+    except OSError as exc:
         raise IndexFormatError(f"{path} cannot be read: {exc}") from exc
+    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise IndexCorruptError(path, f"not valid JSON: {exc}", fix) from exc
     if not isinstance(data, dict):
-        raise IndexFormatError(f"{path} is not a JSON object")
+        raise IndexCorruptError(path, "not a JSON object", fix)
+    # The digest first: a damaged manifest must not be read as some other valid one (a flipped
+    # bit can turn format_version 2 into 3 or 6, which would otherwise say "upgrade").
+    recorded = data.pop(MANIFEST_DIGEST_KEY, None)
+    if recorded is not None:
+        expected = {"algorithm": CHECKSUM_ALGORITHM, "digest": manifest_digest(data)}
+        if recorded != expected:
+            raise IndexCorruptError(path, "its content does not match its digest", fix)
     return Manifest.from_dict(data, where=str(path))
+
+
+def manifest_digest(data: Mapping[str, Any]) -> str:
+    """sha256 (hex) of a manifest's canonical JSON: keys sorted, compact, UTF-8.
+
+    Computed over the parsed data, not the bytes, so a manifest rewritten with other spacing
+    keeps its digest. The scheme is fixed across format versions: readers check it first.
+    """
+    text = json.dumps(data, sort_keys=True, ensure_ascii=False, separators=(",", ":"), allow_nan=False)
+    return hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()
 
 
 def is_index_dir(path: str | os.PathLike[str]) -> bool:
@@ -388,5 +491,7 @@ def publish_generation(index_dir: str | os.PathLike[str], staging: str | os.Path
 
 def write_manifest(index_dir: str | os.PathLike[str], manifest: Manifest) -> None:
     """Atomically write the manifest; call this only after every data file is in place."""
-    text = json.dumps(manifest.to_dict(), indent=2, ensure_ascii=False, sort_keys=True) + "\n"
+    data = manifest.to_dict()
+    data[MANIFEST_DIGEST_KEY] = {"algorithm": CHECKSUM_ALGORITHM, "digest": manifest_digest(data)}
+    text = json.dumps(data, indent=2, ensure_ascii=False, sort_keys=True) + "\n"
     atomic_write(Path(index_dir) / MANIFEST_FILE, lambda fh: fh.write(text.encode("utf-8")))

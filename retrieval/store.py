@@ -6,7 +6,11 @@ vectors from one generation to the next), so both apply the same checks.
 
 from __future__ import annotations
 
+import contextlib
 import mmap
+import shlex
+import weakref
+import zlib
 from collections.abc import Iterable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
@@ -16,31 +20,98 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import faiss_index
-from .errors import IndexFormatError
-from .layout import FILE_ID_KEY, PATHS_HEADER, PATHS_MAGIC, Manifest, PartRef
+from .errors import IndexCorruptError, IndexFormatError
+from .layout import FILE_ID_KEY, PATHS_CRC_MAGIC, PATHS_HEADER, PATHS_MAGIC, Manifest, PartRef
 
-REBUILD_HINT = "rebuild the index with `clipsearch index --rebuild`"
+REBUILD_HINT = "rebuild the index with `clipsearch index PHOTOS_DIR INDEX_DIR --rebuild`"
+
+# Which file (and which repair) each opened Parquet file is, so that a page that fails its
+# checksum while being read is reported by name, wherever the read happens.
+_SOURCES: weakref.WeakKeyDictionary[pq.ParquetFile, tuple[Path, str]] = weakref.WeakKeyDictionary()
 
 
-def open_part(index_dir: Path, ref: PartRef) -> pq.ParquetFile:
-    """Open one part and check it is the file the manifest names (id, row count, id range)."""
-    path = index_dir / ref.path
+def rebuild_hint(index_dir: Path, manifest: Manifest | None) -> str:
+    """The command that rebuilds ``index_dir`` from its images (from the folder it recorded)."""
+    photos = shlex.quote(manifest.source_root) if manifest is not None and manifest.source_root else "PHOTOS_DIR"
+    return f"rebuild the index with `clipsearch index {photos} {shlex.quote(str(index_dir))} --rebuild`"
+
+
+def fix_for(index_dir: Path, manifest: Manifest, rel: str) -> str:
+    """How to repair damage to the generation's file ``rel``: a FAISS file is rebuilt from the
+    stored vectors (``reindex``, which refuses an interrupted build); anything else needs the
+    images again."""
+    if manifest.faiss is not None and rel == manifest.faiss.path and manifest.complete:
+        return f"rebuild its FAISS index from the stored vectors with `clipsearch reindex {shlex.quote(str(index_dir))}`"
+    return rebuild_hint(index_dir, manifest)
+
+
+def check_files(index_dir: Path, manifest: Manifest, faiss: bool = True) -> None:
+    """The cheap part of the checksums, done on every open: each recorded file exists and has
+    its recorded size (one ``stat`` per file; a truncated or extended file fails here).
+    ``faiss=False`` leaves the FAISS file out (``reindex`` replaces it, damaged or not).
+
+    Raises:
+        IndexCorruptError: a file is missing or has another size.
+    """
+    for rel, recorded in manifest.checksums.items():
+        if not faiss and manifest.faiss is not None and rel == manifest.faiss.path:
+            continue
+        path = index_dir / rel
+        try:
+            size = path.stat().st_size
+        except FileNotFoundError:
+            raise IndexCorruptError(path, "missing", fix_for(index_dir, manifest, rel)) from None
+        except OSError as exc:
+            raise IndexCorruptError(path, f"cannot be read: {exc.strerror}", fix_for(index_dir, manifest, rel)) from exc
+        if size != recorded.size:
+            raise IndexCorruptError(
+                path, f"{size} bytes, the manifest records {recorded.size}", fix_for(index_dir, manifest, rel)
+            )
+
+
+def open_parquet(path: Path, fix: str = REBUILD_HINT) -> pq.ParquetFile:
+    """Open a Parquet file of the index whose pages are checked against their CRC on every read.
+
+    Raises:
+        IndexCorruptError: the file is missing or its footer cannot be read.
+    """
     if not path.is_file():
-        raise IndexFormatError(f"{path} is missing; {REBUILD_HINT}")
+        raise IndexCorruptError(path, "missing", fix)
     try:
-        pf = pq.ParquetFile(path)
+        pf = pq.ParquetFile(path, page_checksum_verification=True)
     except Exception as exc:  # noqa: BLE001 - pyarrow raises several types for bad files
-        raise IndexFormatError(f"{path} is damaged ({exc}); {REBUILD_HINT}") from exc
-    found = (pf.schema_arrow.metadata or {}).get(FILE_ID_KEY, b"").decode()
-    if found != ref.file_id:
-        raise IndexFormatError(f"{path} is not the part the manifest names (file id {found or 'missing'}); {REBUILD_HINT}")
-    if pf.metadata.num_rows != ref.rows:
-        raise IndexFormatError(f"{path} has {pf.metadata.num_rows} rows but the manifest says {ref.rows}; {REBUILD_HINT}")
-    _check_ids(path, pf, ref)
+        raise IndexCorruptError(path, f"unreadable: {exc}", fix) from exc
+    _SOURCES[pf] = (path, fix)
     return pf
 
 
-def _check_ids(path: Path, pf: pq.ParquetFile, ref: PartRef) -> None:
+@contextlib.contextmanager
+def reading(pf: pq.ParquetFile) -> Iterator[None]:
+    """Turn a failed read of ``pf`` (a page failing its CRC, an undecodable page) into an
+    :class:`IndexCorruptError` naming the file: damaged data is raised, never returned."""
+    try:
+        yield
+    except (IndexFormatError, MemoryError):
+        raise  # out of memory (ArrowMemoryError too) is not damage
+    except (OSError, pa.ArrowException) as exc:
+        path, fix = _SOURCES.get(pf, ("a Parquet file of the index", REBUILD_HINT))
+        raise IndexCorruptError(path, f"unreadable: {exc}", fix) from exc
+
+
+def open_part(index_dir: Path, ref: PartRef, fix: str = REBUILD_HINT) -> pq.ParquetFile:
+    """Open one part and check it is the file the manifest names (id, row count, id range)."""
+    path = index_dir / ref.path
+    pf = open_parquet(path, fix)
+    found = (pf.schema_arrow.metadata or {}).get(FILE_ID_KEY, b"").decode()
+    if found != ref.file_id:
+        raise IndexCorruptError(path, f"not the part the manifest names: file id {found or 'missing'}", fix)
+    if pf.metadata.num_rows != ref.rows:
+        raise IndexCorruptError(path, f"{pf.metadata.num_rows} rows, the manifest says {ref.rows}", fix)
+    _check_ids(path, pf, ref, fix)
+    return pf
+
+
+def _check_ids(path: Path, pf: pq.ParquetFile, ref: PartRef, fix: str) -> None:
     # The id range from the row groups' statistics (the footer alone): opening an index costs
     # O(parts), not O(rows). Ids are written consecutively, so first/last/count pin them down.
     meta = pf.metadata
@@ -50,55 +121,111 @@ def _check_ids(path: Path, pf: pq.ParquetFile, ref: PartRef) -> None:
         rg = meta.row_group(i)
         stats = rg.column(col).statistics if col >= 0 else None
         if stats is None or not stats.has_min_max:
-            ids = pf.read_row_group(i, columns=["id"]).column("id").to_numpy()
+            with reading(pf):
+                ids = pf.read_row_group(i, columns=["id"]).column("id").to_numpy()
             ok = np.array_equal(ids, np.arange(expected, expected + rg.num_rows, dtype=np.int64))
         else:
             ok = stats.min == expected and stats.max == expected + rg.num_rows - 1
         if not ok:
-            raise IndexFormatError(
-                f"{path}: ids are not {ref.first_id}..{ref.first_id + ref.rows - 1} in row order; {REBUILD_HINT}"
-            )
+            raise IndexCorruptError(path, f"ids are not {ref.first_id}..{ref.first_id + ref.rows - 1} in row order", fix)
         expected += rg.num_rows
 
 
 class PathTable:
-    """One part's paths, memory-mapped from its side file: ``table[i]`` reads row ``i`` only."""
+    """One part's paths, memory-mapped from its side file: ``table[i]`` reads row ``i`` only,
+    and checks it against its CRC-32 (files written before the CRC trailer: unchecked)."""
 
-    def __init__(self, path: Path, ref: PartRef) -> None:
+    def __init__(self, path: Path, ref: PartRef, fix: str = REBUILD_HINT) -> None:
+        self.path = path
+        self.fix = fix
+        if not path.is_file():
+            raise IndexCorruptError(path, "missing", fix)
         try:
             with open(path, "rb") as fh:
                 self._map = mmap.mmap(fh.fileno(), 0, access=mmap.ACCESS_READ)
         except (OSError, ValueError) as exc:
-            raise IndexFormatError(f"{path} cannot be read ({exc}); {REBUILD_HINT}") from exc
+            raise IndexCorruptError(path, f"cannot be read: {exc}", fix) from exc
         size = PATHS_HEADER.size
         if len(self._map) < size:
-            raise IndexFormatError(f"{path} is damaged (too short); {REBUILD_HINT}")
+            raise IndexCorruptError(path, "too short", fix)
         magic, file_id, count = PATHS_HEADER.unpack_from(self._map, 0)
         if magic != PATHS_MAGIC or file_id.decode("ascii", "replace") != ref.file_id or count != ref.rows:
-            raise IndexFormatError(f"{path} is not the paths file of {ref.path}; {REBUILD_HINT}")
+            raise IndexCorruptError(path, f"its header is not that of the paths file of {ref.path}", fix)
+        if len(self._map) < size + 8 * (count + 1):
+            raise IndexCorruptError(path, "truncated", fix)
         self._offsets = np.frombuffer(self._map, dtype="<u8", count=count + 1, offset=size)
         self._data = size + 8 * (count + 1)
-        if self._data + int(self._offsets[-1]) > len(self._map):
-            raise IndexFormatError(f"{path} is damaged (truncated); {REBUILD_HINT}")
+        self._end = self._data + int(self._offsets[-1])
+        if self._end > len(self._map):
+            raise IndexCorruptError(path, "truncated", fix)
+        trailer = self._end + 4 * count + len(PATHS_CRC_MAGIC)
+        self._crcs: np.ndarray | None = None
+        if len(self._map) == trailer and self._map[trailer - len(PATHS_CRC_MAGIC) : trailer] == PATHS_CRC_MAGIC:
+            self._crcs = np.frombuffer(self._map, dtype="<u4", count=count, offset=self._end)
+
+    @property
+    def well_formed(self) -> bool:
+        """Whether the file ends right after its paths or with a complete CRC trailer."""
+        return self._crcs is not None or len(self._map) == self._end
+
+    @property
+    def has_crcs(self) -> bool:
+        return self._crcs is not None
+
+    @property
+    def offsets(self) -> np.ndarray:
+        """The ``count + 1`` offsets of the paths into :attr:`data`."""
+        return self._offsets
+
+    @property
+    def data(self) -> memoryview:
+        """The UTF-8 bytes of every path, concatenated."""
+        return memoryview(self._map)[self._data : self._end]
+
+    def first_bad_row(self) -> int | None:
+        """The first row whose bytes fail their CRC (a full pass), or None."""
+        if self._crcs is None:
+            return None
+        for row in range(len(self._offsets) - 1):
+            if self._crc_fails(row):
+                return row
+        return None
+
+    def _crc_fails(self, row: int) -> bool:
+        start, end = int(self._offsets[row]), int(self._offsets[row + 1])
+        return self._crcs is not None and zlib.crc32(self._map[self._data + start : self._data + end]) != int(self._crcs[row])
 
     def __getitem__(self, row: int) -> str:
         start, end = int(self._offsets[row]), int(self._offsets[row + 1])
-        return self._map[self._data + start : self._data + end].decode("utf-8")
+        if end < start or self._data + end > self._end:
+            raise IndexCorruptError(self.path, f"the offsets of row {row} are out of range", self.fix)
+        raw = self._map[self._data + start : self._data + end]
+        # A damaged path is raised, never returned as another file's name.
+        if self._crcs is not None and zlib.crc32(raw) != int(self._crcs[row]):
+            raise IndexCorruptError(self.path, f"the path of row {row} fails its CRC", self.fix)
+        try:
+            return raw.decode("utf-8")
+        except UnicodeDecodeError as exc:
+            raise IndexCorruptError(self.path, f"the path of row {row} is not UTF-8", self.fix) from exc
 
 
-def open_paths(index_dir: Path, ref: PartRef) -> PathTable | None:
+def open_paths(index_dir: Path, ref: PartRef, fix: str = REBUILD_HINT) -> PathTable | None:
     """The part's path side file, or None for a version-1 part that has none."""
-    return PathTable(index_dir / ref.paths, ref) if ref.paths is not None else None
+    return PathTable(index_dir / ref.paths, ref, fix) if ref.paths is not None else None
 
 
 def open_parts(index_dir: Path, manifest: Manifest) -> list[pq.ParquetFile]:
     """Open every part of a generation (checked)."""
-    return [open_part(index_dir, ref) for ref in manifest.parts]
+    fix = rebuild_hint(index_dir, manifest)
+    return [open_part(index_dir, ref, fix) for ref in manifest.parts]
 
 
 def read_column(parts: Sequence[pq.ParquetFile], name: str) -> pa.ChunkedArray:
     """One column over all parts, in id order."""
-    chunks = [pf.read(columns=[name]).column(name) for pf in parts]
+    chunks = []
+    for pf in parts:
+        with reading(pf):
+            chunks.append(pf.read(columns=[name]).column(name))
     if not chunks:
         return pa.chunked_array([], type=pa.null())
     return pa.chunked_array([c for ch in chunks for c in ch.chunks], type=chunks[0].type)
@@ -129,7 +256,8 @@ def iter_vectors(
         for g in range(meta.num_row_groups):
             n = meta.row_group(g).num_rows
             if first + n > start_id:
-                vecs = vectors_of(pf.read_row_group(g, columns=["embedding"]).column(0), dim)
+                with reading(pf):
+                    vecs = vectors_of(pf.read_row_group(g, columns=["embedding"]).column(0), dim)
                 for lo in range(max(0, start_id - first), n, batch_rows):
                     yield first + lo, vecs[lo : lo + batch_rows]
             first += n
@@ -165,12 +293,17 @@ def load_faiss(index_dir: Path, manifest: Manifest, parts: Sequence[pq.ParquetFi
         start = 0
     else:
         path = index_dir / ref.path
+        fix = fix_for(index_dir, manifest, ref.path)
+        if not path.is_file():
+            raise IndexCorruptError(path, "missing", fix)
         # A memory-mapped index is read-only; it can be mapped only if nothing is to be added.
-        index = faiss_index.read(path, mmap=mmap and ref.rows == manifest.count)
+        try:
+            index = faiss_index.read(path, mmap=mmap and ref.rows == manifest.count)
+        except IndexFormatError as exc:
+            raise IndexCorruptError(path, "FAISS cannot read it", fix) from exc
         if index.ntotal != ref.rows or index.d != manifest.dim:
-            raise IndexFormatError(
-                f"{path} holds {index.ntotal} vectors of dim {index.d}, but the manifest says "
-                f"{ref.rows} of dim {manifest.dim}; {REBUILD_HINT}"
+            raise IndexCorruptError(
+                path, f"{index.ntotal} vectors of dim {index.d}, the manifest says {ref.rows} of dim {manifest.dim}", fix
             )
         start = ref.rows
     if start < manifest.count:

@@ -21,7 +21,7 @@ from retrieval import faiss_index
 from retrieval.errors import IndexFormatError
 from retrieval.filters import Filter, parse_time
 from retrieval.index_types import IndexOptions, ivf_lists, parse_memory, plan_index
-from retrieval.layout import PATHS_DIR, read_manifest
+from retrieval.layout import MANIFEST_DIGEST_KEY, PATHS_DIR, read_manifest
 
 DIM = 32
 ROWS = 3000
@@ -186,6 +186,7 @@ def test_finish_merges_chunk_parts_and_writes_path_files(vec_index: Path, vector
 def test_search_params_validated_in_manifest(vec_index: Path, tmp_path: Path) -> None:
     idx = copy_of(vec_index, tmp_path)
     data = json.loads((idx / "manifest.json").read_text())
+    data.pop(MANIFEST_DIGEST_KEY)  # hand-edited: a stale digest would be reported as damage first
     data["search_params"] = {"nprobe": 0}
     (idx / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(IndexFormatError, match="search parameter"):
@@ -263,6 +264,7 @@ def test_reindex_bad_inputs(vec_index: Path, tmp_path: Path) -> None:
         reindex(idx, max_memory="plenty")
     assert (idx / "manifest.json").read_text() == before  # nothing changed
     data = json.loads(before)
+    data.pop(MANIFEST_DIGEST_KEY)
     data["complete"] = False
     (idx / "manifest.json").write_text(json.dumps(data))
     with pytest.raises(IndexFormatError, match="interrupted build"):
@@ -362,7 +364,7 @@ def test_version_1_index_is_read_and_upgraded_on_write(built_index: Path, tmp_pa
     idx = copy_of(built_index, tmp_path)
     data = json.loads((idx / "manifest.json").read_text())
     data["format_version"] = 1
-    for key in ("index_options", "search_params", "index_tuning"):
+    for key in ("index_options", "search_params", "index_tuning", "checksums", MANIFEST_DIGEST_KEY):
         data.pop(key, None)
     for part in data["parts"]:
         part.pop("paths", None)

@@ -28,7 +28,7 @@ from retrieval import (
 )
 from retrieval.encoders import HFClipEncoder
 from retrieval.images import load_pixels
-from retrieval.layout import FORMAT_VERSION, display_path
+from retrieval.layout import FORMAT_VERSION, MANIFEST_DIGEST_KEY, display_path
 
 
 def _file(index_dir: Path, role: str) -> Path:
@@ -200,6 +200,7 @@ def test_changed_checkpoint_is_refused(built_index: Path, tiny_model: Path, tmp_
     idx = _copy_index(built_index, tmp_path)
     manifest = json.loads((idx / "manifest.json").read_text())
     manifest["model_fingerprint"] = "sha256:" + "0" * 64
+    manifest.pop(MANIFEST_DIGEST_KEY)  # hand-edited: a stale digest would be reported as damage first
     (idx / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(ModelMismatchError):
         ImageIndex.open(idx, device="cpu").search("x")
@@ -215,6 +216,7 @@ def test_newer_format_is_refused(built_index: Path, tmp_path: Path) -> None:
     idx = _copy_index(built_index, tmp_path)
     manifest = json.loads((idx / "manifest.json").read_text())
     manifest["format_version"] = FORMAT_VERSION + 1
+    manifest.pop(MANIFEST_DIGEST_KEY)  # hand-edited: a stale digest would be reported as damage first
     (idx / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(UnsupportedFormatError, match="upgrade clipsearch"):
         ImageIndex.open(idx)
@@ -224,6 +226,10 @@ def test_newer_format_is_refused(built_index: Path, tmp_path: Path) -> None:
 def test_inconsistent_index_is_refused(built_index: Path, tmp_path: Path, damage: str) -> None:
     idx = _copy_index(built_index, tmp_path)
     manifest = json.loads((idx / "manifest.json").read_text())
+    # The structural checks, as for an index written before checksums (with them, the digest or
+    # the recorded sizes catch these first: tests/test_verify.py).
+    manifest.pop(MANIFEST_DIGEST_KEY)
+    manifest.pop("checksums")
     if damage == "no-faiss":
         _file(idx, "faiss").unlink()
     elif damage == "bad-faiss":
@@ -439,6 +445,7 @@ def test_manifest_file_names_must_stay_inside_the_index(built_index: Path, tmp_p
     idx = _copy_index(built_index, tmp_path)
     manifest = json.loads((idx / "manifest.json").read_text())
     manifest["parts"][0]["path"] = "../../etc/passwd"
+    manifest.pop(MANIFEST_DIGEST_KEY)
     (idx / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IndexFormatError, match="inside the index"):
         ImageIndex.open(idx)

@@ -246,6 +246,7 @@ def test_damaged_index_is_replaced_only_with_rebuild(tmp_path: Path, tiny_model:
     build_index(photos, idx, model=str(tiny_model), workers=0)
     manifest = _manifest(idx)
     del manifest["parts"]
+    del manifest["manifest_digest"]  # hand-edited: a stale digest would be reported as damage first
     (idx / "manifest.json").write_text(json.dumps(manifest))
     with pytest.raises(IndexFormatError, match="missing 'parts'.*--rebuild"):
         build_index(photos, idx, model=str(tiny_model), workers=0)

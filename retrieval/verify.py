@@ -1,0 +1,377 @@
+"""``clipsearch verify``: the full integrity check of an index directory.
+
+Opening an index checks only what is cheap (the manifest's digest, each file's size, the Parquet
+footers, the path files' headers, the FAISS count); Parquet pages are checked against their CRC
+whenever they are read. :func:`verify_index` checks everything else, reading every byte:
+
+- every file of the generation against the size and sha256 the manifest records;
+- every Parquet page (CRC), ids ``0 .. count - 1`` in row order, every embedding finite with
+  norm 1, each path file equal to its part's ``path`` column (and each path's CRC), the skip
+  list's row count;
+- the FAISS file's vector count and dim, and a sample of its vectors against the stored ones.
+
+Damage is reported, not raised: the report names each damaged file and the command that
+repairs the index (``clipsearch reindex`` for a FAISS file, a rebuild otherwise).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+
+from . import faiss_index, store
+from .errors import ClipSearchError, IndexCorruptError, IndexFormatError, NotAnIndexError, UnsupportedFormatError
+from .layout import MANIFEST_FILE, Manifest, PartRef, checksum_file, read_manifest
+
+# Stored embeddings are L2-normalised in float32: their norms are 1 within a few ulps. A flipped
+# exponent bit gives inf or a norm far from 1; a flipped low mantissa bit is left to the digest.
+NORM_TOLERANCE = 1e-3
+# FAISS vectors compared with the stored ones, spread evenly over the ids.
+FAISS_SAMPLE = 64
+# Flat storage holds the very vectors that were added.
+EXACT_TOLERANCE = 1e-6
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One damaged file: ``file`` relative to INDEX_DIR, the ``check`` it failed (``missing``,
+    ``size``, ``checksum``, ``unreadable``, ``ids``, ``norms``, ``paths``, ``rows``,
+    ``faiss``, ``manifest``), what was found, and the command that repairs the index."""
+
+    file: str
+    check: str
+    detail: str
+    fix: str
+
+    def to_dict(self) -> dict[str, str]:
+        return asdict(self)
+
+    def message(self) -> str:
+        return f"{self.file} is damaged ({self.detail}); {self.fix}"
+
+
+@dataclass(frozen=True)
+class FileCheck:
+    """One file of the generation: ``digest`` is ``ok``, ``mismatch``, ``absent`` (the manifest
+    records none), or ``not checked`` (missing, or already wrong in size)."""
+
+    path: str
+    kind: str
+    size: int | None
+    digest: str
+
+    def to_dict(self) -> dict[str, object]:
+        return asdict(self)
+
+
+@dataclass(frozen=True)
+class VerifyReport:
+    """What :func:`verify_index` found; ``ok`` when no problem was found.
+
+    Attributes:
+        index_dir: the directory checked.
+        generation: the generation the manifest names (None when the manifest is unreadable).
+        count: images in the index.
+        checksums: whether the manifest records file checksums (indexes written before they
+            existed do not: then only the content checks ran).
+        files: each file of the generation and how its digest compared.
+        faiss_sampled: FAISS vectors compared with the stored embeddings.
+        problems: the damage found, one entry per damaged file.
+        notes: what was not checked, and why.
+        seconds: how long the check took.
+    """
+
+    index_dir: str
+    generation: str | None
+    count: int
+    checksums: bool
+    files: tuple[FileCheck, ...]
+    faiss_sampled: int
+    problems: tuple[Problem, ...]
+    notes: tuple[str, ...]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+    def to_dict(self) -> dict[str, object]:
+        """The JSON object ``clipsearch verify --json`` prints."""
+        return {
+            "index_dir": self.index_dir,
+            "ok": self.ok,
+            "generation": self.generation,
+            "count": self.count,
+            "checksums": self.checksums,
+            "files": [f.to_dict() for f in self.files],
+            "faiss_sampled": self.faiss_sampled,
+            "problems": [p.to_dict() for p in self.problems],
+            "notes": list(self.notes),
+            "seconds": self.seconds,
+        }
+
+
+def verify_index(index_dir: str | Path, *, sample: int = FAISS_SAMPLE) -> VerifyReport:
+    """Check every file of an index directory, reading all of it.
+
+    Args:
+        index_dir: the INDEX_DIR to check.
+        sample: how many FAISS vectors to compare with the stored embeddings.
+
+    Returns:
+        The report; ``report.ok`` is False when a file is damaged, and each problem names the
+        file and the repair.
+
+    Raises:
+        NotAnIndexError: there is no index (no manifest) at ``index_dir``.
+        UnsupportedFormatError: the index is newer than this code reads.
+    """
+    start = time.perf_counter()
+    root = Path(index_dir)
+    # Readers take no lock: a writer may publish a new generation (and remove this one) while
+    # it is checked. Its files then vanish mid-check, which is not damage: check the new one.
+    for _ in range(3):
+        report = _verify_once(root, sample, start)
+        if report.generation is None or _current_generation(root) == report.generation:
+            break
+    return report
+
+
+def _current_generation(root: Path) -> str | None:
+    try:
+        return read_manifest(root).generation
+    except ClipSearchError:
+        return None
+
+
+def _verify_once(root: Path, sample: int, start: float) -> VerifyReport:
+    try:
+        manifest = read_manifest(root)
+    except (NotAnIndexError, UnsupportedFormatError):
+        raise
+    except IndexFormatError as exc:
+        fix = exc.fix if isinstance(exc, IndexCorruptError) else store.rebuild_hint(root, None)
+        problem = Problem(MANIFEST_FILE, "manifest", _detail(exc), fix)
+        return VerifyReport(str(root), None, 0, False, (), 0, (problem,), (), _since(start))
+
+    problems: list[Problem] = []
+    notes: list[str] = []
+    files, damaged = _check_digests(root, manifest, problems)
+    if not manifest.checksums:
+        notes.append(
+            "the manifest records no file checksums (the index was written before clipsearch recorded "
+            f"them): only the content checks ran; record them with `clipsearch reindex {root}`"
+        )
+    if not manifest.complete:
+        notes.append("the index holds an interrupted build: run the same `clipsearch index` command again to finish it")
+
+    rows = manifest.faiss.rows if manifest.faiss is not None else 0
+    want = np.unique(np.linspace(0, rows - 1, num=min(rows, sample)).round().astype(np.int64)) if rows else np.empty(0, np.int64)
+    found: dict[int, np.ndarray] = {}
+    for ref in manifest.parts:
+        if ref.path in damaged:
+            continue
+        problem = _check_part(root, manifest, ref, want, found, check_paths=ref.paths is not None and ref.paths not in damaged)
+        if problem is not None:
+            problems.append(problem)
+            damaged.add(problem.file)
+    if manifest.skipped_file not in damaged:
+        problem = _check_skipped(root, manifest)
+        if problem is not None:
+            problems.append(problem)
+    sampled = 0
+    if manifest.faiss is None:
+        notes.append("no FAISS file: readers build the index from the stored vectors on open")
+    elif manifest.faiss.path not in damaged:
+        problem, sampled, note = _check_faiss(root, manifest, found)
+        if problem is not None:
+            problems.append(problem)
+        if note:
+            notes.append(note)
+    return VerifyReport(
+        index_dir=str(root),
+        generation=manifest.generation,
+        count=manifest.count,
+        checksums=bool(manifest.checksums),
+        files=tuple(files),
+        faiss_sampled=sampled,
+        problems=tuple(problems),
+        notes=tuple(notes),
+        seconds=_since(start),
+    )
+
+
+def _since(start: float) -> float:
+    return round(time.perf_counter() - start, 3)
+
+
+def _detail(exc: Exception) -> str:
+    return exc.problem if isinstance(exc, IndexCorruptError) else str(exc)
+
+
+def _check_digests(root: Path, manifest: Manifest, problems: list[Problem]) -> tuple[list[FileCheck], set[str]]:
+    """Each file exists, has its recorded size and digest. Returns the checks and the damaged."""
+    files: list[FileCheck] = []
+    damaged: set[str] = set()
+    for rel, kind in manifest.files().items():
+        path = root / rel
+        fix = store.fix_for(root, manifest, rel)
+        recorded = manifest.checksums.get(rel)
+        if not path.is_file():
+            problems.append(Problem(rel, "missing", "missing", fix))
+            damaged.add(rel)
+            files.append(FileCheck(rel, kind, None, "not checked"))
+            continue
+        size = path.stat().st_size
+        if recorded is None:
+            files.append(FileCheck(rel, kind, size, "absent"))
+            continue
+        if size != recorded.size:
+            problems.append(Problem(rel, "size", f"{size} bytes, the manifest records {recorded.size}", fix))
+            damaged.add(rel)
+            files.append(FileCheck(rel, kind, size, "not checked"))
+            continue
+        try:
+            actual = checksum_file(path)
+        except OSError as exc:
+            problems.append(Problem(rel, "unreadable", f"cannot be read: {exc.strerror}", fix))
+            damaged.add(rel)
+            files.append(FileCheck(rel, kind, size, "not checked"))
+            continue
+        if actual.digest != recorded.digest:
+            problems.append(Problem(rel, "checksum", f"its {recorded.algorithm} differs from the one the manifest records", fix))
+            damaged.add(rel)
+            files.append(FileCheck(rel, kind, size, "mismatch"))
+        else:
+            files.append(FileCheck(rel, kind, size, "ok"))
+    return files, damaged
+
+
+def _check_part(
+    root: Path, manifest: Manifest, ref: PartRef, want: np.ndarray, found: dict[int, np.ndarray], check_paths: bool
+) -> Problem | None:
+    """Read every page of one part (CRC-checked): ids, norms, and its path file's contents.
+
+    Vectors of the ids in ``want`` are put in ``found`` for the FAISS comparison.
+    """
+    fix = store.rebuild_hint(root, manifest)
+    try:
+        pf = store.open_part(root, ref, fix)
+        first = ref.first_id
+        chunks: list[pa.Array] = []
+        with store.reading(pf):
+            for g in range(pf.metadata.num_row_groups):
+                table = pf.read_row_group(g)  # every column: every page's CRC is checked
+                n = table.num_rows
+                if not np.array_equal(table.column("id").to_numpy(), np.arange(first, first + n, dtype=np.int64)):
+                    return Problem(ref.path, "ids", f"ids of row group {g} are not {first}..{first + n - 1}", fix)
+                vecs = store.vectors_of(table.column("embedding"), manifest.dim)
+                with np.errstate(over="ignore", invalid="ignore"):
+                    norms = np.linalg.norm(vecs, axis=1)
+                bad = ~(np.abs(norms - 1.0) <= NORM_TOLERANCE)  # NaN and inf compare False
+                if bad.any():
+                    j = int(np.argmax(bad))
+                    return Problem(ref.path, "norms", f"the embedding of id {first + j} has norm {norms[j]:.6g}, not 1", fix)
+                for i in want[(want >= first) & (want < first + n)].tolist():
+                    found[i] = vecs[i - first].copy()
+                chunks.extend(table.column("path").chunks)
+                first += n
+    except IndexCorruptError as exc:
+        return Problem(ref.path, "unreadable", exc.problem, fix)
+    if not check_paths or ref.paths is None:
+        return None
+    try:
+        table_of_paths = store.open_paths(root, ref, fix)
+    except IndexCorruptError as exc:
+        return Problem(ref.paths, "unreadable", exc.problem, fix)
+    assert table_of_paths is not None
+    if not table_of_paths.well_formed:
+        return Problem(ref.paths, "paths", "unexpected bytes after its paths (a damaged CRC trailer?)", fix)
+    row = _first_difference(table_of_paths, chunks)
+    if row is not None:
+        return Problem(ref.paths, "paths", f"path of row {row} differs from the part's path column", fix)
+    row = table_of_paths.first_bad_row()
+    if row is not None:
+        return Problem(ref.paths, "paths", f"the path of row {row} fails its CRC", fix)
+    return None
+
+
+def _first_difference(paths: store.PathTable, chunks: Sequence[pa.Array]) -> int | None:
+    """The first row whose path in the side file differs from the Parquet column, or None."""
+    column = pa.concat_arrays([c.cast(pa.large_string()) for c in chunks]) if chunks else pa.array([], pa.large_string())
+    raw = np.frombuffer(column.buffers()[1], np.int64)[column.offset : column.offset + len(column) + 1]
+    base, end = int(raw[0]), int(raw[-1])
+    offsets = raw - base
+    data_buf = column.buffers()[2]
+    expected = np.frombuffer(data_buf, np.uint8)[base:end] if data_buf is not None else np.empty(0, np.uint8)
+    stored_offsets = paths.offsets.astype(np.int64)
+    stored = np.frombuffer(paths.data, np.uint8)
+    if len(stored_offsets) != len(offsets):
+        return 0
+    diff = np.flatnonzero(stored_offsets != offsets)
+    if len(diff):
+        return max(0, int(diff[0]) - 1)
+    if len(stored) != len(expected):
+        # Extra bytes after the last path: the file was extended.
+        return len(offsets) - 2 if len(offsets) > 1 else 0
+    byte = np.flatnonzero(stored != expected)
+    if len(byte):
+        return int(np.searchsorted(offsets, byte[0], side="right") - 1)
+    return None
+
+
+def _check_skipped(root: Path, manifest: Manifest) -> Problem | None:
+    rel = manifest.skipped_file
+    fix = store.rebuild_hint(root, manifest)
+    try:
+        pf = store.open_parquet(root / rel, fix)
+        with store.reading(pf):
+            rows = pf.read().num_rows
+    except IndexCorruptError as exc:
+        return Problem(rel, "unreadable", exc.problem, fix)
+    if rows != manifest.skipped:
+        return Problem(rel, "rows", f"{rows} rows, the manifest records {manifest.skipped} skipped files", fix)
+    return None
+
+
+def _check_faiss(root: Path, manifest: Manifest, found: dict[int, np.ndarray]) -> tuple[Problem | None, int, str]:
+    """Count, dim and a sample of vectors against the stored embeddings (from intact parts)."""
+    ref = manifest.faiss
+    assert ref is not None
+    fix = store.fix_for(root, manifest, ref.path)
+    try:
+        # Mapped, not read: checking a FAISS file bigger than memory must not need that memory.
+        index = faiss_index.read(root / ref.path, mmap=True)
+    except IndexFormatError:
+        return Problem(ref.path, "unreadable", "FAISS cannot read it", fix), 0, ""
+    if index.ntotal != ref.rows or index.d != manifest.dim:
+        detail = f"{index.ntotal} vectors of dim {index.d}, the manifest says {ref.rows} of dim {manifest.dim}"
+        return Problem(ref.path, "faiss", detail, fix), 0, ""
+    ids = np.array(sorted(found), dtype=np.int64)
+    if not len(ids):
+        return None, 0, ""
+    got = faiss_index.stored_vectors(index, ids)
+    if got is None:
+        return None, 0, f"the FAISS index type {manifest.index_type} cannot return its vectors: none were compared"
+    stored, exact = got
+    want = np.stack([found[int(i)] for i in ids])
+    if exact:
+        bad = np.flatnonzero(np.abs(stored - want).max(axis=1) > EXACT_TOLERANCE)
+    else:
+        # Decoded codes are approximations: each must still be nearest to its own stored vector
+        # among the sample (catches rows that moved or codes far off; the digest catches the rest).
+        scores = stored @ want.T
+        bad = np.flatnonzero(np.diag(scores) < scores.max(axis=1) - 1e-6)
+    if len(bad):
+        i = int(ids[bad[0]])
+        what = "differs from" if exact else "is not nearest to"
+        return Problem(ref.path, "faiss", f"its vector of id {i} {what} the stored embedding of id {i}", fix), len(ids), ""
+    return None, len(ids), ""
+
+
+__all__ = ["FileCheck", "Problem", "VerifyReport", "verify_index"]
