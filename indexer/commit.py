@@ -248,6 +248,7 @@ class GenerationWriter:
                 search_params=dict(info.search_params),
                 index_tuning=dict(info.tuning),
             )
+            crash_point("staged")
             publish_generation(self.dir, staging, generation)
             crash_point("publish")
         except BaseException:

@@ -42,6 +42,8 @@ from typing import Any
 from retrieval.errors import FinetuneError
 from retrieval.layout import fsync_tree
 
+from .faults import crash_point
+
 CHECKPOINT_DIR = "checkpoint"
 MODEL_DIR = "model"
 STATE_FILE = "trainer_state.pt"
@@ -129,12 +131,15 @@ def save_checkpoint(out: Path, model: Any, tokenizer: Any, preprocessor: bytes, 
     (tmp / RUN_FILE).write_text(json.dumps(dict(run), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     fsync_tree(tmp / MODEL_DIR)
     fsync_tree(tmp)
+    crash_point("checkpoint-staged")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
+        crash_point("checkpoint-swap")
     os.rename(tmp, final)
     fsync_tree(out)
     shutil.rmtree(old, ignore_errors=True)
+    crash_point("checkpoint-saved")
     return final
 
 
@@ -193,6 +198,8 @@ def export_model(out: Path, model: Any, tokenizer: Any, preprocessor: bytes, dty
         if name != "config.json":
             os.replace(tmp / name, out / name)
     fsync_tree(out)
+    crash_point("export")
     os.replace(tmp / "config.json", config)
     fsync_tree(out)
     tmp.rmdir()
+    crash_point("exported")
