@@ -79,7 +79,9 @@ def prepare_output_dir(out: Path, resume: bool) -> Path | None:
                 + (finished if (out / "config.json").is_file() else "")
             )
         return found
-    if out.is_dir() and any(out.iterdir()):
+    # A run killed during its first checkpoint leaves only that unfinished one: nothing to
+    # resume, and nothing a new run must not overwrite (save_checkpoint replaces it).
+    if out.is_dir() and any(p.name != _TMP_CHECKPOINT for p in out.iterdir()):
         raise FinetuneError(f"--out {out} exists and is not empty; pass --resume to continue its run, or choose a new directory")
     return None
 
