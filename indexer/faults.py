@@ -39,6 +39,7 @@ POINTS: Mapping[str, str] = {
     # indexer/lock.py, every writer (index, reindex)
     "locked": "the writer lock is taken and names this process; nothing else written yet",
     # indexer/dataset.py and indexer/build.py, clipsearch index
+    # ("decode" also while --precision auto decodes its calibration sample, before any commit)
     "decode": "about to read one file; the manifest holds the items of the last commit",
     "embed": "about to embed one batch; the manifest holds the items of the last commit",
     # indexer/commit.py, GenerationWriter.commit (index, reindex)
@@ -46,7 +47,7 @@ POINTS: Mapping[str, str] = {
     "publish": "the new generation renamed to gen-*, the manifest still names the previous one",
     "commit": "the manifest names the new generation; the previous generation is not yet removed",
     # indexer/commit.py, GenerationWriter.finish (index, reindex)
-    "finish": "the final FAISS index built in memory, not written; the manifest is the last chunk's",
+    "finish": "the final FAISS index built in memory, not written; the manifest is the last commit's",
     # indexer/train_state.py, clipsearch finetune
     "checkpoint-staged": "a complete new checkpoint in .checkpoint.tmp/, checkpoint/ is the previous one (if any)",
     "checkpoint-swap": "the previous checkpoint moved to .checkpoint.old/, no checkpoint/, the new one in .checkpoint.tmp/",

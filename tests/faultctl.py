@@ -91,8 +91,7 @@ class Pauses:
         deadline = time.monotonic() + SAFETY_TIMEOUT
         while not reached.exists():
             if not cli.running():
-                # It may have arrived just before exiting (impossible: it would be waiting).
-                return reached.exists()
+                return reached.exists()  # False: it ended without arriving (a process there waits)
             if time.monotonic() > deadline:
                 cli.proc.kill()
                 raise AssertionError(f"pid {cli.pid} never reached {point}:{arrival}")

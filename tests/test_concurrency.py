@@ -188,16 +188,18 @@ def test_readers_see_one_generation_while_a_writer_commits(
 
     # Chunk commits after 4, 8 and 12 images, then the final commit with the FAISS index.
     build = [first[: COMMIT_EVERY * k] for k in range(1, FIRST // COMMIT_EVERY + 1)] + [first]
-    run_writer("build", build, during_build)
+    try:
+        run_writer("build", build, during_build)
 
-    # The update deletes p00 (every id moves down) and adds 4: one chunk commit, then the final one.
-    (photos / "p00.jpg").unlink()
-    for i in range(FIRST, FIRST + ADDED):
-        photo_like(64, 48, seed=200 + i).save(photos / f"p{i:02d}.jpg", quality=90)
-    updated = first[1:] + [f"p{i:02d}.jpg" for i in range(FIRST, FIRST + ADDED)]
-    run_writer("update", [updated, updated], lambda k, g: None)
-
-    reader.stop.set()
+        # The update deletes p00 (every id moves down) and adds 4: one chunk commit, then the final one.
+        (photos / "p00.jpg").unlink()
+        for i in range(FIRST, FIRST + ADDED):
+            photo_like(64, 48, seed=200 + i).save(photos / f"p{i:02d}.jpg", quality=90)
+        updated = first[1:] + [f"p{i:02d}.jpg" for i in range(FIRST, FIRST + ADDED)]
+        run_writer("update", [updated, updated], lambda k, g: None)
+    finally:
+        go_on.set()  # no thread stays blocked after a failure
+        reader.stop.set()
     reader.join(SAFETY_TIMEOUT)
     assert not reader.is_alive()
     assert not reader.errors, reader.errors
