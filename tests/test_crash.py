@@ -10,7 +10,9 @@ leftover directories exist, which checkpoint), then:
 
 - ``index``: whatever is on disk opens and searches, holding only rows of the clean build, no
   path twice; re-running the same command embeds only what was not committed and gives the
-  clean build's paths and embeddings.
+  clean build's paths and embeddings. The same for an update that deletes, changes and adds
+  files: killed before its first commit the previous index is intact; after it, a partial
+  update is searchable.
 - ``reindex``: the index stays searchable with the old or the new FAISS index; re-running gives
   the clean reindex's index and results.
 - ``finetune``: the checkpoint on disk loads (or there is none yet); re-running (``--resume``
@@ -184,6 +186,63 @@ def test_index_killed_and_resumed(
     assert read_manifest(out).complete
     assert len(_dirs(out, GENERATION_PREFIX)) == 1 and _dirs(out, STAGING_PREFIX) == []
     assert _holder_pid(out) == 0  # a clean finish empties the lock file
+
+
+# -- an update -------------------------------------------------------------------------------------
+
+ADDED = 6
+
+
+@pytest.fixture(scope="module")
+def changed_photos(tmp_path_factory: pytest.TempPathFactory, photos: Path) -> Path:
+    """``photos`` with the first file deleted (every id moves), one changed and 6 added."""
+    root = tmp_path_factory.mktemp("changed") / "photos"
+    shutil.copytree(photos, root)
+    (root / "p00.jpg").unlink()
+    photo_like(96, 72, seed=99).save(root / "sub" / "p01.jpg", quality=90)
+    for i in range(N_IMAGES, N_IMAGES + ADDED):
+        photo_like(96, 72, seed=i).save(root / f"n{i:02d}.jpg", quality=90)
+    return root
+
+
+@pytest.fixture(scope="module")
+def clean_changed(tmp_path_factory: pytest.TempPathFactory, changed_photos: Path, tiny_model: Path) -> dict[str, np.ndarray]:
+    out = tmp_path_factory.mktemp("clean-changed") / "idx"
+    build_index(changed_photos, out, model=str(tiny_model), batch_size=BATCH, commit_every=COMMIT_EVERY, workers=0, precision="fp32", device="cpu")
+    return _by_path(out)
+
+
+@pytest.mark.parametrize("point", ["staged", "commit"])
+def test_update_killed_and_resumed(
+    point: str, tmp_path: Path, clean_dir: Path, changed_photos: Path, tiny_model: Path, clean_changed: dict[str, np.ndarray]
+) -> None:
+    out = tmp_path / "idx"
+    shutil.copytree(clean_dir, out)
+    before = read_manifest(out)
+    # 7 files to embed (1 changed, 6 new): the first commit holds 4 of them, the rest waits.
+    killed = run_killed_at(_index_cmd(changed_photos, out, tiny_model, 0), point, 1)
+    assert killed.killed, (point, killed.returncode, killed.stderr)
+    assert _holder_pid(out) == killed.pid
+    state = _by_path(out)
+    if point == "staged":
+        # The previous index intact: the same manifest, its rows, its complete FAISS index.
+        assert read_manifest(out) == before and len(_dirs(out, STAGING_PREFIX)) == 1
+        assert sorted(state) == sorted(_by_path(clean_dir))
+    else:
+        # The first chunk of the update: p00 gone, ids renumbered, 3 of 7 files still to embed.
+        manifest = read_manifest(out)
+        assert manifest.generation != before.generation and not manifest.complete
+        assert len(state) == len(clean_changed) - 3 and "p00.jpg" not in state
+        _assert_subset_of(state, clean_changed)
+        assert len(_dirs(out, GENERATION_PREFIX)) == 2  # the previous one not yet removed
+
+    report = build_index(changed_photos, out, model=str(tiny_model), batch_size=BATCH, commit_every=COMMIT_EVERY, workers=0,
+                         precision="fp32", device="cpu")  # fmt: skip
+    assert report.resumed and report.embedded == (7 if point == "staged" else 3), report
+    final = _by_path(out)
+    assert sorted(final) == sorted(clean_changed)
+    _assert_subset_of(final, clean_changed)
+    assert read_manifest(out).complete and len(_dirs(out, GENERATION_PREFIX)) == 1
 
 
 # -- two writers ----------------------------------------------------------------------------------
