@@ -13,7 +13,7 @@ import signal
 import subprocess
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -64,6 +64,16 @@ class Cli:
         return Finished(self.pid, self.proc.returncode, self._out.read(), self._err.read())
 
 
+def wait_until(condition: Callable[[], bool], cli: Cli, what: str) -> None:
+    """Poll ``condition`` (a state on disk) until it holds or ``cli`` has ended."""
+    deadline = time.monotonic() + SAFETY_TIMEOUT
+    while not condition() and cli.running():
+        if time.monotonic() > deadline:
+            cli.proc.kill()
+            raise AssertionError(f"pid {cli.pid} never got to {what}")
+        time.sleep(0.005)
+
+
 def run_killed_at(args: Sequence[str | os.PathLike[str]], point: str, nth: int = 1) -> Finished:
     """Run the CLI with ``CLIPSEARCH_CRASH_AT=point:nth`` and return how it ended."""
     return Cli(args, env={ENV: f"{point}:{nth}"}).finish()
@@ -80,24 +90,16 @@ class Pauses:
         """The environment that makes a process pause at ``spec`` (``point[:n][,...]``)."""
         return {PAUSE_ENV: spec, PAUSE_DIR_ENV: str(self.folder)}
 
-    def wait(self, cli: Cli, point: str, arrival: int = 1) -> bool:
-        """Wait until ``cli`` is held at its ``arrival``-th visit of ``point``.
+    def wait(self, cli: Cli, point: str, arrival: int = 1) -> int | None:
+        """Wait until ``cli`` (or a process it started) is held at the ``arrival``-th visit of ``point``.
 
         Returns:
-            True when it is held there, False when it finished without getting there again
-            (the caller then reads its result with ``cli.finish()``).
+            The pid of the process held there, or None when ``cli`` finished without getting
+            there (the caller then reads its result with ``cli.finish()``).
         """
         reached = self.folder / f"{point}-{arrival}.reached"
-        deadline = time.monotonic() + SAFETY_TIMEOUT
-        while not reached.exists():
-            if not cli.running():
-                return reached.exists()  # False: it ended without arriving (a process there waits)
-            if time.monotonic() > deadline:
-                cli.proc.kill()
-                raise AssertionError(f"pid {cli.pid} never reached {point}:{arrival}")
-            time.sleep(0.005)
-        assert int(reached.read_text(encoding="ascii")) == cli.pid, "held by another process"
-        return True
+        wait_until(reached.exists, cli, f"{point}:{arrival}")
+        return int(reached.read_text(encoding="ascii")) if reached.exists() else None
 
     def release(self, point: str, arrival: int = 1) -> None:
         """Let the process held at ``point``'s ``arrival``-th visit go on."""

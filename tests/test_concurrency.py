@@ -144,7 +144,7 @@ def test_readers_see_one_generation_while_a_writer_commits(
         writer = Cli(cmd, env=pauses.env("commit"))
         try:
             for k, paths in enumerate(expected_paths, start=1):
-                assert pauses.wait(writer, "commit", k), writer.finish().stderr
+                assert pauses.wait(writer, "commit", k) == writer.pid, writer.finish().stderr
                 # Held right after the manifest switch: a new reader gets this generation.
                 index = open_index(out)
                 answer = _answer(index, query)
@@ -159,7 +159,7 @@ def test_readers_see_one_generation_while_a_writer_commits(
                 # The writer goes on only once the free reader has searched this generation too.
                 assert reader.wait_for(answer.generation), reader.errors
                 pauses.release("commit", k)
-            assert not pauses.wait(writer, "commit", len(expected_paths) + 1), "more commits than expected"
+            assert pauses.wait(writer, "commit", len(expected_paths) + 1) is None, "more commits than expected"
         except BaseException:
             writer.proc.kill()  # held at a pause nobody will release: do not wait for its timeout
             writer.finish()

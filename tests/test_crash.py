@@ -3,8 +3,8 @@ consistent, and a re-run must give the clean run's result.
 
 Every kill is reached by construction: ``CLIPSEARCH_CRASH_AT=point:n`` makes the process kill
 itself at its n-th arrival at a named point (see :data:`indexer.faults.POINTS`), or the test holds
-a process at a point (``CLIPSEARCH_PAUSE_AT``) and acts while it is there. No sleep decides
-where a kill lands. Each case checks that the process really died by SIGKILL, and that the disk
+a process at a point (``CLIPSEARCH_PAUSE_AT``) and acts while it is there, e.g. kills it from
+outside once the disk shows a given state. No sleep decides where a kill lands. Each case checks that the process really died by SIGKILL, and that the disk
 holds exactly the state of that point (how many files the manifest has committed, which
 leftover directories exist, which checkpoint), then:
 
@@ -23,13 +23,16 @@ leftover directories exist, which checkpoint), then:
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import shutil
+import signal
 from pathlib import Path
 
 import numpy as np
 import pytest
-from faultctl import Cli, Pauses, run_killed_at
+from faultctl import Cli, Pauses, run_killed_at, wait_until
 
 from conftest import run_cli
 from imagegen import photo_like
@@ -188,6 +191,46 @@ def test_index_killed_and_resumed(
     assert _holder_pid(out) == 0  # a clean finish empties the lock file
 
 
+def test_index_killed_from_outside_while_its_decode_worker_is_held(
+    tmp_path: Path, photos: Path, tiny_model: Path, clean: dict[str, np.ndarray]
+) -> None:
+    """kill -9 from outside, when the disk shows 8 files committed; the orphaned worker lives on.
+
+    The decode worker is held at its 9th file, so the main process can take batches 1-4 only
+    and commit 8 files, no more. When the manifest shows them, the CLI is killed from outside.
+    The worker it leaves behind must not keep the index locked (a POSIX lock is not inherited).
+    """
+    out = tmp_path / "idx"
+    pauses = Pauses(tmp_path / "pauses")
+    cli = Cli(_index_cmd(photos, out, tiny_model, 1), env=pauses.env("decode:9"))
+    worker = pauses.wait(cli, "decode", 9)
+    try:
+        assert worker is not None and worker != cli.pid, cli.finish().stderr
+
+        def eight_committed() -> bool:
+            return is_index_dir(out) and (m := read_manifest(out)).count + m.skipped == 8
+
+        wait_until(eight_committed, cli, "8 files committed")
+        assert cli.running()
+        os.kill(cli.pid, signal.SIGKILL)
+        assert cli.finish().killed
+        assert _holder_pid(out) == cli.pid and read_manifest(out).count + read_manifest(out).skipped == 8
+        os.kill(worker, 0)  # the orphan is still there, held ...
+
+        # ... and the next writer takes the index over all the same.
+        report = build_index(photos, out, model=str(tiny_model), batch_size=BATCH, commit_every=COMMIT_EVERY, workers=0,
+                             precision="fp32", device="cpu")  # fmt: skip
+        assert report.resumed and report.embedded == len(clean) - 7  # 8 files committed: 7 images, the broken one
+    finally:
+        pauses.release("decode", 9)
+        if worker is not None and worker != cli.pid:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(worker, signal.SIGKILL)  # released, it would only find its parent gone
+    final = _by_path(out)
+    assert sorted(final) == sorted(clean)
+    _assert_subset_of(final, clean)
+
+
 # -- an update -------------------------------------------------------------------------------------
 
 ADDED = 6
@@ -255,7 +298,7 @@ def test_two_writers_racing_for_a_new_index(tmp_path: Path, photos: Path, tiny_m
     first = Cli(cmd, env=pauses.env("locked"))
     try:
         # The first holds the lock of the new directory, nothing written yet ...
-        assert pauses.wait(first, "locked"), first.finish().stderr
+        assert pauses.wait(first, "locked") == first.pid, first.finish().stderr
         assert not is_index_dir(out)
         second = run_cli(cmd)
         # ... the second fails at once with one line naming the holder, and touches nothing.
