@@ -47,6 +47,7 @@ class Cli:
         full_env = {**os.environ, "PYTHONWARNINGS": "default", **(env or {})}
         self.proc = subprocess.Popen([clipsearch_exe(), *map(os.fspath, args)], stdout=self._out, stderr=self._err, text=True, env=full_env)
         self.pid = self.proc.pid
+        self._result: Finished | None = None
 
     def running(self) -> bool:
         return self.proc.poll() is None
@@ -59,9 +60,13 @@ class Cli:
             self.proc.kill()
             self.proc.wait()
             raise
-        self._out.seek(0)
-        self._err.seek(0)
-        return Finished(self.pid, self.proc.returncode, self._out.read(), self._err.read())
+        if self._result is None:
+            self._out.seek(0)
+            self._err.seek(0)
+            self._result = Finished(self.pid, self.proc.returncode, self._out.read(), self._err.read())
+            self._out.close()
+            self._err.close()
+        return self._result
 
 
 def wait_until(condition: Callable[[], bool], cli: Cli, what: str) -> None:
