@@ -136,7 +136,7 @@ def test_readers_see_one_generation_while_a_writer_commits(
     reader = FreeReader(out, open_index, query)
     opener = threading.Thread(target=held_open, name="held-opener", daemon=True)
     cmd = ["index", photos, out, "--model", tiny_model, "--batch-size", "2", "--commit-every", str(COMMIT_EVERY),
-           "--workers", "0", "--precision", "fp32", "--no-progress", "--json"]  # fmt: skip
+           "--workers", "0", "--precision", "fp32", "--device", "cpu", "--no-progress", "--json"]  # fmt: skip
 
     def run_writer(name: str, expected_paths: list[list[str]], at_pause: Callable[[int, str], None]) -> None:
         nonlocal answered_after_removal
