@@ -22,13 +22,14 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import pyarrow.parquet as pq
 import pytest
 from faultctl import SAFETY_TIMEOUT, Cli, Pauses
 
 from imagegen import photo_like
 from retrieval import ImageIndex, store
 from retrieval.encoders import load_encoder
-from retrieval.layout import GENERATION_PREFIX
+from retrieval.layout import GENERATION_PREFIX, Manifest
 
 pytestmark = pytest.mark.slow
 
@@ -114,12 +115,12 @@ def test_readers_see_one_generation_while_a_writer_commits(
     held_manifest: list[str] = []
     entered, go_on = threading.Event(), threading.Event()
 
-    def gated_open_parts(index_dir: Path, manifest: object) -> object:
+    def gated_open_parts(index_dir: Path, manifest: Manifest) -> list[pq.ParquetFile]:
         if threading.current_thread().name == "held-opener" and not go_on.is_set():
-            held_manifest.append(manifest.generation)  # type: ignore[attr-defined]
+            held_manifest.append(manifest.generation)
             entered.set()
             go_on.wait(SAFETY_TIMEOUT)
-        return real_open_parts(index_dir, manifest)  # type: ignore[arg-type]
+        return real_open_parts(index_dir, manifest)
 
     monkeypatch.setattr(store, "open_parts", gated_open_parts)
     held_result: list[ImageIndex | BaseException] = []
