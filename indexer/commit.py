@@ -270,6 +270,7 @@ class GenerationWriter:
                 index_tuning=dict(info.tuning),
                 checksums=sums,
             )
+            crash_point("staged")
             publish_generation(self.dir, staging, generation)
             crash_point("publish")
         except BaseException:

@@ -25,6 +25,8 @@ from typing import Any
 from retrieval.errors import IndexLockedError
 from retrieval.layout import LOCK_FILE
 
+from .faults import crash_point
+
 
 _HELD: set[str] = set()
 _HELD_GUARD = threading.Lock()
@@ -81,6 +83,7 @@ class IndexLock:
         os.pwrite(fd, json.dumps(me).encode(), 0)
         os.fsync(fd)
         self._fd = fd
+        crash_point("locked")
         return self
 
     def release(self) -> None:

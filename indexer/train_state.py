@@ -44,6 +44,8 @@ from typing import Any
 from retrieval.errors import FinetuneError
 from retrieval.layout import fsync_tree
 
+from .faults import crash_point
+
 CHECKPOINT_DIR = "checkpoint"
 MODEL_DIR = "model"
 STATE_FILE = "trainer_state.pt"
@@ -79,7 +81,9 @@ def prepare_output_dir(out: Path, resume: bool) -> Path | None:
                 + (finished if (out / "config.json").is_file() else "")
             )
         return found
-    if out.is_dir() and any(out.iterdir()):
+    # A run killed during its first checkpoint leaves only that unfinished one: nothing to
+    # resume, and nothing a new run must not overwrite (save_checkpoint replaces it).
+    if out.is_dir() and any(p.name != _TMP_CHECKPOINT for p in out.iterdir()):
         raise FinetuneError(f"--out {out} exists and is not empty; pass --resume to continue its run, or choose a new directory")
     return None
 
@@ -132,12 +136,15 @@ def save_checkpoint(out: Path, model: Any, tokenizer: Any, preprocessor: bytes, 
     (tmp / RUN_FILE).write_text(json.dumps(dict(run), indent=2, sort_keys=True) + "\n", encoding="utf-8")
     fsync_tree(tmp / MODEL_DIR)
     fsync_tree(tmp)
+    crash_point("checkpoint-staged")
     if final.exists():
         shutil.rmtree(old, ignore_errors=True)
         os.rename(final, old)
+        crash_point("checkpoint-swap")
     os.rename(tmp, final)
     fsync_tree(out)
     shutil.rmtree(old, ignore_errors=True)
+    crash_point("checkpoint-saved")
     return final
 
 
@@ -196,6 +203,8 @@ def export_model(out: Path, model: Any, tokenizer: Any, preprocessor: bytes, dty
         if name != "config.json":
             os.replace(tmp / name, out / name)
     fsync_tree(out)
+    crash_point("export")
     os.replace(tmp / "config.json", config)
     fsync_tree(out)
     tmp.rmdir()
+    crash_point("exported")

@@ -50,6 +50,9 @@ EncoderFactory = Callable[[str, str], Encoder]
 MMAP_MIN_BYTES = 1 << 30
 # Masks of recent filters, per opened index (a filter is evaluated over whole columns).
 _MASK_CACHE_SIZE = 8
+# Opening retries when a writer replaced the generation under it (see ImageIndex.open); more
+# than one retry needs a writer committing faster than an index opens.
+_OPEN_ATTEMPTS = 5
 
 
 class ImageIndex:
@@ -122,10 +125,26 @@ class ImageIndex:
             IndexFormatError: the manifest is invalid.
         """
         path = Path(directory)
-        manifest = read_manifest(path)
-        # Opening stays O(files): sizes and footers here, whole-file digests in `verify`; pages
-        # are checked against their CRC whenever they are read.
-        store.check_files(path, manifest)
+        check_precision(precision)
+        for attempt in range(1, _OPEN_ATTEMPTS + 1):
+            manifest = read_manifest(path)
+            try:
+                # Opening stays O(files): sizes and footers here, whole-file digests in `verify`;
+                # pages are checked against their CRC whenever they are read.
+                store.check_files(path, manifest)
+                return cls._open_generation(path, manifest, mmap, model=model, device=device, encoder=encoder, precision=precision)
+            except Exception:
+                # A writer may have published a new generation and removed this one between our
+                # reading the manifest and opening its files: then open the one it names now.
+                # An unchanged manifest means the files really are missing or damaged.
+                if attempt == _OPEN_ATTEMPTS or read_manifest(path).generation == manifest.generation:
+                    raise
+        raise AssertionError("unreachable")
+
+    @classmethod
+    def _open_generation(
+        cls, path: Path, manifest: Manifest, mmap: bool | None, *, model: str | None, device: str, encoder: Encoder | None, precision: str
+    ) -> ImageIndex:
         # The Parquet files stay open: if a later generation replaces this one, this reader
         # keeps answering from the files it opened.
         parts = store.open_parts(path, manifest)
@@ -134,7 +153,6 @@ class ImageIndex:
             faiss_file = path / manifest.faiss.path if manifest.faiss is not None else None
             mmap = faiss_file is not None and faiss_file.is_file() and faiss_file.stat().st_size >= MMAP_MIN_BYTES
         index = store.load_faiss(path, manifest, parts, mmap=mmap)
-        check_precision(precision)
         return cls(
             path,
             manifest,

@@ -312,6 +312,19 @@ def test_bad_numbers_are_one_line_errors(extra: list[str], needle: str, pairs_di
     _one_line_error(code, capsys, needle)
 
 
+def test_a_run_killed_in_its_first_checkpoint_can_start_again(tmp_path: Path) -> None:
+    from indexer import train_state
+
+    out = tmp_path / "out"
+    (out / ".checkpoint.tmp" / "model").mkdir(parents=True)  # all that such a run leaves
+    assert train_state.prepare_output_dir(out, resume=False) is None
+    with pytest.raises(FinetuneError, match="nothing to resume"):
+        train_state.prepare_output_dir(out, resume=True)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(FinetuneError, match="not empty"):
+        train_state.prepare_output_dir(out, resume=False)
+
+
 def test_bad_inputs_are_one_line_errors(pairs_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     out = str(tmp_path / "o")
     data = str(pairs_dir / "pairs.jsonl")

@@ -462,3 +462,26 @@ def test_ties_at_the_cut_follow_the_id_rule(tmp_path: Path) -> None:
     for k in range(1, 7):
         _, ids = faiss_index.search(index, query, k)
         assert ids[0].tolist() == [1, 2, 3, 4, 5, 0][:k]
+
+
+def test_open_follows_a_generation_switched_under_it(tmp_path: Path, built_index: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A reader that read the manifest just before a writer switched it and removed that
+    # generation: its files are gone, the manifest now names another one; open that instead.
+    import dataclasses
+
+    from retrieval import index as index_module
+    from retrieval.layout import read_manifest
+
+    idx = tmp_path / "idx"
+    shutil.copytree(built_index, idx)
+    current = read_manifest(idx)
+    gone = tuple(dataclasses.replace(p, path=f"gen-{'0' * 32}/gone.parquet") for p in current.parts)
+    removed = dataclasses.replace(current, generation="0" * 32, parts=gone, checksums={})
+    answers = iter([removed])
+    monkeypatch.setattr(index_module, "read_manifest", lambda path: next(answers, None) or read_manifest(path))
+    assert ImageIndex.open(idx, device="cpu").manifest == current
+
+    # The manifest unchanged: the files really are missing, and that is said.
+    monkeypatch.setattr(index_module, "read_manifest", lambda path: removed)
+    with pytest.raises(IndexFormatError, match=r"gone.parquet is damaged \(missing\)"):
+        ImageIndex.open(idx, device="cpu")
