@@ -26,7 +26,9 @@ import json
 import math
 import os
 import struct
-from collections.abc import Mapping, Sequence
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from concurrent.futures import Future
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,6 +37,7 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from .base import l2_normalize
+from .hf import checkpoint_fingerprint
 
 # The activations of transformers' ACT2FN this tower computes (the ones CLIP checkpoints use).
 ACTIVATIONS: tuple[str, ...] = ("quick_gelu", "gelu")
@@ -470,7 +473,15 @@ class NumpyTextEncoder:
     backend = "hf"
     text_path = "numpy"
 
-    def __init__(self, name: str, directory: Path, tower: NumpyTextTower, tokenizer: Any, pad_id: int) -> None:
+    def __init__(
+        self,
+        name: str,
+        directory: Path,
+        tower: NumpyTextTower,
+        tokenizer: Any,
+        pad_id: int,
+        fingerprint: Future[str] | None = None,
+    ) -> None:
         self.name = name
         self.directory = directory
         self.dim = tower.cfg.projection_dim
@@ -479,6 +490,7 @@ class NumpyTextEncoder:
         self._tokenizer = tokenizer
         self._pad_id = pad_id
         self._fingerprint: str | None = None
+        self._fingerprint_future = fingerprint
 
     @classmethod
     def load(cls, model: str) -> NumpyTextEncoder:
@@ -493,17 +505,22 @@ class NumpyTextEncoder:
         """
         name, directory = local_checkpoint(model)
         cfg = read_checkpoint_config(directory)
+        reader = SafetensorsReader.for_checkpoint(directory)
+        # Hashing the weights (0.5 s for ViT-B/32's 605 MB) releases the GIL: it runs beside
+        # the tokenizer and weight loading instead of after them (once the cheap checks passed,
+        # so that a fallback to torch does not hash twice).
+        fingerprint: Future[str] = Future()
+        threading.Thread(target=_resolve, args=(fingerprint, checkpoint_fingerprint, directory), daemon=True).start()
         tokenizer, settings = load_clip_tokenizer(directory, cfg.max_positions)
-        tower = NumpyTextTower(cfg, SafetensorsReader.for_checkpoint(directory))
-        return cls(name, directory, tower, tokenizer, tokenizer.token_to_id(settings.pad_token))
+        tower = NumpyTextTower(cfg, reader)
+        return cls(name, directory, tower, tokenizer, tokenizer.token_to_id(settings.pad_token), fingerprint)
 
     @property
     def fingerprint(self) -> str:
         """The same weight fingerprint ``HFClipEncoder`` computes."""
         if self._fingerprint is None:
-            from .hf import checkpoint_fingerprint
-
-            self._fingerprint = checkpoint_fingerprint(self.directory)
+            future, self._fingerprint_future = self._fingerprint_future, None
+            self._fingerprint = future.result() if future is not None else checkpoint_fingerprint(self.directory)
         return self._fingerprint
 
     def tokenize(self, texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
@@ -530,6 +547,13 @@ class NumpyTextEncoder:
                 end = int(pos) + 1
                 out[start + row] = self._tower.forward(ids[row, :end], mask[row, :end])
         return l2_normalize(out)
+
+
+def _resolve(future: Future[str], fn: Callable[[Path], str], arg: Path) -> None:
+    try:
+        future.set_result(fn(arg))
+    except BaseException as exc:  # noqa: BLE001 - re-raised by future.result() in the caller
+        future.set_exception(exc)
 
 
 # -- which path ---------------------------------------------------------------------------------
