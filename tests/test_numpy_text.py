@@ -98,6 +98,17 @@ def test_parity_with_fp16_weights(tmp_path: Path) -> None:
     _assert_parity(demo)
 
 
+def test_parity_with_bf16_weights(tiny_model: Path, tmp_path: Path) -> None:
+    import torch
+    from safetensors.torch import load_file, save_file
+
+    model = tmp_path / "bf16"
+    shutil.copytree(tiny_model, model)
+    tensors = load_file(model / "model.safetensors")
+    save_file({k: v.to(torch.bfloat16) for k, v in tensors.items()}, model / "model.safetensors", metadata={"format": "pt"})
+    _assert_parity(model)
+
+
 @pytest.mark.slow
 def test_parity_with_vit_b_32_text_shapes(tmp_path: Path) -> None:
     from retrieval.random_model import RandomClipSpec, make_random_clip
@@ -118,6 +129,11 @@ def test_unsupported_configs_fall_back(tiny_model: Path, tmp_path: Path) -> None
     shutil.copytree(tiny_model, no_tok)
     (no_tok / "tokenizer.json").unlink()
     assert text_path(str(no_tok)).path == "torch"
+    no_eos = tmp_path / "no_eos"
+    shutil.copytree(tiny_model, no_eos)
+    tok_config = json.loads((no_eos / "tokenizer_config.json").read_text())
+    (no_eos / "tokenizer_config.json").write_text(json.dumps({**tok_config, "add_eos_token": False}))
+    assert "add_eos_token" in text_path(str(no_eos)).reason
     assert text_path(str(tiny_model)).path == "numpy"
     assert text_path(str(tiny_model), precision="int8").path == "torch"
     assert text_path(str(tiny_model), device="cuda").path == "torch"

@@ -314,6 +314,10 @@ class TokenizerSettings:
         for side in ("padding_side", "truncation_side"):
             if data.get(side, "right") != "right":
                 raise UnsupportedTextTower(f"{side} {data.get(side)!r}")
+        for flag in ("add_bos_token", "add_eos_token"):
+            if data.get(flag, True) is not True:
+                # transformers would rebuild the post-processor without that token.
+                raise UnsupportedTextTower(f"tokenizer_config {flag} is {data.get(flag)!r}")
         values: dict[str, str] = {}
         for name in ("bos_token", "eos_token", "pad_token", "unk_token"):
             value = data.get(name, getattr(cls, name))
@@ -399,7 +403,8 @@ def _erf(x: np.ndarray) -> np.ndarray:
 
 def _activation(x: np.ndarray, name: str) -> np.ndarray:
     if name == "quick_gelu":
-        return x / (1.0 + np.exp(np.float32(-1.702) * x))
+        with np.errstate(over="ignore"):  # exp overflows to inf for very negative x: the result is -0
+            return x / (1.0 + np.exp(np.float32(-1.702) * x))
     x64 = x.astype(np.float64)
     return (0.5 * x64 * (1.0 + _erf(x64 / math.sqrt(2.0)))).astype(np.float32)
 
