@@ -198,11 +198,14 @@ class ImageIndex:
 
         Reads only the checkpoint's config and file headers; no model is loaded.
         """
-        if self._encoder is not None or not self._fast_text:
-            return TextPath("torch", "an encoder was given")
+        if not self._fast_text:
+            return TextPath("torch", "the index was opened with an encoder")
         if isinstance(self._text_encoder, NumpyTextEncoder):
             return TextPath("numpy", "loaded")
-        return text_path(self.query_model, self.manifest.backend, self._precision, self._device)
+        planned = text_path(self.query_model, self.manifest.backend, self._precision, self._device)
+        if self._text_encoder is not None and planned.path == "numpy":
+            return TextPath("torch", "the numpy text tower could not load this checkpoint")
+        return planned
 
     @property
     def text_encoder(self) -> Encoder | NumpyTextEncoder:
@@ -217,7 +220,9 @@ class ImageIndex:
         return self._text_encoder
 
     def _load_text_encoder(self) -> Encoder | NumpyTextEncoder:
-        if self._encoder is not None or not self._fast_text:
+        # Decided by the settings alone, not by whether an image query loaded torch first: a
+        # long-lived index answers a text the same way whatever came before it.
+        if not self._fast_text:
             return self.encoder
         if fast_path_refusal(self.manifest.backend, self.query_model, self._precision, self._device) is not None:
             return self.encoder

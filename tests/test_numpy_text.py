@@ -154,6 +154,15 @@ def test_index_uses_numpy_path_and_matches_fp32(built_index: Path, monkeypatch: 
     assert np.abs(np.array([h.score for h in hits]) - [h.score for h in expected]).max() <= 1e-5
 
 
+def test_text_path_does_not_depend_on_an_earlier_image_query(built_index: Path, collection: object) -> None:
+    index = ImageIndex.open(built_index, device="cpu")
+    index.search_image(collection.root / "photos" / "a.jpg", k=1)  # type: ignore[attr-defined]
+    index.search("a dog", k=1)
+    assert isinstance(index.text_encoder, NumpyTextEncoder) and index.text_path().path == "numpy"
+    given = ImageIndex.open(built_index, encoder=index.encoder)
+    assert given.text_path().path == "torch" and given.text_encoder is index.encoder
+
+
 def test_index_falls_back_for_reduced_precision(built_index: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu", precision="int8")
     assert index.text_path().path == "torch"
