@@ -16,8 +16,9 @@ import pyarrow.parquet as pq
 
 from . import faiss_index, store
 from .encoders import Encoder, check_precision, load_encoder
+from .encoders.numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
 from .encoders.precision import PRECISIONS
-from .errors import InvalidArgumentError, ModelMismatchError
+from .errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
 from .filters import Filter
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from .layout import Manifest, read_manifest
@@ -59,7 +60,10 @@ class ImageIndex:
     """A built index directory, ready to search.
 
     Opening reads the manifest and the FAISS index and checks that they agree with the Parquet
-    file; the query model is loaded on the first text or image query.
+    file; the query model is loaded on the first text or image query. With ``fast_text`` (what
+    :meth:`open` sets when no encoder is given), text queries in fp32 on the CPU run on the
+    numpy text tower of :mod:`retrieval.encoders.numpy_text` where the checkpoint allows it,
+    without importing torch; :meth:`text_path` says which path they take.
     """
 
     def __init__(
@@ -74,6 +78,8 @@ class ImageIndex:
         device: str = "auto",
         encoder: Encoder | None = None,
         encoder_factory: EncoderFactory | None = None,
+        precision: str = "fp32",
+        fast_text: bool = False,
     ) -> None:
         self.directory = directory
         self.manifest = manifest
@@ -85,6 +91,9 @@ class ImageIndex:
         self._encoder = encoder
         self._encoder_factory = encoder_factory or (lambda name, dev: load_encoder(name, device=dev))
         self._encoder_checked = False
+        self._precision = precision
+        self._fast_text = fast_text and encoder is None
+        self._text_encoder: Encoder | NumpyTextEncoder | None = None
         self._paths: list[str] | None = None
         fix = store.rebuild_hint(directory, manifest)
         self._path_tables = [store.open_paths(directory, ref, fix) for ref in manifest.parts]
@@ -163,6 +172,8 @@ class ImageIndex:
             device=device,
             encoder=encoder,
             encoder_factory=lambda name, dev: load_encoder(name, device=dev, precision=precision),
+            precision=precision,
+            fast_text=encoder is None,
         )
 
     # -- properties ---------------------------------------------------------------------------
@@ -195,6 +206,52 @@ class ImageIndex:
             self._encoder_checked = True
         return self._encoder
 
+    @property
+    def query_model(self) -> str:
+        """The model queries are encoded with: ``--model`` when given, else the index's."""
+        return self._model or self.manifest.model
+
+    def text_path(self) -> TextPath:
+        """Which text tower a text query of this index would run on (``numpy`` or ``torch``), and why.
+
+        Reads only the checkpoint's config and file headers; no model is loaded.
+        """
+        if not self._fast_text:
+            return TextPath("torch", "the index was opened with an encoder")
+        if isinstance(self._text_encoder, NumpyTextEncoder):
+            return TextPath("numpy", "loaded")
+        planned = text_path(self.query_model, self.manifest.backend, self._precision, self._device)
+        if self._text_encoder is not None and planned.path == "numpy":
+            return TextPath("torch", "the numpy text tower could not load this checkpoint")
+        return planned
+
+    @property
+    def text_encoder(self) -> Encoder | NumpyTextEncoder:
+        """The encoder text queries run on: the numpy text tower where it applies, else :attr:`encoder`.
+
+        Raises:
+            ModelMismatchError: the query model is not the index's model.
+            ModelLoadError: the query model cannot be loaded.
+        """
+        if self._text_encoder is None:
+            self._text_encoder = self._load_text_encoder()
+        return self._text_encoder
+
+    def _load_text_encoder(self) -> Encoder | NumpyTextEncoder:
+        # Decided by the settings alone, not by whether an image query loaded torch first: a
+        # long-lived index answers a text the same way whatever came before it.
+        if not self._fast_text:
+            return self.encoder
+        if fast_path_refusal(self.manifest.backend, self.query_model, self._precision, self._device) is not None:
+            return self.encoder
+        try:
+            fast = NumpyTextEncoder.load(self.query_model)
+        except (UnsupportedTextTower, ModelLoadError):
+            # The torch path loads (or fails to load, with its own message) what this cannot.
+            return self.encoder
+        self._check_encoder(fast)
+        return fast
+
     def _match_image_precision(self, encoder: Encoder) -> None:
         # Image queries are embedded in the mode the index's images were, so an indexed image
         # finds itself with score 1.0; fp32 where this device cannot run that mode.
@@ -207,7 +264,7 @@ class ImageIndex:
         except InvalidArgumentError:
             tower.set("fp32")
 
-    def _check_encoder(self, encoder: Encoder) -> None:
+    def _check_encoder(self, encoder: Encoder | NumpyTextEncoder) -> None:
         built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"
         if encoder.dim != self.manifest.dim:
             raise ModelMismatchError(
@@ -246,7 +303,7 @@ class ImageIndex:
                 raise InvalidArgumentError("query must be a non-empty text")
         if not queries:
             return []
-        vectors = self.encoder.embed_texts(list(queries))
+        vectors = self.text_encoder.embed_texts(list(queries))
         return self.search_vectors(vectors, k, where=where)
 
     def search_image(
@@ -394,6 +451,7 @@ class ImageIndex:
             "metric": m.metric,
             "preprocess": dict(m.preprocess),
             "model_info": dict(m.model_info),
+            "text_path": self.text_path().to_dict(),
             "source_root": m.source_root,
             "created": m.created,
             "tool_version": m.tool_version,

@@ -14,6 +14,7 @@ from imagegen import photo_like
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
+import bench_cli  # noqa: E402
 import bench_index  # noqa: E402
 import bench_int8  # noqa: E402
 import bench_query  # noqa: E402
@@ -111,6 +112,21 @@ def test_reference_only_for_known_model_dataset_and_split() -> None:
     assert eval_retrieval.reference_for("coco", "val", "openai/clip-vit-base-patch32") is None
     assert eval_retrieval.reference_for("coco", "test", "openai/clip-vit-large-patch14") is None
     assert eval_retrieval.reference_for("demo", "test", "openai/clip-vit-base-patch32") is None
+
+
+def test_bench_cli_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench_cli.main(["--preset", "tiny", "--images", "3", "--runs", "1", "--warmup", "0", "--work-dir", str(tmp_path)])
+    assert code == 0
+    result = _json_line(capsys.readouterr().out)
+    assert result["count"] == 3 and result["text_path"]["path"] == "numpy"
+    assert set(result["commands"]) == {"search", "search (torch)", "search --image", "info", "hf script"}
+    for row in result["commands"].values():
+        assert row["runs"] == 1 and row["wall_s"]["median"] > 0 and row["peak_rss_mb"]["median"] > 0
+    # The numpy text path imports no torch: it must take less memory than the torch path.
+    assert result["commands"]["search"]["peak_rss_mb"]["median"] < result["commands"]["search (torch)"]["peak_rss_mb"]["median"]
+    assert result["goal"]["seconds"] is None and result["goal"]["fraction_of_hf"] > 0
+    assert "cpu_level" in result["machine"]
+    assert list(tmp_path.iterdir()) == []  # the temp work dir is removed
 
 
 def test_bench_query_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -8,6 +8,10 @@ similarity everywhere else. Backends, behind the one :class:`Encoder` interface:
   name without a backend prefix.
 - ``open_clip`` (:mod:`.openclip`): names starting with ``open_clip:``, e.g.
   ``open_clip:ViT-B-32/laion2b_s34b_b79k`` or ``open_clip:ViT-B-32@/path/to/weights.pt``.
+
+Beside them, :mod:`.numpy_text` runs the fp32 text tower of a Hugging Face CLIP checkpoint in
+numpy, without torch: what a text search uses where the checkpoint allows it (see
+``ImageIndex.text_path``).
 """
 
 from __future__ import annotations
