@@ -463,7 +463,10 @@ def test_finetune_killed_and_resumed(
     a, b = _weights(clean_out), _weights(out)
     assert a.keys() == b.keys()
     for key in a:
-        np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=1e-6, err_msg=key)
+        # The key projection's bias has no gradient (softmax ignores a per-query constant), so
+        # AdamW steps it on float noise alone: it matches to noise level, the rest to 1e-4.
+        atol = 1e-4 if key.endswith("self_attn.k_proj.bias") else 1e-6
+        np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=atol, err_msg=key)
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean_out.iterdir())
 
 
