@@ -166,6 +166,21 @@ def photo_like(width: int, height: int, seed: int) -> Image.Image:
     return Image.fromarray(np.clip(arr + 0.5, 0, 255).astype(np.uint8), "RGB")
 
 
+def write_caption_pairs(root: Path, captions: list[str]) -> Path:
+    """One photo-like PNG per caption under ``root/img`` and ``root/pairs.jsonl`` naming them
+    (paths relative to it); returns the pairs file."""
+    import json
+
+    (root / "img").mkdir(parents=True)
+    lines = []
+    for i, caption in enumerate(captions):
+        photo_like(80, 64, seed=100 + i).save(root / "img" / f"{i}.png")
+        lines.append(json.dumps({"path": f"img/{i}.png", "caption": caption}))
+    pairs = root / "pairs.jsonl"
+    pairs.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    return pairs
+
+
 def _jpeg_bytes(img: Image.Image, **kwargs: object) -> bytes:
     buf = io.BytesIO()
     img.save(buf, "JPEG", quality=_JPEG_QUALITY, **kwargs)

@@ -35,7 +35,7 @@ import pytest
 from faultctl import Cli, Pauses, run_killed_at, wait_until
 
 from conftest import run_cli
-from imagegen import photo_like
+from imagegen import photo_like, write_caption_pairs
 from indexer import build_index, train_state
 from indexer.faults import POINTS
 from indexer.finetune import FinetuneConfig, finetune
@@ -385,14 +385,7 @@ FINETUNE_OPTIONS = {"epochs": 2, "batch_size": 4, "lr": 1e-3, "warmup_steps": 0,
 
 @pytest.fixture(scope="module")
 def pairs(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("pairs")
-    (root / "img").mkdir()
-    lines = []
-    for i, caption in enumerate(CAPTIONS):
-        photo_like(80, 64, seed=100 + i).save(root / "img" / f"{i}.png")
-        lines.append(json.dumps({"path": f"img/{i}.png", "caption": caption}))
-    (root / "pairs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return root / "pairs.jsonl"
+    return write_caption_pairs(tmp_path_factory.mktemp("pairs"), CAPTIONS)
 
 
 def _finetune_config(model: Path, data: Path, out: Path, resume: bool = False) -> FinetuneConfig:

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
-from imagegen import photo_like
+from imagegen import photo_like, write_caption_pairs
 
 from indexer.augment import AugmentConfig
 from indexer.cli import main as cli_main
@@ -31,14 +31,7 @@ CAPTIONS = [
 @pytest.fixture(scope="module")
 def pairs_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """8 generated images and a pairs file naming them (``pairs.jsonl``, paths relative to it)."""
-    root = tmp_path_factory.mktemp("pairs")
-    (root / "img").mkdir()
-    lines = []
-    for i, caption in enumerate(CAPTIONS):
-        photo_like(80, 64, seed=100 + i).save(root / "img" / f"{i}.png")
-        lines.append(json.dumps({"path": f"img/{i}.png", "caption": caption}))
-    (root / "pairs.jsonl").write_text("\n".join(lines) + "\n", encoding="utf-8")
-    return root
+    return write_caption_pairs(tmp_path_factory.mktemp("pairs"), CAPTIONS).parent
 
 
 def _config(tiny_model: Path, pairs_dir: Path, out: Path, **kw: object) -> FinetuneConfig:
