@@ -37,11 +37,11 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 import numpy as np
 
-from ..errors import InvalidArgumentError, ModelLoadError
-from ..images import PreprocessConfig
-from . import base
-from .base import file_sha256, first_line, l2_normalize, quiet_transformers, resolve_device
-from .precision import PROBE_TEXTS, PixelPrecisionMixin, TowerPrecision, autocast, check_precision
+from ...errors import InvalidArgumentError, ModelLoadError
+from ...images import PreprocessConfig
+from .. import base
+from ..base import file_sha256, first_line, l2_normalize, quiet_transformers, resolve_device
+from ..precision import PROBE_TEXTS, PixelPrecisionMixin, TowerPrecision, autocast, check_precision
 
 if TYPE_CHECKING:
     import torch

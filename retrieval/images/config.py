@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 from PIL import Image, ImageOps
 
-from .errors import ImageDecodeError
+from ..errors import ImageDecodeError
 
 if TYPE_CHECKING:
     import torch

@@ -1,0 +1,25 @@
+"""Image decoding and CLIP preprocessing (being split into modules; see config.py)."""
+
+from .config import (
+    DEFAULT_MAX_PIXELS,
+    IMAGE_EXTENSIONS,
+    JPEG_MAGIC,
+    OPENAI_CLIP_MEAN,
+    OPENAI_CLIP_STD,
+    REDUCING_GAP,
+    DecodedImage,
+    PreprocessConfig,
+    decode_image,
+    decode_jpegs_on_device,
+    is_jpeg,
+    jpeg_has_end,
+    load_pixels,
+    pil_to_tensor,
+    preprocess_images,
+    preprocess_on_device,
+    preprocess_tensor,
+    probe_image,
+    reduce_for_resize,
+    resize_output_size,
+    to_rgb,
+)
