@@ -1,25 +1,53 @@
-"""Image decoding and CLIP preprocessing (being split into modules; see config.py)."""
+"""Image decoding and CLIP preprocessing, shared by the indexer and image queries.
 
-from .config import (
-    DEFAULT_MAX_PIXELS,
-    IMAGE_EXTENSIONS,
-    JPEG_MAGIC,
-    OPENAI_CLIP_MEAN,
-    OPENAI_CLIP_STD,
+One import path, :mod:`retrieval.images`, for what lives in four modules:
+
+- :mod:`.config`: :class:`PreprocessConfig`, a checkpoint's preprocessing, read from its
+  ``CLIPImageProcessor`` settings or an open_clip ``PreprocessCfg`` (pure configuration);
+- :mod:`.decode`: PIL decoding to RGB (EXIF orientation, transparency onto white, 16-bit and
+  float scaled, first frame, JPEG draft decoding, the decompression-bomb limit);
+- :mod:`.preprocess`: resize, center crop and normalise in torch, bit-identical to the
+  reference processor on uint8;
+- :mod:`.nvjpeg`: JPEG decoding on the model's device for the indexer's GPU path.
+
+torch and torchvision are imported inside the functions that use them, never at import.
+"""
+
+from __future__ import annotations
+
+from .config import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PreprocessConfig
+from .decode import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, DecodedImage, decode_image, probe_image, to_rgb
+from .nvjpeg import JPEG_MAGIC, decode_jpegs_on_device, is_jpeg, jpeg_has_end, preprocess_on_device
+from .preprocess import (
     REDUCING_GAP,
-    DecodedImage,
-    PreprocessConfig,
-    decode_image,
-    decode_jpegs_on_device,
-    is_jpeg,
-    jpeg_has_end,
     load_pixels,
     pil_to_tensor,
     preprocess_images,
-    preprocess_on_device,
     preprocess_tensor,
-    probe_image,
     reduce_for_resize,
     resize_output_size,
-    to_rgb,
 )
+
+__all__ = [
+    "DEFAULT_MAX_PIXELS",
+    "IMAGE_EXTENSIONS",
+    "JPEG_MAGIC",
+    "OPENAI_CLIP_MEAN",
+    "OPENAI_CLIP_STD",
+    "REDUCING_GAP",
+    "DecodedImage",
+    "PreprocessConfig",
+    "decode_image",
+    "decode_jpegs_on_device",
+    "is_jpeg",
+    "jpeg_has_end",
+    "load_pixels",
+    "pil_to_tensor",
+    "preprocess_images",
+    "preprocess_on_device",
+    "preprocess_tensor",
+    "probe_image",
+    "reduce_for_resize",
+    "resize_output_size",
+    "to_rgb",
+]

@@ -1,0 +1,173 @@
+"""CLIP preprocessing in torch: decoded RGB images to ``pixel_values`` (see :mod:`.config`).
+
+torch and torchvision are imported inside the functions, never at import time.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, BinaryIO
+
+import numpy as np
+from PIL import Image
+
+from .config import PreprocessConfig
+from .decode import DEFAULT_MAX_PIXELS, decode_image, to_rgb
+
+if TYPE_CHECKING:
+    import torch
+
+
+def resize_output_size(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, int]:
+    """(height, width) after the resize step, with the reference implementations' rounding."""
+    if cfg.shortest_edge is not None:
+        short, long = (width, height) if width <= height else (height, width)
+        new_short, new_long = cfg.shortest_edge, int(cfg.shortest_edge * long / short)
+        return (new_long, new_short) if width <= height else (new_short, new_long)
+    if cfg.resize_to is not None:
+        return cfg.resize_to
+    if cfg.keep_ratio_size is not None:
+        # open_clip's ResizeKeepRatio: one factor, from the shorter or the longer side.
+        ratio_h, ratio_w = height / cfg.keep_ratio_size[0], width / cfg.keep_ratio_size[1]
+        ratio = max(ratio_h, ratio_w) if cfg.keep_ratio_fit == "longest" else min(ratio_h, ratio_w)
+        # At least one pixel: a 1000x1 strip would otherwise resize to nothing.
+        return max(1, round(height / ratio)), max(1, round(width / ratio))
+    return height, width
+
+
+def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tensor:
+    """Resize, center-crop and normalise a batch of RGB image tensors, on any device.
+
+    Built only from differentiable torch operations (antialiased resize, slicing, padding,
+    affine normalisation), so float input can sit inside autograd, e.g. to score rendered
+    images with CLIP in a training loop; the indexer's GPU path runs it on CUDA.
+
+    Args:
+        images: ``(N, 3, H, W)`` or ``(3, H, W)``; uint8 in 0..255 (bit-identical to the
+            checkpoint's ``CLIPImageProcessor``) or float in 0..255 (clamped to 0..255 after
+            the resize like the reference, but not rounded to integers: from the
+            reference's normalised values at most 0.04, about 2.4 grey levels, measured in
+            tests/test_preprocess_tensor.py).
+        cfg: the checkpoint's preprocessing (``encoder.preprocess``).
+
+    Returns:
+        float32 ``pixel_values`` of shape ``(N, 3, h, w)`` (or ``(3, h, w)``); float64 input
+        stays float64.
+
+    Raises:
+        ValueError: not an RGB image tensor.
+    """
+    import torch
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as tvF
+
+    if images.ndim not in (3, 4) or images.shape[-3] != 3:
+        raise ValueError(f"expected (N, 3, H, W) or (3, H, W) RGB tensors, got shape {tuple(images.shape)}")
+    height, width = images.shape[-2:]
+    new_size = resize_output_size(int(height), int(width), cfg)
+    if new_size != (height, width):
+        mode = InterpolationMode(cfg.resample)
+        images = tvF.resize(images, list(new_size), interpolation=mode, antialias=True)
+        if images.is_floating_point():
+            # The reference's uint8 resize saturates bicubic overshoot at 0 and 255; so do we.
+            images = images.clamp(0.0, 255.0)
+    if cfg.crop_size is not None:
+        images = _center_crop(images, cfg.crop_size, rounding=cfg.crop_rounding, fill=cfg.pad_fill)
+    dtype = torch.float64 if images.dtype == torch.float64 else torch.float32
+    # From uint8 the float tensor is a new one, ours to normalise in place (same arithmetic);
+    # float input may be a caller's autograd leaf, so it is not touched.
+    own = images.dtype == torch.uint8
+    out = images.to(dtype, memory_format=torch.contiguous_format)
+    if cfg.mean is not None and cfg.std is not None:
+        scale = 1.0 / cfg.rescale_factor if cfg.rescale_factor else 1.0
+        mean = torch.tensor(cfg.mean, dtype=torch.float32, device=out.device).to(dtype) * scale
+        std = torch.tensor(cfg.std, dtype=torch.float32, device=out.device).to(dtype) * scale
+        if own:
+            out = out.sub_(mean[:, None, None]).div_(std[:, None, None])
+        else:
+            out = (out - mean[:, None, None]) / std[:, None, None]
+    elif cfg.rescale_factor is not None:
+        out = out * cfg.rescale_factor
+    return out
+
+
+def _center_crop(images: torch.Tensor, size: tuple[int, int], rounding: str = "floor", fill: int = 0) -> torch.Tensor:
+    from torchvision.transforms.v2 import functional as tvF
+
+    crop_h, crop_w = size
+    height, width = images.shape[-2:]
+    if crop_w > width or crop_h > height:
+        # Pad like the references (transformers and torchvision alike), then crop the center.
+        pad = [
+            (crop_w - width) // 2 if crop_w > width else 0,
+            (crop_h - height) // 2 if crop_h > height else 0,
+            (crop_w - width + 1) // 2 if crop_w > width else 0,
+            (crop_h - height + 1) // 2 if crop_h > height else 0,
+        ]
+        images = tvF.pad(images, pad, fill=fill)
+        height, width = images.shape[-2:]
+    if rounding == "round":
+        # torchvision's CenterCrop: round half to even, so an odd margin of 3 puts 2 on top.
+        top, left = int(round((height - crop_h) / 2.0)), int(round((width - crop_w) / 2.0))
+    else:
+        top, left = int((height - crop_h) / 2.0), int((width - crop_w) / 2.0)
+    return images[..., top : top + crop_h, left : left + crop_w]
+
+
+def pil_to_tensor(img: Image.Image) -> torch.Tensor:
+    """RGB PIL image -> uint8 tensor (3, H, W) sharing no memory with PIL.
+
+    Its memory stays height x width x channel (a permuted view, no copy): torch's uint8
+    antialiased resize ran 2.8x faster on that layout than on a contiguous (3, H, W) copy
+    (320x240 -> 298x224: 0.16 against 0.45 ms), with identical output.
+    """
+    import torch
+
+    arr = np.array(img, dtype=np.uint8, copy=True)
+    return torch.from_numpy(arr).permute(2, 0, 1)
+
+
+def load_pixels(
+    source: str | bytes | os.PathLike[str] | BinaryIO,
+    cfg: PreprocessConfig,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    draft: bool = True,
+    name: str | None = None,
+) -> tuple[torch.Tensor, int, int]:
+    """Decode and preprocess one image: returns ``(pixel_values (3,h,w), width, height)``.
+
+    Raises:
+        ImageDecodeError: see :func:`decode_image`.
+    """
+    decoded = decode_image(
+        source, min_edge=cfg.min_decode_edge if draft else None, max_pixels=max_pixels, name=name
+    )
+    image = reduce_for_resize(decoded.image, cfg.min_decode_edge) if draft else decoded.image
+    pixels = preprocess_tensor(pil_to_tensor(image), cfg)
+    return pixels, decoded.width, decoded.height
+
+
+# Reduced images keep at least this many times the resize target on their shorter side, so the
+# antialiased resize still does the last (and decisive) step: PIL's own ``reducing_gap`` idea.
+REDUCING_GAP = 2
+
+
+def reduce_for_resize(img: Image.Image, min_edge: int) -> Image.Image:
+    """Box-reduce a large image by an integer factor before the resize (draft mode only).
+
+    ``Image.reduce`` averages k x k blocks in one cheap pass; a 4000x3000 PNG bound for 224 px
+    then resizes from 666x500 instead of from 12 megapixels. The result keeps at least
+    ``REDUCING_GAP`` times ``min_edge`` on its shorter side; images already that small (JPEGs
+    after draft decoding, nearly always) are returned as they are.
+    """
+    factor = min(img.size) // (REDUCING_GAP * min_edge)
+    return img.reduce(factor) if factor >= 2 else img
+
+
+def preprocess_images(images: Sequence[Image.Image], cfg: PreprocessConfig) -> torch.Tensor:
+    """Preprocess already-open PIL images into a ``(N, 3, h, w)`` batch."""
+    import torch
+
+    return torch.stack([preprocess_tensor(pil_to_tensor(to_rgb(img)), cfg) for img in images])
