@@ -1,14 +1,6 @@
 """open_clip models behind the same :class:`~retrieval.encoders.base.Encoder` interface.
 
-A model is named ``open_clip:`` followed by one of::
-
-    ARCH/TAG                  built-in architecture with open_clip's pretrained weights
-                              (e.g. ViT-B-32/laion2b_s34b_b79k; cached or downloaded)
-    ARCH@/path/weights.pt     built-in architecture with local weights
-    ARCH/TAG@/path/weights    local copy of TAG's weights, with TAG's preprocessing
-    /path/arch.json@/path/w   an architecture given as an open_clip model-config JSON file
-    hf-hub:ORG/NAME           an open_clip repository on the Hugging Face Hub
-    local-dir:/path/dir       a directory with open_clip_config.json and the weights
+See :mod:`retrieval.encoders.openclip` for how a model is named.
 
 Images go through open_clip's own preprocessing (``PreprocessCfg`` mapped onto
 :class:`~retrieval.images.PreprocessConfig`) and texts through open_clip's own tokenizer, so
@@ -21,367 +13,38 @@ towers; a text query runs only the text tower).
 
 from __future__ import annotations
 
-import contextlib
 import copy
-import difflib
 import hashlib
 import json
 import logging
-import os
-import socket
-import warnings
-from collections.abc import Callable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...errors import InvalidArgumentError, ModelLoadError
+from ...errors import ModelLoadError
 from ...images import PreprocessConfig
-from .. import base
-from ..base import file_sha256, first_line, l2_normalize, quiet_transformers, resolve_device
+from ..base import file_sha256, first_line, l2_normalize, resolve_device
 from ..precision import PROBE_TEXTS, PixelPrecisionMixin, TowerPrecision, autocast, check_precision
+from .hub import (
+    _TOKENIZER_HINT,
+    _check_model_cfg,
+    _dir_weights,
+    _fetch,
+    _hub_files,
+    _read_arch_file,
+    _read_dir_config,
+    _tag_weights,
+)
+from .names import CONFIG_FILE, HF_HUB, OpenClipSpec, _check_architecture, _tags_text, parse_spec
+from .quiet import _quiet_open_clip
 
 if TYPE_CHECKING:
     import torch
 
-LOG = logging.getLogger(__name__)
-
-PREFIX = "open_clip:"
-HF_HUB = "hf-hub:"
-LOCAL_DIR = "local-dir:"
-
-CONFIG_FILE = "open_clip_config.json"
-# Weight files of an open_clip repository or directory, in open_clip's order of preference.
-_DIR_WEIGHTS = (
-    "open_clip_model.safetensors",
-    "open_clip_pytorch_model.safetensors",
-    "open_clip_pytorch_model.bin",
-    "open_clip_pytorch_model.pth",
-    "model.safetensors",
-    "pytorch_model.bin",
-    "pytorch_model.pth",
-    "model.pth",
-)
-_HUB_WEIGHTS = ("open_clip_model.safetensors", "open_clip_pytorch_model.bin")
-
-# A plain URL download (open_clip uses urllib without a timeout) must not hang forever.
-_URL_TIMEOUT_S = 60.0
-
-_USAGE = (
-    "name an open_clip model as open_clip:ARCH/TAG (e.g. open_clip:ViT-B-32/laion2b_s34b_b79k), "
-    "open_clip:ARCH@/path/to/weights.pt, open_clip:hf-hub:ORG/NAME or open_clip:local-dir:/path/to/dir"
-)
-_LOCAL_HINT = "pass a local checkpoint: --model open_clip:ARCH@/path/to/weights.pt (or open_clip:local-dir:/path/to/dir)"
-_TOKENIZER_HINT = (
-    "pass a local checkpoint directory holding the open_clip config, the weights and the tokenizer files: "
-    "--model open_clip:local-dir:/path/to/dir"
-)
-
-T = TypeVar("T")
-
-
-def is_open_clip_name(model: str) -> bool:
-    """True when ``model`` names an open_clip model (``open_clip:...``)."""
-    return model.startswith(PREFIX)
-
-
-@dataclass(frozen=True)
-class OpenClipSpec:
-    """A parsed ``open_clip:...`` model name.
-
-    Attributes:
-        kind: ``"tag"`` (built-in weights), ``"file"`` (local weights file), ``"hub"``
-            (Hugging Face repository) or ``"dir"`` (local open_clip directory).
-        architecture: built-in architecture name, or None.
-        arch_file: absolute path of a model-config JSON file used as the architecture, or None.
-        pretrained: open_clip pretrained tag (normalised like open_clip does), or None.
-        weights: absolute path of the local weights file (kind ``"file"``), or None.
-        hub_id: ``ORG/NAME`` (kind ``"hub"``), or None.
-        directory: absolute path of the open_clip directory (kind ``"dir"``), or None.
-    """
-
-    kind: str
-    architecture: str | None = None
-    arch_file: Path | None = None
-    pretrained: str | None = None
-    weights: Path | None = None
-    hub_id: str | None = None
-    directory: Path | None = None
-
-    def __post_init__(self) -> None:
-        if self.kind not in ("tag", "file", "hub", "dir"):
-            raise ValueError(f"unknown open_clip spec kind {self.kind!r}")
-
-    @property
-    def arch_label(self) -> str:
-        """How the architecture is written in the name (built-in name or config file path)."""
-        return self.architecture if self.architecture is not None else str(self.arch_file)
-
-    @property
-    def name(self) -> str:
-        """Canonical name: absolute paths, normalised tag; loading it gives the same model."""
-        if self.kind == "hub":
-            return f"{PREFIX}{HF_HUB}{self.hub_id}"
-        if self.kind == "dir":
-            return f"{PREFIX}{LOCAL_DIR}{self.directory}"
-        arch = self.arch_label + (f"/{self.pretrained}" if self.pretrained else "")
-        return f"{PREFIX}{arch}@{self.weights}" if self.kind == "file" else f"{PREFIX}{arch}"
-
-
-def parse_spec(model: str) -> OpenClipSpec:
-    """Parse an ``open_clip:...`` name (syntax and local paths only; no model lookup).
-
-    Raises:
-        InvalidArgumentError: not an open_clip name, or malformed.
-        ModelLoadError: a named local file or directory does not exist.
-    """
-    if not is_open_clip_name(model):
-        raise InvalidArgumentError(f"{model!r} is not an open_clip model name; {_USAGE}")
-    rest = model[len(PREFIX) :].strip()
-    if not rest:
-        raise InvalidArgumentError(f"{model!r} names no model; {_USAGE}")
-    if rest.startswith(HF_HUB):
-        hub_id = rest[len(HF_HUB) :].strip("/")
-        parts = hub_id.split("/")
-        if len(parts) != 2 or not all(parts):
-            raise InvalidArgumentError(f"{model!r}: expected open_clip:hf-hub:ORG/NAME")
-        return OpenClipSpec(kind="hub", hub_id=hub_id)
-    if rest.startswith(LOCAL_DIR):
-        directory = Path(rest[len(LOCAL_DIR) :]).expanduser()
-        if not directory.is_dir():
-            raise ModelLoadError(f"open_clip model directory {str(directory)!r} does not exist")
-        directory = directory.resolve()
-        if not (directory / CONFIG_FILE).is_file():
-            raise ModelLoadError(f"{directory} is not an open_clip model directory: it has no {CONFIG_FILE}")
-        return OpenClipSpec(kind="dir", directory=directory)
-    # A config-file architecture may contain '@' in its path; split after ".json" then.
-    cut = rest.find(".json@")
-    if cut >= 0:
-        arch_part, weights_part = rest[: cut + 5], rest[cut + 6 :]
-    elif "@" in rest:
-        arch_part, weights_part = rest.split("@", 1)
-    else:
-        arch_part, weights_part = rest, None
-    architecture, pretrained, arch_file = _parse_arch(arch_part, model)
-    if weights_part is None:
-        if arch_file is not None:
-            raise InvalidArgumentError(f"{model!r} has an architecture but no weights: use open_clip:{arch_part}@/path/to/weights.pt")
-        if pretrained is None:
-            raise InvalidArgumentError(
-                f"{model!r} names an architecture without weights: use open_clip:{architecture}/TAG with one of "
-                f"its pretrained tags ({_tags_text(architecture)}), or open_clip:{architecture}@/path/to/weights.pt"
-            )
-        return OpenClipSpec(kind="tag", architecture=architecture, pretrained=pretrained)
-    if not weights_part.strip():
-        raise InvalidArgumentError(f"{model!r}: nothing after '@'; expected a weights file path")
-    weights = Path(weights_part).expanduser()
-    if not weights.is_file():
-        what = "is a directory, not a weights file" if weights.is_dir() else "does not exist"
-        raise ModelLoadError(f"open_clip weights file {weights_part!r} {what}")
-    return OpenClipSpec(kind="file", architecture=architecture, arch_file=arch_file, pretrained=pretrained, weights=weights.resolve())
-
-
-def _parse_arch(text: str, model: str) -> tuple[str | None, str | None, Path | None]:
-    """``ARCH``, ``ARCH/TAG`` or a config JSON path -> (architecture, tag, config file)."""
-    text = text.strip()
-    if text.endswith(".json"):
-        path = Path(text).expanduser()
-        if not path.is_file():
-            raise ModelLoadError(f"open_clip architecture config file {text!r} does not exist")
-        return None, None, path.resolve()
-    arch, _, tag = text.partition("/")
-    if not arch or (_ and not tag) or "/" in tag:
-        raise InvalidArgumentError(f"{model!r}: expected ARCH or ARCH/TAG before '@' or at the end; {_USAGE}")
-    return arch, (_clean_tag(tag) if tag else None), None
-
-
-def _clean_tag(tag: str) -> str:
-    # open_clip looks tags up lower-cased with '-' as '_'; the canonical name does the same.
-    return tag.strip().lower().replace("-", "_")
-
-
-def _tags_text(architecture: str) -> str:
-    import open_clip
-
-    tags = open_clip.list_pretrained_tags_by_model(architecture)
-    return ", ".join(tags) if tags else "open_clip has none for it"
-
-
-def _check_architecture(architecture: str) -> dict[str, Any]:
-    """The built-in config of ``architecture``; a clear error naming close matches otherwise."""
-    import open_clip
-
-    cfg = open_clip.get_model_config(architecture)
-    if cfg is None:
-        close = difflib.get_close_matches(architecture, open_clip.list_models(), n=5, cutoff=0.6)
-        maybe = f" Close matches: {', '.join(close)}." if close else ""
-        raise ModelLoadError(
-            f"unknown open_clip architecture {architecture!r}.{maybe} List the architectures with "
-            "`python -c \"import open_clip; print(open_clip.list_models())\"` and their pretrained weights with "
-            "`python -c \"import open_clip; print(open_clip.list_pretrained())\"`"
-        )
-    return cfg
-
-
-# -- fetching files: the cache first, the network only when it can be reached ------------------
-
-
-def _fetch(
-    model: str,
-    what: str,
-    fetch: Callable[[], T],
-    *,
-    url: str | None = None,
-    cached: Callable[[], bool] | None = None,
-    hint: str = _LOCAL_HINT,
-) -> T:
-    """Run ``fetch`` from the local cache first, then online if the source can be reached.
-
-    Args:
-        model: the model name, for messages.
-        what: what is being fetched, for messages (e.g. "weights (timm/ViT-B-16-SigLIP)").
-        fetch: does the work through huggingface_hub / open_clip.
-        url: set when the source is a plain URL rather than the Hugging Face Hub.
-        cached: for a URL, whether its file is already in the local cache.
-        hint: what to do offline, ending the error message.
-
-    Raises:
-        ModelLoadError: not cached and the source cannot be reached, or the download failed.
-    """
-    first: BaseException | None = None
-    if url is None or (cached is not None and cached()):
-        try:
-            # Hub: switch huggingface_hub to cache-only. URL: cached files need no network.
-            offline = base.hub_offline() if url is None else _socket_timeout(_URL_TIMEOUT_S)
-            with quiet_transformers(), offline:
-                return fetch()
-        except Exception as exc:  # noqa: BLE001 - hub errors come in many types; the cause is kept
-            first = exc
-    reachable = base.url_reachable(url) if url is not None else base.hub_reachable()
-    if not reachable:
-        source = "its download host" if url is not None else "the Hugging Face Hub"
-        # The cache miss itself (kept as __cause__) is long and says nothing more.
-        raise ModelLoadError(
-            f"cannot load model {model!r}: its {what} could not be found in the local cache and {source} "
-            f"cannot be reached from this machine. Offline, {hint}"
-        ) from first
-    try:
-        with quiet_transformers(), _socket_timeout(_URL_TIMEOUT_S):
-            return fetch()
-    except Exception as exc:  # noqa: BLE001
-        raise ModelLoadError(
-            f"cannot load model {model!r}: its {what} could not be fetched ({first_line(exc)}). Offline, {hint}"
-        ) from exc
-
-
-@contextlib.contextmanager
-def _socket_timeout(seconds: float) -> Iterator[None]:
-    # urllib.request.urlopen without a timeout blocks forever on a stalled connection; this is
-    # the only handle on it. huggingface_hub sets its own timeouts and is unaffected.
-    previous = socket.getdefaulttimeout()
-    socket.setdefaulttimeout(seconds)
-    try:
-        yield
-    finally:
-        socket.setdefaulttimeout(previous)
-
-
-def _tag_weights(model: str, architecture: str, tag: str, pretrained_cfg: Mapping[str, Any]) -> Path:
-    """The local file of a pretrained tag's weights, downloaded if needed (as open_clip would)."""
-    from open_clip import pretrained as oc_pretrained
-
-    if pretrained_cfg.get("file"):
-        path = Path(pretrained_cfg["file"])
-        if not path.is_file():
-            raise ModelLoadError(f"{model}: the weights file {path} of tag {tag!r} does not exist")
-        return path
-    hub = pretrained_cfg.get("hf_hub") or ""
-    url = pretrained_cfg.get("url") or ""
-    # open_clip prefers the Hub whenever an entry has one and huggingface_hub is installed.
-    use_hub = bool(hub) and oc_pretrained.has_hf_hub()
-    if not use_hub and not url:
-        raise ModelLoadError(f"{model}: open_clip knows tag {tag!r} of {architecture} but not where its weights are")
-    what = f"weights ({hub.rstrip('/')})" if use_hub else f"weights ({url})"
-    cfg = dict(pretrained_cfg)
-    if use_hub:
-        cfg["url"] = ""
-    # open_clip keeps URL downloads in ~/.cache/clip (and checks their sha256 itself).
-    url_file = Path(os.path.expanduser("~/.cache/clip")) / os.path.basename(url)
-    target = _fetch(
-        model,
-        what,
-        lambda: oc_pretrained.download_pretrained(cfg),
-        url=None if use_hub else url,
-        cached=None if use_hub else url_file.is_file,
-    )
-    if not target or not Path(target).is_file():
-        raise ModelLoadError(f"{model}: open_clip returned no weights file for tag {tag!r}")
-    return Path(target)
-
-
-def _hub_files(model: str, hub_id: str) -> tuple[Path, Path]:
-    """(open_clip_config.json, weights file) of a Hub repository, from the cache or the Hub."""
-
-    def fetch() -> tuple[Path, Path]:
-        from huggingface_hub import hf_hub_download
-
-        config = Path(hf_hub_download(hub_id, CONFIG_FILE))
-        last: BaseException | None = None
-        for name in _HUB_WEIGHTS:
-            try:
-                return config, Path(hf_hub_download(hub_id, name))
-            except Exception as exc:  # noqa: BLE001
-                last = exc
-        raise FileNotFoundError(f"{hub_id} has none of {', '.join(_HUB_WEIGHTS)}") from last
-
-    return _fetch(model, f"config and weights ({hub_id})", fetch)
-
-
-def _dir_weights(directory: Path) -> Path:
-    """The weights file open_clip would load from an open_clip directory."""
-    for name in _DIR_WEIGHTS:
-        if (directory / name).is_file():
-            return directory / name
-    found = sorted(
-        (p for pattern in ("*.safetensors", "*.bin", "*.pth") for p in directory.glob(pattern)),
-        key=lambda p: (p.suffix != ".safetensors", p.name),
-    )
-    if not found:
-        raise ModelLoadError(f"{directory} holds no open_clip weights (*.safetensors, *.bin or *.pth)")
-    return found[0]
-
-
-def _read_dir_config(path: Path, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(model_cfg, preprocess_cfg) of an ``open_clip_config.json``."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{model}: cannot read {path}: {first_line(exc)}") from exc
-    if not isinstance(data, dict) or not isinstance(data.get("model_cfg"), dict):
-        raise ModelLoadError(f"{model}: {path} has no 'model_cfg'; it is not an open_clip config")
-    return data["model_cfg"], dict(data.get("preprocess_cfg") or {})
-
-
-def _read_arch_file(path: Path, model: str) -> tuple[dict[str, Any], dict[str, Any]]:
-    """(model_cfg, preprocess_cfg) of an architecture JSON: a bare model config or a full config."""
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise ModelLoadError(f"{model}: cannot read {path}: {first_line(exc)}") from exc
-    if isinstance(data, dict) and isinstance(data.get("model_cfg"), dict):
-        return data["model_cfg"], dict(data.get("preprocess_cfg") or {})
-    return data, {}
-
-
-def _check_model_cfg(cfg: Any, where: str) -> dict[str, Any]:
-    if not isinstance(cfg, dict) or not all(k in cfg for k in ("embed_dim", "vision_cfg", "text_cfg")):
-        raise ModelLoadError(f"{where} is not an open_clip model config: it needs embed_dim, vision_cfg and text_cfg")
-    return cfg
-
-
-# -- the encoder ------------------------------------------------------------------------------
+# The package's name, as before the split into modules: a logging config may filter on it.
+LOG = logging.getLogger(__package__)
 
 
 class OpenClipEncoder(PixelPrecisionMixin):
@@ -705,40 +368,3 @@ def _warn_quick_gelu(spec: OpenClipSpec, model_cfg: Mapping[str, Any], pretraine
             "built as named); open_clip:%s/%s is probably what you want",
             spec.name, spec.pretrained, wanted, spec.architecture, built, other, spec.pretrained,
         )
-
-
-class _OpenClipLogFilter(logging.Filter):
-    """Drops records logged from inside the open_clip package (it logs on the root logger)."""
-
-    def __init__(self, package_dir: str) -> None:
-        super().__init__()
-        self.package_dir = package_dir
-
-    def filter(self, record: logging.LogRecord) -> bool:
-        return not record.pathname.startswith(self.package_dir)
-
-
-@contextlib.contextmanager
-def _quiet_open_clip() -> Iterator[None]:
-    """Keep open_clip's progress chatter (and its 'initialized randomly' warning, which is
-    about the step before our weights load) off the user's terminal and logging config."""
-    import open_clip
-
-    root = logging.getLogger()
-    log_filter = _OpenClipLogFilter(os.path.dirname(open_clip.__file__))
-    # logging.warning() on a root logger without handlers installs a stderr handler for good.
-    guard = logging.NullHandler() if not root.handlers else None
-    if guard is not None:
-        root.addHandler(guard)
-    root.addFilter(log_filter)
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            yield
-    finally:
-        root.removeFilter(log_filter)
-        if guard is not None:
-            root.removeHandler(guard)
-
-
-__all__ = ["OpenClipEncoder", "OpenClipSpec", "PREFIX", "is_open_clip_name", "parse_spec"]
