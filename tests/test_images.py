@@ -1,4 +1,4 @@
-"""Tests of image decoding and CLIP preprocessing (``retrieval/images.py``)."""
+"""Tests of image decoding and CLIP preprocessing (the ``retrieval/images/`` package)."""
 
 from __future__ import annotations
 
