@@ -458,7 +458,11 @@ def test_finetune_killed_and_resumed(
     for key in a:
         # The key projection's bias has no gradient (softmax ignores a per-query constant), so
         # AdamW steps it on float noise alone: it matches to noise level, the rest to 1e-4.
-        atol = 1e-4 if key.endswith("self_attn.k_proj.bias") else 1e-6
+        # atol 1e-5 elsewhere: the killed run trains in a subprocess whose buffers are aligned
+        # differently, and MKL's AVX2 kernels then round near-zero gradients differently (seen:
+        # 1.2e-6 on one patch-embedding weight with ATen capped to AVX2). A missed, repeated or
+        # mis-restored step moves weights by ~lr = 1e-3, a hundred times more, so this still catches it.
+        atol = 1e-4 if key.endswith("self_attn.k_proj.bias") else 1e-5
         np.testing.assert_allclose(b[key], a[key], rtol=1e-4, atol=atol, err_msg=key)
     assert sorted(p.name for p in out.iterdir()) == sorted(p.name for p in clean_out.iterdir())
 
