@@ -205,7 +205,7 @@ def collate(items: Sequence[Item]) -> Batch:
                      sum(it.seconds for it in items), pending=list(items))
     good = [it.pixels for it in items if it.pixels is not None]
     return Batch(
-        pixels=torch.stack(good) if good else None,  # type: ignore[arg-type]
+        pixels=torch.stack(good) if good else None,
         # Per-file facts without the pixels, which travel once, stacked.
         items=[dataclasses.replace(it, pixels=None) for it in items],
         decode_seconds=sum(it.seconds for it in items),

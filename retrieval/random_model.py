@@ -283,8 +283,8 @@ def clean_text_like_open_clip(text: str) -> str:
     try:
         import ftfy
     except ImportError:  # pragma: no cover - open_clip depends on ftfy
-        ftfy = None
-    if ftfy is not None:
+        pass
+    else:
         text = ftfy.fix_text(text)
     text = html.unescape(html.unescape(text))  # twice, as open_clip.tokenizer.basic_clean does
     return " ".join(text.split()).strip().lower()
@@ -383,7 +383,7 @@ def make_random_clip(
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         # float32 whatever the process default dtype is, so that bytes depend only on the seed.
-        model = CLIPModel(config).to(torch.float32).eval()
+        model = CLIPModel(config).float().eval()
 
     image_processor = CLIPImageProcessor(
         size={"shortest_edge": spec.image_size},

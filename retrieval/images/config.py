@@ -274,4 +274,4 @@ def _three(value: Any, name: str) -> tuple[float, float, float]:
         values = values * 3
     if len(values) != 3:
         raise ValueError(f"open_clip {name} must have 3 values, got {value!r}")
-    return values  # type: ignore[return-value]
+    return values

@@ -124,7 +124,7 @@ def decode_image(
     try:
         with warnings.catch_warnings(), _pixel_limit(max_pixels):
             warnings.simplefilter("error", Image.DecompressionBombWarning)
-            with Image.open(source) as img:  # type: ignore[arg-type]
+            with Image.open(source) as img:
                 width, height = _oriented_size(img)
                 if width * height > max_pixels:
                     raise ImageDecodeError(

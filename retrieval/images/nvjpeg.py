@@ -62,7 +62,7 @@ def decode_jpegs_on_device(datas: Sequence[bytes], device: torch.device | str) -
         warnings.simplefilter("ignore", DeprecationWarning)
         try:
             out = decode_jpeg(raw, mode=ImageReadMode.RGB, device=device, apply_exif_orientation=True)
-            return list(out)  # type: ignore[arg-type]
+            return list(out)
         except Exception:  # noqa: BLE001 - one bad file fails the batch call: retry one by one
             return [one(t) for t in raw]
 
