@@ -1,5 +1,5 @@
-"""``python -m indexer``: the full ``clipsearch`` command."""
+"""``python -m clipsearch``: the same program as the ``clipsearch`` console script."""
 
-from .cli import main
+from clipsearch.cli import main
 
 raise SystemExit(main())

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from retrieval import cli as query_cli
+# The choices are needed for --help; these modules import torch only inside functions.
+from indexer.contrastive import ACCUM_MODES, FREEZE_CHOICES
+from indexer.train_state import SAVE_DTYPES
 
-from .contrastive import ACCUM_MODES, FREEZE_CHOICES
-from .train_state import SAVE_DTYPES
+from ._common import PROG, add_device_arguments, print_json
+
+if TYPE_CHECKING:
+    from ._common import Subparsers
 
 
 def _crop_scale(text: str) -> tuple[float, float]:
@@ -30,9 +36,10 @@ def _crop_scale(text: str) -> tuple[float, float]:
     return values[0], values[1]
 
 
-def _cmd_finetune(args: argparse.Namespace) -> int:
-    from .augment import AugmentConfig
-    from .finetune import FinetuneConfig, finetune
+def run(args: argparse.Namespace) -> int:
+    """Train (or resume) and save the model; print the outcome, or one JSON object with ``--json``."""
+    from indexer.augment import AugmentConfig
+    from indexer.finetune import FinetuneConfig, finetune
 
     config = FinetuneConfig(
         data=args.data,
@@ -64,11 +71,11 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         print(line, file=table, flush=True)
 
     def warn(line: str) -> None:
-        print(f"{query_cli.PROG}: warning: {line}" if not line.startswith(" ") else line, file=sys.stderr, flush=True)
+        print(f"{PROG}: warning: {line}" if not line.startswith(" ") else line, file=sys.stderr, flush=True)
 
     report = finetune(config, log=log, warn=warn)
     if args.json:
-        query_cli.print_json(report.to_dict())
+        print_json(report.to_dict())
     elif report.finished:
         print(f"saved {report.out} ({report.steps} steps, {report.train_seconds:.1f} s of training)")
     else:
@@ -76,8 +83,10 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _number(kind: type) -> object:
-    def parse(text: str) -> object:
+def _number(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """argparse type: ``kind(text)``, with a one-line message naming what was expected."""
+
+    def parse(text: str) -> int | float:
         try:
             return kind(text)
         except ValueError:
@@ -86,9 +95,9 @@ def _number(kind: type) -> object:
     return parse
 
 
-def register_finetune_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``finetune`` to a ``clipsearch`` sub-parser set."""
-    p = sub.add_parser(
+def register(subparsers: Subparsers) -> None:
+    """Add ``finetune`` to the ``clipsearch`` sub-parsers."""
+    p = subparsers.add_parser(
         "finetune",
         help="fine-tune a CLIP model on image-caption pairs (or train a small one from scratch)",
         description=(
@@ -117,11 +126,11 @@ def register_finetune_command(sub: argparse._SubParsersAction) -> None:  # type:
     p.add_argument("--crop-scale", type=_crop_scale, default=(0.7, 1.0), metavar="MIN[,MAX]", help="area fraction kept by the random crop (default: 0.7,1.0)")
     p.add_argument("--no-augment", action="store_true", help="train on the indexing preprocessing only (no random crop)")
     p.add_argument("--seed", type=integer, default=0, help="seed of the data order, crops and --from-config weights (default: 0)")
-    query_cli.add_device_arguments(p)
+    add_device_arguments(p)
     p.add_argument("--save-every", type=integer, default=None, metavar="N", help="also checkpoint every N steps (always after each epoch)")
     p.add_argument("--save-dtype", choices=SAVE_DTYPES, default="float32", help="dtype of the saved weights (default: float32)")
     p.add_argument("--resume", action="store_true", help="continue the run checkpointed in OUT/checkpoint (same options)")
     p.add_argument("--keep-checkpoint", action="store_true", help="keep OUT/checkpoint/ (optimizer state etc.) after the final model is written")
     p.add_argument("--stop-after-steps", type=integer, default=None, metavar="N", help="stop after N steps in all, checkpointed, to --resume later")
     p.add_argument("--json", action="store_true", help="print a final JSON object (metrics before/after, steps, seconds, loss history)")
-    p.set_defaults(handler=_cmd_finetune)
+    p.set_defaults(handler=run)
