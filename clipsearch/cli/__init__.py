@@ -15,12 +15,11 @@ import os
 import sys
 import warnings
 from collections.abc import Iterator, Sequence
-from typing import NoReturn
 
 from retrieval.errors import ClipSearchError
 
 from . import evaluate, finetune, index, info, reindex, search, verify
-from ._common import EXIT_ERROR, EXIT_INTERRUPTED, PROG, Command, int_at_least, positive_int, print_json
+from ._common import EXIT_ERROR, EXIT_INTERRUPTED, PROG, Command, Parser, int_at_least, positive_int, print_json
 
 __all__ = ["COMMANDS", "PROG", "build_parser", "int_at_least", "main", "positive_int", "print_json"]
 
@@ -28,18 +27,13 @@ __all__ = ["COMMANDS", "PROG", "build_parser", "int_at_least", "main", "positive
 COMMANDS: tuple[Command, ...] = (index, reindex, finetune, search, info, verify, evaluate)
 
 
-class _Parser(argparse.ArgumentParser):
-    def error(self, message: str) -> NoReturn:  # one line, no usage dump
-        self.exit(2, f"{self.prog}: error: {message}\n")
-
-
 def build_parser() -> argparse.ArgumentParser:
     """The ``clipsearch`` parser with every command of :data:`COMMANDS`; no model or index is loaded."""
     from retrieval.version import __version__
 
-    parser = _Parser(prog=PROG, description="CLIP image search: index a folder of images, search it by text or image.")
+    parser = Parser(prog=PROG, description="CLIP image search: index a folder of images, search it by text or image.")
     parser.add_argument("--version", action="version", version=f"{PROG} {__version__}")
-    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=Parser)
     sub.required = True
     for command in COMMANDS:
         command.register(sub)

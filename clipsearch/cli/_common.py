@@ -10,7 +10,19 @@ import argparse
 import json
 import sys
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+PROG = "clipsearch"
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of ``clipsearch`` and of each command: a usage mistake is one line on stderr, exit 2."""
+
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
 
 if TYPE_CHECKING:
     from typing import TypeAlias
@@ -18,11 +30,7 @@ if TYPE_CHECKING:
     from retrieval.filters import Filter
 
     # typeshed makes the sub-parser action generic; at runtime it is not subscriptable.
-    Subparsers: TypeAlias = argparse._SubParsersAction[argparse.ArgumentParser]
-
-PROG = "clipsearch"
-EXIT_ERROR = 1
-EXIT_INTERRUPTED = 130
+    Subparsers: TypeAlias = argparse._SubParsersAction[Parser]
 
 
 class Command(Protocol):
