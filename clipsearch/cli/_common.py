@@ -84,7 +84,10 @@ def add_precision_argument(parser: argparse.ArgumentParser, default: str | None,
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
     """Metadata filters of ``search``: only images passing all of them are returned."""
     group = parser.add_argument_group("filters (all must hold; k results whenever k images match)")
-    group.add_argument("--path-prefix", action="append", default=[], metavar="PREFIX", help="stored path starts with PREFIX (repeat for any of several)")
+    group.add_argument(
+        "--path-prefix", action="append", default=[], metavar="PREFIX",
+        help="stored path starts with PREFIX (repeat for any of several)",
+    )
     group.add_argument("--path-glob", metavar="PATTERN", help="stored path matches this shell pattern, e.g. '*/2023-*.jpg'")
     group.add_argument("--min-width", type=int_at_least(0), metavar="PX")
     group.add_argument("--max-width", type=int_at_least(0), metavar="PX")

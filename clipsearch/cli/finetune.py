@@ -110,27 +110,48 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must be new or empty, unless --resume)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model", metavar="BASE", help="base checkpoint: Hugging Face hub id or local directory")
-    source.add_argument("--from-config", metavar="SPEC", help="train from scratch: preset tiny|vit-b-32, or a JSON file of RandomClipSpec fields")
-    p.add_argument("--val", metavar="VAL.jsonl", help="held-out pairs: text-to-image MRR and Recall@1/5/10 before training and after each epoch")
+    source.add_argument(
+        "--from-config", metavar="SPEC",
+        help="train from scratch: preset tiny|vit-b-32, or a JSON file of RandomClipSpec fields",
+    )
+    p.add_argument(
+        "--val", metavar="VAL.jsonl",
+        help="held-out pairs: text-to-image MRR and Recall@1/5/10 before training and after each epoch",
+    )
     p.add_argument("--images-root", metavar="DIR", help="directory image paths are relative to (default: each pairs file's directory)")
     p.add_argument("--epochs", type=integer, default=10, help="passes over the training pairs (default: 10)")
     p.add_argument("--lr", type=number, default=None, help="peak learning rate (default: 1e-5 with --model, 5e-4 with --from-config)")
     p.add_argument("--batch-size", type=integer, default=64, help="pairs encoded at once (default: 64)")
-    p.add_argument("--grad-accum", type=integer, default=1, metavar="K", help="micro-batches per optimizer step: effective batch = batch size x K (default: 1)")
+    p.add_argument(
+        "--grad-accum", type=integer, default=1, metavar="K",
+        help="micro-batches per optimizer step: effective batch = batch size x K (default: 1)",
+    )
     p.add_argument("--accum-mode", choices=ACCUM_MODES, default="gradcache",
                    help="gradcache: loss over the whole effective batch, exact big-batch gradients (default); "
                         "micro: one loss per micro-batch, negatives from it only")  # fmt: skip
     p.add_argument("--weight-decay", type=number, default=0.1, help="AdamW weight decay of weight matrices (default: 0.1)")
-    p.add_argument("--warmup-steps", type=integer, default=None, help="linear warm-up steps before the cosine decay (default: 10%% of the steps)")
+    p.add_argument(
+        "--warmup-steps", type=integer, default=None,
+        help="linear warm-up steps before the cosine decay (default: 10%% of the steps)",
+    )
     p.add_argument("--freeze", choices=FREEZE_CHOICES, default="none", help="keep a tower's weights unchanged (default: none)")
-    p.add_argument("--crop-scale", type=_crop_scale, default=(0.7, 1.0), metavar="MIN[,MAX]", help="area fraction kept by the random crop (default: 0.7,1.0)")
+    p.add_argument(
+        "--crop-scale", type=_crop_scale, default=(0.7, 1.0), metavar="MIN[,MAX]",
+        help="area fraction kept by the random crop (default: 0.7,1.0)",
+    )
     p.add_argument("--no-augment", action="store_true", help="train on the indexing preprocessing only (no random crop)")
     p.add_argument("--seed", type=integer, default=0, help="seed of the data order, crops and --from-config weights (default: 0)")
     add_device_arguments(p)
     p.add_argument("--save-every", type=integer, default=None, metavar="N", help="also checkpoint every N steps (always after each epoch)")
     p.add_argument("--save-dtype", choices=SAVE_DTYPES, default="float32", help="dtype of the saved weights (default: float32)")
     p.add_argument("--resume", action="store_true", help="continue the run checkpointed in OUT/checkpoint (same options)")
-    p.add_argument("--keep-checkpoint", action="store_true", help="keep OUT/checkpoint/ (optimizer state etc.) after the final model is written")
-    p.add_argument("--stop-after-steps", type=integer, default=None, metavar="N", help="stop after N steps in all, checkpointed, to --resume later")
+    p.add_argument(
+        "--keep-checkpoint", action="store_true",
+        help="keep OUT/checkpoint/ (optimizer state etc.) after the final model is written",
+    )
+    p.add_argument(
+        "--stop-after-steps", type=integer, default=None, metavar="N",
+        help="stop after N steps in all, checkpointed, to --resume later",
+    )
     p.add_argument("--json", action="store_true", help="print a final JSON object (metrics before/after, steps, seconds, loss history)")
     p.set_defaults(handler=run)

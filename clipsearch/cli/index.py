@@ -75,15 +75,25 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face hub id or local checkpoint directory (default: {DEFAULT_MODEL})")
     p.add_argument("--batch-size", type=positive_int, default=None, help="images per model call (default: 64 on CPU, 512 on GPU)")
-    p.add_argument("--workers", type=int_at_least(0), default=None, help="decode worker processes (default: 0 on CPU = in-process, on --threads threads between batches; half the cores, at most 8, on GPU, which decodes the JPEGs)")
+    p.add_argument(
+        "--workers", type=int_at_least(0), default=None,
+        help="decode worker processes (default: 0 on CPU = in-process, on --threads threads between batches; half the cores, at most 8, "
+        "on GPU, which decodes the JPEGs)",
+    )
     add_device_arguments(p)
     p.add_argument("--files-from", metavar="LIST", help="index only the paths listed in this file (one per line, relative to PHOTOS_DIR)")
     p.add_argument("--rebuild", action="store_true", help="re-index everything, also when the index was built with another model")
-    p.add_argument("--commit-every", type=positive_int, default=4096, metavar="N", help="publish a searchable, resumable state every N images (default: 4096)")
+    p.add_argument(
+        "--commit-every", type=positive_int, default=4096, metavar="N",
+        help="publish a searchable, resumable state every N images (default: 4096)",
+    )
     add_precision_argument(
         p, None, "image tower precision, recorded in the index", "auto for a new index, the recorded mode on update"
     )
-    p.add_argument("--threads", type=positive_int, default=None, metavar="N", help="torch threads for the model (default: from the core count)")
+    p.add_argument(
+        "--threads", type=positive_int, default=None, metavar="N",
+        help="torch threads for the model (default: from the core count)",
+    )
     add_index_type_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
