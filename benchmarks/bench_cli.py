@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import ROOT, machine_facts
-from retrieval.cli import int_at_least
+from clipsearch.cli import int_at_least
 
 DEMO_MODEL = ROOT / "data" / "models" / "demo-clip"
 DEMO_PHOTOS = ROOT / "data" / "demo"
@@ -166,7 +166,7 @@ def prepare(preset: str, images: int, work: Path) -> tuple[Path, Path, Path]:
 
 
 def commands_for(index: Path, model: Path, query: str, image: Path) -> list[Command]:
-    cli = (sys.executable, "-m", "indexer.cli")
+    cli = (sys.executable, "-m", "clipsearch")
     return [
         Command("search", (*cli, "search", str(index), query)),
         Command("search (torch)", (*cli, "search", str(index), query, "--precision", "fp32"), (("CLIPSEARCH_TEXT_PATH", "torch"),)),

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import latency_summary, machine_facts, peak_rss_mb
-from retrieval.cli import int_at_least
+from clipsearch.cli import int_at_least
 
 # Rows generated and written per step: bounds the transient memory (randn + Parquet buffers)
 # to ~100 MB whatever the size; only the FAISS input array grows with the index.

@@ -41,7 +41,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from _common import ROOT, latency_summary, machine_facts, peak_rss_mb  # noqa: E402
 from bench_query import SyntheticSpec, build_synthetic_index, query_texts, synthetic_queries  # noqa: E402
-from retrieval.cli import int_at_least  # noqa: E402
+from clipsearch.cli import int_at_least  # noqa: E402
 
 _REINDEX = """
 import json, sys

@@ -32,7 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import machine_facts
-from retrieval.cli import int_at_least
+from clipsearch.cli import int_at_least
 
 # Published text-to-image ("image retrieval") recall of open_clip's ViT-B-32 with the OpenAI
 # weights, on the Karpathy test splits: the "MSCOCO/Flickr image retr. R@K" columns of open_clip's

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+import importlib.util
 import json
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -209,3 +213,35 @@ def test_update_summary_lock_and_model_errors(tmp_path: Path, tiny_model: Path, 
 
     with IndexLock(out):
         _one_line_error(run_cli(["index", photos, out, "--model", other_model]), "being written", "pid")
+
+
+# -- one front door: the console script and python -m clipsearch are the same program ------------
+
+
+def _python_m(module: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONWARNINGS": "default", "COLUMNS": "100"}
+    return subprocess.run([sys.executable, "-m", module, *args], capture_output=True, text=True, timeout=300, env=env)
+
+
+@pytest.mark.parametrize("args", [["--help"], ["--version"], ["search", "--help"], ["no-such-command"]])
+def test_python_m_clipsearch_is_the_console_script(args: list[str]) -> None:
+    script = run_cli(args, env={"COLUMNS": "100"})
+    module = _python_m("clipsearch", *args)
+    assert (module.returncode, module.stdout, module.stderr) == (script.returncode, script.stdout, script.stderr)
+    assert script.returncode == (2 if args == ["no-such-command"] else 0), script.stderr
+
+
+def test_every_command_is_listed_in_help_order() -> None:
+    from clipsearch.cli import COMMANDS, evaluate, finetune, index, info, reindex, search, verify
+
+    proc = run_cli(["no-such-command"])
+    assert "(choose from 'index', 'reindex', 'finetune', 'search', 'info', 'verify', 'eval')" in proc.stderr
+    assert COMMANDS == (index, reindex, finetune, search, info, verify, evaluate)
+
+
+@pytest.mark.parametrize("package", ["retrieval", "indexer"])
+def test_the_wings_have_no_command_line_of_their_own(package: str) -> None:
+    proc = _python_m(package, "--help")
+    assert proc.returncode != 0
+    assert "cannot be directly executed" in proc.stderr, proc.stderr
+    assert importlib.util.find_spec(f"{package}.cli") is None

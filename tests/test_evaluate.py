@@ -11,11 +11,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from clipsearch.cli import main as cli_main
 from conftest import run_cli
 from imagegen import Collection, photo_like
 from indexer import build_index
 from retrieval import ImageIndex
-from retrieval.cli import main as cli_main
 from retrieval.errors import EvaluationError, InvalidArgumentError, QueriesFileError
 from retrieval.evaluate import (
     Query,

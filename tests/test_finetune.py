@@ -10,11 +10,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from clipsearch.cli import main as cli_main
 from conftest import run_cli
 from imagegen import photo_like, write_caption_pairs
 
 from indexer.augment import AugmentConfig
-from indexer.cli import main as cli_main
 from indexer.contrastive import PairBatch, forward_backward, positive_mask
 from indexer.finetune import FinetuneConfig, finetune, lr_factor
 from indexer.pairs import caption_groups, load_pairs

@@ -182,7 +182,7 @@ def test_other_weights_are_refused_on_the_numpy_path(built_index: Path, other_mo
 _HEAVY = ("torch", "transformers", "open_clip", "torchvision")
 _PROBE = """
 import json, sys
-from indexer.cli import main
+from clipsearch.cli import main
 try:
     code = main(sys.argv[1:])
 except SystemExit as exc:

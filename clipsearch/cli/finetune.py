@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import argparse
 import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-from retrieval import cli as query_cli
+# The choices are needed for --help; these modules import torch only inside functions.
+from indexer.contrastive import ACCUM_MODES, FREEZE_CHOICES
+from indexer.train_state import SAVE_DTYPES
 
-from .contrastive import ACCUM_MODES, FREEZE_CHOICES
-from .train_state import SAVE_DTYPES
+from ._common import PROG, add_device_arguments, print_json
+
+if TYPE_CHECKING:
+    from ._common import Subparsers
 
 
 def _crop_scale(text: str) -> tuple[float, float]:
@@ -30,9 +36,10 @@ def _crop_scale(text: str) -> tuple[float, float]:
     return values[0], values[1]
 
 
-def _cmd_finetune(args: argparse.Namespace) -> int:
-    from .augment import AugmentConfig
-    from .finetune import FinetuneConfig, finetune
+def run(args: argparse.Namespace) -> int:
+    """Train (or resume) and save the model; print the outcome, or one JSON object with ``--json``."""
+    from indexer.augment import AugmentConfig
+    from indexer.finetune import FinetuneConfig, finetune
 
     config = FinetuneConfig(
         data=args.data,
@@ -64,11 +71,11 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
         print(line, file=table, flush=True)
 
     def warn(line: str) -> None:
-        print(f"{query_cli.PROG}: warning: {line}" if not line.startswith(" ") else line, file=sys.stderr, flush=True)
+        print(f"{PROG}: warning: {line}" if not line.startswith(" ") else line, file=sys.stderr, flush=True)
 
     report = finetune(config, log=log, warn=warn)
     if args.json:
-        query_cli.print_json(report.to_dict())
+        print_json(report.to_dict())
     elif report.finished:
         print(f"saved {report.out} ({report.steps} steps, {report.train_seconds:.1f} s of training)")
     else:
@@ -76,8 +83,10 @@ def _cmd_finetune(args: argparse.Namespace) -> int:
     return 0
 
 
-def _number(kind: type) -> object:
-    def parse(text: str) -> object:
+def _number(kind: type[int] | type[float]) -> Callable[[str], int | float]:
+    """argparse type: ``kind(text)``, with a one-line message naming what was expected."""
+
+    def parse(text: str) -> int | float:
         try:
             return kind(text)
         except ValueError:
@@ -86,9 +95,9 @@ def _number(kind: type) -> object:
     return parse
 
 
-def register_finetune_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    """Add ``finetune`` to a ``clipsearch`` sub-parser set."""
-    p = sub.add_parser(
+def register(subparsers: Subparsers) -> None:
+    """Add ``finetune`` to the ``clipsearch`` sub-parsers."""
+    p = subparsers.add_parser(
         "finetune",
         help="fine-tune a CLIP model on image-caption pairs (or train a small one from scratch)",
         description=(
@@ -101,27 +110,48 @@ def register_finetune_command(sub: argparse._SubParsersAction) -> None:  # type:
     p.add_argument("--out", required=True, metavar="DIR", help="output directory (must be new or empty, unless --resume)")
     source = p.add_mutually_exclusive_group()
     source.add_argument("--model", metavar="BASE", help="base checkpoint: Hugging Face hub id or local directory")
-    source.add_argument("--from-config", metavar="SPEC", help="train from scratch: preset tiny|vit-b-32, or a JSON file of RandomClipSpec fields")
-    p.add_argument("--val", metavar="VAL.jsonl", help="held-out pairs: text-to-image MRR and Recall@1/5/10 before training and after each epoch")
+    source.add_argument(
+        "--from-config", metavar="SPEC",
+        help="train from scratch: preset tiny|vit-b-32, or a JSON file of RandomClipSpec fields",
+    )
+    p.add_argument(
+        "--val", metavar="VAL.jsonl",
+        help="held-out pairs: text-to-image MRR and Recall@1/5/10 before training and after each epoch",
+    )
     p.add_argument("--images-root", metavar="DIR", help="directory image paths are relative to (default: each pairs file's directory)")
     p.add_argument("--epochs", type=integer, default=10, help="passes over the training pairs (default: 10)")
     p.add_argument("--lr", type=number, default=None, help="peak learning rate (default: 1e-5 with --model, 5e-4 with --from-config)")
     p.add_argument("--batch-size", type=integer, default=64, help="pairs encoded at once (default: 64)")
-    p.add_argument("--grad-accum", type=integer, default=1, metavar="K", help="micro-batches per optimizer step: effective batch = batch size x K (default: 1)")
+    p.add_argument(
+        "--grad-accum", type=integer, default=1, metavar="K",
+        help="micro-batches per optimizer step: effective batch = batch size x K (default: 1)",
+    )
     p.add_argument("--accum-mode", choices=ACCUM_MODES, default="gradcache",
                    help="gradcache: loss over the whole effective batch, exact big-batch gradients (default); "
                         "micro: one loss per micro-batch, negatives from it only")  # fmt: skip
     p.add_argument("--weight-decay", type=number, default=0.1, help="AdamW weight decay of weight matrices (default: 0.1)")
-    p.add_argument("--warmup-steps", type=integer, default=None, help="linear warm-up steps before the cosine decay (default: 10%% of the steps)")
+    p.add_argument(
+        "--warmup-steps", type=integer, default=None,
+        help="linear warm-up steps before the cosine decay (default: 10%% of the steps)",
+    )
     p.add_argument("--freeze", choices=FREEZE_CHOICES, default="none", help="keep a tower's weights unchanged (default: none)")
-    p.add_argument("--crop-scale", type=_crop_scale, default=(0.7, 1.0), metavar="MIN[,MAX]", help="area fraction kept by the random crop (default: 0.7,1.0)")
+    p.add_argument(
+        "--crop-scale", type=_crop_scale, default=(0.7, 1.0), metavar="MIN[,MAX]",
+        help="area fraction kept by the random crop (default: 0.7,1.0)",
+    )
     p.add_argument("--no-augment", action="store_true", help="train on the indexing preprocessing only (no random crop)")
     p.add_argument("--seed", type=integer, default=0, help="seed of the data order, crops and --from-config weights (default: 0)")
-    query_cli.add_device_arguments(p)
+    add_device_arguments(p)
     p.add_argument("--save-every", type=integer, default=None, metavar="N", help="also checkpoint every N steps (always after each epoch)")
     p.add_argument("--save-dtype", choices=SAVE_DTYPES, default="float32", help="dtype of the saved weights (default: float32)")
     p.add_argument("--resume", action="store_true", help="continue the run checkpointed in OUT/checkpoint (same options)")
-    p.add_argument("--keep-checkpoint", action="store_true", help="keep OUT/checkpoint/ (optimizer state etc.) after the final model is written")
-    p.add_argument("--stop-after-steps", type=integer, default=None, metavar="N", help="stop after N steps in all, checkpointed, to --resume later")
+    p.add_argument(
+        "--keep-checkpoint", action="store_true",
+        help="keep OUT/checkpoint/ (optimizer state etc.) after the final model is written",
+    )
+    p.add_argument(
+        "--stop-after-steps", type=integer, default=None, metavar="N",
+        help="stop after N steps in all, checkpointed, to --resume later",
+    )
     p.add_argument("--json", action="store_true", help="print a final JSON object (metrics before/after, steps, seconds, loss history)")
-    p.set_defaults(handler=_cmd_finetune)
+    p.set_defaults(handler=run)

@@ -1,15 +1,22 @@
-"""The ``clipsearch`` console script: ``index`` here, ``search`` and ``info`` from retrieval."""
+"""``clipsearch index``: embed a folder of images into an index directory (new or updated).
+
+Also the FAISS options (``--index-type``, ``--max-memory``, ``--target-recall``) and the
+recall warning, which ``reindex`` shares.
+"""
 
 from __future__ import annotations
 
 import argparse
-from collections.abc import Sequence
+import sys
+from typing import TYPE_CHECKING
 
-from retrieval import cli as query_cli
 from retrieval.encoders import DEFAULT_MODEL
 from retrieval.errors import InvalidArgumentError
 
-from .finetune_cli import register_finetune_command
+from ._common import PROG, add_device_arguments, add_precision_argument, int_at_least, positive_int, print_json
+
+if TYPE_CHECKING:
+    from ._common import Subparsers
 
 
 def _read_file_list(path: str) -> list[bytes]:
@@ -23,8 +30,9 @@ def _read_file_list(path: str) -> list[bytes]:
     return [line.rstrip(b"\r") for line in lines if line.strip() and not line.lstrip().startswith(b"#")]
 
 
-def _cmd_index(args: argparse.Namespace) -> int:
-    from .build import build_index
+def run(args: argparse.Namespace) -> int:
+    """Build or update the index; print the summary line, or one JSON object with ``--json``."""
+    from indexer.build import build_index
 
     files = _read_file_list(args.files_from) if args.files_from else None
     report = build_index(
@@ -45,9 +53,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
         target_recall=args.target_recall,
     )
     if args.json:
-        query_cli.print_json(report.to_dict())
+        print_json(report.to_dict())
     else:
-        _warn_recall(args.index_dir)
+        warn_recall(args.index_dir)
         print(
             f"indexed {report.indexed} images, skipped {report.skipped} "
             f"(added {report.added}, updated {report.updated}, removed {report.removed}, unchanged {report.unchanged}), "
@@ -56,8 +64,9 @@ def _cmd_index(args: argparse.Namespace) -> int:
     return 0
 
 
-def register_index_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
+def register(subparsers: Subparsers) -> None:
+    """Add ``index`` to the ``clipsearch`` sub-parsers."""
+    p = subparsers.add_parser(
         "index",
         help="build an index of a folder of images",
         description="Embed every image under PHOTOS_DIR with CLIP and write an index to INDEX_DIR.",
@@ -65,20 +74,30 @@ def register_index_command(sub: argparse._SubParsersAction) -> None:  # type: ig
     p.add_argument("photos_dir", metavar="PHOTOS_DIR")
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("--model", default=DEFAULT_MODEL, help=f"Hugging Face hub id or local checkpoint directory (default: {DEFAULT_MODEL})")
-    p.add_argument("--batch-size", type=query_cli.positive_int, default=None, help="images per model call (default: 64 on CPU, 512 on GPU)")
-    p.add_argument("--workers", type=query_cli.int_at_least(0), default=None, help="decode worker processes (default: 0 on CPU = in-process, on --threads threads between batches; half the cores, at most 8, on GPU, which decodes the JPEGs)")
-    query_cli.add_device_arguments(p)
+    p.add_argument("--batch-size", type=positive_int, default=None, help="images per model call (default: 64 on CPU, 512 on GPU)")
+    p.add_argument(
+        "--workers", type=int_at_least(0), default=None,
+        help="decode worker processes (default: 0 on CPU = in-process, on --threads threads between batches; half the cores, at most 8, "
+        "on GPU, which decodes the JPEGs)",
+    )
+    add_device_arguments(p)
     p.add_argument("--files-from", metavar="LIST", help="index only the paths listed in this file (one per line, relative to PHOTOS_DIR)")
     p.add_argument("--rebuild", action="store_true", help="re-index everything, also when the index was built with another model")
-    p.add_argument("--commit-every", type=query_cli.positive_int, default=4096, metavar="N", help="publish a searchable, resumable state every N images (default: 4096)")
-    query_cli.add_precision_argument(
+    p.add_argument(
+        "--commit-every", type=positive_int, default=4096, metavar="N",
+        help="publish a searchable, resumable state every N images (default: 4096)",
+    )
+    add_precision_argument(
         p, None, "image tower precision, recorded in the index", "auto for a new index, the recorded mode on update"
     )
-    p.add_argument("--threads", type=query_cli.positive_int, default=None, metavar="N", help="torch threads for the model (default: from the core count)")
+    p.add_argument(
+        "--threads", type=positive_int, default=None, metavar="N",
+        help="torch threads for the model (default: from the core count)",
+    )
     add_index_type_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    p.set_defaults(handler=_cmd_index)
+    p.set_defaults(handler=run)
 
 
 def add_index_type_arguments(parser: argparse.ArgumentParser) -> None:
@@ -98,65 +117,15 @@ def add_index_type_arguments(parser: argparse.ArgumentParser) -> None:
     )
 
 
-def _warn_recall(index_dir: str) -> None:
+def warn_recall(index_dir: str) -> None:
     """One line on stderr when tuning could not reach the asked recall."""
-    import sys
-
     from retrieval.layout import read_manifest
 
     tuning = read_manifest(index_dir).index_tuning
     if tuning and tuning.get("reached") is False:
         print(
-            f"clipsearch: warning: {read_manifest(index_dir).index_type} reaches recall@10 "
+            f"{PROG}: warning: {read_manifest(index_dir).index_type} reaches recall@10 "
             f"{tuning.get('recall_at_10')} < target {tuning.get('target_recall')}; "
             "raise --max-memory or choose another --index-type",
             file=sys.stderr,
         )
-
-
-def _cmd_reindex(args: argparse.Namespace) -> int:
-    from .reindex import reindex
-
-    report = reindex(
-        args.index_dir,
-        index_type=args.index_type,
-        max_memory=args.max_memory,
-        target_recall=args.target_recall,
-        progress=not args.no_progress,
-    )
-    if args.json:
-        query_cli.print_json(report.to_dict())
-        return 0
-    _warn_recall(args.index_dir)
-    tuning = report.index_tuning
-    recall = f", recall@10 {tuning['recall_at_10']:.3f}" if "recall_at_10" in tuning else ""
-    params = ", ".join(f"{k}={v}" for k, v in report.search_params.items())
-    print(
-        f"reindexed {report.count} vectors as {report.index_type}"
-        f"{f' ({params})' if params else ''}{recall}, {report.faiss_bytes / 2**20:.1f} MB, "
-        f"in {report.seconds:.1f} s -> {report.index_dir}"
-    )
-    return 0
-
-
-def register_reindex_command(sub: argparse._SubParsersAction) -> None:  # type: ignore[type-arg]
-    p = sub.add_parser(
-        "reindex",
-        help="rebuild the FAISS index from the stored embeddings",
-        description="Rebuild only the FAISS index of INDEX_DIR from its stored embeddings (no image is read), "
-        "e.g. to switch --index-type or --max-memory.",
-    )
-    p.add_argument("index_dir", metavar="INDEX_DIR")
-    add_index_type_arguments(p)
-    p.add_argument("--no-progress", action="store_true", help="no progress messages")
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
-    p.set_defaults(handler=_cmd_reindex)
-
-
-def main(argv: Sequence[str] | None = None) -> int:
-    """Entry point of the ``clipsearch`` command."""
-    return query_cli.main(argv, registrars=[register_index_command, register_reindex_command, register_finetune_command])
-
-
-if __name__ == "__main__":
-    raise SystemExit(main())

@@ -1,0 +1,113 @@
+"""What the ``clipsearch`` commands share: the program name, exit codes, argparse value types,
+JSON output and the argument groups used by more than one command.
+
+Nothing here loads a model, an index or torch: ``clipsearch --help`` and ``info`` stay cheap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+PROG = "clipsearch"
+EXIT_ERROR = 1
+EXIT_INTERRUPTED = 130
+
+
+class Parser(argparse.ArgumentParser):
+    """The parser of ``clipsearch`` and of each command: a usage mistake is one line on stderr, exit 2."""
+
+    def error(self, message: str) -> NoReturn:  # one line, no usage dump
+        self.exit(2, f"{self.prog}: error: {message}\n")
+
+
+if TYPE_CHECKING:
+    from typing import TypeAlias
+
+    from retrieval.filters import Filter
+
+    # typeshed makes the sub-parser action generic; at runtime it is not subscriptable.
+    Subparsers: TypeAlias = argparse._SubParsersAction[Parser]
+
+
+class Command(Protocol):
+    """A command module: ``register`` adds its sub-parser (whose ``handler`` is ``run``)."""
+
+    def register(self, subparsers: Subparsers) -> None: ...
+
+    def run(self, args: argparse.Namespace) -> int: ...
+
+
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
+
+
+positive_int = int_at_least(1)
+
+
+def print_json(obj: Any) -> None:
+    """One JSON object on stdout (non-ASCII kept, lone surrogates escaped)."""
+    sys.stdout.write(json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
+    sys.stdout.flush()
+
+
+def add_device_arguments(parser: argparse.ArgumentParser) -> None:
+    """``--device`` of every command that runs a model."""
+    parser.add_argument("--device", default="auto", help="auto (CUDA when available), cpu or cuda (default: auto)")
+
+
+def add_precision_argument(parser: argparse.ArgumentParser, default: str | None, what: str, default_text: str = "") -> None:
+    """``--precision``, checked by the handler (an unknown mode is a one-line error, exit 1)."""
+    parser.add_argument(
+        "--precision",
+        default=default,
+        metavar="MODE",
+        help=f"{what}: fp32 (exact), bf16, fp16, int8 (CPU) or auto (fastest passing the quality gate) "
+        f"(default: {default_text or default})",
+    )
+
+
+def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
+    """Metadata filters of ``search``: only images passing all of them are returned."""
+    group = parser.add_argument_group("filters (all must hold; k results whenever k images match)")
+    group.add_argument(
+        "--path-prefix", action="append", default=[], metavar="PREFIX",
+        help="stored path starts with PREFIX (repeat for any of several)",
+    )
+    group.add_argument("--path-glob", metavar="PATTERN", help="stored path matches this shell pattern, e.g. '*/2023-*.jpg'")
+    group.add_argument("--min-width", type=int_at_least(0), metavar="PX")
+    group.add_argument("--max-width", type=int_at_least(0), metavar="PX")
+    group.add_argument("--min-height", type=int_at_least(0), metavar="PX")
+    group.add_argument("--max-height", type=int_at_least(0), metavar="PX")
+    group.add_argument("--modified-after", metavar="DATE", help="file modified at or after DATE (ISO 8601, UTC unless a zone is given)")
+    group.add_argument("--modified-before", metavar="DATE", help="file modified before DATE")
+
+
+def filter_from_args(args: argparse.Namespace) -> Filter:
+    """The :class:`~retrieval.filters.Filter` that :func:`add_filter_arguments`' flags describe."""
+    from retrieval.filters import Filter, parse_time
+
+    return Filter(
+        path_prefix=tuple(args.path_prefix),
+        path_glob=args.path_glob,
+        min_width=args.min_width,
+        max_width=args.max_width,
+        min_height=args.min_height,
+        max_height=args.max_height,
+        modified_after=parse_time(args.modified_after) if args.modified_after else None,
+        modified_before=parse_time(args.modified_before) if args.modified_before else None,
+    )

@@ -1,0 +1,106 @@
+"""``clipsearch eval``: retrieval quality (MRR, Recall@K, nDCG@10) on labelled queries, next to chance."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from typing import TYPE_CHECKING
+
+from ._common import PROG, add_device_arguments, add_precision_argument, positive_int, print_json
+
+if TYPE_CHECKING:
+    from retrieval.evaluate import EvalReport
+
+    from ._common import Subparsers
+
+# At most this many skipped or incomplete queries are listed on stderr (the JSON has all).
+_MAX_LISTED = 20
+
+
+def run(args: argparse.Namespace) -> int:
+    """Evaluate the index on the queries file; print a metrics table, or one JSON object with ``--json``."""
+    from retrieval.evaluate import evaluate, load_queries, parse_ks
+    from retrieval.index import ImageIndex
+
+    # Inputs are checked before the index and the model are loaded: mistakes fail fast.
+    ks = parse_ks(args.k)
+    queries = load_queries(args.queries)
+    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device, precision=args.precision)
+    report = evaluate(index, queries, ks=ks, ann=args.ann, batch_size=args.batch_size, per_query_path=args.per_query)
+    _warn_missing(report)
+    if args.json:
+        print_json(report.to_dict())
+    else:
+        _print_eval_table(report, args.per_query)
+    return 0
+
+
+def _warn_missing(report: EvalReport) -> None:
+    """List on stderr the queries whose relevant paths are not (all) in the index."""
+    groups = (
+        (report.skipped, "skipped {n} of {total} queries: none of their relevant images is in the index"),
+        (report.partially_missing, "{n} evaluated queries have relevant images that are not in the index"),
+    )
+    total = report.queries + len(report.skipped)
+    for items, headline in groups:
+        if not items:
+            continue
+        print(f"{PROG}: warning: " + headline.format(n=len(items), total=total), file=sys.stderr)
+        for item in items[:_MAX_LISTED]:
+            where = f"line {item.query.line}" if item.query.line is not None else json.dumps(item.query.describe())
+            print(f"  {where}: {', '.join(item.missing)}", file=sys.stderr)
+        if len(items) > _MAX_LISTED:
+            print(f"  ... and {len(items) - _MAX_LISTED} more (all are listed by --json)", file=sys.stderr)
+
+
+def _print_eval_table(report: EvalReport, per_query: str | None) -> None:
+    ranking = "exact ranking" if report.ranking == "exact" else f"ANN ranking (top {report.cutoff})"
+    print(
+        f"{report.queries} queries, {ranking} of {report.index_size} images "
+        f"({report.index_type} index), {report.seconds:.1f} s"
+    )
+    rows: list[tuple[str, str, str]] = [
+        ("MRR" if report.cutoff is None else f"MRR@{report.cutoff}", f"{report.mrr:.4f}", f"{report.chance_mrr:.4f}")
+    ]
+    rows += [(f"Recall@{k}", f"{v:.4f}", f"{report.chance_recall[k]:.4f}") for k, v in report.recall.items()]
+    rows.append(("nDCG@10", f"{report.ndcg:.4f}", ""))
+    if report.mean_rank is not None:
+        rows.append(("mean rank", f"{report.mean_rank:.1f}", f"{report.chance_mean_rank:.1f}"))
+        rows.append(("median rank", f"{report.median_rank:.1f}", ""))
+    width = max(len(name) for name, _, _ in rows)
+    print(f"\n{'metric':<{width}}  {'value':>9}  {'chance':>9}")
+    for name, value, chance in rows:
+        print(f"{name:<{width}}  {value:>9}  {chance:>9}".rstrip())
+    if report.skipped or report.partially_missing:
+        print(
+            f"\nskipped queries: {len(report.skipped)}; relevant paths not in the index: "
+            f"{report.missing_relevant} (listed on stderr)"
+        )
+    if per_query:
+        print(f"\nper-query results -> {per_query}")
+
+
+def register(subparsers: Subparsers) -> None:
+    """Add ``eval`` to the ``clipsearch`` sub-parsers."""
+    p = subparsers.add_parser(
+        "eval",
+        help="measure retrieval quality on labelled queries",
+        description=(
+            "Rank the index for every query of QUERIES.jsonl (lines like "
+            '{"query": "a red bus", "relevant": ["town/bus.png"]} or {"image": "q.jpg", "relevant": [...]}; '
+            "relevant paths as the index stores them, image paths relative to the queries file) and report "
+            "MRR, Recall@K, nDCG@10 and the rank of the first relevant image, next to chance level."
+        ),
+    )
+    p.add_argument("index_dir", metavar="INDEX_DIR")
+    p.add_argument("queries", metavar="QUERIES.jsonl")
+    p.add_argument("--k", default="1,5,10", help="Recall@K cut-offs, comma-separated (default: 1,5,10)")
+    p.add_argument("--ann", action="store_true", help="rank with the FAISS index (top max(K, 10)) instead of exactly")
+    p.add_argument("--per-query", metavar="OUT.jsonl", help="also write one JSON line per evaluated query")
+    p.add_argument("--batch-size", type=positive_int, default=256, help="queries encoded and ranked together (default: 256)")
+    p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
+    add_device_arguments(p)
+    add_precision_argument(p, "fp32", "text query tower precision (image queries use the index's mode)")
+    p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
+    p.set_defaults(handler=run)

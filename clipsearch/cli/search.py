@@ -1,0 +1,54 @@
+"""``clipsearch search``: the closest images to a text or an image query."""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+from retrieval.errors import InvalidArgumentError
+
+from ._common import add_device_arguments, add_filter_arguments, add_precision_argument, filter_from_args, positive_int, print_json
+
+if TYPE_CHECKING:
+    from ._common import Subparsers
+
+
+def run(args: argparse.Namespace) -> int:
+    """Search the index; print one line per hit, or ``{"results": [...]}`` with ``--json``."""
+    from retrieval.index import ImageIndex
+
+    if args.query is None and args.image is None:
+        raise InvalidArgumentError("give a text query or --image PATH")
+    if args.query is not None and args.image is not None:
+        raise InvalidArgumentError("give either a text query or --image, not both")
+    if args.query is not None and not args.query.strip():
+        raise InvalidArgumentError("the query is empty")
+    where = filter_from_args(args)
+    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device, precision=args.precision)
+    if args.image is None:
+        hits = index.search(args.query, k=args.k, where=where)
+    else:
+        hits = index.search_image(args.image, k=args.k, where=where)
+    if args.json:
+        print_json({"results": [h.to_dict() for h in hits]})
+    else:
+        if not hits:
+            print("no results (no image matches the filters)" if where.active else "no results (the index is empty)")
+        for rank, hit in enumerate(hits, 1):
+            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}")
+    return 0
+
+
+def register(subparsers: Subparsers) -> None:
+    """Add ``search`` to the ``clipsearch`` sub-parsers."""
+    p = subparsers.add_parser("search", help="search an index by text or by image", description="Search an index by text or by image.")
+    p.add_argument("index_dir", metavar="INDEX_DIR")
+    p.add_argument("query", metavar="QUERY", nargs="?", help="text query")
+    p.add_argument("--image", metavar="PATH", help="search with this image instead of text")
+    p.add_argument("-k", "--k", type=positive_int, default=10, help="number of results (default: 10)")
+    p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
+    add_device_arguments(p)
+    add_precision_argument(p, "fp32", "text query tower precision (image queries use the index's mode)")
+    add_filter_arguments(p)
+    p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score"}, ...]}')
+    p.set_defaults(handler=run)

@@ -1,5 +1,0 @@
-"""``python -m indexer``: the full ``clipsearch`` command."""
-
-from .cli import main
-
-raise SystemExit(main())
