@@ -1,6 +1,6 @@
-"""``clipsearch finetune``: the command-line face of :mod:`indexer.finetune`.
+"""``clipsearch finetune``: the command-line face of :mod:`indexer.training.finetune`.
 
-Numbers are parsed here and range-checked by :class:`~indexer.finetune.FinetuneConfig`, so a
+Numbers are parsed here and range-checked by :class:`~indexer.training.finetune.FinetuneConfig`, so a
 bad value (``--lr 0``, ``--epochs 0``) is a one-line error with exit status 1 like any other
 mistake. The progress table goes to stdout (to stderr with ``--json``, which keeps stdout for
 the one JSON object); skipped pairs are reported on stderr.
@@ -13,8 +13,8 @@ import sys
 
 from retrieval import cli as query_cli
 
-from .contrastive import ACCUM_MODES, FREEZE_CHOICES
-from .train_state import SAVE_DTYPES
+from indexer.training.contrastive import ACCUM_MODES, FREEZE_CHOICES
+from indexer.training.train_state import SAVE_DTYPES
 
 
 def _crop_scale(text: str) -> tuple[float, float]:
@@ -31,8 +31,8 @@ def _crop_scale(text: str) -> tuple[float, float]:
 
 
 def _cmd_finetune(args: argparse.Namespace) -> int:
-    from .augment import AugmentConfig
-    from .finetune import FinetuneConfig, finetune
+    from indexer.training.augment import AugmentConfig
+    from indexer.training.finetune import FinetuneConfig, finetune
 
     config = FinetuneConfig(
         data=args.data,

@@ -36,10 +36,10 @@ from faultctl import Cli, Pauses, run_killed_at, wait_until
 
 from conftest import run_cli
 from imagegen import photo_like, write_caption_pairs
-from indexer import build_index, train_state
+from indexer import build_index
 from indexer.faults import POINTS
-from indexer.finetune import FinetuneConfig, finetune
 from indexer.reindex import reindex
+from indexer.training import FinetuneConfig, finetune, train_state
 from retrieval import ImageIndex
 from retrieval.layout import GENERATION_PREFIX, LOCK_FILE, STAGING_PREFIX, is_index_dir, read_manifest
 

@@ -1,18 +1,18 @@
 """Contrastive fine-tuning of a Hugging Face CLIP checkpoint on (image, caption) pairs.
 
 ``clipsearch finetune`` (and :func:`finetune`) train a ``CLIPModel`` with CLIP's symmetric
-InfoNCE loss (:mod:`indexer.contrastive`), AdamW (no weight decay on biases, LayerNorm,
+InfoNCE loss (:mod:`indexer.training.contrastive`), AdamW (no weight decay on biases, LayerNorm,
 embeddings and the temperature), a linear warm-up then a cosine decay of the learning rate,
 gradient accumulation (GradCache by default, so accumulating equals a big batch) and a mild
-random crop (:mod:`indexer.augment`). The starting point is a checkpoint (``model``) or a
+random crop (:mod:`indexer.training.augment`). The starting point is a checkpoint (``model``) or a
 randomly initialised small CLIP (``from_config``: a :data:`retrieval.random_model.PRESETS`
 name or a JSON file of :class:`~retrieval.random_model.RandomClipSpec` fields).
 
 Before training and after every epoch, text-to-image retrieval on held-out pairs is measured
-with ``clipsearch eval``'s metric code (:mod:`indexer.validate`). The run checkpoints every
+with ``clipsearch eval``'s metric code (:mod:`indexer.training.validate`). The run checkpoints every
 epoch (and every ``save_every`` steps) and resumes exactly; the result is a standard Hugging
 Face checkpoint that ``clipsearch index --model OUT`` and ``CLIPModel.from_pretrained(OUT)``
-load unchanged (:mod:`indexer.train_state`).
+load unchanged (:mod:`indexer.training.train_state`).
 
 Epochs and steps: an optimizer step takes ``batch_size x grad_accum`` pairs (all pairs when
 there are fewer); an epoch is ``pairs // (batch_size x grad_accum)`` steps over a fresh random
@@ -106,7 +106,7 @@ class FinetuneConfig:
         batch_size: pairs encoded at once (a micro-batch).
         grad_accum: micro-batches per optimizer step (effective batch = product).
         accum_mode: ``gradcache`` (the loss of the whole effective batch) or ``micro``
-            (a loss per micro-batch, negatives only from it); see :mod:`indexer.contrastive`.
+            (a loss per micro-batch, negatives only from it); see :mod:`indexer.training.contrastive`.
         weight_decay: AdamW weight decay of weight matrices.
         warmup_steps: linear warm-up steps (default: 10 % of all steps).
         freeze: ``vision``, ``text`` or ``none``: a tower whose weights stay as they are.

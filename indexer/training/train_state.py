@@ -44,7 +44,7 @@ from typing import Any
 from retrieval.errors import FinetuneError
 from retrieval.layout import fsync_tree
 
-from .faults import crash_point
+from indexer.faults import crash_point
 
 CHECKPOINT_DIR = "checkpoint"
 MODEL_DIR = "model"
