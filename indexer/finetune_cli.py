@@ -11,10 +11,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from retrieval import cli as query_cli
-
 from indexer.training.contrastive import ACCUM_MODES, FREEZE_CHOICES
 from indexer.training.train_state import SAVE_DTYPES
+from retrieval import cli as query_cli
 
 
 def _crop_scale(text: str) -> tuple[float, float]:

@@ -26,7 +26,6 @@ from retrieval.errors import IndexLockedError
 from retrieval.faults import crash_point
 from retrieval.layout import LOCK_FILE
 
-
 _HELD: set[str] = set()
 _HELD_GUARD = threading.Lock()
 

@@ -32,10 +32,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from faultctl import Cli, Pauses, run_killed_at, wait_until
-
 from conftest import run_cli
+from faultctl import Cli, Pauses, run_killed_at, wait_until
 from imagegen import photo_like, write_caption_pairs
+
 from indexer import build_index
 from indexer.reindex import reindex
 from indexer.training import FinetuneConfig, finetune, train_state

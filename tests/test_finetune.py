@@ -13,8 +13,8 @@ import pytest
 from conftest import run_cli
 from imagegen import photo_like, write_caption_pairs
 
-from indexer.training.augment import AugmentConfig
 from indexer.cli import main as cli_main
+from indexer.training.augment import AugmentConfig
 from indexer.training.contrastive import PairBatch, forward_backward, positive_mask
 from indexer.training.finetune import FinetuneConfig, finetune, lr_factor
 from indexer.training.pairs import caption_groups, load_pairs

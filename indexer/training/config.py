@@ -93,7 +93,9 @@ class FinetuneConfig:
 
     def __post_init__(self) -> None:
         if (self.model is None) == (self.from_config is None):
-            raise InvalidArgumentError("give exactly one of --model BASE (a checkpoint to fine-tune) and --from-config SPEC (train from scratch)")
+            raise InvalidArgumentError(
+                "give exactly one of --model BASE (a checkpoint to fine-tune) and --from-config SPEC (train from scratch)"
+            )
         for name in ("data", "out"):
             if not isinstance(getattr(self, name), str) or not getattr(self, name):
                 raise InvalidArgumentError(f"--{name} must be a non-empty path")

@@ -39,7 +39,7 @@ def report_skips(pairs: PairsFile, failures: list[Any], warn: Log) -> None:
 def data_fingerprint(paths: list[str], captions: list[str]) -> str:
     """Identifies the training pairs (as written), so that a resume notices a changed pairs file."""
     digest = hashlib.sha256()
-    for path, caption in zip(paths, captions):
+    for path, caption in zip(paths, captions, strict=True):
         digest.update(f"{path}\0{caption}\n".encode("utf-8", "surrogateescape"))
     return digest.hexdigest()
 

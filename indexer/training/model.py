@@ -103,7 +103,9 @@ def load_model(source: str, device: str, name: str) -> LoadedModel:
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in the middle of the progress table
     hf_logging.set_verbosity_error()
     try:
-        model, info = CLIPModel.from_pretrained(encoder.directory, output_loading_info=True, dtype=torch.float32)
+        # Annotated as returning the model alone; output_loading_info=True makes it (model, info).
+        loaded: Any = CLIPModel.from_pretrained(encoder.directory, output_loading_info=True, dtype=torch.float32)
+        model, info = loaded
     except Exception as exc:  # noqa: BLE001
         raise ModelLoadError(f"cannot load CLIPModel from {name}: {str(exc).splitlines()[0]}") from exc
     finally:
