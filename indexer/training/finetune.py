@@ -18,6 +18,10 @@ Epochs and steps: an optimizer step takes ``batch_size x grad_accum`` pairs (all
 there are fewer); an epoch is ``pairs // (batch_size x grad_accum)`` steps over a fresh random
 order, the few pairs left over are not used in that epoch (every step has the same number of
 negatives).
+
+This module only wires the pieces together: the options (:mod:`.config`), the starting point
+(:mod:`.model`), the data (:mod:`.data`), the loop (:mod:`.loop`, over :mod:`.progress`'s
+schedule and state) and the report (:mod:`.report`).
 """
 
 from __future__ import annotations
