@@ -51,7 +51,7 @@ from .commit import GenerationWriter, IndexMeta, remove_stale
 from .ahead import Ahead
 from .dataset import Batch, ImageDataset, Item, collate, content_hash, finish_on_device
 from .discover import Discovery, discover, from_list
-from .faults import crash_point
+from retrieval.faults import crash_point
 from .heap import retained_heap
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update

@@ -44,7 +44,7 @@ from retrieval.layout import (
 from retrieval.version import __version__
 
 from . import ann
-from .faults import crash_point
+from retrieval.faults import crash_point
 from .plan import IndexedFacts
 from .writer import (
     ROW_GROUP_SIZE,

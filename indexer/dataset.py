@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from retrieval.errors import ImageDecodeError
+from retrieval.faults import crash_point
 from retrieval.images import (
     DEFAULT_MAX_PIXELS,
     PreprocessConfig,
@@ -31,7 +32,6 @@ from retrieval.images import (
 from retrieval.layout import display_path
 
 from .discover import ImageFile
-from .faults import crash_point
 
 if TYPE_CHECKING:
     import torch

@@ -23,10 +23,8 @@ from types import TracebackType
 from typing import Any
 
 from retrieval.errors import IndexLockedError
+from retrieval.faults import crash_point
 from retrieval.layout import LOCK_FILE
-
-from .faults import crash_point
-
 
 _HELD: set[str] = set()
 _HELD_GUARD = threading.Lock()

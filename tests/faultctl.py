@@ -1,4 +1,4 @@
-"""Driving :mod:`indexer.faults` from a test: start the CLI with a crash or pause point, hold it
+"""Driving :mod:`retrieval.faults` from a test: start the CLI with a crash or pause point, hold it
 there, act, release it.
 
 Nothing here waits for a duration: :meth:`Pauses.wait` returns when the process has written the
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from conftest import clipsearch_exe
 
-from indexer.faults import ENV, PAUSE_DIR_ENV, PAUSE_ENV
+from retrieval.faults import ENV, PAUSE_DIR_ENV, PAUSE_ENV
 
 SAFETY_TIMEOUT = 180.0
 
@@ -85,7 +85,7 @@ def run_killed_at(args: Sequence[str | os.PathLike[str]], point: str, nth: int =
 
 
 class Pauses:
-    """The handshake folder of ``CLIPSEARCH_PAUSE_AT`` (see :mod:`indexer.faults`)."""
+    """The handshake folder of ``CLIPSEARCH_PAUSE_AT`` (see :mod:`retrieval.faults`)."""
 
     def __init__(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)

@@ -2,7 +2,7 @@
 consistent, and a re-run must give the clean run's result.
 
 Every kill is reached by construction: ``CLIPSEARCH_CRASH_AT=point:n`` makes the process kill
-itself at its n-th arrival at a named point (see :data:`indexer.faults.POINTS`), or the test holds
+itself at its n-th arrival at a named point (see :data:`retrieval.faults.POINTS`), or the test holds
 a process at a point (``CLIPSEARCH_PAUSE_AT``) and acts while it is there, e.g. kills it from
 outside once the disk shows a given state. No sleep decides where a kill lands. Each case checks that the process really died by SIGKILL, and that the disk
 holds exactly the state of that point (how many files the manifest has committed, which
@@ -32,15 +32,15 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from faultctl import Cli, Pauses, run_killed_at, wait_until
-
 from conftest import run_cli
+from faultctl import Cli, Pauses, run_killed_at, wait_until
 from imagegen import photo_like, write_caption_pairs
-from indexer import build_index, train_state
-from indexer.faults import POINTS
-from indexer.finetune import FinetuneConfig, finetune
+
+from indexer import build_index
 from indexer.reindex import reindex
+from indexer.training import FinetuneConfig, finetune, train_state
 from retrieval import ImageIndex
+from retrieval.faults import POINTS
 from retrieval.layout import GENERATION_PREFIX, LOCK_FILE, STAGING_PREFIX, is_index_dir, read_manifest
 
 pytestmark = pytest.mark.slow
@@ -128,7 +128,7 @@ def _items_committed(point: str, nth: int) -> int:
 
 
 def _assert_index_state(out: Path, point: str, nth: int, pid: int) -> None:
-    """The disk holds exactly what dying at ``point:nth`` leaves (see indexer.faults.POINTS)."""
+    """The disk holds exactly what dying at ``point:nth`` leaves (see retrieval.faults.POINTS)."""
     # The lock still names the killed process: it died holding it (the kernel released it).
     assert _holder_pid(out) == pid
     items = _items_committed(point, nth)

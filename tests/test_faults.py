@@ -1,4 +1,4 @@
-"""indexer.faults: which arrival a spec selects, the pause handshake, mistakes caught early."""
+"""retrieval.faults: which arrival a spec selects, the pause handshake, mistakes caught early."""
 
 from __future__ import annotations
 
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from indexer import faults
-from indexer.faults import ENV, PAUSE_DIR_ENV, PAUSE_ENV, PAUSE_TIMEOUT_ENV, crash_point
+from retrieval import faults
+from retrieval.faults import ENV, PAUSE_DIR_ENV, PAUSE_ENV, PAUSE_TIMEOUT_ENV, crash_point
 
 
 @pytest.fixture(autouse=True)
@@ -36,7 +36,7 @@ def test_unknown_names_are_refused(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(ENV, "comit:1")
     with pytest.raises(ValueError, match="unknown fault point 'comit'"):
         crash_point("commit")
-    with pytest.raises(ValueError, match="add it to indexer.faults.POINTS"):
+    with pytest.raises(ValueError, match="add it to retrieval.faults.POINTS"):
         crash_point("not-a-point")
 
 

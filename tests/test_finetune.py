@@ -14,10 +14,10 @@ from clipsearch.cli import main as cli_main
 from conftest import run_cli
 from imagegen import photo_like, write_caption_pairs
 
-from indexer.augment import AugmentConfig
-from indexer.contrastive import PairBatch, forward_backward, positive_mask
-from indexer.finetune import FinetuneConfig, finetune, lr_factor
-from indexer.pairs import caption_groups, load_pairs
+from indexer.training.augment import AugmentConfig
+from indexer.training.contrastive import PairBatch, forward_backward, positive_mask
+from indexer.training.finetune import FinetuneConfig, finetune, lr_factor
+from indexer.training.pairs import caption_groups, load_pairs
 from retrieval.errors import FinetuneError, InvalidArgumentError, PairsFileError
 
 REPO = Path(__file__).resolve().parents[1]
@@ -306,7 +306,7 @@ def test_bad_numbers_are_one_line_errors(extra: list[str], needle: str, pairs_di
 
 
 def test_a_run_killed_in_its_first_checkpoint_can_start_again(tmp_path: Path) -> None:
-    from indexer import train_state
+    from indexer.training import train_state
 
     out = tmp_path / "out"
     (out / ".checkpoint.tmp" / "model").mkdir(parents=True)  # all that such a run leaves
@@ -357,8 +357,8 @@ def _one_line_error(code: int, capsys: pytest.CaptureFixture[str], *needles: str
 def test_demo_model_loads_with_its_documented_shape_and_ranks_train_captions() -> None:
     from transformers import CLIPConfig
 
-    from indexer.augment import validation_pixels
-    from indexer.validate import build_validation_set, retrieval_metrics
+    from indexer.training.augment import validation_pixels
+    from indexer.training.validate import build_validation_set, retrieval_metrics
     from retrieval.encoders import HFClipEncoder
 
     assert DEMO_MODEL.is_dir(), "data/models/demo-clip is missing"

@@ -1,6 +1,6 @@
-"""``clipsearch finetune``: the command-line face of :mod:`indexer.finetune`.
+"""``clipsearch finetune``: the command-line face of :mod:`indexer.training.finetune`.
 
-Numbers are parsed here and range-checked by :class:`~indexer.finetune.FinetuneConfig`, so a
+Numbers are parsed here and range-checked by :class:`~indexer.training.finetune.FinetuneConfig`, so a
 bad value (``--lr 0``, ``--epochs 0``) is a one-line error with exit status 1 like any other
 mistake. The progress table goes to stdout (to stderr with ``--json``, which keeps stdout for
 the one JSON object); skipped pairs are reported on stderr.
@@ -14,8 +14,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 # The choices are needed for --help; these modules import torch only inside functions.
-from indexer.contrastive import ACCUM_MODES, FREEZE_CHOICES
-from indexer.train_state import SAVE_DTYPES
+from indexer.training.contrastive import ACCUM_MODES, FREEZE_CHOICES
+from indexer.training.train_state import SAVE_DTYPES
 
 from ._common import PROG, add_device_arguments, print_json
 
@@ -38,8 +38,8 @@ def _crop_scale(text: str) -> tuple[float, float]:
 
 def run(args: argparse.Namespace) -> int:
     """Train (or resume) and save the model; print the outcome, or one JSON object with ``--json``."""
-    from indexer.augment import AugmentConfig
-    from indexer.finetune import FinetuneConfig, finetune
+    from indexer.training.augment import AugmentConfig
+    from indexer.training.finetune import FinetuneConfig, finetune
 
     config = FinetuneConfig(
         data=args.data,

@@ -48,7 +48,7 @@ POINTS: Mapping[str, str] = {
     "commit": "the manifest names the new generation; the previous generation is not yet removed",
     # indexer/commit.py, GenerationWriter.finish (index, reindex)
     "finish": "the final FAISS index built in memory, not written; the manifest is the last commit's",
-    # indexer/train_state.py, clipsearch finetune
+    # indexer/training/train_state.py, clipsearch finetune
     "checkpoint-staged": "a complete new checkpoint in .checkpoint.tmp/, checkpoint/ is the previous one (if any)",
     "checkpoint-swap": "the previous checkpoint moved to .checkpoint.old/, no checkpoint/, the new one in .checkpoint.tmp/",
     "checkpoint-saved": "the new checkpoint is checkpoint/, nothing else left",
@@ -68,7 +68,7 @@ def crash_point(point: str) -> None:
     if not crash and not pause:
         return
     if point not in POINTS:
-        raise ValueError(f"unknown fault point {point!r}; add it to indexer.faults.POINTS")
+        raise ValueError(f"unknown fault point {point!r}; add it to retrieval.faults.POINTS")
     with _counts_lock:
         _counts[point] = arrival = _counts.get(point, 0) + 1
     if crash and _selects(crash, point, arrival, every=False):

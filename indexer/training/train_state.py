@@ -42,9 +42,8 @@ from pathlib import Path
 from typing import Any
 
 from retrieval.errors import FinetuneError
+from retrieval.faults import crash_point
 from retrieval.layout import fsync_tree
-
-from .faults import crash_point
 
 CHECKPOINT_DIR = "checkpoint"
 MODEL_DIR = "model"

@@ -10,7 +10,7 @@ image that does not exist) does not stop a training run: it is recorded in
 :attr:`PairsFile.skipped` with its line number and reason, and the caller reports it. Only a
 file that is missing, unreadable or left with no usable pair is an error.
 
-This module reads text only; images are decoded later (:mod:`indexer.augment`), where a file
+This module reads text only; images are decoded later (:mod:`indexer.training.augment`), where a file
 that exists but cannot be decoded is skipped the same way.
 """
 

@@ -87,7 +87,7 @@ def build_validation_set(files: Sequence[Path], captions: Sequence[str], pixels:
     ids: dict[Path, int] = {}
     kept: list[torch.Tensor] = []
     by_caption: dict[str, list[int]] = {}
-    for file, caption, pix in zip(files, captions, pixels):
+    for file, caption, pix in zip(files, captions, pixels, strict=True):
         if file not in ids:
             ids[file] = len(ids)
             kept.append(pix)
