@@ -26,7 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-from .errors import InvalidArgumentError
+from ..checks import is_int, is_positive_int
+from ..errors import InvalidArgumentError
 
 # Above this many terms a harmonic-number difference is taken from its asymptotic expansion
 # (error < 1e-20) instead of being summed term by term.
@@ -45,7 +46,7 @@ def _ranks(first_ranks: ArrayLike, what: str = "first_ranks") -> np.ndarray:
 
 
 def _check_k(k: int) -> int:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+    if not is_positive_int(k):
         raise InvalidArgumentError(f"k must be an integer >= 1, got {k!r}")
     return int(k)
 
@@ -153,7 +154,7 @@ def ndcg_at_k(relevant_ranks: Sequence[ArrayLike], k: int = 10) -> float:
 
 def _check_counts(n_items: int, n_relevant: int) -> tuple[int, int]:
     for name, value in (("n_items", n_items), ("n_relevant", n_relevant)):
-        if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        if not is_int(value):
             raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
     if not 1 <= n_relevant <= n_items:
         raise InvalidArgumentError(f"need 1 <= n_relevant <= n_items, got n_relevant={n_relevant}, n_items={n_items}")
