@@ -19,7 +19,7 @@ certainly above or below it. The result equals sorting all canonical scores, wha
 differ from canonical ones in the last float32 bits, so two images whose scores differ by
 less than that may be listed in the other order there.
 
-Pure numpy: no index, encoder or file is touched here (``indexer.validate`` ranks in-memory
+Pure numpy: no index, encoder or file is touched here (fine-tuning validation ranks in-memory
 embeddings with it too).
 """
 
