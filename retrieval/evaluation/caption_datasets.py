@@ -17,7 +17,7 @@ import json
 import os
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 from ..errors import DatasetError, InvalidArgumentError
 from ..jsonl import CAPTION_KEYS, PATH_KEYS
@@ -49,7 +49,9 @@ def load_dataset(
         cap = KARPATHY_CAPTIONS_PER_IMAGE if max_captions == "default" else max_captions
         return load_karpathy(source, split or "test", image_prefix=image_prefix, max_captions=cap)  # type: ignore[arg-type]
     if suffix not in (".csv", ".tsv", ".jsonl", ".ndjson"):
-        raise DatasetError(source, f"unknown dataset format {suffix or '(no extension)'!r}; expected .json (Karpathy), .csv, .tsv or .jsonl")
+        raise DatasetError(
+            source, f"unknown dataset format {suffix or '(no extension)'!r}; expected .json (Karpathy), .csv, .tsv or .jsonl"
+        )
     if split is not None:
         raise DatasetError(source, "caption files have no splits; select images with a split file instead")
     cap = None if max_captions == "default" else max_captions
@@ -146,8 +148,7 @@ def write_queries(dataset: CaptionedSet, path: str | os.PathLike[str], *, merge_
         OSError: the file cannot be written.
     """
     queries = queries_of(dataset, merge_duplicates=merge_duplicates)
-    text = "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in queries)
-    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
+    _write_text(path, "".join(json.dumps(q, ensure_ascii=False) + "\n" for q in queries))
     return len(queries)
 
 
@@ -157,9 +158,15 @@ def write_image_list(dataset: CaptionedSet, path: str | os.PathLike[str]) -> int
     Returns:
         The number of paths written.
     """
-    text = "".join(p + "\n" for p in dataset.images)
-    atomic_write(path, lambda fh: fh.write(text.encode("utf-8")))
+    _write_text(path, "".join(p + "\n" for p in dataset.images))
     return len(dataset.images)
+
+
+def _write_text(path: str | os.PathLike[str], text: str) -> None:
+    def write(fh: IO[bytes]) -> None:
+        fh.write(text.encode("utf-8"))
+
+    atomic_write(path, write)
 
 
 __all__ = [

@@ -106,7 +106,8 @@ def load_karpathy(
     if not images:
         known = ", ".join(sorted(found_splits)) or "none"
         raise DatasetError(source, f"no image in split {'/'.join(splits)} (splits in the file: {known})")
-    name = data.get("dataset") if isinstance(data.get("dataset"), str) and data.get("dataset") else Path(source).stem
+    dataset = data.get("dataset")
+    name = dataset if isinstance(dataset, str) and dataset else Path(source).stem
     return CaptionedSet(name=name, split="+".join(splits), images=tuple(images), captions=tuple(captions), source=source)
 
 

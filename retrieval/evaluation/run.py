@@ -8,6 +8,7 @@ search ranks the top K instead), and measures where the relevant images land
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import time
@@ -144,7 +145,7 @@ def evaluate(
         EvaluationError: no query has any relevant image in the index.
         ModelMismatchError, ModelLoadError: from loading the index's query encoder.
     """
-    options = EvalOptions(ks=ks, ann=ann, batch_size=batch_size, chunk_rows=chunk_rows)
+    options = EvalOptions(ks=_check_ks(ks), ann=ann, batch_size=batch_size, chunk_rows=chunk_rows)
     queries = list(queries)
     if not queries:
         raise InvalidArgumentError("no queries to evaluate")
@@ -312,7 +313,7 @@ def _report(
         mean_rank=None if options.ann else metrics.mean_rank(first),
         median_rank=None if options.ann else metrics.median_rank(first),
         chance_mrr=chance(lambda r: metrics.expected_random_mrr(n_items, r, cutoff)),
-        chance_recall={k: chance(lambda r, k=k: metrics.expected_random_recall(n_items, r, k)) for k in options.ks},
+        chance_recall={k: chance(functools.partial(metrics.expected_random_recall, n_items, k=k)) for k in options.ks},
         chance_mean_rank=None if options.ann else chance(lambda r: metrics.expected_random_rank(n_items, r)),
         seconds=0.0,  # timed by the caller
         encode_seconds=0.0,
