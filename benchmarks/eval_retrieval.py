@@ -166,7 +166,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
             with its image in the index.
     """
     from indexer import build_index
-    from indexer.datasets import (
+    from retrieval import ImageIndex
+    from retrieval.encoders import load_encoder
+    from retrieval.evaluation import evaluate, load_queries  # imported late: optional for --help
+    from retrieval.evaluation.caption_datasets import (
         KARPATHY_CAPTIONS_PER_IMAGE,
         apply_split_file,
         load_captions_csv,
@@ -174,9 +177,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         load_karpathy,
         write_queries,
     )
-    from retrieval import ImageIndex
-    from retrieval.encoders import load_encoder
-    from retrieval.evaluate import evaluate, load_queries  # imported late: optional for --help
 
     if args.karpathy:
         cap = KARPATHY_CAPTIONS_PER_IMAGE if args.max_captions is None else (args.max_captions or None)

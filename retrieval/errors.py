@@ -7,6 +7,8 @@ where there is one, what to do about it.
 
 from __future__ import annotations
 
+import os
+
 
 class ClipSearchError(Exception):
     """Base class of every error clipsearch raises on purpose."""
@@ -90,6 +92,30 @@ class QueriesFileError(InvalidArgumentError):
 
 class EvaluationError(ClipSearchError):
     """An evaluation cannot produce numbers, e.g. no query has a relevant image in the index."""
+
+
+class DatasetError(ClipSearchError):
+    """A caption dataset file (Karpathy split, caption CSV/JSONL, split list) is missing,
+    unreadable or malformed.
+
+    Attributes:
+        source: the file (or a description of the input) the problem is in.
+        line: 1-based line number, for line-oriented files (CSV, JSONL, split lists, JSON syntax).
+        record: 0-based index of the offending entry of a Karpathy file's ``images`` list.
+        problem: what is wrong, without the location.
+    """
+
+    def __init__(self, source: str | os.PathLike[str], problem: str, *, line: int | None = None, record: int | None = None) -> None:
+        self.source = os.fspath(source)
+        self.problem = problem
+        self.line = line
+        self.record = record
+        where = self.source
+        if line is not None:
+            where += f":{line}"
+        if record is not None:
+            where += f": images[{record}]"
+        super().__init__(f"{where}: {problem}")
 
 
 class PairsFileError(InvalidArgumentError):

@@ -64,7 +64,7 @@ def _text_to_image_metrics(index_dir: Path, model: Path, queries: list[dict]) ->
 def test_eval_retrieval_karpathy_build_update_rebuild(
     tmp_path: Path, tiny_model: Path, other_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("retrieval.evaluate")
+    pytest.importorskip("retrieval.evaluation")
     karpathy, root = _coco_like(tmp_path)
     index_dir = tmp_path / "eval" / "coco.idx"
     base = ["--karpathy", str(karpathy), "--images", str(root), "--index-dir", str(index_dir), "--device", "cpu", "--workers", "0"]

@@ -1,4 +1,4 @@
-"""indexer.datasets: Karpathy / CSV / JSONL captions -> images to index and queries."""
+"""retrieval.evaluation.caption_datasets: Karpathy / CSV / JSONL captions -> images to index and queries."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ from pathlib import Path
 
 import pytest
 
-from indexer.datasets import (
+from retrieval.errors import ClipSearchError
+from retrieval.evaluation.caption_datasets import (
     CaptionedSet,
     DatasetError,
     apply_split_file,
@@ -21,7 +22,6 @@ from indexer.datasets import (
     write_image_list,
     write_queries,
 )
-from retrieval.errors import ClipSearchError
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -302,3 +302,30 @@ def test_normalize_image_path() -> None:
     for bad in ("", "/abs.jpg", "..", "../x.jpg", "a/../../x.jpg", "."):
         with pytest.raises(ValueError):
             normalize_image_path(bad)
+
+
+@pytest.mark.parametrize(
+    ("obj", "expected"),
+    [
+        ({"path": "a.png", "caption": " A dog. ", "category": "x"}, ("a.png", "A dog.")),
+        ({"image_path": "b/c.png", "text": "A cat."}, ("b/c.png", "A cat.")),
+        ([1, 2], "expected a JSON object, got list"),
+        ({"caption": "x"}, "no image path key"),
+        ({"path": None, "caption": "x"}, "image path must be a string"),
+        ({"path": "  ", "caption": "x"}, "image path must be a non-empty string"),
+        ({"path": "a.png"}, "no caption key"),
+        ({"path": "a.png", "caption": None}, 'empty caption for image \'a.png\' (empty or missing "caption")'),
+        ({"path": "a.png", "text": 3}, 'empty or missing "text"'),
+    ],
+)
+def test_one_parser_for_caption_lines(obj: object, expected: tuple[str, str] | str) -> None:
+    """Caption JSONL files and fine-tuning pairs files read their lines with the same function."""
+    from retrieval.errors import InvalidArgumentError
+    from retrieval.jsonl import parse_caption_line
+
+    if isinstance(expected, tuple):
+        assert parse_caption_line(obj) == expected
+    else:
+        with pytest.raises(InvalidArgumentError) as info:
+            parse_caption_line(obj)
+        assert expected in str(info.value)

@@ -17,7 +17,7 @@ from imagegen import Collection, photo_like
 from indexer import build_index
 from retrieval import ImageIndex
 from retrieval.errors import EvaluationError, InvalidArgumentError, QueriesFileError
-from retrieval.evaluate import (
+from retrieval.evaluation import (
     Query,
     canonical_scores,
     evaluate,
@@ -455,3 +455,16 @@ def test_cli_eval_errors_in_process(built_index: Path, tmp_path: Path, capsys, c
     captured = capsys.readouterr()
     assert code == 1 and captured.out == ""
     _one_line_error(captured.err, *needles)
+
+
+def test_readme_import_paths_re_export_the_evaluation_package() -> None:
+    """README documents ``retrieval.evaluate`` and ``retrieval.metrics``; the code lives in
+    ``retrieval.evaluation``: the old paths must hand out the very same objects."""
+    import retrieval.evaluate as documented
+    import retrieval.metrics as documented_metrics
+    from retrieval import evaluation
+
+    for name in documented.__all__:
+        assert getattr(documented, name) is getattr(evaluation, name), name
+    for name in documented_metrics.__all__:
+        assert getattr(documented_metrics, name) is getattr(evaluation.metrics, name), name

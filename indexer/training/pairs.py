@@ -23,8 +23,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrieval.errors import PairsFileError
-from retrieval.jsonl import read_lines
+from retrieval.errors import InvalidArgumentError, PairsFileError
+from retrieval.jsonl import parse_caption_line, read_lines
 
 # How many skipped lines a summary lists before "... and N more".
 DEFAULT_LISTED = 5
@@ -134,18 +134,14 @@ def _parse_line(raw: bytes, root: Path, line: int) -> Pair | SkippedLine:
         return SkippedLine(line, "not valid UTF-8")
     except json.JSONDecodeError as exc:
         return SkippedLine(line, f"not valid JSON ({exc.msg} at column {exc.colno})")
-    if not isinstance(obj, dict):
-        return SkippedLine(line, f"expected a JSON object, got {type(obj).__name__}")
-    rel = obj.get("path")
-    if not isinstance(rel, str) or not rel:
-        return SkippedLine(line, '"path" is missing or not a non-empty string')
-    caption = obj.get("caption")
-    if not isinstance(caption, str) or not caption.strip():
-        return SkippedLine(line, f'empty or missing "caption" for {rel}')
+    try:
+        rel, caption = parse_caption_line(obj)
+    except InvalidArgumentError as exc:
+        return SkippedLine(line, str(exc))
     file = Path(os.path.abspath(root / rel))
     if not file.is_file():
         return SkippedLine(line, f"image not found: {rel}")
-    return Pair(path=rel, file=file, caption=caption.strip(), line=line)
+    return Pair(path=rel, file=file, caption=caption, line=line)
 
 
 def caption_groups(captions: Sequence[str]) -> list[int]:
