@@ -10,7 +10,7 @@ from typing import TYPE_CHECKING
 from ._common import PROG, add_device_arguments, add_precision_argument, positive_int, print_json
 
 if TYPE_CHECKING:
-    from retrieval.evaluate import EvalReport
+    from retrieval.evaluation import EvalReport
 
     from ._common import Subparsers
 
@@ -20,7 +20,7 @@ _MAX_LISTED = 20
 
 def run(args: argparse.Namespace) -> int:
     """Evaluate the index on the queries file; print a metrics table, or one JSON object with ``--json``."""
-    from retrieval.evaluate import evaluate, load_queries, parse_ks
+    from retrieval.evaluation import evaluate, load_queries, parse_ks
     from retrieval.index import ImageIndex
 
     # Inputs are checked before the index and the model are loaded: mistakes fail fast.
