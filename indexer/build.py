@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval import store
-from retrieval.encoders import DEFAULT_MODEL, Encoder, check_precision, cpu, load_encoder
+from retrieval.encoders import DEFAULT_MODEL, Encoder, Precision, cpu, load_encoder, parse_precision
 from retrieval.errors import (
     IndexDirError,
     IndexFormatError,
@@ -134,7 +134,7 @@ class BuildConfig:
     rebuild: bool = False
     commit_every: int = 4096
     commit_seconds: float = 300.0
-    precision: str | None = None
+    precision: Precision | None = None
     threads: int | None = None
     index_type: str | None = None
     max_memory: int | None = None
@@ -148,7 +148,7 @@ class BuildConfig:
             target_recall=self.target_recall if self.target_recall is not None else DEFAULT_TARGET_RECALL,
         )
         if self.precision is not None:
-            check_precision(self.precision)
+            parse_precision(self.precision)
         if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
             raise InvalidArgumentError(f"threads must be an integer >= 1, got {self.threads!r}")
         if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1):

@@ -15,7 +15,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from retrieval.encoders import Encoder
-from retrieval.encoders.precision import CALIBRATION_IMAGES, check_precision, gate_results_from_info
+from retrieval.encoders.precision import (
+    CALIBRATION_IMAGES,
+    Precision,
+    gate_results_from_info,
+    parse_mode,
+    parse_precision,
+)
 from retrieval.errors import InvalidArgumentError
 
 from .dataset import ImageDataset, collate
@@ -25,14 +31,13 @@ from .discover import ImageFile
 _SAMPLE_TRIES = 4 * CALIBRATION_IMAGES
 
 
-def apply_precision(enc: Encoder, precision: str) -> None:
+def apply_precision(enc: Encoder, precision: Precision) -> None:
     """Set the image precision of an already-loaded encoder (``build_index(encoder=...)``).
 
     Raises:
-        InvalidArgumentError: unknown mode, a mode the device cannot run, or an encoder without
-            precision support asked for anything but fp32.
+        InvalidArgumentError: a mode the device cannot run, or an encoder without precision
+            support asked for anything but fp32.
     """
-    check_precision(precision)
     tower = getattr(enc, "image_precision", None)
     if tower is None:
         if precision != "fp32":
@@ -66,7 +71,7 @@ def resolve(
     prev = previous_info or {}
     if keep_recorded and previous_info is not None:
         try:
-            tower.request(str(prev.get("precision_requested") or prev.get("precision") or "fp32"))
+            tower.request(parse_precision(str(prev.get("precision_requested") or prev.get("precision") or "fp32")))
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: the default (auto) decides
     if tower.mode is not None or not files:
@@ -75,7 +80,7 @@ def resolve(
     if prev.get("precision_requested") == "auto" and recorded not in (None, "auto"):
         gate = (prev.get("precision_gate") or {}).get("gate")
         try:
-            tower.set(str(recorded), gate_results_from_info(gate))
+            tower.set(parse_mode(str(recorded)), gate_results_from_info(gate))
             return
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: calibrate anew

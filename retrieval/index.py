@@ -15,9 +15,9 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import faiss_index, store
-from .encoders import Encoder, check_precision, load_encoder
+from .encoders import Encoder, load_encoder
 from .encoders.numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
-from .encoders.precision import PRECISIONS
+from .encoders.precision import Precision, parse_mode, parse_precision
 from .errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
 from .filters import Filter
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
@@ -78,7 +78,7 @@ class ImageIndex:
         device: str = "auto",
         encoder: Encoder | None = None,
         encoder_factory: EncoderFactory | None = None,
-        precision: str = "fp32",
+        precision: Precision = "fp32",
         fast_text: bool = False,
     ) -> None:
         self.directory = directory
@@ -134,14 +134,14 @@ class ImageIndex:
             IndexFormatError: the manifest is invalid.
         """
         path = Path(directory)
-        check_precision(precision)
+        requested = parse_precision(precision)
         for attempt in range(1, _OPEN_ATTEMPTS + 1):
             manifest = read_manifest(path)
             try:
                 # Opening stays O(files): sizes and footers here, whole-file digests in `verify`;
                 # pages are checked against their CRC whenever they are read.
                 store.check_files(path, manifest)
-                return cls._open_generation(path, manifest, mmap, model=model, device=device, encoder=encoder, precision=precision)
+                return cls._open_generation(path, manifest, mmap, model=model, device=device, encoder=encoder, precision=requested)
             except Exception:
                 # A writer may have published a new generation and removed this one between our
                 # reading the manifest and opening its files: then open the one it names now.
@@ -152,7 +152,7 @@ class ImageIndex:
 
     @classmethod
     def _open_generation(
-        cls, path: Path, manifest: Manifest, mmap: bool | None, *, model: str | None, device: str, encoder: Encoder | None, precision: str
+        cls, path: Path, manifest: Manifest, mmap: bool | None, *, model: str | None, device: str, encoder: Encoder | None, precision: Precision
     ) -> ImageIndex:
         # The Parquet files stay open: if a later generation replaces this one, this reader
         # keeps answering from the files it opened.
@@ -256,11 +256,14 @@ class ImageIndex:
         # Image queries are embedded in the mode the index's images were, so an indexed image
         # finds itself with score 1.0; fp32 where this device cannot run that mode.
         tower = getattr(encoder, "image_precision", None)
-        mode = self.manifest.model_info.get("precision", "fp32")
-        if tower is None or mode not in PRECISIONS or mode == "auto":
+        if tower is None:
             return
         try:
-            tower.set(str(mode))
+            mode = parse_mode(self.manifest.model_info.get("precision", "fp32"))
+        except InvalidArgumentError:
+            return  # auto, or a mode this code does not know: leave the encoder's own
+        try:
+            tower.set(mode)
         except InvalidArgumentError:
             tower.set("fp32")
 
