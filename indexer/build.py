@@ -438,7 +438,7 @@ def _run(
         dim=enc.dim,
         preprocess={**enc.preprocess.to_dict(), "jpeg_draft": cfg.draft},
         source_root=str(photos.resolve()),
-        model_info=dict(getattr(enc, "info", {})),
+        model_info=dict(enc.info),
         index_options=options.to_dict(),
     )
     writer = GenerationWriter(out, meta, previous)
@@ -499,10 +499,10 @@ def _run(
         write_seconds=round(stats["write"], 3),
         workers=stats["workers"],
         batch_size=stats["batch_size"],
-        device=str(getattr(enc, "device", "cpu")),
+        device=str(enc.device),
         threads=stats["threads"],
         precision=str(writer.meta.model_info.get("precision", "fp32")),
-        cpu_level=cpu.cpu_level() if str(getattr(enc, "device", "cpu")).startswith("cpu") else "",
+        cpu_level=cpu.cpu_level() if enc.device.type == "cpu" else "",
     )
 
 
@@ -513,7 +513,7 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
 
     import torch
 
-    device_type = getattr(getattr(enc, "device", None), "type", "cpu")
+    device_type = enc.device.type
     stats: dict[str, Any] = dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0, threads=0,
                                  batch_size=cfg.batch_size or default_batch_size(device_type))
     files = plan.to_embed

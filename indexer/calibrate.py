@@ -35,16 +35,10 @@ def apply_precision(enc: Encoder, precision: Precision) -> None:
     """Set the image precision of an already-loaded encoder (``build_index(encoder=...)``).
 
     Raises:
-        InvalidArgumentError: a mode the device cannot run, or an encoder without precision
-            support asked for anything but fp32.
+        InvalidArgumentError: a mode the device cannot run.
     """
-    tower = getattr(enc, "image_precision", None)
-    if tower is None:
-        if precision != "fp32":
-            raise InvalidArgumentError(f"this encoder ({type(enc).__name__}) runs in fp32 only, not {precision}")
-        return
-    if precision != tower.requested:
-        tower.request(precision)
+    if precision != enc.image_precision.requested:
+        enc.image_precision.request(precision)
 
 
 def resolve(
@@ -65,9 +59,7 @@ def resolve(
     decodable images of ``files`` (up to 16) calibrate it. With nothing to embed it stays
     unresolved.
     """
-    tower = getattr(enc, "image_precision", None)
-    if tower is None:
-        return
+    tower = enc.image_precision
     prev = previous_info or {}
     if keep_recorded and previous_info is not None:
         try:
@@ -92,13 +84,15 @@ def resolve(
             good.append(item)
             if len(good) == CALIBRATION_IMAGES:
                 break
-    if good:
-        enc.calibrate_images(collate(good).pixels)  # type: ignore[attr-defined]
+    # Every item of ``good`` holds pixels, so they stack whenever there is one.
+    pixels = collate(good).pixels if good else None
+    if pixels is not None:
+        enc.calibrate_images(pixels)
 
 
 def model_info(enc: Encoder, previous_info: Mapping[str, Any] | None, embedded: bool) -> dict[str, Any]:
     """``enc.info`` plus ``precisions``: the modes of this run and of the runs before it."""
-    info = dict(getattr(enc, "info", {}))
+    info = dict(enc.info)
     mode = info.get("precision")
     if mode is None:
         return info

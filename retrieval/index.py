@@ -15,7 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import faiss_index, store
-from .encoders import Encoder, load_encoder
+from .encoders import Encoder, TextEncoder, load_encoder
 from .encoders.numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
 from .encoders.precision import Precision, parse_mode, parse_precision
 from .errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
@@ -93,7 +93,7 @@ class ImageIndex:
         self._encoder_checked = False
         self._precision = precision
         self._fast_text = fast_text and encoder is None
-        self._text_encoder: Encoder | NumpyTextEncoder | None = None
+        self._text_encoder: TextEncoder | None = None
         self._paths: list[str] | None = None
         fix = store.rebuild_hint(directory, manifest)
         self._path_tables = [store.open_paths(directory, ref, fix) for ref in manifest.parts]
@@ -226,7 +226,7 @@ class ImageIndex:
         return planned
 
     @property
-    def text_encoder(self) -> Encoder | NumpyTextEncoder:
+    def text_encoder(self) -> TextEncoder:
         """The encoder text queries run on: the numpy text tower where it applies, else :attr:`encoder`.
 
         Raises:
@@ -237,7 +237,7 @@ class ImageIndex:
             self._text_encoder = self._load_text_encoder()
         return self._text_encoder
 
-    def _load_text_encoder(self) -> Encoder | NumpyTextEncoder:
+    def _load_text_encoder(self) -> TextEncoder:
         # Decided by the settings alone, not by whether an image query loaded torch first: a
         # long-lived index answers a text the same way whatever came before it.
         if not self._fast_text:
@@ -255,19 +255,16 @@ class ImageIndex:
     def _match_image_precision(self, encoder: Encoder) -> None:
         # Image queries are embedded in the mode the index's images were, so an indexed image
         # finds itself with score 1.0; fp32 where this device cannot run that mode.
-        tower = getattr(encoder, "image_precision", None)
-        if tower is None:
-            return
         try:
             mode = parse_mode(self.manifest.model_info.get("precision", "fp32"))
         except InvalidArgumentError:
             return  # auto, or a mode this code does not know: leave the encoder's own
         try:
-            tower.set(mode)
+            encoder.image_precision.set(mode)
         except InvalidArgumentError:
-            tower.set("fp32")
+            encoder.image_precision.set("fp32")
 
-    def _check_encoder(self, encoder: Encoder | NumpyTextEncoder) -> None:
+    def _check_encoder(self, encoder: TextEncoder) -> None:
         built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"
         if encoder.dim != self.manifest.dim:
             raise ModelMismatchError(

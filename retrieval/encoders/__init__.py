@@ -16,7 +16,7 @@ numpy, without torch: what a text search uses where the checkpoint allows it (se
 
 from __future__ import annotations
 
-from .base import Encoder, file_sha256, hub_reachable, l2_normalize, resolve_device
+from .base import Encoder, TextEncoder, file_sha256, hub_reachable, l2_normalize, resolve_device
 from .hf import (
     DEFAULT_MODEL,
     HFClipEncoder,
@@ -63,6 +63,7 @@ __all__ = [
     "OpenClipEncoder",
     "PRECISIONS",
     "Precision",
+    "TextEncoder",
     "checkpoint_fingerprint",
     "file_sha256",
     "hub_reachable",
