@@ -16,6 +16,9 @@ Modes (``--precision``):
 The gate (:func:`gate`): per-vector cosine to the fp32 vectors (mean >= 0.999, min >= 0.99) and
 the overlap of the top-10 neighbours of each sample vector among the others (>= 0.9), fp32
 ranking against the candidate's.
+
+Imports go one way: this module uses :mod:`.int8` (inside the functions that need it, since
+``int8`` imports torch and this module must not), and ``int8`` never imports this one.
 """
 
 from __future__ import annotations
@@ -206,13 +209,6 @@ def choose(
     return "fp32", results
 
 
-def quantize_int8(module: Any) -> Any:
-    """A CPU copy of ``module`` in per-row int8 (:mod:`retrieval.encoders.int8`)."""
-    from .int8 import quantize_int8 as per_row
-
-    return per_row(module)
-
-
 @contextlib.contextmanager
 def autocast(mode: Mode, device: torch.device) -> Iterator[None]:
     """``torch.autocast`` for bf16/fp16, nothing for fp32 and int8."""
@@ -266,6 +262,8 @@ class TowerPrecision:
         if mode != "int8":
             return fp32_module
         if "int8" not in self.variants:
+            from .int8 import quantize_int8
+
             self.variants["int8"] = quantize_int8(fp32_module)
         return self.variants["int8"]
 
