@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from retrieval import store
+from retrieval.checks import is_positive_int
 from retrieval.encoders import DEFAULT_MODEL, Encoder, Precision, cpu, load_encoder, parse_precision
 from retrieval.errors import (
     IndexDirError,
@@ -149,15 +150,15 @@ class BuildConfig:
         )
         if self.precision is not None:
             parse_precision(self.precision)
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
+        if self.threads is not None and not is_positive_int(self.threads):
             raise InvalidArgumentError(f"threads must be an integer >= 1, got {self.threads!r}")
-        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1):
+        if self.batch_size is not None and not is_positive_int(self.batch_size):
             raise InvalidArgumentError(f"batch size must be an integer >= 1, got {self.batch_size!r}")
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise InvalidArgumentError(f"workers must be an integer >= 0, got {self.workers!r}")
         if self.max_pixels < 1:
             raise InvalidArgumentError(f"max_pixels must be >= 1, got {self.max_pixels}")
-        if isinstance(self.commit_every, bool) or not isinstance(self.commit_every, int) or self.commit_every < 1:
+        if not is_positive_int(self.commit_every):
             raise InvalidArgumentError(f"commit_every must be an integer >= 1, got {self.commit_every!r}")
         if self.commit_seconds <= 0:
             raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")

@@ -15,6 +15,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import faiss_index, store
+from .checks import is_positive_int
 from .encoders import Encoder, TextEncoder, load_encoder
 from .encoders.numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
 from .encoders.precision import Precision, parse_mode, parse_precision
@@ -460,7 +461,7 @@ class ImageIndex:
 
 
 def _check_k(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+    if not is_positive_int(k):
         raise InvalidArgumentError(f"k must be an integer >= 1, got {k!r}")
 
 
