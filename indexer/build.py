@@ -544,7 +544,7 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
         # The next batches are received, decoded and resized in a helper thread while this
         # one runs the model and writes (see indexer/ahead.py).
         def finish(batch: Batch) -> Batch:
-            return finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)  # type: ignore[attr-defined]
+            return finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)
 
         batches = Ahead(loader, finish, depth=2, name="clipsearch-device-decode")
     since_commit, last_commit = 0, time.monotonic()

@@ -153,7 +153,15 @@ class ImageIndex:
 
     @classmethod
     def _open_generation(
-        cls, path: Path, manifest: Manifest, mmap: bool | None, *, model: str | None, device: str, encoder: Encoder | None, precision: Precision
+        cls,
+        path: Path,
+        manifest: Manifest,
+        mmap: bool | None,
+        *,
+        model: str | None,
+        device: str,
+        encoder: Encoder | None,
+        precision: Precision,
     ) -> ImageIndex:
         # The Parquet files stay open: if a later generation replaces this one, this reader
         # keeps answering from the files it opened.
