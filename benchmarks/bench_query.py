@@ -353,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
         "k": args.k,
         "queries": args.queries,
         "warmup": args.warmup,
-        "device": str(getattr(encoder, "device", args.device)),
+        "device": str(encoder.device),
         "synthetic": {"clusters": spec.clusters, "noise": spec.noise, "seed": spec.seed},
         "commit_every": args.commit_every,
         "model_create_seconds": round(model_s, 3),

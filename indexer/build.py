@@ -24,7 +24,8 @@ from pathlib import Path
 from typing import Any
 
 from retrieval import store
-from retrieval.encoders import DEFAULT_MODEL, Encoder, check_precision, cpu, load_encoder
+from retrieval.checks import is_positive_int
+from retrieval.encoders import DEFAULT_MODEL, Encoder, Precision, cpu, load_encoder, parse_precision
 from retrieval.errors import (
     IndexDirError,
     IndexFormatError,
@@ -134,7 +135,7 @@ class BuildConfig:
     rebuild: bool = False
     commit_every: int = 4096
     commit_seconds: float = 300.0
-    precision: str | None = None
+    precision: Precision | None = None
     threads: int | None = None
     index_type: str | None = None
     max_memory: int | None = None
@@ -148,16 +149,16 @@ class BuildConfig:
             target_recall=self.target_recall if self.target_recall is not None else DEFAULT_TARGET_RECALL,
         )
         if self.precision is not None:
-            check_precision(self.precision)
-        if self.threads is not None and (isinstance(self.threads, bool) or not isinstance(self.threads, int) or self.threads < 1):
+            parse_precision(self.precision)
+        if self.threads is not None and not is_positive_int(self.threads):
             raise InvalidArgumentError(f"threads must be an integer >= 1, got {self.threads!r}")
-        if self.batch_size is not None and (isinstance(self.batch_size, bool) or not isinstance(self.batch_size, int) or self.batch_size < 1):
+        if self.batch_size is not None and not is_positive_int(self.batch_size):
             raise InvalidArgumentError(f"batch size must be an integer >= 1, got {self.batch_size!r}")
         if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
             raise InvalidArgumentError(f"workers must be an integer >= 0, got {self.workers!r}")
         if self.max_pixels < 1:
             raise InvalidArgumentError(f"max_pixels must be >= 1, got {self.max_pixels}")
-        if isinstance(self.commit_every, bool) or not isinstance(self.commit_every, int) or self.commit_every < 1:
+        if not is_positive_int(self.commit_every):
             raise InvalidArgumentError(f"commit_every must be an integer >= 1, got {self.commit_every!r}")
         if self.commit_seconds <= 0:
             raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")
@@ -438,7 +439,7 @@ def _run(
         dim=enc.dim,
         preprocess={**enc.preprocess.to_dict(), "jpeg_draft": cfg.draft},
         source_root=str(photos.resolve()),
-        model_info=dict(getattr(enc, "info", {})),
+        model_info=dict(enc.info),
         index_options=options.to_dict(),
     )
     writer = GenerationWriter(out, meta, previous)
@@ -499,10 +500,10 @@ def _run(
         write_seconds=round(stats["write"], 3),
         workers=stats["workers"],
         batch_size=stats["batch_size"],
-        device=str(getattr(enc, "device", "cpu")),
+        device=str(enc.device),
         threads=stats["threads"],
         precision=str(writer.meta.model_info.get("precision", "fp32")),
-        cpu_level=cpu.cpu_level() if str(getattr(enc, "device", "cpu")).startswith("cpu") else "",
+        cpu_level=cpu.cpu_level() if enc.device.type == "cpu" else "",
     )
 
 
@@ -513,7 +514,7 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
 
     import torch
 
-    device_type = getattr(getattr(enc, "device", None), "type", "cpu")
+    device_type = enc.device.type
     stats: dict[str, Any] = dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0, threads=0,
                                  batch_size=cfg.batch_size or default_batch_size(device_type))
     files = plan.to_embed
@@ -543,7 +544,7 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
         # The next batches are received, decoded and resized in a helper thread while this
         # one runs the model and writes (see indexer/ahead.py).
         def finish(batch: Batch) -> Batch:
-            return finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)  # type: ignore[attr-defined]
+            return finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)
 
         batches = Ahead(loader, finish, depth=2, name="clipsearch-device-decode")
     since_commit, last_commit = 0, time.monotonic()

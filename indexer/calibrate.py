@@ -15,7 +15,13 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from retrieval.encoders import Encoder
-from retrieval.encoders.precision import CALIBRATION_IMAGES, check_precision, gate_results_from_info
+from retrieval.encoders.precision import (
+    CALIBRATION_IMAGES,
+    Precision,
+    gate_results_from_info,
+    parse_mode,
+    parse_precision,
+)
 from retrieval.errors import InvalidArgumentError
 
 from .dataset import ImageDataset, collate
@@ -25,21 +31,14 @@ from .discover import ImageFile
 _SAMPLE_TRIES = 4 * CALIBRATION_IMAGES
 
 
-def apply_precision(enc: Encoder, precision: str) -> None:
+def apply_precision(enc: Encoder, precision: Precision) -> None:
     """Set the image precision of an already-loaded encoder (``build_index(encoder=...)``).
 
     Raises:
-        InvalidArgumentError: unknown mode, a mode the device cannot run, or an encoder without
-            precision support asked for anything but fp32.
+        InvalidArgumentError: a mode the device cannot run.
     """
-    check_precision(precision)
-    tower = getattr(enc, "image_precision", None)
-    if tower is None:
-        if precision != "fp32":
-            raise InvalidArgumentError(f"this encoder ({type(enc).__name__}) runs in fp32 only, not {precision}")
-        return
-    if precision != tower.requested:
-        tower.request(precision)
+    if precision != enc.image_precision.requested:
+        enc.image_precision.request(precision)
 
 
 def resolve(
@@ -60,13 +59,11 @@ def resolve(
     decodable images of ``files`` (up to 16) calibrate it. With nothing to embed it stays
     unresolved.
     """
-    tower = getattr(enc, "image_precision", None)
-    if tower is None:
-        return
+    tower = enc.image_precision
     prev = previous_info or {}
     if keep_recorded and previous_info is not None:
         try:
-            tower.request(str(prev.get("precision_requested") or prev.get("precision") or "fp32"))
+            tower.request(parse_precision(str(prev.get("precision_requested") or prev.get("precision") or "fp32")))
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: the default (auto) decides
     if tower.mode is not None or not files:
@@ -75,7 +72,7 @@ def resolve(
     if prev.get("precision_requested") == "auto" and recorded not in (None, "auto"):
         gate = (prev.get("precision_gate") or {}).get("gate")
         try:
-            tower.set(str(recorded), gate_results_from_info(gate))
+            tower.set(parse_mode(str(recorded)), gate_results_from_info(gate))
             return
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: calibrate anew
@@ -87,13 +84,15 @@ def resolve(
             good.append(item)
             if len(good) == CALIBRATION_IMAGES:
                 break
-    if good:
-        enc.calibrate_images(collate(good).pixels)  # type: ignore[attr-defined]
+    # Every item of ``good`` holds pixels, so they stack whenever there is one.
+    pixels = collate(good).pixels if good else None
+    if pixels is not None:
+        enc.calibrate_images(pixels)
 
 
 def model_info(enc: Encoder, previous_info: Mapping[str, Any] | None, embedded: bool) -> dict[str, Any]:
     """``enc.info`` plus ``precisions``: the modes of this run and of the runs before it."""
-    info = dict(getattr(enc, "info", {}))
+    info = dict(enc.info)
     mode = info.get("precision")
     if mode is None:
         return info

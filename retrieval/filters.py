@@ -18,6 +18,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
+from .checks import is_int
 from .errors import InvalidArgumentError
 
 ColumnReader = Callable[[str], pa.ChunkedArray]
@@ -54,7 +55,7 @@ class Filter:
             raise InvalidArgumentError("path glob must be a non-empty string")
         for name in ("min_width", "max_width", "min_height", "max_height", "modified_after", "modified_before"):
             value = getattr(self, name)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, np.integer))):
+            if value is not None and not is_int(value):
                 raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
             if value is not None and name.endswith(("width", "height")) and value < 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {value}")

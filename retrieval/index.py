@@ -15,9 +15,10 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from . import faiss_index, store
-from .encoders import Encoder, check_precision, load_encoder
+from .checks import is_positive_int
+from .encoders import Encoder, TextEncoder, load_encoder
 from .encoders.numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
-from .encoders.precision import PRECISIONS
+from .encoders.precision import Precision, parse_mode, parse_precision
 from .errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
 from .filters import Filter
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
@@ -78,7 +79,7 @@ class ImageIndex:
         device: str = "auto",
         encoder: Encoder | None = None,
         encoder_factory: EncoderFactory | None = None,
-        precision: str = "fp32",
+        precision: Precision = "fp32",
         fast_text: bool = False,
     ) -> None:
         self.directory = directory
@@ -93,7 +94,7 @@ class ImageIndex:
         self._encoder_checked = False
         self._precision = precision
         self._fast_text = fast_text and encoder is None
-        self._text_encoder: Encoder | NumpyTextEncoder | None = None
+        self._text_encoder: TextEncoder | None = None
         self._paths: list[str] | None = None
         fix = store.rebuild_hint(directory, manifest)
         self._path_tables = [store.open_paths(directory, ref, fix) for ref in manifest.parts]
@@ -134,14 +135,14 @@ class ImageIndex:
             IndexFormatError: the manifest is invalid.
         """
         path = Path(directory)
-        check_precision(precision)
+        requested = parse_precision(precision)
         for attempt in range(1, _OPEN_ATTEMPTS + 1):
             manifest = read_manifest(path)
             try:
                 # Opening stays O(files): sizes and footers here, whole-file digests in `verify`;
                 # pages are checked against their CRC whenever they are read.
                 store.check_files(path, manifest)
-                return cls._open_generation(path, manifest, mmap, model=model, device=device, encoder=encoder, precision=precision)
+                return cls._open_generation(path, manifest, mmap, model=model, device=device, encoder=encoder, precision=requested)
             except Exception:
                 # A writer may have published a new generation and removed this one between our
                 # reading the manifest and opening its files: then open the one it names now.
@@ -152,7 +153,15 @@ class ImageIndex:
 
     @classmethod
     def _open_generation(
-        cls, path: Path, manifest: Manifest, mmap: bool | None, *, model: str | None, device: str, encoder: Encoder | None, precision: str
+        cls,
+        path: Path,
+        manifest: Manifest,
+        mmap: bool | None,
+        *,
+        model: str | None,
+        device: str,
+        encoder: Encoder | None,
+        precision: Precision,
     ) -> ImageIndex:
         # The Parquet files stay open: if a later generation replaces this one, this reader
         # keeps answering from the files it opened.
@@ -226,7 +235,7 @@ class ImageIndex:
         return planned
 
     @property
-    def text_encoder(self) -> Encoder | NumpyTextEncoder:
+    def text_encoder(self) -> TextEncoder:
         """The encoder text queries run on: the numpy text tower where it applies, else :attr:`encoder`.
 
         Raises:
@@ -237,7 +246,7 @@ class ImageIndex:
             self._text_encoder = self._load_text_encoder()
         return self._text_encoder
 
-    def _load_text_encoder(self) -> Encoder | NumpyTextEncoder:
+    def _load_text_encoder(self) -> TextEncoder:
         # Decided by the settings alone, not by whether an image query loaded torch first: a
         # long-lived index answers a text the same way whatever came before it.
         if not self._fast_text:
@@ -255,16 +264,16 @@ class ImageIndex:
     def _match_image_precision(self, encoder: Encoder) -> None:
         # Image queries are embedded in the mode the index's images were, so an indexed image
         # finds itself with score 1.0; fp32 where this device cannot run that mode.
-        tower = getattr(encoder, "image_precision", None)
-        mode = self.manifest.model_info.get("precision", "fp32")
-        if tower is None or mode not in PRECISIONS or mode == "auto":
-            return
         try:
-            tower.set(str(mode))
+            mode = parse_mode(self.manifest.model_info.get("precision", "fp32"))
         except InvalidArgumentError:
-            tower.set("fp32")
+            return  # auto, or a mode this code does not know: leave the encoder's own
+        try:
+            encoder.image_precision.set(mode)
+        except InvalidArgumentError:
+            encoder.image_precision.set("fp32")
 
-    def _check_encoder(self, encoder: Encoder | NumpyTextEncoder) -> None:
+    def _check_encoder(self, encoder: TextEncoder) -> None:
         built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"
         if encoder.dim != self.manifest.dim:
             raise ModelMismatchError(
@@ -460,7 +469,7 @@ class ImageIndex:
 
 
 def _check_k(k: int) -> None:
-    if isinstance(k, bool) or not isinstance(k, (int, np.integer)) or k < 1:
+    if not is_positive_int(k):
         raise InvalidArgumentError(f"k must be an integer >= 1, got {k!r}")
 
 

@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from .checks import is_int, is_positive_int
 from .errors import InvalidArgumentError
 
 FLAT_MAX_ROWS = 50_000
@@ -48,8 +49,8 @@ def parse_memory(text: str | int) -> int:
     Raises:
         InvalidArgumentError: not a size, or zero.
     """
-    if isinstance(text, int) and not isinstance(text, bool):
-        value = text
+    if is_int(text):
+        value = int(text)  # a NumPy integer too, as a plain int for the manifest's JSON
     else:
         match = _MEMORY_RE.match(str(text))
         if not match:
@@ -89,7 +90,7 @@ class IndexOptions:
     def __post_init__(self) -> None:
         if not isinstance(self.index_type, str) or not self.index_type.strip():
             raise InvalidArgumentError("index type must be a non-empty string")
-        if isinstance(self.max_memory, bool) or not isinstance(self.max_memory, int) or self.max_memory < 1:
+        if not is_positive_int(self.max_memory):
             raise InvalidArgumentError(f"max_memory must be a positive number of bytes, got {self.max_memory!r}")
         if not isinstance(self.target_recall, (int, float)) or not 0.0 < float(self.target_recall) <= 1.0:
             raise InvalidArgumentError(f"target recall must be in (0, 1], got {self.target_recall!r}")

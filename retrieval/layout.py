@@ -53,6 +53,7 @@ from typing import IO, Any
 
 import pyarrow as pa
 
+from .checks import is_int, is_positive_int
 from .errors import IndexCorruptError, IndexFormatError, NotAnIndexError, UnsupportedFormatError
 
 FORMAT_VERSION = 2
@@ -192,7 +193,7 @@ class FileChecksum:
             raise ValueError(f"unknown checksum algorithm {self.algorithm!r}")
         if not isinstance(self.digest, str) or len(self.digest) != 64 or any(c not in "0123456789abcdef" for c in self.digest):
             raise ValueError(f"bad {self.algorithm} digest {self.digest!r}")
-        if isinstance(self.size, bool) or not isinstance(self.size, int) or self.size < 0:
+        if not is_int(self.size) or self.size < 0:
             raise ValueError(f"bad file size {self.size!r}")
 
 
@@ -314,7 +315,7 @@ class Manifest:
             if not isinstance(getattr(self, name), Mapping):
                 raise ValueError(f"{name} must be a mapping, got {type(getattr(self, name)).__name__}")
         for key, value in self.search_params.items():
-            if key not in ("nprobe", "efSearch") or isinstance(value, bool) or not isinstance(value, int) or value < 1:
+            if key not in ("nprobe", "efSearch") or not is_positive_int(value):
                 raise ValueError(f"unknown search parameter {key}={value!r}")
         _check_relative(self.skipped_file, "skipped_file")
         next_id = 0

@@ -46,6 +46,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from .checks import is_int, is_positive_int
 from .encoders.base import quiet_transformers
 from .errors import InvalidArgumentError
 
@@ -100,8 +101,8 @@ class RandomClipSpec:
     def __post_init__(self) -> None:
         for f in fields(self):
             value = getattr(self, f.name)
-            # bool is an int subclass; True as a layer count is a bug, not a shape.
-            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            # True as a layer count is a bug, not a shape (is_positive_int refuses bools).
+            if not is_positive_int(value):
                 raise InvalidArgumentError(f"RandomClipSpec.{f.name} must be a positive int, got {value!r}")
         if self.vision_hidden % self.vision_heads:
             raise InvalidArgumentError(
@@ -230,7 +231,7 @@ def build_clip_tokenizer(max_length: int = 77) -> CLIPTokenizer:
         InvalidArgumentError: (a ``ValueError``) if ``max_length`` is not an int >= 2.
         FileNotFoundError: if open_clip (which ships the BPE file) is not installed.
     """
-    if not isinstance(max_length, int) or isinstance(max_length, bool) or max_length < 2:
+    if not is_positive_int(max_length, minimum=2):
         raise InvalidArgumentError(f"max_length must be an int >= 2, got {max_length!r}")
     from transformers import CLIPTokenizer
 
@@ -338,7 +339,7 @@ def make_random_clip(
         OSError: if ``out_dir`` cannot be created or written.
     """
     spec = _resolve_spec(preset)
-    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**63:
+    if not is_int(seed) or not 0 <= seed < 2**63:
         raise InvalidArgumentError(f"seed must be an int in [0, 2**63), got {seed!r}")
     if processor_layout not in PROCESSOR_LAYOUTS:
         raise InvalidArgumentError(f"processor_layout must be one of {PROCESSOR_LAYOUTS}, got {processor_layout!r}")

@@ -33,6 +33,18 @@ def pixels(tiny_model: Path, photos: Path) -> torch.Tensor:
     return torch.stack([load_pixels(p, cfg)[0] for p in sorted(photos.iterdir())])
 
 
+def test_parse_precision_and_mode() -> None:
+    assert P.PRECISIONS == ("fp32", "bf16", "fp16", "int8", "auto") and P.MODES == P.PRECISIONS[:-1]
+    for mode in P.PRECISIONS:
+        assert P.parse_precision(mode) == mode
+    for bad in ("fp64", "", "INT8", None, 16, b"fp32"):
+        with pytest.raises(InvalidArgumentError, match="unknown precision"):
+            P.parse_precision(bad)
+    assert P.parse_mode("int8") == "int8"
+    with pytest.raises(InvalidArgumentError, match="not auto"):
+        P.parse_mode("auto")
+
+
 def test_unknown_precision_is_refused(tiny_model: Path) -> None:
     for bad in ("fp64", "", "INT8"):
         with pytest.raises(InvalidArgumentError, match="unknown precision"):

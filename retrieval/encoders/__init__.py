@@ -16,7 +16,7 @@ numpy, without torch: what a text search uses where the checkpoint allows it (se
 
 from __future__ import annotations
 
-from .base import Encoder, file_sha256, hub_reachable, l2_normalize, resolve_device
+from .base import Encoder, TextEncoder, file_sha256, hub_reachable, l2_normalize, resolve_device
 from .hf import (
     DEFAULT_MODEL,
     HFClipEncoder,
@@ -26,7 +26,7 @@ from .hf import (
     resolve_checkpoint,
 )
 from .openclip import OpenClipEncoder, is_open_clip_name
-from .precision import PRECISIONS, GateResult, check_precision
+from .precision import MODES, PRECISIONS, GateResult, Mode, Precision, parse_mode, parse_precision
 
 
 def load_encoder(model: str = DEFAULT_MODEL, device: str = "auto", precision: str = "fp32") -> Encoder:
@@ -45,7 +45,8 @@ def load_encoder(model: str = DEFAULT_MODEL, device: str = "auto", precision: st
         ModelLoadError: the model cannot be found, fetched or understood.
         InvalidArgumentError: a malformed name, a bad device or precision.
     """
-    check_precision(precision)
+    # Each backend's ``load`` is a public entry too and parses ``precision`` first thing, so
+    # it is checked there, once, before anything else.
     if is_open_clip_name(model):
         return OpenClipEncoder.load(model, device=device, precision=precision)
     return HFClipEncoder.load(model, device=device, precision=precision)
@@ -57,14 +58,19 @@ __all__ = [
     "GateResult",
     "HFClipEncoder",
     "ImageProcessorConfig",
+    "MODES",
+    "Mode",
     "OpenClipEncoder",
     "PRECISIONS",
-    "check_precision",
+    "Precision",
+    "TextEncoder",
     "checkpoint_fingerprint",
     "file_sha256",
     "hub_reachable",
     "l2_normalize",
     "load_encoder",
+    "parse_mode",
+    "parse_precision",
     "read_image_processor_config",
     "resolve_checkpoint",
     "resolve_device",

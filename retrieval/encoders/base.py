@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 from urllib.parse import urlparse
 
 import numpy as np
@@ -24,21 +24,19 @@ from ..images import PreprocessConfig
 if TYPE_CHECKING:
     import torch
 
+    from .precision import Mode, TowerPrecision
+
 # (resolved path, size, mtime_ns) -> sha256 hex of the file's contents, for the process's life.
 _FILE_HASH_CACHE: dict[tuple[str, int, int], str] = {}
 
 
-class Encoder(Protocol):
-    """What the indexer and the query layer need from a model, whatever its backend.
-
-    Encoders may also offer ``info`` (a JSON-able mapping describing the model, recorded in
-    the index manifest as ``model_info``) and ``device`` (a ``torch.device``).
-    """
+class TextEncoder(Protocol):
+    """What a text query needs from a model: the torch encoders below, and the numpy text tower
+    (:class:`~retrieval.encoders.numpy_text.NumpyTextEncoder`), which has no image half."""
 
     name: str
     backend: str
     dim: int
-    preprocess: PreprocessConfig
     max_text_length: int
 
     @property
@@ -46,7 +44,27 @@ class Encoder(Protocol):
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray: ...
 
+
+class Encoder(TextEncoder, Protocol):
+    """What the indexer and the query layer need from a model, whatever its backend.
+
+    ``info`` is the JSON-able mapping an index manifest records as ``model_info``;
+    ``image_precision`` the image tower's mode (:mod:`.precision`), which a build sets and
+    calibrates and a query matches to the index's.
+    """
+
+    preprocess: PreprocessConfig
+    device: torch.device
+    image_precision: TowerPrecision
+
+    @property
+    def info(self) -> dict[str, Any]: ...
+
     def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray: ...
+
+    def calibrate_images(self, pixel_values: torch.Tensor) -> Mode:
+        """Resolve an ``auto`` image precision on this sample now; returns the mode."""
+        ...
 
 
 def resolve_device(device: str = "auto") -> torch.device:

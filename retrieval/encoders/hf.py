@@ -19,7 +19,7 @@ from ..errors import InvalidArgumentError, ModelLoadError
 from ..images import PreprocessConfig
 from . import base
 from .base import file_sha256, l2_normalize, quiet_transformers, resolve_device
-from .precision import PROBE_TEXTS, PixelPrecisionMixin, TowerPrecision, autocast, check_precision
+from .precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 
 if TYPE_CHECKING:
     import torch
@@ -221,7 +221,7 @@ class HFClipEncoder(PixelPrecisionMixin):
         config: Any,
         preprocess: PreprocessConfig,
         device: torch.device,
-        precision: str = "fp32",
+        precision: Precision = "fp32",
         image_processor: ImageProcessorConfig | None = None,
     ) -> None:
         self.name = name
@@ -255,7 +255,7 @@ class HFClipEncoder(PixelPrecisionMixin):
             ModelLoadError: the checkpoint cannot be found or is not a CLIP checkpoint.
             InvalidArgumentError: bad device or precision.
         """
-        check_precision(precision)
+        requested = parse_precision(precision)
         dev = resolve_device(device)
         name, directory = resolve_checkpoint(model)
         try:
@@ -272,7 +272,7 @@ class HFClipEncoder(PixelPrecisionMixin):
             preprocess = PreprocessConfig.from_hf(processor.settings)
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelLoadError(f"{name}: unreadable image processor settings in {processor.source}: {exc}") from exc
-        return cls(name, directory, config, preprocess, dev, precision=precision, image_processor=processor)
+        return cls(name, directory, config, preprocess, dev, precision=requested, image_processor=processor)
 
     @property
     def info(self) -> dict[str, Any]:
@@ -356,7 +356,7 @@ class HFClipEncoder(PixelPrecisionMixin):
         mode = self.text_precision.calibrate(lambda m: self._embed_texts(PROBE_TEXTS, batch_size, m))
         return self._embed_texts(texts, batch_size, mode)
 
-    def _embed_texts(self, texts: Sequence[str], batch_size: int, mode: str) -> np.ndarray:
+    def _embed_texts(self, texts: Sequence[str], batch_size: int, mode: Mode) -> np.ndarray:
         import torch
 
         out = np.empty((len(texts), self.dim), dtype=np.float32)
@@ -372,7 +372,7 @@ class HFClipEncoder(PixelPrecisionMixin):
                 out[start : start + len(emb)] = emb.float().cpu().numpy()
         return l2_normalize(out)
 
-    def _embed_pixels(self, pixel_values: torch.Tensor, mode: str) -> np.ndarray:
+    def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
         import torch
 
         model = self.image_precision.module(self.vision_model, mode)

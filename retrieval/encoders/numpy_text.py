@@ -470,9 +470,9 @@ class NumpyTextTower:
 class NumpyTextEncoder:
     """Text queries of a Hugging Face CLIP checkpoint without torch (see the module docstring).
 
-    Use :meth:`load`. It has the text half of the :class:`~retrieval.encoders.Encoder`
-    interface: ``name``, ``backend``, ``dim``, ``max_text_length``, ``fingerprint``,
-    ``embed_texts``.
+    Use :meth:`load`. It is a :class:`~retrieval.encoders.TextEncoder` (the text half of
+    :class:`~retrieval.encoders.Encoder`): ``name``, ``backend``, ``dim``, ``max_text_length``,
+    ``fingerprint``, ``embed_texts``.
     """
 
     backend = "hf"

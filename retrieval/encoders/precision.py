@@ -16,6 +16,9 @@ Modes (``--precision``):
 The gate (:func:`gate`): per-vector cosine to the fp32 vectors (mean >= 0.999, min >= 0.99) and
 the overlap of the top-10 neighbours of each sample vector among the others (>= 0.9), fp32
 ranking against the candidate's.
+
+Imports go one way: this module uses :mod:`.int8` (inside the functions that need it, since
+``int8`` imports torch and this module must not), and ``int8`` never imports this one.
 """
 
 from __future__ import annotations
@@ -23,7 +26,7 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -32,8 +35,14 @@ from ..errors import InvalidArgumentError
 if TYPE_CHECKING:
     import torch
 
-PRECISIONS: tuple[str, ...] = ("fp32", "bf16", "fp16", "int8", "auto")
-REDUCED: tuple[str, ...] = ("bf16", "fp16", "int8")
+# What a caller may ask for: a concrete mode, or ``auto`` (resolved by the gate on first use).
+Precision = Literal["fp32", "bf16", "fp16", "int8", "auto"]
+# What vectors are actually made in (and what an index records as ``precision``).
+Mode = Literal["fp32", "bf16", "fp16", "int8"]
+
+PRECISIONS: tuple[Precision, ...] = get_args(Precision)
+MODES: tuple[Mode, ...] = get_args(Mode)
+REDUCED: tuple[Mode, ...] = ("bf16", "fp16", "int8")
 
 GATE_MEAN_COSINE = 0.999
 GATE_MIN_COSINE = 0.99
@@ -56,18 +65,33 @@ PROBE_TEXTS: tuple[str, ...] = (
 )
 
 
-def check_precision(value: str) -> str:
-    """Return ``value`` if it is a known precision mode.
+def parse_precision(value: object) -> Precision:
+    """``value`` as a :data:`Precision`, for the public entry points (CLI handlers, loaders,
+    ``BuildConfig``, ``ImageIndex.open``) and for modes read from a manifest; code behind them
+    takes the typed value and does not check again.
 
     Raises:
         InvalidArgumentError: anything else (the message lists the modes).
     """
-    if value not in PRECISIONS:
-        raise InvalidArgumentError(f"unknown precision {value!r}; use one of {', '.join(PRECISIONS)}")
-    return value
+    for known in PRECISIONS:
+        if isinstance(value, str) and value == known:
+            return known
+    raise InvalidArgumentError(f"unknown precision {value!r}; use one of {', '.join(PRECISIONS)}")
 
 
-def check_device_support(precision: str, device: torch.device) -> None:
+def parse_mode(value: object) -> Mode:
+    """``value`` as a concrete :data:`Mode` (e.g. the mode an index recorded).
+
+    Raises:
+        InvalidArgumentError: an unknown precision, or ``auto``.
+    """
+    precision = parse_precision(value)
+    if precision == "auto":
+        raise InvalidArgumentError("set a concrete precision, not auto")
+    return precision
+
+
+def check_device_support(precision: Precision, device: torch.device) -> None:
     """Refuse a mode the device cannot run.
 
     Raises:
@@ -77,7 +101,7 @@ def check_device_support(precision: str, device: torch.device) -> None:
         raise InvalidArgumentError("precision int8 runs on the CPU only; on CUDA use bf16, fp16 or auto")
 
 
-def auto_candidates(device: torch.device) -> tuple[str, ...]:
+def auto_candidates(device: torch.device) -> tuple[Mode, ...]:
     """Reduced modes ``auto`` tries on ``device``, fastest first (measured; see README).
 
     CPU, by :func:`retrieval.encoders.cpu.cpu_level`: int8 from AVX2 up (with VNNI 3x fp32;
@@ -89,14 +113,16 @@ def auto_candidates(device: torch.device) -> tuple[str, ...]:
 
     if device.type == "cuda":
         return ("fp16", "bf16")
-    return (("bf16",) if cpu.has_amx() else ()) + (("int8",) if cpu.has_fast_int8() else ())
+    bf16: tuple[Mode, ...] = ("bf16",) if cpu.has_amx() else ()
+    int8: tuple[Mode, ...] = ("int8",) if cpu.has_fast_int8() else ()
+    return bf16 + int8
 
 
 @dataclass(frozen=True)
 class GateResult:
     """How one reduced mode compares with fp32 on a calibration sample."""
 
-    mode: str
+    mode: str  # a Mode, or whatever a manifest recorded (gate_results_from_info keeps it as read)
     samples: int
     mean_cosine: float
     min_cosine: float
@@ -156,8 +182,8 @@ def gate(mode: str, reference: np.ndarray, candidate: np.ndarray, seconds: float
 
 
 def choose(
-    embed: Callable[[str], np.ndarray], candidates: Sequence[str]
-) -> tuple[str, list[GateResult]]:
+    embed: Callable[[Mode], np.ndarray], candidates: Sequence[Mode]
+) -> tuple[Mode, list[GateResult]]:
     """Pick the first candidate whose vectors pass the gate against fp32's; fp32 if none does.
 
     Args:
@@ -183,15 +209,8 @@ def choose(
     return "fp32", results
 
 
-def quantize_int8(module: Any) -> Any:
-    """A CPU copy of ``module`` in per-row int8 (:mod:`retrieval.encoders.int8`)."""
-    from .int8 import quantize_int8 as per_row
-
-    return per_row(module)
-
-
 @contextlib.contextmanager
-def autocast(mode: str, device: torch.device) -> Iterator[None]:
+def autocast(mode: Mode, device: torch.device) -> Iterator[None]:
     """``torch.autocast`` for bf16/fp16, nothing for fp32 and int8."""
     import torch
 
@@ -210,44 +229,45 @@ class TowerPrecision:
     int8 copy serves both.
     """
 
-    def __init__(self, requested: str, device: torch.device, variants: dict[str, Any] | None = None) -> None:
-        check_precision(requested)
+    def __init__(self, requested: Precision, device: torch.device, variants: dict[str, Any] | None = None) -> None:
         check_device_support(requested, device)
-        self.requested = requested
+        self.requested: Precision = requested
         self.device = device
-        self.mode: str | None = None if requested == "auto" else requested
+        self.mode: Mode | None = None if requested == "auto" else requested
         self.gate_results: list[GateResult] = []
         self.variants = variants if variants is not None else {}
 
-    def request(self, requested: str) -> None:
+    def request(self, requested: Precision) -> None:
         """Ask for another mode (``auto`` calibrates again on next use).
 
         Raises:
-            InvalidArgumentError: unknown mode or one the device cannot run.
+            InvalidArgumentError: a mode the device cannot run.
         """
-        check_precision(requested)
         check_device_support(requested, self.device)
         self.requested = requested
         self.mode = None if requested == "auto" else requested
         self.gate_results = []
 
-    def set(self, mode: str, gate_results: Sequence[GateResult] = ()) -> None:
-        """Fix the mode (e.g. the one an index recorded) without calibrating."""
-        check_precision(mode)
-        if mode == "auto":
-            raise InvalidArgumentError("set a concrete precision, not auto")
+    def set(self, mode: Mode, gate_results: Sequence[GateResult] = ()) -> None:
+        """Fix the mode (e.g. the one an index recorded, through :func:`parse_mode`) without calibrating.
+
+        Raises:
+            InvalidArgumentError: a mode the device cannot run.
+        """
         check_device_support(mode, self.device)
         self.mode = mode
         self.gate_results = list(gate_results)
 
-    def module(self, fp32_module: Any, mode: str) -> Any:
+    def module(self, fp32_module: Any, mode: Mode) -> Any:
         if mode != "int8":
             return fp32_module
         if "int8" not in self.variants:
+            from .int8 import quantize_int8
+
             self.variants["int8"] = quantize_int8(fp32_module)
         return self.variants["int8"]
 
-    def calibrate(self, embed: Callable[[str], np.ndarray]) -> str:
+    def calibrate(self, embed: Callable[[Mode], np.ndarray]) -> Mode:
         """Resolve ``auto`` by running the gate (no-op once resolved)."""
         if self.mode is None:
             self.mode, self.gate_results = choose(embed, auto_candidates(self.device))
@@ -295,7 +315,7 @@ class PixelPrecisionMixin:
 
     image_precision: TowerPrecision
 
-    def _embed_pixels(self, pixel_values: torch.Tensor, mode: str) -> np.ndarray:
+    def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
         raise NotImplementedError
 
     def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
@@ -307,7 +327,7 @@ class PixelPrecisionMixin:
         mode = self.image_precision.calibrate(lambda m: self._embed_pixels(sample, m))
         return self._embed_pixels(pixel_values, mode)
 
-    def calibrate_images(self, pixel_values: torch.Tensor) -> str:
+    def calibrate_images(self, pixel_values: torch.Tensor) -> Mode:
         """Resolve an ``auto`` image precision on this sample now; returns the mode."""
         return self.image_precision.calibrate(lambda m: self._embed_pixels(pixel_values, m))
 
@@ -336,13 +356,17 @@ __all__ = [
     "GATE_MEAN_COSINE",
     "GATE_MIN_COSINE",
     "GATE_TOPK_OVERLAP",
+    "MODES",
     "PRECISIONS",
     "PROBE_TEXTS",
     "GateResult",
+    "Mode",
+    "Precision",
     "TowerPrecision",
     "auto_candidates",
-    "check_precision",
     "choose",
     "gate",
+    "parse_mode",
+    "parse_precision",
     "topk_overlap",
 ]

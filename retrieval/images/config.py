@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
+from ..checks import is_int
+
 _RESAMPLE_NAMES = {0: "nearest", 1: "lanczos", 2: "bilinear", 3: "bicubic", 4: "box", 5: "hamming"}
 
 OPENAI_CLIP_MEAN = (0.48145466, 0.4578275, 0.40821073)
@@ -86,7 +88,7 @@ class PreprocessConfig:
             raise ValueError(f"keep_ratio_fit must be one of {_KEEP_RATIO_FITS}, got {self.keep_ratio_fit!r}")
         if self.crop_rounding not in _CROP_ROUNDINGS:
             raise ValueError(f"crop_rounding must be one of {_CROP_ROUNDINGS}, got {self.crop_rounding!r}")
-        if isinstance(self.pad_fill, bool) or not isinstance(self.pad_fill, int) or not 0 <= self.pad_fill <= 255:
+        if not is_int(self.pad_fill) or not 0 <= self.pad_fill <= 255:
             raise ValueError(f"pad_fill must be an integer 0..255, got {self.pad_fill!r}")
         if self.resample not in _RESAMPLE_NAMES.values():
             raise ValueError(f"unknown resample {self.resample!r}")

@@ -26,7 +26,7 @@ import numpy as np
 from ...errors import ModelLoadError
 from ...images import PreprocessConfig
 from ..base import file_sha256, first_line, l2_normalize, resolve_device
-from ..precision import PROBE_TEXTS, PixelPrecisionMixin, TowerPrecision, autocast, check_precision
+from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from .hub import (
     _TOKENIZER_HINT,
     _check_model_cfg,
@@ -62,7 +62,7 @@ class OpenClipEncoder(PixelPrecisionMixin):
         preprocess_cfg: Mapping[str, Any],
         weights: Path,
         device: torch.device,
-        precision: str = "fp32",
+        precision: Precision = "fp32",
     ) -> None:
         self.spec = spec
         self.name = spec.name
@@ -100,7 +100,7 @@ class OpenClipEncoder(PixelPrecisionMixin):
             ModelLoadError: unknown architecture or tag, missing files, or weights that are not
                 cached and cannot be downloaded.
         """
-        check_precision(precision)
+        requested = parse_precision(precision)
         dev = resolve_device(device)
         spec = parse_spec(model)
         try:
@@ -144,7 +144,7 @@ class OpenClipEncoder(PixelPrecisionMixin):
         # create_model sets the size from the built vision tower, which takes it from vision_cfg.
         size = model_cfg["vision_cfg"].get("image_size", 224)
         preprocess["size"] = tuple(size) if isinstance(size, (list, tuple)) else (int(size), int(size))
-        return cls(spec, model_cfg, preprocess, Path(weights), dev, precision=precision)
+        return cls(spec, model_cfg, preprocess, Path(weights), dev, precision=requested)
 
     # -- identity -------------------------------------------------------------------------------
 
@@ -321,7 +321,7 @@ class OpenClipEncoder(PixelPrecisionMixin):
         mode = self.text_precision.calibrate(lambda m: self._embed_texts(PROBE_TEXTS, batch_size, m))
         return self._embed_texts(texts, batch_size, mode)
 
-    def _embed_texts(self, texts: Sequence[str], batch_size: int, mode: str) -> np.ndarray:
+    def _embed_texts(self, texts: Sequence[str], batch_size: int, mode: Mode) -> np.ndarray:
         import torch
 
         out = np.empty((len(texts), self.dim), dtype=np.float32)
@@ -334,7 +334,7 @@ class OpenClipEncoder(PixelPrecisionMixin):
                 out[start : start + len(emb)] = emb.float().cpu().numpy()
         return l2_normalize(out)
 
-    def _embed_pixels(self, pixel_values: torch.Tensor, mode: str) -> np.ndarray:
+    def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
         import torch
 
         model = self.image_precision.module(self.model, mode)
