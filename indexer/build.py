@@ -57,7 +57,7 @@ from .faults import crash_point
 from .heap import retained_heap
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update
-from .writer import FileRecord, SkipRecord, read_skipped
+from .writer import FileRecord, SkipRecord
 
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
@@ -395,10 +395,6 @@ def _check_model(base: Manifest, enc: Encoder, fingerprint: str, out: Path) -> N
     )
 
 
-def _read_skips(out: Path, base: Manifest) -> list[SkipRecord]:
-    return read_skipped(out / base.skipped_file)
-
-
 def _hash_or_none(root: bytes, rel: bytes) -> str | None:
     try:
         with open(os.path.join(root, rel), "rb") as fh:
@@ -452,7 +448,7 @@ def _run(
     options_changed = previous is not None and dict(previous.index_options) != options.to_dict()
     if options_changed:
         writer.drop_faiss(options.to_dict())
-    old_skips = _read_skips(out, previous) if previous is not None else []
+    old_skips = store.read_skipped(out / previous.skipped_file) if previous is not None else []
     root = os.fsencode(photos)
     plan = plan_update(writer.facts(), old_skips, found.files, lambda rel: _hash_or_none(root, rel))
     writer.skipped = [SkipRecord(rel, f"directory not readable: {why}") for rel, why in found.unreadable_dirs]

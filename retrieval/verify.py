@@ -329,9 +329,7 @@ def _check_skipped(root: Path, manifest: Manifest) -> Problem | None:
     rel = manifest.skipped_file
     fix = store.rebuild_hint(root, manifest)
     try:
-        pf = store.open_parquet(root / rel, fix)
-        with store.reading(pf):
-            rows = pf.read().num_rows
+        rows = len(store.read_skipped(root / rel, fix))
     except IndexCorruptError as exc:
         return Problem(rel, "unreadable", exc.problem, fix)
     if rows != manifest.skipped:
