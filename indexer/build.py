@@ -49,8 +49,8 @@ from retrieval.layout import (
 )
 
 from . import ann, calibrate
-from .commit import GenerationWriter, IndexMeta, remove_stale
 from .ahead import Ahead
+from .commit import GenerationWriter, IndexMeta, remove_stale
 from .dataset import Batch, ImageDataset, Item, collate, content_hash, finish_on_device
 from .discover import Discovery, discover, from_list
 from .faults import crash_point
@@ -58,7 +58,6 @@ from .heap import retained_heap
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update
 from .writer import FileRecord, SkipRecord
-
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
 # A new index: the fastest mode that passes the quality gate on the collection's own images.
@@ -532,8 +531,10 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
     # In-process decoding runs between batches, on as many threads as the model (see default_workers).
     dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft,
                            device_decode=on_gpu, threads=stats["threads"] if n_workers == 0 else 1)
-    loader = DataLoader(
-        dataset,
+    # ImageDataset is map-style without torch's Dataset base class (indexer.dataset does not
+    # import torch), which DataLoader accepts at run time but its stubs do not.
+    loader: DataLoader[Item] = DataLoader(
+        dataset,  # type: ignore[arg-type]
         batch_size=stats["batch_size"],
         shuffle=False,
         num_workers=n_workers,
@@ -595,4 +596,12 @@ def _decodes_on_device(device_type: str) -> bool:
     return device_type == "cuda"
 
 
-__all__ = ["BuildConfig", "BuildReport", "UnknownBuildOptionError", "build_index", "default_batch_size", "default_threads", "default_workers"]
+__all__ = [
+    "BuildConfig",
+    "BuildReport",
+    "UnknownBuildOptionError",
+    "build_index",
+    "default_batch_size",
+    "default_threads",
+    "default_workers",
+]

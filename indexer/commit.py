@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -79,7 +79,7 @@ class IndexMeta:
 
 
 # One input of a new part: an existing part file (reference, path) or a table of rows.
-_Source = tuple[PartRef, Path] | pa.Table
+_Source: TypeAlias = "tuple[PartRef, Path] | pa.Table"
 
 
 def _rows_of(source: _Source) -> int:

@@ -463,7 +463,7 @@ def _fsync_dir(directory: Path) -> None:
         os.close(fd)
 
 
-def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], None]) -> None:
+def atomic_write(path: str | os.PathLike[str], write: Callable[[IO[bytes]], object]) -> None:
     """Write a file atomically: ``write`` fills a temp file in the same directory, then rename.
 
     If ``write`` raises, the temp file is removed and ``path`` is left as it was.

@@ -156,8 +156,8 @@ def _verify_once(root: Path, sample: int, start: float) -> VerifyReport:
         raise
     except IndexFormatError as exc:
         fix = exc.fix if isinstance(exc, IndexCorruptError) else store.rebuild_hint(root, None)
-        problem = Problem(MANIFEST_FILE, "manifest", _detail(exc), fix)
-        return VerifyReport(str(root), None, 0, False, (), 0, (problem,), (), _since(start))
+        broken = Problem(MANIFEST_FILE, "manifest", _detail(exc), fix)
+        return VerifyReport(str(root), None, 0, False, (), 0, (broken,), (), _since(start))
 
     problems: list[Problem] = []
     notes: list[str] = []
