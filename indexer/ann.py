@@ -5,14 +5,18 @@ gathers a random training sample and held-out query vectors, a second trains not
 adds every chunk to the index while computing the queries' exact top-10 on the same chunks.
 Then the search parameter (``nprobe`` / ``efSearch``) is raised until recall@10 against that
 exact answer reaches the target. The plan itself comes from :func:`retrieval.index_types.plan_index`.
+
+:func:`update` is the one place that decides, when a generation is finished, whether the previous
+FAISS file is extended (and maybe re-tuned) or a new one is built.
 """
 
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from pathlib import Path
+from typing import Any, Literal
 
 import numpy as np
 
@@ -39,6 +43,40 @@ class FaissBuild:
     factory: str
     search_params: dict[str, int] = field(default_factory=dict)
     tuning: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class FaissInfo:
+    """What the manifest says about a FAISS file: its factory string and tuning."""
+
+    factory: str = faiss_index.DEFAULT_INDEX_TYPE
+    search_params: Mapping[str, int] = field(default_factory=dict)
+    tuning: Mapping[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class PreviousFaiss:
+    """The FAISS file an update starts from: its path, the ids it covers (``0..rows-1``) and
+    what the manifest recorded about it."""
+
+    path: Path
+    rows: int
+    info: FaissInfo
+
+
+# extended: the previous file plus the new rows; retuned: that, with its search parameter tuned
+# again; rebuilt: a new index planned, trained, filled and tuned from every stored vector.
+UpdateAction = Literal["extended", "retuned", "rebuilt"]
+
+
+@dataclass(frozen=True)
+class FaissUpdate:
+    """The FAISS index over every row of a generation, what the manifest records about it, and
+    which way :func:`update` got it."""
+
+    index: Any
+    info: FaissInfo
+    action: UpdateAction
 
 
 def _quiet(_: str) -> None:
@@ -181,6 +219,46 @@ def retune(index: Any, chunks: Chunks, dim: int, options: IndexOptions, *, seed:
     return _tune(index, queries, query_ids, exact.result()[1], options)
 
 
+def update(
+    previous: PreviousFaiss | None,
+    chunks: Chunks,
+    dim: int,
+    count: int,
+    options: IndexOptions,
+    *,
+    progress: Progress | None = None,
+) -> FaissUpdate:
+    """The FAISS index over all ``count`` stored rows at the end of a build or update.
+
+    The previous file is extended with the rows after the ones it covers when the options
+    still choose its kind of index (:func:`needs_rebuild`), and re-tuned when the row count
+    drifted since it was tuned (:func:`needs_retune`); a flat index has nothing to tune.
+    Otherwise, and when there is no previous file (a new index, rows removed or renumbered,
+    options changed), a new index is built from every stored vector (:func:`build`).
+
+    Args:
+        previous: the FAISS file to start from, or None to build a new one.
+        chunks: streams the stored vectors from an id on (see :data:`Chunks`).
+        dim: vector dimension.
+        count: rows of the generation, all of which the result covers.
+        options: the index options the generation records.
+        progress: receives one line per slow step.
+    """
+    say = progress or _quiet
+    if previous is not None and not needs_rebuild(previous.info.factory, count, dim, options):
+        index = faiss_index.read(previous.path)
+        for _, vecs in chunks(previous.rows):
+            faiss_index.add(index, vecs)
+        info = previous.info
+        if faiss_index.kind_of(index) != "flat" and needs_retune(dict(info.tuning), count):
+            say(f"re-tuning {info.factory} for {count} vectors")
+            params, facts = retune(index, chunks, dim, options)
+            return FaissUpdate(index, FaissInfo(info.factory, params, {**info.tuning, **facts}), "retuned")
+        return FaissUpdate(index, info, "extended")
+    built = build(chunks, dim, count, options, progress=say)
+    return FaissUpdate(built.index, FaissInfo(built.factory, built.search_params, built.tuning), "rebuilt")
+
+
 def needs_rebuild(current_factory: str, count: int, dim: int, options: IndexOptions) -> bool:
     """Whether an update must rebuild the index rather than add to it: the options would no
     longer choose its kind of index (e.g. a collection outgrowing flat search)."""
@@ -192,4 +270,15 @@ def needs_retune(tuning: dict[str, Any], count: int) -> bool:
     return "recall_at_10" in tuning and (tuned == 0 or abs(count - tuned) > RETUNE_DRIFT * tuned)
 
 
-__all__ = ["FaissBuild", "build", "needs_rebuild", "needs_retune", "retune"]
+__all__ = [
+    "FaissBuild",
+    "FaissInfo",
+    "FaissUpdate",
+    "PreviousFaiss",
+    "UpdateAction",
+    "build",
+    "needs_rebuild",
+    "needs_retune",
+    "retune",
+    "update",
+]

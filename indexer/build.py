@@ -12,6 +12,7 @@ same command again resumes from it without embedding any committed image twice.
 
 from __future__ import annotations
 
+import dataclasses
 import errno
 import json
 import os
@@ -32,6 +33,7 @@ from retrieval.errors import (
     InvalidArgumentError,
     ModelMismatchError,
     PhotosDirError,
+    UnknownBuildOptionError,
     UnsupportedFormatError,
 )
 from retrieval.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS
@@ -48,16 +50,15 @@ from retrieval.layout import (
 )
 
 from . import ann, calibrate
-from .commit import GenerationWriter, IndexMeta, remove_stale
 from .ahead import Ahead
+from .commit import GenerationWriter, IndexMeta, remove_stale
 from .dataset import Batch, ImageDataset, Item, collate, content_hash, finish_on_device
 from .discover import Discovery, discover, from_list
 from retrieval.faults import crash_point
 from .heap import retained_heap
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update
-from .writer import FileRecord, SkipRecord, read_skipped
-
+from .writer import FileRecord, SkipRecord
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
 # A new index: the fastest mode that passes the quality gate on the collection's own images.
@@ -163,6 +164,19 @@ class BuildConfig:
         if self.commit_seconds <= 0:
             raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")
 
+    def replace(self, **changes: Any) -> BuildConfig:
+        """A copy with ``changes`` (field names) applied and validated like a new config.
+
+        Raises:
+            UnknownBuildOptionError: a name that is not a field, naming the valid ones.
+            InvalidArgumentError: a value the validation rejects.
+        """
+        fields = {f.name for f in dataclasses.fields(self)}
+        for name in changes:
+            if name not in fields:
+                raise UnknownBuildOptionError(name, fields)
+        return replace(self, **changes)
+
 
 @dataclass(frozen=True)
 class BuildReport:
@@ -243,52 +257,42 @@ def _check_index_dir(index_dir: Path, rebuild: bool) -> None:
 def build_index(
     photos_dir: str | os.PathLike[str],
     index_dir: str | os.PathLike[str],
-    model: str = DEFAULT_MODEL,
+    config: BuildConfig | str | None = None,
     *,
-    batch_size: int | None = None,
-    workers: int | None = None,
-    device: str = "auto",
-    progress: bool = False,
-    max_pixels: int = DEFAULT_MAX_PIXELS,
     encoder: Encoder | None = None,
     files: Sequence[str | bytes] | None = None,
-    rebuild: bool = False,
-    commit_every: int = 4096,
-    precision: str | None = None,
-    threads: int | None = None,
-    index_type: str | None = None,
-    max_memory: int | str | None = None,
-    target_recall: float | None = None,
+    **overrides: Any,
 ) -> BuildReport:
     """Index every image under ``photos_dir`` into ``index_dir``, or bring that index up to date.
+
+    The run's settings are one :class:`BuildConfig`: ``config`` (default: ``BuildConfig()``)
+    with ``overrides`` applied, each a field name of :class:`BuildConfig`, e.g.
+    ``build_index(photos, idx, model="...", batch_size=32, workers=0)`` or
+    ``build_index(photos, idx, BuildConfig(model="..."), rebuild=True)``. For compatibility
+    with the signature before ``BuildConfig`` was its single source of truth, a ``str`` third
+    argument is the model (``build_index(photos, idx, "openai/clip-vit-base-patch32")``), and
+    ``max_memory`` may be given as a size string (``"4GB"``).
 
     Args:
         photos_dir: the image collection (walked recursively).
         index_dir: a new or empty directory, or an existing index to update in place.
-        model: Hugging Face hub id or local checkpoint directory.
-        batch_size: images per model call (None: 64 on CPU, 512 on GPU).
-        workers: decode worker processes (None: chosen from the device and the core count).
-        device: ``auto``, ``cpu`` or ``cuda``.
-        progress: show a tqdm bar on stderr.
-        max_pixels: images above this many pixels are skipped as decompression bombs.
+        config: the settings (see :class:`BuildConfig` for each one), or a model name.
         encoder: an already-loaded encoder (then ``model`` and ``device`` are not used).
         files: index exactly these paths (relative to ``photos_dir``) instead of walking it;
             listed files that do not exist are recorded as skipped.
-        rebuild: re-index everything, also with a model other than the index's.
-        commit_every: publish a searchable generation after this many processed images.
-        precision: ``fp32`` (exact), ``bf16``, ``fp16``, ``int8`` or ``auto`` (the fastest mode
-            passing the quality gate on a sample of the collection); None: ``fp32``, or the
-            given ``encoder``'s own mode. Recorded in the manifest's ``model_info``.
-        threads: torch threads while embedding (None: from the core count and ``workers``).
-        index_type: ``auto`` (default for a new index), ``flat``, ``hnsw``, ``ivf-sq8``,
-            ``ivf-pq`` or a FAISS factory string; None keeps the index's recorded choice.
-        max_memory: memory budget of the FAISS index (bytes or ``"4GB"``); None keeps the recorded one.
-        target_recall: recall@10 that approximate indexes are tuned to reach.
+        overrides: :class:`BuildConfig` fields to change, among them ``model``,
+            ``batch_size``, ``workers``, ``device``, ``progress``, ``max_pixels``, ``draft``,
+            ``rebuild``, ``commit_every``, ``commit_seconds``, ``precision`` (``fp32``,
+            ``bf16``, ``fp16``, ``int8`` or ``auto``; None: ``auto`` for a model loaded here,
+            the given ``encoder``'s own mode, and on update the index's recorded mode),
+            ``threads``, ``index_type``, ``max_memory`` (bytes or ``"4GB"``) and ``target_recall``.
 
     Returns:
         A :class:`BuildReport` with counts and per-stage timings.
 
     Raises:
+        UnknownBuildOptionError: an override that is not a :class:`BuildConfig` field.
+        InvalidArgumentError: an option value that is out of range.
         PhotosDirError: ``photos_dir`` is missing, not a directory, or holds no images.
         IndexDirError: ``index_dir`` is a file, a non-empty directory that is not an index, or
             cannot be written (full disk, permissions); the previous index is left intact.
@@ -296,27 +300,13 @@ def build_index(
         ModelMismatchError: the index was built with another model and ``rebuild`` is False.
         ModelLoadError: the model cannot be loaded.
     """
-    cfg = BuildConfig(
-        model=model,
-        batch_size=batch_size,
-        workers=workers,
-        device=device,
-        max_pixels=max_pixels,
-        progress=progress,
-        rebuild=rebuild,
-        commit_every=commit_every,
-        precision=precision,
-        threads=threads,
-        index_type=index_type,
-        max_memory=parse_memory(max_memory) if max_memory is not None else None,
-        target_recall=target_recall,
-    )
+    cfg = _config(config, overrides)
     start = time.perf_counter()
     cpu.cpu_level()  # a bad CLIPSEARCH_CPU_CAP fails here, before any work
     photos = Path(photos_dir)
     out = Path(index_dir)
     _check_photos_dir(photos)
-    _check_index_dir(out, rebuild)
+    _check_index_dir(out, cfg.rebuild)
     if files is None:
         found = discover(photos)
         if not found.files:
@@ -348,6 +338,22 @@ def build_index(
                 f"cannot write the index to {out}: {exc.strerror}; the last committed index, if any, is unchanged"
             ) from exc
         raise
+
+
+def _config(config: BuildConfig | str | None, overrides: dict[str, Any]) -> BuildConfig:
+    """The run's settings: ``config`` (a model name for the old positional form) plus overrides."""
+    if isinstance(config, str):
+        if "model" in overrides:
+            raise InvalidArgumentError("build_index got the model twice: as its third argument and as model=")
+        overrides = {**overrides, "model": config}
+        config = None
+    elif config is not None and not isinstance(config, BuildConfig):
+        raise InvalidArgumentError(f"config must be a BuildConfig or a model name, got {type(config).__name__}")
+    if overrides.get("max_memory") is not None:
+        # A size string ("4GB") is read here; an int goes through the same range check.
+        overrides = {**overrides, "max_memory": parse_memory(overrides["max_memory"])}
+    base = config if config is not None else BuildConfig()
+    return base.replace(**overrides) if overrides else base
 
 
 def _is_clipsearch_manifest(index_dir: Path) -> bool:
@@ -387,10 +393,6 @@ def _check_model(base: Manifest, enc: Encoder, fingerprint: str, out: Path) -> N
         f"{out} was built with {base.model} ({base.model_fingerprint[:19]}), but this run uses "
         f"{enc.name} ({fingerprint[:19]}); pass --rebuild to re-index everything with the new model"
     )
-
-
-def _read_skips(out: Path, base: Manifest) -> list[SkipRecord]:
-    return read_skipped(out / base.skipped_file)
 
 
 def _hash_or_none(root: bytes, rel: bytes) -> str | None:
@@ -446,7 +448,7 @@ def _run(
     options_changed = previous is not None and dict(previous.index_options) != options.to_dict()
     if options_changed:
         writer.drop_faiss(options.to_dict())
-    old_skips = _read_skips(out, previous) if previous is not None else []
+    old_skips = store.read_skipped(out / previous.skipped_file) if previous is not None else []
     root = os.fsencode(photos)
     plan = plan_update(writer.facts(), old_skips, found.files, lambda rel: _hash_or_none(root, rel))
     writer.skipped = [SkipRecord(rel, f"directory not readable: {why}") for rel, why in found.unreadable_dirs]
@@ -530,8 +532,10 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
     # In-process decoding runs between batches, on as many threads as the model (see default_workers).
     dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft,
                            device_decode=on_gpu, threads=stats["threads"] if n_workers == 0 else 1)
-    loader = DataLoader(
-        dataset,
+    # ImageDataset is map-style without torch's Dataset base class (indexer.dataset does not
+    # import torch), which DataLoader accepts at run time but its stubs do not.
+    loader: DataLoader[Item] = DataLoader(
+        dataset,  # type: ignore[arg-type]
         batch_size=stats["batch_size"],
         shuffle=False,
         num_workers=n_workers,
@@ -593,4 +597,12 @@ def _decodes_on_device(device_type: str) -> bool:
     return device_type == "cuda"
 
 
-__all__ = ["BuildConfig", "BuildReport", "build_index", "default_batch_size", "default_threads", "default_workers"]
+__all__ = [
+    "BuildConfig",
+    "BuildReport",
+    "UnknownBuildOptionError",
+    "build_index",
+    "default_batch_size",
+    "default_threads",
+    "default_workers",
+]

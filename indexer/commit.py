@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeAlias
 
 import numpy as np
 import pyarrow as pa
@@ -43,8 +43,10 @@ from retrieval.layout import (
 )
 from retrieval.version import __version__
 
-from . import ann
 from retrieval.faults import crash_point
+
+from . import ann
+from .ann import FaissInfo
 from .plan import IndexedFacts
 from .writer import (
     ROW_GROUP_SIZE,
@@ -77,17 +79,8 @@ class IndexMeta:
     index_options: Mapping[str, Any] = field(default_factory=dict)
 
 
-@dataclass(frozen=True)
-class FaissInfo:
-    """What the manifest says about a FAISS file: its factory string and tuning."""
-
-    factory: str = faiss_index.DEFAULT_INDEX_TYPE
-    search_params: Mapping[str, int] = field(default_factory=dict)
-    tuning: Mapping[str, Any] = field(default_factory=dict)
-
-
 # One input of a new part: an existing part file (reference, path) or a table of rows.
-_Source = tuple[PartRef, Path] | pa.Table
+_Source: TypeAlias = "tuple[PartRef, Path] | pa.Table"
 
 
 def _rows_of(source: _Source) -> int:
@@ -296,27 +289,17 @@ class GenerationWriter:
     def finish(self, progress: ann.Progress | None = None) -> Manifest:
         """Commit the remaining rows with a FAISS index over all rows, marked complete.
 
-        The FAISS file of the previous generation is extended when the index options still
-        call for the same index (re-tuned when the row count drifted); otherwise a new one is
-        planned, trained, filled and tuned from the stored vectors, streamed in chunks.
+        Whether the previous generation's FAISS file is extended (and re-tuned) or a new one
+        built from the stored vectors is :func:`indexer.ann.update`'s decision; it is made
+        here once, with what this writer knows: the file still valid for the first rows, if any.
         """
+        previous = None
+        if self._faiss is not None:
+            previous = ann.PreviousFaiss(self._faiss[1], self._faiss[0].rows, self._faiss_info)
         options = IndexOptions.from_dict(self.meta.index_options)
-        count = self.count
-        say = progress or (lambda _: None)
-        info = self._faiss_info
-        if self._faiss is not None and not ann.needs_rebuild(info.factory, count, self.meta.dim, options):
-            index = faiss_index.read(self._faiss[1])
-            for _, vecs in self._chunks(self._faiss[0].rows):
-                faiss_index.add(index, vecs)
-            if faiss_index.kind_of(index) != "flat" and ann.needs_retune(dict(info.tuning), count):
-                say(f"re-tuning {info.factory} for {count} vectors")
-                params, facts = ann.retune(index, self._chunks, self.meta.dim, options)
-                info = FaissInfo(info.factory, params, {**info.tuning, **facts})
-        else:
-            built = ann.build(self._chunks, self.meta.dim, count, options, progress=say)
-            index, info = built.index, FaissInfo(built.factory, built.search_params, built.tuning)
+        updated = ann.update(previous, self._chunks, self.meta.dim, self.count, options, progress=progress)
         crash_point("finish")
-        return self.commit(complete=True, faiss=index, faiss_info=info, merge=True)
+        return self.commit(complete=True, faiss=updated.index, faiss_info=updated.info, merge=True)
 
     def drop_faiss(self, index_options: Mapping[str, Any]) -> None:
         """Forget the FAISS file (and switch options): the next :meth:`finish` builds a new one."""

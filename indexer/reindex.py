@@ -22,7 +22,6 @@ from retrieval.layout import read_manifest
 from . import ann
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .lock import IndexLock
-from .writer import read_skipped
 
 
 @dataclass(frozen=True)
@@ -91,7 +90,7 @@ def reindex(
             index_options=options.to_dict(),
         )
         writer = GenerationWriter(out, meta, base)
-        writer.skipped = read_skipped(out / base.skipped_file)
+        writer.skipped = store.read_skipped(out / base.skipped_file)
         writer.drop_faiss(options.to_dict())
         say = (lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if progress else None
         manifest = writer.finish(progress=say)

@@ -10,16 +10,15 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from dataclasses import dataclass
-from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from retrieval import store
 from retrieval.layout import (
     FILE_ID_KEY,
     SKIPPED_SCHEMA,
+    SkipRecord,
     atomic_write,
     display_path,
     embeddings_schema,
@@ -40,17 +39,6 @@ class FileRecord:
     size: int
     mtime_ns: int
     content_hash: str
-
-
-@dataclass(frozen=True)
-class SkipRecord:
-    """A file (or directory) that was not indexed, and why; file facts when there was a file."""
-
-    path: bytes
-    reason: str
-    size: int | None = None
-    mtime_ns: int | None = None
-    content_hash: str | None = None
 
 
 class EmbeddingWriter:
@@ -145,7 +133,8 @@ def records_table(records: Sequence[FileRecord], vectors: np.ndarray, dim: int) 
 
 
 def write_skipped(path: str | os.PathLike[str], skipped: Sequence[SkipRecord]) -> None:
-    """Write the skip list to ``skipped.parquet``, sorted by path."""
+    """Write the skip list to ``skipped.parquet``, sorted by path (read back by
+    :func:`retrieval.store.read_skipped`, with the same schema)."""
     schema = SKIPPED_SCHEMA
     recs = sorted(skipped, key=lambda r: r.path)
     table = pa.table(
@@ -162,16 +151,6 @@ def write_skipped(path: str | os.PathLike[str], skipped: Sequence[SkipRecord]) -
     pq.write_table(table, os.fspath(path), compression="zstd", write_page_checksum=True)
 
 
-def read_skipped(path: str | os.PathLike[str]) -> list[SkipRecord]:
-    """The skip list written by :func:`write_skipped` (pages checked against their CRC).
-
-    Raises:
-        IndexCorruptError: the file is missing or damaged.
-    """
-    pf = store.open_parquet(Path(path))
-    with store.reading(pf):
-        table = pf.read()
-    return [
-        SkipRecord(r["path_bytes"], r["reason"], r["size"], r["mtime_ns"], r["content_hash"])
-        for r in table.to_pylist()
-    ]
+# SkipRecord lives with the skip list's schema in retrieval.layout; it is re-exported here,
+# where the indexer's record types have always been imported from.
+__all__ = ["ROW_GROUP_SIZE", "EmbeddingWriter", "FileRecord", "SkipRecord", "records_table", "write_paths_column", "write_skipped"]

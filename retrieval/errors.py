@@ -8,6 +8,7 @@ where there is one, what to do about it.
 from __future__ import annotations
 
 import os
+from collections.abc import Iterable
 
 
 class ClipSearchError(Exception):
@@ -16,6 +17,19 @@ class ClipSearchError(Exception):
 
 class InvalidArgumentError(ClipSearchError, ValueError):
     """A bad value passed by the caller (empty query, k < 1, unknown device, ...)."""
+
+
+class UnknownBuildOptionError(InvalidArgumentError, TypeError):
+    """An option that ``build_index`` does not have (a misspelt keyword argument).
+
+    Also a ``TypeError``, which is what Python raises for an unexpected keyword argument.
+    ``option`` is the name given, ``valid`` the names accepted; both are in the message.
+    """
+
+    def __init__(self, option: str, valid: Iterable[str]) -> None:
+        self.option = option
+        self.valid = tuple(sorted(valid))
+        super().__init__(f"unknown build option {option!r}; valid options: {', '.join(self.valid)}")
 
 
 class PhotosDirError(ClipSearchError):

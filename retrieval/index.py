@@ -22,7 +22,7 @@ from .encoders.precision import Precision, parse_mode, parse_precision
 from .errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
 from .filters import Filter
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
-from .layout import Manifest, read_manifest
+from .layout import Manifest, display_path, read_manifest
 
 
 @dataclass(frozen=True)
@@ -431,12 +431,7 @@ class ImageIndex:
 
     def skipped(self) -> list[SkippedFile]:
         """Files that were found but could not be decoded, with the reason."""
-        with store.reading(self._skipped):
-            table = self._skipped.read(columns=["path", "reason"])
-        return [
-            SkippedFile(p, r)
-            for p, r in zip(table.column("path").to_pylist(), table.column("reason").to_pylist(), strict=True)
-        ]
+        return [SkippedFile(display_path(rec.path), rec.reason) for rec in store.read_skipped(self._skipped)]
 
     def info(self) -> dict[str, Any]:
         """The facts ``clipsearch info --json`` prints."""

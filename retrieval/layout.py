@@ -135,6 +135,22 @@ SKIPPED_SCHEMA = pa.schema(
 )
 
 
+@dataclass(frozen=True)
+class SkipRecord:
+    """One row of ``skipped.parquet``: a file (or directory) that was not indexed, and why.
+
+    ``path`` is the raw relative path (``path_bytes``; the ``path`` column is its
+    :func:`display_path`); the file facts are None for entries that are not files, and in
+    skip lists written before they were recorded.
+    """
+
+    path: bytes
+    reason: str
+    size: int | None = None
+    mtime_ns: int | None = None
+    content_hash: str | None = None
+
+
 def display_path(raw: bytes) -> str:
     """The UTF-8 form of a relative path stored in ``path``: undecodable bytes become ``\\xNN``."""
     return raw.decode("utf-8", errors="backslashreplace")

@@ -21,7 +21,7 @@ import pyarrow.parquet as pq
 
 from . import faiss_index
 from .errors import IndexCorruptError, IndexFormatError
-from .layout import FILE_ID_KEY, PATHS_CRC_MAGIC, PATHS_HEADER, PATHS_MAGIC, Manifest, PartRef
+from .layout import FILE_ID_KEY, PATHS_CRC_MAGIC, PATHS_HEADER, PATHS_MAGIC, Manifest, PartRef, SkipRecord
 
 REBUILD_HINT = "rebuild the index with `clipsearch index PHOTOS_DIR INDEX_DIR --rebuild`"
 
@@ -96,6 +96,39 @@ def reading(pf: pq.ParquetFile) -> Iterator[None]:
     except (OSError, pa.ArrowException) as exc:
         path, fix = _SOURCES.get(pf, ("a Parquet file of the index", REBUILD_HINT))
         raise IndexCorruptError(path, f"unreadable: {exc}", fix) from exc
+
+
+# Columns of skipped.parquet every version wrote; the file facts came later (read as None).
+_SKIPPED_REQUIRED = ("path_bytes", "reason")
+_SKIPPED_FACTS = ("size", "mtime_ns", "content_hash")
+
+
+def read_skipped(source: Path | pq.ParquetFile, fix: str = REBUILD_HINT) -> list[SkipRecord]:
+    """Every row of a skip list (``skipped.parquet``, :data:`retrieval.layout.SKIPPED_SCHEMA`).
+
+    ``source`` is the file, or the file already opened with :func:`open_parquet` (a reader
+    keeps the files of the generation it opened). Every column is read, so every page is
+    checked against its CRC.
+
+    Raises:
+        IndexCorruptError: the file is missing, damaged, or not a skip list.
+    """
+    pf = source if isinstance(source, pq.ParquetFile) else open_parquet(Path(source), fix)
+    names = set(pf.schema_arrow.names)
+    for name in _SKIPPED_REQUIRED:
+        if name not in names:
+            path, fix = _SOURCES.get(pf, ("the skip list of the index", fix))
+            raise IndexCorruptError(path, f"not a skip list: no {name!r} column", fix)
+    with reading(pf):
+        table = pf.read()
+    nones: list[None] = [None] * table.num_rows
+    facts = [table.column(name).to_pylist() if name in names else nones for name in _SKIPPED_FACTS]
+    return [
+        SkipRecord(path, reason, size, mtime_ns, content_hash)
+        for path, reason, size, mtime_ns, content_hash in zip(
+            table.column("path_bytes").to_pylist(), table.column("reason").to_pylist(), *facts, strict=True
+        )
+    ]
 
 
 def open_part(index_dir: Path, ref: PartRef, fix: str = REBUILD_HINT) -> pq.ParquetFile:

@@ -156,8 +156,8 @@ def _verify_once(root: Path, sample: int, start: float) -> VerifyReport:
         raise
     except IndexFormatError as exc:
         fix = exc.fix if isinstance(exc, IndexCorruptError) else store.rebuild_hint(root, None)
-        problem = Problem(MANIFEST_FILE, "manifest", _detail(exc), fix)
-        return VerifyReport(str(root), None, 0, False, (), 0, (problem,), (), _since(start))
+        broken = Problem(MANIFEST_FILE, "manifest", _detail(exc), fix)
+        return VerifyReport(str(root), None, 0, False, (), 0, (broken,), (), _since(start))
 
     problems: list[Problem] = []
     notes: list[str] = []
@@ -329,9 +329,7 @@ def _check_skipped(root: Path, manifest: Manifest) -> Problem | None:
     rel = manifest.skipped_file
     fix = store.rebuild_hint(root, manifest)
     try:
-        pf = store.open_parquet(root / rel, fix)
-        with store.reading(pf):
-            rows = pf.read().num_rows
+        rows = len(store.read_skipped(root / rel, fix))
     except IndexCorruptError as exc:
         return Problem(rel, "unreadable", exc.problem, fix)
     if rows != manifest.skipped:
