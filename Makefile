@@ -13,7 +13,7 @@ DEMO_CLIP := data/models/demo-clip
 # A randomly initialised CLIP (meaningless rankings) for pipeline checks, e.g. in benchmarks/.
 RANDOM_MODEL := models/tiny-random-clip
 
-.PHONY: demo test install clean random-model
+.PHONY: demo test lint install clean random-model
 
 install: $(STAMP)
 
@@ -46,6 +46,11 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
+
+# Lint and import order (ruff), types (mypy): both configured in pyproject.toml; .ci/run runs this first.
+lint: $(STAMP)
+	$(BIN)/ruff check .
+	$(BIN)/mypy
 
 clean:
 	rm -rf $(DEMO_INDEX) $(RANDOM_MODEL)

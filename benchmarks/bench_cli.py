@@ -35,12 +35,12 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from _common import ROOT, machine_facts
+
 from clipsearch.cli import int_at_least
 
 DEMO_MODEL = ROOT / "data" / "models" / "demo-clip"

@@ -251,10 +251,17 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(result))
     print()
-    print(f"{'pipeline':<46}{'images/s':>10}{'seconds':>9}{'model img/s':>13}{'GFLOP/s':>9}{'x naive':>9}  gate (mean / min cosine, top-10 overlap)")
+    print(
+        f"{'pipeline':<46}{'images/s':>10}{'seconds':>9}{'model img/s':>13}{'GFLOP/s':>9}{'x naive':>9}"
+        "  gate (mean / min cosine, top-10 overlap)"
+    )
     for mode, run in runs.items():
         g = run["gate"]
-        gate_text = "reference" if g is None else f"{g['mean_cosine']:.6f} / {g['min_cosine']:.6f}, {g['topk_overlap']:.3f} {'pass' if g['passed'] else 'FAIL'}"
+        gate_text = (
+            "reference"
+            if g is None
+            else f"{g['mean_cosine']:.6f} / {g['min_cosine']:.6f}, {g['topk_overlap']:.3f} {'pass' if g['passed'] else 'FAIL'}"
+        )
         label = f"build_index --precision {mode}" + (f" (default: {run['precision']})" if mode == "auto" else "")
         print(f"{label:<46}{run['images_per_second']:>10.2f}{run['seconds']:>9.2f}{run['model_images_per_second'] or 0:>13.2f}"
               f"{run['model_gflops'] or 0:>9.1f}{run['speedup']:>8.2f}x  {gate_text}")

@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import latency_summary, machine_facts, peak_rss_mb
+
 from clipsearch.cli import int_at_least
 
 # Rows generated and written per step: bounds the transient memory (randn + Parquet buffers)
@@ -321,12 +322,12 @@ def main(argv: list[str] | None = None) -> int:
 
         args.commit_every = BuildConfig().commit_every
 
-    from retrieval.encoders import load_encoder
-    from retrieval.random_model import make_random_clip
-
     # Imported here so that the first build's FAISS time excludes the import.
     import faiss
     import torch
+
+    from retrieval.encoders import load_encoder
+    from retrieval.random_model import make_random_clip
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)
@@ -364,17 +365,21 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(report))
     print()
-    head = f"{'vectors':>10} {'encode p50/p99':>16} {'search p50/p99':>16} {'meta p50/p99':>14} {'e2e p50/p99':>16} {'build s':>8} {'B/vec':>7} {'RSS MB':>7}"
+    head = (
+        f"{'vectors':>10} {'encode p50/p99':>16} {'search p50/p99':>16} {'meta p50/p99':>14} {'e2e p50/p99':>16}"
+        f" {'build s':>8} {'B/vec':>7} {'RSS MB':>7}"
+    )
     print(head)
     print("-" * len(head))
+
+    def pair(lat: dict, stage: str, digits: int = 1) -> str:
+        return f"{lat[stage]['p50']:.{digits}f}/{lat[stage]['p99']:.{digits}f}"
+
     for r in results:
         lat = r["latency_ms"]
-
-        def pair(stage: str, digits: int = 1) -> str:
-            return f"{lat[stage]['p50']:.{digits}f}/{lat[stage]['p99']:.{digits}f}"
-
         print(
-            f"{r['n']:>10,} {pair('encode'):>16} {pair('search', 2):>16} {pair('metadata', 3):>14} {pair('end_to_end'):>16} "
+            f"{r['n']:>10,} {pair(lat, 'encode'):>16} {pair(lat, 'search', 2):>16} {pair(lat, 'metadata', 3):>14} "
+            f"{pair(lat, 'end_to_end'):>16} "
             f"{r['build_seconds']['total']:>8.1f} {r['bytes_per_vector']['total']:>7.0f} {r['peak_rss_mb']:>7.0f}"
         )
     print(

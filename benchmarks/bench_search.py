@@ -41,6 +41,7 @@ os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from _common import ROOT, latency_summary, machine_facts, peak_rss_mb  # noqa: E402
 from bench_query import SyntheticSpec, build_synthetic_index, query_texts, synthetic_queries  # noqa: E402
+
 from clipsearch.cli import int_at_least  # noqa: E402
 
 _REINDEX = """
@@ -150,7 +151,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--max-memory", default="4GB", help="--max-memory of every build (default: 4GB)")
     parser.add_argument("--target-recall", type=float, default=0.95)
     parser.add_argument("--flat-max", type=int, default=2_000_000, help="largest size that gets an in-RAM flat index (default: 2000000)")
-    parser.add_argument("--commit-every", type=int_at_least(1), default=65536, help="rows per committed part while writing (default: 65536)")
+    parser.add_argument(
+        "--commit-every", type=int_at_least(1), default=65536, help="rows per committed part while writing (default: 65536)"
+    )
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"], help="text tower shape for --e2e (default: vit-b-32)")
     parser.add_argument("--text-precisions", default="fp32,int8", help="query-tower precisions timed end to end (default: fp32,int8)")
     parser.add_argument("--clusters", type=int_at_least(1), default=1000)
@@ -201,7 +204,9 @@ def main(argv: list[str] | None = None) -> int:
                              "build_rss_growth_mb": round(built["peak_rss_mb"] - built["base_rss_mb"], 1),
                              "faiss_bytes_per_vector": round(built["faiss_bytes"] / n, 1), **measured})
                 print(f"# {n:,} {index_type}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
-            results.append({"n": n, "write_seconds": round(write_s, 1), "write": write, "exact_truth_seconds": round(truth_s, 1), "types": rows})
+            results.append(
+                {"n": n, "write_seconds": round(write_s, 1), "write": write, "exact_truth_seconds": round(truth_s, 1), "types": rows}
+            )
             shutil.rmtree(out, ignore_errors=True)
 
     report = {
@@ -229,12 +234,14 @@ def main(argv: list[str] | None = None) -> int:
             params = ",".join(f"{k}={v}" for k, v in t["search_params"].items()) or "-"
             e2e = t.get("end_to_end_ms", {})
             e2e_s = " ".join(f"{p} {v['p50']:.1f}/{v['p99']:.1f}" for p, v in e2e.items()) or "-"
-            print(f"{r['n']:>10,} {t['type']:<8} {t['factory']:<26} {params:<13} {t['build_seconds']:>8.1f} {t['build_rss_growth_mb']:>7.0f} "
+            print(f"{r['n']:>10,} {t['type']:<8} {t['factory']:<26} {params:<13} {t['build_seconds']:>8.1f} "
+                  f"{t['build_rss_growth_mb']:>7.0f} "
                   f"{t['faiss_bytes_per_vector']:>7.0f} {t['search_ms']['p50']:>8.3f}/{t['search_ms']['p99']:<9.3f} "
                   f"{t['recall_at_10']:>9.3f} {e2e_s:>34}")
     print("+MB: peak RSS growth of the reindex process over its RSS after imports")
     print(f"single queries, k={args.k}, {args.queries} held-out in-distribution queries; recall against exact search; "
-          f"--max-memory {args.max_memory}, target recall {args.target_recall}; {report['machine']['cores']} cores, {report['machine']['cpu']}")
+          f"--max-memory {args.max_memory}, target recall {args.target_recall}; "
+          f"{report['machine']['cores']} cores, {report['machine']['cpu']}")
     return 0
 
 

@@ -42,6 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     width, height = (int(v) for v in args.size.lower().split("x"))
 
     from imagegen import make_jpegs, photo_like
+
     from indexer import build_index
     from retrieval.random_model import make_random_clip
 

@@ -32,6 +32,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import machine_facts
+
 from clipsearch.cli import int_at_least
 
 # Published text-to-image ("image retrieval") recall of open_clip's ViT-B-32 with the OpenAI
@@ -215,7 +216,10 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     missing = sorted({s.path for s in index.skipped()} & set(dataset.images))
     if missing:
         # evaluate() skips the captions of these images and counts them in skipped_queries.
-        _log(f"warning: {len(missing)} of {dataset.n_images} images could not be indexed (e.g. {missing[0]}); the published protocol needs all of them")
+        _log(
+            f"warning: {len(missing)} of {dataset.n_images} images could not be indexed (e.g. {missing[0]}); "
+            "the published protocol needs all of them"
+        )
     queries_file = queries_path(index_dir)
     n_queries = write_queries(dataset, queries_file, merge_duplicates=args.merge_duplicate_captions)
 
@@ -242,7 +246,9 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "merge_duplicate_captions": args.merge_duplicate_captions,
         "index": {
             key: getattr(build, key)
-            for key in ("total", "embedded", "added", "updated", "removed", "unchanged", "skipped", "seconds", "images_per_second", "device")
+            for key in (
+                "total", "embedded", "added", "updated", "removed", "unchanged", "skipped", "seconds", "images_per_second", "device"
+            )
         },
         "index_rebuilt": why is not None,
         "eval_seconds": round(eval_s, 3),

@@ -36,6 +36,7 @@ from retrieval.errors import (
     UnknownBuildOptionError,
     UnsupportedFormatError,
 )
+from retrieval.faults import crash_point
 from retrieval.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS
 from retrieval.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions, parse_memory
 from retrieval.layout import (
@@ -54,7 +55,6 @@ from .ahead import Ahead
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .dataset import Batch, ImageDataset, Item, collate, content_hash, finish_on_device
 from .discover import Discovery, discover, from_list
-from retrieval.faults import crash_point
 from .heap import retained_heap
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update
@@ -511,10 +511,9 @@ def _run(
 
 def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, writer: GenerationWriter) -> dict[str, Any]:
     """Decode and embed ``plan.to_embed``, committing a generation every chunk."""
+    import torch
     from torch.utils.data import DataLoader
     from tqdm import tqdm
-
-    import torch
 
     device_type = enc.device.type
     stats: dict[str, Any] = dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0, threads=0,

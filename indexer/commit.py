@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from retrieval import faiss_index, store
+from retrieval.faults import crash_point
 from retrieval.index_types import IndexOptions
 from retrieval.layout import (
     EMBEDDINGS_DIR,
@@ -42,8 +43,6 @@ from retrieval.layout import (
     write_manifest,
 )
 from retrieval.version import __version__
-
-from retrieval.faults import crash_point
 
 from . import ann
 from .ann import FaissInfo

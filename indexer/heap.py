@@ -33,9 +33,9 @@ def _glibc() -> ctypes.CDLL | None:
         return None
     try:
         libc = ctypes.CDLL(name)
-        libc.gnu_get_libc_version  # noqa: B018 - only glibc has it
-        libc.mallopt
-        libc.malloc_trim
+        # Looking a symbol up raises AttributeError when it is missing; only glibc has all three.
+        for symbol in ("gnu_get_libc_version", "mallopt", "malloc_trim"):
+            getattr(libc, symbol)
     except (OSError, AttributeError):
         return None
     return libc

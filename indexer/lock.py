@@ -71,12 +71,19 @@ class IndexLock:
                 raise
             holder = _read_holder(fd)
             os.close(fd)
-            raise IndexLockedError(f"{self.path.parent} is being written by another clipsearch process ({_describe(holder)}); wait for it to finish") from None
+            raise IndexLockedError(
+                f"{self.path.parent} is being written by another clipsearch process ({_describe(holder)}); wait for it to finish"
+            ) from None
         except BaseException:
             os.close(fd)
             raise
         self.previous_holder = _read_holder(fd) or None
-        me = {"pid": os.getpid(), "host": socket.gethostname(), "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"), "command": " ".join(sys.argv)}
+        me = {
+            "pid": os.getpid(),
+            "host": socket.gethostname(),
+            "started": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+            "command": " ".join(sys.argv),
+        }
         os.ftruncate(fd, 0)
         os.pwrite(fd, json.dumps(me).encode(), 0)
         os.fsync(fd)

@@ -17,8 +17,8 @@ from .errors import (
     PhotosDirError,
     UnsupportedFormatError,
 )
-from .index import Hit, ImageIndex, SkippedFile
 from .images import preprocess_tensor
+from .index import Hit, ImageIndex, SkippedFile
 from .verify import VerifyReport, verify_index
 from .version import __version__
 

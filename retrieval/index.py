@@ -400,7 +400,9 @@ class ImageIndex:
 
     def embeddings(self) -> np.ndarray:
         """All stored embeddings as an ``(count, dim)`` float32 array, in id order."""
-        return store.vectors_of(store.read_column(self._parts, "embedding"), self.dim) if self._parts else np.empty((0, self.dim), np.float32)
+        return (
+            store.vectors_of(store.read_column(self._parts, "embedding"), self.dim) if self._parts else np.empty((0, self.dim), np.float32)
+        )
 
     def iter_embeddings(self, batch_rows: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
         """Stream the stored embeddings as ``(first_id, (n, dim) float32)`` chunks, in id order."""

@@ -41,6 +41,7 @@ the missing checksums, and the next writer of a generation records them.
 from __future__ import annotations
 
 import hashlib
+import itertools
 import json
 import os
 import struct
@@ -187,7 +188,7 @@ def write_paths_file(fh: IO[bytes], file_id: str, offsets: Any, data: bytes | me
     fh.write(data)
     view = memoryview(data)
     bounds = offsets.tolist()
-    crcs = np.fromiter((zlib.crc32(view[a:b]) for a, b in zip(bounds, bounds[1:])), dtype="<u4", count=len(bounds) - 1)
+    crcs = np.fromiter((zlib.crc32(view[a:b]) for a, b in itertools.pairwise(bounds)), dtype="<u4", count=len(bounds) - 1)
     fh.write(crcs.tobytes())
     fh.write(PATHS_CRC_MAGIC)
 

@@ -170,7 +170,7 @@ def _bytes_to_unicode() -> dict[int, str]:
             bs.append(b)
             cs.append(2**8 + n)
             n += 1
-    return dict(zip(bs, [chr(c) for c in cs]))
+    return dict(zip(bs, [chr(c) for c in cs], strict=True))
 
 
 def _find_bpe_file() -> Path:

@@ -16,8 +16,7 @@ from indexer.commit import MERGE_MIN_PARTS, GenerationWriter, IndexMeta
 from indexer.lock import IndexLock
 from indexer.reindex import reindex
 from indexer.writer import FileRecord
-from retrieval import ImageIndex, InvalidArgumentError
-from retrieval import faiss_index
+from retrieval import ImageIndex, InvalidArgumentError, faiss_index
 from retrieval.errors import IndexFormatError
 from retrieval.filters import Filter, parse_time
 from retrieval.index_types import IndexOptions, ivf_lists, parse_memory, plan_index
@@ -37,7 +36,10 @@ def clustered(n: int, dim: int, seed: int = 0, clusters: int = 30, noise: float 
 
 def records(start: int, n: int) -> list[FileRecord]:
     # Paths in 5 folders; widths 100..149; mtimes = id (ns).
-    return [FileRecord(f"dir{i % 5}/img{i:05d}.jpg".encode(), 100 + i % 50, 60 + i % 7, 1000 + i, i, f"{i:032x}") for i in range(start, start + n)]
+    return [
+        FileRecord(f"dir{i % 5}/img{i:05d}.jpg".encode(), 100 + i % 50, 60 + i % 7, 1000 + i, i, f"{i:032x}")
+        for i in range(start, start + n)
+    ]
 
 
 def write_vectors_index(out: Path, vectors: np.ndarray, commit_every: int, options: dict | None = None) -> None:
@@ -151,7 +153,9 @@ def test_ivf_lists_keep_enough_training_points() -> None:
     assert ivf_lists(1_000_000) == 4096
 
 
-@pytest.mark.parametrize("text,expected", [("4GB", 4 * 2**30), ("512M", 512 * 2**20), ("1.5GiB", int(1.5 * 2**30)), ("1000", 1000), (2048, 2048)])
+@pytest.mark.parametrize(
+    "text,expected", [("4GB", 4 * 2**30), ("512M", 512 * 2**20), ("1.5GiB", int(1.5 * 2**30)), ("1000", 1000), (2048, 2048)]
+)
 def test_parse_memory(text: str | int, expected: int) -> None:
     assert parse_memory(text) == expected
 
@@ -193,7 +197,9 @@ def test_search_params_validated_in_manifest(vec_index: Path, tmp_path: Path) ->
         ImageIndex.open(idx)
 
 
-@pytest.mark.parametrize("index_type,factory_start", [("hnsw", "HNSW32"), ("ivf-sq8", "IVF"), ("ivf-pq", "IVF64,PQ8x6"), ("IVF32,Flat", "IVF32,Flat")])
+@pytest.mark.parametrize(
+    "index_type,factory_start", [("hnsw", "HNSW32"), ("ivf-sq8", "IVF"), ("ivf-pq", "IVF64,PQ8x6"), ("IVF32,Flat", "IVF32,Flat")]
+)
 def test_reindex_builds_tunes_and_records(
     vec_index: Path,
     tmp_path: Path,
@@ -438,7 +444,9 @@ def test_cli_index_with_index_type(collection: Collection, tiny_model: Path, tmp
     assert read_manifest(out).index_options["index_type"] == "flat"
     bad = run_cli(["index", str(collection.root), str(tmp_path / "bad.idx"), "--model", str(tiny_model), "--max-memory", "x"])
     assert bad.returncode == 1 and "memory size" in bad.stderr and not (tmp_path / "bad.idx").exists()
-    bogus = run_cli(["index", str(collection.root), str(tmp_path / "bogus.idx"), "--model", str(tiny_model), "--index-type", "Bogus7", "--no-progress"])
+    bogus = run_cli(
+        ["index", str(collection.root), str(tmp_path / "bogus.idx"), "--model", str(tiny_model), "--index-type", "Bogus7", "--no-progress"]
+    )
     assert bogus.returncode == 1 and bogus.stderr.count("\n") == 1 and "could not parse index string Bogus7" in bogus.stderr
     assert not (tmp_path / "bogus.idx").exists()
 

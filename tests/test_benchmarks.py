@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from imagegen import photo_like
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
@@ -157,7 +156,8 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
         stored = index.embeddings().astype(np.float64)
         overlaps = []
         for q in queries:
-            exact = sorted(range(len(stored)), key=lambda j, s=stored @ q.astype(np.float64): (-s[j], j))[:10]
+            scores = stored @ q.astype(np.float64)
+            exact = sorted(range(len(stored)), key=lambda j: (-scores[j], j))[:10]
             _, found = index.search_ids(q[None], 10)
             overlaps.append(len(set(found[0].tolist()) & set(exact)) / 10)
         recalls[index.info()["index_type"]] = float(np.mean(overlaps))

@@ -11,9 +11,9 @@ import sys
 from pathlib import Path
 
 import pytest
-
 from conftest import run_cli
 from imagegen import Collection, photo_like
+
 from retrieval import ImageIndex
 from retrieval.layout import FORMAT_VERSION, MANIFEST_DIGEST_KEY
 
@@ -23,7 +23,9 @@ pytestmark = pytest.mark.slow
 @pytest.fixture(scope="module")
 def cli_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, collection: Collection) -> tuple[Path, dict]:
     out = tmp_path_factory.mktemp("cli") / "photos.idx"
-    proc = run_cli(["index", collection.root, out, "--model", tiny_model, "--batch-size", "4", "--workers", "1", "--device", "cpu", "--json"])
+    proc = run_cli(
+        ["index", collection.root, out, "--model", tiny_model, "--batch-size", "4", "--workers", "1", "--device", "cpu", "--json"]
+    )
     assert proc.returncode == 0, proc.stderr
     return out, json.loads(proc.stdout)
 
@@ -187,7 +189,9 @@ def test_index_files_from_list(tmp_path: Path, tiny_model: Path, collection: Col
     assert (summary["indexed"], summary["skipped"]) == (2, 1)
     info = json.loads(run_cli(["info", out, "--json"]).stdout)
     assert info["skipped_files"] == [{"path": "missing.jpg", "reason": "file not found"}]
-    _one_line_error(run_cli(["index", collection.root, tmp_path / "x", "--model", tiny_model, "--files-from", tmp_path / "nolist"]), "--files-from")
+    _one_line_error(
+        run_cli(["index", collection.root, tmp_path / "x", "--model", tiny_model, "--files-from", tmp_path / "nolist"]), "--files-from"
+    )
 
 
 def test_update_summary_lock_and_model_errors(tmp_path: Path, tiny_model: Path, other_model: Path) -> None:
@@ -206,7 +210,9 @@ def test_update_summary_lock_and_model_errors(tmp_path: Path, tiny_model: Path, 
         "added": 1, "updated": 0, "removed": 1, "unchanged": 2, "skipped": 0, "total": 3
     }
     assert summary["seconds"] > 0
-    _one_line_error(run_cli(["index", photos, out, "--model", other_model]), "--rebuild", str(tiny_model.resolve()), str(other_model.resolve()))
+    _one_line_error(
+        run_cli(["index", photos, out, "--model", other_model]), "--rebuild", str(tiny_model.resolve()), str(other_model.resolve())
+    )
     proc = run_cli(["index", photos, out, "--model", other_model, "--rebuild", "--workers", "0", "--json"])
     assert proc.returncode == 0 and json.loads(proc.stdout)["added"] == 3
     from indexer.lock import IndexLock

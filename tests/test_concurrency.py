@@ -5,7 +5,8 @@ after every manifest switch (``CLIPSEARCH_PAUSE_AT=commit``) until the test lets
 each pause the test opens the new generation and records its answer (the truth), and searches
 every index it opened at earlier pauses, whose generation directories the writer has removed
 by then. A reader thread opens and searches in a loop, free-running, and the writer is let go
-only once it has searched the generation the writer paused at. Forced by construction as well: a reader that has read the manifest of generation g but not yet opened
+only once it has searched the generation the writer paused at. Forced by construction as well:
+a reader that has read the manifest of generation g but not yet opened
 its files while the writer goes on to publish g+2 and remove g.
 
 Each answer is the whole index (k = its row count) for one query vector, so it shows the
@@ -25,8 +26,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 from faultctl import SAFETY_TIMEOUT, Cli, Pauses
-
 from imagegen import photo_like
+
 from retrieval import ImageIndex, store
 from retrieval.encoders import load_encoder
 from retrieval.layout import GENERATION_PREFIX, Manifest
@@ -71,7 +72,10 @@ class FreeReader(threading.Thread):
     def wait_for(self, generation: str) -> bool:
         """Wait until this reader has opened and searched ``generation`` (False: it stopped first)."""
         with self._changed:
-            return self._changed.wait_for(lambda: generation in self._seen or not self.is_alive(), SAFETY_TIMEOUT) and generation in self._seen
+            return (
+                self._changed.wait_for(lambda: generation in self._seen or not self.is_alive(), SAFETY_TIMEOUT)
+                and generation in self._seen
+            )
 
     def _record(self, answer: Answer) -> None:
         with self._changed:

@@ -4,7 +4,8 @@ consistent, and a re-run must give the clean run's result.
 Every kill is reached by construction: ``CLIPSEARCH_CRASH_AT=point:n`` makes the process kill
 itself at its n-th arrival at a named point (see :data:`retrieval.faults.POINTS`), or the test holds
 a process at a point (``CLIPSEARCH_PAUSE_AT``) and acts while it is there, e.g. kills it from
-outside once the disk shows a given state. No sleep decides where a kill lands. Each case checks that the process really died by SIGKILL, and that the disk
+outside once the disk shows a given state. No sleep decides where a kill lands. Each case checks
+that the process really died by SIGKILL, and that the disk
 holds exactly the state of that point (how many files the manifest has committed, which
 leftover directories exist, which checkpoint), then:
 
@@ -251,7 +252,9 @@ def changed_photos(tmp_path_factory: pytest.TempPathFactory, photos: Path) -> Pa
 @pytest.fixture(scope="module")
 def clean_changed(tmp_path_factory: pytest.TempPathFactory, changed_photos: Path, tiny_model: Path) -> dict[str, np.ndarray]:
     out = tmp_path_factory.mktemp("clean-changed") / "idx"
-    build_index(changed_photos, out, model=str(tiny_model), batch_size=BATCH, commit_every=COMMIT_EVERY, workers=0, precision="fp32", device="cpu")
+    build_index(
+        changed_photos, out, model=str(tiny_model), batch_size=BATCH, commit_every=COMMIT_EVERY, workers=0, precision="fp32", device="cpu"
+    )
     return _by_path(out)
 
 
@@ -377,7 +380,9 @@ def test_reindex_killed_and_rerun(point: str, tmp_path: Path, clean_dir: Path, c
 
 # -- finetune -------------------------------------------------------------------------------------
 
-CAPTIONS = ["a red square", "a blue circle", "a green field", "a yellow sun", "a purple flower", "an orange car", "a grey cat", "a white star"]
+CAPTIONS = [
+    "a red square", "a blue circle", "a green field", "a yellow sun", "a purple flower", "an orange car", "a grey cat", "a white star"
+]
 # 8 pairs, batches of 4: 2 steps per epoch, 4 in all. Checkpoints after each epoch and every
 # 3 steps: saves at steps 2 (epoch end), 3 (mid-epoch) and 4 (the last).
 FINETUNE_OPTIONS = {"epochs": 2, "batch_size": 4, "lr": 1e-3, "warmup_steps": 0, "save_every": 3, "device": "cpu", "seed": 0}

@@ -194,7 +194,9 @@ def test_captions_jsonl_errors_carry_line_numbers(tmp_path: Path, line: str, mes
 
 def test_captions_csv_and_tsv(tmp_path: Path) -> None:
     path = tmp_path / "caps.csv"
-    path.write_text('Filepath,Caption,extra\nimg/1.jpg,"A dog, running",x\n\nimg/2.jpg,"Two\nlines",y\nimg/1.jpg,Another,z\n', encoding="utf-8-sig")
+    path.write_text(
+        'Filepath,Caption,extra\nimg/1.jpg,"A dog, running",x\n\nimg/2.jpg,"Two\nlines",y\nimg/1.jpg,Another,z\n', encoding="utf-8-sig"
+    )
     ds = load_captions_csv(path)
     assert ds.images == ("img/1.jpg", "img/2.jpg")
     assert ds.captions == (("img/1.jpg", "A dog, running"), ("img/2.jpg", "Two\nlines"), ("img/1.jpg", "Another"))

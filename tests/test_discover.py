@@ -158,7 +158,10 @@ def test_from_list_takes_listed_files_only(collection) -> None:
 
     d = from_list(
         collection.root,
-        ["photos/a.jpg", "photos/../photos/a.jpg", "formats/rgba.png", "nope.jpg", "../outside.jpg", "/etc/passwd", "folder.jpg", b"intl/latin1_caf\xe9.jpg"],
+        [
+            "photos/a.jpg", "photos/../photos/a.jpg", "formats/rgba.png", "nope.jpg", "../outside.jpg", "/etc/passwd", "folder.jpg",
+            b"intl/latin1_caf\xe9.jpg",
+        ],
     )
     assert [f.rel for f in d.files] == [b"formats/rgba.png", b"intl/latin1_caf\xe9.jpg", b"photos/a.jpg"]
     reasons = dict(d.missing)

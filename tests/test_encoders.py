@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from imagegen import photo_like, transparent_photo_like
 from PIL import Image
 
-from imagegen import photo_like, transparent_photo_like
 from retrieval.encoders import HFClipEncoder, checkpoint_fingerprint, load_encoder, resolve_device
 from retrieval.errors import InvalidArgumentError, ModelLoadError
 from retrieval.images import load_pixels

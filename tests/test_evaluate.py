@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
-from clipsearch.cli import main as cli_main
 from conftest import run_cli
 from imagegen import Collection, photo_like
+
+from clipsearch.cli import main as cli_main
 from indexer import build_index
 from retrieval import ImageIndex
 from retrieval.errors import EvaluationError, InvalidArgumentError, QueriesFileError

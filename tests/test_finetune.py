@@ -10,10 +10,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from clipsearch.cli import main as cli_main
 from conftest import run_cli
 from imagegen import photo_like, write_caption_pairs
 
+from clipsearch.cli import main as cli_main
 from indexer.training.augment import AugmentConfig
 from indexer.training.contrastive import PairBatch, forward_backward, positive_mask
 from indexer.training.finetune import FinetuneConfig, finetune, lr_factor
@@ -300,7 +300,9 @@ def test_from_config_tiny_trains_a_loadable_model(pairs_dir: Path, tmp_path: Pat
         (["--crop-scale", "1.5"], "crop scale"),
     ],
 )
-def test_bad_numbers_are_one_line_errors(extra: list[str], needle: str, pairs_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_bad_numbers_are_one_line_errors(
+    extra: list[str], needle: str, pairs_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     code = cli_main(["finetune", "--from-config", "tiny", "--data", str(pairs_dir / "pairs.jsonl"), "--out", str(tmp_path / "o"), *extra])
     _one_line_error(code, capsys, needle)
 

@@ -9,9 +9,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from imagegen import photo_like
 from PIL import Image
 
-from imagegen import photo_like
 from indexer import dataset as D
 from indexer.discover import ImageFile
 from retrieval.encoders import HFClipEncoder

@@ -130,8 +130,8 @@ def test_animated_first_frame(coll: Collection) -> None:
             for i in range(n):
                 im.seek(i)
                 seen.append(im.convert("RGB").getpixel((1, 1)))
-            for got, want in zip(seen, GIF_FRAME_COLORS):
-                assert max(abs(a - b) for a, b in zip(got, want)) <= 8, (rel, seen)
+            for got, want in zip(seen, GIF_FRAME_COLORS, strict=True):
+                assert max(abs(a - b) for a, b in zip(got, want, strict=True)) <= 8, (rel, seen)
         # A fresh open starts at frame 0 (red), the one that counts.
         with Image.open(coll.root / rel) as im:
             r, g, b = im.convert("RGB").getpixel((1, 1))

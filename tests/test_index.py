@@ -12,8 +12,8 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from imagegen import Collection, photo_like
+
 from indexer import build_index
 from retrieval import (
     ImageDecodeError,
@@ -34,7 +34,11 @@ from retrieval.layout import FORMAT_VERSION, MANIFEST_DIGEST_KEY, display_path
 def _file(index_dir: Path, role: str) -> Path:
     """Where the manifest says a data file of the current generation is."""
     manifest = json.loads((index_dir / "manifest.json").read_text())
-    rel = {"embeddings": manifest["parts"][0]["path"], "faiss": (manifest["faiss"] or {}).get("path"), "skipped": manifest["skipped_file"]}[role]
+    rel = {
+        "embeddings": manifest["parts"][0]["path"],
+        "faiss": (manifest["faiss"] or {}).get("path"),
+        "skipped": manifest["skipped_file"],
+    }[role]
     return index_dir / rel
 
 
@@ -417,7 +421,11 @@ def test_write_failure_keeps_previous_index(tmp_path: Path, tiny_model: Path, mo
 
     # Fail while writing FAISS, while renaming the generation into place, or after that,
     # while switching the manifest.
-    target = {"faiss": (commit_mod.faiss_index, "write"), "publish": (commit_mod, "publish_generation"), "manifest": (commit_mod, "write_manifest")}[where]
+    target = {
+        "faiss": (commit_mod.faiss_index, "write"),
+        "publish": (commit_mod, "publish_generation"),
+        "manifest": (commit_mod, "write_manifest"),
+    }[where]
     monkeypatch.setattr(*target, disk_full)
     with pytest.raises(IndexDirError, match="No space left on device"):
         build_index(photos, idx, model=str(tiny_model), workers=0)

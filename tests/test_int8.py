@@ -11,17 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from imagegen import make_jpegs
 from torch import nn
 
-from imagegen import make_jpegs
 from indexer import build_index
 from retrieval import ImageIndex
-from retrieval.encoders import HFClipEncoder
-from retrieval.encoders import cpu
-from retrieval.encoders import precision as P
+from retrieval.encoders import HFClipEncoder, cpu
 from retrieval.encoders import int8 as I8
-from retrieval.errors import InvalidArgumentError
+from retrieval.encoders import precision as P
 from retrieval.encoders.int8 import Int8Linear, Int8PatchEmbedding, quantize_int8, quantize_rows
+from retrieval.errors import InvalidArgumentError
 from retrieval.images import load_pixels
 
 

@@ -12,12 +12,12 @@ import pytest
 
 from retrieval.errors import IndexFormatError, NotAnIndexError, UnsupportedFormatError
 from retrieval.layout import (
-    FaissRef,
-    PartRef,
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_FILE,
+    FaissRef,
     Manifest,
+    PartRef,
     atomic_write,
     display_path,
     embeddings_schema,

@@ -16,10 +16,10 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from PIL import Image
-
 from conftest import run_cli
 from imagegen import photo_like, transparent_photo_like
+from PIL import Image
+
 from retrieval import ImageIndex
 from retrieval.encoders import OpenClipEncoder, load_encoder
 from retrieval.encoders.openclip import parse_spec

@@ -63,7 +63,11 @@ def test_unreadable_changed_file_is_re_embedded_and_fails_there() -> None:
 
 
 def test_broken_files_are_retried_only_when_changed() -> None:
-    skips = [SkipRecord(b"x.jpg", "empty file", 0, 7, "h0"), SkipRecord(b"y.jpg", "truncated file", 5, 8, "h1"), SkipRecord(b"gone.jpg", "empty file", 0, 9, "h2")]
+    skips = [
+        SkipRecord(b"x.jpg", "empty file", 0, 7, "h0"),
+        SkipRecord(b"y.jpg", "truncated file", 5, 8, "h1"),
+        SkipRecord(b"gone.jpg", "empty file", 0, 9, "h2"),
+    ]
     found = [ImageFile(b"x.jpg", 0, 7), ImageFile(b"y.jpg", 6, 9)]
     plan = plan_update(_facts([]), skips, found, lambda rel: None)
     assert [s.path for s in plan.carried_skips] == [b"x.jpg"]

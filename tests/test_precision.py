@@ -8,13 +8,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from conftest import run_cli
 from imagegen import make_jpegs
+
 from indexer import build_index
 from indexer.build import BuildConfig
-from retrieval.encoders import HFClipEncoder, load_encoder
-from retrieval.encoders import cpu
+from retrieval.encoders import HFClipEncoder, cpu, load_encoder
 from retrieval.encoders import precision as P
 from retrieval.errors import InvalidArgumentError
 from retrieval.images import load_pixels
@@ -190,7 +189,9 @@ def test_cli_precision_options(tiny_model: Path, photos: Path, tmp_path: Path) -
     assert bad.returncode == 1 and bad.stderr.startswith("clipsearch: error: unknown precision 'fp64'")
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "b.idx").exists()
     out = tmp_path / "c.idx"
-    ok = run_cli(["index", photos, out, "--model", tiny_model, "--precision", "int8", "--threads", "1", "--workers", "0", "--json", "--no-progress"])
+    ok = run_cli(
+        ["index", photos, out, "--model", tiny_model, "--precision", "int8", "--threads", "1", "--workers", "0", "--json", "--no-progress"]
+    )
     assert ok.returncode == 0, ok.stderr
     summary = json.loads(ok.stdout)
     assert (summary["precision"], summary["threads"], summary["cpu_level"]) == ("int8", 1, cpu.cpu_level())

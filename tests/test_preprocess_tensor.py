@@ -7,8 +7,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-
 from imagegen import photo_like
+
 from retrieval import preprocess_tensor
 from retrieval.images import PreprocessConfig
 

@@ -81,7 +81,7 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 def hf_ids(tokenizer, texts: list[str]) -> list[list[int]]:
     batch = tokenizer(texts, padding="max_length", truncation=True, max_length=77)
-    return [[i for i, m in zip(ids, mask) if m] for ids, mask in zip(batch["input_ids"], batch["attention_mask"])]
+    return [[i for i, m in zip(ids, mask, strict=True) if m] for ids, mask in zip(batch["input_ids"], batch["attention_mask"], strict=True)]
 
 
 def open_clip_ids(tokenize, texts: list[str]) -> list[list[int]]:
@@ -110,7 +110,7 @@ def test_tokenizer_rejects_bad_max_length(bad) -> None:
 def test_token_ids_match_open_clip(tokenizer, open_clip_tokenize) -> None:
     ours = hf_ids(tokenizer, PARITY_TEXTS)
     theirs = open_clip_ids(open_clip_tokenize, PARITY_TEXTS)
-    for text, a, b in zip(PARITY_TEXTS, ours, theirs):
+    for text, a, b in zip(PARITY_TEXTS, ours, theirs, strict=True):
         assert a == b, f"ids differ for {text!r}"
 
 
@@ -127,7 +127,7 @@ def test_long_text_truncated_with_eot_like_open_clip(tokenizer, open_clip_tokeni
 def test_cleaning_makes_remaining_classes_match(tokenizer, open_clip_tokenize) -> None:
     theirs = open_clip_ids(open_clip_tokenize, NEEDS_CLEANING_TEXTS)
     ours = hf_ids(tokenizer, [clean_text_like_open_clip(t) for t in NEEDS_CLEANING_TEXTS])
-    for text, a, b in zip(NEEDS_CLEANING_TEXTS, ours, theirs):
+    for text, a, b in zip(NEEDS_CLEANING_TEXTS, ours, theirs, strict=True):
         assert a == b, f"ids differ for {text!r} even after cleaning"
     # Cleaning is harmless for text that already matched.
     assert hf_ids(tokenizer, [clean_text_like_open_clip(t) for t in PARITY_TEXTS]) == hf_ids(tokenizer, PARITY_TEXTS)

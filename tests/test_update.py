@@ -12,8 +12,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-
 from imagegen import photo_like
+
 from indexer import build_index
 from indexer.lock import IndexLock
 from retrieval import ImageIndex, IndexLockedError, ModelMismatchError
@@ -211,7 +211,13 @@ def test_lock_of_a_killed_writer_is_taken_over(tmp_path: Path, tiny_model: Path,
     idx = tmp_path / "idx"
     idx.mkdir()
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from indexer.lock import IndexLock; IndexLock(sys.argv[1]).acquire(); print('locked', flush=True); time.sleep(60)", str(idx)],
+        [
+            sys.executable,
+            "-c",
+            "import sys, time; from indexer.lock import IndexLock; IndexLock(sys.argv[1]).acquire(); "
+            "print('locked', flush=True); time.sleep(60)",
+            str(idx),
+        ],
         stdout=subprocess.PIPE,
         text=True,
     )

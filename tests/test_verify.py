@@ -30,8 +30,7 @@ from indexer.commit import GenerationWriter, IndexMeta
 from indexer.lock import IndexLock
 from indexer.reindex import reindex
 from indexer.writer import FileRecord, SkipRecord
-from retrieval import ImageIndex, IndexCorruptError, NotAnIndexError, verify_index
-from retrieval import faiss_index
+from retrieval import ImageIndex, IndexCorruptError, NotAnIndexError, faiss_index, verify_index
 from retrieval.errors import IndexFormatError
 from retrieval.filters import Filter
 from retrieval.layout import (
@@ -55,7 +54,9 @@ def unit_vectors(n: int, seed: int = 0) -> np.ndarray:
 
 
 def records(start: int, n: int) -> list[FileRecord]:
-    return [FileRecord(f"dir{i % 3}/img{i:05d}.jpg".encode(), 100 + i, 50 + i % 7, 1000 + i, i, f"{i:032x}") for i in range(start, start + n)]
+    return [
+        FileRecord(f"dir{i % 3}/img{i:05d}.jpg".encode(), 100 + i, 50 + i % 7, 1000 + i, i, f"{i:032x}") for i in range(start, start + n)
+    ]
 
 
 def write_index(out: Path, vectors: np.ndarray, finish: bool = True, index_type: str = "flat") -> Manifest:
@@ -325,7 +326,9 @@ def test_flipped_bit_in_faiss_is_named_by_verify_and_repaired_by_reindex(idx: Pa
     assert report.problems[0].fix == f"rebuild its FAISS index from the stored vectors with `clipsearch reindex {idx}`"
     proc = run_cli(["verify", idx])
     assert proc.returncode == 1
-    assert proc.stderr == f"clipsearch: error: {rel} is damaged (its sha256 differs from the one the manifest records); {report.problems[0].fix}\n"
+    assert proc.stderr == (
+        f"clipsearch: error: {rel} is damaged (its sha256 differs from the one the manifest records); {report.problems[0].fix}\n"
+    )
     reindex(idx)
     assert verify_index(idx).ok
 
@@ -484,7 +487,9 @@ def test_every_generation_records_checksums_of_all_its_files(tmp_path: Path, vec
     first = read_manifest(out)
     assert first.faiss is None and set(first.checksums) == set(first.files())
     base = read_manifest(out)
-    meta = IndexMeta(base.model, base.model_fingerprint, base.backend, base.dim, base.preprocess, base.source_root, index_options={"index_type": "flat"})
+    meta = IndexMeta(
+        base.model, base.model_fingerprint, base.backend, base.dim, base.preprocess, base.source_root, index_options={"index_type": "flat"}
+    )
     with IndexLock(out):
         writer = GenerationWriter(out, meta, base)
         writer.skipped = list(SKIPS)
@@ -516,7 +521,9 @@ def test_reindex_checks_every_file_but_the_faiss_file_it_replaces(idx: Path) -> 
     assert (idx / MANIFEST_FILE).read_bytes() == before
 
 
-def test_an_update_names_a_truncated_faiss_file_and_reindex(built_index: Path, collection: Collection, tiny_model: Path, tmp_path: Path) -> None:
+def test_an_update_names_a_truncated_faiss_file_and_reindex(
+    built_index: Path, collection: Collection, tiny_model: Path, tmp_path: Path
+) -> None:
     from indexer import build_index
 
     idx = tmp_path / "built.idx"

@@ -19,9 +19,9 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from retrieval.evaluation import metrics
 from retrieval.encoders import l2_normalize
 from retrieval.errors import InvalidArgumentError
+from retrieval.evaluation import metrics
 from retrieval.evaluation.ranking import exact_ranks
 
 from .contrastive import encode_images, encode_texts

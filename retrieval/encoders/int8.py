@@ -37,6 +37,7 @@ from __future__ import annotations
 
 import copy
 import functools
+import itertools
 import platform
 from dataclasses import dataclass
 from typing import Any
@@ -174,6 +175,13 @@ class Int8Linear(nn.Module):
     activation only this layer reads), so it is quantised in place, saving a pass.
     ``kernel``: how to multiply; :func:`current_kernel` (this CPU's) when not given.
     """
+
+    # Buffers (register_buffer), declared so that they type as tensors rather than `Tensor | Module`.
+    weight_codes: torch.Tensor
+    col_scale: torch.Tensor
+    neg_code_sums: torch.Tensor
+    bias: torch.Tensor
+    weight_zero: torch.Tensor
 
     def __init__(
         self,
@@ -348,7 +356,7 @@ class _FusedProjections(nn.Module):
             ]))
         self.linear = Int8Linear(fused, kernel=kernel)
         ends = torch.tensor([lin.out_features for lin in linears]).cumsum(0).tolist()
-        self.bounds = list(zip([0, *ends[:-1]], ends))
+        self.bounds = list(itertools.pairwise([0, *ends]))
         self._input: torch.Tensor | None = None
         self._output: torch.Tensor | None = None
         self._unserved: set[int] = set()

@@ -359,8 +359,9 @@ def load_clip_tokenizer(directory: Path, max_length: int) -> tuple[Any, Tokenize
         raise UnsupportedTextTower("tokenizer.json is not CLIP's byte-level BPE")
     specials = [settings.bos_token, settings.eos_token, settings.pad_token, settings.unk_token]
     tok.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in dict.fromkeys(specials)])
-    ids = {t: tok.token_to_id(t) for t in specials}
-    if any(i is None for i in ids.values()):
+    found = {t: tok.token_to_id(t) for t in specials}
+    ids = {t: i for t, i in found.items() if i is not None}
+    if len(ids) != len(found):
         raise UnsupportedTextTower("a special token of tokenizer_config.json is not in the vocabulary")
     # The pipeline of transformers' CLIPTokenizer.__init__ (models/clip/tokenization_clip.py).
     tok.normalizer = normalizers.Sequence(

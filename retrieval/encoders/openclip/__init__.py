@@ -24,6 +24,6 @@ model is used, never at import):
 from __future__ import annotations
 
 from .encoder import OpenClipEncoder
-from .names import CONFIG_FILE, HF_HUB, LOCAL_DIR, PREFIX, OpenClipSpec, is_open_clip_name, parse_spec
+from .names import PREFIX, OpenClipSpec, is_open_clip_name, parse_spec
 
 __all__ = ["OpenClipEncoder", "OpenClipSpec", "PREFIX", "is_open_clip_name", "parse_spec"]

@@ -139,7 +139,9 @@ class OpenClipEncoder(PixelPrecisionMixin):
                     "tags use their own; if these are a tag's weights, name it: open_clip:%s/TAG@%s",
                     spec.name, architecture, architecture, spec.weights,
                 )
-            weights = spec.weights if spec.kind == "file" else _tag_weights(spec.name, architecture, spec.pretrained or "", overlay)
+            weights = (
+                (spec.weights or Path()) if spec.kind == "file" else _tag_weights(spec.name, architecture, spec.pretrained or "", overlay)
+            )
         preprocess = merge_preprocess_dict(PreprocessCfg(), overlay)
         # create_model sets the size from the built vision tower, which takes it from vision_cfg.
         size = model_cfg["vision_cfg"].get("image_size", 224)

@@ -110,7 +110,7 @@ def parse_spec(model: str) -> OpenClipSpec:
         arch_part, weights_part = rest, None
     architecture, pretrained, arch_file = _parse_arch(arch_part, model)
     if weights_part is None:
-        if arch_file is not None:
+        if arch_file is not None or architecture is None:  # no architecture name means a config file
             raise InvalidArgumentError(f"{model!r} has an architecture but no weights: use open_clip:{arch_part}@/path/to/weights.pt")
         if pretrained is None:
             raise InvalidArgumentError(

@@ -1,0 +1,143 @@
+"""The house rules of ARCHITECTURE.md, checked on the source: which room may import which.
+
+Read from the files with `ast` (nothing is imported), so a rule broken inside a function body is
+caught too, and the test costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import ast
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+PACKAGES = ("retrieval", "indexer", "clipsearch")
+
+
+def _module_name(path: Path) -> str:
+    parts = list(path.relative_to(ROOT).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _sources() -> dict[str, Path]:
+    found: dict[str, Path] = {}
+    for package in PACKAGES:
+        for path in sorted((ROOT / package).rglob("*.py")):
+            found[_module_name(path)] = path
+    return found
+
+
+SOURCES = _sources()
+
+
+def _is_type_checking(node: ast.If) -> bool:
+    test = node.test
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(module: str, *, top_level_only: bool) -> Iterator[str]:
+    """Absolute names `module` imports; `top_level_only` skips function bodies and TYPE_CHECKING blocks."""
+    path = SOURCES[module]
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+    def visit(node: ast.AST) -> Iterator[str]:
+        if isinstance(node, ast.Import):
+            yield from (alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")
+                base = base[: len(base) - (node.level - 1)]
+                target = ".".join([*base, node.module] if node.module else base)
+            else:
+                target = node.module or ""
+            yield target
+            # `from pkg import submodule` imports the submodule too.
+            yield from (f"{target}.{a.name}" for a in node.names if f"{target}.{a.name}" in SOURCES)
+        elif top_level_only and isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.Lambda)):
+            return
+        elif top_level_only and isinstance(node, ast.If) and _is_type_checking(node):
+            for child in node.orelse:
+                yield from visit(child)
+        else:
+            for child in ast.iter_child_nodes(node):
+                yield from visit(child)
+
+    yield from visit(tree)
+
+
+def _all_imports(module: str) -> set[str]:
+    return set(_imports(module, top_level_only=False))
+
+
+def _in(name: str, package: str) -> bool:
+    return name == package or name.startswith(package + ".")
+
+
+def _offenders(where: str, forbidden: str) -> list[str]:
+    return sorted(f"{m} imports {n}" for m in SOURCES if _in(m, where) for n in _all_imports(m) if _in(n, forbidden))
+
+
+def test_the_source_tree_is_found() -> None:
+    assert {"retrieval", "indexer", "indexer.training", "clipsearch", "retrieval.faiss_index", "clipsearch.cli"} <= SOURCES.keys()
+
+
+@pytest.mark.parametrize(
+    ("where", "forbidden"),
+    [("retrieval", "indexer"), ("retrieval", "clipsearch"), ("indexer", "clipsearch")],
+)
+def test_inner_rooms_never_import_outer_ones(where: str, forbidden: str) -> None:
+    assert _offenders(where, forbidden) == []
+
+
+def test_training_imports_only_retrieval_and_itself() -> None:
+    bad = sorted(
+        f"{m} imports {n}"
+        for m in SOURCES
+        if _in(m, "indexer.training")
+        for n in _all_imports(m)
+        if _in(n, "indexer") and not _in(n, "indexer.training")
+    )
+    assert bad == []
+
+
+@pytest.mark.parametrize(
+    ("library", "allowed"),
+    [("faiss", ("retrieval.faiss_index",)), ("open_clip", ("retrieval.encoders.openclip",))],
+)
+def test_one_room_imports_each_backend(library: str, allowed: tuple[str, ...]) -> None:
+    users = sorted(m for m in SOURCES if any(_in(n, library) for n in _all_imports(m)))
+    assert users, f"nothing imports {library}: the rule checks nothing"
+    assert [m for m in users if not any(_in(m, a) for a in allowed)] == []
+
+
+def test_no_import_cycle_at_module_level() -> None:
+    graph = {m: {n for n in _imports(m, top_level_only=True) if n in SOURCES and n != m} for m in SOURCES}
+    # A package's __init__ importing its own submodules is how re-exports work, not a cycle.
+    for m, targets in graph.items():
+        graph[m] = {n for n in targets if not (SOURCES[m].name == "__init__.py" and _in(n, m))}
+    state: dict[str, int] = {}
+    stack: list[str] = []
+    cycles: list[list[str]] = []
+
+    def dfs(node: str) -> None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph[node]):
+            if state.get(nxt) == 1:
+                cycles.append(stack[stack.index(nxt) :] + [nxt])
+            elif nxt not in state:
+                dfs(nxt)
+        stack.pop()
+        state[node] = 2
+
+    for module in sorted(graph):
+        if module not in state:
+            dfs(module)
+    assert cycles == []
