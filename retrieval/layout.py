@@ -186,7 +186,7 @@ def write_paths_file(fh: IO[bytes], file_id: str, offsets: Any, data: bytes | me
     fh.write(data)
     view = memoryview(data)
     bounds = offsets.tolist()
-    crcs = np.fromiter((zlib.crc32(view[a:b]) for a, b in zip(bounds, bounds[1:])), dtype="<u4", count=len(bounds) - 1)
+    crcs = np.fromiter((zlib.crc32(view[a:b]) for a, b in zip(bounds, bounds[1:], strict=False)), dtype="<u4", count=len(bounds) - 1)
     fh.write(crcs.tobytes())
     fh.write(PATHS_CRC_MAGIC)
 
