@@ -60,11 +60,11 @@ class Ahead(Generic[R]):
             raise StopIteration
         kind, value = self._queue.get()
         if kind == "item":
-            return value  # type: ignore[return-value]
+            return value  # type: ignore[return-value]  # kind "item" carries an fn result (R)
         self._done = True
         self._thread.join()
         if kind == "error":
-            raise value  # type: ignore[misc]
+            raise value  # type: ignore[misc]  # kind "error" carries the BaseException _run caught
         raise StopIteration
 
     def close(self) -> None:

@@ -534,7 +534,7 @@ def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, write
     # ImageDataset is map-style without torch's Dataset base class (indexer.dataset does not
     # import torch), which DataLoader accepts at run time but its stubs do not.
     loader: DataLoader[Item] = DataLoader(
-        dataset,  # type: ignore[arg-type]
+        dataset,  # type: ignore[arg-type]  # duck-typed map-style dataset, see above
         batch_size=stats["batch_size"],
         shuffle=False,
         num_workers=n_workers,

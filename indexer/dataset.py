@@ -235,7 +235,13 @@ def finish_on_device(
         return batch
     start = time.perf_counter()
     raw = [it for it in batch.pending if it.data is not None]
-    decoded = dict(zip((it.index for it in raw), decode_jpegs_on_device([it.data for it in raw], device), strict=True))  # type: ignore[misc]
+    decoded = dict(
+        zip(
+            (it.index for it in raw),
+            decode_jpegs_on_device([it.data for it in raw], device),  # type: ignore[misc]  # raw keeps only items with data
+            strict=True,
+        )
+    )
     items: list[Item] = []
     # Good images' pixels in batch order; decoded images of one size wait in ``same_size`` and are
     # preprocessed as one stacked tensor (a photo collection has few distinct sizes, and one
@@ -278,4 +284,4 @@ def finish_on_device(
         for (row, _), pixels in zip(group, stacked, strict=True):
             rows[row] = pixels
     seconds = batch.decode_seconds + time.perf_counter() - start
-    return Batch(torch.stack(rows) if rows else None, items, seconds)  # type: ignore[arg-type]
+    return Batch(torch.stack(rows) if rows else None, items, seconds)  # type: ignore[arg-type]  # None slots were filled from same_size

@@ -213,7 +213,7 @@ def test_reindex_builds_tunes_and_records(
     tuned: list[tuple[np.ndarray, np.ndarray]] = []
     tune = faiss_index.tune
 
-    def recording_tune(index, queries, truth, target, exclude=None, k=10):  # type: ignore[no-untyped-def]
+    def recording_tune(index, queries, truth, target, exclude=None, k=10):  # type: ignore[no-untyped-def]  # stand-in for faiss_index.tune
         tuned.append((queries.copy(), np.asarray(exclude).copy()))
         return tune(index, queries, truth, target, exclude=exclude, k=k)
 

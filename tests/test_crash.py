@@ -394,7 +394,9 @@ def pairs(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _finetune_config(model: Path, data: Path, out: Path, resume: bool = False) -> FinetuneConfig:
-    return FinetuneConfig(data=str(data), out=str(out), model=str(model), resume=resume, **FINETUNE_OPTIONS)  # type: ignore[arg-type]
+    return FinetuneConfig(
+        data=str(data), out=str(out), model=str(model), resume=resume, **FINETUNE_OPTIONS  # type: ignore[arg-type]  # dict[str, object]
+    )
 
 
 def _finetune_cmd(model: Path, data: Path, out: Path) -> list[object]:

@@ -294,7 +294,7 @@ def test_captioned_set_validation() -> None:
     ds = CaptionedSet("x", None, ["a", "b"], [("a", "cap")])  # lists are frozen to tuples
     assert ds.images == ("a", "b") and ds.captions == (("a", "cap"),)
     with pytest.raises(AttributeError):
-        ds.name = "y"  # type: ignore[misc]
+        ds.name = "y"  # type: ignore[misc]  # assigning a read-only field is the point
 
 
 def test_normalize_image_path() -> None:

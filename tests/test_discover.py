@@ -13,7 +13,7 @@ from indexer.discover import Discovery, discover
 try:
     from imagegen import Collection
 except ImportError:  # pragma: no cover
-    from tests.imagegen import Collection  # type: ignore[no-redef]
+    from tests.imagegen import Collection  # type: ignore[no-redef]  # same names, tests package
 
 
 def _rels(d: Discovery) -> list[bytes]:
@@ -107,9 +107,9 @@ def test_discover_unreadable_dir_reported(collection: Collection, monkeypatch: p
     blocked = os.path.join(os.fsencode(collection.root), b"photos", b"2023")
 
     def fake_scandir(path: object = ".") -> object:
-        if os.fsencode(path) == blocked:  # type: ignore[arg-type]
+        if os.fsencode(path) == blocked:  # type: ignore[arg-type]  # path is object in this stand-in for scandir
             raise PermissionError(13, "Permission denied", path)
-        return real_scandir(path)  # type: ignore[arg-type]
+        return real_scandir(path)  # type: ignore[arg-type]  # path is object in this stand-in for scandir
 
     monkeypatch.setattr(os, "scandir", fake_scandir)
     d = discover(collection.root)

@@ -28,7 +28,7 @@ TEXTS = [
 
 def _features(out: object) -> torch.Tensor:
     # transformers 5 returns a model output whose pooler_output is the projected feature.
-    return out.pooler_output if hasattr(out, "pooler_output") else out  # type: ignore[attr-defined,return-value]
+    return out.pooler_output if hasattr(out, "pooler_output") else out  # type: ignore[attr-defined,return-value]  # out is typed object
 
 
 def _normalised(t: torch.Tensor) -> np.ndarray:

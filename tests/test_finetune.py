@@ -47,7 +47,7 @@ def _config(tiny_model: Path, pairs_dir: Path, out: Path, **kw: object) -> Finet
         "seed": 0,
     }
     options.update(kw)
-    return FinetuneConfig(**options)  # type: ignore[arg-type]
+    return FinetuneConfig(**options)  # type: ignore[arg-type]  # options is dict[str, object]
 
 
 def _weights(directory: Path) -> dict[str, np.ndarray]:
@@ -386,7 +386,7 @@ def test_demo_model_loads_with_its_documented_shape_and_ranks_train_captions() -
     files = [REPO / "data" / "demo" / p["path"] for p in pairs]
     pixels, failures = validation_pixels(files, encoder.preprocess)
     assert not failures
-    vset = build_validation_set(files, [p["caption"] for p in pairs], pixels)  # type: ignore[arg-type]
+    vset = build_validation_set(files, [p["caption"] for p in pairs], pixels)  # type: ignore[arg-type]  # no failures: none is None
     images = encoder.embed_pixels(vset.pixels)
     texts = encoder.embed_texts(list(vset.queries))
     assert np.isfinite(images).all() and np.isfinite(texts).all()

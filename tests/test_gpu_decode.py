@@ -184,9 +184,9 @@ def test_batch_pin_memory_pins_every_pixel_tensor() -> None:
         def pin_memory(self) -> FakeTensor:
             return FakeTensor(True)
 
-    item = D.Item(0, FakeTensor(), 1, 1, None, 0.0)  # type: ignore[arg-type]
+    item = D.Item(0, FakeTensor(), 1, 1, None, 0.0)  # type: ignore[arg-type]  # FakeTensor as a Tensor
     jpeg = D.Item(1, None, 1, 1, None, 0.0, data=b"\xff\xd8\xff")
-    pinned = D.Batch(FakeTensor(), [item], 0.0, pending=[item, jpeg]).pin_memory()  # type: ignore[arg-type]
+    pinned = D.Batch(FakeTensor(), [item], 0.0, pending=[item, jpeg]).pin_memory()  # type: ignore[arg-type]  # FakeTensor as a Tensor
     assert pinned.pixels.pinned and pinned.pending[0].pixels.pinned and pinned.pending[1] is jpeg
     assert not item.pixels.pinned  # the original batch is untouched
 

@@ -15,7 +15,7 @@ from PIL import Image, ImageOps, UnidentifiedImageError
 try:  # works whether or not tests/ is a package
     from imagegen import BOMB_SIZE, GIF_FRAME_COLORS, Collection, make_collection, make_jpegs, photo_like
 except ImportError:  # pragma: no cover
-    from tests.imagegen import (  # type: ignore[no-redef]
+    from tests.imagegen import (  # type: ignore[no-redef]  # same names, tests package
         BOMB_SIZE,
         GIF_FRAME_COLORS,
         Collection,

@@ -31,7 +31,7 @@ from retrieval.images import (
 try:
     from imagegen import GIF_FRAME_COLORS, Collection, _bomb_png, photo_like
 except ImportError:  # pragma: no cover
-    from tests.imagegen import GIF_FRAME_COLORS, Collection, _bomb_png, photo_like  # type: ignore[no-redef]
+    from tests.imagegen import GIF_FRAME_COLORS, Collection, _bomb_png, photo_like  # type: ignore[no-redef]  # same names, tests package
 
 # Preprocessing must be the same ops as the reference processor: float32 rounding only.
 PARITY_ATOL = 1e-5

@@ -309,7 +309,7 @@ def test_rebuild_replaces_index_and_failure_keeps_old(tmp_path: Path, tiny_model
         pass
 
     class FailingEncoder(HFClipEncoder):
-        def embed_pixels(self, pixel_values):  # type: ignore[override]
+        def embed_pixels(self, pixel_values):  # type: ignore[override]  # untyped override of the typed embed_pixels
             raise Boom("model crashed mid-build")
 
     enc = FailingEncoder.load(str(tiny_model), device="cpu")
@@ -325,7 +325,7 @@ def test_failed_first_build_leaves_nothing(tmp_path: Path, tiny_model: Path) -> 
     photo_like(80, 60, 0).save(photos / "a.jpg")
 
     class FailingEncoder(HFClipEncoder):
-        def embed_pixels(self, pixel_values):  # type: ignore[override]
+        def embed_pixels(self, pixel_values):  # type: ignore[override]  # untyped override of the typed embed_pixels
             raise KeyboardInterrupt
 
     with pytest.raises(KeyboardInterrupt):

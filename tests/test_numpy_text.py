@@ -156,7 +156,7 @@ def test_index_uses_numpy_path_and_matches_fp32(built_index: Path, monkeypatch: 
 
 def test_text_path_does_not_depend_on_an_earlier_image_query(built_index: Path, collection: object) -> None:
     index = ImageIndex.open(built_index, device="cpu")
-    index.search_image(collection.root / "photos" / "a.jpg", k=1)  # type: ignore[attr-defined]
+    index.search_image(collection.root / "photos" / "a.jpg", k=1)  # type: ignore[attr-defined]  # collection fixture is typed object
     index.search("a dog", k=1)
     assert isinstance(index.text_encoder, NumpyTextEncoder) and index.text_path().path == "numpy"
     given = ImageIndex.open(built_index, encoder=index.encoder)

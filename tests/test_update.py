@@ -56,7 +56,7 @@ class CountingEncoder(HFClipEncoder):
     fail_after_batches: int | None = None
     batches = 0
 
-    def embed_pixels(self, pixel_values):  # type: ignore[override]
+    def embed_pixels(self, pixel_values):  # type: ignore[override]  # untyped override of the typed embed_pixels
         type(self).batches += 1
         if self.fail_after_batches is not None and type(self).batches > self.fail_after_batches:
             raise KeyboardInterrupt  # what Ctrl-C in the middle of a run raises

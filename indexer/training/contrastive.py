@@ -175,11 +175,11 @@ def forward_backward(model: Any, batch: PairBatch, micro_batch: int, mode: str =
         if train_image:
             _set_rng_state(states[2 * k], device)
             outputs.append(image(c, True))
-            grads.append(all_images.grad[c])  # type: ignore[index]
+            grads.append(all_images.grad[c])  # type: ignore[index]  # backward() set .grad: requires_grad when train_image
         if train_text:
             _set_rng_state(states[2 * k + 1], device)
             outputs.append(text(c, True))
-            grads.append(all_texts.grad[c])  # type: ignore[index]
+            grads.append(all_texts.grad[c])  # type: ignore[index]  # backward() set .grad: requires_grad when train_text
         torch.autograd.backward(outputs, grads)
     _set_rng_state(end_state, device)
     return float(loss.detach())

@@ -100,7 +100,7 @@ def validation_data(val_pairs: PairsFile | None, cfg: Any, warn: Log) -> tuple[V
     vset = build_validation_set(
         [val_pairs.pairs[i].file for i in ok],
         [val_pairs.pairs[i].caption for i in ok],
-        [pixels[i] for i in ok],  # type: ignore[misc]
+        [pixels[i] for i in ok],  # type: ignore[misc]  # ok holds only indices of decoded (non-None) pixels
     )
     return vset, len(val_pairs.skipped) + len(failures)
 

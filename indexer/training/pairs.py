@@ -118,7 +118,7 @@ def load_pairs(path: str | os.PathLike[str], images_root: str | os.PathLike[str]
     skipped: list[SkippedLine] = []
     for number, raw in lines:
         result = _parse_line(raw, root, number)
-        (pairs if isinstance(result, Pair) else skipped).append(result)  # type: ignore[arg-type]
+        (pairs if isinstance(result, Pair) else skipped).append(result)  # type: ignore[arg-type]  # isinstance picks the matching list
     if not pairs:
         if not skipped:
             raise PairsFileError('holds no pairs (one {"path": ..., "caption": ...} object per line expected)', source)

@@ -141,7 +141,7 @@ def url_reachable(url: str) -> bool:
     if offline_requested():
         return False
     host = urlparse(url).hostname
-    return bool(host) and host_resolves(host)  # type: ignore[arg-type]
+    return bool(host) and host_resolves(host)  # type: ignore[arg-type]  # bool(host) rules out None; mypy does not narrow it
 
 
 @contextlib.contextmanager

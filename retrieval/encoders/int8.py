@@ -367,7 +367,7 @@ class _FusedProjections(nn.Module):
             self._input, self._unserved = x, set(range(len(self.bounds)))
         self._unserved.discard(index)
         start, stop = self.bounds[index]
-        out = self._output[..., start:stop]  # type: ignore[index]
+        out = self._output[..., start:stop]  # type: ignore[index]  # _output is set above or kept from the same _input
         if not self._unserved:
             self._input = self._output = None
         return out
@@ -393,8 +393,10 @@ _SIBLING_PROJECTIONS = ("q_proj", "k_proj", "v_proj")
 def _fuse_projections(root: nn.Module, kernel: Int8Kernel | None = None) -> None:
     for module in list(root.modules()):
         layers = [getattr(module, name, None) for name in _SIBLING_PROJECTIONS]
-        if all(type(layer) is nn.Linear for layer in layers) and len({layer.in_features for layer in layers}) == 1:  # type: ignore[union-attr]
-            fused = _FusedProjections(layers, kernel)  # type: ignore[arg-type]
+        if all(type(layer) is nn.Linear for layer in layers) and (
+            len({layer.in_features for layer in layers}) == 1  # type: ignore[union-attr]  # all() above ruled out None
+        ):
+            fused = _FusedProjections(layers, kernel)  # type: ignore[arg-type]  # checked above: all three are nn.Linear
             for index, name in enumerate(_SIBLING_PROJECTIONS):
                 setattr(module, name, _ProjectionPart(fused, index))
 

@@ -149,7 +149,7 @@ class SafetensorsReader:
     """Tensors of one or more ``.safetensors`` files, memory-mapped (nothing is read up front)."""
 
     def __init__(self, files: Sequence[Path]) -> None:
-        self._where: dict[str, tuple[np.memmap, dict[str, Any]]] = {}
+        self._where: dict[str, tuple[np.memmap | None, dict[str, Any]]] = {}
         for path in files:
             with open(path, "rb") as fh:
                 (size,) = struct.unpack("<Q", fh.read(8))
@@ -157,7 +157,7 @@ class SafetensorsReader:
             data = np.memmap(path, dtype=np.uint8, mode="r", offset=8 + size) if path.stat().st_size > 8 + size else None
             for name, entry in header.items():
                 if name != "__metadata__":
-                    self._where[name] = (data, entry)  # type: ignore[assignment]
+                    self._where[name] = (data, entry)
 
     @classmethod
     def for_checkpoint(cls, directory: Path) -> SafetensorsReader:

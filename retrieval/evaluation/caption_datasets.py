@@ -47,7 +47,12 @@ def load_dataset(
     suffix = Path(source).suffix.lower()
     if suffix == ".json":
         cap = KARPATHY_CAPTIONS_PER_IMAGE if max_captions == "default" else max_captions
-        return load_karpathy(source, split or "test", image_prefix=image_prefix, max_captions=cap)  # type: ignore[arg-type]
+        return load_karpathy(
+            source,
+            split or "test",
+            image_prefix=image_prefix,
+            max_captions=cap,  # type: ignore[arg-type]  # "default" replaced; loader rejects other str
+        )
     if suffix not in (".csv", ".tsv", ".jsonl", ".ndjson"):
         raise DatasetError(
             source, f"unknown dataset format {suffix or '(no extension)'!r}; expected .json (Karpathy), .csv, .tsv or .jsonl"
@@ -56,8 +61,12 @@ def load_dataset(
         raise DatasetError(source, "caption files have no splits; select images with a split file instead")
     cap = None if max_captions == "default" else max_captions
     if suffix in (".csv", ".tsv"):
-        return load_captions_csv(source, image_prefix=image_prefix, max_captions=cap)  # type: ignore[arg-type]
-    return load_captions_jsonl(source, image_prefix=image_prefix, max_captions=cap)  # type: ignore[arg-type]
+        return load_captions_csv(
+            source, image_prefix=image_prefix, max_captions=cap  # type: ignore[arg-type]  # "default" replaced; loader rejects other str
+        )
+    return load_captions_jsonl(
+        source, image_prefix=image_prefix, max_captions=cap  # type: ignore[arg-type]  # "default" replaced; loader rejects other str
+    )
 
 
 def read_image_list(path: str | os.PathLike[str], *, image_prefix: str = "") -> tuple[tuple[int, str], ...]:

@@ -60,7 +60,11 @@ class Query:
 
     def describe(self) -> dict[str, Any]:
         """``{"query": text}`` or ``{"image": path}``, as reports show the query."""
-        return {"query": self.text} if self.text is not None else {"image": os.fspath(self.image)}  # type: ignore[arg-type]
+        return (
+            {"query": self.text}
+            if self.text is not None
+            else {"image": os.fspath(self.image)}  # type: ignore[arg-type]  # __post_init__: image is set when text is None
+        )
 
 
 def load_queries(path: str | os.PathLike[str]) -> list[Query]:

@@ -225,7 +225,7 @@ def _embed_queries(index: ImageIndex, queries: Sequence[Query], batch_size: int)
     images = [i for i, q in enumerate(queries) if q.image is not None]
     for start in range(0, len(texts), batch_size):
         rows = texts[start : start + batch_size]
-        out[rows] = encoder.embed_texts([queries[i].text for i in rows])  # type: ignore[misc]
+        out[rows] = encoder.embed_texts([queries[i].text for i in rows])  # type: ignore[misc]  # rows: the queries with a text
     cfg = index.preprocess
     for start in range(0, len(images), batch_size):
         rows = images[start : start + batch_size]
@@ -233,7 +233,7 @@ def _embed_queries(index: ImageIndex, queries: Sequence[Query], batch_size: int)
         for i in rows:
             q = queries[i]
             try:
-                pixels.append(load_pixels(q.image, cfg, max_pixels=DEFAULT_MAX_PIXELS)[0])  # type: ignore[arg-type]
+                pixels.append(load_pixels(q.image, cfg, max_pixels=DEFAULT_MAX_PIXELS)[0])  # type: ignore[arg-type]  # rows have an image
             except ImageDecodeError as exc:
                 raise QueriesFileError(f"cannot decode query image {q.image}: {exc.reason}", line=q.line) from exc
         # Stacked with tensor methods: torch itself is imported only by the encoders module.

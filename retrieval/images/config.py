@@ -197,8 +197,8 @@ class PreprocessConfig:
             crop_size=crop,
             resample=resample,
             rescale_factor=rescale,
-            mean=mean,  # type: ignore[arg-type]
-            std=std,  # type: ignore[arg-type]
+            mean=mean,  # type: ignore[arg-type]  # tuple() gives tuple[float, ...]; CLIP lists 3
+            std=std,  # type: ignore[arg-type]  # tuple() gives tuple[float, ...]; CLIP lists 3
         )
 
     @classmethod
