@@ -12,21 +12,19 @@ same command again resumes from it without embedding any committed image twice.
 
 from __future__ import annotations
 
-import dataclasses
 import errno
 import json
 import os
 import shutil
 import sys
 import time
-from collections.abc import Iterable, Sequence
-from dataclasses import asdict, dataclass, replace
+from collections.abc import Sequence
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 from retrieval import store
-from retrieval.checks import is_positive_int
-from retrieval.encoders import DEFAULT_MODEL, Encoder, Precision, cpu, load_encoder, parse_precision
+from retrieval.encoders import Encoder, cpu, load_encoder
 from retrieval.errors import (
     IndexDirError,
     IndexFormatError,
@@ -36,9 +34,8 @@ from retrieval.errors import (
     UnknownBuildOptionError,
     UnsupportedFormatError,
 )
-from retrieval.faults import crash_point
-from retrieval.images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS
-from retrieval.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions, parse_memory
+from retrieval.images import IMAGE_EXTENSIONS
+from retrieval.index_types import IndexOptions, parse_memory
 from retrieval.layout import (
     FORMAT_NAME,
     GENERATION_PREFIX,
@@ -51,171 +48,18 @@ from retrieval.layout import (
 )
 
 from . import ann, calibrate
-from .ahead import Ahead
 from .commit import GenerationWriter, IndexMeta, remove_stale
-from .dataset import Batch, ImageDataset, Item, collate, content_hash, finish_on_device
+from .config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
+from .dataset import content_hash
 from .discover import Discovery, discover, from_list
+from .embed import embed_planned
 from .heap import retained_heap
 from .lock import IndexLock
-from .plan import UpdatePlan, plan_update
-from .writer import FileRecord, SkipRecord
+from .plan import plan_update
+from .writer import SkipRecord
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
-# A new index: the fastest mode that passes the quality gate on the collection's own images.
-# Every mode keeps a vector a function of its image alone (int8 quantises per row), so an update
-# still equals a rebuild. An update without --precision keeps the index's recorded mode.
-DEFAULT_PRECISION = "auto"
-
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})
-
-
-def default_workers(device_type: str = "cpu") -> int:
-    """Decode worker processes: none on CPU, half the cores (at most 8) on GPU.
-
-    On CPU the model's threads fill every core and wait for each other at every operation, so
-    a worker decoding beside them stalls them all; decoding each batch in this process on all
-    cores between model batches ran faster (ViT-B/32, 2 cores, 768 JPEGs: 53.4 against 49.1
-    images/s with one worker; benchmarks/README.md). On GPU the workers only read, hash and
-    probe JPEGs (the GPU decodes them) and the one process feeding the GPU needs cores of its
-    own: on 16 cores 8 workers delivered 12,364 images/s, 15 workers 5,885.
-    """
-    cores = os.cpu_count() or 1
-    if device_type == "cuda":
-        return max(1, min(8, cores // 2))
-    return 0
-
-
-def default_batch_size(device_type: str = "cpu") -> int:
-    """Images per model call: 64 on CPU (larger batches ran no faster), 512 on GPU, where each
-    model call costs milliseconds of Python launching kernels whatever the batch (ViT-B/32 fp16
-    on an H200: 5,856 images/s at batch 64, 20,224 at 256 in the model alone)."""
-    return 512 if device_type == "cuda" else 64
-
-
-def default_threads(device_type: str = "cpu", workers: int = 1) -> int:
-    """torch intra-op threads while embedding: every core on CPU (in-process decoding uses as
-    many between batches); on GPU the model needs few CPU threads, so leave the cores to the
-    decode workers."""
-    cores = os.cpu_count() or 1
-    if device_type == "cuda":
-        return max(1, min(4, cores - workers))
-    return cores
-
-
-@dataclass(frozen=True)
-class BuildConfig:
-    """Settings of one build or update.
-
-    Attributes:
-        model: hub id or local checkpoint directory.
-        batch_size: images per model call; None: 64 on CPU, 512 on GPU.
-        workers: decode worker processes; None: 0 on CPU (decoded in-process between batches, on
-            ``threads`` threads), from the core count on GPU.
-        device: ``auto``, ``cpu`` or ``cuda[:N]``.
-        max_pixels: larger images are skipped as decompression bombs.
-        draft: decode JPEGs at a reduced DCT scale when the model needs fewer pixels.
-        progress: show a progress bar on stderr.
-        rebuild: ignore the existing index (and its model) and index everything again.
-        commit_every: publish a generation after this many processed images.
-        commit_seconds: ... or after this many seconds, whichever comes first.
-        precision: image tower mode, ``fp32``, ``bf16``, ``fp16``, ``int8`` or ``auto``; None:
-            ``DEFAULT_PRECISION`` for a model loaded by the build, a given encoder's own mode.
-        threads: torch intra-op threads while embedding; None picks from the core count.
-        index_type, max_memory, target_recall: the FAISS index choice (see
-            :class:`retrieval.index_types.IndexOptions`); None keeps what the index recorded
-            (or the defaults for a new index).
-    """
-
-    model: str = DEFAULT_MODEL
-    batch_size: int | None = None
-    workers: int | None = None
-    device: str = "auto"
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    draft: bool = True
-    progress: bool = False
-    rebuild: bool = False
-    commit_every: int = 4096
-    commit_seconds: float = 300.0
-    precision: Precision | None = None
-    threads: int | None = None
-    index_type: str | None = None
-    max_memory: int | None = None
-    target_recall: float | None = None
-
-    def __post_init__(self) -> None:
-        # Checked up front: a bad --index-type must fail before hours of embedding.
-        IndexOptions(
-            index_type=self.index_type or "auto",
-            max_memory=self.max_memory if self.max_memory is not None else DEFAULT_MAX_MEMORY,
-            target_recall=self.target_recall if self.target_recall is not None else DEFAULT_TARGET_RECALL,
-        )
-        if self.precision is not None:
-            parse_precision(self.precision)
-        if self.threads is not None and not is_positive_int(self.threads):
-            raise InvalidArgumentError(f"threads must be an integer >= 1, got {self.threads!r}")
-        if self.batch_size is not None and not is_positive_int(self.batch_size):
-            raise InvalidArgumentError(f"batch size must be an integer >= 1, got {self.batch_size!r}")
-        if self.workers is not None and (not isinstance(self.workers, int) or self.workers < 0):
-            raise InvalidArgumentError(f"workers must be an integer >= 0, got {self.workers!r}")
-        if self.max_pixels < 1:
-            raise InvalidArgumentError(f"max_pixels must be >= 1, got {self.max_pixels}")
-        if not is_positive_int(self.commit_every):
-            raise InvalidArgumentError(f"commit_every must be an integer >= 1, got {self.commit_every!r}")
-        if self.commit_seconds <= 0:
-            raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")
-
-    def replace(self, **changes: Any) -> BuildConfig:
-        """A copy with ``changes`` (field names) applied and validated like a new config.
-
-        Raises:
-            UnknownBuildOptionError: a name that is not a field, naming the valid ones.
-            InvalidArgumentError: a value the validation rejects.
-        """
-        fields = {f.name for f in dataclasses.fields(self)}
-        for name in changes:
-            if name not in fields:
-                raise UnknownBuildOptionError(name, fields)
-        return replace(self, **changes)
-
-
-@dataclass(frozen=True)
-class BuildReport:
-    """What a run did; ``to_dict`` is what ``clipsearch index --json`` prints.
-
-    ``added`` new files embedded, ``updated`` changed files re-embedded, ``removed`` rows of
-    deleted files dropped, ``unchanged`` rows kept, ``skipped`` files in the skip list,
-    ``total`` (= ``indexed``) rows in the index now, ``embedded`` images embedded by this run.
-    """
-
-    index_dir: str
-    model: str
-    dim: int
-    added: int
-    updated: int
-    removed: int
-    unchanged: int
-    skipped: int
-    newly_skipped: int
-    total: int
-    indexed: int
-    embedded: int
-    resumed: bool
-    commits: int
-    seconds: float
-    images_per_second: float
-    decode_seconds: float
-    encode_seconds: float
-    write_seconds: float
-    workers: int
-    batch_size: int
-    device: str
-    threads: int = 0
-    precision: str = ""
-    # The CPU level the run acted on (retrieval.encoders.cpu), e.g. "avx2"; "" on CUDA.
-    cpu_level: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
 
 
 def _check_photos_dir(photos_dir: Path) -> None:
@@ -403,13 +247,6 @@ def _hash_or_none(root: bytes, rel: bytes) -> str | None:
         return None
 
 
-def _file_facts(item: Item) -> tuple[int | None, int | None, str | None]:
-    # A file that could not even be read has no facts to compare against later.
-    if item.size < 0:
-        return None, None, None
-    return item.size, item.mtime_ns, item.content_hash
-
-
 def _run(
     cfg: BuildConfig,
     enc: Encoder,
@@ -465,7 +302,7 @@ def _run(
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)
 
-        stats = _embed(cfg, enc, photos, plan, writer)
+        stats = embed_planned(cfg, enc, photos, plan, writer)
     up_to_date = (
         previous is not None
         and previous.complete
@@ -507,93 +344,6 @@ def _run(
         precision=str(writer.meta.model_info.get("precision", "fp32")),
         cpu_level=cpu.cpu_level() if enc.device.type == "cpu" else "",
     )
-
-
-def _embed(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, writer: GenerationWriter) -> dict[str, Any]:
-    """Decode and embed ``plan.to_embed``, committing a generation every chunk."""
-    import torch
-    from torch.utils.data import DataLoader
-    from tqdm import tqdm
-
-    device_type = enc.device.type
-    stats: dict[str, Any] = dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0, threads=0,
-                                 batch_size=cfg.batch_size or default_batch_size(device_type))
-    files = plan.to_embed
-    if not files:
-        return stats
-    n_workers = cfg.workers if cfg.workers is not None else default_workers(device_type)
-    stats["workers"] = n_workers
-    stats["threads"] = cfg.threads if cfg.threads is not None else default_threads(device_type, n_workers)
-    threads_before = torch.get_num_threads()
-    torch.set_num_threads(stats["threads"])
-    # On CUDA, workers only read and hash JPEGs; they are decoded and preprocessed on the GPU.
-    on_gpu = _decodes_on_device(device_type)
-    # In-process decoding runs between batches, on as many threads as the model (see default_workers).
-    dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft,
-                           device_decode=on_gpu, threads=stats["threads"] if n_workers == 0 else 1)
-    # ImageDataset is map-style without torch's Dataset base class (indexer.dataset does not
-    # import torch), which DataLoader accepts at run time but its stubs do not.
-    loader: DataLoader[Item] = DataLoader(
-        dataset,  # type: ignore[arg-type]  # duck-typed map-style dataset, see above
-        batch_size=stats["batch_size"],
-        shuffle=False,
-        num_workers=n_workers,
-        collate_fn=collate,
-        pin_memory=device_type == "cuda",
-        prefetch_factor=4 if n_workers > 0 else None,
-    )
-    batches: Iterable[Batch] = loader
-    if on_gpu:
-        # The next batches are received, decoded and resized in a helper thread while this
-        # one runs the model and writes (see indexer/ahead.py).
-        def finish(batch: Batch) -> Batch:
-            return finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)
-
-        batches = Ahead(loader, finish, depth=2, name="clipsearch-device-decode")
-    since_commit, last_commit = 0, time.monotonic()
-    bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
-    try:
-        for batch in batches:
-            stats["decode"] += batch.decode_seconds
-            for it in batch.failed:
-                rel = files[it.index].rel
-                writer.skipped.append(SkipRecord(rel, it.error or "", *_file_facts(it)))
-                stats["newly_skipped"] += 1
-                # A changed file that no longer decodes loses its row.
-                stats["lost"] += rel in plan.updated_paths
-            if batch.pixels is not None:
-                crash_point("embed")
-                t0 = time.perf_counter()
-                emb = enc.embed_pixels(batch.pixels)
-                stats["encode"] += time.perf_counter() - t0
-                good = batch.good
-                records = [
-                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
-                    for it in good
-                ]
-                writer.append(records, emb)
-                for rec in records:
-                    stats["updated" if rec.path in plan.updated_paths else "added"] += 1
-            since_commit += len(batch.items)
-            bar.update(len(batch.items))
-            bar.set_postfix(skipped=stats["newly_skipped"], refresh=False)
-            if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
-                t0 = time.perf_counter()
-                writer.commit(complete=False)
-                stats["write"] += time.perf_counter() - t0
-                since_commit, last_commit = 0, time.monotonic()
-    finally:
-        if isinstance(batches, Ahead):
-            batches.close()
-        bar.close()
-        dataset.close()
-        torch.set_num_threads(threads_before)
-    return stats
-
-
-def _decodes_on_device(device_type: str) -> bool:
-    """Whether JPEGs are decoded and preprocessed on the model's device (CUDA: nvJPEG)."""
-    return device_type == "cuda"
 
 
 __all__ = [

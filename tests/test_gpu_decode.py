@@ -148,10 +148,11 @@ def test_build_with_device_decoding_matches_cpu_build(
     resizes on the device; other formats come decoded, pinned on CUDA) run end to end, on
     the CPU as the device where there is no GPU."""
     from indexer import build as B
+    from indexer import embed as E
     from retrieval import ImageIndex
 
     cpu = B.build_index(folder, tmp_path / "cpu", model=str(tiny_model), workers=0, device="cpu", precision="fp32", batch_size=4)
-    monkeypatch.setattr(B, "_decodes_on_device", lambda device_type: True)
+    monkeypatch.setattr(E, "decodes_on_device", lambda device_type: True)
     dev = B.build_index(folder, tmp_path / "dev", model=str(tiny_model), workers=workers, device=device, precision="fp32", batch_size=4)
     assert dev.device.startswith(device)
     assert (dev.indexed, dev.skipped) == (cpu.indexed, cpu.skipped) == (4, 2)
@@ -166,12 +167,13 @@ def test_device_decoding_error_ends_the_build_with_it(
     tiny_model: Path, folder: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     from indexer import build as B
+    from indexer import embed as E
 
     def broken(*args: object, **kwargs: object) -> None:
         raise RuntimeError("CUDA error: out of memory")
 
-    monkeypatch.setattr(B, "_decodes_on_device", lambda device_type: True)
-    monkeypatch.setattr(B, "finish_on_device", broken)
+    monkeypatch.setattr(E, "decodes_on_device", lambda device_type: True)
+    monkeypatch.setattr(E, "finish_on_device", broken)
     with pytest.raises(RuntimeError, match="out of memory"):
         B.build_index(folder, tmp_path / "dev", model=str(tiny_model), workers=0, device="cpu", batch_size=4)
 

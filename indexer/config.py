@@ -1,0 +1,184 @@
+"""Settings of a build (``BuildConfig``), what it reports (``BuildReport``) and the defaults
+that depend on the device.
+
+One source of truth for the options: ``build_index(photos, index_dir, config, **overrides)``
+and ``clipsearch index`` both end in a ``BuildConfig``, validated here once.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from dataclasses import asdict, dataclass, replace
+from typing import Any
+
+from retrieval.checks import is_int, is_positive_int
+from retrieval.encoders import DEFAULT_MODEL, Precision, parse_precision
+from retrieval.errors import InvalidArgumentError, UnknownBuildOptionError
+from retrieval.images import DEFAULT_MAX_PIXELS
+from retrieval.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions
+
+# A new index: the fastest mode that passes the quality gate on the collection's own images.
+# Every mode keeps a vector a function of its image alone (int8 quantises per row), so an update
+# still equals a rebuild. An update without --precision keeps the index's recorded mode.
+DEFAULT_PRECISION = "auto"
+
+
+
+def default_workers(device_type: str = "cpu") -> int:
+    """Decode worker processes: none on CPU, half the cores (at most 8) on GPU.
+
+    On CPU the model's threads fill every core and wait for each other at every operation, so
+    a worker decoding beside them stalls them all; decoding each batch in this process on all
+    cores between model batches ran faster (ViT-B/32, 2 cores, 768 JPEGs: 53.4 against 49.1
+    images/s with one worker; benchmarks/README.md). On GPU the workers only read, hash and
+    probe JPEGs (the GPU decodes them) and the one process feeding the GPU needs cores of its
+    own: on 16 cores 8 workers delivered 12,364 images/s, 15 workers 5,885.
+    """
+    cores = os.cpu_count() or 1
+    if device_type == "cuda":
+        return max(1, min(8, cores // 2))
+    return 0
+
+
+def default_batch_size(device_type: str = "cpu") -> int:
+    """Images per model call: 64 on CPU (larger batches ran no faster), 512 on GPU, where each
+    model call costs milliseconds of Python launching kernels whatever the batch (ViT-B/32 fp16
+    on an H200: 5,856 images/s at batch 64, 20,224 at 256 in the model alone)."""
+    return 512 if device_type == "cuda" else 64
+
+
+def default_threads(device_type: str = "cpu", workers: int = 1) -> int:
+    """torch intra-op threads while embedding: every core on CPU (in-process decoding uses as
+    many between batches); on GPU the model needs few CPU threads, so leave the cores to the
+    decode workers."""
+    cores = os.cpu_count() or 1
+    if device_type == "cuda":
+        return max(1, min(4, cores - workers))
+    return cores
+
+
+@dataclass(frozen=True)
+class BuildConfig:
+    """Settings of one build or update.
+
+    Attributes:
+        model: hub id or local checkpoint directory.
+        batch_size: images per model call; None: 64 on CPU, 512 on GPU.
+        workers: decode worker processes; None: 0 on CPU (decoded in-process between batches, on
+            ``threads`` threads), from the core count on GPU.
+        device: ``auto``, ``cpu`` or ``cuda[:N]``.
+        max_pixels: larger images are skipped as decompression bombs.
+        draft: decode JPEGs at a reduced DCT scale when the model needs fewer pixels.
+        progress: show a progress bar on stderr.
+        rebuild: ignore the existing index (and its model) and index everything again.
+        commit_every: publish a generation after this many processed images.
+        commit_seconds: ... or after this many seconds, whichever comes first.
+        precision: image tower mode, ``fp32``, ``bf16``, ``fp16``, ``int8`` or ``auto``; None:
+            ``DEFAULT_PRECISION`` for a model loaded by the build, a given encoder's own mode.
+        threads: torch intra-op threads while embedding; None picks from the core count.
+        index_type, max_memory, target_recall: the FAISS index choice (see
+            :class:`retrieval.index_types.IndexOptions`); None keeps what the index recorded
+            (or the defaults for a new index).
+    """
+
+    model: str = DEFAULT_MODEL
+    batch_size: int | None = None
+    workers: int | None = None
+    device: str = "auto"
+    max_pixels: int = DEFAULT_MAX_PIXELS
+    draft: bool = True
+    progress: bool = False
+    rebuild: bool = False
+    commit_every: int = 4096
+    commit_seconds: float = 300.0
+    precision: Precision | None = None
+    threads: int | None = None
+    index_type: str | None = None
+    max_memory: int | None = None
+    target_recall: float | None = None
+
+    def __post_init__(self) -> None:
+        # Checked up front: a bad --index-type must fail before hours of embedding.
+        IndexOptions(
+            index_type=self.index_type or "auto",
+            max_memory=self.max_memory if self.max_memory is not None else DEFAULT_MAX_MEMORY,
+            target_recall=self.target_recall if self.target_recall is not None else DEFAULT_TARGET_RECALL,
+        )
+        if self.precision is not None:
+            parse_precision(self.precision)
+        if self.threads is not None and not is_positive_int(self.threads):
+            raise InvalidArgumentError(f"threads must be an integer >= 1, got {self.threads!r}")
+        if self.batch_size is not None and not is_positive_int(self.batch_size):
+            raise InvalidArgumentError(f"batch size must be an integer >= 1, got {self.batch_size!r}")
+        if self.workers is not None and (not is_int(self.workers) or self.workers < 0):
+            raise InvalidArgumentError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if self.max_pixels < 1:
+            raise InvalidArgumentError(f"max_pixels must be >= 1, got {self.max_pixels}")
+        if not is_positive_int(self.commit_every):
+            raise InvalidArgumentError(f"commit_every must be an integer >= 1, got {self.commit_every!r}")
+        if self.commit_seconds <= 0:
+            raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")
+
+    def replace(self, **changes: Any) -> BuildConfig:
+        """A copy with ``changes`` (field names) applied and validated like a new config.
+
+        Raises:
+            UnknownBuildOptionError: a name that is not a field, naming the valid ones.
+            InvalidArgumentError: a value the validation rejects.
+        """
+        fields = {f.name for f in dataclasses.fields(self)}
+        for name in changes:
+            if name not in fields:
+                raise UnknownBuildOptionError(name, fields)
+        return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class BuildReport:
+    """What a run did; ``to_dict`` is what ``clipsearch index --json`` prints.
+
+    ``added`` new files embedded, ``updated`` changed files re-embedded, ``removed`` rows of
+    deleted files dropped, ``unchanged`` rows kept, ``skipped`` files in the skip list,
+    ``total`` (= ``indexed``) rows in the index now, ``embedded`` images embedded by this run.
+    """
+
+    index_dir: str
+    model: str
+    dim: int
+    added: int
+    updated: int
+    removed: int
+    unchanged: int
+    skipped: int
+    newly_skipped: int
+    total: int
+    indexed: int
+    embedded: int
+    resumed: bool
+    commits: int
+    seconds: float
+    images_per_second: float
+    decode_seconds: float
+    encode_seconds: float
+    write_seconds: float
+    workers: int
+    batch_size: int
+    device: str
+    threads: int = 0
+    precision: str = ""
+    # The CPU level the run acted on (retrieval.encoders.cpu), e.g. "avx2"; "" on CUDA.
+    cpu_level: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+__all__ = [
+    "DEFAULT_PRECISION",
+    "BuildConfig",
+    "BuildReport",
+    "default_batch_size",
+    "default_threads",
+    "default_workers",
+]

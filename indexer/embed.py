@@ -1,0 +1,122 @@
+"""The embedding stage of a build: decode the planned files, run the image tower, append rows.
+
+On CPU each batch is decoded in this process between model batches; on CUDA, DataLoader
+workers read and hash JPEGs and a helper thread (:mod:`indexer.ahead`) decodes and resizes
+them on the GPU while this thread runs the model. Files that fail become skip records.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from retrieval.encoders import Encoder
+from retrieval.faults import crash_point
+from retrieval.layout import SkipRecord
+
+from .ahead import Ahead
+from .commit import GenerationWriter
+from .config import BuildConfig, default_batch_size, default_threads, default_workers
+from .dataset import Batch, ImageDataset, Item, collate, finish_on_device
+from .plan import UpdatePlan
+from .writer import FileRecord
+
+
+def _file_facts(item: Item) -> tuple[int | None, int | None, str | None]:
+    # A file that could not even be read has no facts to compare against later.
+    if item.size < 0:
+        return None, None, None
+    return item.size, item.mtime_ns, item.content_hash
+
+
+def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, writer: GenerationWriter) -> dict[str, Any]:
+    """Decode and embed ``plan.to_embed`` into ``writer``, committing a generation every
+    ``cfg.commit_every`` images or ``cfg.commit_seconds``; returns the run's counters and timings."""
+    import torch
+    from torch.utils.data import DataLoader
+    from tqdm import tqdm
+
+    device_type = enc.device.type
+    stats: dict[str, Any] = dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0, threads=0,
+                                 batch_size=cfg.batch_size or default_batch_size(device_type))
+    files = plan.to_embed
+    if not files:
+        return stats
+    n_workers = cfg.workers if cfg.workers is not None else default_workers(device_type)
+    stats["workers"] = n_workers
+    stats["threads"] = cfg.threads if cfg.threads is not None else default_threads(device_type, n_workers)
+    threads_before = torch.get_num_threads()
+    torch.set_num_threads(stats["threads"])
+    # On CUDA, workers only read and hash JPEGs; they are decoded and preprocessed on the GPU.
+    on_gpu = decodes_on_device(device_type)
+    # In-process decoding runs between batches, on as many threads as the model (see default_workers).
+    dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft,
+                           device_decode=on_gpu, threads=stats["threads"] if n_workers == 0 else 1)
+    # ImageDataset is map-style without torch's Dataset base class (indexer.dataset does not
+    # import torch), which DataLoader accepts at run time but its stubs do not.
+    loader: DataLoader[Item] = DataLoader(
+        dataset,  # type: ignore[arg-type]  # duck-typed map-style dataset, see above
+        batch_size=stats["batch_size"],
+        shuffle=False,
+        num_workers=n_workers,
+        collate_fn=collate,
+        pin_memory=device_type == "cuda",
+        prefetch_factor=4 if n_workers > 0 else None,
+    )
+    batches: Iterable[Batch] = loader
+    if on_gpu:
+        # The next batches are received, decoded and resized in a helper thread while this
+        # one runs the model and writes (see indexer/ahead.py).
+        def finish(batch: Batch) -> Batch:
+            return finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)
+
+        batches = Ahead(loader, finish, depth=2, name="clipsearch-device-decode")
+    since_commit, last_commit = 0, time.monotonic()
+    bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
+    try:
+        for batch in batches:
+            stats["decode"] += batch.decode_seconds
+            for it in batch.failed:
+                rel = files[it.index].rel
+                writer.skipped.append(SkipRecord(rel, it.error or "", *_file_facts(it)))
+                stats["newly_skipped"] += 1
+                # A changed file that no longer decodes loses its row.
+                stats["lost"] += rel in plan.updated_paths
+            if batch.pixels is not None:
+                crash_point("embed")
+                t0 = time.perf_counter()
+                emb = enc.embed_pixels(batch.pixels)
+                stats["encode"] += time.perf_counter() - t0
+                good = batch.good
+                records = [
+                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
+                    for it in good
+                ]
+                writer.append(records, emb)
+                for rec in records:
+                    stats["updated" if rec.path in plan.updated_paths else "added"] += 1
+            since_commit += len(batch.items)
+            bar.update(len(batch.items))
+            bar.set_postfix(skipped=stats["newly_skipped"], refresh=False)
+            if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
+                t0 = time.perf_counter()
+                writer.commit(complete=False)
+                stats["write"] += time.perf_counter() - t0
+                since_commit, last_commit = 0, time.monotonic()
+    finally:
+        if isinstance(batches, Ahead):
+            batches.close()
+        bar.close()
+        dataset.close()
+        torch.set_num_threads(threads_before)
+    return stats
+
+
+def decodes_on_device(device_type: str) -> bool:
+    """Whether JPEGs are decoded and preprocessed on the model's device (CUDA: nvJPEG)."""
+    return device_type == "cuda"
+
+
+__all__ = ["decodes_on_device", "embed_planned"]
