@@ -43,6 +43,7 @@ from retrieval.layout import (
     MANIFEST_FILE,
     STAGING_PREFIX,
     Manifest,
+    SkipRecord,
     is_index_dir,
     read_manifest,
 )
@@ -56,7 +57,6 @@ from .embed import embed_planned
 from .heap import retained_heap
 from .lock import IndexLock
 from .plan import plan_update
-from .writer import SkipRecord
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
 _WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})

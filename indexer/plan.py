@@ -17,8 +17,9 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from retrieval.layout import SkipRecord
+
 from .discover import ImageFile
-from .writer import SkipRecord
 
 
 @dataclass(frozen=True)
