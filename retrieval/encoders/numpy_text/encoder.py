@@ -35,9 +35,9 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import ModelLoadError
-from .base import l2_normalize
-from .hf import checkpoint_fingerprint
+from ...errors import ModelLoadError
+from ..base import l2_normalize
+from ..hf import checkpoint_fingerprint
 
 # The activations of transformers' ACT2FN this tower computes (the ones CLIP checkpoints use).
 ACTIVATIONS: tuple[str, ...] = ("quick_gelu", "gelu")
@@ -572,7 +572,7 @@ def local_checkpoint(model: str) -> tuple[str, Path]:
         UnsupportedTextTower: a hub id that is not in the local cache.
         ModelLoadError: a path that is not a checkpoint directory.
     """
-    from .hf import _looks_like_path, resolve_checkpoint
+    from ..hf import _looks_like_path, resolve_checkpoint
 
     local = Path(model).expanduser()
     if local.is_dir() or _looks_like_path(model):
