@@ -1,0 +1,94 @@
+"""Which path a text query takes: the numpy tower of this package, or the backend's torch one."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from ...errors import ModelLoadError
+from .config import UnsupportedTextTower, read_checkpoint_config
+from .tokenizer import TokenizerSettings
+from .weights import SafetensorsReader
+
+# Set to "torch" to send text queries to the torch path (e.g. to compare the two).
+TEXT_PATH_ENV = "CLIPSEARCH_TEXT_PATH"
+
+
+def local_checkpoint(model: str) -> tuple[str, Path]:
+    """``(name, directory)`` of a Hugging Face checkpoint without any network access.
+
+    Raises:
+        UnsupportedTextTower: a hub id that is not in the local cache.
+        ModelLoadError: a path that is not a checkpoint directory.
+    """
+    from ..hf import _looks_like_path, resolve_checkpoint
+
+    local = Path(model).expanduser()
+    if local.is_dir() or _looks_like_path(model):
+        return resolve_checkpoint(model)
+    try:
+        from huggingface_hub import snapshot_download
+
+        directory = Path(snapshot_download(model, allow_patterns=["*.json", "*.txt", "*.safetensors"], local_files_only=True))
+    except Exception as exc:  # noqa: BLE001 - hub errors come in many types
+        raise UnsupportedTextTower(f"{model} is not in the local Hugging Face cache") from exc
+    if not (directory / "config.json").is_file():
+        raise UnsupportedTextTower(f"{model} is not in the local Hugging Face cache")
+    return model, directory
+
+
+@dataclass(frozen=True)
+class TextPath:
+    """Which text tower a text query would run on, and why.
+
+    Attributes:
+        path: ``numpy`` (this package, no torch) or ``torch`` (the backend's own encoder).
+        reason: why, in a few words.
+    """
+
+    path: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
+
+
+def fast_path_refusal(backend: str, model: str, precision: str, device: str) -> str | None:
+    """Why a query with these settings cannot take the numpy path (None: it may, checkpoint allowing).
+
+    ``CLIPSEARCH_TEXT_PATH=torch`` in the environment sends every text query to torch.
+    """
+    if os.environ.get(TEXT_PATH_ENV, "").strip().lower() == "torch":
+        return f"{TEXT_PATH_ENV}=torch"
+    if backend != "hf" or model.startswith("open_clip:"):
+        return f"{backend} models use their own text tower"
+    if precision != "fp32":
+        return f"text precision {precision} runs in torch"
+    if device not in ("auto", "cpu"):
+        return f"--device {device} runs in torch"
+    return None
+
+
+def text_path(model: str, backend: str = "hf", precision: str = "fp32", device: str = "auto") -> TextPath:
+    """Which path :class:`~retrieval.index.ImageIndex` would take for a text query (cheap: no weights read).
+
+    Args:
+        model: the query model (the index's, unless ``--model`` names another).
+        backend: the index's backend (``hf``, ``open_clip``).
+        precision: the text precision asked for.
+        device: the device asked for.
+    """
+    refusal = fast_path_refusal(backend, model, precision, device)
+    if refusal is not None:
+        return TextPath("torch", refusal)
+    try:
+        _, directory = local_checkpoint(model)
+        cfg = read_checkpoint_config(directory)
+        TokenizerSettings.read(directory)
+        if not (directory / "tokenizer.json").is_file():
+            raise UnsupportedTextTower("no tokenizer.json")
+        SafetensorsReader.for_checkpoint(directory)
+    except (UnsupportedTextTower, ModelLoadError) as exc:
+        return TextPath("torch", str(exc))
+    return TextPath("numpy", f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act}) in numpy, fp32, no torch")

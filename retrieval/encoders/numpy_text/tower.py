@@ -1,0 +1,90 @@
+"""The forward pass of ``CLIPTextModelWithProjection`` in numpy float32."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+
+from .config import TextTowerConfig
+from .weights import TEXT_PREFIX, SafetensorsReader, load_weights
+
+
+def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
+    mean = x.mean(axis=-1, keepdims=True)
+    centred = x - mean
+    var = (centred * centred).mean(axis=-1, keepdims=True)
+    return (centred / np.sqrt(var + np.float32(eps))) * weight + bias
+
+
+def _erf(x: np.ndarray) -> np.ndarray:
+    # Abramowitz & Stegun 7.1.26 in float64: |error| < 1.5e-7, below float32's resolution here.
+    t = 1.0 / (1.0 + 0.3275911 * np.abs(x))
+    poly = t * (0.254829592 + t * (-0.284496736 + t * (1.421413741 + t * (-1.453152027 + t * 1.061405429))))
+    return np.sign(x) * (1.0 - poly * np.exp(-x * x))
+
+
+def _activation(x: np.ndarray, name: str) -> np.ndarray:
+    if name == "quick_gelu":
+        with np.errstate(over="ignore"):  # exp overflows to inf for very negative x: the result is -0
+            return x / (1.0 + np.exp(np.float32(-1.702) * x))
+    x64 = x.astype(np.float64)
+    return (0.5 * x64 * (1.0 + _erf(x64 / math.sqrt(2.0)))).astype(np.float32)
+
+
+class NumpyTextTower:
+    """``CLIPTextModelWithProjection``'s forward pass for one checkpoint, in numpy float32."""
+
+    def __init__(self, cfg: TextTowerConfig, reader: SafetensorsReader) -> None:
+        self.cfg = cfg
+        self._reader = reader
+        self._layers, rest = load_weights(reader, cfg)
+        self._position = rest["position"]
+        self._final_w, self._final_b = rest["final_w"], rest["final_b"]
+        self._projection = rest["projection"]
+        self._token_embedding = reader.raw(TEXT_PREFIX + "embeddings.token_embedding.weight")
+
+    def pooled_positions(self, ids: np.ndarray) -> np.ndarray:
+        """The token each row of a padded ``(n, L)`` id batch is pooled at, as transformers picks it."""
+        if self.cfg.legacy_pooling:
+            return ids.astype(np.int32).argmax(axis=1)
+        return (ids == self.cfg.eos_token_id).astype(np.int32).argmax(axis=1)
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Projected (not normalised) output at the last position of one sequence.
+
+        Args:
+            ids: ``(L,)`` token ids up to and including the pooled token.
+            mask: ``(L,)`` the tokenizer's attention mask for them (0 for padding).
+        """
+        cfg = self.cfg
+        n = len(ids)
+        heads, hd = cfg.num_heads, cfg.head_dim
+        x = self._reader.float32(TEXT_PREFIX + "embeddings.token_embedding.weight", rows=ids) + self._position[:n]
+        allowed = np.tril(np.ones((n, n), dtype=bool)) & (mask[None, :] != 0)
+        bias = np.where(allowed, np.float32(0.0), np.float32(-np.inf)).astype(np.float32)
+        scale = np.float32(hd**-0.5)
+        eps = cfg.layer_norm_eps
+        last = len(self._layers) - 1
+        for i, layer in enumerate(self._layers):
+            h = _layer_norm(x, layer.ln1_w, layer.ln1_b, eps)
+            qkv = h @ layer.qkv_w + layer.qkv_b
+            q, k, v = (qkv[:, j * cfg.hidden_size : (j + 1) * cfg.hidden_size] for j in range(3))
+            if i == last:
+                # Only the pooled (last) position is read after the last block.
+                q, x, bias_rows = q[-1:], x[-1:], bias[-1:]
+            else:
+                bias_rows = bias
+            qh = q.reshape(len(q), heads, hd).transpose(1, 0, 2)
+            kh = k.reshape(n, heads, hd).transpose(1, 0, 2)
+            vh = v.reshape(n, heads, hd).transpose(1, 0, 2)
+            scores = (qh @ kh.transpose(0, 2, 1)) * scale + bias_rows
+            scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
+            probs = scores / scores.sum(axis=-1, keepdims=True)
+            attn = (probs @ vh).transpose(1, 0, 2).reshape(len(q), cfg.hidden_size)
+            x = x + (attn @ layer.out_w + layer.out_b)
+            h = _layer_norm(x, layer.ln2_w, layer.ln2_b, eps)
+            h = _activation(h @ layer.fc1_w + layer.fc1_b, cfg.hidden_act)
+            x = x + (h @ layer.fc2_w + layer.fc2_b)
+        pooled = _layer_norm(x[-1], self._final_w, self._final_b, eps)
+        return pooled @ self._projection
