@@ -13,14 +13,14 @@ DEMO_CLIP := data/models/demo-clip
 # A randomly initialised CLIP (meaningless rankings) for pipeline checks, e.g. in benchmarks/.
 RANDOM_MODEL := models/tiny-random-clip
 
-.PHONY: demo test lint install clean random-model
+.PHONY: demo serve test lint install clean random-model
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test]'
+	$(BIN)/pip install --quiet -e '.[test,server]'
 	touch $(STAMP)
 
 random-model: $(RANDOM_MODEL)/config.json
@@ -43,6 +43,10 @@ demo: $(STAMP)
 	$(BIN)/clipsearch search $(DEMO_INDEX) "a race car" -k 5
 	$(BIN)/clipsearch search $(DEMO_INDEX) "an airplane" -k 5 --json
 	$(BIN)/clipsearch search $(DEMO_INDEX) --image data/demo/images/food/fruit/banana.png -k 5
+
+# Serve the demo index (built by `make demo`) at http://127.0.0.1:8000/: the web UI and the HTTP API.
+serve: $(STAMP)
+	$(BIN)/clipsearch serve $(DEMO_INDEX)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
