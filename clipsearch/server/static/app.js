@@ -1,0 +1,1 @@
+// clipsearch web UI: filled in by the UI work.
