@@ -24,6 +24,7 @@ from .errors import IndexCorruptError, InvalidArgumentError, ModelLoadError, Mod
 from .filters import Filter
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from .layout import Manifest, display_path, read_manifest
+from .query_terms import QueryTerm, as_term, embed_terms
 
 
 @dataclass(frozen=True)
@@ -367,10 +368,37 @@ class ImageIndex:
             ImageDecodeError: the query image cannot be decoded.
         """
         _check_k(k)
+        return self.search_vectors(self._embed_image(image), k, where=where)[0]
+
+    def _embed_image(self, image: str | bytes | os.PathLike[str] | BinaryIO) -> np.ndarray:
         encoder = self.encoder
         pixels, _, _ = load_pixels(image, self.preprocess, max_pixels=DEFAULT_MAX_PIXELS)
-        vector = encoder.embed_pixels(pixels[None])
-        return self.search_vectors(vector, k, where=where)[0]
+        return encoder.embed_pixels(pixels[None])
+
+    def search_combined(
+        self,
+        add: Sequence[str | os.PathLike[str] | QueryTerm],
+        subtract: Sequence[str | os.PathLike[str] | QueryTerm] = (),
+        k: int = 10,
+        where: Filter | None = None,
+    ) -> list[Hit]:
+        """Query arithmetic: search with ``normalise(sum(w * e(add)) - sum(w * e(subtract)))``.
+
+        Each term is a text (``str``), an image file (a path object) or a
+        :class:`~retrieval.query_terms.QueryTerm` with its own weight; every term's embedding
+        is L2-normalised before weighting. ``index.search_combined(["a dog", "in the snow"],
+        subtract=["grass"])``.
+
+        Raises:
+            InvalidArgumentError: no terms, an empty term, terms that cancel out, k < 1.
+            ImageDecodeError: an image term cannot be decoded.
+        """
+        _check_k(k)
+        if isinstance(add, (str, os.PathLike)) or isinstance(subtract, (str, os.PathLike)):
+            raise InvalidArgumentError("add and subtract take lists of terms, not a single term")
+        terms = [as_term(t) for t in add] + [as_term(t).negated() for t in subtract]
+        vector = embed_terms(terms, lambda texts: self.text_encoder.embed_texts(texts), self._embed_image)
+        return self.search_vectors(vector[None], k, where=where)[0]
 
     def search_similar(self, id: int, k: int = 10, where: Filter | None = None) -> list[Hit]:
         """"More like this": search with the stored embedding of image ``id`` (itself ranks
