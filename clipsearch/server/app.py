@@ -15,7 +15,7 @@ import os
 import re
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
@@ -137,7 +137,7 @@ def _warm(served: ServedIndex) -> None:
 _bearer = HTTPBearer(auto_error=False, description="the server's --token (CLIPSEARCH_TOKEN)")
 
 
-def require_token(request: Request, credentials: HTTPAuthorizationCredentials | None = Depends(_bearer)) -> None:
+def require_token(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
     """401 unless the request carries the server's token (when it has one)."""
     token: str | None = request.app.state.config.token
     if token is None:
@@ -169,7 +169,8 @@ def _api_router() -> APIRouter:
             out = []
             for served in _indexes(request):
                 m = served.current().manifest
-                out.append({"name": served.name, "count": m.count, "model": m.model, "dim": m.dim, "index_type": m.index_type, "generation": m.generation})
+                facts = {"count": m.count, "model": m.model, "dim": m.dim, "index_type": m.index_type, "generation": m.generation}
+                out.append({"name": served.name, **facts})
             return out
 
         return JSONResponse(await run_in_threadpool(describe))
@@ -177,18 +178,18 @@ def _api_router() -> APIRouter:
     @api.get("/search", response_model=SearchResponse, summary="Search by text, with the CLI's filters")
     async def search_get(
         request: Request,
-        q: str | None = Query(None, description="the text query"),
-        k: int = Query(10, ge=1, le=MAX_K),
-        offset: int = Query(0, ge=0, le=MAX_DEPTH),
-        index: str | None = Query(None, description="index name (default: the first served)"),
-        path_prefix: list[str] = Query([], description="stored path starts with one of these (repeat)"),
-        path_glob: str | None = Query(None, description="stored path matches this shell pattern"),
-        min_width: int | None = Query(None),
-        max_width: int | None = Query(None),
-        min_height: int | None = Query(None),
-        max_height: int | None = Query(None),
-        modified_after: str | None = Query(None, description="ISO 8601 date or time"),
-        modified_before: str | None = Query(None, description="ISO 8601 date or time"),
+        q: Annotated[str | None, Query(description="the text query")] = None,
+        k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
+        offset: Annotated[int, Query(ge=0, le=MAX_DEPTH)] = 0,
+        index: Annotated[str | None, Query(description="index name (default: the first served)")] = None,
+        path_prefix: Annotated[list[str] | None, Query(description="stored path starts with one of these (repeat)")] = None,
+        path_glob: Annotated[str | None, Query(description="stored path matches this shell pattern")] = None,
+        min_width: Annotated[int | None, Query()] = None,
+        max_width: Annotated[int | None, Query()] = None,
+        min_height: Annotated[int | None, Query()] = None,
+        max_height: Annotated[int | None, Query()] = None,
+        modified_after: Annotated[str | None, Query(description="ISO 8601 date or time")] = None,
+        modified_before: Annotated[str | None, Query(description="ISO 8601 date or time")] = None,
     ) -> Response:
         if q is None or not q.strip():
             raise InvalidArgumentError("give a text query: q=...")
@@ -202,7 +203,7 @@ def _api_router() -> APIRouter:
         return await _answer(request, await _read_search_body(request))
 
     @api.get("/images/{image_id}", summary="The original image file of an id", response_class=FileResponse)
-    async def image(request: Request, image_id: str, index: str | None = Query(None)) -> Response:
+    async def image(request: Request, image_id: str, index: Annotated[str | None, Query()] = None) -> Response:
         served = _indexes(request).get(index)
 
         def locate() -> files.ImageFile:
@@ -219,8 +220,8 @@ def _api_router() -> APIRouter:
     async def thumbnail(
         request: Request,
         image_id: str,
-        size: int = Query(DEFAULT_THUMBNAIL_SIZE, description="long side in pixels: 64, 128, 256, 384, 512, 768 or 1024"),
-        index: str | None = Query(None),
+        size: Annotated[int, Query(description="long side in pixels: 64, 128, 256, 384, 512, 768 or 1024")] = DEFAULT_THUMBNAIL_SIZE,
+        index: Annotated[str | None, Query()] = None,
     ) -> Response:
         served = _indexes(request).get(index)
         files.check_size(size)
@@ -305,7 +306,7 @@ def _mount_ui(app: FastAPI) -> None:
 
 def _mount_docs(app: FastAPI) -> str:
     """Swagger UI at /docs from the swagger-ui-bundle package (offline); returns its CSP."""
-    from swagger_ui_bundle import swagger_ui_path
+    from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]  # the package ships no type information
 
     app.mount("/docs-assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
     page = get_swagger_ui_html(

@@ -7,15 +7,13 @@ import threading
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass, field
-from typing import TypeVar
+from pathlib import Path
 
 from retrieval.errors import InvalidArgumentError
 from retrieval.index import ImageIndex
 from retrieval.live import LiveIndex
 
 from .errors import NotFoundError
-
-T = TypeVar("T")
 
 # Model calls of one index run one at a time (see ServedIndex.model_call). Measured on the
 # 2-core host with 8 concurrent text queries (report of the serve-api branch): serialising gave
@@ -96,5 +94,6 @@ class IndexSet:
 
 
 def _name_of(directory: str | os.PathLike[str]) -> str:
-    path = os.path.abspath(os.fspath(directory))
-    return os.path.basename(path.rstrip(os.sep)) or path
+    # As LiveIndex.name: the resolved directory's base name (``.`` is served by its real name).
+    path = Path(directory).resolve()
+    return path.name or str(path)

@@ -147,7 +147,8 @@ def from_body(body: SearchBody) -> SearchRequest:
     """A JSON body as a :class:`SearchRequest` (exactly one query kind)."""
     given = [name for name in ("text", "image_id", "vector") if getattr(body, name) is not None]
     if len(given) != 1:
-        raise InvalidArgumentError("give exactly one of text, image_id, vector (or a multipart image file)" + (f"; got {', '.join(given)}" if given else ""))
+        got = f"; got {', '.join(given)}" if given else ""
+        raise InvalidArgumentError(f"give exactly one of text, image_id, vector (or a multipart image file){got}")
     check_window(body.k, body.offset)
     where = make_filter(**body.filters.model_dump()) if body.filters is not None else Filter()
     kind: QueryKind = given[0]  # type: ignore[assignment]  # one of the three names above
