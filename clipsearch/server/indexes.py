@@ -15,11 +15,15 @@ from retrieval.live import LiveIndex
 
 from .errors import NotFoundError
 
-# Model calls of one index run one at a time (see ServedIndex.model_call). Measured on the
-# 2-core host with 8 concurrent text queries (report of the serve-api branch): serialising gave
-# the same throughput as letting them overlap and a steadier p99, because torch / BLAS already
-# use both cores for one query and overlapping calls only fight over them.
-SERIALIZE_MODEL_CALLS = True
+# Text queries of one index run one at a time; image queries overlap (ServedIndex.model_call).
+# Measured on the 2-core host (8 client threads through run_search on the demo index, median of
+# 5 interleaved runs, while other jobs kept the load at 4.5-5.7, so the figures are rough): text,
+# serialised 56 req/s (p99 628 ms) vs overlapping 49 req/s (p99 851 ms): the numpy text tower's
+# BLAS calls already use both cores, and overlapping ones only fight over them. Image, serialised
+# 29 req/s vs overlapping 41: the lock would also cover decoding and preprocessing the upload
+# (most of an image query), which do overlap usefully with another query's model call.
+SERIALIZE_TEXT = True
+SERIALIZE_IMAGE = False
 
 
 @dataclass
@@ -28,20 +32,23 @@ class ServedIndex:
 
     name: str
     live: LiveIndex
-    serialize: bool = SERIALIZE_MODEL_CALLS
+    serialize_text: bool = SERIALIZE_TEXT
+    serialize_image: bool = SERIALIZE_IMAGE
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     def current(self) -> ImageIndex:
         """The newest published generation; a request calls this once and keeps the answer."""
         return self.live.current()
 
-    def model_call(self) -> AbstractContextManager[object]:
-        """Held around a query that runs the text or image tower (a no-op when not serialising).
+    def model_call(self, kind: str) -> AbstractContextManager[object]:
+        """Held around a query that runs the ``text`` or ``image`` tower (a no-op where that kind
+        is not serialised).
 
         The lock belongs to the served directory, not to a generation, so a reopen (which shares
         the loaded models) does not let two calls into the same model at once.
         """
-        return self._lock if self.serialize else nullcontext()
+        serialize = self.serialize_text if kind == "text" else self.serialize_image
+        return self._lock if serialize else nullcontext()
 
 
 class IndexSet:

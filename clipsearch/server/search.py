@@ -174,11 +174,11 @@ def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int
     # Each kind is the ImageIndex call the CLI (or the Python API) makes for it: same ranking.
     if req.kind == "text":
         assert req.text is not None
-        with served.model_call():
+        with served.model_call("text"):
             return index.search(req.text, k=depth, where=req.where)
     if req.kind == "image":
         assert req.image is not None
-        with served.model_call():
+        with served.model_call("image"):
             return index.search_image(io.BytesIO(req.image), k=depth, where=req.where)
     if req.kind == "image_id":
         assert req.image_id is not None
