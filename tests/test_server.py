@@ -104,3 +104,215 @@ def test_search_get_smoke(client: TestClient) -> None:
     assert set(body) == {"results", "offset", "k", "took_ms"}
     assert len(body["results"]) == 3
     print(body)
+
+
+# -- helpers ------------------------------------------------------------------------------------
+
+
+def _ids_by_path(index_dir: Path) -> dict[str, int]:
+    from retrieval.index import ImageIndex
+
+    return {p: i for i, p in enumerate(ImageIndex.open(index_dir).paths())}
+
+
+def _cli_search(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
+    """``clipsearch search ... --json`` (the command's own main, in this process)."""
+    from clipsearch.cli import main
+
+    capsys.readouterr()
+    assert main(["search", *args, "--json", "--device", "cpu"]) == 0
+    return list(json.loads(capsys.readouterr().out)["results"])
+
+
+def _same_ranking(api: list[dict[str, Any]], cli: list[dict[str, Any]]) -> None:
+    assert [r["id"] for r in api] == [r["id"] for r in cli]
+    assert [r["path"] for r in api] == [r["path"] for r in cli]
+    np.testing.assert_allclose([r["score"] for r in api], [r["score"] for r in cli], rtol=0, atol=1e-6)
+
+
+# -- search: equality with the CLI -------------------------------------------------------------
+
+
+def test_search_equals_cli(client: TestClient, built_index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cli = _cli_search(capsys, str(built_index), "a dog on a beach", "-k", "8")
+    got = client.get("/api/search", params={"q": "a dog on a beach", "k": 8})
+    assert got.status_code == 200
+    body = got.json()
+    assert (body["offset"], body["k"]) == (0, 8) and body["took_ms"] >= 0
+    _same_ranking(body["results"], cli)
+    # offset: the same ranking, sliced
+    page = client.get("/api/search", params={"q": "a dog on a beach", "k": 3, "offset": 4}).json()
+    assert (page["offset"], page["k"]) == (4, 3)
+    _same_ranking(page["results"], cli[4:7])
+    # POST JSON answers the same as GET
+    posted = client.post("/api/search", json={"text": "a dog on a beach", "k": 3, "offset": 4}).json()
+    _same_ranking(posted["results"], cli[4:7])
+
+
+def test_search_with_filters_equals_cli(client: TestClient, built_index: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    cli = _cli_search(capsys, str(built_index), "red", "-k", "6", "--path-prefix", "photos/", "--path-prefix", "formats/", "--min-width", "64")
+    assert cli and all(r["path"].startswith(("photos/", "formats/")) for r in cli)
+    params: dict[str, Any] = {"q": "red", "k": 4, "offset": 2, "path_prefix": ["photos/", "formats/"], "min_width": 64}
+    got = client.get("/api/search", params=params).json()["results"]
+    _same_ranking(got, cli[2:6])
+    assert all(r["width"] >= 64 for r in got)
+    filters = {"path_prefix": ["photos/", "formats/"], "min_width": 64}
+    posted = client.post("/api/search", json={"text": "red", "k": 4, "offset": 2, "filters": filters}).json()["results"]
+    _same_ranking(posted, cli[2:6])
+    glob = client.get("/api/search", params={"q": "red", "k": 50, "path_glob": "exif/*.jpg"}).json()["results"]
+    assert sorted(r["path"] for r in glob) == ["exif/rotated_3.jpg", "exif/rotated_6.jpg"]
+    dated = client.get("/api/search", params={"q": "red", "k": 5, "modified_after": "2999-01-01"}).json()["results"]
+    assert dated == []
+
+
+def test_result_fields(client: TestClient, built_index: Path, collection: Collection) -> None:
+    results = client.get("/api/search", params={"q": "x", "k": 1000}).json()["results"]
+    ids = _ids_by_path(built_index)
+    assert len(results) == len(ids)
+    for r in results:
+        assert set(r) == {"id", "path", "score", "width", "height", "image_url", "thumbnail_url"}
+        assert ids[r["path"]] == r["id"]
+        assert r["image_url"] == f"/api/images/{r['id']}?index=photos.idx"
+        assert r["thumbnail_url"] == f"/api/thumbnails/{r['id']}?size=256&index=photos.idx"
+        if r["path"] in collection.good:
+            assert (r["width"], r["height"]) == collection.good[r["path"]]
+
+
+def test_search_by_image_id_vector_and_upload(client: TestClient, built_index: Path, collection: Collection, capsys: pytest.CaptureFixture[str]) -> None:
+    from retrieval.index import ImageIndex
+
+    target = _ids_by_path(built_index)["photos/a.jpg"]
+    similar = client.post("/api/search", json={"image_id": target, "k": 5}).json()["results"]
+    # itself first, or tied with its copy (link_to_photo.jpg is a symlink to it)
+    assert target in [r["id"] for r in similar if r["score"] == pytest.approx(1.0, abs=1e-5)]
+    expected = ImageIndex.open(built_index).search_similar(target, k=5)
+    assert [r["id"] for r in similar] == [h.id for h in expected]
+    # a vector, not normalised by the caller: the server normalises it
+    vector = (ImageIndex.open(built_index).vectors_of([target])[0] * 3.5).tolist()
+    by_vector = client.post("/api/search", json={"vector": vector, "k": 5}).json()["results"]
+    _same_ranking(by_vector, [h.to_dict() for h in expected])
+    # an uploaded file ranks as `clipsearch search --image` does
+    photo = collection.root / "formats" / "rgba.png"
+    cli = _cli_search(capsys, str(built_index), "--image", str(photo), "-k", "6")
+    files = {"image": ("q.png", photo.read_bytes(), "image/png")}
+    uploaded = client.post("/api/search", files=files, data={"k": "4", "offset": "2"})
+    assert uploaded.status_code == 200, uploaded.text
+    _same_ranking(uploaded.json()["results"], cli[2:6])
+    filtered = client.post("/api/search", files=files, data={"k": "50", "path_prefix": ["exif/"]}).json()["results"]
+    assert {r["path"] for r in filtered} == {"exif/rotated_3.jpg", "exif/rotated_6.jpg"}
+
+
+def test_several_indexes(client: TestClient, live_index: tuple[Path, Path]) -> None:
+    other = client.get("/api/search", params={"q": "a tree", "k": 3, "index": "live.idx"}).json()["results"]
+    assert other and all(r["path"].startswith("p") and r["path"].endswith(".jpg") for r in other)
+    assert all(r["image_url"].endswith("?index=live.idx") for r in other)
+    image = client.get(other[0]["image_url"])
+    assert image.status_code == 200 and image.content == (live_index[0] / other[0]["path"]).read_bytes()
+    default = client.get("/api/search", params={"q": "a tree", "k": 3}).json()["results"]
+    assert [r["path"] for r in default] != [r["path"] for r in other]
+
+
+def test_duplicate_names_and_bad_dirs(built_index: Path, tmp_path: Path) -> None:
+    from retrieval.errors import InvalidArgumentError, NotAnIndexError
+
+    twin = tmp_path / "x" / built_index.name
+    twin.parent.mkdir()
+    twin.symlink_to(built_index)
+    with pytest.raises(InvalidArgumentError, match="two indexes are named 'photos.idx'"):
+        create_app([built_index, tmp_path / "y" / built_index.name], warm=False)
+    with pytest.raises(NotAnIndexError):
+        create_app([tmp_path], warm=False)
+
+
+# -- bad input: one line of JSON, never a traceback ----------------------------------------------
+
+BAD_GETS = [
+    ({}, 400, "give a text query"),
+    ({"q": "   "}, 400, "give a text query"),
+    ({"q": "x", "k": 0}, 422, "k:"),
+    ({"q": "x", "k": 1001}, 422, "k:"),
+    ({"q": "x", "k": "ten"}, 422, "k:"),
+    ({"q": "x", "offset": -1}, 422, "offset:"),
+    ({"q": "x", "offset": 9995, "k": 10}, 400, "offset + k"),
+    ({"q": "x", "index": "nope"}, 404, "unknown index 'nope'"),
+    ({"q": "x", "min_width": -1}, 400, "min_width"),
+    ({"q": "x", "min_width": "wide"}, 422, "min_width:"),
+    ({"q": "x", "min_width": 100, "max_width": 10}, 400, "nothing can match"),
+    ({"q": "x", "modified_after": "last tuesday"}, 400, "cannot read time"),
+]
+
+
+@pytest.mark.parametrize(("params", "status", "words"), BAD_GETS)
+def test_bad_get_search(client: TestClient, params: dict[str, Any], status: int, words: str) -> None:
+    assert words in _error(client.get("/api/search", params=params), status)
+
+
+BAD_POSTS: list[tuple[Any, int, str]] = [
+    ({"text": "x", "colour": "red"}, 422, "colour: unknown field"),
+    ({"text": "x", "vector": [1.0] * 48}, 400, "exactly one of"),
+    ({"k": 3}, 400, "exactly one of"),
+    ({"text": ""}, 400, "non-empty"),
+    ({"text": "x", "k": 0}, 422, "k:"),
+    ({"text": "x", "k": 1001}, 422, "k:"),
+    ({"vector": [1.0, 2.0, 3.0]}, 400, "48 numbers"),
+    ({"vector": [0.0] * 48}, 400, "all zeros"),
+    ({"vector": ["a"] * 48}, 422, "vector.0"),
+    ({"image_id": 10**6}, 404, "no image 1000000"),
+    ({"image_id": -1}, 422, "image_id:"),
+    ({"text": "x", "filters": {"min_widht": 3}}, 422, "filters.min_widht: unknown field"),
+    ({"text": "x", "filters": {"min_width": -3}}, 400, "min_width"),
+    ({"text": "x", "index": "nope"}, 404, "unknown index"),
+    ([1, 2], 422, "request"),
+]
+
+
+@pytest.mark.parametrize(("body", "status", "words"), BAD_POSTS)
+def test_bad_post_search(client: TestClient, body: Any, status: int, words: str) -> None:
+    assert words in _error(client.post("/api/search", json=body), status)
+
+
+def test_malformed_json_nan_and_content_type(client: TestClient) -> None:
+    headers = {"content-type": "application/json"}
+    assert "malformed JSON" in _error(client.post("/api/search", content=b'{"text": "x",', headers=headers), 400)
+    assert "malformed JSON" in _error(client.post("/api/search", content=b"\xff\xfe", headers=headers), 400)
+    nan = b'{"vector": [NaN' + b", 1.0" * 47 + b"]}"
+    assert "finite" in _error(client.post("/api/search", content=nan, headers=headers), 400)
+    inf = b'{"vector": [Infinity' + b", 1.0" * 47 + b"]}"
+    assert "finite" in _error(client.post("/api/search", content=inf, headers=headers), 400)
+    _error(client.post("/api/search", content=b"text=x", headers={"content-type": "text/plain"}), 415)
+
+
+def test_bad_uploads(client: TestClient, collection: Collection) -> None:
+    def upload(data: bytes, **fields: Any) -> Any:
+        return client.post("/api/search", files={"image": ("q.jpg", data, "image/jpeg")}, data=fields)
+
+    assert "not an image" in _error(upload(b"hello, not an image"), 400)
+    assert "empty file" in _error(upload(b""), 400)
+    truncated = (collection.root / "broken" / "truncated.jpg").read_bytes()
+    assert "truncated" in _error(upload(truncated), 400)
+    bomb = (collection.root / "broken" / "bomb.png").read_bytes()
+    assert "decompression bomb" in _error(upload(bomb), 400)
+    good = (collection.root / "photos" / "a.jpg").read_bytes()
+    assert "colour: unknown field" in _error(upload(good, colour="red"), 422)
+    assert "k:" in _error(upload(good, k="0"), 422)
+    no_file = client.post("/api/search", data={"k": "3"}, files={"other": ("a.txt", b"x", "text/plain")})
+    assert '"image" file' in _error(no_file, 400)
+
+
+def test_upload_limit(client: TestClient) -> None:
+    # the client app's limit is 1 MiB; Content-Length says more: 413 before the body is read
+    big = b"\xff\xd8" + b"\0" * (1024 * 1024 + 100 * 1024)
+    resp = client.post("/api/search", files={"image": ("big.jpg", big, "image/jpeg")})
+    assert "larger than the limit of 1 MiB" in _error(resp, 413)
+
+    # no Content-Length (a chunked body): stopped while it streams in
+    def chunks() -> Iterator[bytes]:
+        boundary = b"--xyz\r\n"
+        yield boundary + b'Content-Disposition: form-data; name="image"; filename="big.jpg"\r\nContent-Type: image/jpeg\r\n\r\n'
+        for _ in range(40):
+            yield b"\0" * 65536
+        yield b"\r\n--xyz--\r\n"
+
+    resp = client.post("/api/search", content=chunks(), headers={"content-type": "multipart/form-data; boundary=xyz"})
+    assert "content-length" not in {k.lower() for k in resp.request.headers}
+    assert "larger than the limit" in _error(resp, 413)
