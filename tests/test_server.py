@@ -219,7 +219,7 @@ def test_duplicate_names_and_bad_dirs(built_index: Path, tmp_path: Path) -> None
     twin.parent.mkdir()
     twin.symlink_to(built_index)
     with pytest.raises(InvalidArgumentError, match="two indexes are named 'photos.idx'"):
-        create_app([built_index, tmp_path / "y" / built_index.name], warm=False)
+        create_app([built_index, twin], warm=False)
     with pytest.raises(NotAnIndexError):
         create_app([tmp_path], warm=False)
 
@@ -316,3 +316,234 @@ def test_upload_limit(client: TestClient) -> None:
     resp = client.post("/api/search", content=chunks(), headers={"content-type": "multipart/form-data; boundary=xyz"})
     assert "content-length" not in {k.lower() for k in resp.request.headers}
     assert "larger than the limit" in _error(resp, 413)
+
+
+# -- files by id only --------------------------------------------------------------------------
+
+
+def test_original_image(client: TestClient, built_index: Path, collection: Collection) -> None:
+    ids = _ids_by_path(built_index)
+    for rel, media in (("photos/a.jpg", "image/jpeg"), ("formats/rgba.png", "image/png"), ("formats/still.webp", "image/webp")):
+        resp = client.get(f"/api/images/{ids[rel]}")
+        assert resp.status_code == 200
+        assert resp.content == (collection.root / rel).read_bytes()
+        assert resp.headers["content-type"] == media
+        assert resp.headers["x-content-type-options"] == "nosniff"
+        etag = resp.headers["etag"]
+        again = client.get(f"/api/images/{ids[rel]}", headers={"If-None-Match": etag})
+        assert again.status_code == 304 and again.content == b"" and again.headers["etag"] == etag
+    # a non-UTF-8 file name is served by its id like any other
+    latin = next(p for p in ids if p.startswith("intl/latin1_caf"))
+    resp = client.get(f"/api/images/{ids[latin]}")
+    assert resp.status_code == 200 and resp.content[:2] == b"\xff\xd8"
+
+
+TRAVERSALS = [
+    "/api/images/-1",
+    "/api/images/abc",
+    "/api/images/99999",
+    "/api/images/1.0",
+    "/api/images/+1",
+    "/api/images/%2e%2e",
+    "/api/images/%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+    "/api/images/..%2f..%2f..%2fetc%2fpasswd",
+    "/api/images/%2fetc%2fpasswd",
+    "/api/images//etc/passwd",
+    "/api/images/0/../../../etc/passwd",
+    "/api/images/" + "9" * 40,
+    "/api/thumbnails/-1",
+    "/api/thumbnails/abc",
+    "/api/thumbnails/%2e%2e%2f%2e%2e%2fetc%2fpasswd",
+    "/api/thumbnails/99999",
+    "/static/..%2f..%2f..%2fetc%2fpasswd",
+    "/static/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+]
+
+
+@pytest.mark.parametrize("url", TRAVERSALS)
+def test_traversal_and_bad_ids(client: TestClient, url: str) -> None:
+    resp = client.get(url)
+    assert resp.status_code == 404, (url, resp.status_code)
+    assert "root:" not in resp.text
+    if url.startswith("/api"):
+        _error(resp, 404)
+
+
+def test_nothing_outside_the_source_root(client: TestClient, built_index: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from retrieval.index import ImageIndex
+
+    secret = tmp_path / "secret.jpg"
+    photo_like(32, 32, seed=1).save(secret)
+
+    def escaping(self: ImageIndex, id: int) -> Path:
+        # as if the index recorded "../<somewhere>": the server must refuse it on its own
+        return Path(self.manifest.source_root, "..", os.path.relpath(secret, self.manifest.source_root))
+
+    monkeypatch.setattr(ImageIndex, "source_file", escaping)
+    for url in ("/api/images/0", "/api/thumbnails/0?size=64"):
+        assert "outside its source root" in _error(client.get(url), 404)
+
+
+# -- thumbnails --------------------------------------------------------------------------------
+
+
+def test_thumbnails(client: TestClient, built_index: Path, thumb_cache: Path) -> None:
+    ids = _ids_by_path(built_index)
+
+    def thumb(rel: str, size: int) -> Image.Image:
+        resp = client.get(f"/api/thumbnails/{ids[rel]}", params={"size": size})
+        assert resp.status_code == 200, resp.text
+        assert resp.headers["content-type"] == "image/jpeg"
+        assert "max-age" in resp.headers["cache-control"]
+        img = Image.open(io.BytesIO(resp.content))
+        assert img.format == "JPEG" and max(img.size) <= size
+        return img
+
+    assert thumb("photos/a.jpg", 128).size == (128, 96)
+    assert thumb("photos/panorama.jpg", 256).size[0] == 256
+    assert thumb("photos/2023/d.Jpeg", 256).size == (64, 64)  # never enlarged
+    # EXIF orientation 6: stored 200x100, shown 100x200
+    assert thumb("exif/rotated_6.jpg", 128).size == (64, 128)
+    # transparency composited on white: rgba.png's left 60 of 160 columns are fully transparent
+    rgba = np.asarray(thumb("formats/rgba.png", 128).convert("RGB"), dtype=int)
+    assert rgba[:, :40].min() >= 245
+    # default size 256
+    assert max(Image.open(io.BytesIO(client.get(f"/api/thumbnails/{ids['photos/a.jpg']}").content)).size) == 256
+    assert "size must be one of" in _error(client.get(f"/api/thumbnails/{ids['photos/a.jpg']}", params={"size": 100}), 400)
+    assert "size:" in _error(client.get(f"/api/thumbnails/{ids['photos/a.jpg']}", params={"size": "big"}), 422)
+
+
+def test_thumbnail_etag_and_disk_cache(client: TestClient, built_index: Path, thumb_cache: Path) -> None:
+    image_id = _ids_by_path(built_index)["photos/2023/summer/b.JPG"]
+    url = f"/api/thumbnails/{image_id}?size=64"
+    first = client.get(url)
+    etag = first.headers["etag"]
+    assert first.status_code == 200 and etag
+    assert client.get(url, headers={"If-None-Match": etag}).status_code == 304
+    assert client.get(url, headers={"If-None-Match": f'"other", W/{etag}'}).status_code == 304
+    assert client.get(url, headers={"If-None-Match": '"other"'}).status_code == 200
+    # cached on disk under the recorded content hash and the size; the next request reads it
+    cached = list(thumb_cache.rglob(etag.strip('"') + ".jpg"))
+    assert len(cached) == 1 and cached[0].read_bytes() == first.content
+    marker = io.BytesIO()
+    Image.new("RGB", (7, 7), (1, 2, 3)).save(marker, "JPEG")
+    cached[0].write_bytes(marker.getvalue())
+    assert client.get(url).content == marker.getvalue()
+    assert not [p for p in thumb_cache.rglob("*") if p.name.startswith(".tmp-")]
+
+
+# -- the token, the UI, the docs ---------------------------------------------------------------
+
+
+def test_token(locked: TestClient) -> None:
+    for url in ("/api/health", "/api/indexes", "/api/search?q=x", "/api/images/0", "/api/thumbnails/0"):
+        resp = locked.get(url)
+        assert "token" in _error(resp, 401)
+        assert resp.headers["www-authenticate"] == "Bearer"
+        _error(locked.get(url, headers={"Authorization": "Bearer wrong"}), 401)
+        _error(locked.get(url, headers={"Authorization": TOKEN}), 401)
+        _error(locked.get(url, headers={"Authorization": f"Basic {TOKEN}"}), 401)
+    _error(locked.post("/api/search", json={"text": "x"}), 401)
+    ok = locked.get("/api/health", headers={"Authorization": f"Bearer {TOKEN}"})
+    assert ok.status_code == 200 and ok.json()["status"] == "ok"
+    # the UI (which asks for the token) and the docs stay reachable without it
+    for url in ("/", "/static/app.js", "/static/style.css", "/docs"):
+        assert locked.get(url).status_code == 200, url
+
+
+def test_ui_and_headers(client: TestClient) -> None:
+    page = client.get("/")
+    assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
+    assert '<input type="search" name="q"' in page.text
+    csp = page.headers["content-security-policy"]
+    for rule in ("default-src 'none'", "script-src 'self'", "style-src 'self'", "img-src 'self' blob: data:", "frame-ancestors 'none'"):
+        assert rule in csp
+    assert "unsafe-inline" not in csp
+    assert page.headers["x-content-type-options"] == "nosniff"
+    js = client.get("/static/app.js")
+    assert js.status_code == 200 and "javascript" in js.headers["content-type"]
+    _error(client.get("/static/missing.js"), 404)
+    _error(client.get("/api/nothing"), 404)
+
+
+def test_no_browser_ui(built_index: Path) -> None:
+    with TestClient(create_app([built_index], browser_ui=False, warm=False)) as c:
+        _error(c.get("/"), 404)
+        _error(c.get("/static/app.js"), 404)
+        assert c.get("/api/health").status_code == 200
+
+
+def test_docs_offline(client: TestClient) -> None:
+    docs = client.get("/docs")
+    assert docs.status_code == 200
+    assert "cdn" not in docs.text.lower() and "/docs-assets/swagger-ui-bundle.js" in docs.text
+    csp = docs.headers["content-security-policy"]
+    assert "'sha256-" in csp and "http" not in csp
+    for asset in ("swagger-ui-bundle.js", "swagger-ui.css"):
+        assert client.get(f"/docs-assets/{asset}").status_code == 200
+    spec = client.get("/openapi.json").json()
+    assert {"/api/health", "/api/indexes", "/api/search", "/api/images/{image_id}", "/api/thumbnails/{image_id}"} <= set(spec["paths"])
+    post = spec["paths"]["/api/search"]["post"]["requestBody"]["content"]
+    assert set(post) == {"application/json", "multipart/form-data"}
+    assert "Filters" in spec["components"]["schemas"]
+
+
+def test_internal_error_is_one_line(client: TestClient, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
+    from clipsearch.server import search
+
+    def broken(*args: Any, **kwargs: Any) -> Any:
+        raise RuntimeError("boom: a bug")
+
+    monkeypatch.setattr(search, "_hits", broken)
+    resp = client.get("/api/search", params={"q": "x"})
+    assert _error(resp, 500) == "internal server error"
+    assert "boom" not in resp.text
+    assert "RuntimeError: boom: a bug" in capfd.readouterr().err
+
+
+# -- live updates ------------------------------------------------------------------------------
+
+
+def test_live_update_and_request_in_flight(client: TestClient, live_index: tuple[Path, Path], tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from indexer import build_index
+    from retrieval.index import ImageIndex
+
+    photos, index_dir = live_index
+    before = client.get("/api/indexes").json()[1]
+    assert before["name"] == "live.idx"
+    old_count = before["count"]
+    entered, release = threading.Event(), threading.Event()
+    seen: list[str] = []
+    original_rows = ImageIndex.rows
+    armed = [True]
+
+    def held_rows(self: ImageIndex, ids: Any, columns: Any = ("id", "path")) -> Any:
+        # the first size lookup of a live.idx search waits until the new generation is out
+        if armed[0] and self.directory == index_dir and tuple(columns) == ("width", "height"):
+            armed[0] = False
+            seen.append(str(self.manifest.generation))
+            entered.set()
+            assert release.wait(60)
+        return original_rows(self, ids, columns)
+
+    monkeypatch.setattr(ImageIndex, "rows", held_rows)
+    in_flight: list[Any] = []
+    worker = threading.Thread(target=lambda: in_flight.append(client.get("/api/search", params={"q": "x", "k": 1000, "index": "live.idx"})))
+    worker.start()
+    try:
+        assert entered.wait(60)
+        _write_photos(photos / "new", 1, first_seed=999)
+        build_index(photos, index_dir, model=str(tiny_model), batch_size=8, workers=0, device="cpu")
+        after = client.get("/api/indexes").json()[1]
+        assert after["count"] == old_count + 1 and after["generation"] != before["generation"]
+        found = client.get("/api/search", params={"q": "x", "k": 1000, "index": "live.idx"}).json()["results"]
+        assert len(found) == old_count + 1 and "new/p00.jpg" in [r["path"] for r in found]
+        new_id = next(r["id"] for r in found if r["path"] == "new/p00.jpg")
+        assert client.get(f"/api/images/{new_id}?index=live.idx").content == (photos / "new" / "p00.jpg").read_bytes()
+    finally:
+        release.set()
+        worker.join(60)
+    # the request that started before the update finished on its own generation, whole
+    assert seen == [str(before["generation"])]
+    old = in_flight[0].json()["results"]
+    assert len(old) == old_count and "new/p00.jpg" not in [r["path"] for r in old]
