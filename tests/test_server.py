@@ -25,11 +25,11 @@ from PIL import Image
 
 pytest.importorskip("fastapi", reason="the server extra is not installed: pip install -e '.[server]'")
 
+from conftest import clipsearch_exe  # noqa: E402
 from fastapi.testclient import TestClient  # noqa: E402
+from imagegen import Collection, photo_like  # noqa: E402
 
 from clipsearch.server import create_app  # noqa: E402
-from conftest import clipsearch_exe  # noqa: E402
-from imagegen import Collection, photo_like  # noqa: E402
 
 TOKEN = "s3cret-token"
 
@@ -150,7 +150,8 @@ def test_search_equals_cli(client: TestClient, built_index: Path, capsys: pytest
 
 
 def test_search_with_filters_equals_cli(client: TestClient, built_index: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cli = _cli_search(capsys, str(built_index), "red", "-k", "6", "--path-prefix", "photos/", "--path-prefix", "formats/", "--min-width", "64")
+    prefixes = ["--path-prefix", "photos/", "--path-prefix", "formats/"]
+    cli = _cli_search(capsys, str(built_index), "red", "-k", "6", *prefixes, "--min-width", "64")
     assert cli and all(r["path"].startswith(("photos/", "formats/")) for r in cli)
     params: dict[str, Any] = {"q": "red", "k": 4, "offset": 2, "path_prefix": ["photos/", "formats/"], "min_width": 64}
     got = client.get("/api/search", params=params).json()["results"]
@@ -178,7 +179,9 @@ def test_result_fields(client: TestClient, built_index: Path, collection: Collec
             assert (r["width"], r["height"]) == collection.good[r["path"]]
 
 
-def test_search_by_image_id_vector_and_upload(client: TestClient, built_index: Path, collection: Collection, capsys: pytest.CaptureFixture[str]) -> None:
+def test_search_by_image_id_vector_and_upload(
+    client: TestClient, built_index: Path, collection: Collection, capsys: pytest.CaptureFixture[str]
+) -> None:
     from retrieval.index import ImageIndex
 
     target = _ids_by_path(built_index)["photos/a.jpg"]
@@ -504,7 +507,9 @@ def test_internal_error_is_one_line(client: TestClient, monkeypatch: pytest.Monk
 # -- live updates ------------------------------------------------------------------------------
 
 
-def test_live_update_and_request_in_flight(client: TestClient, live_index: tuple[Path, Path], tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_live_update_and_request_in_flight(
+    client: TestClient, live_index: tuple[Path, Path], tiny_model: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     from indexer import build_index
     from retrieval.index import ImageIndex
 
@@ -547,3 +552,127 @@ def test_live_update_and_request_in_flight(client: TestClient, live_index: tuple
     assert seen == [str(before["generation"])]
     old = in_flight[0].json()["results"]
     assert len(old) == old_count and "new/p00.jpg" not in [r["path"] for r in old]
+
+
+# -- the command -------------------------------------------------------------------------------
+
+
+def _raw_get(host: str, port: int, target: str, headers: dict[str, str] | None = None) -> tuple[int, bytes]:
+    """A GET with the request target sent exactly as given (no client-side normalisation)."""
+    import http.client
+
+    conn = http.client.HTTPConnection(host, port, timeout=30)
+    try:
+        conn.putrequest("GET", target, skip_accept_encoding=True)
+        for name, value in (headers or {}).items():
+            conn.putheader(name, value)
+        conn.endheaders()
+        resp = conn.getresponse()
+        return resp.status, resp.read()
+    finally:
+        conn.close()
+
+
+def _start_serve(args: list[str], env: dict[str, str] | None = None) -> tuple[subprocess.Popen[str], str, list[str]]:
+    proc = subprocess.Popen(
+        [clipsearch_exe(), "serve", *args],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, **(env or {})},
+    )
+    lines: list[str] = []
+    ready = threading.Event()
+
+    def read() -> None:
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            if line.startswith("clipsearch: serving "):
+                ready.set()
+        ready.set()
+
+    threading.Thread(target=read, daemon=True).start()
+    ready.wait(120)
+    served = [line for line in lines if line.startswith("clipsearch: serving ")]
+    if not served:
+        proc.kill()
+        pytest.fail(f"the server did not start: {''.join(lines)}")
+    return proc, served[0].split()[-1], lines
+
+
+@pytest.mark.slow
+def test_serve_command(built_index: Path, tmp_path: Path) -> None:
+    proc, url, lines = _start_serve([str(built_index), "--port", "0", "--device", "cpu", "--cache-dir", str(tmp_path / "cache")])
+    try:
+        assert url.startswith("http://127.0.0.1:") and url.endswith("/")
+        port = int(url.rsplit(":", 1)[1].rstrip("/"))
+        assert port != 0
+        status, body = _raw_get("127.0.0.1", port, "/api/health")
+        assert status == 200 and json.loads(body) == {"status": "ok", "indexes": ["photos.idx"]}
+        status, body = _raw_get("127.0.0.1", port, "/api/search?q=a+dog&k=2")
+        assert status == 200 and len(json.loads(body)["results"]) == 2
+        # request targets as an attacker would send them, unnormalised
+        for target in (
+            "/api/images/../../../../etc/passwd",
+            "/api/images/..%2f..%2f..%2f..%2fetc%2fpasswd",
+            "/api/images/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+            "/static/../../../../../etc/passwd",
+            "/static/%2e%2e/%2e%2e/%2e%2e/%2e%2e/etc/passwd",
+            "/static/..%2f..%2f..%2f..%2fetc%2fpasswd",
+            "/api/thumbnails/..%2f..%2fetc%2fpasswd",
+            "//etc/passwd",
+        ):
+            status, body = _raw_get("127.0.0.1", port, target)
+            assert status in (400, 404), (target, status)
+            assert b"root:" not in body and b"Traceback" not in body
+        # a second server on the same port: one line, exit 1, before any model loads
+        busy_cmd = [clipsearch_exe(), "serve", str(built_index), "--port", str(port)]
+        busy = subprocess.run(busy_cmd, capture_output=True, text=True, timeout=120)
+        assert busy.returncode == 1
+        assert busy.stderr.strip().count("\n") == 0 and "in use" in busy.stderr
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        rc = proc.wait(60)
+    time.sleep(0.2)
+    text = "".join(lines)
+    assert rc == 0, text
+    assert text.count("clipsearch: serving") == 1 and "Traceback" not in text
+    assert "Loading" not in text and "GET /api" not in text  # no model load report, no access log
+
+
+@pytest.mark.slow
+def test_serve_command_errors(tmp_path: Path) -> None:
+    bad = subprocess.run([clipsearch_exe(), "serve", str(tmp_path / "missing"), "--port", "0"], capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and bad.stderr.startswith("clipsearch: error:")
+    assert "Traceback" not in bad.stderr
+    # a public address without a token: a warning first (then the same error here)
+    public = subprocess.run(
+        [clipsearch_exe(), "serve", str(tmp_path / "missing"), "--host", "0.0.0.0", "--port", "0"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={k: v for k, v in os.environ.items() if k != "CLIPSEARCH_TOKEN"},
+    )
+    first, *rest = public.stderr.splitlines()
+    assert public.returncode == 1 and first.startswith("clipsearch: warning: serving on 0.0.0.0 without a token")
+    assert len(rest) == 1
+
+
+def test_serve_without_the_server_extra(built_index: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from clipsearch.cli import main
+
+    monkeypatch.setitem(sys.modules, "uvicorn", None)  # import uvicorn -> ImportError
+    assert main(["serve", str(built_index), "--port", "0"]) == 1
+    assert capsys.readouterr().err == "clipsearch: error: install the server extra: pip install 'clipsearch[server]'\n"
+
+
+def test_serve_sigint_exits_zero(built_index: Path, tmp_path: Path) -> None:
+    args = [str(built_index), "--port", "0", "--device", "cpu", "--cache-dir", str(tmp_path)]
+    proc, url, lines = _start_serve(args, env={"CLIPSEARCH_TOKEN": TOKEN})
+    port = int(url.rsplit(":", 1)[1].rstrip("/"))
+    assert _raw_get("127.0.0.1", port, "/api/health")[0] == 401
+    assert _raw_get("127.0.0.1", port, "/api/health", {"Authorization": f"Bearer {TOKEN}"})[0] == 200
+    proc.send_signal(signal.SIGINT)
+    assert proc.wait(60) == 0
+    assert "Traceback" not in "".join(lines)
