@@ -489,6 +489,12 @@ def test_docs_offline(client: TestClient) -> None:
     post = spec["paths"]["/api/search"]["post"]["requestBody"]["content"]
     assert set(post) == {"application/json", "multipart/form-data"}
     assert "Filters" in spec["components"]["schemas"]
+    # the bundled Swagger UI (4.x) reads OpenAPI 3.0 only: /docs loads a 3.0 rendering of the same document
+    assert spec["openapi"].startswith("3.1")
+    assert '"/docs/openapi-3.0.json"' in docs.text.replace("'", '"')
+    legacy = client.get("/docs/openapi-3.0.json").json()
+    assert legacy["openapi"] == "3.0.3" and set(legacy["paths"]) == set(spec["paths"])
+    assert '{"type": "null"}' not in json.dumps(legacy) and '"nullable": true' in json.dumps(legacy)
 
 
 def test_internal_error_is_one_line(client: TestClient, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:

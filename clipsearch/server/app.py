@@ -44,6 +44,8 @@ from .responses import JSONResponse
 from .search import SearchBody, SearchForm, SearchRequest, SearchResponse, check_window, from_body, from_form, make_filter, run_search
 
 STATIC_DIR = Path(__file__).parent / "static"
+# The OpenAPI document in the dialect the bundled Swagger UI reads (see openapi_3_0).
+DOCS_OPENAPI_URL = "/docs/openapi-3.0.json"
 # A text query run once per index at start-up, so that no request pays the model load.
 _WARM_TEXT = "a photo"
 
@@ -324,7 +326,7 @@ def _mount_docs(app: FastAPI) -> str:
 
     app.mount("/docs-assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
     page = get_swagger_ui_html(
-        openapi_url="/openapi.json",
+        openapi_url=DOCS_OPENAPI_URL,
         title="clipsearch API",
         swagger_js_url="/docs-assets/swagger-ui-bundle.js",
         swagger_css_url="/docs-assets/swagger-ui.css",
@@ -341,10 +343,45 @@ def _mount_docs(app: FastAPI) -> str:
     async def docs() -> Response:
         return HTMLResponse(html)
 
+    @app.get(DOCS_OPENAPI_URL, include_in_schema=False)
+    async def docs_openapi() -> Response:
+        return JSONResponse(openapi_3_0(app.openapi()))
+
     return (
         f"default-src 'none'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
         "connect-src 'self'; base-uri 'none'; frame-ancestors 'none'"
     )
+
+
+def openapi_3_0(schema: dict[str, Any]) -> dict[str, Any]:
+    """FastAPI's OpenAPI 3.1 document in the 3.0 dialect that the bundled Swagger UI (4.x) reads.
+
+    swagger-ui-bundle ships Swagger UI 4, which refuses ``openapi: 3.1.0``. The differences that
+    matter here are the version field and optional values (3.1: ``anyOf: [X, {"type": "null"}]``;
+    3.0: ``X`` with ``nullable: true``). ``/openapi.json`` stays the real 3.1 document.
+    """
+
+    def convert(node: Any) -> Any:
+        if isinstance(node, list):
+            return [convert(n) for n in node]
+        if not isinstance(node, dict):
+            return node
+        out = {k: convert(v) for k, v in node.items()}
+        options = out.get("anyOf")
+        if isinstance(options, list) and {"type": "null"} in options:
+            rest = [o for o in options if o != {"type": "null"}]
+            del out["anyOf"]
+            if len(rest) == 1:
+                # $ref siblings are ignored in 3.0: wrap a reference in allOf to keep nullable.
+                out.update(rest[0] if "$ref" not in rest[0] else {"allOf": rest})
+            else:
+                out["anyOf"] = rest
+            out["nullable"] = True
+        return out
+
+    converted: dict[str, Any] = convert(schema)
+    converted["openapi"] = "3.0.3"
+    return converted
 
 
 def _document_search_body(app: FastAPI) -> None:
