@@ -300,6 +300,10 @@ def test_bad_uploads(client: TestClient, collection: Collection) -> None:
     assert "k:" in _error(upload(good, k="0"), 422)
     no_file = client.post("/api/search", data={"k": "3"}, files={"other": ("a.txt", b"x", "text/plain")})
     assert '"image" file' in _error(no_file, 400)
+    two = [("image", ("a.jpg", good, "image/jpeg")), ("image", ("b.jpg", good, "image/jpeg"))]
+    _error(client.post("/api/search", files=two), 400)
+    # an image file is the query: no second kind beside it
+    assert "text: unknown field" in _error(upload(good, text="a dog"), 422)
 
 
 def test_upload_limit(client: TestClient) -> None:
