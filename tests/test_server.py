@@ -514,6 +514,64 @@ def test_internal_error_is_one_line(client: TestClient, monkeypatch: pytest.Monk
     assert "RuntimeError: boom: a bug" in capfd.readouterr().err
 
 
+# -- concurrency -------------------------------------------------------------------------------
+
+
+def test_concurrent_requests_agree_with_sequential_ones(client: TestClient, built_index: Path, collection: Collection) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    photo = (collection.root / "photos" / "a.jpg").read_bytes()
+    ids = _ids_by_path(built_index)
+
+    def ask(i: int) -> Any:
+        kind = i % 4
+        if kind == 0:
+            return client.get("/api/search", params={"q": f"query {i % 3}", "k": 5}).json()["results"]
+        if kind == 1:
+            return client.post("/api/search", files={"image": ("q.jpg", photo, "image/jpeg")}, data={"k": "5"}).json()["results"]
+        if kind == 2:
+            return client.post("/api/search", json={"image_id": ids["exif/rotated_3.jpg"], "k": 5}).json()["results"]
+        return client.get(f"/api/thumbnails/{ids['photos/a.jpg']}", params={"size": 128}).content
+
+    expected = [ask(i) for i in range(12)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(ask, list(range(12)) * 3))
+    for i, answer in enumerate(got):
+        want = expected[i % 12]
+        if isinstance(want, bytes):
+            assert answer == want
+        else:
+            _same_ranking(answer, want)
+
+
+def test_model_calls_do_not_block_the_event_loop(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    from retrieval.index import ImageIndex
+
+    started, release = threading.Event(), threading.Event()
+    original = ImageIndex.search
+
+    def slow(self: ImageIndex, query: str, k: int = 10, where: Any = None) -> Any:
+        if query == "slow one":
+            started.set()
+            assert release.wait(60)
+        return original(self, query, k, where)
+
+    monkeypatch.setattr(ImageIndex, "search", slow)
+    held = threading.Thread(target=lambda: client.get("/api/search", params={"q": "slow one"}))
+    held.start()
+    try:
+        assert started.wait(60)
+        began = time.perf_counter()
+        # while a search sits in its worker thread, the loop answers others (a search of another
+        # index, originals, health) at once
+        assert client.get("/api/health").status_code == 200
+        assert client.get("/api/search", params={"q": "x", "index": "live.idx"}).status_code == 200
+        assert time.perf_counter() - began < 10
+    finally:
+        release.set()
+        held.join(60)
+
+
 # -- live updates ------------------------------------------------------------------------------
 
 
