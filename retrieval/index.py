@@ -462,6 +462,34 @@ class ImageIndex:
             return faiss_index.search(self._faiss, vectors, k)
         return faiss_index.search(self._faiss, vectors, k, allowed=self.mask(where))
 
+    @property
+    def exact_scores(self) -> bool:
+        """True when FAISS scores are exact inner products of the stored vectors (flat storage,
+        searched exhaustively): range searches then miss nothing."""
+        stored = faiss_index.stored_vectors(self._faiss, np.empty(0, np.int64))
+        return faiss_index.kind_of(self._faiss) == "flat" and stored is not None and stored[1]
+
+    def search_range(
+        self, vectors: np.ndarray, min_score: float, where: Filter | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Every image scoring at least ``min_score`` with each query vector ``(n, dim)``: per
+        query ``(ids, scores)`` by descending score (ties by id). Exact for flat indexes; an
+        approximate index may miss images (see :func:`retrieval.faiss_index.range_search`).
+        """
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise InvalidArgumentError(f"query vectors must have shape (n, {self.dim}), got {vectors.shape}")
+        lims, scores, ids = faiss_index.range_search(self._faiss, vectors, min_score)
+        allowed = self.mask(where) if where is not None and where.active else None
+        out = []
+        for q in range(len(vectors)):
+            s, i = scores[lims[q] : lims[q + 1]], ids[lims[q] : lims[q + 1]]
+            if allowed is not None:
+                s, i = s[allowed[i]], i[allowed[i]]
+            order = np.lexsort((i, -s))
+            out.append((i[order].astype(np.int64), s[order]))
+        return out
+
     def mask(self, where: Filter) -> np.ndarray:
         """Boolean mask over ids of the images passing ``where`` (recent masks are cached)."""
         if not isinstance(where, Filter):
