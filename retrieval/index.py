@@ -252,6 +252,9 @@ class ImageIndex:
             if self._encoder is None:
                 encoder = self._encoder_factory(self._model or self.manifest.model, self._device)
                 self._match_image_precision(encoder)
+                size = self.manifest.model_info.get("embed_image_size")
+                if size is not None:
+                    encoder.set_image_size(int(size))  # image queries at the index's size
                 self._encoder = encoder
             if not self._encoder_checked:
                 self._check_encoder(self._encoder)
