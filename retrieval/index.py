@@ -388,7 +388,8 @@ class ImageIndex:
         """Query arithmetic: search with ``normalise(sum(w * e(add)) - sum(w * e(subtract)))``.
 
         Each term is a text (``str``), an image file (a path object) or a
-        :class:`~retrieval.query_terms.QueryTerm` with its own weight; every term's embedding
+        :class:`~retrieval.query_terms.QueryTerm` with its own weight (``QueryTerm(3, "id")``:
+        image 3 of the index, by its stored vector); every term's embedding
         is L2-normalised before weighting. ``index.search_combined(["a dog", "in the snow"],
         subtract=["grass"])``.
 
@@ -400,7 +401,10 @@ class ImageIndex:
         if isinstance(add, (str, os.PathLike)) or isinstance(subtract, (str, os.PathLike)):
             raise InvalidArgumentError("add and subtract take lists of terms, not a single term")
         terms = [as_term(t) for t in add] + [as_term(t).negated() for t in subtract]
-        vector = embed_terms(terms, lambda texts: self.text_encoder.embed_texts(texts), self._embed_image)
+        for t in terms:
+            if t.kind == "id":
+                _check_id(t.value, self.count)
+        vector = embed_terms(terms, lambda texts: self.text_encoder.embed_texts(texts), self._embed_image, self.vectors_of)
         return self.search_vectors(vector[None], k, where=where)[0]
 
     def search_similar(self, id: int, k: int = 10, where: Filter | None = None) -> list[Hit]:
@@ -610,7 +614,7 @@ class ImageIndex:
         }
 
 
-def _check_id(id: int, count: int) -> int:
+def _check_id(id: object, count: int) -> int:
     if not isinstance(id, (int, np.integer)) or isinstance(id, bool) or not 0 <= int(id) < count:
         ids = f"ids are 0..{count - 1}" if count else "the index is empty"
         raise InvalidArgumentError(f"no image with id {id!r} ({ids})")
