@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import io
 import os
 import threading
 from collections import OrderedDict
@@ -404,7 +405,12 @@ class ImageIndex:
         for t in terms:
             if t.kind == "id":
                 _check_id(t.value, self.count)
-        vector = embed_terms(terms, lambda texts: self.text_encoder.embed_texts(texts), self._embed_image, self.vectors_of)
+        vector = embed_terms(
+            terms,
+            lambda texts: self.text_encoder.embed_texts(texts),
+            lambda image: self._embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
+            self.vectors_of,
+        )
         return self.search_vectors(vector[None], k, where=where)[0]
 
     def search_similar(self, id: int, k: int = 10, where: Filter | None = None) -> list[Hit]:
@@ -612,6 +618,12 @@ class ImageIndex:
             "tool_version": m.tool_version,
             "skipped_files": [{"path": s.path, "reason": s.reason} for s in self.skipped()],
         }
+
+
+def _named_bytes(data: bytes) -> io.BytesIO:
+    buf = io.BytesIO(data)
+    buf.name = "the query image"  # how a decoding error names it (instead of '<stream>')
+    return buf
 
 
 def _check_id(id: object, count: int) -> int:

@@ -35,10 +35,10 @@ _MIN_NORM = 1e-6
 
 @dataclass(frozen=True)
 class QueryTerm:
-    """One term of a combined query: a text, an image file or an indexed image's id, with a
-    weight (negative subtracts)."""
+    """One term of a combined query: a text, an image (a file path, or the file's bytes) or an
+    indexed image's id, with a weight (negative subtracts)."""
 
-    value: str | int
+    value: str | int | bytes
     kind: TermKind = "text"
     weight: float = 1.0
 
@@ -48,6 +48,9 @@ class QueryTerm:
         if self.kind == "id":
             if isinstance(self.value, bool) or not isinstance(self.value, int) or self.value < 0:
                 raise InvalidArgumentError(f"an image id term must be an integer >= 0, got {self.value!r}")
+        elif self.kind == "image" and isinstance(self.value, bytes):
+            if not self.value:
+                raise InvalidArgumentError("an image term's file is empty")
         elif not isinstance(self.value, str) or not self.value.strip():
             raise InvalidArgumentError("a query term is empty")
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
@@ -114,7 +117,7 @@ def combine(vectors: np.ndarray, weights: Sequence[float]) -> np.ndarray:
 def embed_terms(
     terms: Sequence[QueryTerm],
     embed_texts: Callable[[list[str]], np.ndarray],
-    embed_image: Callable[[str], np.ndarray],
+    embed_image: Callable[[str | bytes], np.ndarray],
     stored_vectors: Callable[[list[int]], np.ndarray] | None = None,
 ) -> np.ndarray:
     """The combined query vector ``(dim,)`` of ``terms``: texts embedded in one batch, image
@@ -139,7 +142,7 @@ def embed_terms(
         elif t.kind == "id":
             rows.append(next(id_vectors))
         else:
-            rows.append(embed_image(str(t.value)).reshape(-1))
+            rows.append(embed_image(t.value if isinstance(t.value, bytes) else str(t.value)).reshape(-1))
     return combine(np.stack(rows), [t.weight for t in terms])
 
 

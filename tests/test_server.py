@@ -205,6 +205,48 @@ def test_search_by_image_id_vector_and_upload(
     assert {r["path"] for r in filtered} == {"exif/rotated_3.jpg", "exif/rotated_6.jpg"}
 
 
+def test_query_arithmetic_equals_cli(
+    client: TestClient, built_index: Path, collection: Collection, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from retrieval.index import ImageIndex
+    from retrieval.query_terms import QueryTerm
+
+    cli = _cli_search(capsys, str(built_index), "2:a dog", "--add", "in the snow", "--subtract", "0.5:grass", "-k", "6")
+    got = client.get("/api/search", params={"q": "2:a dog", "add": ["in the snow"], "subtract": ["0.5:grass"], "k": 6})
+    assert got.status_code == 200, got.text
+    _same_ranking(got.json()["results"], cli)
+    posted = client.post("/api/search", json={"text": "2:a dog", "add": ["in the snow"], "subtract": ["0.5:grass"], "k": 6})
+    _same_ranking(posted.json()["results"], cli)
+    # An image of the index as a term (by id), and an uploaded image as the first term.
+    index = ImageIndex.open(built_index, device="cpu")
+    target = _ids_by_path(built_index)["photos/a.jpg"]
+    body = {"image_id": target, "add": [{"text": "at night", "weight": 0.5}], "subtract": [{"image_id": 0, "weight": 0.3}], "k": 5}
+    expected = index.search_combined([QueryTerm(target, "id"), QueryTerm("at night", weight=0.5)], subtract=[QueryTerm(0, "id", 0.3)], k=5)
+    _same_ranking(client.post("/api/search", json=body).json()["results"], [h.to_dict() for h in expected])
+    photo = collection.root / "formats" / "rgba.png"
+    cli = _cli_search(capsys, str(built_index), "--image", str(photo), "--subtract", "grass", "-k", "4")
+    files = {"image": ("q.png", photo.read_bytes(), "image/png")}
+    uploaded = client.post("/api/search", files=files, data={"k": "4", "subtract": ["grass"]})
+    assert uploaded.status_code == 200, uploaded.text
+    _same_ranking(uploaded.json()["results"], cli)
+    # No term names a file on the server: a path is read as text.
+    as_text = client.get("/api/search", params={"q": "x", "add": ["/etc/passwd"], "k": 3}).json()["results"]
+    _same_ranking(as_text, [h.to_dict() for h in index.search_combined(["x", "/etc/passwd"], k=3)])
+    for params, words in [
+        ({"q": "a", "subtract": ["a"]}, "cancel out"),
+        ({"q": "a", "add": ["0:b"]}, "weight 0"),
+        ({"q": "a", "add": ["b"] * 17}, "at most 16"),
+    ]:
+        assert words in _error(client.get("/api/search", params=params), 400)
+    for body, status, words in [
+        ({"vector": [0.1] * 48, "add": ["b"]}, 400, "not with a vector"),
+        ({"text": "a", "add": [{"text": "b", "image_id": 1}]}, 400, "exactly one of text and image_id"),
+        ({"text": "a", "add": [{"image_id": 10**6}]}, 404, "no image"),
+        ({"text": "a", "add": [{"text": "b", "colour": 1}]}, 422, "add.0"),
+    ]:
+        assert words in _error(client.post("/api/search", json=body), status)
+
+
 def test_several_indexes(client: TestClient, live_index: tuple[Path, Path]) -> None:
     other = client.get("/api/search", params={"q": "a tree", "k": 3, "index": "live.idx"}).json()["results"]
     assert other and all(r["path"].startswith("p") and r["path"].endswith(".jpg") for r in other)

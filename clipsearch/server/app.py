@@ -31,13 +31,24 @@ from retrieval.live import LiveIndex
 from retrieval.version import __version__
 
 from . import files
-from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, ServerConfig
+from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, MAX_TERMS, ServerConfig
 from .docs import document_search_body, mount_docs
 from .errors import install_error_handlers
 from .indexes import IndexSet, ServedIndex
 from .middleware import UI_CSP, BodyLimit, SecurityHeaders
 from .responses import JSONResponse
-from .search import SearchBody, SearchForm, SearchRequest, SearchResponse, check_window, from_body, from_form, make_filter, run_search
+from .search import (
+    SearchBody,
+    SearchForm,
+    SearchRequest,
+    SearchResponse,
+    check_window,
+    from_body,
+    from_form,
+    make_filter,
+    make_terms,
+    run_search,
+)
 
 STATIC_DIR = Path(__file__).parent / "static"
 # A text query run once per index at start-up, so that no request pays the model load.
@@ -200,12 +211,17 @@ def _api_router() -> APIRouter:
         max_height: Annotated[int | None, Query()] = None,
         modified_after: Annotated[str | None, Query(description="ISO 8601 date or time")] = None,
         modified_before: Annotated[str | None, Query(description="ISO 8601 date or time")] = None,
+        add: Annotated[list[str] | None, Query(description='query arithmetic: a text to add, "N:" before it for a weight (repeat)')] = None,
+        subtract: Annotated[list[str] | None, Query(description="a text to subtract (repeat)")] = None,
     ) -> Response:
         if q is None or not q.strip():
             raise InvalidArgumentError("give a text query: q=...")
         check_window(k, offset)
+        if len(add or []) + len(subtract or []) > MAX_TERMS:
+            raise InvalidArgumentError(f"at most {MAX_TERMS} add and subtract terms")
         where = make_filter(path_prefix, path_glob, min_width, max_width, min_height, max_height, modified_after, modified_before)
-        req = SearchRequest(kind="text", k=k, offset=offset, index=index, where=where, text=q)
+        terms = make_terms(add or [], subtract or [])
+        req = SearchRequest(kind="text", k=k, offset=offset, index=index, where=where, text=q, terms=terms)
         return await _answer(request, req)
 
     @api.post("/search", response_model=SearchResponse, summary="Search by text, image id, vector (JSON) or image file (multipart)")
@@ -291,7 +307,7 @@ async def _read_form(request: Request) -> SearchRequest:
             values = form.getlist(key)
             if any(isinstance(v, UploadFile) for v in values):
                 raise InvalidArgumentError(f"only the image field may be a file, not {key!r}")
-            fields[key] = values if key == "path_prefix" else values[-1]
+            fields[key] = values if key in ("path_prefix", "add", "subtract") else values[-1]
         try:
             parsed = SearchForm.model_validate(fields)
         except ValidationError as exc:
