@@ -146,3 +146,27 @@ def test_cli_duplicates(planted: Path) -> None:
     for bad, code, message in [(["--threshold", "0"], 1, "cosine in (0, 1]"), (["--threshold", "x"], 2, "expected a number")]:
         res = run_cli(["duplicates", planted, *bad])
         assert res.returncode == code and message in res.stderr and res.stderr.count("\n") == 1, res.stderr
+
+
+def test_hnsw_range_search_over_many_query_blocks_does_not_abort() -> None:
+    # FAISS's HNSW range search aborts the process when one call spans more than one block of
+    # queries (1e8 / (max_level * d * efSearch) of them): 200 queries at d=512, efSearch=1024.
+    import faiss
+
+    from retrieval import faiss_index
+
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((300, 512)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    x[150:] = x[:150] + 0.01 * rng.standard_normal((150, 512)).astype(np.float32)
+    x /= np.linalg.norm(x, axis=1, keepdims=True)
+    index = faiss.index_factory(512, "HNSW32", faiss.METRIC_INNER_PRODUCT)
+    index.add(x)
+    index.hnsw.efSearch = 1024
+    assert faiss_index._hnsw_range_chunk(index) < 200
+    lims, scores, ids = faiss_index.range_search(index, x[:200], 0.9)
+    sims = x[:200].astype(np.float64) @ x.T.astype(np.float64)
+    for q in range(200):
+        found = ids[lims[q] : lims[q + 1]]
+        assert set(found.tolist()) <= set(np.flatnonzero(sims[q] >= 0.9 - 1e-6).tolist())
+        assert q in found.tolist() and np.all(scores[lims[q] : lims[q + 1]] >= 0.9)
