@@ -281,6 +281,23 @@ def test_query_image_upload_shows_the_multipart_search(page: Any, server: Server
     assert note.is_visible() and "cannot be put in the address" in note.inner_text()
 
 
+def test_query_image_dropped_on_the_page(page: Any, server: Server, query_image: Path) -> None:
+    open_ui(page, server)
+    data = list(query_image.read_bytes())
+    transfer = page.evaluate_handle(
+        """bytes => { const t = new DataTransfer();
+                     t.items.add(new File([new Uint8Array(bytes)], 'query.jpg', {type: 'image/jpeg'}));
+                     return t; }""",
+        data,
+    )
+    page.dispatch_event("main", "dragenter", {"dataTransfer": transfer})
+    page.locator("[data-testid=drop-overlay]").wait_for(state="visible")
+    page.dispatch_event("main", "drop", {"dataTransfer": transfer})
+    expected = server.post_image(query_image, k=PAGE)
+    assert shown_ids(page, PAGE) == api_ids(expected)
+    assert page.locator("[data-testid=drop-overlay]").is_hidden()
+
+
 def test_back_and_forward_restore_earlier_searches(page: Any, server: Server) -> None:
     open_ui(page, server)
     first = api_ids(server.get("/api/search", q="a red car", k=PAGE))
