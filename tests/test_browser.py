@@ -157,7 +157,7 @@ def ui_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, photos:
     from indexer import build_index
 
     out = tmp_path_factory.mktemp("ui_index") / "photos.idx"
-    build_index(photos, out, model=str(tiny_model), batch_size=16, workers=1, device="cpu")
+    build_index(photos, out, model=str(tiny_model), device="cpu")
     return out
 
 
@@ -422,7 +422,7 @@ def test_screenshot_of_the_demo_collection(browser: Any, tmp_path: Path) -> None
     from indexer import build_index
 
     index = tmp_path / "demo.idx"
-    build_index(DEMO_PHOTOS, index, model=str(DEMO_MODEL), workers=1, device="cpu")
+    build_index(DEMO_PHOTOS, index, model=str(DEMO_MODEL), device="cpu")
     update = os.environ.get("CLIPSEARCH_UPDATE_SCREENSHOT") == "1"
     target = SCREENSHOT if update else tmp_path / "ui.png"
     with serve(index) as server:

@@ -453,7 +453,10 @@
         uploads.set(key, state.file);
         history.pushState({ upload: key }, "", urlOf({ ...state, mode: null }));
       } else {
-        history.pushState({ search: true }, "", urlOf(state));
+        // The same search again (Enter pressed twice) replaces its entry instead of adding one.
+        const url = urlOf(state);
+        const same = url === location.pathname + location.search && !(history.state && history.state.upload);
+        history[same ? "replaceState" : "pushState"]({ search: true }, "", url);
       }
     }
     el.hint.hidden = true;
