@@ -106,9 +106,12 @@ class Server:
 
 
 @contextmanager
-def serve(*args: str | os.PathLike[str], token: str | None = None) -> Iterator[Server]:
-    """Run ``clipsearch serve ARGS --port 0`` until the block ends; yield once it is listening."""
-    cmd = [clipsearch_exe(), "serve", *map(os.fspath, args), "--port", "0"]
+def serve(index_dir: Path, cache_dir: Path, token: str | None = None) -> Iterator[Server]:
+    """Run ``clipsearch serve INDEX_DIR --port 0`` until the block ends; yield once it is listening.
+
+    Thumbnails are cached in ``cache_dir`` (a temporary directory), not the user's cache.
+    """
+    cmd = [clipsearch_exe(), "serve", os.fspath(index_dir), "--port", "0", "--cache-dir", os.fspath(cache_dir)]
     if token:
         cmd += ["--token", token]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -162,8 +165,8 @@ def ui_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, photos:
 
 
 @pytest.fixture(scope="module")
-def server(ui_index: Path) -> Iterator[Server]:
-    with serve(ui_index) as running:
+def server(ui_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serve(ui_index, tmp_path_factory.mktemp("ui_cache")) as running:
         yield running
 
 
@@ -384,8 +387,8 @@ def test_keyboard_only_open_and_close(page: Any, server: Server) -> None:
     assert page.evaluate("() => document.activeElement.dataset.resultId") == str(ids[0])
 
 
-def test_token_is_asked_once_then_sent(browser: Any, ui_index: Path) -> None:
-    with serve(ui_index, token="s3cret-token") as server:
+def test_token_is_asked_once_then_sent(browser: Any, ui_index: Path, tmp_path: Path) -> None:
+    with serve(ui_index, tmp_path / "cache", token="s3cret-token") as server:
         context = browser.new_context(viewport={"width": 1280, "height": 800})
         page = context.new_page()
         page.set_default_timeout(WAIT_MS)
@@ -425,7 +428,7 @@ def test_screenshot_of_the_demo_collection(browser: Any, tmp_path: Path) -> None
     build_index(DEMO_PHOTOS, index, model=str(DEMO_MODEL), device="cpu")
     update = os.environ.get("CLIPSEARCH_UPDATE_SCREENSHOT") == "1"
     target = SCREENSHOT if update else tmp_path / "ui.png"
-    with serve(index) as server:
+    with serve(index, tmp_path / "cache") as server:
         context = browser.new_context(viewport={"width": 1280, "height": 800})
         page = context.new_page()
         page.set_default_timeout(WAIT_MS)
