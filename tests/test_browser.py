@@ -21,7 +21,7 @@ import threading
 import urllib.parse
 import urllib.request
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -29,6 +29,8 @@ from typing import Any
 import pytest
 from conftest import clipsearch_exe
 from imagegen import make_jpegs
+
+pytestmark = pytest.mark.slow  # a browser, and the server in a subprocess
 
 REPO = Path(__file__).resolve().parent.parent
 DEMO_PHOTOS = REPO / "data" / "demo"
@@ -106,12 +108,12 @@ class Server:
 
 
 @contextmanager
-def serve(index_dir: Path, cache_dir: Path, token: str | None = None) -> Iterator[Server]:
-    """Run ``clipsearch serve INDEX_DIR --port 0`` until the block ends; yield once it is listening.
+def serve(index_dirs: Sequence[Path], cache_dir: Path, token: str | None = None) -> Iterator[Server]:
+    """Run ``clipsearch serve INDEX_DIR... --port 0`` until the block ends; yield once it is listening.
 
     Thumbnails are cached in ``cache_dir`` (a temporary directory), not the user's cache.
     """
-    cmd = [clipsearch_exe(), "serve", os.fspath(index_dir), "--port", "0", "--cache-dir", os.fspath(cache_dir)]
+    cmd = [clipsearch_exe(), "serve", *map(os.fspath, index_dirs), "--port", "0", "--cache-dir", os.fspath(cache_dir)]
     if token:
         cmd += ["--token", token]
     proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
@@ -165,8 +167,18 @@ def ui_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, photos:
 
 
 @pytest.fixture(scope="module")
-def server(ui_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with serve(ui_index, tmp_path_factory.mktemp("ui_cache")) as running:
+def boats_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, photos: Path) -> Path:
+    """A second index (the boats alone), so the page shows its index picker."""
+    from indexer import build_index
+
+    out = tmp_path_factory.mktemp("ui_index") / "boats.idx"
+    build_index(photos / "boats", out, model=str(tiny_model), device="cpu")
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(ui_index: Path, boats_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serve([ui_index, boats_index], tmp_path_factory.mktemp("ui_cache")) as running:
         yield running
 
 
@@ -223,9 +235,11 @@ def search(page: Any, text: str) -> None:
 
 
 def wait_for_url(page: Any, **params: str) -> None:
-    """Wait until the address holds exactly these search parameters (besides k)."""
+    """Wait until the address holds exactly these search parameters (besides k, and index unless given)."""
     def matches(url: str) -> bool:
         got = {k: v[0] for k, v in urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).items() if k != "k"}
+        if "index" not in params:
+            got.pop("index", None)
         return got == params
     page.wait_for_url(matches)
 
@@ -366,6 +380,14 @@ def test_errors_are_shown_not_a_blank_page(page: Any, server: Server) -> None:
     error.wait_for(state="visible")
     assert "no-such-index" in error.inner_text()
     assert page.locator("input[name=q]").is_visible()
+    # An upload the server cannot decode: its 400 reason is shown.
+    open_ui(page, server)
+    page.locator("input[name=image]").set_input_files(
+        {"name": "broken.jpg", "mimeType": "image/jpeg", "buffer": b"this is not a JPEG"}
+    )
+    error.wait_for(state="visible")
+    assert "decode" in error.inner_text()
+    assert shown_ids(page) == []
 
 
 def test_keyboard_only_open_and_close(page: Any, server: Server) -> None:
@@ -387,8 +409,27 @@ def test_keyboard_only_open_and_close(page: Any, server: Server) -> None:
     assert page.evaluate("() => document.activeElement.dataset.resultId") == str(ids[0])
 
 
+def test_index_picker_searches_the_chosen_index(page: Any, server: Server, boats_index: Path) -> None:
+    names = [info["name"] for info in server.get("/api/indexes")]
+    assert names == ["photos.idx", "boats.idx"]
+    open_ui(page, server)
+    picker = page.locator("select[name=index]")
+    assert picker.is_visible()
+    search(page, "a red car")
+    assert shown_ids(page, PAGE) == api_ids(server.get("/api/search", q="a red car", k=PAGE))
+    picker.select_option("boats.idx")  # the search on screen is run again on the chosen index
+    wait_for_url(page, q="a red car", index="boats.idx")
+    expected = server.get("/api/search", q="a red car", k=PAGE, index="boats.idx")
+    assert shown_ids(page, PAGE) == api_ids(expected)
+    assert all("boats.idx" in r["thumbnail_url"] for r in expected["results"])
+    page.reload()
+    page.wait_for_selector("body[data-ready='true']", state="attached")
+    assert picker.input_value() == "boats.idx"
+    assert shown_ids(page, PAGE) == api_ids(expected)
+
+
 def test_token_is_asked_once_then_sent(browser: Any, ui_index: Path, tmp_path: Path) -> None:
-    with serve(ui_index, tmp_path / "cache", token="s3cret-token") as server:
+    with serve([ui_index], tmp_path / "cache", token="s3cret-token") as server:
         context = browser.new_context(viewport={"width": 1280, "height": 800})
         page = context.new_page()
         page.set_default_timeout(WAIT_MS)
@@ -428,7 +469,7 @@ def test_screenshot_of_the_demo_collection(browser: Any, tmp_path: Path) -> None
     build_index(DEMO_PHOTOS, index, model=str(DEMO_MODEL), device="cpu")
     update = os.environ.get("CLIPSEARCH_UPDATE_SCREENSHOT") == "1"
     target = SCREENSHOT if update else tmp_path / "ui.png"
-    with serve(index, tmp_path / "cache") as server:
+    with serve([index], tmp_path / "cache") as server:
         context = browser.new_context(viewport={"width": 1280, "height": 800})
         page = context.new_page()
         page.set_default_timeout(WAIT_MS)
@@ -441,6 +482,7 @@ def test_screenshot_of_the_demo_collection(browser: Any, tmp_path: Path) -> None
             "() => [...document.querySelectorAll('[data-testid=results] img')].slice(0, 12)"
             ".every(i => i.complete && i.naturalWidth > 0)"
         )
+        assert page.locator("select[name=index]").is_hidden()  # one index: no picker
         page.locator("input[name=q]").blur()
         target.parent.mkdir(parents=True, exist_ok=True)
         page.screenshot(path=str(target))
