@@ -190,10 +190,9 @@
       return;
     }
     img.dataset.loading = "1";
-    const generation = state.generation;
     blobUrl(url).then(
       (objectUrl) => {
-        if (generation !== state.generation && !img.isConnected) {
+        if (!img.isConnected) { // replaced by a newer search meanwhile
           URL.revokeObjectURL(objectUrl);
           return;
         }
@@ -352,8 +351,12 @@
       }
     } catch (err) {
       if (generation !== state.generation) return;
-      if (!append) render([], false);
-      state.done = true;
+      if (append) {
+        state.offset -= state.k; // the page was not added: "Load more" asks for it again
+      } else {
+        render([], false);
+        state.done = true;
+      }
       setStatus("");
       showError(err.message || String(err));
     } finally {
@@ -516,6 +519,7 @@
 
   el.more.addEventListener("click", () => {
     if (state.done || !state.mode) return;
+    clearError();
     state.offset += state.k;
     fetchPage(true);
   });
