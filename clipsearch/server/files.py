@@ -11,7 +11,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from retrieval.errors import ImageDecodeError, InvalidArgumentError
+from retrieval.errors import ImageDecodeError, IndexCorruptError, InvalidArgumentError
 from retrieval.images.decode import decode_image
 from retrieval.index import ImageIndex
 
@@ -58,6 +58,9 @@ def source_file(index: ImageIndex, image_id: int, name: str) -> Path:
         path = index.source_file(image_id)
     except InvalidArgumentError:
         raise NotFoundError(f"no image {image_id} in index {name!r}") from None
+    except IndexCorruptError:
+        # The index records a path that leaves its folder: serve nothing for it.
+        raise NotFoundError(f"image {image_id} of index {name!r} is recorded outside its source root") from None
     root = os.path.normpath(index.manifest.source_root)
     full = os.path.normpath(os.fspath(path))
     if not full.startswith(root.rstrip(os.sep) + os.sep):

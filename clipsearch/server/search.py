@@ -179,7 +179,9 @@ def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int
     if req.kind == "image":
         assert req.image is not None
         with served.model_call("image"):
-            return index.search_image(io.BytesIO(req.image), k=depth, where=req.where)
+            upload = io.BytesIO(req.image)
+            upload.name = "upload"  # how decoding errors name it (instead of '<stream>')
+            return index.search_image(upload, k=depth, where=req.where)
     if req.kind == "image_id":
         assert req.image_id is not None
         if req.image_id >= index.count:

@@ -62,6 +62,11 @@ class Encoder(TextEncoder, Protocol):
 
     def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray: ...
 
+    def logit_params(self) -> tuple[float, float | None]:
+        """``(exp(logit_scale), logit_bias)`` of the checkpoint: how the reference model turns
+        cosine similarities into logits (bias None for CLIP's softmax, a float for SigLIP's sigmoid)."""
+        ...
+
     def calibrate_images(self, pixel_values: torch.Tensor) -> Mode:
         """Resolve an ``auto`` image precision on this sample now; returns the mode."""
         ...

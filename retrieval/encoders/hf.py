@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,6 +238,7 @@ class HFClipEncoder(PixelPrecisionMixin):
         self._text_model: Any = None
         self._vision_model: Any = None
         self._tokenizer: Any = None
+        self._logit_scale: float | None = None
         # Separate modules, separate int8 copies: each tower resolves its own mode.
         self.image_precision = TowerPrecision(precision, device)
         self.text_precision = TowerPrecision(precision, device)
@@ -295,6 +297,16 @@ class HFClipEncoder(PixelPrecisionMixin):
         if self._fingerprint is None:
             self._fingerprint = checkpoint_fingerprint(self.directory)
         return self._fingerprint
+
+    def logit_params(self) -> tuple[float, float | None]:
+        """``(exp(logit_scale), None)``: the learned temperature of the full CLIP checkpoint.
+
+        Read from the weight files alone (the towers do not hold it); a checkpoint without it
+        gets the config's initial value, as ``CLIPModel.from_pretrained`` would initialise it.
+        """
+        if self._logit_scale is None:
+            self._logit_scale = math.exp(_read_scalar(self.directory, "logit_scale", float(self.config.logit_scale_init_value)))
+        return self._logit_scale, None
 
     def _load_tower(self, cls_name: str) -> Any:
         import torch
@@ -380,3 +392,22 @@ class HFClipEncoder(PixelPrecisionMixin):
         with torch.inference_mode(), autocast(mode, device):
             emb = model(pixel_values=pixel_values.to(device, torch.float32, non_blocking=True)).image_embeds
             return l2_normalize(emb.float().cpu().numpy())
+
+
+def _read_scalar(directory: Path, name: str, default: float) -> float:
+    # One scalar out of the weights, without loading the model: safetensors headers are read
+    # and the value memory-mapped; torch .bin files are mapped by torch.load(mmap=True).
+    from .numpy_text.config import UnsupportedTextTower
+    from .numpy_text.weights import SafetensorsReader
+
+    try:
+        reader = SafetensorsReader.for_checkpoint(directory)
+    except UnsupportedTextTower:
+        import torch
+
+        for path in sorted(directory.glob("pytorch_model*.bin")):
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            if name in state:
+                return float(state[name].reshape(-1)[0])
+        return default
+    return float(reader.float32(name).reshape(-1)[0]) if name in reader else default

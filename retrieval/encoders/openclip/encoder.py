@@ -231,6 +231,12 @@ class OpenClipEncoder(PixelPrecisionMixin):
             self._registered = name
         return self._registered
 
+    def logit_params(self) -> tuple[float, float | None]:
+        """``(exp(logit_scale), logit_bias)`` of the open_clip model (bias only for SigLIP-style models)."""
+        model = self.model
+        bias = getattr(model, "logit_bias", None)
+        return float(model.logit_scale.detach().exp().item()), None if bias is None else float(bias.detach().reshape(-1)[0].item())
+
     @property
     def model(self) -> Any:
         """The open_clip model in eval mode, built and loaded on first use.
