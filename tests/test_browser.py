@@ -148,6 +148,25 @@ def serve(index_dirs: Sequence[Path], cache_dir: Path, token: str | None = None)
         reader.join(timeout=5)
 
 
+@pytest.fixture(scope="module", autouse=True)
+def demo_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], Path, Path]]:
+    """``clipsearch index data/demo`` with the demo model (what ``make demo`` runs), started in the
+    background as the module begins, so that its CPU time overlaps the browser tests' waiting;
+    the screenshot test (the last) waits for it."""
+    _chromium_path()  # no browser: fail (or skip) before spending CPU on an index
+    out = tmp_path_factory.mktemp("demo") / "demo.idx"
+    log = out.with_name("index.log")
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [clipsearch_exe(), "index", DEMO_PHOTOS, out, "--model", DEMO_MODEL, "--device", "cpu"],
+            stdout=sink, stderr=subprocess.STDOUT,
+        )
+    yield proc, out, log
+    if proc.poll() is None:  # only part of the module ran: the index is not needed
+        proc.kill()
+        proc.wait()
+
+
 @pytest.fixture(scope="module")
 def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """20 pictures under cars/ and 10 under boats/: enough for three pages and a path filter."""
@@ -455,7 +474,9 @@ def test_token_is_asked_once_then_sent(browser: Any, ui_index: Path, tmp_path: P
         context.close()
 
 
-def test_screenshot_of_the_demo_collection(browser: Any, tmp_path: Path) -> None:
+def test_screenshot_of_the_demo_collection(
+    browser: Any, tmp_path: Path, demo_build: tuple[subprocess.Popen[bytes], Path, Path]
+) -> None:
     """The README's screenshot: the demo collection indexed with the demo model, searched for a banana.
 
     Written to docs/ui.png only with CLIPSEARCH_UPDATE_SCREENSHOT=1 (then commit it); otherwise
@@ -463,10 +484,8 @@ def test_screenshot_of_the_demo_collection(browser: Any, tmp_path: Path) -> None
     """
     from PIL import Image
 
-    from indexer import build_index
-
-    index = tmp_path / "demo.idx"
-    build_index(DEMO_PHOTOS, index, model=str(DEMO_MODEL), device="cpu")
+    proc, index, log = demo_build
+    assert proc.wait(timeout=600) == 0, log.read_text(errors="replace")[-3000:]
     update = os.environ.get("CLIPSEARCH_UPDATE_SCREENSHOT") == "1"
     target = SCREENSHOT if update else tmp_path / "ui.png"
     with serve([index], tmp_path / "cache") as server:
