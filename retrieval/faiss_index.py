@@ -262,6 +262,24 @@ def search(
     return scores, ids
 
 
+def range_search(index: Any, queries: np.ndarray, min_score: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every stored vector scoring at least ``min_score`` with each query: ``(lims, scores,
+    ids)`` in FAISS's layout (query ``i``'s results are ``[lims[i]:lims[i+1]]``, unordered).
+
+    Exact for flat indexes; approximate ones (IVF at the tuned nprobe, HNSW, compressed codes)
+    may miss vectors and return approximate scores.
+    """
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    # FAISS keeps inner products strictly above the radius: step just below min_score.
+    radius = float(np.nextafter(np.float32(min_score), np.float32(-np.inf)))
+    lims, scores, ids = index.range_search(queries, radius)
+    keep = scores >= min_score
+    if keep.all():
+        return lims, scores, ids
+    owner = np.repeat(np.arange(len(queries)), np.diff(lims))[keep]
+    return np.searchsorted(owner, np.arange(len(queries) + 1)).astype(lims.dtype), scores[keep], ids[keep]
+
+
 def _is_pretransform(index: Any) -> bool:
     import faiss
 

@@ -238,12 +238,12 @@ def test_python_m_clipsearch_is_the_console_script(args: list[str]) -> None:
 
 
 def test_every_command_is_listed_in_help_order() -> None:
-    from clipsearch.cli import COMMANDS, classify, eval_zeroshot, evaluate, finetune, index, info, reindex, search, verify
+    from clipsearch.cli import COMMANDS, classify, duplicates, eval_zeroshot, evaluate, finetune, index, info, reindex, search, verify
 
     proc = run_cli(["no-such-command"])
-    listed = "'index', 'reindex', 'finetune', 'search', 'classify', 'info', 'verify', 'eval', 'eval-zeroshot'"
+    listed = "'index', 'reindex', 'finetune', 'search', 'classify', 'duplicates', 'info', 'verify', 'eval', 'eval-zeroshot'"
     assert f"(choose from {listed})" in proc.stderr
-    assert COMMANDS == (index, reindex, finetune, search, classify, info, verify, evaluate, eval_zeroshot)
+    assert COMMANDS == (index, reindex, finetune, search, classify, duplicates, info, verify, evaluate, eval_zeroshot)
 
 
 @pytest.mark.parametrize("package", ["retrieval", "indexer"])

@@ -545,3 +545,9 @@ def _png(img: Image.Image) -> io.BytesIO:
     img.save(buf, format="PNG")
     buf.seek(0)
     return buf
+
+
+def test_image_size_is_refused_for_open_clip_models(encoder: OpenClipEncoder) -> None:
+    encoder.set_image_size(64)  # its own size: nothing to do
+    with pytest.raises(InvalidArgumentError, match="needs a Hugging Face CLIP checkpoint"):
+        encoder.set_image_size(96)

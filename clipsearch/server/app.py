@@ -7,28 +7,23 @@ thread: model calls and file reads never run on the event loop), and serialise. 
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
 import io
 import json
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from PIL import Image
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
-from starlette.responses import FileResponse, HTMLResponse, Response
+from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from retrieval.errors import InvalidArgumentError
@@ -37,6 +32,7 @@ from retrieval.version import __version__
 
 from . import files
 from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, ServerConfig
+from .docs import document_search_body, mount_docs
 from .errors import install_error_handlers
 from .indexes import IndexSet, ServedIndex
 from .middleware import UI_CSP, BodyLimit, SecurityHeaders
@@ -112,10 +108,10 @@ def create_app(
     app.state.indexes = indexes
     install_error_handlers(app)
     app.include_router(_api_router())
-    docs_csp = _mount_docs(app)
+    docs_csp = mount_docs(app)
     if browser_ui:
         _mount_ui(app)
-    _document_search_body(app)
+    document_search_body(app)
 
     def csp_for(path: str) -> str:
         return docs_csp if path == "/docs" else UI_CSP
@@ -306,7 +302,7 @@ async def _read_form(request: Request) -> SearchRequest:
     return from_form(parsed, data)
 
 
-# -- UI and docs ----------------------------------------------------------------------------------
+# -- the UI ----------------------------------------------------------------------------------
 
 
 def _mount_ui(app: FastAPI) -> None:
@@ -316,63 +312,3 @@ def _mount_ui(app: FastAPI) -> None:
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-
-
-def _mount_docs(app: FastAPI) -> str:
-    """Swagger UI at /docs from the swagger-ui-bundle package (offline); returns its CSP."""
-    from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]  # the package ships no type information
-
-    app.mount("/docs-assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
-    page = get_swagger_ui_html(
-        openapi_url="/openapi.json",
-        title="clipsearch API",
-        swagger_js_url="/docs-assets/swagger-ui-bundle.js",
-        swagger_css_url="/docs-assets/swagger-ui.css",
-        swagger_favicon_url="/docs-assets/favicon-32x32.png",
-    )
-    html = bytes(page.body).decode("utf-8")
-    # The page's one inline script (the SwaggerUIBundle call) is allowed by its hash, nothing else.
-    hashes = " ".join(
-        "'sha256-" + base64.b64encode(hashlib.sha256(s.encode("utf-8")).digest()).decode() + "'"
-        for s in re.findall(r"<script>(.*?)</script>", html, flags=re.S)
-    )
-
-    @app.get("/docs", include_in_schema=False)
-    async def docs() -> Response:
-        return HTMLResponse(html)
-
-    return (
-        f"default-src 'none'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-        "connect-src 'self'; base-uri 'none'; frame-ancestors 'none'"
-    )
-
-
-def _document_search_body(app: FastAPI) -> None:
-    # POST /api/search reads its body itself (JSON or multipart, by Content-Type), so FastAPI
-    # cannot derive the request schema: write it into the OpenAPI document here.
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        ref = "#/components/schemas/{model}"
-        body = SearchBody.model_json_schema(ref_template=ref)
-        form = SearchForm.model_json_schema(ref_template=ref)
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model_schema in (body, form):
-            components.update(model_schema.pop("$defs", {}))
-        components["SearchBody"] = body
-        form["properties"] = {"image": {"type": "string", "format": "binary"}, **form["properties"]}
-        form["required"] = ["image"]
-        components["SearchForm"] = form
-        operation = schema["paths"]["/api/search"]["post"]
-        operation["requestBody"] = {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/SearchBody"}},
-                "multipart/form-data": {"schema": {"$ref": "#/components/schemas/SearchForm"}},
-            },
-        }
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise it
