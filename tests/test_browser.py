@@ -465,12 +465,16 @@ def test_token_is_asked_once_then_sent(browser: Any, ui_index: Path, tmp_path: P
         assert shown_ids(page, PAGE) == expected
         # Thumbnails cannot send the header from <img src>: they come through blob: URLs.
         assert thumbnails_loaded(page) >= 4
-        assert page.locator("[data-testid=results] img").first.get_attribute("src").startswith("blob:")
+        old_blob = page.locator("[data-testid=results] img").first.get_attribute("src")
+        assert old_blob.startswith("blob:")
         # The token is kept for the tab: a new search does not ask again.
         search(page, "a boat")
         wait_for_url(page, q="a boat")
         assert shown_ids(page, PAGE) == api_ids(server.get("/api/search", q="a boat", k=PAGE))
         assert dialog.is_hidden()
+        thumbnails_loaded(page)
+        # The replaced grid's blob: URLs were revoked (fetching one fails).
+        assert page.evaluate("url => fetch(url).then(() => 'alive', () => 'revoked')", old_blob) == "revoked"
         context.close()
 
 
