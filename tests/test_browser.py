@@ -1,0 +1,515 @@
+"""The web UI driven by a real headless Chromium (Playwright's sync API), against the real server.
+
+One ``clipsearch serve`` subprocess per module serves a small index built with the tiny random
+model; every check compares what the page shows with what the HTTP API answers for the same
+query, so the UI is tested for showing the API's ranking, not for a ranking of its own.
+
+Chromium comes from ``CLIPSEARCH_CHROMIUM`` or Debian's ``/usr/bin/chromium``. Without one these
+tests FAIL (a browser test that skips silently proves nothing) unless ``CLIPSEARCH_SKIP_BROWSER=1``
+is set, which skips them and says why. ``CLIPSEARCH_UPDATE_SCREENSHOT=1`` makes the screenshot test
+write ``docs/ui.png`` (the README's picture of the UI on the demo collection).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import subprocess
+import threading
+import urllib.parse
+import urllib.request
+import uuid
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import pytest
+from conftest import clipsearch_exe
+from imagegen import make_jpegs
+
+pytestmark = pytest.mark.slow  # a browser, and the server in a subprocess
+
+REPO = Path(__file__).resolve().parent.parent
+DEMO_PHOTOS = REPO / "data" / "demo"
+DEMO_MODEL = REPO / "data" / "models" / "demo-clip"
+SCREENSHOT = REPO / "docs" / "ui.png"
+PAGE = 8  # results per page in these tests (the UI takes k from the URL)
+SERVE_LINE = re.compile(r"clipsearch: serving (http://\S+?)/?\s*$")
+START_TIMEOUT_S = 90.0
+WAIT_MS = 15_000
+
+
+def _chromium_path() -> str:
+    """The Chromium executable, or fail (skip only when CLIPSEARCH_SKIP_BROWSER=1 says so)."""
+    if os.environ.get("CLIPSEARCH_SKIP_BROWSER") == "1":
+        pytest.skip("CLIPSEARCH_SKIP_BROWSER=1: browser tests skipped on request")
+    wanted = os.environ.get("CLIPSEARCH_CHROMIUM") or "/usr/bin/chromium"
+    found = shutil.which(wanted)
+    if found is None:
+        pytest.fail(
+            f"no Chromium at {wanted!r}: install Debian's chromium (apt-get install -y chromium), "
+            "point CLIPSEARCH_CHROMIUM at a Chromium executable, or set CLIPSEARCH_SKIP_BROWSER=1 to skip",
+            pytrace=False,
+        )
+    return found
+
+
+@pytest.fixture(scope="module")
+def browser() -> Iterator[Any]:
+    path = _chromium_path()
+    try:
+        from playwright.sync_api import sync_playwright
+    except ImportError as exc:  # the [test] extra installs it
+        pytest.fail(f"playwright is not installed ({exc}); pip install -e '.[test]'", pytrace=False)
+    with sync_playwright() as pw:
+        chromium = pw.chromium.launch(executable_path=path, args=["--no-sandbox"])
+        yield chromium
+        chromium.close()
+
+
+class Server:
+    """A running ``clipsearch serve``: its base URL and a small JSON client for the API."""
+
+    def __init__(self, url: str, token: str | None) -> None:
+        self.url = url
+        self.token = token
+
+    def _call(self, path: str, data: bytes | None = None, content_type: str | None = None) -> dict[str, Any]:
+        request = urllib.request.Request(self.url + path, data=data)
+        if content_type:
+            request.add_header("Content-Type", content_type)
+        if self.token:
+            request.add_header("Authorization", f"Bearer {self.token}")
+        with urllib.request.urlopen(request, timeout=60) as resp:
+            return json.loads(resp.read())
+
+    def get(self, path: str, **params: Any) -> dict[str, Any]:
+        query = urllib.parse.urlencode({k: v for k, v in params.items() if v is not None})
+        return self._call(f"{path}?{query}" if query else path)
+
+    def post_json(self, body: dict[str, Any]) -> dict[str, Any]:
+        return self._call("/api/search", json.dumps(body).encode(), "application/json")
+
+    def post_image(self, image: Path, **fields: Any) -> dict[str, Any]:
+        boundary = uuid.uuid4().hex
+        parts = [
+            f'--{boundary}\r\nContent-Disposition: form-data; name="{name}"\r\n\r\n{value}\r\n'.encode()
+            for name, value in fields.items()
+        ]
+        parts.append(
+            f'--{boundary}\r\nContent-Disposition: form-data; name="image"; filename="{image.name}"\r\n'
+            "Content-Type: image/jpeg\r\n\r\n".encode() + image.read_bytes() + b"\r\n"
+        )
+        body = b"".join(parts) + f"--{boundary}--\r\n".encode()
+        return self._call("/api/search", body, f"multipart/form-data; boundary={boundary}")
+
+
+@contextmanager
+def serve(index_dirs: Sequence[Path], cache_dir: Path, token: str | None = None) -> Iterator[Server]:
+    """Run ``clipsearch serve INDEX_DIR... --port 0`` until the block ends; yield once it is listening.
+
+    Thumbnails are cached in ``cache_dir`` (a temporary directory), not the user's cache.
+    """
+    cmd = [clipsearch_exe(), "serve", *map(os.fspath, index_dirs), "--port", "0", "--cache-dir", os.fspath(cache_dir)]
+    if token:
+        cmd += ["--token", token]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    lines: list[str] = []
+    ready = threading.Event()
+    found: list[str] = []
+
+    def drain() -> None:  # keep reading stderr so the server never blocks on a full pipe
+        assert proc.stderr is not None
+        for line in proc.stderr:
+            lines.append(line)
+            match = SERVE_LINE.search(line)
+            if match and not found:
+                found.append(match.group(1))
+                ready.set()
+        ready.set()
+
+    reader = threading.Thread(target=drain, daemon=True)
+    reader.start()
+    try:
+        ready.wait(START_TIMEOUT_S)
+        if not found:
+            raise AssertionError(f"clipsearch serve did not start (exit {proc.poll()}):\n{''.join(lines)[-3000:]}")
+        yield Server(found[0], token)
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+        reader.join(timeout=5)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def demo_build(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[subprocess.Popen[bytes], Path, Path]]:
+    """``clipsearch index data/demo`` with the demo model (what ``make demo`` runs), started in the
+    background as the module begins, so that its CPU time overlaps the browser tests' waiting;
+    the screenshot test (the last) waits for it."""
+    _chromium_path()  # no browser: fail (or skip) before spending CPU on an index
+    out = tmp_path_factory.mktemp("demo") / "demo.idx"
+    log = out.with_name("index.log")
+    with log.open("wb") as sink:
+        proc = subprocess.Popen(
+            [clipsearch_exe(), "index", DEMO_PHOTOS, out, "--model", DEMO_MODEL, "--device", "cpu"],
+            stdout=sink, stderr=subprocess.STDOUT,
+        )
+    yield proc, out, log
+    if proc.poll() is None:  # only part of the module ran: the index is not needed
+        proc.kill()
+        proc.wait()
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """20 pictures under cars/ and 10 under boats/: enough for three pages and a path filter."""
+    root = tmp_path_factory.mktemp("ui_photos") / "photos"
+    make_jpegs(root / "cars", 20, size=(160, 120), seed=0)
+    make_jpegs(root / "boats", 10, size=(120, 160), seed=100)
+    return root
+
+
+@pytest.fixture(scope="module")
+def ui_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, photos: Path) -> Path:
+    from indexer import build_index
+
+    out = tmp_path_factory.mktemp("ui_index") / "photos.idx"
+    build_index(photos, out, model=str(tiny_model), device="cpu")
+    return out
+
+
+@pytest.fixture(scope="module")
+def boats_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, photos: Path) -> Path:
+    """A second index (the boats alone), so the page shows its index picker."""
+    from indexer import build_index
+
+    out = tmp_path_factory.mktemp("ui_index") / "boats.idx"
+    build_index(photos / "boats", out, model=str(tiny_model), device="cpu")
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(ui_index: Path, boats_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
+    with serve([ui_index, boats_index], tmp_path_factory.mktemp("ui_cache")) as running:
+        yield running
+
+
+@pytest.fixture(scope="module")
+def query_image(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return make_jpegs(tmp_path_factory.mktemp("ui_query"), 1, size=(100, 80), seed=7)[0]
+
+
+@pytest.fixture()
+def page(browser: Any) -> Iterator[Any]:
+    """A fresh browser context per test (own history, sessionStorage and cache); fails the test on
+    any script error or console error (a CSP violation is one)."""
+    context = browser.new_context(viewport={"width": 1280, "height": 800})
+    tab = context.new_page()
+    tab.set_default_timeout(WAIT_MS)
+    problems: list[str] = []
+    tab.on("pageerror", lambda exc: problems.append(f"page error: {exc}"))
+    # Chromium logs every 4xx answer as "Failed to load resource"; the tests expect some of those.
+    tab.on("console", lambda msg: problems.append(f"console: {msg.text}")
+           if msg.type == "error" and not msg.text.startswith("Failed to load resource") else None)
+    yield tab
+    context.close()
+    assert not problems, problems
+
+
+# ---- helpers -----------------------------------------------------------------------------
+
+
+def open_ui(page: Any, server: Server, query: str = "") -> None:
+    page.goto(f"{server.url}/?k={PAGE}{'&' + query if query else ''}")
+    page.wait_for_selector("body[data-ready='true']", state="attached")
+
+
+def shown_ids(page: Any, count: int | None = None) -> list[int]:
+    """The result ids in the grid, in order, once the page has settled (and shows ``count``)."""
+    page.wait_for_selector("[data-testid=results]:not([aria-busy])", state="attached")
+    if count is not None:
+        page.wait_for_function(
+            "n => document.querySelectorAll('[data-testid=results] [data-result-id]').length === n", arg=count
+        )
+    return [int(x) for x in page.locator("[data-testid=results] [data-result-id]").evaluate_all(
+        "els => els.map(e => e.dataset.resultId)"
+    )]
+
+
+def api_ids(answer: dict[str, Any]) -> list[int]:
+    return [r["id"] for r in answer["results"]]
+
+
+def search(page: Any, text: str) -> None:
+    box = page.locator("input[name=q]")
+    box.fill(text)
+    box.press("Enter")
+
+
+def wait_for_url(page: Any, **params: str) -> None:
+    """Wait until the address holds exactly these search parameters (besides k, and index unless given)."""
+    def matches(url: str) -> bool:
+        got = {k: v[0] for k, v in urllib.parse.parse_qs(urllib.parse.urlsplit(url).query).items() if k != "k"}
+        if "index" not in params:
+            got.pop("index", None)
+        return got == params
+    page.wait_for_url(matches)
+
+
+def thumbnails_loaded(page: Any) -> int:
+    """How many grid thumbnails have decoded pixels (after waiting for the first few)."""
+    page.wait_for_function(
+        "() => [...document.querySelectorAll('[data-testid=results] img')].slice(0, 4)"
+        ".every(i => i.complete && i.naturalWidth > 0)"
+    )
+    return page.locator("[data-testid=results] img").evaluate_all(
+        "imgs => imgs.filter(i => i.complete && i.naturalWidth > 0).length"
+    )
+
+
+# ---- the tests ---------------------------------------------------------------------------
+
+
+def test_text_search_shows_the_api_ranking(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    search(page, "a red car")
+    expected = server.get("/api/search", q="a red car", k=PAGE)
+    assert shown_ids(page, PAGE) == api_ids(expected)
+    wait_for_url(page, q="a red car")
+    first = page.locator("[data-testid=results] [data-result-id]").first
+    assert expected["results"][0]["path"] in first.inner_text()
+    assert f"{expected['results'][0]['score']:.3f}" in first.inner_text()
+    assert page.locator("[data-testid=results] img").first.get_attribute("loading") == "lazy"
+    assert thumbnails_loaded(page) >= 4
+    assert page.locator("[data-testid=error]").is_hidden()
+
+
+def test_more_like_this_shows_the_image_id_search(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    search(page, "a boat")
+    shown = shown_ids(page, PAGE)
+    page.locator(f"[data-result-id='{shown[2]}']").click()
+    viewer = page.locator("[data-testid=viewer]")
+    viewer.wait_for(state="visible")
+    page.wait_for_function("() => { const i = document.querySelector('[data-testid=viewer-image]'); "
+                           "return i.complete && i.naturalWidth > 0; }")
+    viewer.get_by_role("button", name="More like this").click()
+    expected = server.post_json({"image_id": shown[2], "k": PAGE})
+    wait_for_url(page, image_id=str(shown[2]))
+    assert shown_ids(page, PAGE) == api_ids(expected)
+    assert api_ids(expected)[0] == shown[2]  # the image itself comes first
+    assert viewer.is_hidden()
+
+
+def test_query_image_upload_shows_the_multipart_search(page: Any, server: Server, query_image: Path) -> None:
+    open_ui(page, server)
+    page.locator("input[name=image]").set_input_files(query_image)
+    expected = server.post_image(query_image, k=PAGE)
+    assert shown_ids(page, PAGE) == api_ids(expected)
+    note = page.locator("[data-testid=query-image]")
+    assert note.is_visible() and "cannot be put in the address" in note.inner_text()
+
+
+def test_query_image_dropped_on_the_page(page: Any, server: Server, query_image: Path) -> None:
+    open_ui(page, server)
+    data = list(query_image.read_bytes())
+    transfer = page.evaluate_handle(
+        """bytes => { const t = new DataTransfer();
+                     t.items.add(new File([new Uint8Array(bytes)], 'query.jpg', {type: 'image/jpeg'}));
+                     return t; }""",
+        data,
+    )
+    page.dispatch_event("main", "dragenter", {"dataTransfer": transfer})
+    page.locator("[data-testid=drop-overlay]").wait_for(state="visible")
+    page.dispatch_event("main", "drop", {"dataTransfer": transfer})
+    expected = server.post_image(query_image, k=PAGE)
+    assert shown_ids(page, PAGE) == api_ids(expected)
+    assert page.locator("[data-testid=drop-overlay]").is_hidden()
+
+
+def test_back_and_forward_restore_earlier_searches(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    first = api_ids(server.get("/api/search", q="a red car", k=PAGE))
+    second = api_ids(server.get("/api/search", q="a blue boat", k=PAGE, path_prefix="boats/"))
+    search(page, "a red car")
+    assert shown_ids(page, PAGE) == first
+    page.locator("input[name=path_prefix]").fill("boats/")
+    search(page, "a blue boat")
+    wait_for_url(page, q="a blue boat", path_prefix="boats/")
+    assert shown_ids(page, PAGE) == second
+    page.go_back()
+    wait_for_url(page, q="a red car")
+    assert shown_ids(page, PAGE) == first
+    assert page.locator("input[name=q]").input_value() == "a red car"
+    assert page.locator("input[name=path_prefix]").input_value() == ""
+    page.go_forward()
+    wait_for_url(page, q="a blue boat", path_prefix="boats/")
+    assert shown_ids(page, PAGE) == second
+    assert page.locator("input[name=path_prefix]").input_value() == "boats/"
+
+
+def test_reload_and_a_shared_link_restore_the_search(page: Any, server: Server) -> None:
+    expected = api_ids(server.get("/api/search", q="a green field", k=PAGE, path_prefix="cars/"))
+    open_ui(page, server)
+    page.locator("input[name=path_prefix]").fill("cars/")
+    search(page, "a green field")
+    assert shown_ids(page, PAGE) == expected
+    page.reload()
+    page.wait_for_selector("body[data-ready='true']", state="attached")
+    assert shown_ids(page, PAGE) == expected
+    assert page.locator("input[name=q]").input_value() == "a green field"
+    # The same address opened in a new tab (a shared link) shows the same search.
+    other = page.context.new_page()
+    other.goto(page.url)
+    assert shown_ids(other, PAGE) == expected
+    other.close()
+
+
+def test_load_more_appends_the_next_page(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    search(page, "a photo")
+    pages = [api_ids(server.get("/api/search", q="a photo", k=PAGE, offset=o)) for o in (0, PAGE, 2 * PAGE, 3 * PAGE)]
+    assert [len(p) for p in pages] == [8, 8, 8, 6]
+    assert shown_ids(page, PAGE) == pages[0]
+    more = page.locator("[data-testid=load-more]")
+    more.click()
+    assert shown_ids(page, 2 * PAGE) == pages[0] + pages[1]
+    more.click()
+    more.click()  # the button waits for the previous page (it is disabled while loading)
+    assert shown_ids(page, 30) == pages[0] + pages[1] + pages[2] + pages[3]
+    more.wait_for(state="hidden")  # fewer than k came back: the end
+
+
+def test_errors_are_shown_not_a_blank_page(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    search(page, "   ")
+    error = page.locator("[data-testid=error]")
+    error.wait_for(state="visible")
+    assert "Type something" in error.inner_text()
+    assert error.get_attribute("role") == "alert"
+    # A server error: its one-line {"error"} text is shown (an index that is not served: 404).
+    open_ui(page, server, "q=a+dog&index=no-such-index")
+    error.wait_for(state="visible")
+    assert "no-such-index" in error.inner_text()
+    assert page.locator("input[name=q]").is_visible()
+    # An upload the server cannot decode: its 400 reason is shown.
+    open_ui(page, server)
+    page.locator("input[name=image]").set_input_files(
+        {"name": "broken.jpg", "mimeType": "image/jpeg", "buffer": b"this is not a JPEG"}
+    )
+    error.wait_for(state="visible")
+    assert "decode" in error.inner_text()
+    assert shown_ids(page) == []
+
+
+def test_keyboard_only_open_and_close(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    search(page, "a red car")
+    ids = shown_ids(page, PAGE)
+    page.keyboard.press("Tab")  # from the search box, Tab reaches the first result in a few steps
+    for _ in range(10):
+        if page.evaluate("() => document.activeElement.dataset.resultId") is not None:
+            break
+        page.keyboard.press("Tab")
+    assert page.evaluate("() => document.activeElement.dataset.resultId") == str(ids[0])
+    page.keyboard.press("Enter")
+    viewer = page.locator("[data-testid=viewer]")
+    viewer.wait_for(state="visible")
+    assert page.evaluate("() => document.activeElement.textContent") == "More like this"
+    page.keyboard.press("Escape")
+    viewer.wait_for(state="hidden")
+    assert page.evaluate("() => document.activeElement.dataset.resultId") == str(ids[0])
+
+
+def test_index_picker_searches_the_chosen_index(page: Any, server: Server, boats_index: Path) -> None:
+    names = [info["name"] for info in server.get("/api/indexes")]
+    assert names == ["photos.idx", "boats.idx"]
+    open_ui(page, server)
+    picker = page.locator("select[name=index]")
+    assert picker.is_visible()
+    search(page, "a red car")
+    assert shown_ids(page, PAGE) == api_ids(server.get("/api/search", q="a red car", k=PAGE))
+    picker.select_option("boats.idx")  # the search on screen is run again on the chosen index
+    wait_for_url(page, q="a red car", index="boats.idx")
+    expected = server.get("/api/search", q="a red car", k=PAGE, index="boats.idx")
+    assert shown_ids(page, PAGE) == api_ids(expected)
+    assert all("boats.idx" in r["thumbnail_url"] for r in expected["results"])
+    page.reload()
+    page.wait_for_selector("body[data-ready='true']", state="attached")
+    assert picker.input_value() == "boats.idx"
+    assert shown_ids(page, PAGE) == api_ids(expected)
+
+
+def test_token_is_asked_once_then_sent(browser: Any, ui_index: Path, tmp_path: Path) -> None:
+    with serve([ui_index], tmp_path / "cache", token="s3cret-token") as server:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.goto(f"{server.url}/?k={PAGE}&q=a+red+car")  # not ready until it has the token
+        dialog = page.locator("[data-testid=token-dialog]")
+        dialog.wait_for(state="visible")
+        page.locator("[data-testid=token-input]").fill("wrong")
+        page.locator("[data-testid=token-input]").press("Enter")
+        page.locator("[data-testid=token-error]").wait_for(state="visible")  # refused: asked again
+        page.locator("[data-testid=token-input]").fill("s3cret-token")
+        page.locator("[data-testid=token-submit]").click()
+        dialog.wait_for(state="hidden")
+        expected = api_ids(server.get("/api/search", q="a red car", k=PAGE))
+        assert shown_ids(page, PAGE) == expected
+        # Thumbnails cannot send the header from <img src>: they come through blob: URLs.
+        assert thumbnails_loaded(page) >= 4
+        old_blob = page.locator("[data-testid=results] img").first.get_attribute("src")
+        assert old_blob.startswith("blob:")
+        # The token is kept for the tab: a new search does not ask again.
+        search(page, "a boat")
+        wait_for_url(page, q="a boat")
+        assert shown_ids(page, PAGE) == api_ids(server.get("/api/search", q="a boat", k=PAGE))
+        assert dialog.is_hidden()
+        thumbnails_loaded(page)
+        # The replaced grid's blob: URLs were revoked (fetching one fails).
+        assert page.evaluate("url => fetch(url).then(() => 'alive', () => 'revoked')", old_blob) == "revoked"
+        context.close()
+
+
+def test_screenshot_of_the_demo_collection(
+    browser: Any, tmp_path: Path, demo_build: tuple[subprocess.Popen[bytes], Path, Path]
+) -> None:
+    """The README's screenshot: the demo collection indexed with the demo model, searched for a banana.
+
+    Written to docs/ui.png only with CLIPSEARCH_UPDATE_SCREENSHOT=1 (then commit it); otherwise
+    to a temporary file, checked to be a 1280x800 PNG.
+    """
+    from PIL import Image
+
+    proc, index, log = demo_build
+    assert proc.wait(timeout=600) == 0, log.read_text(errors="replace")[-3000:]
+    update = os.environ.get("CLIPSEARCH_UPDATE_SCREENSHOT") == "1"
+    target = SCREENSHOT if update else tmp_path / "ui.png"
+    with serve([index], tmp_path / "cache") as server:
+        context = browser.new_context(viewport={"width": 1280, "height": 800})
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        page.goto(server.url + "/")
+        page.wait_for_selector("body[data-ready='true']", state="attached")
+        search(page, "a banana")
+        expected = api_ids(server.get("/api/search", q="a banana", k=24))
+        assert shown_ids(page, 24) == expected
+        page.wait_for_function(  # every thumbnail in the first screenful has been drawn
+            "() => [...document.querySelectorAll('[data-testid=results] img')].slice(0, 12)"
+            ".every(i => i.complete && i.naturalWidth > 0)"
+        )
+        assert page.locator("select[name=index]").is_hidden()  # one index: no picker
+        page.locator("input[name=q]").blur()
+        target.parent.mkdir(parents=True, exist_ok=True)
+        page.screenshot(path=str(target))
+        context.close()
+    with Image.open(target) as shot:
+        assert shot.format == "PNG"
+        assert shot.size == (1280, 800)
