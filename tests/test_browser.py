@@ -291,6 +291,27 @@ def test_text_search_shows_the_api_ranking(page: Any, server: Server) -> None:
     assert page.locator("[data-testid=error]").is_hidden()
 
 
+def test_query_arithmetic_terms_are_searched_and_kept_in_the_url(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    page.fill("input[name=add]", "0.5:at night")
+    page.fill("input[name=subtract]", "grass")
+    search(page, "a red car")
+    expected = server.get("/api/search", q="a red car", add="0.5:at night", subtract="grass", k=PAGE)
+    assert shown_ids(page, PAGE) == api_ids(expected)
+    assert api_ids(expected) != api_ids(server.get("/api/search", q="a red car", k=PAGE))
+    wait_for_url(page, q="a red car", add="0.5:at night", subtract="grass")
+    page.reload()
+    page.wait_for_selector("body[data-ready='true']", state="attached")
+    assert shown_ids(page, PAGE) == api_ids(expected)
+    assert page.input_value("input[name=add]") == "0.5:at night" and page.input_value("input[name=subtract]") == "grass"
+    # Terms that cancel out are the server's 400, shown on the page.
+    page.fill("input[name=add]", "")
+    page.fill("input[name=subtract]", "a red car")
+    search(page, "a red car")
+    page.wait_for_selector("[data-testid=error]:not([hidden])")
+    assert "cancel out" in page.inner_text("[data-testid=error]")
+
+
 def test_more_like_this_shows_the_image_id_search(page: Any, server: Server) -> None:
     open_ui(page, server)
     search(page, "a boat")

@@ -503,12 +503,14 @@ def test_token(locked: TestClient) -> None:
 def test_ui_and_headers(client: TestClient) -> None:
     page = client.get("/")
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
-    assert '<input type="search" name="q"' in page.text
+    assert 'type="search" name="q"' in page.text and 'data-testid="results"' in page.text
     csp = page.headers["content-security-policy"]
     for rule in ("default-src 'none'", "script-src 'self'", "style-src 'self'", "img-src 'self' blob: data:", "frame-ancestors 'none'"):
         assert rule in csp
     assert "unsafe-inline" not in csp
     assert page.headers["x-content-type-options"] == "nosniff"
+    head = client.head("/")
+    assert head.status_code == 200 and head.content == b"" and head.headers["content-security-policy"] == csp
     js = client.get("/static/app.js")
     assert js.status_code == 200 and "javascript" in js.headers["content-type"]
     _error(client.get("/static/missing.js"), 404)

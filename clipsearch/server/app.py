@@ -322,7 +322,8 @@ async def _read_form(request: Request) -> SearchRequest:
 
 
 def _mount_ui(app: FastAPI) -> None:
-    @app.get("/", include_in_schema=False)
+    # HEAD too: link checkers and `curl -I` ask for the page that way.
+    @app.api_route("/", methods=["GET", "HEAD"], include_in_schema=False)
     async def index_page() -> Response:
         # no-cache: a new version of the UI is picked up at the next load (it is revalidated).
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})

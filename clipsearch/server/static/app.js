@@ -16,6 +16,8 @@
     indexLabel: $(".index-picker"),
     index: $('select[name="index"]'),
     prefix: $('input[name="path_prefix"]'),
+    add: $('input[name="add"]'),
+    subtract: $('input[name="subtract"]'),
     file: $('input[name="image"]'),
     hint: $('[data-testid="hint"]'),
     queryImage: $('[data-testid="query-image"]'),
@@ -47,6 +49,8 @@
     file: null,
     index: "",
     prefix: "",
+    add: "", // query arithmetic: a term added to and one subtracted from any query
+    subtract: "",
     k: DEFAULT_K,
     offset: 0,
     done: true,
@@ -274,6 +278,8 @@
     if (s.prefix) {
       params.set("path_prefix", s.prefix);
     }
+    if (s.add) params.set("add", s.add);
+    if (s.subtract) params.set("subtract", s.subtract);
     if (s.k !== DEFAULT_K) {
       params.set("k", String(s.k));
     }
@@ -292,6 +298,8 @@
       badImageId: imageId !== null && !/^\d+$/.test(imageId),
       index: params.get("index") || "",
       prefix: params.get("path_prefix") || "",
+      add: params.get("add") || "",
+      subtract: params.get("subtract") || "",
       k: Number.isInteger(k) && k >= 1 && k <= MAX_K ? k : DEFAULT_K,
     };
   }
@@ -304,12 +312,16 @@
       const params = new URLSearchParams({ q: s.q, k: String(s.k), offset: String(s.offset) });
       if (s.index) params.set("index", s.index);
       if (s.prefix) params.set("path_prefix", s.prefix);
+      if (s.add) params.set("add", s.add);
+      if (s.subtract) params.set("subtract", s.subtract);
       return [`/api/search?${params}`, { method: "GET" }];
     }
     if (s.mode === "similar") {
       const body = { image_id: s.imageId, k: s.k, offset: s.offset };
       if (s.index) body.index = s.index;
       if (filters) body.filters = filters;
+      if (s.add) body.add = [s.add];
+      if (s.subtract) body.subtract = [s.subtract];
       return ["/api/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) }];
     }
     const form = new FormData();
@@ -318,13 +330,21 @@
     form.append("offset", String(s.offset));
     if (s.index) form.append("index", s.index);
     if (s.prefix) form.append("path_prefix", s.prefix);
+    if (s.add) form.append("add", s.add);
+    if (s.subtract) form.append("subtract", s.subtract);
     return ["/api/search", { method: "POST", body: form }];
   }
 
   function describe(s) {
-    if (s.mode === "text") return `“${s.q}”`;
-    if (s.mode === "similar") return `images like image ${s.imageId}`;
-    return "the chosen image";
+    const terms = (s.add ? ` + “${s.add}”` : "") + (s.subtract ? ` − “${s.subtract}”` : "");
+    if (s.mode === "text") return `“${s.q}”${terms}`;
+    if (s.mode === "similar") return `images like image ${s.imageId}${terms}`;
+    return `the chosen image${terms}`;
+  }
+
+  // The arithmetic terms typed in the form (applied to text, image and "more like this" searches).
+  function terms() {
+    return { add: el.add.value.trim(), subtract: el.subtract.value.trim() };
   }
 
   async function fetchPage(append) {
@@ -446,9 +466,11 @@
   // Start a new search from `next` (a partial state); push it to history unless restoring.
   function startSearch(next, { push = true } = {}) {
     clearError();
-    Object.assign(state, { q: "", imageId: null, similarPath: null, file: null }, next, { offset: 0, done: false });
+    Object.assign(state, { q: "", imageId: null, similarPath: null, file: null, add: "", subtract: "" }, next, { offset: 0, done: false });
     el.q.value = state.mode === "text" ? state.q : "";
     el.prefix.value = state.prefix;
+    el.add.value = state.add;
+    el.subtract.value = state.subtract;
     showQueryContext();
     if (push) {
       if (state.mode === "upload") {
@@ -503,14 +525,14 @@
       el.q.focus();
       return;
     }
-    startSearch({ mode: "text", q, index: chosenIndex(), prefix: el.prefix.value.trim(), k: state.k });
+    startSearch({ mode: "text", q, index: chosenIndex(), prefix: el.prefix.value.trim(), ...terms(), k: state.k });
   });
 
   // A new index applies to the search on screen. An image id belongs to one index, so "more like
   // this" does not carry over; a text query and an uploaded image do.
   el.index.addEventListener("change", () => {
     if (state.mode === "text" || state.mode === "upload") {
-      startSearch({ mode: state.mode, q: state.q, file: state.file, index: chosenIndex(), prefix: state.prefix, k: state.k });
+      startSearch({ mode: state.mode, q: state.q, file: state.file, index: chosenIndex(), prefix: state.prefix, add: state.add, subtract: state.subtract, k: state.k });
     } else if (state.mode === "similar") {
       clearSearch(`Index ${el.index.value} chosen: search it by text or by an image.`);
       history.pushState({ search: true }, "", urlOf({ ...state, index: chosenIndex() }));
@@ -530,7 +552,7 @@
       showError(`“${file.name}” is not an image (${file.type}).`);
       return;
     }
-    startSearch({ mode: "upload", file, index: chosenIndex(), prefix: el.prefix.value.trim(), k: state.k });
+    startSearch({ mode: "upload", file, index: chosenIndex(), prefix: el.prefix.value.trim(), ...terms(), k: state.k });
   }
 
   el.file.addEventListener("change", () => {
@@ -622,7 +644,7 @@
     if (!result) return;
     viewerOpener = null;
     el.viewer.close();
-    startSearch({ mode: "similar", imageId: result.id, similarPath: result.path, index: state.index, prefix: state.prefix, k: state.k });
+    startSearch({ mode: "similar", imageId: result.id, similarPath: result.path, index: state.index, prefix: state.prefix, ...terms(), k: state.k });
     el.results.focus();
   });
 
@@ -639,7 +661,7 @@
       if (file) {
         const s = fromUrl();
         selectIndex(s.index);
-        startSearch({ mode: "upload", file, index: s.index, prefix: s.prefix, k: s.k }, { push: false });
+        startSearch({ mode: "upload", file, index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k }, { push: false });
       } else {
         clearSearch();
         showError("This search was by an uploaded image, which the address cannot hold: choose the image again.");
@@ -649,6 +671,8 @@
     const s = fromUrl();
     selectIndex(s.index);
     el.prefix.value = s.prefix;
+    el.add.value = s.add;
+    el.subtract.value = s.subtract;
     state.index = s.index;
     state.prefix = s.prefix;
     state.k = s.k;
@@ -656,9 +680,9 @@
       clearSearch();
       showError("The address names an image id that is not a number.");
     } else if (s.imageId !== null) {
-      startSearch({ mode: "similar", imageId: s.imageId, similarPath: null, index: s.index, prefix: s.prefix, k: s.k }, { push: false });
+      startSearch({ mode: "similar", imageId: s.imageId, similarPath: null, index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k }, { push: false });
     } else if (s.q.trim()) {
-      startSearch({ mode: "text", q: s.q.trim(), index: s.index, prefix: s.prefix, k: s.k }, { push: false });
+      startSearch({ mode: "text", q: s.q.trim(), index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k }, { push: false });
     } else {
       clearSearch();
     }
