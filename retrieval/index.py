@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import bisect
 import os
+import threading
 from collections import OrderedDict
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -19,10 +20,11 @@ from .checks import is_positive_int
 from .encoders import Encoder, TextEncoder, load_encoder
 from .encoders.numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
 from .encoders.precision import Precision, parse_mode, parse_precision
-from .errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
+from .errors import IndexCorruptError, InvalidArgumentError, ModelLoadError, ModelMismatchError
 from .filters import Filter
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from .layout import Manifest, display_path, read_manifest
+from .query_terms import QueryTerm, as_term, embed_terms
 
 
 @dataclass(frozen=True)
@@ -101,6 +103,11 @@ class ImageIndex:
         self._first_ids = [ref.first_id for ref in manifest.parts]
         self._columns: dict[str, pa.ChunkedArray] = {}
         self._masks: OrderedDict[Filter, np.ndarray] = OrderedDict()
+        self._given_encoder = encoder
+        self._mmap: bool | None = None
+        # Lazy loads (query models, columns, filter masks) happen under this lock, so one index
+        # can serve many threads (an HTTP server's pool); searches themselves run unlocked.
+        self._lock = threading.RLock()
 
     @classmethod
     def open(
@@ -171,7 +178,7 @@ class ImageIndex:
             faiss_file = path / manifest.faiss.path if manifest.faiss is not None else None
             mmap = faiss_file is not None and faiss_file.is_file() and faiss_file.stat().st_size >= MMAP_MIN_BYTES
         index = store.load_faiss(path, manifest, parts, mmap=mmap)
-        return cls(
+        opened = cls(
             path,
             manifest,
             index,
@@ -184,6 +191,40 @@ class ImageIndex:
             precision=precision,
             fast_text=encoder is None,
         )
+        opened._mmap = mmap
+        return opened
+
+    def reopen(self) -> ImageIndex:
+        """The newest published generation of this directory.
+
+        Returns ``self`` when the directory still publishes the generation this index answers
+        from; otherwise the new generation, opened with the same settings. Query models already
+        loaded are shared with it when the new generation was embedded by the same weights in
+        the same mode, so a long-lived server follows updates without loading a model again.
+        This index keeps answering from the files it opened (a request in flight finishes on
+        its generation).
+
+        Raises:
+            The errors of :meth:`open`.
+        """
+        if read_manifest(self.directory).generation == self.manifest.generation:
+            return self
+        fresh = ImageIndex.open(
+            self.directory,
+            model=self._model,
+            device=self._device,
+            encoder=self._given_encoder,
+            mmap=self._mmap,
+            precision=self._precision,
+        )
+        old, new = self.manifest, fresh.manifest
+        same_weights = (old.backend, old.model_fingerprint, old.dim) == (new.backend, new.model_fingerprint, new.dim)
+        if same_weights and fresh._given_encoder is None:
+            with self._lock:
+                fresh._text_encoder = self._text_encoder
+                if old.model_info.get("precision") == new.model_info.get("precision"):
+                    fresh._encoder = self._encoder
+        return fresh
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -207,13 +248,15 @@ class ImageIndex:
     @property
     def encoder(self) -> Encoder:
         """The query encoder, loaded on first use and checked against the manifest."""
-        if self._encoder is None:
-            self._encoder = self._encoder_factory(self._model or self.manifest.model, self._device)
-            self._match_image_precision(self._encoder)
-        if not self._encoder_checked:
-            self._check_encoder(self._encoder)
-            self._encoder_checked = True
-        return self._encoder
+        with self._lock:
+            if self._encoder is None:
+                encoder = self._encoder_factory(self._model or self.manifest.model, self._device)
+                self._match_image_precision(encoder)
+                self._encoder = encoder
+            if not self._encoder_checked:
+                self._check_encoder(self._encoder)
+                self._encoder_checked = True
+            return self._encoder
 
     @property
     def query_model(self) -> str:
@@ -242,9 +285,10 @@ class ImageIndex:
             ModelMismatchError: the query model is not the index's model.
             ModelLoadError: the query model cannot be loaded.
         """
-        if self._text_encoder is None:
-            self._text_encoder = self._load_text_encoder()
-        return self._text_encoder
+        with self._lock:
+            if self._text_encoder is None:
+                self._text_encoder = self._load_text_encoder()
+            return self._text_encoder
 
     def _load_text_encoder(self) -> TextEncoder:
         # Decided by the settings alone, not by whether an image query loaded torch first: a
@@ -324,10 +368,77 @@ class ImageIndex:
             ImageDecodeError: the query image cannot be decoded.
         """
         _check_k(k)
+        return self.search_vectors(self._embed_image(image), k, where=where)[0]
+
+    def _embed_image(self, image: str | bytes | os.PathLike[str] | BinaryIO) -> np.ndarray:
         encoder = self.encoder
         pixels, _, _ = load_pixels(image, self.preprocess, max_pixels=DEFAULT_MAX_PIXELS)
-        vector = encoder.embed_pixels(pixels[None])
-        return self.search_vectors(vector, k, where=where)[0]
+        return encoder.embed_pixels(pixels[None])
+
+    def search_combined(
+        self,
+        add: Sequence[str | os.PathLike[str] | QueryTerm],
+        subtract: Sequence[str | os.PathLike[str] | QueryTerm] = (),
+        k: int = 10,
+        where: Filter | None = None,
+    ) -> list[Hit]:
+        """Query arithmetic: search with ``normalise(sum(w * e(add)) - sum(w * e(subtract)))``.
+
+        Each term is a text (``str``), an image file (a path object) or a
+        :class:`~retrieval.query_terms.QueryTerm` with its own weight; every term's embedding
+        is L2-normalised before weighting. ``index.search_combined(["a dog", "in the snow"],
+        subtract=["grass"])``.
+
+        Raises:
+            InvalidArgumentError: no terms, an empty term, terms that cancel out, k < 1.
+            ImageDecodeError: an image term cannot be decoded.
+        """
+        _check_k(k)
+        if isinstance(add, (str, os.PathLike)) or isinstance(subtract, (str, os.PathLike)):
+            raise InvalidArgumentError("add and subtract take lists of terms, not a single term")
+        terms = [as_term(t) for t in add] + [as_term(t).negated() for t in subtract]
+        vector = embed_terms(terms, lambda texts: self.text_encoder.embed_texts(texts), self._embed_image)
+        return self.search_vectors(vector[None], k, where=where)[0]
+
+    def search_similar(self, id: int, k: int = 10, where: Filter | None = None) -> list[Hit]:
+        """"More like this": search with the stored embedding of image ``id`` (itself ranks
+        first, score 1.0, unless a filter excludes it). No image is decoded again.
+
+        Raises:
+            InvalidArgumentError: ``id`` is not an id of this index.
+        """
+        _check_k(k)
+        return self.search_vectors(self.vectors_of([_check_id(id, self.count)]), k, where=where)[0]
+
+    def vectors_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
+        """The stored embeddings of ``ids`` as an ``(n, dim)`` float32 array, in the given order."""
+        rows = self.rows(ids, columns=("embedding",))
+        if not rows:
+            return np.empty((0, self.dim), np.float32)
+        return np.asarray([r["embedding"] for r in rows], dtype=np.float32).reshape(len(rows), self.dim)
+
+    def source_file(self, id: int) -> Path:
+        """The original image file the index recorded for ``id``: the indexed folder
+        (``manifest.source_root``) joined with the stored relative path, byte for byte.
+
+        Only ids name files: nothing outside the indexed folder can be returned. The file may
+        have changed or gone since it was indexed; the caller opens it.
+
+        Raises:
+            InvalidArgumentError: ``id`` is not an id of this index.
+            IndexCorruptError: the index records no folder, or a path that leaves it.
+        """
+        raw = self.rows([_check_id(id, self.count)], columns=("path_bytes",))[0]["path_bytes"]
+        relative = os.fsdecode(raw)
+        parts = relative.split("/")
+        root = self.manifest.source_root
+        if not root or not os.path.isabs(root) or relative.startswith("/") or any(p in ("", ".", "..") for p in parts):
+            raise IndexCorruptError(
+                str(self.directory / "manifest.json"),
+                f"image {id} is recorded as {display_path(raw)!r} under {root!r}, not a file inside the indexed folder",
+                store.rebuild_hint(self.directory, self.manifest),
+            )
+        return Path(root, *parts)
 
     def search_vectors(self, vectors: np.ndarray, k: int = 10, where: Filter | None = None) -> list[list[Hit]]:
         """Search with ready query vectors ``(n, dim)`` (normalised by the caller)."""
@@ -355,19 +466,21 @@ class ImageIndex:
         """Boolean mask over ids of the images passing ``where`` (recent masks are cached)."""
         if not isinstance(where, Filter):
             raise InvalidArgumentError(f"where must be a retrieval.filters.Filter, got {type(where).__name__}")
-        mask = self._masks.get(where)
-        if mask is None:
-            mask = self._masks[where] = where.mask(self._column, self.count)
-            if len(self._masks) > _MASK_CACHE_SIZE:
-                self._masks.popitem(last=False)
-        else:
-            self._masks.move_to_end(where)
-        return mask
+        with self._lock:
+            mask = self._masks.get(where)
+            if mask is None:
+                mask = self._masks[where] = where.mask(self._column, self.count)
+                if len(self._masks) > _MASK_CACHE_SIZE:
+                    self._masks.popitem(last=False)
+            else:
+                self._masks.move_to_end(where)
+            return mask
 
     def _column(self, name: str) -> pa.ChunkedArray:
-        if name not in self._columns:
-            self._columns[name] = store.read_column(self._parts, name)
-        return self._columns[name]
+        with self._lock:
+            if name not in self._columns:
+                self._columns[name] = store.read_column(self._parts, name)
+            return self._columns[name]
 
     def paths_of(self, ids: Sequence[int] | np.ndarray) -> list[str]:
         """Stored paths of ``ids``, reading only those rows (memory-mapped path files)."""
@@ -408,7 +521,7 @@ class ImageIndex:
         """Stream the stored embeddings as ``(first_id, (n, dim) float32)`` chunks, in id order."""
         return store.iter_vectors(self._parts, self.dim, batch_rows=batch_rows)
 
-    def rows(self, ids: Sequence[int], columns: Sequence[str] = ("id", "path")) -> list[dict[str, Any]]:
+    def rows(self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] = ("id", "path")) -> list[dict[str, Any]]:
         """Metadata of the given ids (any order; returned in the same order).
 
         Reads only the row groups that hold the ids, and only the asked columns.
@@ -425,7 +538,8 @@ class ImageIndex:
             starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
             groups = np.searchsorted(starts, local, side="right") - 1
             for g in np.unique(groups):
-                with store.reading(pf):
+                # A ParquetFile's reader is not documented as thread-safe: one read at a time.
+                with self._lock, store.reading(pf):
                     table = pf.read_row_group(int(g), columns=cols)
                 for row in table.take(pa.array(local[groups == g] - starts[g])).to_pylist():
                     out[int(row["id"])] = {k: row[k] for k in columns}
@@ -463,6 +577,13 @@ class ImageIndex:
             "tool_version": m.tool_version,
             "skipped_files": [{"path": s.path, "reason": s.reason} for s in self.skipped()],
         }
+
+
+def _check_id(id: int, count: int) -> int:
+    if not isinstance(id, (int, np.integer)) or isinstance(id, bool) or not 0 <= int(id) < count:
+        ids = f"ids are 0..{count - 1}" if count else "the index is empty"
+        raise InvalidArgumentError(f"no image with id {id!r} ({ids})")
+    return int(id)
 
 
 def _check_k(k: int) -> None:

@@ -10,6 +10,8 @@ from retrieval.errors import InvalidArgumentError
 from ._common import add_device_arguments, add_filter_arguments, add_precision_argument, filter_from_args, positive_int, print_json
 
 if TYPE_CHECKING:
+    from retrieval.query_terms import QueryTerm
+
     from ._common import Subparsers
 
 
@@ -17,15 +19,19 @@ def run(args: argparse.Namespace) -> int:
     """Search the index; print one line per hit, or ``{"results": [...]}`` with ``--json``."""
     from retrieval.index import ImageIndex
 
-    if args.query is None and args.image is None:
-        raise InvalidArgumentError("give a text query or --image PATH")
+    combined = bool(args.add or args.subtract)
+    if args.query is None and args.image is None and not args.add:
+        raise InvalidArgumentError("give a text query, --image PATH or --add TERM")
     if args.query is not None and args.image is not None:
         raise InvalidArgumentError("give either a text query or --image, not both")
     if args.query is not None and not args.query.strip():
         raise InvalidArgumentError("the query is empty")
     where = filter_from_args(args)
+    terms = _terms(args) if combined else None
     index = ImageIndex.open(args.index_dir, model=args.model, device=args.device, precision=args.precision)
-    if args.image is None:
+    if terms is not None:
+        hits = index.search_combined(terms, k=args.k, where=where)
+    elif args.image is None:
         hits = index.search(args.query, k=args.k, where=where)
     else:
         hits = index.search_image(args.image, k=args.k, where=where)
@@ -39,12 +45,29 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
+def _terms(args: argparse.Namespace) -> list[QueryTerm]:
+    # Checked before the index and the model load: a missing image or a zero weight fails at once.
+    from retrieval.query_terms import QueryTerm, parse_term
+
+    first = [parse_term(args.query)] if args.query is not None else []
+    if args.image is not None:
+        first = [QueryTerm(args.image, "image")]
+    return first + [parse_term(t) for t in args.add] + [parse_term(t).negated() for t in args.subtract]
+
+
 def register(subparsers: Subparsers) -> None:
     """Add ``search`` to the ``clipsearch`` sub-parsers."""
     p = subparsers.add_parser("search", help="search an index by text or by image", description="Search an index by text or by image.")
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("query", metavar="QUERY", nargs="?", help="text query")
     p.add_argument("--image", metavar="PATH", help="search with this image instead of text")
+    arithmetic = p.add_argument_group(
+        "query arithmetic (the query is the normalised weighted sum of its terms' normalised embeddings)",
+        "A TERM is text, or an image file when it starts with ./ ../ / ~/ or file://; 'N:' before it is its "
+        "weight (default 1), e.g. --add '0.5:./beach.jpg'. With --add or --subtract the QUERY takes a weight too.",
+    )
+    arithmetic.add_argument("--add", action="append", default=[], metavar="TERM", help="add this term (repeatable)")
+    arithmetic.add_argument("--subtract", action="append", default=[], metavar="TERM", help="subtract this term (repeatable)")
     p.add_argument("-k", "--k", type=positive_int, default=10, help="number of results (default: 10)")
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
