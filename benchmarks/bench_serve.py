@@ -318,7 +318,7 @@ def build_queries(index: Any, kind: str, n: int, k: int, vectors: Any) -> list[Q
     if kind == "image_id":
         return [Query("POST", "/api/search", {"image_id": i, "k": k}, image_id=i) for i in ids]
     if vectors is None:
-        vectors = index.vectors_of(ids) if hasattr(index, "vectors_of") else index.embeddings()[ids]
+        vectors = index.vectors_of(ids)
     # float32 values written as the doubles they are, so that the server reads them back exactly.
     out = []
     for row in vectors[:n]:
@@ -415,9 +415,6 @@ def bench_index(name: str, index_dir: Path, args: argparse.Namespace, build: dic
 
     index = ImageIndex.open(index_dir, device=args.device, precision=args.precision)
     kinds = list(args.kinds)
-    if "image_id" in kinds and not hasattr(index, "search_similar"):
-        print(f"bench_serve: {name}: ImageIndex has no search_similar here; image_id skipped", file=sys.stderr)
-        kinds.remove("image_id")
     vectors = None
     if name == "synthetic":
         # Held-out draws from the index's clusters: in-distribution, not in the index.
