@@ -359,16 +359,26 @@ async def verify(host: str, port: int, queries: Sequence[Query], token: str | No
     problems = []
     try:
         for q in queries:
-            status, body = await conn.request(q.encode(f"{host}:{port}", token))
-            label = q.text if q.text is not None else f"image_id {q.image_id}" if q.image_id is not None else "vector"
+            label = q.text if q.text is not None else f"image_id {q.image_id}" if q.image_id is not None else q.target
+            try:
+                status, body = await conn.request(q.encode(f"{host}:{port}", token))
+            except Exception as exc:  # reported with the others, not a traceback mid-run
+                problems.append(f"{label}: {type(exc).__name__}: {exc}")
+                await conn.close()
+                continue
             if status != 200:
                 problems.append(f"{label}: HTTP {status} {body[:200]!r}")
                 continue
             if q.text is None and q.vector is None and q.image_id is None:
                 continue  # health: a 200 is the answer
-            got = [(r["id"], r["score"]) for r in json.loads(body)["results"]]
+            try:
+                got = [(int(r["id"]), float(r["score"])) for r in json.loads(body)["results"]]
+            except (ValueError, KeyError, TypeError) as exc:
+                problems.append(f"{label}: not a search answer ({type(exc).__name__}): {body[:200]!r}")
+                continue
             want = [(h.id, h.score) for h in in_process(index, q, k)]
-            if [i for i, _ in got] != [i for i, _ in want] or any(abs(a - b) > 1e-5 for (_, a), (_, b) in zip(got, want, strict=True)):
+            same_ids = [i for i, _ in got] == [i for i, _ in want]
+            if not same_ids or any(abs(a - b) > 1e-5 for (_, a), (_, b) in zip(got, want, strict=True)):
                 problems.append(f"{label}: server {got[:3]}... != in-process {want[:3]}...")
     finally:
         await conn.close()
