@@ -1,0 +1,169 @@
+"""``clipsearch serve``: the HTTP API and the web UI over one or more indexes.
+
+FastAPI and uvicorn (the ``server`` extra) are imported only when the command runs, so the rest
+of the CLI works without them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import errno
+import ipaddress
+import os
+import socket
+import sys
+from typing import TYPE_CHECKING, Any
+
+from retrieval.errors import ClipSearchError, InvalidArgumentError
+
+from ._common import PROG, add_device_arguments, add_precision_argument
+
+if TYPE_CHECKING:
+    from ._common import Subparsers
+
+TOKEN_ENV = "CLIPSEARCH_TOKEN"
+LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
+
+
+class ServerExtraMissingError(ClipSearchError):
+    """FastAPI / uvicorn are not installed."""
+
+
+def _is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """The listening socket, bound now: a port in use is a one-line error before any model loads."""
+    try:
+        infos = socket.getaddrinfo(host.strip("[]"), port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE)
+    except socket.gaierror as exc:
+        raise InvalidArgumentError(f"cannot listen on {host}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    sock = socket.socket(family, kind, proto)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind(address)
+        sock.listen(2048)
+    except OSError as exc:
+        sock.close()
+        if exc.errno == errno.EADDRINUSE:
+            raise InvalidArgumentError(f"port {port} on {host} is in use; pick another with --port (0: any free port)") from None
+        raise InvalidArgumentError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    sock.set_inheritable(True)
+    return sock
+
+
+def _url(host: str, port: int) -> str:
+    shown = f"[{host}]" if ":" in host and not host.startswith("[") else host
+    return f"http://{shown}:{port}/"
+
+
+def run(args: argparse.Namespace) -> int:
+    """Serve the indexes until Ctrl-C or SIGTERM (exit 0)."""
+    try:
+        import uvicorn  # noqa: F401  # imported here to fail early, used by _serve_forever
+
+        from clipsearch.server import create_app
+    except ImportError:
+        raise ServerExtraMissingError("install the server extra: pip install 'clipsearch[server]'") from None
+
+    token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    sock = _bind(args.host, args.port)
+    try:
+        if token is None and not _is_loopback(args.host):
+            print(
+                f"{PROG}: warning: serving on {args.host} without a token: anyone who can reach it can search "
+                f"and read the indexed images; set --token or {TOKEN_ENV}",
+                file=sys.stderr,
+            )
+        app = create_app(
+            args.index_dirs,
+            token=token,
+            max_upload_mb=args.max_upload_mb,
+            cache_dir=args.cache_dir,
+            browser_ui=not args.no_browser_ui,
+            model=args.model,
+            device=args.device,
+            precision=args.precision,
+        )
+        port = sock.getsockname()[1]
+        url = _url(args.host, port)
+        _serve_forever(app, sock, url, args.log_level)
+    finally:
+        sock.close()
+    return 0
+
+
+def _serve_forever(app: Any, sock: socket.socket, url: str, log_level: str) -> None:
+    import uvicorn
+
+    class Server(uvicorn.Server):
+        """uvicorn's server, saying once where it listens, and leaving on SIGINT/SIGTERM cleanly."""
+
+        async def startup(self, sockets: list[socket.socket] | None = None) -> None:
+            await super().startup(sockets=sockets)
+            if self.started:
+                print(f"{PROG}: serving {url}", file=sys.stderr, flush=True)
+
+        def handle_exit(self, sig: int, frame: Any) -> None:
+            super().handle_exit(sig, frame)
+            # uvicorn re-raises the signal after its graceful shutdown (the process would die of
+            # it, or raise KeyboardInterrupt); a requested stop is a clean exit (0) here.
+            with contextlib.suppress(AttributeError):
+                self._captured_signals.clear()
+
+    # uvicorn's access log only when asked for (--log-level info/debug); no lifespan: the app
+    # loads everything in create_app, before the first request can arrive.
+    config = uvicorn.Config(app, log_level=log_level, access_log=log_level in ("info", "debug"), server_header=False, lifespan="off")
+    Server(config).run(sockets=[sock])
+
+
+def _upload_mb(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of MiB, got {text!r}") from None
+    if not 0 < value <= 4096:
+        raise argparse.ArgumentTypeError(f"must be in (0, 4096], got {text}")
+    return value
+
+
+def _port(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a port number, got {text!r}") from None
+    if not 0 <= value <= 65535:
+        raise argparse.ArgumentTypeError(f"must be in 0..65535, got {value}")
+    return value
+
+
+def register(subparsers: Subparsers) -> None:
+    """Add ``serve`` to the ``clipsearch`` sub-parsers."""
+    p = subparsers.add_parser(
+        "serve",
+        help="serve indexes over HTTP: a JSON search API and a web UI",
+        description="Serve one or more indexes over HTTP: a JSON search API under /api, OpenAPI docs at /docs, "
+        "and a web UI at /. Indexes updated by `clipsearch index` or `reindex` are picked up without a restart.",
+    )
+    p.add_argument("index_dirs", metavar="INDEX_DIR", nargs="+", help="indexes to serve, by directory name (the first is the default)")
+    p.add_argument("--host", default="127.0.0.1", help="address to listen on (default: 127.0.0.1, this machine only)")
+    p.add_argument("--port", type=_port, default=8000, help="port (default: 8000; 0 picks a free one)")
+    p.add_argument("--model", help="query model (default: the one recorded in each index; must be the same weights)")
+    add_device_arguments(p)
+    add_precision_argument(p, "fp32", "text query tower precision")
+    p.add_argument("--max-upload-mb", type=_upload_mb, default=20, metavar="MB", help="largest query image accepted (default: 20)")
+    p.add_argument("--token", help=f"require 'Authorization: Bearer TOKEN' on every /api request (default: ${TOKEN_ENV})")
+    p.add_argument("--cache-dir", metavar="DIR", help="thumbnail cache (default: $XDG_CACHE_HOME/clipsearch/thumbnails)")
+    p.add_argument("--no-browser-ui", action="store_true", help="serve the API only, not the web UI at /")
+    p.add_argument(
+        "--log-level", choices=LOG_LEVELS, default="warning", help="server log level; info and debug log every request (default: warning)"
+    )
+    p.set_defaults(handler=run)

@@ -1,0 +1,368 @@
+"""``create_app``: the FastAPI application of ``clipsearch serve`` (the API, the UI, the docs).
+
+Handlers parse and validate, call the same ``ImageIndex`` methods the CLI calls (in a worker
+thread: model calls and file reads never run on the event loop), and serialise. State lives on
+``app.state`` (``indexes``, ``config``), so several apps can live in one process.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import os
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Annotated, Any
+
+from fastapi import APIRouter, Depends, FastAPI, Query, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.openapi.utils import get_openapi
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from pydantic import BaseModel, ValidationError
+from starlette.concurrency import run_in_threadpool
+from starlette.datastructures import UploadFile
+from starlette.exceptions import HTTPException
+from starlette.responses import FileResponse, HTMLResponse, Response
+from starlette.staticfiles import StaticFiles
+
+from retrieval.errors import InvalidArgumentError
+from retrieval.live import LiveIndex
+from retrieval.version import __version__
+
+from . import files
+from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, ServerConfig
+from .errors import install_error_handlers
+from .indexes import IndexSet, ServedIndex
+from .middleware import UI_CSP, BodyLimit, SecurityHeaders
+from .responses import JSONResponse
+from .search import SearchBody, SearchForm, SearchRequest, SearchResponse, check_window, from_body, from_form, make_filter, run_search
+
+STATIC_DIR = Path(__file__).parent / "static"
+# A text query run once per index at start-up, so that no request pays the model load.
+_WARM_TEXT = "a photo"
+
+
+class Health(BaseModel):
+    status: str
+    indexes: list[str]
+
+
+class IndexSummary(BaseModel):
+    name: str
+    count: int
+    model: str
+    dim: int
+    index_type: str
+    generation: str | int
+
+
+def create_app(
+    index_dirs: Sequence[str | os.PathLike[str]],
+    *,
+    token: str | None = None,
+    max_upload_mb: float = 20,
+    cache_dir: str | os.PathLike[str] | None = None,
+    browser_ui: bool = True,
+    model: str | None = None,
+    device: str = "auto",
+    precision: str = "fp32",
+    warm: bool = True,
+) -> FastAPI:
+    """The ``clipsearch serve`` application over ``index_dirs``.
+
+    Every directory is opened now as a :class:`~retrieval.live.LiveIndex` (later generations
+    written by ``clipsearch index`` / ``reindex`` are picked up per request), named by its base
+    name; the first is the default. With ``warm``, each index's text tower and image tower are
+    loaded now, so that no request pays a model load.
+
+    Args:
+        index_dirs: the INDEX_DIRs to serve.
+        token: require ``Authorization: Bearer <token>`` on every ``/api`` request.
+        max_upload_mb: largest query image accepted (413 above).
+        cache_dir: thumbnail cache (default ``$XDG_CACHE_HOME/clipsearch/thumbnails``).
+        browser_ui: serve the web UI at ``/``.
+        model, device, precision: query model settings, as for ``ImageIndex.open``.
+        warm: load the query models now (tests that never query may skip it).
+
+    Raises:
+        InvalidArgumentError: bad settings, or two directories with the same name.
+        NotAnIndexError, IndexFormatError, ModelMismatchError, ...: an index that cannot be served.
+    """
+    config = ServerConfig(token=token, max_upload_mb=max_upload_mb, cache_dir=Path(cache_dir) if cache_dir else None, browser_ui=browser_ui)
+    indexes = IndexSet(index_dirs, lambda d: LiveIndex(d, model=model, device=device, precision=precision))
+    if warm:
+        for served in indexes:
+            _warm(served)
+
+    app = FastAPI(
+        title="clipsearch",
+        version=__version__,
+        description="Search your images by text, by image or by vector.",
+        docs_url=None,
+        redoc_url=None,
+        default_response_class=JSONResponse,
+    )
+    app.state.config = config
+    app.state.indexes = indexes
+    install_error_handlers(app)
+    app.include_router(_api_router())
+    docs_csp = _mount_docs(app)
+    if browser_ui:
+        _mount_ui(app)
+    _document_search_body(app)
+
+    def csp_for(path: str) -> str:
+        return docs_csp if path == "/docs" else UI_CSP
+
+    # Outermost last: the headers (and the last-resort 500) wrap everything, the 413 included.
+    app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, shown_limit=config.max_upload_bytes)
+    app.add_middleware(SecurityHeaders, csp_for=csp_for)
+    return app
+
+
+def _warm(served: ServedIndex) -> None:
+    index = served.current()
+    with served.model_call("text"):
+        index.search(_WARM_TEXT, k=1)
+    with served.model_call("image"):
+        # The image tower: loaded by its first use; touching the property loads and checks it.
+        _ = index.encoder
+    if index.count:
+        # The first metadata read opens the Parquet row groups (~150 ms on the demo index).
+        index.rows([0], columns=("width", "height", "content_hash"))
+
+
+# -- auth ---------------------------------------------------------------------------------------
+
+_bearer = HTTPBearer(auto_error=False, description="the server's --token (CLIPSEARCH_TOKEN)")
+
+
+def require_token(request: Request, credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> None:
+    """401 unless the request carries the server's token (when it has one)."""
+    token: str | None = request.app.state.config.token
+    if token is None:
+        return
+    given = credentials.credentials.encode("utf-8", "surrogateescape") if credentials is not None else b""
+    # compare_digest: the time taken does not tell how much of a guess was right.
+    if credentials is None or not hmac.compare_digest(given, token.encode("utf-8")):
+        raise HTTPException(401, "missing or wrong token: send Authorization: Bearer TOKEN", headers={"WWW-Authenticate": "Bearer"})
+
+
+# -- the API ------------------------------------------------------------------------------------
+
+
+def _indexes(request: Request) -> IndexSet:
+    indexes: IndexSet = request.app.state.indexes
+    return indexes
+
+
+def _api_router() -> APIRouter:
+    api = APIRouter(prefix="/api", dependencies=[Depends(require_token)])
+
+    @api.get("/health", response_model=Health, summary="The server is up; the names of its indexes")
+    async def health(request: Request) -> Response:
+        return JSONResponse({"status": "ok", "indexes": _indexes(request).names})
+
+    @api.get("/indexes", response_model=list[IndexSummary], summary="The served indexes (first: the default)")
+    async def list_indexes(request: Request) -> Response:
+        def describe() -> list[dict[str, Any]]:
+            out = []
+            for served in _indexes(request):
+                m = served.current().manifest
+                facts = {"count": m.count, "model": m.model, "dim": m.dim, "index_type": m.index_type, "generation": m.generation}
+                out.append({"name": served.name, **facts})
+            return out
+
+        return JSONResponse(await run_in_threadpool(describe))
+
+    @api.get("/search", response_model=SearchResponse, summary="Search by text, with the CLI's filters")
+    async def search_get(
+        request: Request,
+        q: Annotated[str | None, Query(description="the text query")] = None,
+        k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
+        offset: Annotated[int, Query(ge=0, le=MAX_DEPTH)] = 0,
+        index: Annotated[str | None, Query(description="index name (default: the first served)")] = None,
+        path_prefix: Annotated[list[str] | None, Query(description="stored path starts with one of these (repeat)")] = None,
+        path_glob: Annotated[str | None, Query(description="stored path matches this shell pattern")] = None,
+        min_width: Annotated[int | None, Query()] = None,
+        max_width: Annotated[int | None, Query()] = None,
+        min_height: Annotated[int | None, Query()] = None,
+        max_height: Annotated[int | None, Query()] = None,
+        modified_after: Annotated[str | None, Query(description="ISO 8601 date or time")] = None,
+        modified_before: Annotated[str | None, Query(description="ISO 8601 date or time")] = None,
+    ) -> Response:
+        if q is None or not q.strip():
+            raise InvalidArgumentError("give a text query: q=...")
+        check_window(k, offset)
+        where = make_filter(path_prefix, path_glob, min_width, max_width, min_height, max_height, modified_after, modified_before)
+        req = SearchRequest(kind="text", k=k, offset=offset, index=index, where=where, text=q)
+        return await _answer(request, req)
+
+    @api.post("/search", response_model=SearchResponse, summary="Search by text, image id, vector (JSON) or image file (multipart)")
+    async def search_post(request: Request) -> Response:
+        return await _answer(request, await _read_search_body(request))
+
+    @api.get("/images/{image_id}", summary="The original image file of an id", response_class=FileResponse)
+    async def image(request: Request, image_id: str, index: Annotated[str | None, Query()] = None) -> Response:
+        served = _indexes(request).get(index)
+
+        def locate() -> files.ImageFile:
+            current = served.current()
+            return files.original(current, files.parse_id(image_id, current, served.name), served.name)
+
+        found = await run_in_threadpool(locate)
+        headers = {"ETag": found.etag, "Cache-Control": files.ORIGINAL_CACHE_CONTROL}
+        if files.etag_matches(request.headers.get("if-none-match"), found.etag):
+            return Response(status_code=304, headers=headers)
+        return FileResponse(found.path, media_type=found.media_type, headers=headers)
+
+    @api.get("/thumbnails/{image_id}", summary="A JPEG thumbnail, no larger than size on its long side", response_class=FileResponse)
+    async def thumbnail(
+        request: Request,
+        image_id: str,
+        size: Annotated[int, Query(description="long side in pixels: 64, 128, 256, 384, 512, 768 or 1024")] = DEFAULT_THUMBNAIL_SIZE,
+        index: Annotated[str | None, Query()] = None,
+    ) -> Response:
+        served = _indexes(request).get(index)
+        files.check_size(size)
+        cache_dir: Path = request.app.state.config.thumbnail_dir
+        conditional = request.headers.get("if-none-match")
+
+        def make() -> tuple[Path | None, str]:
+            current = served.current()
+            number = files.parse_id(image_id, current, served.name)
+            key, etag = files.thumbnail_key(current, number, size)
+            if files.etag_matches(conditional, etag):
+                return None, etag
+            return files.thumbnail_file(current, number, served.name, size, key, cache_dir), etag
+
+        path, etag = await run_in_threadpool(make)
+        headers = {"ETag": etag, "Cache-Control": files.THUMBNAIL_CACHE_CONTROL}
+        if path is None:
+            return Response(status_code=304, headers=headers)
+        return FileResponse(path, media_type="image/jpeg", headers=headers)
+
+    return api
+
+
+async def _answer(request: Request, req: SearchRequest) -> Response:
+    served = _indexes(request).get(req.index)
+    return JSONResponse(await run_in_threadpool(run_search, served, req))
+
+
+async def _read_search_body(request: Request) -> SearchRequest:
+    kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if kind == "multipart/form-data":
+        return await _read_form(request)
+    if kind not in ("application/json", ""):
+        raise HTTPException(415, f"send application/json or multipart/form-data, not {kind}")
+    raw = await request.body()
+    try:
+        data = json.loads(raw)
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise InvalidArgumentError(f"malformed JSON: {exc}") from None
+    try:
+        body = SearchBody.model_validate(data)
+    except ValidationError as exc:
+        raise RequestValidationError(exc.errors()) from None
+    return from_body(body)
+
+
+async def _read_form(request: Request) -> SearchRequest:
+    form = await request.form(max_files=1, max_fields=64)
+    try:
+        upload = form.get("image")
+        if not isinstance(upload, UploadFile):
+            raise InvalidArgumentError('a multipart search needs an "image" file field')
+        fields: dict[str, Any] = {}
+        for key in form.keys():
+            if key == "image":
+                continue
+            values = form.getlist(key)
+            if any(isinstance(v, UploadFile) for v in values):
+                raise InvalidArgumentError(f"only the image field may be a file, not {key!r}")
+            fields[key] = values if key == "path_prefix" else values[-1]
+        try:
+            parsed = SearchForm.model_validate(fields)
+        except ValidationError as exc:
+            raise RequestValidationError(exc.errors()) from None
+        data = await upload.read()
+    finally:
+        await form.close()
+    return from_form(parsed, data)
+
+
+# -- UI and docs ----------------------------------------------------------------------------------
+
+
+def _mount_ui(app: FastAPI) -> None:
+    @app.get("/", include_in_schema=False)
+    async def index_page() -> Response:
+        # no-cache: a new version of the UI is picked up at the next load (it is revalidated).
+        return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
+
+    app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
+
+
+def _mount_docs(app: FastAPI) -> str:
+    """Swagger UI at /docs from the swagger-ui-bundle package (offline); returns its CSP."""
+    from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]  # the package ships no type information
+
+    app.mount("/docs-assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
+    page = get_swagger_ui_html(
+        openapi_url="/openapi.json",
+        title="clipsearch API",
+        swagger_js_url="/docs-assets/swagger-ui-bundle.js",
+        swagger_css_url="/docs-assets/swagger-ui.css",
+        swagger_favicon_url="/docs-assets/favicon-32x32.png",
+    )
+    html = bytes(page.body).decode("utf-8")
+    # The page's one inline script (the SwaggerUIBundle call) is allowed by its hash, nothing else.
+    hashes = " ".join(
+        "'sha256-" + base64.b64encode(hashlib.sha256(s.encode("utf-8")).digest()).decode() + "'"
+        for s in re.findall(r"<script>(.*?)</script>", html, flags=re.S)
+    )
+
+    @app.get("/docs", include_in_schema=False)
+    async def docs() -> Response:
+        return HTMLResponse(html)
+
+    return (
+        f"default-src 'none'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
+        "connect-src 'self'; base-uri 'none'; frame-ancestors 'none'"
+    )
+
+
+def _document_search_body(app: FastAPI) -> None:
+    # POST /api/search reads its body itself (JSON or multipart, by Content-Type), so FastAPI
+    # cannot derive the request schema: write it into the OpenAPI document here.
+    def openapi() -> dict[str, Any]:
+        if app.openapi_schema is not None:
+            return app.openapi_schema
+        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
+        ref = "#/components/schemas/{model}"
+        body = SearchBody.model_json_schema(ref_template=ref)
+        form = SearchForm.model_json_schema(ref_template=ref)
+        components = schema.setdefault("components", {}).setdefault("schemas", {})
+        for model_schema in (body, form):
+            components.update(model_schema.pop("$defs", {}))
+        components["SearchBody"] = body
+        form["properties"] = {"image": {"type": "string", "format": "binary"}, **form["properties"]}
+        form["required"] = ["image"]
+        components["SearchForm"] = form
+        operation = schema["paths"]["/api/search"]["post"]
+        operation["requestBody"] = {
+            "required": True,
+            "content": {
+                "application/json": {"schema": {"$ref": "#/components/schemas/SearchBody"}},
+                "multipart/form-data": {"schema": {"$ref": "#/components/schemas/SearchForm"}},
+            },
+        }
+        app.openapi_schema = schema
+        return schema
+
+    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise it

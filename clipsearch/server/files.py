@@ -1,0 +1,145 @@
+"""Originals and thumbnails, reached only by id through the index (never by a path from a request)."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from PIL import Image
+
+from retrieval.errors import ImageDecodeError, IndexCorruptError, InvalidArgumentError
+from retrieval.images.decode import decode_image
+from retrieval.index import ImageIndex
+
+from .config import THUMBNAIL_SIZES
+from .errors import NotFoundError
+
+# Ids are plain decimal: no sign, no spaces, no exponent, and short enough that int() is cheap.
+_ID = re.compile(r"[0-9]{1,18}")
+THUMBNAIL_QUALITY = 85
+# Thumbnails of a given id can change when a new generation renumbers or replaces the image,
+# so they are not immutable: browsers reuse them for a while, then revalidate with the ETag
+# (a 304 when the recorded content is unchanged).
+THUMBNAIL_CACHE_CONTROL = "private, max-age=300"
+ORIGINAL_CACHE_CONTROL = "private, max-age=300"
+
+
+@dataclass(frozen=True)
+class ImageFile:
+    """The original file of an id: where it is, its content type and ETag."""
+
+    path: Path
+    media_type: str
+    etag: str
+
+
+def parse_id(text: str, index: ImageIndex, name: str) -> int:
+    """The id in a URL path: a non-negative decimal below the index's count.
+
+    Anything else (negative, non-numeric, out of range, a path) is 404: there is no such image.
+    """
+    if not _ID.fullmatch(text) or int(text) >= index.count:
+        raise NotFoundError(f"no image {text[:40]!r} in index {name!r} (ids are 0..{index.count - 1})")
+    return int(text)
+
+
+def source_file(index: ImageIndex, image_id: int, name: str) -> Path:
+    """The recorded file of ``image_id``, refused unless it lies under the index's source root.
+
+    ``ImageIndex.source_file`` joins the source root with the stored relative path; the check here
+    is lexical (no ``..`` can climb out), so a symlink the indexer followed inside the collection
+    is still served, as it was indexed.
+    """
+    try:
+        path = index.source_file(image_id)
+    except InvalidArgumentError:
+        raise NotFoundError(f"no image {image_id} in index {name!r}") from None
+    except IndexCorruptError:
+        # The index records a path that leaves its folder: serve nothing for it.
+        raise NotFoundError(f"image {image_id} of index {name!r} is recorded outside its source root") from None
+    root = os.path.normpath(index.manifest.source_root)
+    full = os.path.normpath(os.fspath(path))
+    if not full.startswith(root.rstrip(os.sep) + os.sep):
+        raise NotFoundError(f"image {image_id} of index {name!r} is recorded outside its source root")
+    if not os.path.isfile(full):
+        raise NotFoundError(f"the file of image {image_id} is no longer on disk")
+    return Path(full)
+
+
+def original(index: ImageIndex, image_id: int, name: str) -> ImageFile:
+    """The original file of an id, with the content type of its image format (from its header)."""
+    path = source_file(index, image_id, name)
+    try:
+        with Image.open(path) as img:
+            media_type = Image.MIME.get(img.format or "", "application/octet-stream")
+    except (OSError, ValueError, SyntaxError):
+        media_type = "application/octet-stream"
+    st = path.stat()
+    etag = '"' + hashlib.sha256(f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}".encode()).hexdigest()[:32] + '"'
+    return ImageFile(path, media_type, etag)
+
+
+def check_size(size: int) -> int:
+    if size not in THUMBNAIL_SIZES:
+        raise InvalidArgumentError(f"size must be one of {', '.join(map(str, THUMBNAIL_SIZES))}, got {size}")
+    return size
+
+
+def thumbnail_key(index: ImageIndex, image_id: int, size: int) -> tuple[str, str]:
+    """The cache key and ETag of a thumbnail: the content hash the index recorded, and the size.
+
+    Known without touching the file, so a revalidation (``If-None-Match``) costs one row read.
+    The same picture in two indexes (or two generations) shares one cached file.
+    """
+    check_size(size)
+    row = index.rows([image_id], columns=("content_hash",))[0]
+    key = re.sub(r"[^0-9A-Za-z]", "", str(row["content_hash"] or ""))[:64]
+    if not key:
+        raise NotFoundError(f"image {image_id} has no recorded content hash; rebuild the index to get thumbnails")
+    return key, f'"{key}-{size}"'
+
+
+def thumbnail_file(index: ImageIndex, image_id: int, name: str, size: int, key: str, cache_dir: Path) -> Path:
+    """A JPEG of the image no larger than ``size`` on its long side, made once and cached on disk.
+
+    Decoded as the indexer decodes (EXIF orientation applied, transparency composited on white),
+    with JPEG draft decoding when the file is far larger than the thumbnail.
+
+    Raises:
+        NotFoundError: the file is gone.
+        ImageDecodeError: the file no longer decodes.
+    """
+    cached = cache_dir / key[:2] / f"{key}-{size}.jpg"
+    if cached.is_file():
+        return cached
+    path = source_file(index, image_id, name)
+    try:
+        decoded = decode_image(path, min_edge=size, name=f"image {image_id}")
+    except ImageDecodeError as exc:
+        raise ImageDecodeError(exc.path, f"{exc.reason} (the file changed since it was indexed?)") from None
+    img = decoded.image
+    img.thumbnail((size, size), Image.Resampling.LANCZOS)
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    # Temp file + rename: a concurrent request (or a crash) never sees half a JPEG.
+    fd, tmp = tempfile.mkstemp(dir=cached.parent, prefix=".tmp-", suffix=".jpg")
+    try:
+        with os.fdopen(fd, "wb") as out:
+            img.save(out, "JPEG", quality=THUMBNAIL_QUALITY)
+        os.replace(tmp, cached)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return cached
+
+
+def etag_matches(if_none_match: str | None, etag: str) -> bool:
+    """RFC 9110 weak comparison of ``If-None-Match`` against our ETag (``*`` matches any)."""
+    if not if_none_match or not etag:
+        return False
+    tags = [t.strip() for t in if_none_match.split(",")]
+    bare = etag.removeprefix("W/")
+    return any(t == "*" or t.removeprefix("W/") == bare for t in tags)

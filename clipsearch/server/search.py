@@ -1,0 +1,228 @@
+"""Search requests: their shapes (GET parameters, a JSON body, a multipart form), their checks,
+and the one function that answers them with ``ImageIndex``'s own search calls.
+
+Errors follow one rule: a request of the wrong shape (an unknown field, a wrong type, k or
+offset out of range) is 422; a well-formed value the search refuses (an empty text, a vector of
+the wrong dimension, a filter that cannot match, an image that does not decode) is 400.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import time
+from dataclasses import dataclass
+from typing import Any, Literal
+from urllib.parse import quote
+
+import numpy as np
+from pydantic import BaseModel, ConfigDict, Field
+
+from retrieval.errors import InvalidArgumentError
+from retrieval.filters import Filter, parse_time
+from retrieval.index import Hit, ImageIndex
+
+from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K
+from .errors import NotFoundError
+from .indexes import ServedIndex
+
+QueryKind = Literal["text", "image_id", "vector", "image"]
+# A JSON vector is checked against the index's dim after parsing; this only bounds the parse.
+_MAX_VECTOR_LEN = 16384
+
+
+class Filters(BaseModel):
+    """Metadata filters, by the names of ``clipsearch search``'s flags (all must hold)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    path_prefix: list[str] | str | None = Field(None, description="stored path starts with one of these")
+    path_glob: str | None = Field(None, description="stored path matches this shell pattern, e.g. '*/2023-*.jpg'")
+    min_width: int | None = None
+    max_width: int | None = None
+    min_height: int | None = None
+    max_height: int | None = None
+    modified_after: str | None = Field(None, description="ISO 8601 date or time (UTC unless a zone is given)")
+    modified_before: str | None = None
+
+
+class SearchBody(BaseModel):
+    """``POST /api/search`` as JSON: exactly one of ``text``, ``image_id``, ``vector``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = Field(None, description="text query")
+    image_id: int | None = Field(None, ge=0, description="more like this: the id of an indexed image")
+    vector: list[float] | None = Field(None, max_length=_MAX_VECTOR_LEN, description="a query embedding (normalised by the server)")
+    k: int = Field(10, ge=1, le=MAX_K)
+    offset: int = Field(0, ge=0, le=MAX_DEPTH)
+    index: str | None = Field(None, description="index name (default: the first served)")
+    filters: Filters | None = None
+
+
+class SearchForm(BaseModel):
+    """The form fields beside a multipart ``image`` file (filters by their flat names)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    k: int = Field(10, ge=1, le=MAX_K)
+    offset: int = Field(0, ge=0, le=MAX_DEPTH)
+    index: str | None = None
+    path_prefix: list[str] = []
+    path_glob: str | None = None
+    min_width: int | None = None
+    max_width: int | None = None
+    min_height: int | None = None
+    max_height: int | None = None
+    modified_after: str | None = None
+    modified_before: str | None = None
+
+
+class SearchResult(BaseModel):
+    id: int
+    path: str
+    score: float
+    width: int
+    height: int
+    image_url: str
+    thumbnail_url: str
+
+
+class SearchResponse(BaseModel):
+    results: list[SearchResult]
+    offset: int
+    k: int
+    took_ms: float
+
+
+@dataclass(frozen=True)
+class SearchRequest:
+    """One validated query, whatever shape it came in."""
+
+    kind: QueryKind
+    k: int
+    offset: int
+    index: str | None
+    where: Filter
+    text: str | None = None
+    image_id: int | None = None
+    vector: tuple[float, ...] | None = None
+    image: bytes | None = None
+
+
+def make_filter(
+    path_prefix: list[str] | str | None = None,
+    path_glob: str | None = None,
+    min_width: int | None = None,
+    max_width: int | None = None,
+    min_height: int | None = None,
+    max_height: int | None = None,
+    modified_after: str | None = None,
+    modified_before: str | None = None,
+) -> Filter:
+    """The :class:`Filter` of the CLI's filter names (empty strings count as absent, as in a form).
+
+    Raises:
+        InvalidArgumentError: a value the filter refuses (negative size, bad date, min > max).
+    """
+    prefixes = [path_prefix] if isinstance(path_prefix, str) else list(path_prefix or [])
+    return Filter(
+        path_prefix=tuple(p for p in prefixes if p),
+        path_glob=path_glob or None,
+        min_width=min_width,
+        max_width=max_width,
+        min_height=min_height,
+        max_height=max_height,
+        modified_after=parse_time(modified_after) if modified_after else None,
+        modified_before=parse_time(modified_before) if modified_before else None,
+    )
+
+
+def check_window(k: int, offset: int) -> None:
+    if offset + k > MAX_DEPTH:
+        raise InvalidArgumentError(f"offset + k must be <= {MAX_DEPTH}, got {offset + k}")
+
+
+def from_body(body: SearchBody) -> SearchRequest:
+    """A JSON body as a :class:`SearchRequest` (exactly one query kind)."""
+    given = [name for name in ("text", "image_id", "vector") if getattr(body, name) is not None]
+    if len(given) != 1:
+        got = f"; got {', '.join(given)}" if given else ""
+        raise InvalidArgumentError(f"give exactly one of text, image_id, vector (or a multipart image file){got}")
+    check_window(body.k, body.offset)
+    where = make_filter(**body.filters.model_dump()) if body.filters is not None else Filter()
+    kind: QueryKind = given[0]  # type: ignore[assignment]  # one of the three names above
+    return SearchRequest(
+        kind=kind,
+        k=body.k,
+        offset=body.offset,
+        index=body.index,
+        where=where,
+        text=body.text,
+        image_id=body.image_id,
+        vector=tuple(body.vector) if body.vector is not None else None,
+    )
+
+
+def from_form(form: SearchForm, image: bytes) -> SearchRequest:
+    check_window(form.k, form.offset)
+    fields = form.model_dump(exclude={"k", "offset", "index"})
+    return SearchRequest(kind="image", k=form.k, offset=form.offset, index=form.index, where=make_filter(**fields), image=image)
+
+
+def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int) -> list[Hit]:
+    # Each kind is the ImageIndex call the CLI (or the Python API) makes for it: same ranking.
+    if req.kind == "text":
+        assert req.text is not None
+        with served.model_call("text"):
+            return index.search(req.text, k=depth, where=req.where)
+    if req.kind == "image":
+        assert req.image is not None
+        with served.model_call("image"):
+            return index.search_image(io.BytesIO(req.image), k=depth, where=req.where)
+    if req.kind == "image_id":
+        assert req.image_id is not None
+        if req.image_id >= index.count:
+            raise NotFoundError(f"no image {req.image_id} in index {served.name!r} ({index.count} images)")
+        return index.search_similar(req.image_id, k=depth, where=req.where)
+    return index.search_vectors(_unit_vector(req.vector, index.dim)[None], k=depth, where=req.where)[0]
+
+
+def _unit_vector(values: tuple[float, ...] | None, dim: int) -> np.ndarray:
+    if values is None or len(values) != dim:
+        raise InvalidArgumentError(f"vector must have {dim} numbers (the index's dim), got {0 if values is None else len(values)}")
+    vec = np.asarray(values, dtype=np.float64)
+    if not np.all(np.isfinite(vec)):
+        raise InvalidArgumentError("vector must hold finite numbers (no NaN or Infinity)")
+    norm = float(np.linalg.norm(vec))
+    if norm == 0.0 or not math.isfinite(norm):
+        raise InvalidArgumentError("vector must not be all zeros")
+    return (vec / norm).astype(np.float32)
+
+
+def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
+    """Answer one search (blocking: call it from a worker thread).
+
+    The index generation is read once, so the whole answer (ranking, sizes) comes from it even
+    if a writer publishes a new one meanwhile. Ranking is the index's own for ``offset + k``
+    results, sliced; ``took_ms`` covers the search and the metadata reads.
+    """
+    started = time.perf_counter()
+    index = served.current()
+    hits = _hits(index, served, req, req.offset + req.k)[req.offset : req.offset + req.k]
+    sizes = index.rows([h.id for h in hits], columns=("width", "height")) if hits else []
+    name = quote(served.name, safe="")
+    results = [
+        {
+            "id": h.id,
+            "path": h.path,
+            "score": h.score,
+            "width": int(s["width"]),
+            "height": int(s["height"]),
+            "image_url": f"/api/images/{h.id}?index={name}",
+            "thumbnail_url": f"/api/thumbnails/{h.id}?size={DEFAULT_THUMBNAIL_SIZE}&index={name}",
+        }
+        for h, s in zip(hits, sizes, strict=True)
+    ]
+    took_ms = (time.perf_counter() - started) * 1000
+    return {"results": results, "offset": req.offset, "k": req.k, "took_ms": round(took_ms, 3)}
