@@ -33,7 +33,7 @@ overhead is the server's p50 at one client minus the in-process p50 (goal: <= 3 
 Prints one JSON line per (index, kind, clients), then a readable table.
 
     python benchmarks/bench_serve.py [--indexes demo,synthetic] [--kinds text,vector,image_id,health]
-        [--clients 1,8,32] [--requests 200] [--warmup 5] [--synthetic-n 100000]
+        [--clients 1,8,32] [--requests 100] [--warmup 5] [--synthetic-n 100000]
 """
 
 from __future__ import annotations
@@ -341,16 +341,19 @@ def in_process(index: Any, query: Query, k: int) -> list[Any]:
 
 
 def baseline(index: Any, queries: Sequence[Query], k: int, repeat: int) -> dict[str, float]:
-    """In-process latency of the same queries: ``repeat`` timed passes after an untimed one."""
+    """In-process latency of the same queries (``repeat`` timed passes after an untimed one), and
+    this process's CPU time per query (``cpu_ms``: all threads, to compare with the server's)."""
     for q in queries:
         in_process(index, q, k)
     times = []
+    cpu0 = _self_cpu_seconds()
     for _ in range(repeat):
         for q in queries:
             t0 = time.perf_counter()
             in_process(index, q, k)
             times.append(time.perf_counter() - t0)
-    return latency_summary(times)
+    cpu_ms = 1000 * (_self_cpu_seconds() - cpu0) / len(times)
+    return {**latency_summary(times), "cpu_ms": round(cpu_ms, 3)}
 
 
 async def verify(host: str, port: int, queries: Sequence[Query], token: str | None, index: Any, k: int, timeout: float) -> list[str]:
@@ -533,7 +536,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--indexes", type=_csv(str, ("demo", "synthetic")), default=["demo", "synthetic"], help="default: demo,synthetic")
     parser.add_argument("--kinds", type=_csv(str, KINDS), default=list(KINDS), help=f"default: {','.join(KINDS)}")
     parser.add_argument("--clients", type=_csv(int), default=[1, 8, 32], help="concurrent connections, one run each (default: 1,8,32)")
-    parser.add_argument("--requests", type=_positive, default=200, help="timed requests per client per run (default: 200)")
+    parser.add_argument("--requests", type=_positive, default=100, help="timed requests per client per run (default: 100)")
     parser.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed requests per client first (default: 5)")
     parser.add_argument("--distinct", type=_positive, default=136, help="distinct queries per kind (default: 136, the demo's)")
     parser.add_argument("--baseline-repeat", type=_positive, default=3, help="in-process passes over the queries (default: 3)")
@@ -585,7 +588,7 @@ def main(argv: list[str] | None = None) -> int:
 def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[str, Any]) -> None:
     head = (
         f"{'index':<10} {'kind':<9} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-        f" {'in-proc p50':>11} {'overhead p50':>12} {'client CPU ms/req':>17} {'server CPU ms/req':>17}"
+        f" {'in-proc p50':>11} {'overhead p50':>12} {'client CPU ms/req':>17} {'server CPU ms/req':>17} {'in-proc CPU ms':>14}"
     )
     print(head)
     print("-" * len(head))
@@ -599,7 +602,7 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[s
             f"{r['index']:<10} {r['kind']:<9} {r['clients']:>7} {num(r['requests_per_s'], 1):>8} {num(r['latency_ms']['p50']):>8}"
             f" {num(r['latency_ms']['p99']):>8} {r['errors'] + r['mismatches']:>6} {num(base and base['p50']):>11}"
             f" {num(r['overhead_p50_ms'] if r['clients'] == 1 else None):>12}"
-            f" {num(r['client_cpu_ms_per_request']):>17} {num(r['server_cpu_ms_per_request']):>17}"
+            f" {num(r['client_cpu_ms_per_request']):>17} {num(r['server_cpu_ms_per_request']):>17} {num(base and base['cpu_ms']):>14}"
         )
     sizes = ", ".join(sorted({f"{r['index']} {r['count']:,} x {r['dim']}-d {r['index_type']}" for r in rows}))
     print(
