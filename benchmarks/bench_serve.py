@@ -71,6 +71,7 @@ DEMO_IMAGES = ROOT / "data" / "demo"
 DEMO_MODEL = ROOT / "data" / "models" / "demo-clip"
 DEMO_QUERIES = DEMO_IMAGES / "queries.jsonl"
 KINDS = ("text", "vector", "image_id", "health")
+BLAS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 SERVING_LINE = re.compile(r"clipsearch: serving (http://([^/\s]+):(\d+)/)")
 # The goal of issue 17: the server's p50 at one client at most this far above in-process.
 OVERHEAD_GOAL_MS = 3.0
@@ -576,7 +577,15 @@ def main(argv: list[str] | None = None) -> int:
     machine = machine_facts()
     total_s = round(time.perf_counter() - t_start, 1)
     for row in rows:
-        row.update(date=time.strftime("%Y-%m-%d"), bench_peak_rss_mb=round(peak_rss_mb(), 1), total_seconds=total_s, machine=machine)
+        row.update(
+            date=time.strftime("%Y-%m-%d"),
+            bench_peak_rss_mb=round(peak_rss_mb(), 1),
+            total_seconds=total_s,
+            # The numpy text tower's BLAS threads busy-wait: their count changes text latency on
+            # few cores as much as OpenMP's wait policy does (both reach the server too).
+            blas_env={k: os.environ[k] for k in BLAS_ENV if k in os.environ},
+            machine=machine,
+        )
         print(json.dumps(row))
     print()
     _table(rows, args, machine)
