@@ -19,7 +19,8 @@ Query kinds, so that model time and server overhead can be told apart:
 
 The client is one asyncio loop speaking raw HTTP/1.1 over keep-alive connections, one per
 simulated client: each connection sends ``--warmup`` untimed requests, then all start together
-and each sends ``--requests`` timed requests, one after the other. A request's latency is from
+and each sends its share of ``--requests`` timed requests (the run's total, split evenly, rounded
+up), one after the other. A request's latency is from
 writing it to reading the last byte of its answer. Errors are non-200 answers and exceptions
 (resets, timeouts); any error makes the script exit 1. The CPU seconds of the client (this
 process) and of the server (``/proc/PID/stat``) over each run are divided by its requests.
@@ -33,7 +34,7 @@ overhead is the server's p50 at one client minus the in-process p50 (goal: <= 3 
 Prints one JSON line per (index, kind, clients), then a readable table.
 
     python benchmarks/bench_serve.py [--indexes demo,synthetic] [--kinds text,vector,image_id,health]
-        [--clients 1,8,32] [--requests 100] [--warmup 5] [--synthetic-n 100000]
+        [--clients 1,8,32] [--requests 400] [--warmup 5] [--synthetic-n 100000]
 """
 
 from __future__ import annotations
@@ -236,6 +237,11 @@ async def run_load(
     return result
 
 
+def per_client(total: int, clients: int) -> int:
+    """Each client's share of a run's ``total`` timed requests (rounded up: every client sends)."""
+    return -(-total // clients)
+
+
 # -- the server ---------------------------------------------------------------------------------
 
 
@@ -412,7 +418,12 @@ def build_synthetic(out: Path, n: int, index_type: str, seed: int) -> dict[str, 
     from retrieval.encoders import load_encoder
 
     encoder = load_encoder(str(DEMO_MODEL), device="cpu")
-    timings = build_synthetic_index(out, encoder, n, SyntheticSpec(seed=seed), commit_every=max(4096, n // 8), index_type=index_type)
+    from indexer.build import BuildConfig
+
+    # Parts of the indexer's default size: reading one stored vector (image_id) decodes its part's
+    # row group, so the part size is part of what an image_id query costs.
+    commit_every = BuildConfig().commit_every
+    timings = build_synthetic_index(out, encoder, n, SyntheticSpec(seed=seed), commit_every=commit_every, index_type=index_type)
     return {"seconds": timings["total"], "images": n}
 
 
@@ -454,8 +465,9 @@ def bench_index(name: str, index_dir: Path, args: argparse.Namespace, build: dic
             raw = [q.encode(host, args.token) for q in per_kind[kind]]
             problems += [f"{name} {kind}: {p}" for p in found]
             for clients in args.clients:
-                print(f"bench_serve: {name}: {kind}, {clients} clients x {args.requests} requests ...", file=sys.stderr)
-                load = asyncio.run(run_load(server.host, server.port, raw, clients, args.requests, args.warmup, args.timeout, server.pid))
+                each = per_client(args.requests, clients)
+                print(f"bench_serve: {name}: {kind}, {clients} clients x {each} requests ...", file=sys.stderr)
+                load = asyncio.run(run_load(server.host, server.port, raw, clients, each, args.warmup, args.timeout, server.pid))
                 rows.append(_row(name, index, kind, clients, args, load, base.get(kind), len(found), build))
                 if load.errors:
                     problems.append(f"{name} {kind} x{clients}: {load.errors} errors {dict(load.statuses)} {dict(load.exceptions)}")
@@ -493,7 +505,7 @@ def _row(
         "build": build,
         "kind": kind,
         "clients": clients,
-        "requests": clients * args.requests,
+        "requests": clients * per_client(args.requests, clients),
         "completed": done,
         "k": args.k,
         "wall_s": round(load.wall_s, 3),
@@ -537,7 +549,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--indexes", type=_csv(str, ("demo", "synthetic")), default=["demo", "synthetic"], help="default: demo,synthetic")
     parser.add_argument("--kinds", type=_csv(str, KINDS), default=list(KINDS), help=f"default: {','.join(KINDS)}")
     parser.add_argument("--clients", type=_csv(int), default=[1, 8, 32], help="concurrent connections, one run each (default: 1,8,32)")
-    parser.add_argument("--requests", type=_positive, default=100, help="timed requests per client per run (default: 100)")
+    parser.add_argument(
+        "--requests", type=_positive, default=400, help="timed requests per run, split evenly over its clients, rounded up (default: 400)"
+    )
     parser.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed requests per client first (default: 5)")
     parser.add_argument("--distinct", type=_positive, default=136, help="distinct queries per kind (default: 136, the demo's)")
     parser.add_argument("--baseline-repeat", type=_positive, default=3, help="in-process passes over the queries (default: 3)")
@@ -615,7 +629,8 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[s
         )
     sizes = ", ".join(sorted({f"{r['index']} {r['count']:,} x {r['dim']}-d {r['index_type']}" for r in rows}))
     print(
-        f"{args.requests} timed requests per client after {args.warmup} warm-up, k={args.k}, keep-alive HTTP/1.1 on 127.0.0.1,"
+        f"~{args.requests} timed requests per run (split over its clients) after {args.warmup} warm-up per client, k={args.k},"
+        " keep-alive HTTP/1.1 on 127.0.0.1,"
         f" {args.device} {args.precision}; {sizes}; errors = non-200 + exceptions + answers unlike in-process;"
         f" overhead = server p50 at 1 client - in-process p50 (goal <= {OVERHEAD_GOAL_MS:g} ms);"
         f" client and server share {machine['cores']} cores, {machine['cpu']}"
