@@ -26,10 +26,13 @@ writing it to reading the last byte of its answer. Errors are non-200 answers an
 process) and of the server (``/proc/PID/stat``) over each run are divided by its requests.
 
 Before the load, every distinct query is sent once and its answer compared with the same call
-in-process (ids in the same order, scores to 1e-5): ``mismatches`` (must be 0). The baseline of
-the same run: ``ImageIndex.search`` / ``search_vectors`` / ``search_similar`` in this process on
-the same index and queries, opened with the server's settings, while no server runs; the
-overhead is the server's p50 at one client minus the in-process p50 (goal: <= 3 ms).
+in-process (ids in the same order, scores to 1e-5): ``mismatches`` (must be 0). Then the
+baseline of the same run, paired: ``--baseline-repeat`` passes over the distinct queries, each
+query once in this process (``ImageIndex.search`` / ``search_vectors`` / ``search_similar`` on
+the same index, opened with the server's settings) and once over one connection, in turns
+(which goes first alternates), so that both sides see the same machine at the same moment on a
+shared host. The overhead is the server's p50 minus the in-process p50 of these pairs, at one
+client (goal: <= 3 ms); the 1-client load run that follows gives the server's p50 again.
 
 Prints one JSON line per (index, kind, clients), then a readable table.
 
@@ -347,20 +350,57 @@ def in_process(index: Any, query: Query, k: int) -> list[Any]:
     raise ValueError("no in-process call for this query")
 
 
-def baseline(index: Any, queries: Sequence[Query], k: int, repeat: int) -> dict[str, float]:
-    """In-process latency of the same queries (``repeat`` timed passes after an untimed one), and
-    this process's CPU time per query (``cpu_ms``: all threads, to compare with the server's)."""
-    for q in queries:
-        in_process(index, q, k)
-    times = []
-    cpu0 = _self_cpu_seconds()
-    for _ in range(repeat):
-        for q in queries:
-            t0 = time.perf_counter()
-            in_process(index, q, k)
-            times.append(time.perf_counter() - t0)
-    cpu_ms = 1000 * (_self_cpu_seconds() - cpu0) / len(times)
-    return {**latency_summary(times), "cpu_ms": round(cpu_ms, 3)}
+@dataclass
+class Paired:
+    """The baseline: the same queries in-process and over HTTP, in turns."""
+
+    local: list[float] = field(default_factory=list)
+    remote: list[float] = field(default_factory=list)
+    local_cpu_s: float = 0.0
+    failures: list[str] = field(default_factory=list)
+
+    def summary(self) -> dict[str, Any]:
+        local = latency_summary(self.local)
+        remote = latency_summary(self.remote)
+        return {
+            # this process's CPU time per in-process query (all threads), beside the server's
+            "in_process_ms": {**local, "cpu_ms": round(1000 * self.local_cpu_s / max(1, len(self.local)), 3)},
+            "paired_server_ms": remote,
+            "overhead_p50_ms": round(remote["p50"] - local["p50"], 3),
+        }
+
+
+async def paired(
+    host: str, port: int, queries: Sequence[Query], token: str | None, index: Any, k: int, repeat: int, timeout: float
+) -> Paired:
+    """``repeat`` passes over ``queries``: each in-process and over one connection, in turns."""
+    conn = Connection(host, port, timeout)
+    result = Paired()
+    try:
+        for r in range(repeat):
+            for j, q in enumerate(queries):
+                raw = q.encode(f"{host}:{port}", token)
+                for side in ("local", "remote") if (r + j) % 2 == 0 else ("remote", "local"):
+                    if side == "local":
+                        cpu0, t0 = _self_cpu_seconds(), time.perf_counter()
+                        in_process(index, q, k)  # blocks the loop on purpose: nothing else runs
+                        result.local.append(time.perf_counter() - t0)
+                        result.local_cpu_s += _self_cpu_seconds() - cpu0
+                        continue
+                    t0 = time.perf_counter()
+                    try:
+                        status, _ = await conn.request(raw)
+                    except Exception as exc:  # counted with the others
+                        result.failures.append(f"{type(exc).__name__}: {exc}")
+                        await conn.close()
+                        continue
+                    if status == 200:
+                        result.remote.append(time.perf_counter() - t0)
+                    else:
+                        result.failures.append(f"HTTP {status}")
+    finally:
+        await conn.close()
+    return result
 
 
 async def verify(host: str, port: int, queries: Sequence[Query], token: str | None, index: Any, k: int, timeout: float) -> list[str]:
@@ -445,12 +485,6 @@ def bench_index(name: str, index_dir: Path, args: argparse.Namespace, build: dic
         # Held-out draws from the index's clusters: in-distribution, not in the index.
         vectors = synthetic_queries(args.distinct, index.dim, SyntheticSpec(seed=args.seed))
     per_kind = {kind: build_queries(index, kind, args.distinct, args.k, vectors) for kind in kinds}
-    base: dict[str, dict[str, float]] = {}
-    for kind in kinds:
-        if kind != "health":
-            print(f"bench_serve: {name}: in-process {kind} ...", file=sys.stderr)
-            base[kind] = baseline(index, per_kind[kind], args.k, args.baseline_repeat)
-
     command = [*args.serve_command, str(index_dir), "--port", "0", "--device", args.device, "--precision", args.precision]
     if args.token:
         command += ["--token", args.token]
@@ -464,11 +498,19 @@ def bench_index(name: str, index_dir: Path, args: argparse.Namespace, build: dic
             found = asyncio.run(verify(server.host, server.port, per_kind[kind], args.token, index, args.k, args.timeout))
             raw = [q.encode(host, args.token) for q in per_kind[kind]]
             problems += [f"{name} {kind}: {p}" for p in found]
+            base = None
+            if kind != "health":
+                print(f"bench_serve: {name}: {kind}, in-process and over HTTP in turns ...", file=sys.stderr)
+                pair = asyncio.run(
+                    paired(server.host, server.port, per_kind[kind], args.token, index, args.k, args.baseline_repeat, args.timeout)
+                )
+                problems += [f"{name} {kind} baseline: {p}" for p in pair.failures[:5]]
+                base = pair.summary()
             for clients in args.clients:
                 each = per_client(args.requests, clients)
                 print(f"bench_serve: {name}: {kind}, {clients} clients x {each} requests ...", file=sys.stderr)
                 load = asyncio.run(run_load(server.host, server.port, raw, clients, each, args.warmup, args.timeout, server.pid))
-                rows.append(_row(name, index, kind, clients, args, load, base.get(kind), len(found), build))
+                rows.append(_row(name, index, kind, clients, args, load, base, len(found), build))
                 if load.errors:
                     problems.append(f"{name} {kind} x{clients}: {load.errors} errors {dict(load.statuses)} {dict(load.exceptions)}")
         server_rss = server.peak_rss_mb()
@@ -490,7 +532,7 @@ def _row(
     clients: int,
     args: argparse.Namespace,
     load: LoadResult,
-    base: dict[str, float] | None,
+    base: dict[str, Any] | None,
     mismatches: int,
     build: dict[str, Any],
 ) -> dict[str, Any]:
@@ -515,9 +557,11 @@ def _row(
         "statuses": {str(s): n for s, n in sorted(load.statuses.items())},
         "exceptions": dict(load.exceptions),
         "mismatches": mismatches,
-        "in_process_ms": base,
-        # The overhead is defined at one client (no queueing); at more clients it is queueing too.
-        "overhead_p50_ms": round(lat["p50"] - base["p50"], 3) if base is not None else None,
+        # The baseline pairs (one client, in turns with in-process calls): the same on every
+        # row of this kind; the overhead is defined at one client, without queueing.
+        "in_process_ms": base and base["in_process_ms"],
+        "paired_server_ms": base and base["paired_server_ms"],
+        "overhead_p50_ms": base and base["overhead_p50_ms"],
         "client_cpu_ms_per_request": round(1000 * load.client_cpu_s / done, 3) if done else None,
         "server_cpu_ms_per_request": round(1000 * load.server_cpu_s / done, 3) if done else None,
     }
@@ -554,7 +598,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--warmup", type=int_at_least(0), default=5, help="untimed requests per client first (default: 5)")
     parser.add_argument("--distinct", type=_positive, default=136, help="distinct queries per kind (default: 136, the demo's)")
-    parser.add_argument("--baseline-repeat", type=_positive, default=3, help="in-process passes over the queries (default: 3)")
+    parser.add_argument(
+        "--baseline-repeat", type=_positive, default=3, help="passes over the queries in-process and over HTTP in turns (default: 3)"
+    )
     parser.add_argument("--k", type=_positive, default=10, help="results per query (default: 10)")
     parser.add_argument("--synthetic-n", type=_positive, default=100_000, help="vectors in the synthetic index (default: 100000)")
     parser.add_argument("--synthetic-type", default="flat", help="its index type (default: flat)")
@@ -611,7 +657,8 @@ def main(argv: list[str] | None = None) -> int:
 def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[str, Any]) -> None:
     head = (
         f"{'index':<10} {'kind':<9} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
-        f" {'in-proc p50':>11} {'overhead p50':>12} {'client CPU ms/req':>17} {'server CPU ms/req':>17} {'in-proc CPU ms':>14}"
+        f" {'in-proc p50':>11} {'paired p50':>10} {'overhead p50':>12}"
+        f" {'client CPU ms/req':>17} {'server CPU ms/req':>17} {'in-proc CPU ms':>14}"
     )
     print(head)
     print("-" * len(head))
@@ -620,19 +667,24 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[s
         return "" if value is None else f"{value:.{digits}f}"
 
     for r in rows:
-        base = r["in_process_ms"]
+        # The baseline figures belong to the kind; printed once, on its 1-client row.
+        first = r["clients"] == min(args.clients) and r["in_process_ms"] is not None
+        local = r["in_process_ms"] if first else None
+        remote = r["paired_server_ms"] if first else None
         print(
             f"{r['index']:<10} {r['kind']:<9} {r['clients']:>7} {num(r['requests_per_s'], 1):>8} {num(r['latency_ms']['p50']):>8}"
-            f" {num(r['latency_ms']['p99']):>8} {r['errors'] + r['mismatches']:>6} {num(base and base['p50']):>11}"
-            f" {num(r['overhead_p50_ms'] if r['clients'] == 1 else None):>12}"
-            f" {num(r['client_cpu_ms_per_request']):>17} {num(r['server_cpu_ms_per_request']):>17} {num(base and base['cpu_ms']):>14}"
+            f" {num(r['latency_ms']['p99']):>8} {r['errors'] + r['mismatches']:>6} {num(local and local['p50']):>11}"
+            f" {num(remote and remote['p50']):>10} {num(r['overhead_p50_ms'] if first else None):>12}"
+            f" {num(r['client_cpu_ms_per_request']):>17} {num(r['server_cpu_ms_per_request']):>17}"
+            f" {num(local and local['cpu_ms']):>14}"
         )
     sizes = ", ".join(sorted({f"{r['index']} {r['count']:,} x {r['dim']}-d {r['index_type']}" for r in rows}))
     print(
         f"~{args.requests} timed requests per run (split over its clients) after {args.warmup} warm-up per client, k={args.k},"
-        " keep-alive HTTP/1.1 on 127.0.0.1,"
-        f" {args.device} {args.precision}; {sizes}; errors = non-200 + exceptions + answers unlike in-process;"
-        f" overhead = server p50 at 1 client - in-process p50 (goal <= {OVERHEAD_GOAL_MS:g} ms);"
+        f" keep-alive HTTP/1.1 on 127.0.0.1, {args.device} {args.precision}; {sizes};"
+        " errors = non-200 + exceptions + answers unlike in-process;"
+        f" in-proc / paired p50 = {args.baseline_repeat} passes over the distinct queries, in-process and over HTTP in turns,"
+        f" overhead = their difference (goal <= {OVERHEAD_GOAL_MS:g} ms);"
         f" client and server share {machine['cores']} cores, {machine['cpu']}"
     )
 

@@ -258,8 +258,10 @@ def test_bench_serve_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
         if r["kind"] == "health":
             assert r["in_process_ms"] is None and r["overhead_p50_ms"] is None
         else:
-            assert r["in_process_ms"]["p50"] > 0
-            assert r["overhead_p50_ms"] == pytest.approx(r["latency_ms"]["p50"] - r["in_process_ms"]["p50"], abs=2e-3)
+            assert r["in_process_ms"]["p50"] > 0 and r["in_process_ms"]["cpu_ms"] > 0
+            # The baseline pairs: 6 distinct queries, one pass, each in-process and over HTTP.
+            assert r["paired_server_ms"]["p50"] > 0
+            assert r["overhead_p50_ms"] == pytest.approx(r["paired_server_ms"]["p50"] - r["in_process_ms"]["p50"], abs=2e-3)
         assert r["machine"]["cores"] and r["machine"]["cpu"]
     assert "overhead p50" in out and "client CPU ms/req" in out
     assert list(tmp_path.iterdir()) == []  # the temp work dir is removed
