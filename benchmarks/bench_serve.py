@@ -20,9 +20,9 @@ Query kinds, so that model time and server overhead can be told apart:
 The client is one asyncio loop speaking raw HTTP/1.1 over keep-alive connections, one per
 simulated client: each connection sends ``--warmup`` untimed requests, then all start together
 and each sends its share of ``--requests`` timed requests (the run's total, split evenly, rounded
-up), one after the other. A request's latency is from
-writing it to reading the last byte of its answer. Errors are non-200 answers and exceptions
-(resets, timeouts); any error makes the script exit 1. The CPU seconds of the client (this
+up), one after the other. A request's latency is from writing it to reading the last byte of its
+answer. Errors are non-200 answers and exceptions (resets, timeouts); any error, and a server
+that does not exit 0 on SIGTERM, makes the script exit 1. The CPU seconds of the client (this
 process) and of the server (``/proc/PID/stat``) over each run are divided by its requests.
 
 Before the load, every distinct query is sent once and its answer compared with the same call

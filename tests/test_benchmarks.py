@@ -311,3 +311,39 @@ def test_bench_serve_reports_a_server_that_does_not_start() -> None:
     code = "import sys; print('clipsearch: error: no index here', file=sys.stderr); sys.exit(1)"
     with pytest.raises(RuntimeError, match=r"exit code 1\).*no index here"):
         bench_serve.Server([sys.executable, "-c", code], start_timeout=30)
+
+
+def test_bench_serve_verification_reports_answers_unlike_in_process() -> None:
+    import asyncio
+
+    from retrieval.index import Hit
+
+    answers = [
+        b'{"results": [{"id": 2, "score": 0.5}, {"id": 1, "score": 0.25}]}',  # as in-process
+        b'{"results": [{"id": 1, "score": 0.25}, {"id": 2, "score": 0.5}]}',  # another order
+        b'{"results": [{"id": 2, "score": 0.5}, {"id": 1, "score": 0.2}]}',  # another score
+        b'{"error": "no"}',
+    ]
+
+    class Index:
+        def search(self, text: str, k: int) -> list[Hit]:
+            return [Hit(2, "b.png", 0.5), Hit(1, "a.png", 0.25)]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for i, body in enumerate(answers):
+            await reader.readuntil(b"\r\n\r\n")
+            status = b"200 OK" if i < 3 else b"404 Not Found"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+        writer.close()
+
+    async def scenario() -> list[str]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        queries = [bench_serve.Query("GET", f"/api/search?q={i}", text=f"q{i}") for i in range(4)]
+        async with server:
+            return await bench_serve.verify("127.0.0.1", port, queries, None, Index(), 2, 5.0)
+
+    problems = asyncio.run(scenario())
+    assert [p.split(":")[0] for p in problems] == ["q1", "q2", "q3"]
+    assert "HTTP 404" in problems[2]
