@@ -127,7 +127,7 @@ def synthetic_queries(q: int, dim: int, spec: SyntheticSpec) -> Any:
 
 
 def build_synthetic_index(
-    out: Path, encoder: Any, n: int, spec: SyntheticSpec, commit_every: int, index_type: str = "flat"
+    out: Path, encoder: Any, n: int, spec: SyntheticSpec, commit_every: int, index_type: str = "flat", chunks: Any = None
 ) -> dict[str, float | int]:
     """Write a complete clipsearch index of ``n`` synthetic vectors to ``out`` (a new directory).
 
@@ -135,6 +135,9 @@ def build_synthetic_index(
     lock: Parquet parts, a generation published every ``commit_every`` rows, then the FAISS
     index and the final manifest), so the directory is laid out exactly as ``build_index``
     leaves a collection of ``n`` photos; only decoding and embedding are replaced.
+
+    ``chunks`` replaces the drawn vectors with the caller's (an iterable of ``(rows, dim)``
+    float32 arrays, ``n`` rows in all), e.g. with planted near-duplicates.
 
     Returns:
         Timings in seconds: ``generate`` (drawing vectors), ``write`` (rows and intermediate
@@ -164,7 +167,9 @@ def build_synthetic_index(
     with IndexLock(out):
         writer = GenerationWriter(out, meta, None)
         t0 = time.perf_counter()
-        for chunk in synthetic_chunks(n, encoder.dim, spec, rows_per_chunk=min(CHUNK_ROWS, commit_every)):
+        if chunks is None:
+            chunks = synthetic_chunks(n, encoder.dim, spec, rows_per_chunk=min(CHUNK_ROWS, commit_every))
+        for chunk in chunks:
             t1 = time.perf_counter()
             gen_s += t1 - t0
             rows = len(chunk)

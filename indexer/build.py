@@ -239,6 +239,21 @@ def _check_model(base: Manifest, enc: Encoder, fingerprint: str, out: Path) -> N
     )
 
 
+def _apply_image_size(cfg: BuildConfig, enc: Encoder, previous: Manifest | None, out: Path) -> None:
+    """Embed at ``cfg.image_size``, else at the size the index was embedded at; an update
+    must not mix two sizes in one index."""
+    recorded = previous.model_info.get("embed_image_size") if previous is not None else None
+    size = cfg.image_size if cfg.image_size is not None else recorded
+    if previous is not None and cfg.image_size is not None:
+        embedded_at = recorded if recorded is not None else previous.model_info.get("image_size")
+        if embedded_at is not None and int(embedded_at) != cfg.image_size:
+            raise InvalidArgumentError(
+                f"{out} was embedded at {embedded_at} px; pass --rebuild to re-embed everything at {cfg.image_size} px"
+            )
+    if size is not None:
+        enc.set_image_size(int(size))
+
+
 def _hash_or_none(root: bytes, rel: bytes) -> str | None:
     try:
         with open(os.path.join(root, rel), "rb") as fh:
@@ -268,6 +283,7 @@ def _run(
         # A missing or truncated file of the index fails here, naming it and the repair,
         # rather than somewhere in the update.
         store.check_files(out, previous)
+    _apply_image_size(cfg, enc, previous, out)
     options = _index_options(cfg, previous)
     # A factory string FAISS rejects fails here, before any image is embedded.
     ann.check_options(options, enc.dim, max(len(found.files), previous.count if previous is not None else 0))

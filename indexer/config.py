@@ -77,6 +77,10 @@ class BuildConfig:
         precision: image tower mode, ``fp32``, ``bf16``, ``fp16``, ``int8`` or ``auto``; None:
             ``DEFAULT_PRECISION`` for a model loaded by the build, a given encoder's own mode.
         threads: torch intra-op threads while embedding; None picks from the core count.
+        image_size: embed images at this many pixels (Hugging Face ViT CLIP: position embeddings
+            interpolated, e.g. 336 for a model trained at 224); None keeps what the index recorded
+            (the model's own size for a new index). Another size than the recorded one needs
+            ``rebuild``.
         index_type, max_memory, target_recall: the FAISS index choice (see
             :class:`retrieval.index_types.IndexOptions`); None keeps what the index recorded
             (or the defaults for a new index).
@@ -97,6 +101,7 @@ class BuildConfig:
     index_type: str | None = None
     max_memory: int | None = None
     target_recall: float | None = None
+    image_size: int | None = None
 
     def __post_init__(self) -> None:
         # Checked up front: a bad --index-type must fail before hours of embedding.
@@ -117,6 +122,8 @@ class BuildConfig:
             raise InvalidArgumentError(f"max_pixels must be >= 1, got {self.max_pixels}")
         if not is_positive_int(self.commit_every):
             raise InvalidArgumentError(f"commit_every must be an integer >= 1, got {self.commit_every!r}")
+        if self.image_size is not None and not is_positive_int(self.image_size):
+            raise InvalidArgumentError(f"image size must be an integer >= 1, got {self.image_size!r}")
         if self.commit_seconds <= 0:
             raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")
 

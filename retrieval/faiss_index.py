@@ -262,6 +262,48 @@ def search(
     return scores, ids
 
 
+def range_search(index: Any, queries: np.ndarray, min_score: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Every stored vector scoring at least ``min_score`` with each query: ``(lims, scores,
+    ids)`` in FAISS's layout (query ``i``'s results are ``[lims[i]:lims[i+1]]``, unordered).
+
+    Exact for flat indexes; approximate ones (IVF at the tuned nprobe, HNSW, compressed codes)
+    may miss vectors and return approximate scores.
+    """
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    # FAISS keeps inner products strictly above the radius: step just below min_score.
+    radius = float(np.nextafter(np.float32(min_score), np.float32(-np.inf)))
+    step = _hnsw_range_chunk(index)
+    if step is None or len(queries) <= step:
+        lims, scores, ids = index.range_search(queries, radius)
+    else:
+        parts = [index.range_search(queries[i : i + step], radius) for i in range(0, len(queries), step)]
+        counts = np.concatenate([np.diff(p[0]) for p in parts])
+        lims = np.concatenate([[0], np.cumsum(counts)]).astype(parts[0][0].dtype)
+        scores = np.concatenate([p[1] for p in parts])
+        ids = np.concatenate([p[2] for p in parts])
+    keep = scores >= min_score
+    if keep.all():
+        return lims, scores, ids
+    owner = np.repeat(np.arange(len(queries)), np.diff(lims))[keep]
+    return np.searchsorted(owner, np.arange(len(queries) + 1)).astype(lims.dtype), scores[keep], ids[keep]
+
+
+def _hnsw_range_chunk(index: Any) -> int | None:
+    """Queries per ``range_search`` call that an HNSW index answers in one block, else None.
+
+    FAISS's HNSW search walks the queries in blocks of ``InterruptCallback.get_period_hint(
+    max_level * d * efSearch)`` (1e8 / flops while Python's interrupt callback is installed),
+    and its range-search result handler allocates the result once per block: a second block
+    aborts the process ("labels == nullptr && distances == nullptr failed", faiss 1.15). One
+    block per call avoids it.
+    """
+    hnsw = _hnsw_of(index)
+    if hnsw is None:
+        return None
+    flops = max(1, int(hnsw.hnsw.max_level)) * int(index.d) * max(1, int(hnsw.hnsw.efSearch))
+    return max(1, 10**8 // (flops + 1) // 2)
+
+
 def _is_pretransform(index: Any) -> bool:
     import faiss
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import bisect
+import io
 import os
 import threading
 from collections import OrderedDict
@@ -252,6 +253,9 @@ class ImageIndex:
             if self._encoder is None:
                 encoder = self._encoder_factory(self._model or self.manifest.model, self._device)
                 self._match_image_precision(encoder)
+                size = self.manifest.model_info.get("embed_image_size")
+                if size is not None:
+                    encoder.set_image_size(int(size))  # image queries at the index's size
                 self._encoder = encoder
             if not self._encoder_checked:
                 self._check_encoder(self._encoder)
@@ -385,7 +389,8 @@ class ImageIndex:
         """Query arithmetic: search with ``normalise(sum(w * e(add)) - sum(w * e(subtract)))``.
 
         Each term is a text (``str``), an image file (a path object) or a
-        :class:`~retrieval.query_terms.QueryTerm` with its own weight; every term's embedding
+        :class:`~retrieval.query_terms.QueryTerm` with its own weight (``QueryTerm(3, "id")``:
+        image 3 of the index, by its stored vector); every term's embedding
         is L2-normalised before weighting. ``index.search_combined(["a dog", "in the snow"],
         subtract=["grass"])``.
 
@@ -397,7 +402,15 @@ class ImageIndex:
         if isinstance(add, (str, os.PathLike)) or isinstance(subtract, (str, os.PathLike)):
             raise InvalidArgumentError("add and subtract take lists of terms, not a single term")
         terms = [as_term(t) for t in add] + [as_term(t).negated() for t in subtract]
-        vector = embed_terms(terms, lambda texts: self.text_encoder.embed_texts(texts), self._embed_image)
+        for t in terms:
+            if t.kind == "id":
+                _check_id(t.value, self.count)
+        vector = embed_terms(
+            terms,
+            lambda texts: self.text_encoder.embed_texts(texts),
+            lambda image: self._embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
+            self.vectors_of,
+        )
         return self.search_vectors(vector[None], k, where=where)[0]
 
     def search_similar(self, id: int, k: int = 10, where: Filter | None = None) -> list[Hit]:
@@ -461,6 +474,34 @@ class ImageIndex:
         if where is None or not where.active:
             return faiss_index.search(self._faiss, vectors, k)
         return faiss_index.search(self._faiss, vectors, k, allowed=self.mask(where))
+
+    @property
+    def exact_scores(self) -> bool:
+        """True when FAISS scores are exact inner products of the stored vectors (flat storage,
+        searched exhaustively): range searches then miss nothing."""
+        stored = faiss_index.stored_vectors(self._faiss, np.empty(0, np.int64))
+        return faiss_index.kind_of(self._faiss) == "flat" and stored is not None and stored[1]
+
+    def search_range(
+        self, vectors: np.ndarray, min_score: float, where: Filter | None = None
+    ) -> list[tuple[np.ndarray, np.ndarray]]:
+        """Every image scoring at least ``min_score`` with each query vector ``(n, dim)``: per
+        query ``(ids, scores)`` by descending score (ties by id). Exact for flat indexes; an
+        approximate index may miss images (see :func:`retrieval.faiss_index.range_search`).
+        """
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.dim:
+            raise InvalidArgumentError(f"query vectors must have shape (n, {self.dim}), got {vectors.shape}")
+        lims, scores, ids = faiss_index.range_search(self._faiss, vectors, min_score)
+        allowed = self.mask(where) if where is not None and where.active else None
+        out = []
+        for q in range(len(vectors)):
+            s, i = scores[lims[q] : lims[q + 1]], ids[lims[q] : lims[q + 1]]
+            if allowed is not None:
+                s, i = s[allowed[i]], i[allowed[i]]
+            order = np.lexsort((i, -s))
+            out.append((i[order].astype(np.int64), s[order]))
+        return out
 
     def mask(self, where: Filter) -> np.ndarray:
         """Boolean mask over ids of the images passing ``where`` (recent masks are cached)."""
@@ -579,7 +620,13 @@ class ImageIndex:
         }
 
 
-def _check_id(id: int, count: int) -> int:
+def _named_bytes(data: bytes) -> io.BytesIO:
+    buf = io.BytesIO(data)
+    buf.name = "the query image"  # how a decoding error names it (instead of '<stream>')
+    return buf
+
+
+def _check_id(id: object, count: int) -> int:
     if not isinstance(id, (int, np.integer)) or isinstance(id, bool) or not 0 <= int(id) < count:
         ids = f"ids are 0..{count - 1}" if count else "the index is empty"
         raise InvalidArgumentError(f"no image with id {id!r} ({ids})")

@@ -21,7 +21,9 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 
-TermKind = Literal["text", "image"]
+# text: embedded by the text tower; image: an image file, embedded by the image tower;
+# id: an image of the index, by its stored vector (nothing is decoded).
+TermKind = Literal["text", "image", "id"]
 
 # "2:a dog", "0.5:./beach.jpg", "-1:grass": a number, a colon, then the term.
 _WEIGHTED = re.compile(r"^\s*([+-]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][+-]?\d+)?)\s*:(.*)$", re.DOTALL)
@@ -33,16 +35,23 @@ _MIN_NORM = 1e-6
 
 @dataclass(frozen=True)
 class QueryTerm:
-    """One term of a combined query: a text, or an image file, with a weight (negative subtracts)."""
+    """One term of a combined query: a text, an image (a file path, or the file's bytes) or an
+    indexed image's id, with a weight (negative subtracts)."""
 
-    value: str
+    value: str | int | bytes
     kind: TermKind = "text"
     weight: float = 1.0
 
     def __post_init__(self) -> None:
-        if self.kind not in ("text", "image"):
-            raise InvalidArgumentError(f"a query term is a text or an image, not {self.kind!r}")
-        if not isinstance(self.value, str) or not self.value.strip():
+        if self.kind not in ("text", "image", "id"):
+            raise InvalidArgumentError(f"a query term is a text, an image or an image id, not {self.kind!r}")
+        if self.kind == "id":
+            if isinstance(self.value, bool) or not isinstance(self.value, int) or self.value < 0:
+                raise InvalidArgumentError(f"an image id term must be an integer >= 0, got {self.value!r}")
+        elif self.kind == "image" and isinstance(self.value, bytes):
+            if not self.value:
+                raise InvalidArgumentError("an image term's file is empty")
+        elif not isinstance(self.value, str) or not self.value.strip():
             raise InvalidArgumentError("a query term is empty")
         if isinstance(self.weight, bool) or not isinstance(self.weight, (int, float)) or not math.isfinite(self.weight):
             raise InvalidArgumentError(f"a query term's weight must be a finite number, got {self.weight!r}")
@@ -53,12 +62,12 @@ class QueryTerm:
         return replace(self, weight=-self.weight)
 
 
-def parse_term(spec: str, *, weights: bool = True) -> QueryTerm:
+def parse_term(spec: str, *, weights: bool = True, files: bool = True) -> QueryTerm:
     """A term as the command line writes it.
 
-    ``N:`` before the term is its weight (when ``weights``). A term starting with ``./``,
-    ``../``, ``/``, ``~/`` or ``file://`` names an image file, which must exist; anything
-    else is text.
+    ``N:`` before the term is its weight (when ``weights``). With ``files``, a term starting
+    with ``./``, ``../``, ``/``, ``~/`` or ``file://`` names an image file, which must exist;
+    anything else is text (a server parses with ``files=False``: no request names a file).
 
     Raises:
         InvalidArgumentError: an empty term, a zero weight, or a named file that does not exist.
@@ -70,7 +79,7 @@ def parse_term(spec: str, *, weights: bool = True) -> QueryTerm:
         weight, body = float(match.group(1)), match.group(2).strip()
     if not body.strip():
         raise InvalidArgumentError(f"the query term {spec!r} is empty")
-    if body.startswith(_FILE_PREFIXES):
+    if files and body.startswith(_FILE_PREFIXES):
         path = unquote(urlparse(body).path) if body.startswith("file://") else os.path.expanduser(body)
         if not Path(path).is_file():
             raise InvalidArgumentError(f"the query image {body!r} is not a file")
@@ -108,9 +117,11 @@ def combine(vectors: np.ndarray, weights: Sequence[float]) -> np.ndarray:
 def embed_terms(
     terms: Sequence[QueryTerm],
     embed_texts: Callable[[list[str]], np.ndarray],
-    embed_image: Callable[[str], np.ndarray],
+    embed_image: Callable[[str | bytes], np.ndarray],
+    stored_vectors: Callable[[list[int]], np.ndarray] | None = None,
 ) -> np.ndarray:
-    """The combined query vector ``(dim,)`` of ``terms``: texts embedded in one batch, images one by one.
+    """The combined query vector ``(dim,)`` of ``terms``: texts embedded in one batch, image
+    files one by one, image ids by their stored vectors (``stored_vectors``).
 
     Raises:
         InvalidArgumentError: no terms, or terms that cancel out.
@@ -118,9 +129,20 @@ def embed_terms(
     """
     if not terms:
         raise InvalidArgumentError("a combined query needs at least one term")
-    texts = [t.value for t in terms if t.kind == "text"]
+    texts = [str(t.value) for t in terms if t.kind == "text"]
     text_vectors = iter(embed_texts(texts)) if texts else iter(())
-    rows = [next(text_vectors) if t.kind == "text" else embed_image(t.value).reshape(-1) for t in terms]
+    ids = [int(t.value) for t in terms if t.kind == "id"]
+    if ids and stored_vectors is None:
+        raise InvalidArgumentError("image id terms need an index")
+    id_vectors = iter(stored_vectors(ids)) if ids and stored_vectors is not None else iter(())
+    rows = []
+    for t in terms:
+        if t.kind == "text":
+            rows.append(next(text_vectors))
+        elif t.kind == "id":
+            rows.append(next(id_vectors))
+        else:
+            rows.append(embed_image(t.value if isinstance(t.value, bytes) else str(t.value)).reshape(-1))
     return combine(np.stack(rows), [t.weight for t in terms])
 
 

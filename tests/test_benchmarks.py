@@ -14,6 +14,7 @@ BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
 
 import bench_cli  # noqa: E402
+import bench_duplicates  # noqa: E402
 import bench_index  # noqa: E402
 import bench_int8  # noqa: E402
 import bench_query  # noqa: E402
@@ -347,3 +348,14 @@ def test_bench_serve_verification_reports_answers_unlike_in_process() -> None:
     problems = asyncio.run(scenario())
     assert [p.split(":")[0] for p in problems] == ["q1", "q2", "q3"]
     assert "HTTP 404" in problems[2]
+
+
+def test_bench_duplicates_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    code = bench_duplicates.main(["--sizes", "3000", "--types", "flat,ivf-sq8", "--dim", "32", "--fraction", "0.02",
+                                  "--work-dir", str(tmp_path)])
+    assert code == 0
+    result = _json_line(capsys.readouterr().out)
+    flat, ivf = result["sizes"][0]["types"]
+    assert flat["exact"] and flat["planted_pairs"] == 60 and flat["recall"] == 1.0 and flat["unplanted_in_groups"] == 0
+    assert not ivf["exact"] and "SQ8" in ivf["factory"] and 0.5 <= ivf["recall"] <= 1.0
+    assert list(tmp_path.iterdir()) == []

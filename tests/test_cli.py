@@ -238,11 +238,25 @@ def test_python_m_clipsearch_is_the_console_script(args: list[str]) -> None:
 
 
 def test_every_command_is_listed_in_help_order() -> None:
-    from clipsearch.cli import COMMANDS, evaluate, finetune, index, info, reindex, search, verify
+    from clipsearch.cli import (
+        COMMANDS,
+        classify,
+        duplicates,
+        eval_zeroshot,
+        evaluate,
+        finetune,
+        index,
+        info,
+        reindex,
+        search,
+        serve,
+        verify,
+    )
 
     proc = run_cli(["no-such-command"])
-    assert "(choose from 'index', 'reindex', 'finetune', 'search', 'info', 'verify', 'eval')" in proc.stderr
-    assert COMMANDS == (index, reindex, finetune, search, info, verify, evaluate)
+    listed = "'index', 'reindex', 'finetune', 'search', 'classify', 'duplicates', 'info', 'verify', 'eval', 'eval-zeroshot', 'serve'"
+    assert f"(choose from {listed})" in proc.stderr
+    assert COMMANDS == (index, reindex, finetune, search, classify, duplicates, info, verify, evaluate, eval_zeroshot, serve)
 
 
 @pytest.mark.parametrize("package", ["retrieval", "indexer"])

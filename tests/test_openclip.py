@@ -7,6 +7,7 @@ custom model config and saved with ``torch.save(model.state_dict(), path)``.
 
 from __future__ import annotations
 
+import io
 import json
 import shutil
 import time
@@ -502,3 +503,51 @@ def test_int8_open_clip_is_close_to_fp32_and_batch_invariant(tiny_spec: str, enc
         h = torch.randn(2, 5, 64)
         _, weights = block.attn(h, h, h, need_weights=True)
         assert weights is not None and weights.shape == (2, 5, 5)
+
+
+# ====================================================================== zero-shot
+
+
+def test_zero_shot_classifier_equals_open_clips(encoder: OpenClipEncoder, reference) -> None:
+    from open_clip.zero_shot_metadata import SIMPLE_IMAGENET_TEMPLATES
+
+    from retrieval.zeroshot import SIMPLE_TEMPLATES, ZeroShotClassifier
+
+    model, preprocess, tokenizer = reference
+    labels = ["dog", "cat", "red car"]
+    ours = ZeroShotClassifier.build(encoder, labels, SIMPLE_TEMPLATES)
+    with torch.no_grad():
+        theirs = open_clip.build_zero_shot_classifier(model, tokenizer, labels, SIMPLE_IMAGENET_TEMPLATES, device="cpu")
+        image = preprocess(photo_like(80, 64, seed=5)).unsqueeze(0)
+        feats = model.encode_image(image, normalize=True)
+        probs = (model.logit_scale.exp() * feats @ theirs).softmax(dim=-1)[0].numpy()
+    assert np.allclose(ours.weights, theirs.T.numpy(), atol=1e-5)
+    assert ours.bias is None and ours.scale == pytest.approx(float(model.logit_scale.detach().exp()), rel=1e-6)
+    pixels = load_pixels(_png(photo_like(80, 64, seed=5)), encoder.preprocess)[0][None]
+    assert np.allclose(ours.scores(encoder.embed_pixels(pixels))[0], probs, atol=1e-4)
+
+
+def test_siglip_like_scores_are_sigmoids_with_the_logit_bias(siglip_dir: Path) -> None:
+    from retrieval.zeroshot import ZeroShotClassifier
+
+    enc = load_encoder(f"open_clip:local-dir:{siglip_dir}", device="cpu")
+    model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{siglip_dir}")
+    scale, bias = enc.logit_params()
+    assert bias == pytest.approx(float(model.logit_bias.detach())) and scale == pytest.approx(float(model.logit_scale.detach().exp()))
+    clf = ZeroShotClassifier.build(enc, ["a", "b"], ["{}"])
+    image = np.eye(48, dtype=np.float32)[:1]
+    expected = 1 / (1 + np.exp(-(scale * image.astype(np.float64) @ clf.weights.T.astype(np.float64) + bias)))
+    assert clf.multi_label and np.allclose(clf.scores(image), expected, atol=1e-6)
+
+
+def _png(img: Image.Image) -> io.BytesIO:
+    buf = io.BytesIO()
+    img.save(buf, format="PNG")
+    buf.seek(0)
+    return buf
+
+
+def test_image_size_is_refused_for_open_clip_models(encoder: OpenClipEncoder) -> None:
+    encoder.set_image_size(64)  # its own size: nothing to do
+    with pytest.raises(InvalidArgumentError, match="needs a Hugging Face CLIP checkpoint"):
+        encoder.set_image_size(96)

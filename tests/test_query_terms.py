@@ -147,3 +147,18 @@ def test_cli_add_and_subtract(built_index: Path, reference_text, tmp_path: Path)
         bad = run_cli(["search", built_index, *args], cwd=tmp_path)
         assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and message in bad.stderr, bad.stderr
         assert "Traceback" not in bad.stderr
+
+
+def test_image_id_terms_use_the_stored_vectors_and_servers_parse_no_files(built_index: Path, reference_text) -> None:
+    index = ImageIndex.open(built_index, device="cpu")
+    stored = index.embeddings()
+    hits = index.search_combined([QueryTerm(4, "id"), QueryTerm("a dog", weight=0.5)], subtract=[QueryTerm(1, "id", 0.25)], k=5)
+    ids, scores = _expected(index, [(1.0, stored[4]), (0.5, reference_text("a dog")), (-0.25, stored[1])], 5)
+    assert [h.id for h in hits] == ids and np.allclose([h.score for h in hits], scores, atol=1e-5)
+    for bad in (-1, "4", True):
+        with pytest.raises(InvalidArgumentError, match="image id term"):
+            QueryTerm(bad, "id")  # type: ignore[arg-type]
+    with pytest.raises(InvalidArgumentError, match="no image with id"):
+        index.search_combined([QueryTerm(index.count, "id")])
+    assert parse_term("0.5:./beach.jpg", files=False) == QueryTerm("./beach.jpg", "text", 0.5)
+    assert parse_term("/etc/passwd", files=False).kind == "text"

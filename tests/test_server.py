@@ -205,6 +205,48 @@ def test_search_by_image_id_vector_and_upload(
     assert {r["path"] for r in filtered} == {"exif/rotated_3.jpg", "exif/rotated_6.jpg"}
 
 
+def test_query_arithmetic_equals_cli(
+    client: TestClient, built_index: Path, collection: Collection, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from retrieval.index import ImageIndex
+    from retrieval.query_terms import QueryTerm
+
+    cli = _cli_search(capsys, str(built_index), "2:a dog", "--add", "in the snow", "--subtract", "0.5:grass", "-k", "6")
+    got = client.get("/api/search", params={"q": "2:a dog", "add": ["in the snow"], "subtract": ["0.5:grass"], "k": 6})
+    assert got.status_code == 200, got.text
+    _same_ranking(got.json()["results"], cli)
+    posted = client.post("/api/search", json={"text": "2:a dog", "add": ["in the snow"], "subtract": ["0.5:grass"], "k": 6})
+    _same_ranking(posted.json()["results"], cli)
+    # An image of the index as a term (by id), and an uploaded image as the first term.
+    index = ImageIndex.open(built_index, device="cpu")
+    target = _ids_by_path(built_index)["photos/a.jpg"]
+    body = {"image_id": target, "add": [{"text": "at night", "weight": 0.5}], "subtract": [{"image_id": 0, "weight": 0.3}], "k": 5}
+    expected = index.search_combined([QueryTerm(target, "id"), QueryTerm("at night", weight=0.5)], subtract=[QueryTerm(0, "id", 0.3)], k=5)
+    _same_ranking(client.post("/api/search", json=body).json()["results"], [h.to_dict() for h in expected])
+    photo = collection.root / "formats" / "rgba.png"
+    cli = _cli_search(capsys, str(built_index), "--image", str(photo), "--subtract", "grass", "-k", "4")
+    files = {"image": ("q.png", photo.read_bytes(), "image/png")}
+    uploaded = client.post("/api/search", files=files, data={"k": "4", "subtract": ["grass"]})
+    assert uploaded.status_code == 200, uploaded.text
+    _same_ranking(uploaded.json()["results"], cli)
+    # No term names a file on the server: a path is read as text.
+    as_text = client.get("/api/search", params={"q": "x", "add": ["/etc/passwd"], "k": 3}).json()["results"]
+    _same_ranking(as_text, [h.to_dict() for h in index.search_combined(["x", "/etc/passwd"], k=3)])
+    for params, words in [
+        ({"q": "a", "subtract": ["a"]}, "cancel out"),
+        ({"q": "a", "add": ["0:b"]}, "weight 0"),
+        ({"q": "a", "add": ["b"] * 17}, "at most 16"),
+    ]:
+        assert words in _error(client.get("/api/search", params=params), 400)
+    for body, status, words in [
+        ({"vector": [0.1] * 48, "add": ["b"]}, 400, "not with a vector"),
+        ({"text": "a", "add": [{"text": "b", "image_id": 1}]}, 400, "exactly one of text and image_id"),
+        ({"text": "a", "add": [{"image_id": 10**6}]}, 404, "no image"),
+        ({"text": "a", "add": [{"text": "b", "colour": 1}]}, 422, "add.0"),
+    ]:
+        assert words in _error(client.post("/api/search", json=body), status)
+
+
 def test_several_indexes(client: TestClient, live_index: tuple[Path, Path]) -> None:
     other = client.get("/api/search", params={"q": "a tree", "k": 3, "index": "live.idx"}).json()["results"]
     assert other and all(r["path"].startswith("p") and r["path"].endswith(".jpg") for r in other)
@@ -300,6 +342,10 @@ def test_bad_uploads(client: TestClient, collection: Collection) -> None:
     assert "k:" in _error(upload(good, k="0"), 422)
     no_file = client.post("/api/search", data={"k": "3"}, files={"other": ("a.txt", b"x", "text/plain")})
     assert '"image" file' in _error(no_file, 400)
+    two = [("image", ("a.jpg", good, "image/jpeg")), ("image", ("b.jpg", good, "image/jpeg"))]
+    _error(client.post("/api/search", files=two), 400)
+    # an image file is the query: no second kind beside it
+    assert "text: unknown field" in _error(upload(good, text="a dog"), 422)
 
 
 def test_upload_limit(client: TestClient) -> None:
@@ -489,6 +535,12 @@ def test_docs_offline(client: TestClient) -> None:
     post = spec["paths"]["/api/search"]["post"]["requestBody"]["content"]
     assert set(post) == {"application/json", "multipart/form-data"}
     assert "Filters" in spec["components"]["schemas"]
+    # the bundled Swagger UI (4.x) reads OpenAPI 3.0 only: /docs loads a 3.0 rendering of the same document
+    assert spec["openapi"].startswith("3.1")
+    assert '"/docs/openapi-3.0.json"' in docs.text.replace("'", '"')
+    legacy = client.get("/docs/openapi-3.0.json").json()
+    assert legacy["openapi"] == "3.0.3" and set(legacy["paths"]) == set(spec["paths"])
+    assert '{"type": "null"}' not in json.dumps(legacy) and '"nullable": true' in json.dumps(legacy)
 
 
 def test_internal_error_is_one_line(client: TestClient, monkeypatch: pytest.MonkeyPatch, capfd: pytest.CaptureFixture[str]) -> None:
@@ -502,6 +554,64 @@ def test_internal_error_is_one_line(client: TestClient, monkeypatch: pytest.Monk
     assert _error(resp, 500) == "internal server error"
     assert "boom" not in resp.text
     assert "RuntimeError: boom: a bug" in capfd.readouterr().err
+
+
+# -- concurrency -------------------------------------------------------------------------------
+
+
+def test_concurrent_requests_agree_with_sequential_ones(client: TestClient, built_index: Path, collection: Collection) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    photo = (collection.root / "photos" / "a.jpg").read_bytes()
+    ids = _ids_by_path(built_index)
+
+    def ask(i: int) -> Any:
+        kind = i % 4
+        if kind == 0:
+            return client.get("/api/search", params={"q": f"query {i % 3}", "k": 5}).json()["results"]
+        if kind == 1:
+            return client.post("/api/search", files={"image": ("q.jpg", photo, "image/jpeg")}, data={"k": "5"}).json()["results"]
+        if kind == 2:
+            return client.post("/api/search", json={"image_id": ids["exif/rotated_3.jpg"], "k": 5}).json()["results"]
+        return client.get(f"/api/thumbnails/{ids['photos/a.jpg']}", params={"size": 128}).content
+
+    expected = [ask(i) for i in range(12)]
+    with ThreadPoolExecutor(8) as pool:
+        got = list(pool.map(ask, list(range(12)) * 3))
+    for i, answer in enumerate(got):
+        want = expected[i % 12]
+        if isinstance(want, bytes):
+            assert answer == want
+        else:
+            _same_ranking(answer, want)
+
+
+def test_model_calls_do_not_block_the_event_loop(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    from retrieval.index import ImageIndex
+
+    started, release = threading.Event(), threading.Event()
+    original = ImageIndex.search
+
+    def slow(self: ImageIndex, query: str, k: int = 10, where: Any = None) -> Any:
+        if query == "slow one":
+            started.set()
+            assert release.wait(60)
+        return original(self, query, k, where)
+
+    monkeypatch.setattr(ImageIndex, "search", slow)
+    held = threading.Thread(target=lambda: client.get("/api/search", params={"q": "slow one"}))
+    held.start()
+    try:
+        assert started.wait(60)
+        began = time.perf_counter()
+        # while a search sits in its worker thread, the loop answers others (a search of another
+        # index, originals, health) at once
+        assert client.get("/api/health").status_code == 200
+        assert client.get("/api/search", params={"q": "x", "index": "live.idx"}).status_code == 200
+        assert time.perf_counter() - began < 10
+    finally:
+        release.set()
+        held.join(60)
 
 
 # -- live updates ------------------------------------------------------------------------------

@@ -51,6 +51,7 @@ def run(args: argparse.Namespace) -> int:
         index_type=args.index_type,
         max_memory=args.max_memory,
         target_recall=args.target_recall,
+        image_size=args.image_size,
     )
     if args.json:
         print_json(report.to_dict())
@@ -93,6 +94,11 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument(
         "--threads", type=positive_int, default=None, metavar="N",
         help="torch threads for the model (default: from the core count)",
+    )
+    p.add_argument(
+        "--image-size", type=positive_int, default=None, metavar="PX",
+        help="embed images at PX x PX, e.g. 336 for a model trained at 224 (Hugging Face ViT CLIP: position embeddings "
+        "interpolated; a multiple of the patch size); default: the size the index recorded, else the model's own",
     )
     add_index_type_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

@@ -7,26 +7,23 @@ thread: model calls and file reads never run on the event loop), and serialise. 
 
 from __future__ import annotations
 
-import base64
-import hashlib
 import hmac
+import io
 import json
 import os
-import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, Query, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.openapi.docs import get_swagger_ui_html
-from fastapi.openapi.utils import get_openapi
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+from PIL import Image
 from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
-from starlette.responses import FileResponse, HTMLResponse, Response
+from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from retrieval.errors import InvalidArgumentError
@@ -34,12 +31,24 @@ from retrieval.live import LiveIndex
 from retrieval.version import __version__
 
 from . import files
-from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, ServerConfig
+from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, MAX_TERMS, ServerConfig
+from .docs import document_search_body, mount_docs
 from .errors import install_error_handlers
 from .indexes import IndexSet, ServedIndex
 from .middleware import UI_CSP, BodyLimit, SecurityHeaders
 from .responses import JSONResponse
-from .search import SearchBody, SearchForm, SearchRequest, SearchResponse, check_window, from_body, from_form, make_filter, run_search
+from .search import (
+    SearchBody,
+    SearchForm,
+    SearchRequest,
+    SearchResponse,
+    check_window,
+    from_body,
+    from_form,
+    make_filter,
+    make_terms,
+    run_search,
+)
 
 STATIC_DIR = Path(__file__).parent / "static"
 # A text query run once per index at start-up, so that no request pays the model load.
@@ -110,10 +119,10 @@ def create_app(
     app.state.indexes = indexes
     install_error_handlers(app)
     app.include_router(_api_router())
-    docs_csp = _mount_docs(app)
+    docs_csp = mount_docs(app)
     if browser_ui:
         _mount_ui(app)
-    _document_search_body(app)
+    document_search_body(app)
 
     def csp_for(path: str) -> str:
         return docs_csp if path == "/docs" else UI_CSP
@@ -129,11 +138,19 @@ def _warm(served: ServedIndex) -> None:
     with served.model_call("text"):
         index.search(_WARM_TEXT, k=1)
     with served.model_call("image"):
-        # The image tower: loaded by its first use; touching the property loads and checks it.
-        _ = index.encoder
+        # The image tower, and the first pass through it (lazy kernels, preprocessing): ~2 s
+        # on the demo index that the first uploaded query would otherwise wait.
+        index.search_image(_warm_image(), k=1)
     if index.count:
         # The first metadata read opens the Parquet row groups (~150 ms on the demo index).
         index.rows([0], columns=("width", "height", "content_hash"))
+
+
+def _warm_image() -> io.BytesIO:
+    buf = io.BytesIO()
+    Image.new("RGB", (64, 48), (128, 96, 64)).save(buf, "PNG")
+    buf.seek(0)
+    return buf
 
 
 # -- auth ---------------------------------------------------------------------------------------
@@ -194,12 +211,17 @@ def _api_router() -> APIRouter:
         max_height: Annotated[int | None, Query()] = None,
         modified_after: Annotated[str | None, Query(description="ISO 8601 date or time")] = None,
         modified_before: Annotated[str | None, Query(description="ISO 8601 date or time")] = None,
+        add: Annotated[list[str] | None, Query(description='query arithmetic: a text to add, "N:" before it for a weight (repeat)')] = None,
+        subtract: Annotated[list[str] | None, Query(description="a text to subtract (repeat)")] = None,
     ) -> Response:
         if q is None or not q.strip():
             raise InvalidArgumentError("give a text query: q=...")
         check_window(k, offset)
+        if len(add or []) + len(subtract or []) > MAX_TERMS:
+            raise InvalidArgumentError(f"at most {MAX_TERMS} add and subtract terms")
         where = make_filter(path_prefix, path_glob, min_width, max_width, min_height, max_height, modified_after, modified_before)
-        req = SearchRequest(kind="text", k=k, offset=offset, index=index, where=where, text=q)
+        terms = make_terms(add or [], subtract or [])
+        req = SearchRequest(kind="text", k=k, offset=offset, index=index, where=where, text=q, terms=terms)
         return await _answer(request, req)
 
     @api.post("/search", response_model=SearchResponse, summary="Search by text, image id, vector (JSON) or image file (multipart)")
@@ -285,7 +307,7 @@ async def _read_form(request: Request) -> SearchRequest:
             values = form.getlist(key)
             if any(isinstance(v, UploadFile) for v in values):
                 raise InvalidArgumentError(f"only the image field may be a file, not {key!r}")
-            fields[key] = values if key == "path_prefix" else values[-1]
+            fields[key] = values if key in ("path_prefix", "add", "subtract") else values[-1]
         try:
             parsed = SearchForm.model_validate(fields)
         except ValidationError as exc:
@@ -296,7 +318,7 @@ async def _read_form(request: Request) -> SearchRequest:
     return from_form(parsed, data)
 
 
-# -- UI and docs ----------------------------------------------------------------------------------
+# -- the UI ----------------------------------------------------------------------------------
 
 
 def _mount_ui(app: FastAPI) -> None:
@@ -306,63 +328,3 @@ def _mount_ui(app: FastAPI) -> None:
         return FileResponse(STATIC_DIR / "index.html", media_type="text/html", headers={"Cache-Control": "no-cache"})
 
     app.mount("/static", StaticFiles(directory=STATIC_DIR), name="static")
-
-
-def _mount_docs(app: FastAPI) -> str:
-    """Swagger UI at /docs from the swagger-ui-bundle package (offline); returns its CSP."""
-    from swagger_ui_bundle import swagger_ui_path  # type: ignore[import-untyped]  # the package ships no type information
-
-    app.mount("/docs-assets", StaticFiles(directory=str(swagger_ui_path)), name="docs-assets")
-    page = get_swagger_ui_html(
-        openapi_url="/openapi.json",
-        title="clipsearch API",
-        swagger_js_url="/docs-assets/swagger-ui-bundle.js",
-        swagger_css_url="/docs-assets/swagger-ui.css",
-        swagger_favicon_url="/docs-assets/favicon-32x32.png",
-    )
-    html = bytes(page.body).decode("utf-8")
-    # The page's one inline script (the SwaggerUIBundle call) is allowed by its hash, nothing else.
-    hashes = " ".join(
-        "'sha256-" + base64.b64encode(hashlib.sha256(s.encode("utf-8")).digest()).decode() + "'"
-        for s in re.findall(r"<script>(.*?)</script>", html, flags=re.S)
-    )
-
-    @app.get("/docs", include_in_schema=False)
-    async def docs() -> Response:
-        return HTMLResponse(html)
-
-    return (
-        f"default-src 'none'; script-src 'self' {hashes}; style-src 'self' 'unsafe-inline'; img-src 'self' data:; "
-        "connect-src 'self'; base-uri 'none'; frame-ancestors 'none'"
-    )
-
-
-def _document_search_body(app: FastAPI) -> None:
-    # POST /api/search reads its body itself (JSON or multipart, by Content-Type), so FastAPI
-    # cannot derive the request schema: write it into the OpenAPI document here.
-    def openapi() -> dict[str, Any]:
-        if app.openapi_schema is not None:
-            return app.openapi_schema
-        schema = get_openapi(title=app.title, version=app.version, description=app.description, routes=app.routes)
-        ref = "#/components/schemas/{model}"
-        body = SearchBody.model_json_schema(ref_template=ref)
-        form = SearchForm.model_json_schema(ref_template=ref)
-        components = schema.setdefault("components", {}).setdefault("schemas", {})
-        for model_schema in (body, form):
-            components.update(model_schema.pop("$defs", {}))
-        components["SearchBody"] = body
-        form["properties"] = {"image": {"type": "string", "format": "binary"}, **form["properties"]}
-        form["required"] = ["image"]
-        components["SearchForm"] = form
-        operation = schema["paths"]["/api/search"]["post"]
-        operation["requestBody"] = {
-            "required": True,
-            "content": {
-                "application/json": {"schema": {"$ref": "#/components/schemas/SearchBody"}},
-                "multipart/form-data": {"schema": {"$ref": "#/components/schemas/SearchForm"}},
-            },
-        }
-        app.openapi_schema = schema
-        return schema
-
-    app.openapi = openapi  # type: ignore[method-assign]  # FastAPI's documented way to customise it

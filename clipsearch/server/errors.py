@@ -64,7 +64,10 @@ def validation_message(errors: Sequence[Any]) -> str:
 
 async def _http_error(request: Request, exc: Exception) -> Response:
     assert isinstance(exc, HTTPException)
-    return error_response(exc.status_code, str(exc.detail), headers=dict(exc.headers or {}))
+    detail = str(exc.detail)
+    if exc.status_code == 404 and detail == "Not Found":
+        detail = f"not found: {request.url.path[:200]}"  # Starlette's own 404: no route matched
+    return error_response(exc.status_code, detail, headers=dict(exc.headers or {}))
 
 
 async def _validation_error(request: Request, exc: Exception) -> Response:

@@ -11,6 +11,7 @@ import sys
 import traceback
 from collections.abc import Callable
 
+from starlette.requests import ClientDisconnect
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from .errors import UploadTooLargeError, error_response
@@ -58,6 +59,8 @@ class SecurityHeaders:
 
         try:
             await self.app(scope, receive, send_with_headers)
+        except ClientDisconnect:
+            return  # the client went away mid-body: nobody to answer, nothing to log
         except Exception:  # noqa: BLE001 - the last resort: log it, answer 500, keep serving
             print(f"clipsearch: internal error on {scope.get('method')} {scope.get('path')}:", file=sys.stderr)
             traceback.print_exc(file=sys.stderr)

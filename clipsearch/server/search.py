@@ -21,8 +21,9 @@ from pydantic import BaseModel, ConfigDict, Field
 from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter, parse_time
 from retrieval.index import Hit, ImageIndex
+from retrieval.query_terms import QueryTerm, parse_term
 
-from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K
+from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, MAX_TERMS
 from .errors import NotFoundError
 from .indexes import ServedIndex
 
@@ -46,8 +47,19 @@ class Filters(BaseModel):
     modified_before: str | None = None
 
 
+class TermBody(BaseModel):
+    """A weighted term of query arithmetic: exactly one of ``text`` and ``image_id``."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    text: str | None = None
+    image_id: int | None = Field(None, ge=0)
+    weight: float = Field(1.0, description="how much of it (the default 1); subtracted terms count negative")
+
+
 class SearchBody(BaseModel):
-    """``POST /api/search`` as JSON: exactly one of ``text``, ``image_id``, ``vector``."""
+    """``POST /api/search`` as JSON: exactly one of ``text``, ``image_id``, ``vector``; query
+    arithmetic adds and subtracts more terms (not with ``vector``)."""
 
     model_config = ConfigDict(extra="forbid")
 
@@ -58,6 +70,10 @@ class SearchBody(BaseModel):
     offset: int = Field(0, ge=0, le=MAX_DEPTH)
     index: str | None = Field(None, description="index name (default: the first served)")
     filters: Filters | None = None
+    add: list[str | TermBody] = Field(
+        [], max_length=MAX_TERMS, description='terms to add: "in the snow", "0.5:at night" or {"image_id": 3, "weight": 0.5}'
+    )
+    subtract: list[str | TermBody] = Field([], max_length=MAX_TERMS, description="terms to subtract, the same way")
 
 
 class SearchForm(BaseModel):
@@ -76,6 +92,8 @@ class SearchForm(BaseModel):
     max_height: int | None = None
     modified_after: str | None = None
     modified_before: str | None = None
+    add: list[str] = Field([], max_length=MAX_TERMS)
+    subtract: list[str] = Field([], max_length=MAX_TERMS)
 
 
 class SearchResult(BaseModel):
@@ -108,6 +126,8 @@ class SearchRequest:
     image_id: int | None = None
     vector: tuple[float, ...] | None = None
     image: bytes | None = None
+    # Query arithmetic: more terms added to / subtracted from the query (weights signed).
+    terms: tuple[QueryTerm, ...] = ()
 
 
 def make_filter(
@@ -138,6 +158,26 @@ def make_filter(
     )
 
 
+def make_terms(add: list[str | TermBody] | list[str], subtract: list[str | TermBody] | list[str]) -> tuple[QueryTerm, ...]:
+    """The arithmetic terms of a request, as the CLI's ``--add`` / ``--subtract`` read them
+    (``N:`` weights), except that no term names a file: images are ids or the uploaded file.
+
+    Raises:
+        InvalidArgumentError: an empty term, a zero weight, a term with both or neither of text and image_id.
+    """
+
+    def term(item: str | TermBody) -> QueryTerm:
+        if isinstance(item, str):
+            return parse_term(item, files=False)
+        if (item.text is None) == (item.image_id is None):
+            raise InvalidArgumentError("a term has exactly one of text and image_id")
+        if item.text is not None:
+            return QueryTerm(item.text, "text", item.weight)
+        return QueryTerm(int(item.image_id or 0), "id", item.weight)
+
+    return tuple(term(t) for t in add) + tuple(term(t).negated() for t in subtract)
+
+
 def check_window(k: int, offset: int) -> None:
     if offset + k > MAX_DEPTH:
         raise InvalidArgumentError(f"offset + k must be <= {MAX_DEPTH}, got {offset + k}")
@@ -152,7 +192,11 @@ def from_body(body: SearchBody) -> SearchRequest:
     check_window(body.k, body.offset)
     where = make_filter(**body.filters.model_dump()) if body.filters is not None else Filter()
     kind: QueryKind = given[0]  # type: ignore[assignment]  # one of the three names above
+    terms = make_terms(body.add, body.subtract)
+    if terms and kind == "vector":
+        raise InvalidArgumentError("add and subtract combine with text, image_id or an image file, not with a vector")
     return SearchRequest(
+        terms=terms,
         kind=kind,
         k=body.k,
         offset=body.offset,
@@ -166,12 +210,17 @@ def from_body(body: SearchBody) -> SearchRequest:
 
 def from_form(form: SearchForm, image: bytes) -> SearchRequest:
     check_window(form.k, form.offset)
-    fields = form.model_dump(exclude={"k", "offset", "index"})
-    return SearchRequest(kind="image", k=form.k, offset=form.offset, index=form.index, where=make_filter(**fields), image=image)
+    fields = form.model_dump(exclude={"k", "offset", "index", "add", "subtract"})
+    terms = make_terms(form.add, form.subtract)
+    return SearchRequest(
+        kind="image", k=form.k, offset=form.offset, index=form.index, where=make_filter(**fields), image=image, terms=terms
+    )
 
 
 def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int) -> list[Hit]:
     # Each kind is the ImageIndex call the CLI (or the Python API) makes for it: same ranking.
+    if req.terms:
+        return _combined(index, served, req, depth)
     if req.kind == "text":
         assert req.text is not None
         with served.model_call("text"):
@@ -179,13 +228,33 @@ def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int
     if req.kind == "image":
         assert req.image is not None
         with served.model_call("image"):
-            return index.search_image(io.BytesIO(req.image), k=depth, where=req.where)
+            upload = io.BytesIO(req.image)
+            upload.name = "upload"  # how decoding errors name it (instead of '<stream>')
+            return index.search_image(upload, k=depth, where=req.where)
     if req.kind == "image_id":
         assert req.image_id is not None
         if req.image_id >= index.count:
             raise NotFoundError(f"no image {req.image_id} in index {served.name!r} ({index.count} images)")
         return index.search_similar(req.image_id, k=depth, where=req.where)
     return index.search_vectors(_unit_vector(req.vector, index.dim)[None], k=depth, where=req.where)[0]
+
+
+def _combined(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int) -> list[Hit]:
+    # The query is the first term, as `clipsearch search QUERY --add ...` makes it (a text takes an N: weight too).
+    if req.kind == "text":
+        first = parse_term(req.text or "", files=False)
+    elif req.kind == "image_id":
+        if req.image_id is None or req.image_id >= index.count:
+            raise NotFoundError(f"no image {req.image_id} in index {served.name!r} ({index.count} images)")
+        first = QueryTerm(req.image_id, "id")
+    else:
+        first = QueryTerm(req.image or b"", "image")
+    for term in req.terms:
+        if term.kind == "id" and isinstance(term.value, int) and term.value >= index.count:
+            raise NotFoundError(f"no image {term.value} in index {served.name!r} ({index.count} images)")
+    kinds = {t.kind for t in (first, *req.terms)}
+    with served.model_call("text" if "text" in kinds else "image"):
+        return index.search_combined([first, *req.terms], k=depth, where=req.where)
 
 
 def _unit_vector(values: tuple[float, ...] | None, dim: int) -> np.ndarray:

@@ -62,6 +62,15 @@ class Encoder(TextEncoder, Protocol):
 
     def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray: ...
 
+    def set_image_size(self, size: int) -> None:
+        """Embed images at ``size`` pixels (scaled preprocessing); an error where the backend cannot."""
+        ...
+
+    def logit_params(self) -> tuple[float, float | None]:
+        """``(exp(logit_scale), logit_bias)`` of the checkpoint: how the reference model turns
+        cosine similarities into logits (bias None for CLIP's softmax, a float for SigLIP's sigmoid)."""
+        ...
+
     def calibrate_images(self, pixel_values: torch.Tensor) -> Mode:
         """Resolve an ``auto`` image precision on this sample now; returns the mode."""
         ...

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -237,6 +238,11 @@ class HFClipEncoder(PixelPrecisionMixin):
         self._text_model: Any = None
         self._vision_model: Any = None
         self._tokenizer: Any = None
+        self._logit_scale: float | None = None
+        # The checkpoint's own input size; set_image_size embeds at another one.
+        self.native_image_size = int(config.vision_config.image_size)
+        self.embed_image_size = self.native_image_size
+        self._native_preprocess = preprocess
         # Separate modules, separate int8 copies: each tower resolves its own mode.
         self.image_precision = TowerPrecision(precision, device)
         self.text_precision = TowerPrecision(precision, device)
@@ -286,6 +292,7 @@ class HFClipEncoder(PixelPrecisionMixin):
             "patch_size": int(vision.patch_size),
             "context_length": self.max_text_length,
             "embed_dim": self.dim,
+            "embed_image_size": self.embed_image_size,
             **self.image_precision.manifest_info(),
         }
 
@@ -295,6 +302,33 @@ class HFClipEncoder(PixelPrecisionMixin):
         if self._fingerprint is None:
             self._fingerprint = checkpoint_fingerprint(self.directory)
         return self._fingerprint
+
+    def set_image_size(self, size: int) -> None:
+        """Embed images at ``size`` x ``size`` pixels instead of the checkpoint's own size: the
+        preprocessing is scaled to it and the vision tower interpolates its position embeddings
+        (``interpolate_pos_encoding=True``), as ``get_image_features`` does with that flag.
+
+        Raises:
+            InvalidArgumentError: not a positive multiple of the patch size.
+        """
+        patch = int(self.config.vision_config.patch_size)
+        if isinstance(size, bool) or not isinstance(size, int) or size < patch or size % patch:
+            raise InvalidArgumentError(
+                f"image size must be a multiple of {self.name}'s patch size {patch} "
+                f"(its own size is {self.native_image_size}), got {size!r}"
+            )
+        self.preprocess = self._native_preprocess.scaled(size, self.native_image_size)
+        self.embed_image_size = size
+
+    def logit_params(self) -> tuple[float, float | None]:
+        """``(exp(logit_scale), None)``: the learned temperature of the full CLIP checkpoint.
+
+        Read from the weight files alone (the towers do not hold it); a checkpoint without it
+        gets the config's initial value, as ``CLIPModel.from_pretrained`` would initialise it.
+        """
+        if self._logit_scale is None:
+            self._logit_scale = math.exp(_read_scalar(self.directory, "logit_scale", float(self.config.logit_scale_init_value)))
+        return self._logit_scale, None
 
     def _load_tower(self, cls_name: str) -> Any:
         import torch
@@ -378,5 +412,29 @@ class HFClipEncoder(PixelPrecisionMixin):
         model = self.image_precision.module(self.vision_model, mode)
         device = torch.device("cpu") if mode == "int8" else self.device
         with torch.inference_mode(), autocast(mode, device):
-            emb = model(pixel_values=pixel_values.to(device, torch.float32, non_blocking=True)).image_embeds
+            # Another input size than the checkpoint's (set_image_size, or an index embedded at
+            # one) needs the position embeddings interpolated to the patch grid.
+            other_size = tuple(pixel_values.shape[-2:]) != (self.native_image_size, self.native_image_size)
+            emb = model(
+                pixel_values=pixel_values.to(device, torch.float32, non_blocking=True), interpolate_pos_encoding=other_size
+            ).image_embeds
             return l2_normalize(emb.float().cpu().numpy())
+
+
+def _read_scalar(directory: Path, name: str, default: float) -> float:
+    # One scalar out of the weights, without loading the model: safetensors headers are read
+    # and the value memory-mapped; torch .bin files are mapped by torch.load(mmap=True).
+    from .numpy_text.config import UnsupportedTextTower
+    from .numpy_text.weights import SafetensorsReader
+
+    try:
+        reader = SafetensorsReader.for_checkpoint(directory)
+    except UnsupportedTextTower:
+        import torch
+
+        for path in sorted(directory.glob("pytorch_model*.bin")):
+            state = torch.load(path, map_location="cpu", weights_only=True, mmap=True)
+            if name in state:
+                return float(state[name].reshape(-1)[0])
+        return default
+    return float(reader.float32(name).reshape(-1)[0]) if name in reader else default

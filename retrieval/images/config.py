@@ -15,7 +15,7 @@ Pure configuration: no PIL, numpy or torch here.
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Any
 
 from ..checks import is_int
@@ -98,6 +98,25 @@ class PreprocessConfig:
             raise ValueError("std must be > 0")
         if self.alpha != "white":
             raise ValueError(f"unknown alpha policy {self.alpha!r}; only 'white' is supported")
+
+    def scaled(self, size: int, native: int) -> PreprocessConfig:
+        """The same preprocessing for a model input of ``size`` instead of ``native`` pixels:
+        every resize and crop dimension scaled by ``size / native`` (CLIP's ``shortest_edge``
+        224 and crop 224x224 become 336 and 336x336 for ``size`` 336)."""
+
+        def px(v: int) -> int:
+            return max(1, round(v * size / native))
+
+        def box(v: tuple[int, int] | None) -> tuple[int, int] | None:
+            return None if v is None else (px(v[0]), px(v[1]))
+
+        return replace(
+            self,
+            shortest_edge=None if self.shortest_edge is None else px(self.shortest_edge),
+            resize_to=box(self.resize_to),
+            crop_size=box(self.crop_size),
+            keep_ratio_size=box(self.keep_ratio_size),
+        )
 
     @property
     def input_size(self) -> tuple[int, int]:

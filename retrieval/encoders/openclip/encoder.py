@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...errors import ModelLoadError
+from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
 from ..base import file_sha256, first_line, l2_normalize, resolve_device
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
@@ -230,6 +230,24 @@ class OpenClipEncoder(PixelPrecisionMixin):
                 open_clip.add_model_config(folder / f"{name}.json")
             self._registered = name
         return self._registered
+
+    def set_image_size(self, size: int) -> None:
+        """Only the model's own input size: open_clip towers are not interpolated here.
+
+        Raises:
+            InvalidArgumentError: any other size.
+        """
+        native = self.preprocess.input_size[0]
+        if size != native:
+            raise InvalidArgumentError(
+                f"--image-size needs a Hugging Face CLIP checkpoint; {self.name} embeds at its own {native} px only"
+            )
+
+    def logit_params(self) -> tuple[float, float | None]:
+        """``(exp(logit_scale), logit_bias)`` of the open_clip model (bias only for SigLIP-style models)."""
+        model = self.model
+        bias = getattr(model, "logit_bias", None)
+        return float(model.logit_scale.detach().exp().item()), None if bias is None else float(bias.detach().reshape(-1)[0].item())
 
     @property
     def model(self) -> Any:
