@@ -19,6 +19,7 @@ import bench_index  # noqa: E402
 import bench_int8  # noqa: E402
 import bench_query  # noqa: E402
 import bench_search  # noqa: E402
+import bench_serve  # noqa: E402
 import eval_retrieval  # noqa: E402
 
 
@@ -237,6 +238,116 @@ def test_synthetic_vectors_are_clustered_and_normalised() -> None:
     assert np.median(sims.max(axis=1)) > 0.7
     with pytest.raises(ValueError):
         bench_query.SyntheticSpec(clusters=0)
+
+
+def test_bench_serve_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # Both indexes, every kind, two concurrencies, against real `clipsearch serve` subprocesses.
+    args = ["--demo-limit", "24", "--synthetic-n", "3000", "--clients", "1,3", "--requests", "5", "--warmup", "1"]
+    code = bench_serve.main([*args, "--distinct", "6", "--baseline-repeat", "1", "--work-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["index"], r["kind"], r["clients"]) for r in rows] == [
+        (index, kind, clients) for index in ("demo", "synthetic") for kind in bench_serve.KINDS for clients in (1, 3)
+    ]
+    for r in rows:
+        sent = {1: 5, 3: 6}[r["clients"]]  # 5 requests per run, split over the clients, rounded up
+        assert (r["errors"], r["mismatches"], r["requests"], r["completed"]) == (0, 0, sent, sent), r
+        assert r["statuses"] == {"200": sent} and r["latency_ms"]["p50"] > 0 and r["requests_per_s"] > 0
+        assert r["count"] == {"demo": 24, "synthetic": 3000}[r["index"]] and r["dim"] == 128
+        assert r["server"]["exit_code"] == 0 and r["server"]["peak_rss_mb"] > 0
+        if r["kind"] == "health":
+            assert r["in_process_ms"] is None and r["overhead_p50_ms"] is None
+        else:
+            assert r["in_process_ms"]["p50"] > 0 and r["in_process_ms"]["cpu_ms"] > 0
+            # The baseline pairs: 6 distinct queries, one pass, each in-process and over HTTP.
+            assert r["paired_server_ms"]["p50"] > 0
+            assert r["overhead_p50_ms"] == pytest.approx(r["paired_server_ms"]["p50"] - r["in_process_ms"]["p50"], abs=2e-3)
+        assert r["machine"]["cores"] and r["machine"]["cpu"]
+    assert "overhead p50" in out and "client CPU ms/req" in out
+    assert list(tmp_path.iterdir()) == []  # the temp work dir is removed
+
+
+def test_bench_serve_client_counts_every_failure() -> None:
+    """The load client against a scripted server: non-200s, a dropped connection and a chunked
+    body are counted as they happened, and the run still completes its requests."""
+    import asyncio
+    import os
+
+    served = 0
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        nonlocal served
+        while True:
+            try:
+                await reader.readuntil(b"\r\n\r\n")
+            except (asyncio.IncompleteReadError, ConnectionError):
+                break
+            served += 1
+            if served == 3:  # drop the connection without an answer
+                writer.close()
+                return
+            if served % 4 == 0:
+                writer.write(b"HTTP/1.1 503 Busy\r\nContent-Length: 2\r\n\r\n{}")
+            else:
+                writer.write(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n2\r\n{}\r\n0\r\n\r\n")
+            await writer.drain()
+        writer.close()
+
+    async def scenario() -> bench_serve.LoadResult:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        raw = [bench_serve.Query("GET", "/api/health").encode(f"127.0.0.1:{port}", "t")]
+        async with server:
+            return await bench_serve.run_load("127.0.0.1", port, raw, 2, 5, 0, 5.0, os.getpid())
+
+    result = asyncio.run(scenario())
+    assert served == 10
+    assert sum(result.statuses.values()) == 9 and result.statuses[503] == 2
+    assert sum(result.exceptions.values()) == 1 and result.errors == 3
+    assert len(result.latencies) == 9 and result.wall_s > 0
+
+
+def test_bench_serve_reports_a_server_that_does_not_start() -> None:
+    code = "import sys; print('clipsearch: error: no index here', file=sys.stderr); sys.exit(1)"
+    with pytest.raises(RuntimeError, match=r"exit code 1\).*no index here"):
+        bench_serve.Server([sys.executable, "-c", code], start_timeout=30)
+
+
+def test_bench_serve_verification_reports_answers_unlike_in_process() -> None:
+    import asyncio
+
+    from retrieval.index import Hit
+
+    answers = [
+        b'{"results": [{"id": 2, "score": 0.5}, {"id": 1, "score": 0.25}]}',  # as in-process
+        b'{"results": [{"id": 1, "score": 0.25}, {"id": 2, "score": 0.5}]}',  # another order
+        b'{"results": [{"id": 2, "score": 0.5}, {"id": 1, "score": 0.2}]}',  # another score
+        b'{"error": "no"}',
+    ]
+
+    class Index:
+        def search(self, text: str, k: int) -> list[Hit]:
+            return [Hit(2, "b.png", 0.5), Hit(1, "a.png", 0.25)]
+
+    async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        for i, body in enumerate(answers):
+            await reader.readuntil(b"\r\n\r\n")
+            status = b"200 OK" if i < 3 else b"404 Not Found"
+            writer.write(b"HTTP/1.1 " + status + b"\r\nContent-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+            await writer.drain()
+        writer.close()
+
+    async def scenario() -> list[str]:
+        server = await asyncio.start_server(handle, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        queries = [bench_serve.Query("GET", f"/api/search?q={i}", text=f"q{i}") for i in range(4)]
+        async with server:
+            return await bench_serve.verify("127.0.0.1", port, queries, None, Index(), 2, 5.0)
+
+    problems = asyncio.run(scenario())
+    assert [p.split(":")[0] for p in problems] == ["q1", "q2", "q3"]
+    assert "HTTP 404" in problems[2]
 
 
 def test_bench_duplicates_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
