@@ -788,3 +788,25 @@ def test_serve_sigint_exits_zero(built_index: Path, tmp_path: Path) -> None:
     proc.send_signal(signal.SIGINT)
     assert proc.wait(60) == 0
     assert "Traceback" not in "".join(lines)
+
+
+def test_serve_runs_openblas_single_threaded_unless_told(built_index: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    from threadpoolctl import ThreadpoolController
+
+    import clipsearch.cli.serve as serve_cli
+    from clipsearch.cli import main
+
+    blas = ThreadpoolController().select(internal_api="openblas")
+    before = [lib["num_threads"] for lib in blas.info()]
+    seen: list[list[int]] = []
+    monkeypatch.setattr(serve_cli, "_serve_forever", lambda *a, **k: seen.append([lib["num_threads"] for lib in blas.info()]))
+    try:
+        common = [str(built_index), "--port", "0", "--device", "cpu", "--cache-dir", str(tmp_path)]
+        assert main(["serve", *common]) == 0
+        assert main(["serve", *common, "--blas-threads", "2"]) == 0
+    finally:
+        blas.limit(limits=max(before) if before else 1)
+    assert seen and all(n == 1 for n in seen[0]) and all(n == 2 for n in seen[1])
+    with pytest.raises(SystemExit) as exit_info:
+        main(["serve", str(built_index), "--blas-threads", "0"])
+    assert exit_info.value.code == 2

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from retrieval.errors import ClipSearchError, InvalidArgumentError
 
-from ._common import PROG, add_device_arguments, add_precision_argument
+from ._common import PROG, add_device_arguments, add_precision_argument, positive_int
 
 if TYPE_CHECKING:
     from ._common import Subparsers
@@ -69,12 +69,18 @@ def run(args: argparse.Namespace) -> int:
     """Serve the indexes until Ctrl-C or SIGTERM (exit 0)."""
     try:
         import uvicorn  # noqa: F401  # imported here to fail early, used by _serve_forever
+        from threadpoolctl import ThreadpoolController
 
         from clipsearch.server import create_app
     except ImportError:
         raise ServerExtraMissingError("install the server extra: pip install 'clipsearch[server]'") from None
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    # Requests run side by side and each matrix product of a text query is small: OpenBLAS's
+    # extra threads (which busy-wait between calls) only take cores from the other requests.
+    # Measured with bench_serve on the 2-core host: text overhead p50 2.2-2.3 ms with 1 thread
+    # against 5.9-8.8 ms with the default 2 (benchmarks/README.md).
+    ThreadpoolController().select(internal_api="openblas").limit(limits=args.blas_threads)
     sock = _bind(args.host, args.port)
     try:
         if token is None and not _is_loopback(args.host):
@@ -163,6 +169,10 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--token", help=f"require 'Authorization: Bearer TOKEN' on every /api request (default: ${TOKEN_ENV})")
     p.add_argument("--cache-dir", metavar="DIR", help="thumbnail cache (default: $XDG_CACHE_HOME/clipsearch/thumbnails)")
     p.add_argument("--no-browser-ui", action="store_true", help="serve the API only, not the web UI at /")
+    p.add_argument(
+        "--blas-threads", type=positive_int, default=1, metavar="N",
+        help="OpenBLAS threads per matrix product (numpy text tower, FAISS batches); 1 (default) suits concurrent requests",
+    )
     p.add_argument(
         "--log-level", choices=LOG_LEVELS, default="warning", help="server log level; info and debug log every request (default: warning)"
     )
