@@ -146,3 +146,15 @@ def test_one_index_serves_many_threads(built_index: Path) -> None:
         hits, _, similar = results[i]  # type: ignore[misc]
         assert hits == expected[q]
         assert similar[0].id == i % 3
+
+
+def test_sizes_of_equals_the_recorded_rows(built_index: Path) -> None:
+    index = ImageIndex.open(built_index)
+    ids = [5, 0, index.count - 1, 5]
+    rows = index.rows(ids, columns=("width", "height"))
+    sizes = index.sizes_of(ids)
+    assert sizes.dtype == np.int32 and sizes.tolist() == [[r["width"], r["height"]] for r in rows]
+    assert index.sizes_of([]).shape == (0, 2)
+    for bad in ([-1], [index.count]):
+        with pytest.raises(InvalidArgumentError):
+            index.sizes_of(bad)

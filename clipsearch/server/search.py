@@ -279,15 +279,15 @@ def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
     started = time.perf_counter()
     index = served.current()
     hits = _hits(index, served, req, req.offset + req.k)[req.offset : req.offset + req.k]
-    sizes = index.rows([h.id for h in hits], columns=("width", "height")) if hits else []
+    sizes = index.sizes_of([h.id for h in hits]).tolist()
     name = quote(served.name, safe="")
     results = [
         {
             "id": h.id,
             "path": h.path,
             "score": h.score,
-            "width": int(s["width"]),
-            "height": int(s["height"]),
+            "width": int(s[0]),
+            "height": int(s[1]),
             "image_url": f"/api/images/{h.id}?index={name}",
             "thumbnail_url": f"/api/thumbnails/{h.id}?size={DEFAULT_THUMBNAIL_SIZE}&index={name}",
         }
