@@ -17,6 +17,7 @@ import numpy as np
 
 from . import store
 from .errors import InvalidArgumentError
+from .index import Hit
 
 if TYPE_CHECKING:
     from .filters import Filter
@@ -33,23 +34,12 @@ MAX_PAIRS = 50_000_000
 
 
 @dataclass(frozen=True)
-class DuplicateImage:
-    """An image of a group; ``score`` is its cosine with the group's kept image (1.0 for that one)."""
-
-    id: int
-    path: str
-    score: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "path": self.path, "score": self.score}
-
-
-@dataclass(frozen=True)
 class DuplicateGroup:
-    """Images linked by cosine >= threshold: the one to keep and the others, by descending score."""
+    """Images linked by cosine >= threshold: the one to keep (score 1.0) and the others, each
+    with its cosine to the kept one, by descending score."""
 
-    keep: DuplicateImage
-    duplicates: tuple[DuplicateImage, ...]
+    keep: Hit
+    duplicates: tuple[Hit, ...]
 
     def to_dict(self) -> dict[str, Any]:
         return {"keep": {"id": self.keep.id, "path": self.keep.path}, "duplicates": [d.to_dict() for d in self.duplicates]}
@@ -102,17 +92,10 @@ def duplicate_pairs(
     threshold = check_threshold(threshold)
     exact = index.exact_scores
     radius = threshold if exact else max(threshold - _APPROX_MARGIN, 0.0)
-    mask = index.mask(where) if where is not None and where.active else None
     found_a: list[np.ndarray] = []
     found_b: list[np.ndarray] = []
     total = 0
-    for first, vectors in index.iter_embeddings(batch_rows=batch_rows):
-        ids = np.arange(first, first + len(vectors))
-        if mask is not None:
-            keep = mask[first : first + len(vectors)]
-            ids, vectors = ids[keep], vectors[keep]
-        if not len(ids):
-            continue
+    for ids, vectors in index.iter_vectors(where, batch_rows=batch_rows):
         for query, (hits, _) in zip(ids, index.search_range(vectors, radius, where=where), strict=True):
             later = hits[hits > query]  # each pair once, and never an image with itself
             if len(later):
@@ -184,9 +167,9 @@ def find_duplicates(
         # Most pixels, then the largest file, then the first path.
         keep = min(group.tolist(), key=lambda i: (-facts[i]["width"] * facts[i]["height"], -facts[i]["size"], facts[i]["path"]))
         kv = vector_of[keep].astype(np.float64)
-        others = [DuplicateImage(i, facts[i]["path"], float(np.float32(kv @ vector_of[i]))) for i in group.tolist() if i != keep]
+        others = [Hit(i, facts[i]["path"], float(np.float32(kv @ vector_of[i]))) for i in group.tolist() if i != keep]
         others.sort(key=lambda d: (-d.score, d.id))
-        out.append(DuplicateGroup(DuplicateImage(keep, facts[keep]["path"], 1.0), tuple(others)))
+        out.append(DuplicateGroup(Hit(keep, facts[keep]["path"], 1.0), tuple(others)))
     out.sort(key=lambda g: (-len(g.duplicates), g.keep.path))
     return DuplicateReport(check_threshold(threshold), tuple(out), len(a), index.exact_scores)
 
@@ -194,7 +177,6 @@ def find_duplicates(
 __all__ = [
     "DEFAULT_THRESHOLD",
     "DuplicateGroup",
-    "DuplicateImage",
     "DuplicateReport",
     "check_threshold",
     "components",

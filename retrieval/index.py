@@ -575,6 +575,19 @@ class ImageIndex:
         """Stream the stored embeddings as ``(first_id, (n, dim) float32)`` chunks, in id order."""
         return store.iter_vectors(self._parts, self.dim, batch_rows=batch_rows)
 
+    def iter_vectors(self, where: Filter | None = None, batch_rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
+        """Stream ``(ids, vectors)`` of the images passing ``where`` (all without it), in id
+        order, at most ``batch_rows`` stored rows read at a time; batches with no image passing
+        are skipped."""
+        mask = self.mask(where) if where is not None and where.active else None
+        for first, vectors in self.iter_embeddings(batch_rows=batch_rows):
+            ids = np.arange(first, first + len(vectors))
+            if mask is not None:
+                keep = mask[first : first + len(vectors)]
+                ids, vectors = ids[keep], vectors[keep]
+            if len(ids):
+                yield ids, vectors
+
     def rows(self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] = ("id", "path")) -> list[dict[str, Any]]:
         """Metadata of the given ids (any order; returned in the same order).
 

@@ -48,14 +48,7 @@ def classify_index(
     """
     if classifier.weights.shape[1] != index.dim:
         raise InvalidArgumentError(f"the classifier has dim {classifier.weights.shape[1]}, the index {index.dim}")
-    mask = index.mask(where) if where is not None and where.active else None
-    for first, vectors in index.iter_embeddings(batch_rows=batch_rows):
-        ids = np.arange(first, first + len(vectors))
-        if mask is not None:
-            keep = mask[first : first + len(vectors)]
-            ids, vectors = ids[keep], vectors[keep]
-        if not len(ids):
-            continue
+    for ids, vectors in index.iter_vectors(where, batch_rows=batch_rows):
         scores = classifier.scores(vectors)
         yield [Prediction(int(i), p, s) for i, p, s in zip(ids, index.paths_of(ids), scores, strict=True)]
 
