@@ -631,19 +631,19 @@ def test_live_update_and_request_in_flight(
     old_count = before["count"]
     entered, release = threading.Event(), threading.Event()
     seen: list[str] = []
-    original_rows = ImageIndex.rows
+    original_sizes = ImageIndex.sizes_of
     armed = [True]
 
-    def held_rows(self: ImageIndex, ids: Any, columns: Any = ("id", "path")) -> Any:
+    def held_sizes(self: ImageIndex, ids: Any) -> Any:
         # the first size lookup of a live.idx search waits until the new generation is out
-        if armed[0] and self.directory == index_dir and tuple(columns) == ("width", "height"):
+        if armed[0] and self.directory == index_dir:
             armed[0] = False
             seen.append(str(self.manifest.generation))
             entered.set()
             assert release.wait(60)
-        return original_rows(self, ids, columns)
+        return original_sizes(self, ids)
 
-    monkeypatch.setattr(ImageIndex, "rows", held_rows)
+    monkeypatch.setattr(ImageIndex, "sizes_of", held_sizes)
     in_flight: list[Any] = []
     worker = threading.Thread(target=lambda: in_flight.append(client.get("/api/search", params={"q": "x", "k": 1000, "index": "live.idx"})))
     worker.start()
