@@ -193,7 +193,9 @@ def test_evaluate_folder(encoder: HFClipEncoder, tmp_path: Path) -> None:
 
 
 @pytest.mark.slow
-def test_cli_classify_and_eval_zeroshot(built_index: Path, tiny_model: Path, images: list[Path], tmp_path: Path) -> None:
+def test_cli_classify_and_eval_zeroshot(
+    built_index: Path, tiny_model: Path, images: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
     index = ImageIndex.open(built_index, device="cpu")
     classifier = ZeroShotClassifier.build(index.encoder, LABELS, ["a photo of a {}."])
     expected = classifier.scores(index.embeddings())
@@ -209,19 +211,23 @@ def test_cli_classify_and_eval_zeroshot(built_index: Path, tiny_model: Path, ima
 
     labels_file = tmp_path / "labels.txt"
     labels_file.write_text("\n".join(LABELS) + "\n")
-    out = run_cli(["classify", built_index, "--labels", labels_file, "--path-glob", "*.png", "--out", tmp_path / "p.parquet"])
-    assert out.returncode == 0, out.stderr
-    assert pq.read_table(tmp_path / "p.parquet").num_rows == int(index.mask(Filter(path_glob="*.png")).sum())
-    assert out.stdout.startswith("classified ")
+    # The rest in this process (the console script's own main): no torch start-up per command.
+    from clipsearch.cli import main
 
-    out = run_cli(["classify", "--model", tiny_model, *images[:2], "--label", "x", "--label", "y", "--json"])
-    assert out.returncode == 0, out.stderr
-    assert [r["path"] for r in json.loads(out.stdout)["results"]] == [str(p) for p in images[:2]]
+    def in_process(*args: object) -> str:
+        capsys.readouterr()
+        assert main([str(a) for a in args]) == 0
+        return capsys.readouterr().out
+
+    out_text = in_process("classify", built_index, "--labels", labels_file, "--path-glob", "*.png", "--out", tmp_path / "p.parquet")
+    assert pq.read_table(tmp_path / "p.parquet").num_rows == int(index.mask(Filter(path_glob="*.png")).sum())
+    assert out_text.startswith("classified ")
+
+    doc = json.loads(in_process("classify", "--model", tiny_model, *images[:2], "--label", "x", "--label", "y", "--json"))
+    assert [r["path"] for r in doc["results"]] == [str(p) for p in images[:2]]
 
     folder = _folder(tmp_path / "folder")
-    out = run_cli(["eval-zeroshot", "--model", tiny_model, folder, "--json"])
-    assert out.returncode == 0, out.stderr
-    report = json.loads(out.stdout)
+    report = json.loads(in_process("eval-zeroshot", "--model", tiny_model, folder, "--json", "--device", "cpu"))
     assert report["images"] == 9 and report["classes"] == 3 and "acc5" not in report and 0 <= report["acc1"] <= 1
 
     empty = tmp_path / "empty.txt"
@@ -236,6 +242,8 @@ def test_cli_classify_and_eval_zeroshot(built_index: Path, tiny_model: Path, ima
         (["eval-zeroshot", "--model", tiny_model, tmp_path / "nope"], "is not a folder"),
         (["eval-zeroshot", "--model", tiny_model, folder, "--templates", "nonsense"], "none of them"),
     ]:
-        res = run_cli(bad)
-        assert res.returncode == 1, (bad, res.stderr)
-        assert res.stderr.count("\n") == 1 and message in res.stderr and "Traceback" not in res.stderr, res.stderr
+        # In this process (the same main as the console script): no torch start-up per case.
+        capsys.readouterr()
+        assert main([str(a) for a in bad]) == 1, bad
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("clipsearch: error:") and message in err, err
