@@ -89,8 +89,26 @@ def duplicate_pairs(
     Raises:
         InvalidArgumentError: a bad threshold, or more than :data:`MAX_PAIRS` candidates.
     """
-    threshold = check_threshold(threshold)
-    exact = index.exact_scores
+    pairs = _scored_pairs(index, check_threshold(threshold), where, batch_rows, index.exact_scores)
+    return pairs.a, pairs.b, pairs.scores
+
+
+@dataclass(frozen=True)
+class _Pairs:
+    """Pairs at or above the threshold, and the stored vectors of every image in a candidate
+    pair (``members`` sorted), gathered once for both the re-scoring and the groups."""
+
+    a: np.ndarray
+    b: np.ndarray
+    scores: np.ndarray
+    members: np.ndarray
+    vectors: np.ndarray
+
+    def vectors_of(self, ids: np.ndarray) -> np.ndarray:
+        return self.vectors[np.searchsorted(self.members, ids)]
+
+
+def _scored_pairs(index: ImageIndex, threshold: float, where: Filter | None, batch_rows: int, exact: bool) -> _Pairs:
     radius = threshold if exact else max(threshold - _APPROX_MARGIN, 0.0)
     found_a: list[np.ndarray] = []
     found_b: list[np.ndarray] = []
@@ -105,21 +123,18 @@ def duplicate_pairs(
         if total > MAX_PAIRS:
             raise InvalidArgumentError(f"more than {MAX_PAIRS:,} image pairs reach cosine {threshold}: raise the threshold")
     if not found_a:
-        return np.empty(0, np.int64), np.empty(0, np.int64), np.empty(0, np.float32)
+        empty = np.empty(0, np.int64)
+        return _Pairs(empty, empty, np.empty(0, np.float32), empty, np.empty((0, index.dim), np.float32))
     a, b = np.concatenate(found_a), np.concatenate(found_b)
-    scores = _exact_cosines(index, a, b)
-    keep = scores >= threshold
-    a, b, scores = a[keep], b[keep], scores[keep]
-    order = np.lexsort((b, a))
-    return a[order], b[order], scores[order]
-
-
-def _exact_cosines(index: ImageIndex, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     # One streaming pass over the stored vectors gathers every image that is in a pair.
     members = np.unique(np.concatenate([a, b]))
     vectors = store.gather_vectors(index.iter_embeddings(), index.dim, members)
-    va, vb = vectors[np.searchsorted(members, a)], vectors[np.searchsorted(members, b)]
-    return np.einsum("ij,ij->i", va.astype(np.float64), vb.astype(np.float64)).astype(np.float32)
+    va, vb = (vectors[np.searchsorted(members, side)].astype(np.float64) for side in (a, b))
+    scores = np.einsum("ij,ij->i", va, vb).astype(np.float32)
+    keep = scores >= threshold
+    a, b, scores = a[keep], b[keep], scores[keep]
+    order = np.lexsort((b, a))
+    return _Pairs(a[order], b[order], scores[order], members, vectors)
 
 
 def components(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
@@ -152,16 +167,16 @@ def find_duplicates(
     Raises:
         InvalidArgumentError: a bad threshold, or a threshold so low that pairs explode.
     """
-    a, b, _ = duplicate_pairs(index, threshold, where=where, batch_rows=batch_rows)
-    groups = components(a, b)
+    threshold = check_threshold(threshold)
+    exact = index.exact_scores
+    pairs = _scored_pairs(index, threshold, where, batch_rows, exact)
+    groups = components(pairs.a, pairs.b)
     if not groups:
-        return DuplicateReport(check_threshold(threshold), (), 0, index.exact_scores)
-    members = np.concatenate(groups)
-    order = np.argsort(members)
-    rows = index.rows(members[order], columns=("path", "width", "height", "size"))
-    facts = {int(members[order][i]): row for i, row in enumerate(rows)}
-    vectors = store.gather_vectors(index.iter_embeddings(), index.dim, members[order])
-    vector_of = {int(m): vectors[i] for i, m in enumerate(members[order])}
+        return DuplicateReport(threshold, (), 0, exact)
+    members = np.sort(np.concatenate(groups))
+    rows = index.rows(members, columns=("path", "width", "height", "size"))
+    facts = {int(m): row for m, row in zip(members, rows, strict=True)}
+    vector_of = {int(m): v for m, v in zip(members, pairs.vectors_of(members), strict=True)}
     out = []
     for group in groups:
         # Most pixels, then the largest file, then the first path.
@@ -171,7 +186,7 @@ def find_duplicates(
         others.sort(key=lambda d: (-d.score, d.id))
         out.append(DuplicateGroup(Hit(keep, facts[keep]["path"], 1.0), tuple(others)))
     out.sort(key=lambda g: (-len(g.duplicates), g.keep.path))
-    return DuplicateReport(check_threshold(threshold), tuple(out), len(a), index.exact_scores)
+    return DuplicateReport(threshold, tuple(out), len(pairs.a), exact)
 
 
 __all__ = [

@@ -479,8 +479,10 @@ class ImageIndex:
     def exact_scores(self) -> bool:
         """True when FAISS scores are exact inner products of the stored vectors (flat storage,
         searched exhaustively): range searches then miss nothing."""
+        if faiss_index.kind_of(self._faiss) != "flat":
+            return False  # and no IVF direct map is built just to ask
         stored = faiss_index.stored_vectors(self._faiss, np.empty(0, np.int64))
-        return faiss_index.kind_of(self._faiss) == "flat" and stored is not None and stored[1]
+        return stored is not None and stored[1]
 
     def search_range(
         self, vectors: np.ndarray, min_score: float, where: Filter | None = None
@@ -547,9 +549,7 @@ class ImageIndex:
     def sizes_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """``(n, 2)`` int32 recorded ``(width, height)`` of ``ids``, from the two columns read
         once and kept (8 bytes per image): a result page's sizes without a Parquet read each."""
-        wanted = np.asarray(ids, dtype=np.int64)
-        if len(wanted) and (wanted.min() < 0 or wanted.max() >= self.count):
-            raise InvalidArgumentError(f"ids must be in 0..{self.count - 1}")
+        wanted = _id_array(ids, self.count)
         if not len(wanted):
             return np.empty((0, 2), np.int32)
         indices = pa.array(wanted)
@@ -593,9 +593,7 @@ class ImageIndex:
 
         Reads only the row groups that hold the ids, and only the asked columns.
         """
-        wanted = np.asarray(ids, dtype=np.int64)
-        if len(wanted) and (wanted.min() < 0 or wanted.max() >= self.count):
-            raise InvalidArgumentError(f"ids must be in 0..{self.count - 1}")
+        wanted = _id_array(ids, self.count)
         cols = list(dict.fromkeys(["id", *columns]))
         out: dict[int, dict[str, Any]] = {}
         for ref, pf in zip(self.manifest.parts, self._parts, strict=True):
@@ -650,6 +648,13 @@ def _named_bytes(data: bytes) -> io.BytesIO:
     buf = io.BytesIO(data)
     buf.name = "the query image"  # how a decoding error names it (instead of '<stream>')
     return buf
+
+
+def _id_array(ids: Sequence[int] | np.ndarray, count: int) -> np.ndarray:
+    wanted = np.asarray(ids, dtype=np.int64)
+    if len(wanted) and (wanted.min() < 0 or wanted.max() >= count):
+        raise InvalidArgumentError(f"ids must be in 0..{count - 1}")
+    return wanted
 
 
 def _check_id(id: object, count: int) -> int:
