@@ -240,6 +240,7 @@ def test_query_arithmetic_equals_cli(
         assert words in _error(client.get("/api/search", params=params), 400)
     for body, status, words in [
         ({"vector": [0.1] * 48, "add": ["b"]}, 400, "not with a vector"),
+        ({"text": "a", "add": ["b"] * 9, "subtract": ["c"] * 8}, 400, "at most 16"),
         ({"text": "a", "add": [{"text": "b", "image_id": 1}]}, 400, "exactly one of text and image_id"),
         ({"text": "a", "add": [{"image_id": 10**6}]}, 404, "no image"),
         ({"text": "a", "add": [{"text": "b", "colour": 1}]}, 422, "add.0"),

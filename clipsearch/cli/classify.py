@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
         classify_index,
         read_labels,
         resolve_templates,
+        top_labels,
         write_predictions,
     )
 
@@ -54,6 +55,7 @@ def run(args: argparse.Namespace) -> int:
     top_k = min(args.top_k, len(labels))
     if args.out:
         predictions: list[Prediction] = []
+        counts: Counter[str] = Counter()
 
         def keep(stream: Iterator[list[Prediction]]) -> Iterator[list[Prediction]]:
             for batch in stream:
@@ -63,7 +65,6 @@ def run(args: argparse.Namespace) -> int:
                     counts.update(labels[int(p.scores.argmax())] for p in batch)
                 yield batch
 
-        counts: Counter[str] = Counter()
         rows = write_predictions(args.out, labels, keep(batches))
         if args.json:
             _print_json(labels, predictions, top_k)
@@ -78,16 +79,12 @@ def run(args: argparse.Namespace) -> int:
     shown = 0
     for batch in batches:
         for p in batch:
-            best = ", ".join(f"{name} {score:.3f}" for name, score in _top(p, labels, top_k))
+            best = ", ".join(f"{name} {score:.3f}" for name, score in top_labels(p.scores[None], labels, top_k)[0])
             print(f"{p.path}  {best}")
             shown += 1
     if not shown:
         print("no images (none matches the filters)" if where.active else "no images (the index is empty)")
     return 0
-
-
-def _top(p: Prediction, labels: list[str], k: int) -> list[tuple[str, float]]:
-    return [(d["label"], d["score"]) for d in p.to_dict(labels, k)["labels"]]
 
 
 def _print_json(labels: list[str], predictions: list[Prediction], top_k: int) -> None:

@@ -31,7 +31,7 @@ from retrieval.live import LiveIndex
 from retrieval.version import __version__
 
 from . import files
-from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, MAX_TERMS, ServerConfig
+from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, ServerConfig
 from .docs import document_search_body, mount_docs
 from .errors import install_error_handlers
 from .indexes import IndexSet, ServedIndex
@@ -218,8 +218,6 @@ def _api_router() -> APIRouter:
         if q is None or not q.strip():
             raise InvalidArgumentError("give a text query: q=...")
         check_window(k, offset)
-        if len(add or []) + len(subtract or []) > MAX_TERMS:
-            raise InvalidArgumentError(f"at most {MAX_TERMS} add and subtract terms")
         where = make_filter(path_prefix, path_glob, min_width, max_width, min_height, max_height, modified_after, modified_before)
         terms = make_terms(add or [], subtract or [])
         req = SearchRequest(kind="text", k=k, offset=offset, index=index, where=where, text=q, terms=terms)

@@ -163,8 +163,11 @@ def make_terms(add: list[str | TermBody] | list[str], subtract: list[str | TermB
     (``N:`` weights), except that no term names a file: images are ids or the uploaded file.
 
     Raises:
-        InvalidArgumentError: an empty term, a zero weight, a term with both or neither of text and image_id.
+        InvalidArgumentError: more than :data:`MAX_TERMS` terms, an empty term, a zero weight, a
+            term with both or neither of text and image_id.
     """
+    if len(add) + len(subtract) > MAX_TERMS:
+        raise InvalidArgumentError(f"at most {MAX_TERMS} add and subtract terms")
 
     def term(item: str | TermBody) -> QueryTerm:
         if isinstance(item, str):
@@ -232,10 +235,7 @@ def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int
             upload.name = "upload"  # how decoding errors name it (instead of '<stream>')
             return index.search_image(upload, k=depth, where=req.where)
     if req.kind == "image_id":
-        assert req.image_id is not None
-        if req.image_id >= index.count:
-            raise NotFoundError(f"no image {req.image_id} in index {served.name!r} ({index.count} images)")
-        return index.search_similar(req.image_id, k=depth, where=req.where)
+        return index.search_similar(_known_id(index, served, req.image_id), k=depth, where=req.where)
     return index.search_vectors(_unit_vector(req.vector, index.dim)[None], k=depth, where=req.where)[0]
 
 
@@ -244,17 +244,22 @@ def _combined(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth:
     if req.kind == "text":
         first = parse_term(req.text or "", files=False)
     elif req.kind == "image_id":
-        if req.image_id is None or req.image_id >= index.count:
-            raise NotFoundError(f"no image {req.image_id} in index {served.name!r} ({index.count} images)")
-        first = QueryTerm(req.image_id, "id")
+        first = QueryTerm(_known_id(index, served, req.image_id), "id")
     else:
         first = QueryTerm(req.image or b"", "image")
     for term in req.terms:
-        if term.kind == "id" and isinstance(term.value, int) and term.value >= index.count:
-            raise NotFoundError(f"no image {term.value} in index {served.name!r} ({index.count} images)")
+        if term.kind == "id" and isinstance(term.value, int):
+            _known_id(index, served, term.value)
     kinds = {t.kind for t in (first, *req.terms)}
     with served.model_call("text" if "text" in kinds else "image"):
         return index.search_combined([first, *req.terms], k=depth, where=req.where)
+
+
+def _known_id(index: ImageIndex, served: ServedIndex, image_id: int | None) -> int:
+    """``image_id`` when the generation answering the request has it (a 404 otherwise)."""
+    if image_id is None or image_id >= index.count:
+        raise NotFoundError(f"no image {image_id} in index {served.name!r} ({index.count} images)")
+    return image_id
 
 
 def _unit_vector(values: tuple[float, ...] | None, dim: int) -> np.ndarray:
