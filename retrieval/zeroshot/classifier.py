@@ -33,7 +33,7 @@ class ZeroShotClassifier:
     bias: float | None = None
 
     @classmethod
-    def build(cls, encoder: Encoder, labels: Sequence[str], templates: Sequence[str], batch_size: int = 256) -> ZeroShotClassifier:
+    def build(cls, encoder: Encoder, labels: Sequence[str], templates: Sequence[str]) -> ZeroShotClassifier:
         """Embed every ``template.format(label)`` with ``encoder``'s text tower and ensemble them.
 
         Raises:
@@ -44,7 +44,7 @@ class ZeroShotClassifier:
         if not prompts:
             raise InvalidArgumentError("no templates")
         texts = [t.format(label) for label in names for t in prompts]
-        vectors = np.concatenate([encoder.embed_texts(texts[i : i + batch_size]) for i in range(0, len(texts), batch_size)])
+        vectors = encoder.embed_texts(texts)  # batched by the encoder itself
         scale, bias = encoder.logit_params()
         return cls(names, prompts, ensemble(vectors.reshape(len(names), len(prompts), -1)), scale, bias)
 
