@@ -425,6 +425,12 @@ class ImageIndex:
 
     def vectors_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """The stored embeddings of ``ids`` as an ``(n, dim)`` float32 array, in the given order."""
+        if self.exact_scores:
+            # A flat FAISS index holds the stored vectors as they are: copying one out is cheaper
+            # than decoding the Parquet row group around it (~8 ms per id at 512-d).
+            stored = faiss_index.stored_vectors(self._faiss, _id_array(ids, self.count))
+            if stored is not None:
+                return stored[0]
         rows = self.rows(ids, columns=("embedding",))
         if not rows:
             return np.empty((0, self.dim), np.float32)
