@@ -28,7 +28,7 @@ COPIES = ("bytecopy", "resized", "reencoded", "cropped")
 @pytest.fixture(scope="module")
 def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """12 demo stamps; the first 4 also as a byte copy, resized to half, re-encoded as JPEG
-    (quality 70) and cropped by 5% on each side; indexed with the demo model."""
+    (quality 70) and cropped by 5% on each side; indexed with the demo model in fp32."""
     root = tmp_path_factory.mktemp("planted")
     photos = root / "photos"
     photos.mkdir()
@@ -45,7 +45,8 @@ def planted(tmp_path_factory: pytest.TempPathFactory) -> Path:
         flat.paste(rgba, mask=rgba.getchannel("A"))
         flat.save(photos / f"{i:02d}_reencoded.jpg", quality=70)
         rgba.crop((w // 20, h // 20, w - w // 20, h - h // 20)).save(photos / f"{i:02d}_cropped.png")
-    build_index(photos, root / "idx", model=str(DEMO_MODEL), workers=0, device="cpu")
+    # fp32: the cosines below must not depend on which mode `auto` picks on this CPU.
+    build_index(photos, root / "idx", model=str(DEMO_MODEL), workers=0, device="cpu", precision="fp32")
     return root / "idx"
 
 
