@@ -20,7 +20,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,server]'
+	$(BIN)/pip install --quiet -e '.[test,server,ray]'
 	touch $(STAMP)
 
 random-model: $(RANDOM_MODEL)/config.json

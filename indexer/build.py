@@ -12,6 +12,7 @@ same command again resumes from it without embedding any committed image twice.
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
@@ -48,7 +49,7 @@ from retrieval.layout import (
     read_manifest,
 )
 
-from . import ann, calibrate
+from . import ann, calibrate, ray_engine
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .dataset import content_hash
@@ -147,10 +148,27 @@ def build_index(
     cfg = _config(config, overrides)
     start = time.perf_counter()
     cpu.cpu_level()  # a bad CLIPSEARCH_CPU_CAP fails here, before any work
+    if encoder is not None and cfg.engine == "ray":
+        raise InvalidArgumentError("engine 'ray' loads the model in every actor from model=; it cannot take a loaded encoder")
     photos = Path(photos_dir)
     out = Path(index_dir)
     _check_photos_dir(photos)
     _check_index_dir(out, cfg.rebuild)
+    with contextlib.ExitStack() as stack:
+        # Connected before the walk and the model: a cluster that does not answer fails in seconds.
+        run = stack.enter_context(ray_engine.ray_run(cfg)) if cfg.engine == "ray" else None
+        return _build(cfg, photos, out, encoder, files, start, run)
+
+
+def _build(
+    cfg: BuildConfig,
+    photos: Path,
+    out: Path,
+    encoder: Encoder | None,
+    files: Sequence[str | bytes] | None,
+    start: float,
+    run: ray_engine.RayRun | None,
+) -> BuildReport:
     if files is None:
         found = discover(photos)
         if not found.files:
@@ -173,7 +191,7 @@ def build_index(
         out.mkdir(parents=True, exist_ok=True)
         with IndexLock(out) as lock:
             keep_precision = cfg.precision is None and encoder is None
-            return _run(cfg, enc, fingerprint, photos, out, found, lock.previous_holder is not None, start, keep_precision)
+            return _run(cfg, enc, fingerprint, photos, out, found, lock.previous_holder is not None, start, keep_precision, run)
     except BaseException as exc:
         if created_dir and not is_index_dir(out):
             shutil.rmtree(out, ignore_errors=True)
@@ -272,6 +290,7 @@ def _run(
     interrupted_before: bool,
     start: float,
     keep_precision: bool,
+    run: ray_engine.RayRun | None = None,
 ) -> BuildReport:
     base = _readable_manifest(out)
     if base is not None and not cfg.rebuild:
@@ -310,15 +329,30 @@ def _run(
     prev_info = previous.model_info if previous is not None else None
     # Activations are freed and allocated again every layer: keep them in the heap (see heap),
     # for the calibration's model calls as for the build's.
+    cpu_level = cpu.cpu_level() if enc.device.type == "cpu" else ""
     with retained_heap():
-        calibrate.resolve(
-            enc, prev_info, photos, plan.to_embed, max_pixels=cfg.max_pixels, draft=cfg.draft, keep_recorded=keep_precision
-        )
-        writer.meta = replace(meta, model_info=calibrate.model_info(enc, prev_info, bool(plan.to_embed)))
+        if run is not None:
+            # The recorded mode, if any, is taken here; a mode still to choose is chosen by
+            # calibrating on the kind of node the actors run on (its CPU features or GPU).
+            calibrate.resolve(enc, prev_info, photos, [], max_pixels=cfg.max_pixels, draft=cfg.draft, keep_recorded=keep_precision)
+            info = enc.info
+            if enc.image_precision.mode is None and plan.to_embed:
+                info = run.resolve_precision(enc, photos, prev_info, plan.to_embed, keep_precision)
+                cpu_level = str(info.pop("_cpu_level", ""))
+        else:
+            calibrate.resolve(
+                enc, prev_info, photos, plan.to_embed, max_pixels=cfg.max_pixels, draft=cfg.draft, keep_recorded=keep_precision
+            )
+            info = enc.info
+        writer.meta = replace(meta, model_info=calibrate.model_info(info, prev_info, bool(plan.to_embed)))
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)
 
-        stats = embed_planned(cfg, enc, photos, plan, writer)
+        if run is not None:
+            spec = ray_engine.resolved_spec(run.spec(enc, photos, str(info.get("precision")), info), info)
+            stats = run.embed(spec, plan, writer)
+        else:
+            stats = embed_planned(cfg, enc, photos, plan, writer)
     up_to_date = (
         previous is not None
         and previous.complete
@@ -355,10 +389,13 @@ def _run(
         write_seconds=round(stats["write"], 3),
         workers=stats["workers"],
         batch_size=stats["batch_size"],
-        device=str(enc.device),
+        device=run.pool.device if run is not None else str(enc.device),
         threads=stats["threads"],
         precision=str(writer.meta.model_info.get("precision", "fp32")),
-        cpu_level=cpu.cpu_level() if enc.device.type == "cpu" else "",
+        cpu_level=cpu_level if (run is None or run.pool.device == "cpu") else "",
+        engine=cfg.engine,
+        actors=run.pool.actors if run is not None else 0,
+        cluster_resources=dict(run.resources) if run is not None else {},
     )
 
 

@@ -90,9 +90,10 @@ def resolve(
         enc.calibrate_images(pixels)
 
 
-def model_info(enc: Encoder, previous_info: Mapping[str, Any] | None, embedded: bool) -> dict[str, Any]:
-    """``enc.info`` plus ``precisions``: the modes of this run and of the runs before it."""
-    info = dict(enc.info)
+def model_info(enc_info: Mapping[str, Any], previous_info: Mapping[str, Any] | None, embedded: bool) -> dict[str, Any]:
+    """The encoder's info (``enc.info``, from whichever process embedded) plus ``precisions``:
+    the modes of this run and of the runs before it."""
+    info = dict(enc_info)
     mode = info.get("precision")
     if mode is None:
         return info

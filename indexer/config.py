@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
 from retrieval.checks import is_int, is_positive_int
@@ -22,6 +22,13 @@ from retrieval.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, Ind
 # Every mode keeps a vector a function of its image alone (int8 quantises per row), so an update
 # still equals a rebuild. An update without --precision keeps the index's recorded mode.
 DEFAULT_PRECISION = "auto"
+
+# Where decoding and embedding run: this process, or a Ray Data actor pool (indexer.ray_engine).
+ENGINES = ("local", "ray")
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
 
 
 
@@ -84,6 +91,15 @@ class BuildConfig:
         index_type, max_memory, target_recall: the FAISS index choice (see
             :class:`retrieval.index_types.IndexOptions`); None keeps what the index recorded
             (or the defaults for a new index).
+        engine: ``local`` (this process) or ``ray``: decoding and embedding on a Ray Data actor
+            pool (:mod:`indexer.ray_engine`); discovery, the update plan, ids and commits stay here.
+        ray_address: the Ray cluster (``auto``, ``HOST:PORT``, ``ray://HOST:10001``); None:
+            ``RAY_ADDRESS`` if set, else Ray started on this machine. Only with ``engine="ray"``.
+        actors: encoder actors; None: one per ``gpus_per_actor`` GPUs, or per ``cpus_per_actor``
+            CPUs of the cluster. Only with ``engine="ray"``.
+        gpus_per_actor: GPUs per actor (0: CPU actors). Only with ``engine="ray"``.
+        cpus_per_actor: CPUs per actor, its decode and torch threads; None: the cluster's CPUs
+            shared among the GPU actors, or up to 4 per CPU actor. Only with ``engine="ray"``.
     """
 
     model: str = DEFAULT_MODEL
@@ -102,6 +118,11 @@ class BuildConfig:
     max_memory: int | None = None
     target_recall: float | None = None
     image_size: int | None = None
+    engine: str = "local"
+    ray_address: str | None = None
+    actors: int | None = None
+    gpus_per_actor: float = 0.0
+    cpus_per_actor: float | None = None
 
     def __post_init__(self) -> None:
         # Checked up front: a bad --index-type must fail before hours of embedding.
@@ -126,6 +147,24 @@ class BuildConfig:
             raise InvalidArgumentError(f"image size must be an integer >= 1, got {self.image_size!r}")
         if self.commit_seconds <= 0:
             raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")
+        self._check_engine()
+
+    def _check_engine(self) -> None:
+        if self.engine not in ENGINES:
+            raise InvalidArgumentError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
+        if self.actors is not None and not is_positive_int(self.actors):
+            raise InvalidArgumentError(f"actors must be an integer >= 1, got {self.actors!r}")
+        if not _is_number(self.gpus_per_actor) or self.gpus_per_actor < 0:
+            raise InvalidArgumentError(f"gpus per actor must be a number >= 0, got {self.gpus_per_actor!r}")
+        if self.cpus_per_actor is not None and (not _is_number(self.cpus_per_actor) or self.cpus_per_actor <= 0):
+            raise InvalidArgumentError(f"cpus per actor must be a number > 0, got {self.cpus_per_actor!r}")
+        if self.engine != "ray":
+            given = [name for name, value, default in (
+                ("ray_address", self.ray_address, None), ("actors", self.actors, None),
+                ("gpus_per_actor", self.gpus_per_actor, 0.0), ("cpus_per_actor", self.cpus_per_actor, None),
+            ) if value != default]
+            if given:
+                raise InvalidArgumentError(f"{', '.join(given)} only apply to engine 'ray' (--engine ray)")
 
     def replace(self, **changes: Any) -> BuildConfig:
         """A copy with ``changes`` (field names) applied and validated like a new config.
@@ -176,13 +215,22 @@ class BuildReport:
     precision: str = ""
     # The CPU level the run acted on (retrieval.encoders.cpu), e.g. "avx2"; "" on CUDA.
     cpu_level: str = ""
+    engine: str = "local"
+    # Ray runs only: the encoder actors and the cluster's resources (ray.cluster_resources()).
+    actors: int = 0
+    cluster_resources: dict[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        data = asdict(self)
+        if self.engine != "ray":
+            # A local run's summary stays what it was before engines, plus "engine".
+            del data["actors"], data["cluster_resources"]
+        return data
 
 
 __all__ = [
     "DEFAULT_PRECISION",
+    "ENGINES",
     "BuildConfig",
     "BuildReport",
     "default_batch_size",

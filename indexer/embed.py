@@ -9,8 +9,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from retrieval.encoders import Encoder
 from retrieval.faults import crash_point
@@ -31,16 +34,77 @@ def _file_facts(item: Item) -> tuple[int | None, int | None, str | None]:
     return item.size, item.mtime_ns, item.content_hash
 
 
+@dataclass
+class EmbeddedBatch:
+    """One batch as the writer takes it: every file's facts, and the vectors of the good ones."""
+
+    items: list[Item]  # every file of the batch, in order, without pixels
+    vectors: np.ndarray | None  # (n_good, dim), rows in the order of the items without an error
+    decode_seconds: float
+    encode_seconds: float
+
+    @property
+    def good(self) -> list[Item]:
+        return [it for it in self.items if it.error is None]
+
+
+def new_stats(cfg: BuildConfig, device_type: str) -> dict[str, Any]:
+    """The counters and timings a run reports (``BuildReport``), before any batch."""
+    return dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0, threads=0,
+                batch_size=cfg.batch_size or default_batch_size(device_type))
+
+
+def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, batches: Iterable[EmbeddedBatch],
+                  stats: dict[str, Any]) -> None:
+    """Append embedded batches (in the order of ``plan.to_embed``) to ``writer``: rows for the
+    good files, skip records for the rest, a generation committed every ``cfg.commit_every``
+    images or ``cfg.commit_seconds``. Every engine ends here, so their indexes are alike."""
+    from tqdm import tqdm
+
+    files = plan.to_embed
+    since_commit, last_commit = 0, time.monotonic()
+    bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
+    try:
+        for batch in batches:
+            stats["decode"] += batch.decode_seconds
+            stats["encode"] += batch.encode_seconds
+            for it in batch.items:
+                if it.error is None:
+                    continue
+                rel = files[it.index].rel
+                writer.skipped.append(SkipRecord(rel, it.error, *_file_facts(it)))
+                stats["newly_skipped"] += 1
+                # A changed file that no longer decodes loses its row.
+                stats["lost"] += rel in plan.updated_paths
+            good = batch.good
+            if good and batch.vectors is not None:
+                records = [
+                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
+                    for it in good
+                ]
+                writer.append(records, batch.vectors)
+                for rec in records:
+                    stats["updated" if rec.path in plan.updated_paths else "added"] += 1
+            since_commit += len(batch.items)
+            bar.update(len(batch.items))
+            bar.set_postfix(skipped=stats["newly_skipped"], refresh=False)
+            if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
+                t0 = time.perf_counter()
+                writer.commit(complete=False)
+                stats["write"] += time.perf_counter() - t0
+                since_commit, last_commit = 0, time.monotonic()
+    finally:
+        bar.close()
+
+
 def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, writer: GenerationWriter) -> dict[str, Any]:
     """Decode and embed ``plan.to_embed`` into ``writer``, committing a generation every
     ``cfg.commit_every`` images or ``cfg.commit_seconds``; returns the run's counters and timings."""
     import torch
     from torch.utils.data import DataLoader
-    from tqdm import tqdm
 
     device_type = enc.device.type
-    stats: dict[str, Any] = dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0, threads=0,
-                                 batch_size=cfg.batch_size or default_batch_size(device_type))
+    stats = new_stats(cfg, device_type)
     files = plan.to_embed
     if not files:
         return stats
@@ -73,45 +137,24 @@ def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan
             return finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)
 
         batches = Ahead(loader, finish, depth=2, name="clipsearch-device-decode")
-    since_commit, last_commit = 0, time.monotonic()
-    bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
     try:
-        for batch in batches:
-            stats["decode"] += batch.decode_seconds
-            for it in batch.failed:
-                rel = files[it.index].rel
-                writer.skipped.append(SkipRecord(rel, it.error or "", *_file_facts(it)))
-                stats["newly_skipped"] += 1
-                # A changed file that no longer decodes loses its row.
-                stats["lost"] += rel in plan.updated_paths
-            if batch.pixels is not None:
-                crash_point("embed")
-                t0 = time.perf_counter()
-                emb = enc.embed_pixels(batch.pixels)
-                stats["encode"] += time.perf_counter() - t0
-                good = batch.good
-                records = [
-                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
-                    for it in good
-                ]
-                writer.append(records, emb)
-                for rec in records:
-                    stats["updated" if rec.path in plan.updated_paths else "added"] += 1
-            since_commit += len(batch.items)
-            bar.update(len(batch.items))
-            bar.set_postfix(skipped=stats["newly_skipped"], refresh=False)
-            if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
-                t0 = time.perf_counter()
-                writer.commit(complete=False)
-                stats["write"] += time.perf_counter() - t0
-                since_commit, last_commit = 0, time.monotonic()
+        write_batches(cfg, plan, writer, (embed_batch(enc, batch) for batch in batches), stats)
     finally:
         if isinstance(batches, Ahead):
             batches.close()
-        bar.close()
         dataset.close()
         torch.set_num_threads(threads_before)
     return stats
+
+
+def embed_batch(enc: Encoder, batch: Batch) -> EmbeddedBatch:
+    """Run the image tower on a decoded batch (the ``embed`` fault point is just before it)."""
+    if batch.pixels is None:
+        return EmbeddedBatch(batch.items, None, batch.decode_seconds, 0.0)
+    crash_point("embed")
+    t0 = time.perf_counter()
+    vectors = enc.embed_pixels(batch.pixels)
+    return EmbeddedBatch(batch.items, vectors, batch.decode_seconds, time.perf_counter() - t0)
 
 
 def decodes_on_device(device_type: str) -> bool:
@@ -119,4 +162,4 @@ def decodes_on_device(device_type: str) -> bool:
     return device_type == "cuda"
 
 
-__all__ = ["decodes_on_device", "embed_planned"]
+__all__ = ["EmbeddedBatch", "decodes_on_device", "embed_batch", "embed_planned", "new_stats", "write_batches"]

@@ -70,6 +70,10 @@ class IndexCorruptError(IndexFormatError):
         self.fix = fix
 
 
+class EngineError(ClipSearchError):
+    """A distributed build engine (Ray) is missing, unreachable, or cannot run what was asked."""
+
+
 class ModelLoadError(ClipSearchError):
     """A model checkpoint could not be loaded (missing, offline, not a CLIP checkpoint)."""
 

@@ -52,6 +52,11 @@ def run(args: argparse.Namespace) -> int:
         max_memory=args.max_memory,
         target_recall=args.target_recall,
         image_size=args.image_size,
+        engine=args.engine,
+        ray_address=args.ray_address,
+        actors=args.actors,
+        gpus_per_actor=args.gpus_per_actor,
+        cpus_per_actor=args.cpus_per_actor,
     )
     if args.json:
         print_json(report.to_dict())
@@ -101,9 +106,47 @@ def register(subparsers: Subparsers) -> None:
         "interpolated; a multiple of the patch size); default: the size the index recorded, else the model's own",
     )
     add_index_type_arguments(p)
+    add_engine_arguments(p)
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
     p.set_defaults(handler=run)
+
+
+def _non_negative_number(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number, got {text!r}") from None
+    if not value >= 0 or value == float("inf"):
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}")
+    return value
+
+
+def _positive_number(text: str) -> float:
+    value = _non_negative_number(text)
+    if value == 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}")
+    return value
+
+
+def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
+    """--engine and the Ray options (the ``ray`` extra; nothing imports ray unless --engine ray)."""
+    group = parser.add_argument_group("distributed (--engine ray, pip install 'clipsearch[ray]')")
+    group.add_argument(
+        "--engine", choices=("local", "ray"), default="local",
+        help="where decoding and embedding run: this process (local, the default) or a Ray cluster's actors (ray)",
+    )
+    group.add_argument(
+        "--ray-address", metavar="ADDR", default=None,
+        help="Ray cluster: auto, HOST:PORT or ray://HOST:10001 (default: $RAY_ADDRESS, else Ray started on this machine)",
+    )
+    group.add_argument("--actors", type=positive_int, default=None, metavar="N",
+                       help="encoder actors, one model each (default: one per --gpus-per-actor GPUs, else per --cpus-per-actor CPUs)")
+    group.add_argument("--gpus-per-actor", type=_non_negative_number, default=0.0, metavar="G",
+                       help="GPUs per actor (default: 0, CPU actors)")
+    group.add_argument("--cpus-per-actor", type=_positive_number, default=None, metavar="C",
+                       help="CPUs per actor for decoding and torch threads (default: the cluster's CPUs shared among GPU actors, "
+                       "else up to 4)")
 
 
 def add_index_type_arguments(parser: argparse.ArgumentParser) -> None:

@@ -1,0 +1,458 @@
+"""The Ray Data engine of a build (``--engine ray``): decode and embed on an actor pool.
+
+The driver (this process) keeps what makes an index an index: discovery, the update plan, id
+assignment, the precision record and every commit, through the same
+:func:`indexer.embed.write_batches` as the local engine. Ray does the heavy part: the files to
+embed become a dataset of ``(index, path)`` rows, ``map_batches`` sends them through a pool of
+:class:`EmbedActor` s (one model load per actor, ``num_gpus`` each when GPUs are asked for),
+each of which reads, decodes, preprocesses and embeds its batch with the local engine's own
+:class:`~indexer.dataset.ImageDataset` and encoder, and the vectors stream back in order.
+
+Every node reads the files at the same path (a shared file system), and has clipsearch and
+the model installed at the same place. Nothing here imports ray until a Ray build starts.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import math
+import os
+import socket
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, replace
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+from urllib.parse import urlsplit
+
+import numpy as np
+
+from retrieval.encoders import Encoder, cpu, load_encoder
+from retrieval.errors import ClipSearchError, EngineError
+
+from . import calibrate
+from .commit import GenerationWriter
+from .config import BuildConfig
+from .dataset import ImageDataset, Item, collate
+from .discover import ImageFile
+from .embed import EmbeddedBatch, embed_batch, new_stats, write_batches
+from .plan import UpdatePlan
+
+RAY_EXTRA = "pip install 'clipsearch[ray]'"
+# A cluster address that does not answer fails within this many seconds (Ray itself retries
+# for minutes before giving up on an unreachable head).
+CONNECT_TIMEOUT_S = 10.0
+# CPUs a CPU-only actor asks for by default: its torch and decode threads. More actors of
+# fewer threads each ran no faster on one machine (benchmarks/README.md, bench_ray).
+DEFAULT_CPUS_PER_ACTOR = 4
+# Files per block of the input dataset: a block is the unit Ray schedules and retries; more
+# blocks than this is scheduling overhead without more parallelism.
+MAX_BLOCKS = 4096
+# Environment the actors need to act like the driver: the fault points of the crash tests,
+# the CPU cap (the same precision candidates), offline switches and model caches.
+_FORWARDED_PREFIXES = ("CLIPSEARCH_", "HF_", "TRANSFORMERS_", "OPENCLIP_")
+_FORWARDED_NAMES = ("ONEDNN_MAX_CPU_ISA", "MKL_ENABLE_INSTRUCTIONS", "ATEN_CPU_CAPABILITY", "FBGEMM_ENABLE_INSTRUCTIONS",
+                    "OMP_WAIT_POLICY", "TORCH_HOME", "XDG_CACHE_HOME")
+
+
+def import_ray() -> ModuleType:
+    """``ray`` (with Ray Data), or a one-line error naming the extra to install."""
+    try:
+        import ray
+        import ray.data  # noqa: F401 - the Data library is a separate extra of ray
+    except ImportError as exc:
+        raise EngineError(f"--engine ray needs Ray Data, which is not installed: {RAY_EXTRA}") from exc
+    return ray
+
+
+@dataclass(frozen=True)
+class Pool:
+    """The actor pool a run asks the cluster for."""
+
+    actors: int
+    cpus_per_actor: float
+    gpus_per_actor: float
+
+    @property
+    def device(self) -> str:
+        return "cuda" if self.gpus_per_actor > 0 else "cpu"
+
+    @property
+    def threads(self) -> int:
+        return max(1, int(self.cpus_per_actor))
+
+
+def plan_pool(cfg: BuildConfig, resources: Mapping[str, float]) -> Pool:
+    """Actors and their resources from the options and what the cluster has.
+
+    Raises:
+        EngineError: GPUs asked of a cluster without (enough of) them, or more CPUs than it has
+            (Ray would wait for them forever).
+    """
+    total_cpus = float(resources.get("CPU", 0.0))
+    total_gpus = float(resources.get("GPU", 0.0))
+    gpus = float(cfg.gpus_per_actor)
+    if gpus > 0:
+        if total_gpus <= 0:
+            raise EngineError(f"--gpus-per-actor {gpus:g}: the Ray cluster has no GPUs; leave it out to embed on CPUs")
+        actors = cfg.actors or max(1, int(total_gpus // gpus))
+        if actors * gpus > total_gpus:
+            raise EngineError(f"{actors} actors x {gpus:g} GPUs need {actors * gpus:g} GPUs; the Ray cluster has {total_gpus:g}")
+        # The CPUs decode for the GPUs: share them out, keeping one for the driver's node.
+        cpus = cfg.cpus_per_actor or max(1.0, math.floor(max(1.0, total_cpus - 1) / actors))
+    else:
+        cpus = cfg.cpus_per_actor or max(1.0, min(float(DEFAULT_CPUS_PER_ACTOR), total_cpus))
+        actors = cfg.actors or max(1, int(total_cpus // cpus))
+    if actors * cpus > total_cpus:
+        raise EngineError(
+            f"{actors} actors x {cpus:g} CPUs need {actors * cpus:g} CPUs; the Ray cluster has {total_cpus:g} "
+            "(lower --actors or --cpus-per-actor)"
+        )
+    return Pool(actors, float(cpus), gpus)
+
+
+def _host_port(address: str) -> tuple[str, int] | None:
+    # "HOST:PORT" (the GCS) or "ray://HOST:PORT" (Ray Client); "auto" and "local" are Ray's own.
+    if address in ("auto", "local"):
+        return None
+    parts = urlsplit(address if "://" in address else f"gcs://{address}")
+    if not parts.hostname:
+        raise EngineError(f"--ray-address {address!r} is not HOST:PORT, ray://HOST:PORT or auto")
+    try:
+        port = parts.port
+    except ValueError as exc:
+        raise EngineError(f"--ray-address {address!r} has a bad port") from exc
+    return parts.hostname, port or (10001 if parts.scheme == "ray" else 6379)
+
+
+def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
+    """Fail fast, with one line, when no Ray head answers at ``address``.
+
+    Ray's own connect retries for minutes against an address that is down or is not Ray, so the
+    head is probed first: a TCP connection, then the HTTP/2 greeting every gRPC server (Ray's
+    GCS and its client server) answers with a SETTINGS frame.
+
+    Raises:
+        EngineError: refused, an unknown host, no answer within ``timeout`` seconds, or an
+            answer that is not gRPC.
+    """
+    target = _host_port(address)
+    if target is None:
+        return
+    deadline = time.monotonic() + timeout
+    try:
+        with socket.create_connection(target, timeout=timeout) as sock:
+            sock.sendall(_HTTP2_PREFACE + _HTTP2_EMPTY_SETTINGS)
+            head = b""
+            while len(head) < 9:
+                sock.settimeout(max(0.01, deadline - time.monotonic()))
+                chunk = sock.recv(9 - len(head))
+                if not chunk:
+                    break
+                head += chunk
+    except OSError as exc:
+        why = "no answer" if isinstance(exc, TimeoutError) else (exc.strerror or type(exc).__name__)
+        raise EngineError(
+            f"cannot reach the Ray cluster at {address}: {why}; is its head running (`ray start --head`)?"
+        ) from exc
+    if len(head) < 9 or head[3] != _HTTP2_SETTINGS:
+        raise EngineError(f"{address} does not answer as a Ray head (no gRPC server there); check --ray-address")
+
+
+# The client side of an HTTP/2 connection's start (RFC 9113, 3.4): the preface, then an empty
+# SETTINGS frame; a server answers with a SETTINGS frame (type 0x4) of its own.
+_HTTP2_PREFACE = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n"
+_HTTP2_EMPTY_SETTINGS = b"\x00\x00\x00\x04\x00\x00\x00\x00\x00"
+_HTTP2_SETTINGS = 0x04
+
+
+@contextlib.contextmanager
+def connected(address: str | None) -> Iterator[ModuleType]:
+    """Ray, connected: to ``address`` (else ``RAY_ADDRESS``), else started on this machine.
+
+    A Ray this process had already initialised is used as it is and left running; one started
+    here is shut down at the end.
+    """
+    ray = import_ray()
+    if ray.is_initialized():
+        yield ray
+        return
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address:
+        check_reachable(address)
+    _quiet_ray()
+    try:
+        if address:
+            ray.init(address=address, log_to_driver=False, logging_level=logging.ERROR)
+        else:
+            ray.init(include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    except ClipSearchError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - Ray's connection errors have no common base
+        where = f"the Ray cluster at {address}" if address else "Ray on this machine"
+        raise EngineError(f"cannot connect to {where}: {_first_line(exc)}") from exc
+    try:
+        yield ray
+    finally:
+        ray.shutdown()
+
+
+def _quiet_ray() -> None:
+    # Ray's INFO and WARNING lines (execution plans, log folders, the generated auth token, its
+    # progress bars turned off) are for Ray's developers, not for users of the index command,
+    # which prints its own progress; errors still show.
+    for name in ("ray", "ray.data"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip().splitlines()
+    return text[0] if text else type(exc).__name__
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """What an actor needs to embed exactly like the driver's plan says."""
+
+    model: str
+    device: str
+    precision: str
+    image_size: int | None
+    int8_activation_bits: int | None
+    root: bytes
+    max_pixels: int
+    draft: bool
+    threads: int
+
+
+def load_actor_encoder(spec: ActorSpec) -> Encoder:
+    """The encoder of one actor (or of the calibration task), as the spec says.
+
+    Raises:
+        EngineError: an int8 run whose node quantises activations differently from the mode
+            the index records (a cluster of mixed CPUs): its vectors would not match.
+    """
+    import torch
+
+    torch.set_num_threads(spec.threads)
+    enc = load_encoder(spec.model, device=spec.device, precision=spec.precision)
+    if spec.image_size is not None:
+        enc.set_image_size(spec.image_size)
+    bits = enc.info.get("int8_activation_bits")
+    if spec.int8_activation_bits is not None and bits is not None and int(bits) != spec.int8_activation_bits:
+        raise EngineError(
+            f"node {socket.gethostname()} runs int8 with {bits}-bit activations, the index records "
+            f"{spec.int8_activation_bits}-bit ones (CPUs of another kind); use --precision fp32 or one kind of node"
+        )
+    return enc
+
+
+class EmbedActor:
+    """One model on one Ray worker: decodes, preprocesses and embeds batches of files."""
+
+    def __init__(self, spec: ActorSpec) -> None:
+        self.spec = spec
+        self.enc = load_actor_encoder(spec)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        spec = self.spec
+        files = [ImageFile(bytes(rel), -1, -1) for rel in batch["rel"]]
+        dataset = ImageDataset(os.fsdecode(spec.root), files, self.enc.preprocess, max_pixels=spec.max_pixels, draft=spec.draft,
+                               threads=spec.threads)
+        try:
+            items = dataset.__getitems__(range(len(files)))
+        finally:
+            dataset.close()
+        done = embed_batch(self.enc, collate(items))
+        return _to_columns(batch["index"], done, self.enc.dim)
+
+
+def _to_columns(indices: np.ndarray, done: EmbeddedBatch, dim: int) -> dict[str, np.ndarray]:
+    # Arrow-friendly columns; failed rows carry a zero vector, dropped by the driver.
+    n = len(done.items)
+    ok = np.array([it.error is None for it in done.items], dtype=bool)
+    vectors = np.zeros((n, dim), np.float32)
+    if done.vectors is not None:
+        vectors[ok] = done.vectors
+    per_file_encode = done.encode_seconds / n if n else 0.0
+    return {
+        "index": np.asarray(indices, np.int64),
+        "ok": ok,
+        "width": np.array([it.width for it in done.items], np.int32),
+        "height": np.array([it.height for it in done.items], np.int32),
+        "size": np.array([it.size for it in done.items], np.int64),
+        "mtime_ns": np.array([it.mtime_ns for it in done.items], np.int64),
+        "content_hash": np.array([it.content_hash for it in done.items], dtype=object),
+        "error": np.array([it.error or "" for it in done.items], dtype=object),
+        "decode_s": np.array([it.seconds for it in done.items], np.float64),
+        "encode_s": np.full(n, per_file_encode, np.float64),
+        "embedding": vectors,
+    }
+
+
+def _from_columns(cols: Mapping[str, np.ndarray]) -> EmbeddedBatch:
+    ok = np.asarray(cols["ok"], bool)
+    items = [
+        Item(int(i), None, int(w), int(h), None if good else str(err), float(d), int(size), int(mtime), str(digest))
+        for i, good, w, h, err, d, size, mtime, digest in zip(
+            cols["index"], ok, cols["width"], cols["height"], cols["error"], cols["decode_s"], cols["size"],
+            cols["mtime_ns"], cols["content_hash"], strict=True,
+        )
+    ]
+    vectors = np.asarray(cols["embedding"], np.float32)[ok] if ok.any() else None
+    return EmbeddedBatch(items, vectors, float(np.sum(cols["decode_s"])), float(np.sum(cols["encode_s"])))
+
+
+def _calibrate_remote(spec: ActorSpec, previous_info: Mapping[str, Any] | None, files: Sequence[ImageFile],
+                      keep_recorded: bool) -> dict[str, Any]:
+    # Runs as a Ray task with an actor's resources: the mode is chosen on the kind of node
+    # (CPU features, GPU) that embeds, with the local engine's own calibration.
+    enc = load_actor_encoder(spec)
+    calibrate.resolve(enc, previous_info, os.fsdecode(spec.root), files, max_pixels=spec.max_pixels, draft=spec.draft,
+                      keep_recorded=keep_recorded)
+    info = dict(enc.info)
+    info["_cpu_level"] = cpu.cpu_level() if enc.device.type == "cpu" else ""
+    return info
+
+
+def _runtime_env() -> dict[str, Any]:
+    env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_PREFIXES) or k in _FORWARDED_NAMES}
+    return {"env_vars": env} if env else {}
+
+
+@dataclass
+class RayRun:
+    """A connected Ray session for one build: resolves the precision, then embeds."""
+
+    ray: ModuleType
+    cfg: BuildConfig
+    pool: Pool
+    resources: dict[str, float]
+
+    def spec(self, enc: Encoder, photos: Path, precision: str, info: Mapping[str, Any]) -> ActorSpec:
+        size = info.get("embed_image_size")
+        bits = info.get("int8_activation_bits") if precision == "int8" else None
+        return ActorSpec(
+            model=self.cfg.model, device=self.pool.device, precision=precision,
+            image_size=int(size) if size is not None else None, int8_activation_bits=int(bits) if bits is not None else None,
+            root=os.fsencode(photos), max_pixels=self.cfg.max_pixels, draft=self.cfg.draft, threads=self.pool.threads,
+        )
+
+    def resolve_precision(self, enc: Encoder, photos: Path, previous_info: Mapping[str, Any] | None,
+                          files: Sequence[ImageFile], keep_recorded: bool) -> dict[str, Any]:
+        """The model info an actor's encoder reports after the local engine's calibration,
+        run as one Ray task with an actor's resources on the first files to embed."""
+        requested = str(enc.image_precision.requested)
+        spec = self.spec(enc, photos, requested, enc.info)
+        task = self.ray.remote(num_cpus=self.pool.cpus_per_actor, num_gpus=self.pool.gpus_per_actor,
+                               runtime_env=_runtime_env(), max_retries=2)(_calibrate_remote)
+        sample = list(files[: 4 * 16])
+        try:
+            info: dict[str, Any] = self.ray.get(task.remote(spec, dict(previous_info) if previous_info else None, sample,
+                                                            keep_recorded))
+        except Exception as exc:  # noqa: BLE001 - a RayTaskError wraps the actor's own error
+            raise _task_error(exc) from exc
+        return info
+
+    def embed(self, spec: ActorSpec, plan: UpdatePlan, writer: GenerationWriter) -> dict[str, Any]:
+        """Embed ``plan.to_embed`` on the actor pool into ``writer`` (same stats as the local engine)."""
+        import pyarrow as pa
+
+        stats = new_stats(self.cfg, self.pool.device)
+        files = plan.to_embed
+        stats["workers"] = self.pool.actors
+        stats["threads"] = self.pool.threads
+        if not files:
+            return stats
+        batch_size = int(stats["batch_size"])
+        # Blocks of whole batches, so that a batch never spans two blocks (two model calls).
+        rows = batch_size * max(1, math.ceil(len(files) / (MAX_BLOCKS * batch_size)))
+        blocks = [
+            pa.table({"index": pa.array(np.arange(i, min(i + rows, len(files)), dtype=np.int64)),
+                      "rel": pa.array([f.rel for f in files[i: i + rows]], pa.binary())})
+            for i in range(0, len(files), rows)
+        ]
+        data = self.ray.data
+        _quiet_ray()
+        ctx = data.DataContext.get_current()
+        saved = (ctx.execution_options.preserve_order, ctx.enable_progress_bars)
+        # Rows come back in the plan's order, so ids are assigned as a local build assigns them.
+        ctx.execution_options.preserve_order = True
+        ctx.enable_progress_bars = False
+        try:
+            ds = data.from_arrow(blocks).map_batches(
+                EmbedActor,
+                fn_constructor_args=(spec,),
+                batch_size=batch_size,
+                batch_format="numpy",
+                compute=data.ActorPoolStrategy(size=self.pool.actors),
+                num_cpus=self.pool.cpus_per_actor,
+                num_gpus=self.pool.gpus_per_actor or None,
+                # Ray Data restarts a killed actor and retries its batch (max_restarts=-1 by
+                # default); broken images are skip records inside a batch and never fail it.
+                runtime_env=_runtime_env(),
+            )
+            write_batches(self.cfg, plan, writer, self._in_order(ds), stats)
+        finally:
+            ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
+        return stats
+
+    def _in_order(self, ds: Any) -> Iterator[EmbeddedBatch]:
+        expected = 0
+        try:
+            for cols in ds.iter_batches(batch_size=None, batch_format="numpy"):
+                batch = _from_columns(cols)
+                first = batch.items[0].index if batch.items else expected
+                if first != expected:
+                    # ids follow arrival order: anything but the plan's order would not be a
+                    # local build's index, so stop before committing it.
+                    raise EngineError(f"Ray returned file {first} where file {expected} was due; nothing of it was committed")
+                expected += len(batch.items)
+                yield batch
+        except ClipSearchError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - Ray wraps an actor's error in its own types
+            raise _task_error(exc) from exc
+
+
+def _task_error(exc: BaseException) -> ClipSearchError:
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, ClipSearchError):
+        return cause
+    return EngineError(f"the Ray job failed: {_first_line(exc)}")
+
+
+@contextlib.contextmanager
+def ray_run(cfg: BuildConfig) -> Iterator[RayRun]:
+    """Connect (see :func:`connected`) and plan the actor pool of a ``cfg.engine == "ray"`` build."""
+    with connected(cfg.ray_address) as ray:
+        resources = {str(k): float(v) for k, v in ray.cluster_resources().items() if k in ("CPU", "GPU", "memory", "object_store_memory")}
+        pool = plan_pool(cfg, resources)
+        yield RayRun(ray, cfg, pool, resources)
+
+
+def resolved_spec(spec: ActorSpec, info: Mapping[str, Any]) -> ActorSpec:
+    """``spec`` fixed to the mode calibration chose (``info['precision']``)."""
+    mode = str(info.get("precision") or spec.precision)
+    bits = info.get("int8_activation_bits") if mode == "int8" else None
+    return replace(spec, precision=mode, int8_activation_bits=int(bits) if bits is not None else None)
+
+
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "RAY_EXTRA",
+    "ActorSpec",
+    "EmbedActor",
+    "Pool",
+    "RayRun",
+    "check_reachable",
+    "connected",
+    "import_ray",
+    "load_actor_encoder",
+    "plan_pool",
+    "ray_run",
+    "resolved_spec",
+]
+
