@@ -35,7 +35,7 @@ from retrieval.errors import (
     UnsupportedFormatError,
 )
 from retrieval.images import IMAGE_EXTENSIONS
-from retrieval.index_types import IndexOptions, parse_memory
+from retrieval.index_types import parse_memory
 from retrieval.layout import (
     FORMAT_NAME,
     GENERATION_PREFIX,
@@ -220,16 +220,6 @@ def _readable_manifest(out: Path) -> Manifest | None:
         return None
 
 
-def _index_options(cfg: BuildConfig, previous: Manifest | None) -> IndexOptions:
-    """The run's FAISS options: what was asked, else what the index recorded, else defaults."""
-    recorded = dict(previous.index_options) if previous is not None else {}
-    if previous is not None and not recorded:
-        # A version-1 index: flat was the only choice, and it stays until asked otherwise.
-        recorded = {"index_type": "flat"}
-    asked = {"index_type": cfg.index_type, "max_memory": cfg.max_memory, "target_recall": cfg.target_recall}
-    return IndexOptions.from_dict({**recorded, **{k: v for k, v in asked.items() if v is not None}})
-
-
 def _check_model(base: Manifest, enc: Encoder, fingerprint: str, out: Path) -> None:
     if base.backend == enc.backend and base.model_fingerprint == fingerprint and base.dim == enc.dim:
         return
@@ -284,7 +274,7 @@ def _run(
         # rather than somewhere in the update.
         store.check_files(out, previous)
     _apply_image_size(cfg, enc, previous, out)
-    options = _index_options(cfg, previous)
+    options = ann.choose_options(previous, index_type=cfg.index_type, max_memory=cfg.max_memory, target_recall=cfg.target_recall)
     # A factory string FAISS rejects fails here, before any image is embedded.
     ann.check_options(options, enc.dim, max(len(found.files), previous.count if previous is not None else 0))
     meta = IndexMeta(
