@@ -59,7 +59,7 @@ from .lock import IndexLock
 from .plan import plan_update
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
-_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})
 
 
 def _check_photos_dir(photos_dir: Path) -> None:
@@ -76,7 +76,7 @@ def _check_index_dir(index_dir: Path, rebuild: bool) -> None:
         raise IndexDirError(f"{index_dir} exists and is not a directory; choose a new INDEX_DIR")
     if is_index_dir(index_dir):
         try:
-            read_manifest(index_dir)  # refuses an index newer than we can write over safely
+            manifest = read_manifest(index_dir)  # refuses an index newer than we can write over safely
         except UnsupportedFormatError:
             raise
         except IndexFormatError as exc:
@@ -88,6 +88,15 @@ def _check_index_dir(index_dir: Path, rebuild: bool) -> None:
                 ) from exc
             if not rebuild:
                 raise IndexFormatError(f"{exc}; `clipsearch index --rebuild` replaces it") from exc
+            return
+        imported = manifest.model_info.get("imported_from")
+        if imported and not rebuild:
+            # Its rows name no files of PHOTOS_DIR (no size, mtime or hash to compare): an update
+            # would drop every imported row as deleted. Refused; --rebuild replaces it on purpose.
+            raise IndexDirError(
+                f"{index_dir} was made by `clipsearch import` from {imported} embeddings, not from image files, so "
+                "`clipsearch index` cannot update it; pass --rebuild to replace it with an index of PHOTOS_DIR"
+            )
         return
     # Leftovers of a first build killed before its first commit are ours to reuse.
     ours = {LOCK_FILE}
@@ -177,7 +186,7 @@ def build_index(
     except BaseException as exc:
         if created_dir and not is_index_dir(out):
             shutil.rmtree(out, ignore_errors=True)
-        if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
+        if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
             raise IndexDirError(
                 f"cannot write the index to {out}: {exc.strerror}; the last committed index, if any, is unchanged"
             ) from exc
