@@ -327,3 +327,20 @@ def test_index_refuses_an_imported_index_and_rebuild_replaces_it(
     rebuilt = read_manifest(out)
     assert "imported_from" not in rebuilt.model_info and rebuilt.source_root == str(photos.resolve())
     assert sorted(_stored(ImageIndex.open(out))[0]) == ["x.png", "z.png"]
+
+
+def test_serve_searches_an_imported_index_and_serves_no_files(tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("fastapi")
+    from fastapi.testclient import TestClient
+
+    from clipsearch.server.app import create_app
+
+    source = _parquet(tmp_path / "a.parquet", ["/etc/passwd", "../x.jpg"], _vectors(2))
+    out = tmp_path / "idx"
+    assert _import(capsys, source, out, tiny_model)[0] == 0
+    with TestClient(create_app([out], cache_dir=tmp_path / "cache", warm=False, device="cpu")) as client:
+        found = client.get("/api/search", params={"q": "a cat", "k": 2})
+        assert found.status_code == 200 and len(found.json()["results"]) == 2
+        for url in ("/api/images/0", "/api/images/1", "/api/thumbnails/0?size=256"):
+            assert client.get(url).status_code == 404, url
+        assert "imported from embeddings" in client.get("/api/images/0").json()["error"]
