@@ -21,7 +21,8 @@ from typing import Any, Literal
 import numpy as np
 
 from retrieval import faiss_index, store
-from retrieval.index_types import IndexOptions, IndexPlan, candidate_plans
+from retrieval.index_types import IndexOptions, IndexPlan, candidate_plans, parse_memory
+from retrieval.layout import Manifest
 
 # Held-out collection vectors used as queries when tuning; their own row is excluded from
 # both the exact and the approximate top-10 (a query would otherwise trivially find itself).
@@ -185,6 +186,31 @@ def check_plans(plans: Sequence[IndexPlan], dim: int) -> None:
         faiss_index.create(plan.factory, dim)
 
 
+def choose_options(
+    previous: Manifest | None,
+    *,
+    index_type: str | None = None,
+    max_memory: int | str | None = None,
+    target_recall: float | None = None,
+) -> IndexOptions:
+    """The FAISS options of a run: what was asked (None: not asked), else what ``previous``
+    recorded, else the defaults. One rule for ``index``, ``reindex`` and ``import``.
+
+    Raises:
+        InvalidArgumentError: a bad value (memory size, recall, empty index type).
+    """
+    recorded = dict(previous.index_options) if previous is not None else {}
+    if previous is not None and not recorded:
+        # A version-1 index: flat was the only choice, and it stays until asked otherwise.
+        recorded = {"index_type": "flat"}
+    asked = {
+        "index_type": index_type,
+        "max_memory": parse_memory(max_memory) if max_memory is not None else None,
+        "target_recall": target_recall,
+    }
+    return IndexOptions.from_dict({**recorded, **{k: v for k, v in asked.items() if v is not None}})
+
+
 def check_options(options: IndexOptions, dim: int, count: int = 100_000) -> None:
     """:func:`check_plans` for what ``options`` would build over ``count`` vectors."""
     check_plans(candidate_plans(count, dim, options), dim)
@@ -277,6 +303,8 @@ __all__ = [
     "PreviousFaiss",
     "UpdateAction",
     "build",
+    "check_options",
+    "choose_options",
     "needs_rebuild",
     "needs_retune",
     "retune",

@@ -36,7 +36,7 @@ from retrieval.errors import (
     UnsupportedFormatError,
 )
 from retrieval.images import IMAGE_EXTENSIONS
-from retrieval.index_types import IndexOptions, parse_memory
+from retrieval.index_types import parse_memory
 from retrieval.layout import (
     FORMAT_NAME,
     GENERATION_PREFIX,
@@ -60,7 +60,7 @@ from .lock import IndexLock
 from .plan import plan_update
 
 # Errors of the index directory itself (not of an image): reported as one line, not a traceback.
-_WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})
+WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})
 
 
 def _check_photos_dir(photos_dir: Path) -> None:
@@ -77,7 +77,7 @@ def _check_index_dir(index_dir: Path, rebuild: bool) -> None:
         raise IndexDirError(f"{index_dir} exists and is not a directory; choose a new INDEX_DIR")
     if is_index_dir(index_dir):
         try:
-            read_manifest(index_dir)  # refuses an index newer than we can write over safely
+            manifest = read_manifest(index_dir)  # refuses an index newer than we can write over safely
         except UnsupportedFormatError:
             raise
         except IndexFormatError as exc:
@@ -89,6 +89,15 @@ def _check_index_dir(index_dir: Path, rebuild: bool) -> None:
                 ) from exc
             if not rebuild:
                 raise IndexFormatError(f"{exc}; `clipsearch index --rebuild` replaces it") from exc
+            return
+        imported = manifest.model_info.get("imported_from")
+        if imported and not rebuild:
+            # Its rows name no files of PHOTOS_DIR (no size, mtime or hash to compare): an update
+            # would drop every imported row as deleted. Refused; --rebuild replaces it on purpose.
+            raise IndexDirError(
+                f"{index_dir} was made by `clipsearch import` from {imported} embeddings, not from image files, so "
+                "`clipsearch index` cannot update it; pass --rebuild to replace it with an index of PHOTOS_DIR"
+            )
         return
     # Leftovers of a first build killed before its first commit are ours to reuse.
     ours = {LOCK_FILE}
@@ -195,7 +204,7 @@ def _build(
     except BaseException as exc:
         if created_dir and not is_index_dir(out):
             shutil.rmtree(out, ignore_errors=True)
-        if isinstance(exc, OSError) and exc.errno in _WRITE_ERRNOS:
+        if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
             raise IndexDirError(
                 f"cannot write the index to {out}: {exc.strerror}; the last committed index, if any, is unchanged"
             ) from exc
@@ -236,16 +245,6 @@ def _readable_manifest(out: Path) -> Manifest | None:
         raise
     except IndexFormatError:
         return None
-
-
-def _index_options(cfg: BuildConfig, previous: Manifest | None) -> IndexOptions:
-    """The run's FAISS options: what was asked, else what the index recorded, else defaults."""
-    recorded = dict(previous.index_options) if previous is not None else {}
-    if previous is not None and not recorded:
-        # A version-1 index: flat was the only choice, and it stays until asked otherwise.
-        recorded = {"index_type": "flat"}
-    asked = {"index_type": cfg.index_type, "max_memory": cfg.max_memory, "target_recall": cfg.target_recall}
-    return IndexOptions.from_dict({**recorded, **{k: v for k, v in asked.items() if v is not None}})
 
 
 def _check_model(base: Manifest, enc: Encoder, fingerprint: str, out: Path) -> None:
@@ -303,7 +302,7 @@ def _run(
         # rather than somewhere in the update.
         store.check_files(out, previous)
     _apply_image_size(cfg, enc, previous, out)
-    options = _index_options(cfg, previous)
+    options = ann.choose_options(previous, index_type=cfg.index_type, max_memory=cfg.max_memory, target_recall=cfg.target_recall)
     # A factory string FAISS rejects fails here, before any image is embedded.
     ann.check_options(options, enc.dim, max(len(found.files), previous.count if previous is not None else 0))
     meta = IndexMeta(

@@ -16,7 +16,7 @@ from typing import Any
 
 from retrieval import store
 from retrieval.errors import IndexFormatError
-from retrieval.index_types import IndexOptions, parse_memory
+from retrieval.index_types import parse_memory
 from retrieval.layout import read_manifest
 
 from . import ann
@@ -62,11 +62,7 @@ def reindex(
     start = time.perf_counter()
     out = Path(index_dir)
     read_manifest(out)  # a clear error before taking the lock
-    asked = {
-        "index_type": index_type,
-        "max_memory": parse_memory(max_memory) if max_memory is not None else None,
-        "target_recall": target_recall,
-    }
+    memory = parse_memory(max_memory) if max_memory is not None else None  # a bad size fails before the lock
     with IndexLock(out):
         base = read_manifest(out)
         if not base.complete:
@@ -75,8 +71,7 @@ def reindex(
             )
         # Every file but the FAISS file, which this replaces (repairing it is one use of reindex).
         store.check_files(out, base, faiss=False)
-        recorded = dict(base.index_options) or {"index_type": "flat"}
-        options = IndexOptions.from_dict({**recorded, **{k: v for k, v in asked.items() if v is not None}})
+        options = ann.choose_options(base, index_type=index_type, max_memory=memory, target_recall=target_recall)
         ann.check_options(options, base.dim, base.count)
         remove_stale(out, keep=base.generation)
         meta = IndexMeta(

@@ -6,6 +6,7 @@ Importing this package does no work: models load on first query, FAISS on first 
 from .errors import (
     ClipSearchError,
     ImageDecodeError,
+    ImportSourceError,
     IndexCorruptError,
     IndexDirError,
     IndexFormatError,
@@ -27,6 +28,7 @@ __all__ = [
     "Hit",
     "ImageDecodeError",
     "ImageIndex",
+    "ImportSourceError",
     "IndexCorruptError",
     "IndexDirError",
     "IndexFormatError",

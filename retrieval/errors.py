@@ -48,6 +48,23 @@ class NotAnIndexError(IndexDirError):
     """The directory holds no clipsearch index (no manifest)."""
 
 
+class ImportSourceError(ClipSearchError):
+    """Embeddings to import (``clipsearch import SOURCE``) cannot be used: SOURCE is missing or
+    of neither layout, a file lacks a column, row counts or dimensions disagree, or a row holds a
+    bad value (NaN, inf, a zero vector, a missing or repeated path).
+
+    ``source`` is the file (or folder) at fault and ``row`` the 0-based row within that file when
+    one row is; both are also in the message.
+    """
+
+    def __init__(self, source: str | os.PathLike[str], problem: str, *, row: int | None = None) -> None:
+        self.source = os.fspath(source)
+        self.problem = problem
+        self.row = row
+        where = self.source if row is None else f"{self.source}: row {row}"
+        super().__init__(f"{where}: {problem}")
+
+
 class IndexFormatError(ClipSearchError):
     """The index exists but cannot be read: unsupported version, damaged or inconsistent files."""
 

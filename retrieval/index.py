@@ -644,6 +644,12 @@ class ImageIndex:
             "model_info": dict(m.model_info),
             "text_path": self.text_path().to_dict(),
             "source_root": m.source_root,
+            # An index made by `clipsearch import` (no image files behind it): from what, and where.
+            **(
+                {"imported_from": m.model_info["imported_from"], "imported_source": m.model_info.get("imported_source", "")}
+                if m.model_info.get("imported_from")
+                else {}
+            ),
             "created": m.created,
             "tool_version": m.tool_version,
             "skipped_files": [{"path": s.path, "reason": s.reason} for s in self.skipped()],

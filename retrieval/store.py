@@ -31,7 +31,14 @@ _SOURCES: weakref.WeakKeyDictionary[pq.ParquetFile, tuple[Path, str]] = weakref.
 
 
 def rebuild_hint(index_dir: Path, manifest: Manifest | None) -> str:
-    """The command that rebuilds ``index_dir`` from its images (from the folder it recorded)."""
+    """The command that rebuilds ``index_dir`` from its images (from the folder it recorded), or
+    from the embeddings it was imported from."""
+    if manifest is not None and manifest.model_info.get("imported_from"):
+        source = shlex.quote(str(manifest.model_info.get("imported_source") or "SOURCE"))
+        return (
+            f"import the embeddings again into a new directory with "
+            f"`clipsearch import {source} NEW_INDEX_DIR --model {shlex.quote(manifest.model)}`"
+        )
     photos = shlex.quote(manifest.source_root) if manifest is not None and manifest.source_root else "PHOTOS_DIR"
     return f"rebuild the index with `clipsearch index {photos} {shlex.quote(str(index_dir))} --rebuild`"
 

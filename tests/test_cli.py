@@ -245,6 +245,7 @@ def test_every_command_is_listed_in_help_order() -> None:
         eval_zeroshot,
         evaluate,
         finetune,
+        import_,
         index,
         info,
         reindex,
@@ -254,9 +255,11 @@ def test_every_command_is_listed_in_help_order() -> None:
     )
 
     proc = run_cli(["no-such-command"])
-    listed = "'index', 'reindex', 'finetune', 'search', 'classify', 'duplicates', 'info', 'verify', 'eval', 'eval-zeroshot', 'serve'"
+    listed = (
+        "'index', 'reindex', 'import', 'finetune', 'search', 'classify', 'duplicates', 'info', 'verify', 'eval', 'eval-zeroshot', 'serve'"
+    )
     assert f"(choose from {listed})" in proc.stderr
-    assert COMMANDS == (index, reindex, finetune, search, classify, duplicates, info, verify, evaluate, eval_zeroshot, serve)
+    assert COMMANDS == (index, reindex, import_, finetune, search, classify, duplicates, info, verify, evaluate, eval_zeroshot, serve)
 
 
 @pytest.mark.parametrize("package", ["retrieval", "indexer"])

@@ -54,6 +54,9 @@ def source_file(index: ImageIndex, image_id: int, name: str) -> Path:
     is lexical (no ``..`` can climb out), so a symlink the indexer followed inside the collection
     is still served, as it was indexed.
     """
+    if not index.manifest.source_root:
+        # An index made by `clipsearch import`: vectors only, no folder of originals to serve.
+        raise NotFoundError(f"index {name!r} holds no image files (it was imported from embeddings)")
     try:
         path = index.source_file(image_id)
     except InvalidArgumentError:
