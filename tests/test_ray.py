@@ -146,14 +146,14 @@ def test_an_address_that_is_not_a_ray_head_fails_in_bounded_time() -> None:
     with socket.socket() as silent:
         silent.bind(("127.0.0.1", 0))
         silent.listen(1)
-        address = "127.0.0.1:%d" % silent.getsockname()[1]
+        address = f"127.0.0.1:{silent.getsockname()[1]}"
         with pytest.raises(EngineError, match=f"cannot reach the Ray cluster at {address}: no answer"):
             ray_engine.check_reachable(address, timeout=0.5)
 
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
         other.listen(1)
-        address = "127.0.0.1:%d" % other.getsockname()[1]
+        address = f"127.0.0.1:{other.getsockname()[1]}"
 
         def answer() -> None:
             conn, _ = other.accept()
