@@ -330,7 +330,7 @@ def _run(
     # for the calibration's model calls as for the build's.
     cpu_level = cpu.cpu_level() if enc.device.type == "cpu" else ""
     with retained_heap():
-        if run is not None:
+        if run is not None and not run.calibrates_here(enc):
             # The recorded mode, if any, is taken here; a mode still to choose is chosen by
             # calibrating on the kind of node the actors run on (its CPU features or GPU).
             calibrate.resolve(enc, prev_info, photos, [], max_pixels=cfg.max_pixels, draft=cfg.draft, keep_recorded=keep_precision)

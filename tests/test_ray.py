@@ -26,6 +26,7 @@ from clipsearch.cli import main
 from indexer import build_index, ray_engine
 from indexer.config import BuildConfig
 from retrieval import ImageIndex
+from retrieval.encoders.cpu import cpu_level
 from retrieval.errors import EngineError, InvalidArgumentError
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -269,6 +270,26 @@ def _wait_for_pid(path: Path, other_than: int | None, timeout: float = 120.0) ->
                 return pid
         time.sleep(0.02)
     raise AssertionError(f"no actor reached {path.name}")
+
+
+def test_calibration_on_a_node_chooses_what_the_driver_would(tiny_model: Path, small_photos: Path, ray_local: None) -> None:
+    """On a cluster of other machines `auto` is calibrated by a Ray task with an actor's
+    resources; here, where the nodes are this machine, it must choose what the driver chooses."""
+    from indexer import calibrate
+    from indexer.discover import discover
+    from retrieval.encoders import load_encoder
+
+    files = discover(small_photos).files
+    local = load_encoder(str(tiny_model), device="cpu", precision="auto")
+    calibrate.resolve(local, None, small_photos, files, max_pixels=10**8, draft=True)
+    driver = load_encoder(str(tiny_model), device="cpu", precision="auto")
+    with ray_engine.ray_run(BuildConfig(model=str(tiny_model), engine="ray")) as run:
+        assert run.this_machine and run.calibrates_here(driver)
+        info = run.resolve_precision(driver, small_photos, None, files, keep_recorded=False)
+    assert info["precision"] == local.info["precision"]
+    assert info["precision_requested"] == "auto"
+    assert [g["mode"] for g in info["precision_gate"]["gate"]] == [g["mode"] for g in local.info["precision_gate"]["gate"]]
+    assert info["_cpu_level"] == cpu_level()
 
 
 def test_gpus_on_a_cluster_without_gpus(tmp_path: Path, tiny_model: Path, small_photos: Path, ray_local: None,
