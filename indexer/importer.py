@@ -49,7 +49,7 @@ import pyarrow.parquet as pq
 from retrieval.checks import is_positive_int
 from retrieval.encoders import load_encoder
 from retrieval.errors import ImportSourceError, IndexDirError, IndexFormatError, InvalidArgumentError
-from retrieval.layout import GENERATION_PREFIX, LOCK_FILE, MANIFEST_FILE, STAGING_PREFIX, is_index_dir, read_manifest
+from retrieval.layout import MANIFEST_FILE, holds_only_writer_leftovers, is_index_dir, read_manifest
 
 from . import ann
 from .build import WRITE_ERRNOS
@@ -247,8 +247,7 @@ def _check_index_dir(out: Path) -> None:
                 "INDEX_DIR (delete it first, or choose another)"
             )
         return
-    ours = {LOCK_FILE}
-    if any(p.name not in ours and not p.name.startswith((STAGING_PREFIX, GENERATION_PREFIX)) for p in out.iterdir()):
+    if not holds_only_writer_leftovers(out):
         raise IndexDirError(f"{out} exists and is not empty; `clipsearch import` writes only to a new or empty INDEX_DIR")
 
 

@@ -451,6 +451,12 @@ def is_index_dir(path: str | os.PathLike[str]) -> bool:
     return (Path(path) / MANIFEST_FILE).is_file()
 
 
+def holds_only_writer_leftovers(path: str | os.PathLike[str]) -> bool:
+    """Whether a directory holds nothing but what a writer killed before its first manifest
+    leaves behind (its lock file, staging and generation folders): ours to reuse."""
+    return all(p.name == LOCK_FILE or p.name.startswith((STAGING_PREFIX, GENERATION_PREFIX)) for p in Path(path).iterdir())
+
+
 def _fsync_dir(directory: Path) -> None:
     # The rename itself is only durable once the directory entry is flushed.
     try:
