@@ -39,12 +39,10 @@ from retrieval.images import IMAGE_EXTENSIONS
 from retrieval.index_types import parse_memory
 from retrieval.layout import (
     FORMAT_NAME,
-    GENERATION_PREFIX,
-    LOCK_FILE,
     MANIFEST_FILE,
-    STAGING_PREFIX,
     Manifest,
     SkipRecord,
+    holds_only_writer_leftovers,
     is_index_dir,
     read_manifest,
 )
@@ -100,8 +98,7 @@ def _check_index_dir(index_dir: Path, rebuild: bool) -> None:
             )
         return
     # Leftovers of a first build killed before its first commit are ours to reuse.
-    ours = {LOCK_FILE}
-    if any(p.name not in ours and not p.name.startswith((STAGING_PREFIX, GENERATION_PREFIX)) for p in index_dir.iterdir()):
+    if not holds_only_writer_leftovers(index_dir):
         raise IndexDirError(
             f"{index_dir} exists, is not empty and is not a clipsearch index; refusing to write into it. "
             "Choose a new or empty INDEX_DIR"
@@ -330,26 +327,23 @@ def _run(
     # for the calibration's model calls as for the build's.
     cpu_level = cpu.cpu_level() if enc.device.type == "cpu" else ""
     with retained_heap():
-        if run is not None and not run.calibrates_here(enc):
-            # The recorded mode, if any, is taken here; a mode still to choose is chosen by
-            # calibrating on the kind of node the actors run on (its CPU features or GPU).
-            calibrate.resolve(enc, prev_info, photos, [], max_pixels=cfg.max_pixels, draft=cfg.draft, keep_recorded=keep_precision)
-            info = enc.info
-            if enc.image_precision.mode is None and plan.to_embed:
-                info = run.resolve_precision(enc, photos, prev_info, plan.to_embed, keep_precision)
-                cpu_level = str(info.pop("_cpu_level", ""))
-        else:
-            calibrate.resolve(
-                enc, prev_info, photos, plan.to_embed, max_pixels=cfg.max_pixels, draft=cfg.draft, keep_recorded=keep_precision
-            )
-            info = enc.info
+        # With Ray on other machines the driver only takes the recorded mode, if any; a mode still
+        # to choose is calibrated on the kind of node the actors run on (its CPU features or GPU).
+        here = run is None or run.calibrates_here(enc)
+        calibrate.resolve(
+            enc, prev_info, photos, plan.to_embed if here else [], max_pixels=cfg.max_pixels, draft=cfg.draft,
+            keep_recorded=keep_precision,
+        )
+        info = enc.info
+        if not here and run is not None and enc.image_precision.mode is None and plan.to_embed:
+            info = run.resolve_precision(enc, photos, prev_info, plan.to_embed, keep_precision)
+            cpu_level = str(info.pop("_cpu_level", ""))
         writer.meta = replace(meta, model_info=calibrate.model_info(info, prev_info, bool(plan.to_embed)))
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)
 
         if run is not None:
-            spec = ray_engine.resolved_spec(run.spec(enc, photos, str(info.get("precision")), info), info)
-            stats = run.embed(spec, plan, writer)
+            stats = run.embed(run.spec(photos, info), plan, writer)
         else:
             stats = embed_planned(cfg, enc, photos, plan, writer)
     up_to_date = (

@@ -28,7 +28,7 @@ from .dataset import ImageDataset, collate
 from .discover import ImageFile
 
 # Files tried for a calibration sample: broken files are skipped, a few more are looked at.
-_SAMPLE_TRIES = 4 * CALIBRATION_IMAGES
+SAMPLE_TRIES = 4 * CALIBRATION_IMAGES
 
 
 def apply_precision(enc: Encoder, precision: Precision) -> None:
@@ -76,7 +76,7 @@ def resolve(
             return
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: calibrate anew
-    dataset = ImageDataset(root, files[:_SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=draft)
+    dataset = ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=draft)
     good = []
     for i in range(len(dataset)):
         item = dataset[i]
@@ -120,4 +120,4 @@ def model_info(enc_info: Mapping[str, Any], previous_info: Mapping[str, Any] | N
     return info
 
 
-__all__ = ["apply_precision", "model_info", "resolve"]
+__all__ = ["SAMPLE_TRIES", "apply_precision", "model_info", "resolve"]

@@ -21,7 +21,7 @@ import os
 import socket
 import time
 from collections.abc import Iterator, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -320,7 +320,7 @@ def _calibrate_remote(spec: ActorSpec, previous_info: Mapping[str, Any] | None, 
     # (CPU features, GPU) that embeds, with the local engine's own calibration.
     enc = load_actor_encoder(spec)
     with retained_heap():
-            calibrate.resolve(enc, previous_info, os.fsdecode(spec.root), files, max_pixels=spec.max_pixels, draft=spec.draft,
+        calibrate.resolve(enc, previous_info, os.fsdecode(spec.root), files, max_pixels=spec.max_pixels, draft=spec.draft,
                           keep_recorded=keep_recorded)
     info = dict(enc.info)
     info["_cpu_level"] = cpu.cpu_level() if enc.device.type == "cpu" else ""
@@ -348,7 +348,10 @@ class RayRun:
         on the driver encoder's kind of device. Otherwise one Ray task calibrates on a node."""
         return self.this_machine and enc.device.type == self.pool.device
 
-    def spec(self, enc: Encoder, photos: Path, precision: str, info: Mapping[str, Any]) -> ActorSpec:
+    def spec(self, photos: Path, info: Mapping[str, Any]) -> ActorSpec:
+        """What an actor embeds with, from an encoder's ``info``: its precision (the mode chosen,
+        or the one requested while ``auto`` is unresolved), int8 activation bits, image size."""
+        precision = str(info.get("precision") or "fp32")
         size = info.get("embed_image_size")
         bits = info.get("int8_activation_bits") if precision == "int8" else None
         return ActorSpec(
@@ -361,11 +364,10 @@ class RayRun:
                           files: Sequence[ImageFile], keep_recorded: bool) -> dict[str, Any]:
         """The model info an actor's encoder reports after the local engine's calibration,
         run as one Ray task with an actor's resources on the first files to embed."""
-        requested = str(enc.image_precision.requested)
-        spec = self.spec(enc, photos, requested, enc.info)
+        spec = self.spec(photos, enc.info)  # the requested mode: auto, calibrated in the task
         task = self.ray.remote(num_cpus=self.pool.cpus_per_actor, num_gpus=self.pool.gpus_per_actor,
                                runtime_env=_runtime_env(), max_retries=2)(_calibrate_remote)
-        sample = list(files[: 4 * 16])
+        sample = list(files[: calibrate.SAMPLE_TRIES])  # what resolve looks at, not every file
         try:
             info: dict[str, Any] = self.ray.get(task.remote(spec, dict(previous_info) if previous_info else None, sample,
                                                             keep_recorded))
@@ -452,13 +454,6 @@ def ray_run(cfg: BuildConfig) -> Iterator[RayRun]:
         yield RayRun(ray, cfg, pool, resources, this_machine=all(n.get("NodeManagerAddress") == here for n in nodes))
 
 
-def resolved_spec(spec: ActorSpec, info: Mapping[str, Any]) -> ActorSpec:
-    """``spec`` fixed to the mode calibration chose (``info['precision']``)."""
-    mode = str(info.get("precision") or spec.precision)
-    bits = info.get("int8_activation_bits") if mode == "int8" else None
-    return replace(spec, precision=mode, int8_activation_bits=int(bits) if bits is not None else None)
-
-
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "RAY_EXTRA",
@@ -472,6 +467,5 @@ __all__ = [
     "load_actor_encoder",
     "plan_pool",
     "ray_run",
-    "resolved_spec",
 ]
 
