@@ -275,7 +275,9 @@ class ImageIndex:
         if not self._fast_text:
             return TextPath("torch", "the index was opened with an encoder")
         if isinstance(self._text_encoder, NumpyTextEncoder):
-            return TextPath("numpy", "loaded")
+            loaded = self._text_encoder
+            why = f" ({loaded.int8_note})" if loaded.int8_note else ""
+            return TextPath("numpy", f"loaded, {loaded.mode} products{why}")
         planned = text_path(self.query_model, self.manifest.backend, self._precision, self._device)
         if self._text_encoder is not None and planned.path == "numpy":
             return TextPath("torch", "the numpy text tower could not load this checkpoint")
@@ -302,7 +304,7 @@ class ImageIndex:
         if fast_path_refusal(self.manifest.backend, self.query_model, self._precision, self._device) is not None:
             return self.encoder
         try:
-            fast = NumpyTextEncoder.load(self.query_model)
+            fast = NumpyTextEncoder.load(self.query_model, precision=self._precision)
         except (UnsupportedTextTower, ModelLoadError):
             # The torch path loads (or fails to load, with its own message) what this cannot.
             return self.encoder

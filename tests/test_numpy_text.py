@@ -135,7 +135,7 @@ def test_unsupported_configs_fall_back(tiny_model: Path, tmp_path: Path) -> None
     (no_eos / "tokenizer_config.json").write_text(json.dumps({**tok_config, "add_eos_token": False}))
     assert "add_eos_token" in text_path(str(no_eos)).reason
     assert text_path(str(tiny_model)).path == "numpy"
-    assert text_path(str(tiny_model), precision="int8").path == "torch"
+    assert text_path(str(tiny_model), precision="bf16").path == "torch"
     assert text_path(str(tiny_model), device="cuda").path == "torch"
     assert text_path("open_clip:ViT-B-32", backend="open_clip").path == "torch"
 
@@ -164,7 +164,7 @@ def test_text_path_does_not_depend_on_an_earlier_image_query(built_index: Path, 
 
 
 def test_index_falls_back_for_reduced_precision(built_index: Path) -> None:
-    index = ImageIndex.open(built_index, device="cpu", precision="int8")
+    index = ImageIndex.open(built_index, device="cpu", precision="bf16")
     assert index.text_path().path == "torch"
     assert index.search("a dog", k=2) and isinstance(index.text_encoder, HFClipEncoder)
 

@@ -209,6 +209,21 @@ def choose(
     return "fp32", results
 
 
+def precision_record(requested: str, mode: str | None, gate_results: Sequence[GateResult] = ()) -> dict[str, Any]:
+    """JSON-able record of a tower's precision: requested and chosen mode, and the gate figures
+    (with the thresholds) when a gate ran."""
+    data: dict[str, Any] = {"requested": requested, "mode": mode}
+    if gate_results:
+        data["gate"] = [r.to_dict() for r in gate_results]
+        data["thresholds"] = {
+            "mean_cosine": GATE_MEAN_COSINE,
+            "min_cosine": GATE_MIN_COSINE,
+            "topk_overlap": GATE_TOPK_OVERLAP,
+            "k": GATE_K,
+        }
+    return data
+
+
 @contextlib.contextmanager
 def autocast(mode: Mode, device: torch.device) -> Iterator[None]:
     """``torch.autocast`` for bf16/fp16, nothing for fp32 and int8."""
@@ -275,16 +290,7 @@ class TowerPrecision:
 
     def info(self) -> dict[str, Any]:
         """JSON-able record: requested and chosen mode, and the gate figures when ``auto`` ran."""
-        data: dict[str, Any] = {"requested": self.requested, "mode": self.mode}
-        if self.gate_results:
-            data["gate"] = [r.to_dict() for r in self.gate_results]
-            data["thresholds"] = {
-                "mean_cosine": GATE_MEAN_COSINE,
-                "min_cosine": GATE_MIN_COSINE,
-                "topk_overlap": GATE_TOPK_OVERLAP,
-                "k": GATE_K,
-            }
-        return data
+        return precision_record(self.requested, self.mode, self.gate_results)
 
     def manifest_info(self) -> dict[str, Any]:
         """What an index records in ``model_info``: ``precision`` (the mode its vectors were

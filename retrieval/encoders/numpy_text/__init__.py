@@ -9,7 +9,8 @@ checkpoint's own files and needs neither:
   BOS/EOS post-processor over the file's vocabulary and merges), truncated to the context length;
 - the weights are read from ``model.safetensors`` (or its shards), memory-mapped: only the text
   tower's tensors, and of the token embedding only the rows a query uses;
-- the forward pass is ``CLIPTextModelWithProjection``'s in float32: token + position
+- the forward pass is ``CLIPTextModelWithProjection``'s in float32 (or, with ``precision`` ``int8``
+  or ``auto``, its 48 matrix products in int8 on torch's kernels, :mod:`.int8`): token + position
   embeddings, pre-LN blocks with causal self-attention (the tokenizer's mask on the keys),
   final LayerNorm, the pooled token (the first EOS, or transformers' legacy argmax for
   ``eos_token_id == 2``), projection. Each text runs at its own length up to the pooled token:
@@ -19,13 +20,14 @@ Only checkpoints whose configuration this fully understands take this path (see
 :func:`check_text_config`); everything else keeps the torch path, and :func:`text_path` says
 which one a query would take and why. Vectors agree with the torch fp32 path to ~1e-6.
 
-The package's modules (none imports torch; ``tokenizers`` and ``huggingface_hub`` only when a
-checkpoint is opened):
+The package's modules (none imports torch but :mod:`.int8`, and it only when an int8 tower is
+made; ``tokenizers`` and ``huggingface_hub`` only when a checkpoint is opened):
 
 - :mod:`.config`: :class:`TextTowerConfig`, :func:`check_text_config`, :class:`UnsupportedTextTower`;
 - :mod:`.weights`: :class:`SafetensorsReader` and loading the tower's tensors;
 - :mod:`.tokenizer`: :func:`load_clip_tokenizer`, CLIP's tokenizer rebuilt from ``tokenizer.json``;
 - :mod:`.tower`: :class:`NumpyTextTower`, the forward pass;
+- :mod:`.int8`: the int8 matrix products (torch's dynamic int8 linear), one query at a time;
 - :mod:`.encoder`: :class:`NumpyTextEncoder`, what a text query runs;
 - :mod:`.path`: :func:`local_checkpoint` and :func:`text_path`, which path a query takes.
 """

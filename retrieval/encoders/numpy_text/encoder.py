@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import threading
-from collections.abc import Callable, Sequence
+import time
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future
 from pathlib import Path
 from typing import Any
@@ -12,8 +14,9 @@ import numpy as np
 
 from ..base import l2_normalize
 from ..hf import checkpoint_fingerprint
-from .config import read_checkpoint_config
-from .path import local_checkpoint
+from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
+from .config import UnsupportedTextTower, read_checkpoint_config
+from .path import TEXT_PRECISIONS, local_checkpoint
 from .tokenizer import load_clip_tokenizer
 from .tower import NumpyTextTower
 from .weights import SafetensorsReader
@@ -24,7 +27,8 @@ class NumpyTextEncoder:
 
     Use :meth:`load`. It is a :class:`~retrieval.encoders.TextEncoder` (the text half of
     :class:`~retrieval.encoders.Encoder`): ``name``, ``backend``, ``dim``, ``max_text_length``,
-    ``fingerprint``, ``embed_texts``.
+    ``fingerprint``, ``embed_texts``; :attr:`mode` and :meth:`precision_info` say whether its
+    matrix products are float32 (numpy, no torch) or int8 (:mod:`.int8`, torch's kernels).
     """
 
     backend = "hf"
@@ -48,18 +52,29 @@ class NumpyTextEncoder:
         self._pad_id = pad_id
         self._fingerprint: str | None = None
         self._fingerprint_future = fingerprint
+        self.requested = "fp32"
+        self.mode: Mode = "fp32"
+        self.gate_results: list[GateResult] = []
+        self.int8_note: str | None = None
 
     @classmethod
-    def load(cls, model: str) -> NumpyTextEncoder:
+    def load(cls, model: str, precision: str = "fp32") -> NumpyTextEncoder:
         """Open the text tower of a Hugging Face CLIP checkpoint (hub id or directory).
 
         Args:
             model: what ``HFClipEncoder.load`` takes; a hub id must be in the local cache.
+            precision: ``fp32`` (numpy only, no torch), ``int8`` (int8 products, :mod:`.int8`)
+                or ``auto``: int8 where this CPU has a fast int8 kernel and the int8 vectors of
+                :data:`~retrieval.encoders.precision.PROBE_TEXTS` pass the quality gate against
+                fp32's (the image tower's gate), else fp32.
 
         Raises:
-            UnsupportedTextTower: a checkpoint this does not compute (the torch path will).
+            UnsupportedTextTower: a checkpoint or precision this does not compute, or ``int8``
+                where this machine has no int8 kernel for it (the torch path will run them).
             ModelLoadError: a local directory that is not a checkpoint.
         """
+        if precision not in TEXT_PRECISIONS:
+            raise UnsupportedTextTower(f"text precision {precision} runs in torch")
         name, directory = local_checkpoint(model)
         cfg = read_checkpoint_config(directory)
         reader = SafetensorsReader.for_checkpoint(directory)
@@ -70,7 +85,47 @@ class NumpyTextEncoder:
         threading.Thread(target=_resolve, args=(fingerprint, checkpoint_fingerprint, directory), daemon=True).start()
         tokenizer, settings = load_clip_tokenizer(directory, cfg.max_positions)
         tower = NumpyTextTower(cfg, reader)
-        return cls(name, directory, tower, tokenizer, tokenizer.token_to_id(settings.pad_token), fingerprint)
+        encoder = cls(name, directory, tower, tokenizer, tokenizer.token_to_id(settings.pad_token), fingerprint)
+        if precision != "fp32":
+            encoder._use_int8(precision)
+        return encoder
+
+    def _use_int8(self, requested: str) -> None:
+        from .int8 import Int8Products, activation_bits, int8_refusal
+
+        self.requested = requested
+        refusal = int8_refusal()
+        if refusal is not None:
+            if requested == "int8":
+                raise UnsupportedTextTower(refusal)
+            self.int8_note = refusal
+            return
+        int8_tower = self._tower.with_products(Int8Products.for_this_cpu())
+        mode: Mode = "int8"
+        if requested == "auto":
+            towers = {"fp32": self._tower, "int8": int8_tower}
+            seconds: dict[str, float] = {}
+
+            def embed(m: Mode) -> np.ndarray:
+                t0 = time.perf_counter()
+                vectors = self._embed(towers[m], PROBE_TEXTS)
+                seconds[m] = time.perf_counter() - t0
+                return vectors
+
+            gated, self.gate_results = choose(embed, ("int8",))
+            mode, self.int8_note = keep_if_faster(gated, seconds)
+        if mode == "int8":
+            # The float32 products are dropped (151 MB for ViT-B/32), the int8 ones kept (38 MB).
+            self._tower, self.mode = int8_tower, "int8"
+            self.int8_note = f"{activation_bits()}-bit activations, torch fbgemm"
+
+    def precision_info(self) -> dict[str, Any]:
+        """JSON-able record: requested and chosen mode, the gate figures when ``auto`` ran, and
+        why int8 was not used or how it runs (``int8``)."""
+        data = precision_record(self.requested, self.mode, self.gate_results)
+        if self.int8_note:
+            data["int8"] = self.int8_note
+        return data
 
     @property
     def fingerprint(self) -> str:
@@ -97,13 +152,43 @@ class NumpyTextEncoder:
         Rows are padded in batches of ``batch_size`` as the torch path pads them, so the pooled
         token is the one transformers would pick; each row then runs at its own length.
         """
+        return self._embed(self._tower, texts, batch_size)
+
+    def _embed(self, tower: NumpyTextTower, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        for start in range(0, len(texts), batch_size):
-            ids, mask = self.tokenize(texts[start : start + batch_size])
-            for row, pos in enumerate(self._tower.pooled_positions(ids)):
-                end = int(pos) + 1
-                out[start + row] = self._tower.forward(ids[row, :end], mask[row, :end])
+        with self._products_context(tower):
+            for start in range(0, len(texts), batch_size):
+                ids, mask = self.tokenize(texts[start : start + batch_size])
+                for row, pos in enumerate(tower.pooled_positions(ids)):
+                    end = int(pos) + 1
+                    out[start + row] = tower.forward(ids[row, :end], mask[row, :end])
         return l2_normalize(out)
+
+    @contextlib.contextmanager
+    def _products_context(self, tower: NumpyTextTower) -> Iterator[None]:
+        if tower.uses_torch:
+            from .int8 import one_torch_thread
+
+            with one_torch_thread():
+                yield
+        else:
+            yield
+
+
+def keep_if_faster(mode: Mode, seconds: dict[str, float]) -> tuple[Mode, str | None]:
+    """``auto``'s last step: int8 that passed the gate stays only if it embedded the probe texts
+    faster than fp32 (``seconds`` per mode); returns the mode and, when int8 lost, why.
+
+    Small towers are bound by per-product overheads rather than by reading weights, and there
+    numpy's fp32 products win.
+    """
+    if mode != "int8" or seconds["int8"] < seconds["fp32"]:
+        return mode, None
+    note = (
+        f"int8 passed the gate but ran no faster ({seconds['int8'] * 1e3:.0f} ms against "
+        f"{seconds['fp32'] * 1e3:.0f} ms for the {len(PROBE_TEXTS)} probe texts)"
+    )
+    return "fp32", note
 
 
 def _resolve(future: Future[str], fn: Callable[[Path], str], arg: Path) -> None:

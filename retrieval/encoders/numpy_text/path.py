@@ -13,6 +13,8 @@ from .weights import SafetensorsReader
 
 # Set to "torch" to send text queries to the torch path (e.g. to compare the two).
 TEXT_PATH_ENV = "CLIPSEARCH_TEXT_PATH"
+# Text precisions this path computes; the others (bf16, fp16) run in torch.
+TEXT_PRECISIONS: tuple[str, ...] = ("fp32", "int8", "auto")
 
 
 def local_checkpoint(model: str) -> tuple[str, Path]:
@@ -63,7 +65,7 @@ def fast_path_refusal(backend: str, model: str, precision: str, device: str) -> 
         return f"{TEXT_PATH_ENV}=torch"
     if backend != "hf" or model.startswith("open_clip:"):
         return f"{backend} models use their own text tower"
-    if precision != "fp32":
+    if precision not in TEXT_PRECISIONS:
         return f"text precision {precision} runs in torch"
     if device not in ("auto", "cpu"):
         return f"--device {device} runs in torch"
@@ -91,4 +93,9 @@ def text_path(model: str, backend: str = "hf", precision: str = "fp32", device: 
         SafetensorsReader.for_checkpoint(directory)
     except (UnsupportedTextTower, ModelLoadError) as exc:
         return TextPath("torch", str(exc))
-    return TextPath("numpy", f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act}) in numpy, fp32, no torch")
+    products = {
+        "fp32": "fp32, no torch",
+        "int8": "int8 products (torch's kernels)",
+        "auto": "int8 products where they pass the quality gate, else fp32",
+    }[precision]
+    return TextPath("numpy", f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act}) in numpy, {products}")

@@ -1,13 +1,15 @@
-"""The forward pass of ``CLIPTextModelWithProjection`` in numpy float32."""
+"""The forward pass of ``CLIPTextModelWithProjection`` in numpy float32 (its matrix products pluggable)."""
 
 from __future__ import annotations
 
+import copy
 import math
+from collections.abc import Callable
 
 import numpy as np
 
 from .config import TextTowerConfig
-from .weights import TEXT_PREFIX, SafetensorsReader, load_weights
+from .weights import TEXT_PREFIX, DenseLinear, LayerWeights, SafetensorsReader, load_weights
 
 
 def _layer_norm(x: np.ndarray, weight: np.ndarray, bias: np.ndarray, eps: float) -> np.ndarray:
@@ -33,7 +35,12 @@ def _activation(x: np.ndarray, name: str) -> np.ndarray:
 
 
 class NumpyTextTower:
-    """``CLIPTextModelWithProjection``'s forward pass for one checkpoint, in numpy float32."""
+    """``CLIPTextModelWithProjection``'s forward pass for one checkpoint, in numpy float32.
+
+    The blocks' matrix products are :class:`~.weights.Linear` objects: float32 ones as loaded,
+    or others (:meth:`with_products`, e.g. the int8 ones of :mod:`.int8`); everything else
+    (embeddings, LayerNorms, attention, activations) stays float32 numpy.
+    """
 
     def __init__(self, cfg: TextTowerConfig, reader: SafetensorsReader) -> None:
         self.cfg = cfg
@@ -43,6 +50,17 @@ class NumpyTextTower:
         self._final_w, self._final_b = rest["final_w"], rest["final_b"]
         self._projection = rest["projection"]
         self._token_embedding = reader.raw(TEXT_PREFIX + "embeddings.token_embedding.weight")
+
+    @property
+    def uses_torch(self) -> bool:
+        """Whether any product is not numpy float32 (the int8 ones run torch kernels)."""
+        return not all(isinstance(p, DenseLinear) for layer in self._layers for p in (layer.qkv, layer.out, layer.fc1, layer.fc2))
+
+    def with_products(self, convert: Callable[[LayerWeights], LayerWeights]) -> NumpyTextTower:
+        """A tower sharing this one's embeddings and norms, each block passed through ``convert``."""
+        other = copy.copy(self)
+        other._layers = [convert(layer) for layer in self._layers]
+        return other
 
     def pooled_positions(self, ids: np.ndarray) -> np.ndarray:
         """The token each row of a padded ``(n, L)`` id batch is pooled at, as transformers picks it."""
@@ -68,7 +86,7 @@ class NumpyTextTower:
         last = len(self._layers) - 1
         for i, layer in enumerate(self._layers):
             h = _layer_norm(x, layer.ln1_w, layer.ln1_b, eps)
-            qkv = h @ layer.qkv_w + layer.qkv_b
+            qkv = layer.qkv(h)
             q, k, v = (qkv[:, j * cfg.hidden_size : (j + 1) * cfg.hidden_size] for j in range(3))
             if i == last:
                 # Only the pooled (last) position is read after the last block.
@@ -82,9 +100,9 @@ class NumpyTextTower:
             scores = np.exp(scores - scores.max(axis=-1, keepdims=True))
             probs = scores / scores.sum(axis=-1, keepdims=True)
             attn = (probs @ vh).transpose(1, 0, 2).reshape(len(q), cfg.hidden_size)
-            x = x + (attn @ layer.out_w + layer.out_b)
+            x = x + layer.out(attn)
             h = _layer_norm(x, layer.ln2_w, layer.ln2_b, eps)
-            h = _activation(h @ layer.fc1_w + layer.fc1_b, cfg.hidden_act)
-            x = x + (h @ layer.fc2_w + layer.fc2_b)
+            h = _activation(layer.fc1(h), cfg.hidden_act)
+            x = x + layer.fc2(h)
         pooled = _layer_norm(x[-1], self._final_w, self._final_b, eps)
         return pooled @ self._projection

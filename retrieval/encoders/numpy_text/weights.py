@@ -7,7 +7,7 @@ import struct
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Protocol
 
 import numpy as np
 
@@ -81,22 +81,38 @@ class SafetensorsReader:
         return array.astype(np.float32)
 
 
+class Linear(Protocol):
+    """One of a block's matrix products: ``x @ W + b`` for a ``(rows, in)`` float32 ``x``."""
+
+    def __call__(self, x: np.ndarray) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class DenseLinear:
+    """``x @ weight + bias`` in float32, ``weight`` laid out ``(in, out)``."""
+
+    weight: np.ndarray
+    bias: np.ndarray
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        return x @ self.weight + self.bias
+
+
 @dataclass(frozen=True)
 class LayerWeights:
-    """One transformer block's weights in float32, laid out for ``x @ w``."""
+    """One transformer block's weights: LayerNorms in float32, the four products as :class:`Linear`.
+
+    ``qkv`` computes q, k and v side by side (one product instead of three).
+    """
 
     ln1_w: np.ndarray
     ln1_b: np.ndarray
-    qkv_w: np.ndarray  # (hidden, 3 * hidden): q, k, v side by side, transposed for x @ w
-    qkv_b: np.ndarray
-    out_w: np.ndarray
-    out_b: np.ndarray
+    qkv: Linear
+    out: Linear
     ln2_w: np.ndarray
     ln2_b: np.ndarray
-    fc1_w: np.ndarray
-    fc1_b: np.ndarray
-    fc2_w: np.ndarray
-    fc2_b: np.ndarray
+    fc1: Linear
+    fc2: Linear
 
 
 def load_weights(reader: SafetensorsReader, cfg: TextTowerConfig) -> tuple[list[LayerWeights], dict[str, np.ndarray]]:
@@ -148,18 +164,15 @@ def load_weights(reader: SafetensorsReader, cfg: TextTowerConfig) -> tuple[list[
             LayerWeights(
                 ln1_w=get(p + "layer_norm1.weight"),
                 ln1_b=get(p + "layer_norm1.bias"),
-                qkv_w=np.ascontiguousarray(
-                    np.concatenate([get(p + f"self_attn.{x}_proj.weight") for x in "qkv"], axis=0).T
+                qkv=DenseLinear(
+                    np.ascontiguousarray(np.concatenate([get(p + f"self_attn.{x}_proj.weight") for x in "qkv"], axis=0).T),
+                    np.concatenate([get(p + f"self_attn.{x}_proj.bias") for x in "qkv"]),
                 ),
-                qkv_b=np.concatenate([get(p + f"self_attn.{x}_proj.bias") for x in "qkv"]),
-                out_w=get(p + "self_attn.out_proj.weight").T,
-                out_b=get(p + "self_attn.out_proj.bias"),
+                out=DenseLinear(get(p + "self_attn.out_proj.weight").T, get(p + "self_attn.out_proj.bias")),
                 ln2_w=get(p + "layer_norm2.weight"),
                 ln2_b=get(p + "layer_norm2.bias"),
-                fc1_w=get(p + "mlp.fc1.weight").T,
-                fc1_b=get(p + "mlp.fc1.bias"),
-                fc2_w=get(p + "mlp.fc2.weight").T,
-                fc2_b=get(p + "mlp.fc2.bias"),
+                fc1=DenseLinear(get(p + "mlp.fc1.weight").T, get(p + "mlp.fc1.bias")),
+                fc2=DenseLinear(get(p + "mlp.fc2.weight").T, get(p + "mlp.fc2.bias")),
             )
         )
     rest = {

@@ -1,0 +1,143 @@
+"""int8 matrix products for the numpy text tower: torch's dynamic int8 linear, one query at a time.
+
+A short query's text tower is bound by its 48 matrix products (ViT-B/32 shapes: 38M weights;
+~22 ms of float32 BLAS for 10 tokens on 2 AVX-512 cores, where reading the weights alone takes
+~6 ms). Here each becomes ``torch.ops.quantized.linear_dynamic`` (fbgemm): int8 weights, one
+symmetric scale per output channel, quantised once; the input quantised to uint8 on every call
+with one scale for the whole input, the product dequantised and the bias added in the kernel.
+Everything else in the tower stays float32 numpy.
+
+One scale per input is per *query* here: :meth:`~.encoder.NumpyTextEncoder.embed_texts` runs
+each text alone, so a text's vector is a function of that text only, whatever it is batched
+with (tested), as per-row scales give the image tower. Per-row scales on this kernel (rows
+divided by their own maximum first) measured slower and no closer to fp32 on ViT-B/32 shapes;
+:mod:`retrieval.encoders.int8` (oneDNN, per row) measured ~1.5x slower for inputs of ~10 rows.
+
+Activations: 8-bit where the CPU has int8 dot products (VNNI); 7-bit elsewhere (fbgemm's
+``reduce_range``), since AVX2's ``vpmaddubsw`` sums pairs in 16 bits and saturates on 8-bit
+codes (:mod:`retrieval.encoders.cpu`, caps included).
+
+torch is imported when an int8 tower is made (:func:`quantize_layer`, :func:`int8_refusal`),
+never by an fp32 query.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import platform
+import warnings
+from collections.abc import Iterator
+from dataclasses import dataclass, replace
+from typing import Any
+
+import numpy as np
+
+from .. import cpu
+from .weights import DenseLinear, LayerWeights
+
+
+@functools.lru_cache(maxsize=1)
+def _kernel_error() -> str | None:
+    """Why torch's dynamic int8 linear cannot run here (None: it runs), checked once on a tiny product."""
+    if platform.machine().lower() not in ("x86_64", "amd64"):
+        return f"no int8 text kernel for {platform.machine()} yet"
+    try:
+        import torch
+
+        if "fbgemm" not in torch.backends.quantized.supported_engines:
+            return "this torch has no fbgemm int8 kernels"
+        probe = DenseLinear(np.eye(4, dtype=np.float32), np.zeros(4, dtype=np.float32))
+        Int8DynamicLinear(probe, reduce_range=True)(np.ones((1, 4), dtype=np.float32))
+    except Exception as exc:  # noqa: BLE001 - any failure means: use fp32
+        return f"torch's dynamic int8 linear failed here: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}"
+    return None
+
+
+def int8_refusal() -> str | None:
+    """Why the text tower cannot take int8 products on this machine (None: it can).
+
+    Reads the CPU level first (its caps included: ``CLIPSEARCH_CPU_CAP=none`` refuses), then
+    imports torch and runs a tiny product.
+    """
+    if not cpu.has_fast_int8():
+        return f"no fast int8 on this CPU (level {cpu.cpu_level()})"
+    return _kernel_error()
+
+
+def activation_bits() -> int:
+    """8 where int8 dot products do not saturate (VNNI, AMX), else 7 (caps included)."""
+    return 8 if cpu.has_int8_dot() else 7
+
+
+@contextlib.contextmanager
+def one_torch_thread() -> Iterator[None]:
+    """Run the products on the calling thread alone.
+
+    A query's products are too small to split: with two threads woken per product (the CLI's
+    passive OpenMP waiting) a ViT-B/32 query took ~11 ms against ~7 ms on one (2 AVX-512 cores).
+    torch's thread count is the calling thread's own (OpenMP), so other threads keep theirs.
+    """
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
+class Int8DynamicLinear:
+    """``x @ W + b`` with int8 weights (per output channel) and a uint8 input quantised per call.
+
+    Args:
+        dense: the float32 product to quantise (``weight`` laid out ``(in, out)``).
+        reduce_range: quantise inputs to 7 bits (non-VNNI CPUs) instead of 8.
+    """
+
+    def __init__(self, dense: DenseLinear, *, reduce_range: bool) -> None:
+        import torch
+
+        weight = torch.tensor(np.ascontiguousarray(dense.weight.T, dtype=np.float32))  # (out, in)
+        scale = weight.abs().amax(dim=1).clamp_min(1e-12).div_(127.0).to(torch.float64)
+        zero = torch.zeros(weight.shape[0], dtype=torch.long)
+        bias = torch.tensor(np.asarray(dense.bias, dtype=np.float32))
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            codes = torch.quantize_per_channel(weight, scale, zero, 0, torch.qint8)
+            self._packed: Any = torch.ops.quantized.linear_prepack(codes, bias)
+        self._op = torch.ops.quantized.linear_dynamic
+        self._from_numpy = torch.from_numpy
+        self.reduce_range = reduce_range
+        self.in_features = int(weight.shape[1])
+        self.out_features = int(weight.shape[0])
+
+    def __call__(self, x: np.ndarray) -> np.ndarray:
+        rows = np.ascontiguousarray(x, dtype=np.float32)
+        return self._op(self._from_numpy(rows), self._packed, self.reduce_range).numpy()
+
+
+@dataclass(frozen=True)
+class Int8Products:
+    """How :func:`quantize_layer` converts a block: the activation range of every product."""
+
+    reduce_range: bool
+
+    @classmethod
+    def for_this_cpu(cls) -> Int8Products:
+        return cls(reduce_range=activation_bits() < 8)
+
+    def __call__(self, layer: LayerWeights) -> LayerWeights:
+        return quantize_layer(layer, reduce_range=self.reduce_range)
+
+
+def quantize_layer(layer: LayerWeights, *, reduce_range: bool) -> LayerWeights:
+    """The block with its four float32 products (:class:`DenseLinear`) made int8."""
+
+    def convert(product: Any) -> Any:
+        if not isinstance(product, DenseLinear):
+            raise TypeError(f"expected a float32 product, got {type(product).__name__}")
+        return Int8DynamicLinear(product, reduce_range=reduce_range)
+
+    return replace(layer, qkv=convert(layer.qkv), out=convert(layer.out), fc1=convert(layer.fc1), fc2=convert(layer.fc2))
