@@ -164,7 +164,7 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--port", type=_port, default=8000, help="port (default: 8000; 0 picks a free one)")
     p.add_argument("--model", help="query model (default: the one recorded in each index; must be the same weights)")
     add_device_arguments(p)
-    add_precision_argument(p, "fp32", "text query tower precision")
+    add_precision_argument(p, "auto", "text query tower precision")
     p.add_argument("--max-upload-mb", type=_upload_mb, default=20, metavar="MB", help="largest query image accepted (default: 20)")
     p.add_argument("--token", help=f"require 'Authorization: Bearer TOKEN' on every /api request (default: ${TOKEN_ENV})")
     p.add_argument("--cache-dir", metavar="DIR", help="thumbnail cache (default: $XDG_CACHE_HOME/clipsearch/thumbnails)")

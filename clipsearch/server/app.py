@@ -78,7 +78,7 @@ def create_app(
     browser_ui: bool = True,
     model: str | None = None,
     device: str = "auto",
-    precision: str = "fp32",
+    precision: str = "auto",
     warm: bool = True,
 ) -> FastAPI:
     """The ``clipsearch serve`` application over ``index_dirs``.
@@ -94,7 +94,9 @@ def create_app(
         max_upload_mb: largest query image accepted (413 above).
         cache_dir: thumbnail cache (default ``$XDG_CACHE_HOME/clipsearch/thumbnails``).
         browser_ui: serve the web UI at ``/``.
-        model, device, precision: query model settings, as for ``ImageIndex.open``.
+        model, device, precision: query model settings, as for ``ImageIndex.open`` (``precision``
+            defaults to ``auto`` here: a server is long-lived, so int8 text products that pass the
+            quality gate are worth their one-time torch import).
         warm: load the query models now (tests that never query may skip it).
 
     Raises:
