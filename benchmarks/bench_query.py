@@ -8,9 +8,22 @@ rows, FAISS, generation and manifest), under the model id and fingerprint of a r
 initialised ViT-B/32-shaped CLIP checkpoint, so ``ImageIndex.open`` and ``.search`` run exactly
 as on an index of photos. Text-tower cost does not depend on the weights' values.
 
-Per query (after a warm-up) it times, with ``time.perf_counter``:
+First, text encoding alone (no index): one short query (3-8 words) at a time, rounds of the
+paths interleaved so that machine noise hits them alike:
 
-* encode: ``encoder.embed_texts([query])`` (tokenise + text tower + normalise);
+* ``hf``: the plain Hugging Face call, ``CLIPModel.get_text_features(**tokenizer([text]))``
+  under ``torch.no_grad()``, fp32 (the baseline);
+* ``numpy fp32``: ``NumpyTextEncoder`` (``--precision fp32``: numpy only, no torch);
+* ``numpy int8``: ``NumpyTextEncoder`` with ``--text-precision`` (default ``auto``: int8
+  products where they pass the quality gate, the gate figures reported).
+
+``text_p50_ms`` / ``text_p99_ms`` are the ``--text-precision`` path's, ``hf_text_p50_ms`` the
+baseline's, ``x_hf`` their ratio of p50s.
+
+Then, per index size, per query (after a warm-up) it times, with ``time.perf_counter``:
+
+* encode: ``index.text_encoder.embed_texts([query])`` (tokenise + text tower + normalise,
+  on the index's own text path at ``--text-precision``);
 * search: the FAISS top-k (``retrieval.faiss_index.search`` on the index's FAISS object,
   including the deterministic tie ordering ``ImageIndex`` applies);
 * metadata: turning the k ids into ``Hit(id, path, score)`` from the index's path table
@@ -20,6 +33,7 @@ Per query (after a warm-up) it times, with ``time.perf_counter``:
 Prints one JSON line, then a readable table.
 
     python benchmarks/bench_query.py [--sizes 10000,100000,1000000] [--queries 200] [--k 10]
+        [--text-precision auto] [--text-queries 200]
 """
 
 from __future__ import annotations
@@ -88,6 +102,56 @@ def query_texts(n: int) -> list[str]:
             text += f", picture {i}"
         out.append(text)
     return out
+
+
+def short_query_texts(n: int) -> list[str]:
+    """``n`` queries of 3-8 words (the short queries a search box gets), cycling if needed."""
+    texts = [t for t in query_texts(len(_SUBJECTS) * len(_SCENES)) if 3 <= len(t.split()) <= 8]
+    return [texts[i % len(texts)] for i in range(n)]
+
+
+def time_text_paths(model_dir: Path, precision: str, queries: int, warmup: int) -> dict[str, Any]:
+    """p50/p99 of encoding one short query on each text path (see the module docstring)."""
+    import torch
+    from transformers import AutoTokenizer, CLIPModel
+
+    from retrieval.encoders.base import quiet_transformers
+    from retrieval.encoders.numpy_text import NumpyTextEncoder
+
+    with quiet_transformers():
+        model = CLIPModel.from_pretrained(model_dir).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model_dir)
+
+    def hf(text: str) -> Any:
+        with torch.no_grad():
+            return model.get_text_features(**tokenizer([text], padding=True, return_tensors="pt"))
+
+    t0 = time.perf_counter()
+    reduced = NumpyTextEncoder.load(str(model_dir), precision=precision)
+    load_s = time.perf_counter() - t0
+    paths = {"hf": hf, "numpy fp32": NumpyTextEncoder.load(str(model_dir)).embed_texts, f"numpy {precision}": reduced.embed_texts}
+    texts = short_query_texts(warmup + queries)
+    seconds: dict[str, list[float]] = {name: [] for name in paths}
+    for i, text in enumerate(texts):
+        for name, fn in paths.items():  # interleaved: one query on each path in turn
+            t0 = time.perf_counter()
+            fn([text]) if name != "hf" else fn(text)
+            if i >= warmup:
+                seconds[name].append(time.perf_counter() - t0)
+    lat = {name: latency_summary(s) for name, s in seconds.items()}
+    ours = lat[f"numpy {precision}"]
+    return {
+        "queries": queries,
+        "words": "3-8",
+        "latency_ms": lat,
+        "text_precision": reduced.precision_info(),
+        "load_seconds": round(load_s, 3),
+        "text_p50_ms": ours["p50"],
+        "text_p99_ms": ours["p99"],
+        "hf_text_p50_ms": lat["hf"]["p50"],
+        "hf_text_p99_ms": lat["hf"]["p99"],
+        "x_hf": round(lat["hf"]["p50"] / ours["p50"], 2),
+    }
 
 
 def synthetic_chunks(n: int, dim: int, spec: SyntheticSpec, rows_per_chunk: int = 0) -> Iterator[Any]:
@@ -221,9 +285,21 @@ def _disk_bytes(index_dir: Path) -> dict[str, int]:
 
 
 def measure_size(
-    work: Path, encoder: Any, n: int, texts: list[str], warmup: int, k: int, spec: SyntheticSpec, commit_every: int
+    work: Path,
+    encoder: Any,
+    n: int,
+    texts: list[str],
+    warmup: int,
+    k: int,
+    spec: SyntheticSpec,
+    commit_every: int,
+    text_precision: str = "fp32",
 ) -> dict[str, Any]:
-    """Build an index of ``n`` vectors, time queries against it, delete it; return the figures."""
+    """Build an index of ``n`` vectors, time queries against it, delete it; return the figures.
+
+    ``encoder`` names the model the index is written under; queries run on the index's own
+    text path at ``text_precision`` (as ``ImageIndex.open(dir, precision=...)`` gives it).
+    """
     from retrieval import ImageIndex
     from retrieval.index import Hit
 
@@ -231,8 +307,9 @@ def measure_size(
     build = build_synthetic_index(out, encoder, n, spec, commit_every)
     disk = _disk_bytes(out)
     t0 = time.perf_counter()
-    index = ImageIndex.open(out, encoder=encoder)
+    index = ImageIndex.open(out, device=str(encoder.device), precision=text_precision)
     open_s = time.perf_counter() - t0
+    text_encoder = index.text_encoder
     # The stages are timed through ImageIndex's own per-stage calls: the FAISS search
     # (search_ids) and the hits' paths (paths_of, memory-mapped path files) that index.search uses.
 
@@ -243,7 +320,7 @@ def measure_size(
     meta_t: list[float] = []
     for text in texts[warmup:]:
         t0 = time.perf_counter()
-        vec = encoder.embed_texts([text])
+        vec = text_encoder.embed_texts([text])
         t1 = time.perf_counter()
         scores, ids = index.search_ids(vec, k)
         t2 = time.perf_counter()
@@ -277,9 +354,10 @@ def measure_size(
             "metadata": latency_summary(meta_t),
             "end_to_end": latency_summary(e2e_t),
         },
+        "text_path": index.text_path().to_dict(),
         "peak_rss_mb": round(peak_rss_mb(), 1),
     }
-    del index
+    del index, text_encoder
     gc.collect()
     shutil.rmtree(out, ignore_errors=True)
     return result
@@ -315,6 +393,13 @@ def main(argv: list[str] | None = None) -> int:
         help="rows per committed Parquet part, as build_index's commit_every (default: the indexer's default)",
     )
     parser.add_argument("--device", default="cpu", help="query encoder device (default: cpu)")
+    parser.add_argument(
+        "--text-precision", default="auto", choices=["fp32", "int8", "auto"],
+        help="text tower precision of the timed paths and the indexes' queries (default: auto)",
+    )
+    parser.add_argument(
+        "--text-queries", type=int, default=200, help="timed queries of the text-only comparison; 0 skips it (default: 200)"
+    )
     parser.add_argument("--torch-threads", type=_positive, default=None, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--faiss-threads", type=_positive, default=None, help="FAISS OpenMP threads (default: FAISS's choice)")
     parser.add_argument("--work-dir", help="where to write the model and indexes (default: a temp dir, removed)")
@@ -349,7 +434,11 @@ def main(argv: list[str] | None = None) -> int:
         t0 = time.perf_counter()
         encoder.embed_texts(["warm up the text tower"])  # loads the tower: not a query cost
         load_s = time.perf_counter() - t0
-        results = [measure_size(work, encoder, n, texts, args.warmup, args.k, spec, args.commit_every) for n in args.sizes]
+        text = time_text_paths(model_dir, args.text_precision, args.text_queries, args.warmup) if args.text_queries > 0 else None
+        results = [
+            measure_size(work, encoder, n, texts, args.warmup, args.k, spec, args.commit_every, args.text_precision)
+            for n in args.sizes
+        ]
 
     report = {
         "bench": "query",
@@ -364,12 +453,26 @@ def main(argv: list[str] | None = None) -> int:
         "commit_every": args.commit_every,
         "model_create_seconds": round(model_s, 3),
         "text_tower_load_seconds": round(load_s, 3),
+        "text_precision": args.text_precision,
+        "text": text,
+        **({k: text[k] for k in ("text_p50_ms", "text_p99_ms", "hf_text_p50_ms", "hf_text_p99_ms")} if text else {}),
         "sizes": results,
         "peak_rss_mb": round(peak_rss_mb(), 1),
         "machine": machine_facts(),
     }
     print(json.dumps(report))
     print()
+    if text:
+        gate = text["text_precision"].get("gate") or [{}]
+        print(f"{'text path (one query of 3-8 words)':<36} {'p50 ms':>8} {'p99 ms':>8} {'x hf':>6}")
+        for name, lat in text["latency_ms"].items():
+            print(f"{name:<36} {lat['p50']:>8.2f} {lat['p99']:>8.2f} {text['latency_ms']['hf']['p50'] / lat['p50']:>6.2f}")
+        print(
+            f"numpy {args.text_precision}: mode {text['text_precision']['mode']}"
+            + (f", gate mean cosine {gate[0]['mean_cosine']}" if gate[0] else "")
+            + f"; {text['queries']} queries after {args.warmup} warm-up, interleaved"
+        )
+        print()
     head = (
         f"{'vectors':>10} {'encode p50/p99':>16} {'search p50/p99':>16} {'meta p50/p99':>14} {'e2e p50/p99':>16}"
         f" {'build s':>8} {'B/vec':>7} {'RSS MB':>7}"
