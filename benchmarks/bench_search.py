@@ -16,9 +16,13 @@ its own) and measured in this process:
   (tokenise, encode, search, paths of the 10 hits);
 * serving memory: RSS growth of opening the index and running the queries.
 
+With ``--peer autofaiss``, after our types, autofaiss builds the index it chooses from the same
+stored vectors (exported to .npy chunks first, timed apart) under the same memory budget, in a
+fresh process, and that index is measured the same way (``type`` "autofaiss" in the same rows).
+
 Prints one JSON line, then a readable table.
 
-    python benchmarks/bench_search.py [--sizes 100000,1000000] [--types flat,auto,ivf-sq8]
+    python benchmarks/bench_search.py [--sizes 100000,1000000] [--types flat,auto,ivf-sq8] [--peer autofaiss]
 """
 
 from __future__ import annotations
@@ -53,6 +57,205 @@ base = status("VmRSS:")
 r = reindex(sys.argv[1], index_type=sys.argv[2], max_memory=sys.argv[3], target_recall=float(sys.argv[4]))
 print(json.dumps({**r.to_dict(), "peak_rss_mb": status("VmHWM:"), "base_rss_mb": base}))
 """
+
+
+# Peers: other tools that build an index from the same vectors, compared in the same table.
+PEERS = ("autofaiss",)
+
+# autofaiss 2.18 pins numpy<2 and pandas<3, which pip would downgrade (the project runs numpy 2,
+# pandas 3): install it without its dependencies, plus the small packages it imports that the
+# project does not already bring (embedding-reader, fire and fire's termcolor/six).
+AUTOFAISS_INSTALL = ".venv/bin/pip install --no-deps autofaiss==2.18.0 embedding-reader==1.8.1 fire==0.6.0 termcolor six"
+
+# Run in a fresh interpreter (its own peak RSS and wall time, as _REINDEX). argv[1] is a JSON
+# object of build_index's arguments plus "index_out". save_on_disk=False and our own
+# write_index: autofaiss 2.18's own save dumps its metrics with json.dump, which fails on the
+# numpy 2 float32 it computes them in (a numpy 1 float64 was a float); the index it returns is
+# the one it would have saved, already set to its chosen search parameters.
+_AUTOFAISS = """
+import json, sys, time
+status = lambda key: [int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith(key)][0]
+import autofaiss, faiss
+base = status("VmRSS:")
+kwargs = json.loads(sys.argv[1])
+out = kwargs.pop("index_out")
+t0 = time.perf_counter()
+index, infos = autofaiss.build_index(save_on_disk=False, index_path=None, index_infos_path=None, **kwargs)
+if index is None:
+    sys.exit("autofaiss.build_index returned no index (see its log above)")
+faiss.write_index(index, out)
+seconds = time.perf_counter() - t0
+print(json.dumps({"seconds": seconds, "infos": infos, "version": getattr(autofaiss, "__version__", "?"),
+                  "peak_rss_mb": status("VmHWM:"), "base_rss_mb": base}, default=float))
+"""
+
+
+def peer_list(text: str) -> list[str]:
+    """``--peer`` value: comma-separated names from :data:`PEERS` (argparse type; an unknown
+    name is a usage error, exit 2)."""
+    names = list(dict.fromkeys(p.strip() for p in text.split(",") if p.strip()))
+    unknown = [p for p in names if p not in PEERS]
+    if unknown:
+        raise argparse.ArgumentTypeError(f"unknown peer {unknown[0]!r} (known: {', '.join(PEERS)})")
+    return names
+
+
+def peer_missing(peer: str) -> str | None:
+    """Why ``peer`` cannot be imported by the interpreter its build subprocess runs, or None.
+
+    Asked of a subprocess with the same environment (PYTHONPATH included) rather than of this
+    process, so that what is checked is what the build will run, and a broken dependency of the
+    package (not only its absence) is caught before any index is written.
+    """
+    proc = subprocess.run(
+        [sys.executable, "-c", f"import {peer}; {peer}.build_index"], capture_output=True, text=True, env=dict(os.environ), cwd=ROOT
+    )
+    if proc.returncode == 0:
+        return None
+    lines = proc.stderr.strip().splitlines()
+    return lines[-1] if lines else f"exit status {proc.returncode}"
+
+
+def mem_available_bytes() -> int:
+    """MemAvailable from /proc/meminfo in bytes: what autofaiss is told the machine has free."""
+    for line in Path("/proc/meminfo").read_text().splitlines():
+        if line.startswith("MemAvailable:"):
+            return int(line.split()[1]) * 1024
+    raise RuntimeError("no MemAvailable in /proc/meminfo")
+
+
+def export_npy(index_dir: Path, dest: Path, batch_rows: int = 65536) -> int:
+    """Write the stored embeddings of ``index_dir`` to ``dest/NNNNNN.npy`` chunks; returns the
+    rows written.
+
+    autofaiss reads a folder of .npy files sorted by name and numbers the vectors in that order,
+    so zero-padded names in id order give its index our ids. Streamed from Parquet: memory is one
+    chunk whatever the size.
+    """
+    import numpy as np
+
+    from retrieval import ImageIndex
+
+    dest.mkdir(parents=True)
+    rows = 0
+    for part, (first, vecs) in enumerate(ImageIndex.open(index_dir, mmap=True).iter_embeddings(batch_rows=batch_rows)):
+        if first != rows:  # ids with gaps would not match autofaiss's running numbering
+            raise RuntimeError(f"stored ids are not contiguous: chunk starts at {first}, expected {rows}")
+        np.save(dest / f"{part:06d}.npy", np.ascontiguousarray(vecs, dtype=np.float32))
+        rows += len(vecs)
+    return rows
+
+
+def autofaiss_subprocess(
+    embeddings: Path, index_out: Path, max_memory_bytes: int, memory_available_bytes: int, k: int, query_time_ms: float
+) -> dict[str, Any]:
+    """Build autofaiss's chosen index over the .npy folder ``embeddings`` in a fresh process.
+
+    Budgets are passed as byte counts ("4294967296B"): autofaiss's and our memory strings both
+    read "4GB" as 4 GiB, but a byte count leaves nothing to interpret.
+    """
+    kwargs = {
+        "embeddings": str(embeddings),
+        "index_out": str(index_out),
+        "max_index_memory_usage": f"{max_memory_bytes}B",
+        "current_memory_available": f"{memory_available_bytes}B",
+        "metric_type": "ip",  # our vectors are normalised and searched by inner product
+        "min_nearest_neighbors_to_retrieve": k,
+        "max_index_query_time_ms": query_time_ms,
+    }
+    env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
+    proc = subprocess.run([sys.executable, "-c", _AUTOFAISS, json.dumps(kwargs)], capture_output=True, text=True, env=env, cwd=ROOT)
+    if proc.returncode != 0:
+        raise RuntimeError(f"autofaiss build failed: {proc.stderr.strip()[-2000:]}")
+    return json.loads(proc.stdout.strip().splitlines()[-1])
+
+
+def parse_index_param(text: str) -> dict[str, int | float]:
+    """autofaiss's ``index_param`` ("nprobe=16,efSearch=32,ht=2048") as a dict, like our
+    ``search_params``."""
+    out: dict[str, int | float] = {}
+    for item in text.split(","):
+        if "=" in item:
+            name, value = item.split("=", 1)
+            number = float(value)
+            out[name.strip()] = int(number) if number.is_integer() else number
+    return out
+
+
+def measure_faiss_file(path: Path, index_param: str, queries: Any, truth: Any, k: int, warmup: int) -> dict[str, Any]:
+    """Measure a bare FAISS index file as :func:`measure_type` measures ours: opened with the
+    same mmap rule as ``ImageIndex.open``, searched one query at a time through the same
+    ``faiss_index.search`` that ``ImageIndex.search_ids`` calls, in this process (same FAISS
+    threads), recall@10 against the same exact truth."""
+    import faiss
+    import numpy as np
+
+    from retrieval import faiss_index
+    from retrieval.index import MMAP_MIN_BYTES
+
+    mmap = path.stat().st_size >= MMAP_MIN_BYTES
+    gc.collect()
+    rss0 = rss_mb()
+    t0 = time.perf_counter()
+    index = faiss_index.read(path, mmap=mmap)
+    if index_param:
+        # What autofaiss set before returning; reapplied because not every parameter it may
+        # choose (IVF-HNSW quantizer efSearch, polysemous ht) is guaranteed to be in the file.
+        faiss.ParameterSpace().set_index_parameters(index, index_param)
+    open_s = time.perf_counter() - t0
+    open_rss = rss_mb() - rss0
+    for q in queries[:warmup]:
+        faiss_index.search(index, q[None], k)
+    times, found = [], []
+    for q in queries:
+        t0 = time.perf_counter()
+        _, ids = faiss_index.search(index, q[None], k)
+        times.append(time.perf_counter() - t0)
+        found.append(ids[0])
+    out = {
+        "open_seconds": round(open_s, 3),
+        "search_ms": latency_summary(times),
+        "recall_at_10": round(recall(np.stack(found), truth, min(k, 10)), 4),
+        "open_rss_mb": round(open_rss, 1),
+        "serving_rss_mb": round(rss_mb() - rss0, 1),
+        "mmap": mmap,
+    }
+    del index
+    gc.collect()
+    return out
+
+
+def peer_row(
+    peer: str, index_dir: Path, work: Path, n: int, queries: Any, truth: Any, args: argparse.Namespace, max_memory_bytes: int
+) -> dict[str, Any]:
+    """Export, build and measure one peer at one size: a row with our rows' keys."""
+    from retrieval.index_types import parse_memory
+
+    if peer != "autofaiss":
+        raise ValueError(f"unknown peer {peer!r}")
+    folder = work / f"autofaiss-{n}"
+    t0 = time.perf_counter()
+    export_npy(index_dir, folder / "embeddings")
+    export_s = time.perf_counter() - t0
+    available = parse_memory(args.peer_memory_available) if args.peer_memory_available else mem_available_bytes()
+    index_file = folder / "knn.index"
+    built = autofaiss_subprocess(folder / "embeddings", index_file, max_memory_bytes, available, args.k, args.peer_query_time_ms)
+    shutil.rmtree(folder / "embeddings")  # the export is as large as the vectors: not kept while measuring
+    infos = built["infos"]
+    if int(infos.get("nb vectors", n)) != n:
+        raise RuntimeError(f"autofaiss indexed {infos.get('nb vectors')} vectors, expected {n}")
+    measured = measure_faiss_file(index_file, infos.get("index_param") or "", queries, truth, args.k, args.warmup)
+    row = {"type": peer, "factory": infos["index_key"], "search_params": parse_index_param(infos.get("index_param") or ""),
+           # autofaiss's own figures from its build (speed of its tuned params, compression).
+           "tuning": {key: value for key, value in infos.items() if key not in ("index_key", "index_param", "index_path")},
+           "build_seconds": round(built["seconds"], 3),
+           "build_peak_rss_mb": round(built["peak_rss_mb"], 1),
+           "build_rss_growth_mb": round(built["peak_rss_mb"] - built["base_rss_mb"], 1),
+           "faiss_bytes_per_vector": round(index_file.stat().st_size / n, 1), **measured,
+           "export_seconds": round(export_s, 3), "version": built["version"],
+           "max_index_query_time_ms": args.peer_query_time_ms, "current_memory_available": available}
+    shutil.rmtree(folder)
+    return row
 
 
 def rss_mb() -> float:
@@ -103,6 +306,7 @@ def measure_type(
     t0 = time.perf_counter()
     index = ImageIndex.open(index_dir)
     open_s = time.perf_counter() - t0
+    open_rss = rss_mb() - rss0
     for q in queries[:warmup]:
         index.search_ids(q[None], k)
     times, found = [], []
@@ -115,6 +319,7 @@ def measure_type(
         "open_seconds": round(open_s, 3),
         "search_ms": latency_summary(times),
         "recall_at_10": round(recall(np.stack(found), truth, min(k, 10)), 4),
+        "open_rss_mb": round(open_rss, 1),
         "serving_rss_mb": round(rss_mb() - rss0, 1),
         "mmap": index.info()["faiss_bytes"] >= MMAP_MIN_BYTES,  # what open(mmap=None) did
     }
@@ -160,7 +365,28 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noise", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", help="where to write indexes (default: a temp dir, removed)")
+    parser.add_argument("--peer", type=peer_list, default=[], help=f"other tools to build and measure on the same vectors, "
+                        f"comma-separated: {', '.join(PEERS)} (default: none; autofaiss: {AUTOFAISS_INSTALL})")
+    parser.add_argument("--peer-query-time-ms", type=float, default=10.0,
+                        help="autofaiss's max_index_query_time_ms: it tunes nprobe/efSearch up to this query time (default: 10.0, its own)")
+    parser.add_argument("--peer-memory-available",
+                        help="autofaiss's current_memory_available, e.g. 16GB (default: MemAvailable just before each build)")
     args = parser.parse_args(argv)
+    from retrieval.errors import InvalidArgumentError
+    from retrieval.index_types import parse_memory
+
+    try:
+        max_memory_bytes = parse_memory(args.max_memory)
+        if args.peer_memory_available:
+            parse_memory(args.peer_memory_available)
+    except InvalidArgumentError as exc:
+        parser.error(str(exc))
+    # A missing peer fails here, in a line, before the model, the vectors and our builds.
+    for peer in args.peer:
+        why = peer_missing(peer)
+        if why is not None:
+            print(f"bench_search: --peer {peer}: cannot import {peer} ({why}); install it with: {AUTOFAISS_INSTALL}", file=sys.stderr)
+            return 1
     sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
     types = [t.strip() for t in args.types.split(",") if t.strip()]
     e2e_types = {t.strip() for t in args.e2e.split(",") if t.strip()}
@@ -169,7 +395,7 @@ def main(argv: list[str] | None = None) -> int:
     from retrieval.encoders import load_encoder
     from retrieval.random_model import make_random_clip
 
-    results = []
+    results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         work = Path(tmp)
         model_dir = make_random_clip(work / "model", preset=args.preset, seed=0)
@@ -204,6 +430,9 @@ def main(argv: list[str] | None = None) -> int:
                              "build_rss_growth_mb": round(built["peak_rss_mb"] - built["base_rss_mb"], 1),
                              "faiss_bytes_per_vector": round(built["faiss_bytes"] / n, 1), **measured})
                 print(f"# {n:,} {index_type}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+            for peer in args.peer:
+                rows.append(peer_row(peer, out, work, n, queries, truth, args, max_memory_bytes))
+                print(f"# {n:,} {peer}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
             results.append(
                 {"n": n, "write_seconds": round(write_s, 1), "write": write, "exact_truth_seconds": round(truth_s, 1), "types": rows}
             )
@@ -218,6 +447,7 @@ def main(argv: list[str] | None = None) -> int:
         "text_queries": args.text_queries,
         "max_memory": args.max_memory,
         "target_recall": args.target_recall,
+        "peers": args.peer,
         "synthetic": {"clusters": spec.clusters, "noise": spec.noise, "seed": spec.seed},
         "sizes": results,
         "peak_rss_mb": round(peak_rss_mb(), 1),
@@ -225,7 +455,7 @@ def main(argv: list[str] | None = None) -> int:
     }
     print(json.dumps(report))
     print()
-    head = (f"{'vectors':>10} {'type':<8} {'factory':<26} {'params':<13} {'build s':>8} {'+MB':>7} {'B/vec':>7} "
+    head = (f"{'vectors':>10} {'type':<9} {'factory':<26} {'params':<13} {'build s':>8} {'+MB':>7} {'B/vec':>7} "
             f"{'search p50/p99 ms':>18} {'recall@10':>9} {'e2e p50/p99 ms by text precision':>34}")
     print(head)
     print("-" * len(head))
@@ -234,11 +464,17 @@ def main(argv: list[str] | None = None) -> int:
             params = ",".join(f"{k}={v}" for k, v in t["search_params"].items()) or "-"
             e2e = t.get("end_to_end_ms", {})
             e2e_s = " ".join(f"{p} {v['p50']:.1f}/{v['p99']:.1f}" for p, v in e2e.items()) or "-"
-            print(f"{r['n']:>10,} {t['type']:<8} {t['factory']:<26} {params:<13} {t['build_seconds']:>8.1f} "
+            print(f"{r['n']:>10,} {t['type']:<9} {t['factory']:<26} {params:<13} {t['build_seconds']:>8.1f} "
                   f"{t['build_rss_growth_mb']:>7.0f} "
                   f"{t['faiss_bytes_per_vector']:>7.0f} {t['search_ms']['p50']:>8.3f}/{t['search_ms']['p99']:<9.3f} "
                   f"{t['recall_at_10']:>9.3f} {e2e_s:>34}")
-    print("+MB: peak RSS growth of the reindex process over its RSS after imports")
+    print("+MB: peak RSS growth of the build process (reindex, or the peer's) over its RSS after imports")
+    for r in results:
+        for t in r["types"]:
+            if t["type"] == "autofaiss":
+                print(f"autofaiss {t['version']} at {r['n']:,}: its own choice of index and search parameters "
+                      f"(max_index_query_time_ms {t['max_index_query_time_ms']}); build s excludes exporting the vectors "
+                      f"to .npy ({t['export_seconds']:.1f} s); same queries, search call and exact truth as ours")
     print(f"single queries, k={args.k}, {args.queries} held-out in-distribution queries; recall against exact search; "
           f"--max-memory {args.max_memory}, target recall {args.target_recall}; "
           f"{report['machine']['cores']} cores, {report['machine']['cpu']}")

@@ -184,6 +184,104 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     assert "recall@10" in out and list(tmp_path.iterdir()) == []
 
 
+
+# A stand-in for autofaiss, put first on the subprocesses' PYTHONPATH: it reads the .npy folder
+# as autofaiss does (files sorted by name, vectors numbered in that order), records what it was
+# asked, and returns an exhaustive index (one IVF list) with a search parameter to set, so that
+# recall against exact truth must come out 1.0 if the export kept our ids.
+_FAKE_AUTOFAISS = """
+import glob, json, os
+import faiss, numpy as np
+__version__ = "0.0-fake"
+def build_index(embeddings, **kwargs):
+    files = sorted(glob.glob(os.path.join(embeddings, "**", "*.npy"), recursive=True))
+    x = np.concatenate([np.load(f) for f in files])
+    index = faiss.index_factory(x.shape[1], "IVF1,Flat", faiss.METRIC_INNER_PRODUCT)
+    index.train(x)
+    index.add(x)
+    with open(os.environ["FAKE_AUTOFAISS_CALLS"], "w") as f:
+        json.dump({"embeddings": embeddings, "files": [os.path.basename(p) for p in files], **kwargs}, f)
+    return index, {"index_key": "IVF1,Flat", "index_param": "nprobe=1", "index_path": None, "nb vectors": len(x)}
+"""
+
+
+def _fake_package(root: Path, body: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``root/autofaiss/__init__.py`` with ``body``, first on PYTHONPATH of every subprocess."""
+    (root / "autofaiss").mkdir(parents=True)
+    (root / "autofaiss" / "__init__.py").write_text(body)
+    monkeypatch.setenv("PYTHONPATH", str(root))
+
+
+_PEER_ARGV = ["--preset", "tiny", "--dim", "48", "--sizes", "2000", "--text-precisions", "fp32", "--types", "flat", "--e2e", "",
+              "--queries", "20", "--text-queries", "0", "--warmup", "1", "--commit-every", "500", "--max-memory", "1GB"]
+
+
+def test_bench_search_peer_autofaiss_plumbing(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    _fake_package(tmp_path / "fake", _FAKE_AUTOFAISS, monkeypatch)
+    calls = tmp_path / "calls.json"
+    monkeypatch.setenv("FAKE_AUTOFAISS_CALLS", str(calls))
+    work = tmp_path / "work"
+    work.mkdir()
+    code = bench_search.main([*_PEER_ARGV, "--peer", "autofaiss", "--work-dir", str(work), "--peer-memory-available", "8GB"])
+    assert code == 0
+    out = capsys.readouterr().out
+    result = _json_line(out)
+    assert result["peers"] == ["autofaiss"]
+    rows = {t["type"]: t for t in result["sizes"][0]["types"]}
+    ours, peer = rows["flat"], rows["autofaiss"]
+    assert set(ours) <= set(peer)  # the same keys, plus the peer's own
+    assert peer["factory"] == "IVF1,Flat" and peer["search_params"] == {"nprobe": 1}
+    assert peer["recall_at_10"] == 1.0 and ours["recall_at_10"] == 1.0  # ids kept in order by the export
+    assert peer["search_ms"]["p50"] > 0 and peer["build_seconds"] > 0 and peer["export_seconds"] >= 0
+    assert peer["faiss_bytes_per_vector"] > 48 * 4 and peer["version"] == "0.0-fake" and not peer["mmap"]
+    asked = json.loads(calls.read_text())
+    # The same budget, in bytes; inner product; k as the neighbours to tune for.
+    assert asked["max_index_memory_usage"] == f"{1 << 30}B" and asked["current_memory_available"] == f"{8 << 30}B"
+    assert asked["metric_type"] == "ip" and asked["min_nearest_neighbors_to_retrieve"] == 10
+    assert asked["max_index_query_time_ms"] == 10.0
+    # Several chunks (parts of 500 rows), so recall 1.0 above also proves their order.
+    assert len(asked["files"]) > 1 and asked["files"] == sorted(asked["files"])
+    assert any(line.split()[:2] == ["2,000", "autofaiss"] and "IVF1,Flat" in line for line in out.splitlines())
+    assert list(work.iterdir()) == []  # export, index and temp dir removed
+
+
+def test_bench_search_peer_autofaiss_real(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    why = bench_search.peer_missing("autofaiss")
+    if why is not None:
+        pytest.skip(f"autofaiss is not installed ({why}); optional, for benchmarks only: {bench_search.AUTOFAISS_INSTALL}")
+    # 1 ms instead of its 10 ms default: autofaiss's parameter search is shorter at a tighter bound.
+    code = bench_search.main([*_PEER_ARGV, "--peer", "autofaiss", "--peer-query-time-ms", "1", "--work-dir", str(tmp_path)])
+    assert code == 0
+    rows = {t["type"]: t for t in _json_line(capsys.readouterr().out)["sizes"][0]["types"]}
+    peer = rows["autofaiss"]
+    # Below 10,000 vectors autofaiss always picks HNSW and tunes efSearch.
+    assert peer["factory"].startswith("HNSW") and peer["search_params"]["efSearch"] >= 16
+    assert peer["recall_at_10"] >= 0.9 and peer["tuning"]["nb vectors"] == 2000
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_search_unknown_peer_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exc:
+        bench_search.main(["--peer", "nonsense"])
+    assert exc.value.code == 2 and "unknown peer 'nonsense'" in capsys.readouterr().err
+
+
+def test_bench_search_peer_not_installed(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    # Shadows a real autofaiss if one is installed: the check must not depend on this machine.
+    _fake_package(tmp_path / "fake", "raise ModuleNotFoundError(\"No module named 'autofaiss'\")\n", monkeypatch)
+
+    def no_work(*args: object, **kwargs: object) -> None:
+        raise AssertionError("wrote an index before checking the peer")
+
+    monkeypatch.setattr(bench_search, "build_synthetic_index", no_work)
+    work = tmp_path / "work"
+    work.mkdir()
+    assert bench_search.main([*_PEER_ARGV, "--peer", "autofaiss", "--work-dir", str(work)]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "No module named 'autofaiss'" in err[0] and bench_search.AUTOFAISS_INSTALL in err[0]
+    assert list(work.iterdir()) == []
+
+
 def test_bench_int8_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert bench_int8.main(["--preset", "tiny", "--batch", "6", "--reps", "1", "--threads", "1"]) == 0
     out = capsys.readouterr().out
