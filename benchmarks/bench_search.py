@@ -12,8 +12,9 @@ its own) and measured in this process:
   in-distribution queries (same clusters, not in the index), and recall@10 of those queries
   against exact search run beside it (flat in-process up to --flat-max, else streamed from
   Parquet with ``faiss_index.ExactTopK``);
-* end to end (--e2e types): ``ImageIndex.search(text, 10)`` with a ViT-B/32-shaped text tower
-  (tokenise, encode, search, paths of the 10 hits);
+* end to end (--e2e types): ``ImageIndex.search(text, 10)`` on short queries (3-8 words) with a
+  ViT-B/32-shaped text tower, on the index's own text path at each ``--text-precisions`` value
+  (``ImageIndex.open(dir, precision=...)``: tokenise, encode, search, paths of the 10 hits);
 * serving memory: RSS growth of opening the index and running the queries.
 
 With ``--peer autofaiss``, after our types, autofaiss builds the index it chooses from the same
@@ -44,7 +45,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from _common import ROOT, latency_summary, machine_facts, peak_rss_mb  # noqa: E402
-from bench_query import SyntheticSpec, build_synthetic_index, query_texts, synthetic_queries  # noqa: E402
+from bench_query import SyntheticSpec, build_synthetic_index, short_query_texts, synthetic_queries  # noqa: E402
 
 from clipsearch.cli import int_at_least  # noqa: E402
 
@@ -294,7 +295,7 @@ def recall(found: Any, truth: Any, k: int) -> float:
 
 
 def measure_type(
-    index_dir: Path, queries: Any, truth: Any, k: int, encoders: dict[str, Any], texts: list[str], warmup: int
+    index_dir: Path, queries: Any, truth: Any, k: int, precisions: list[str], texts: list[str], warmup: int
 ) -> dict[str, Any]:
     import numpy as np
 
@@ -324,10 +325,11 @@ def measure_type(
         "mmap": index.info()["faiss_bytes"] >= MMAP_MIN_BYTES,  # what open(mmap=None) did
     }
     del index
-    for precision, encoder in encoders.items() if texts else ():
-        # The public call with this query-tower precision: tokenise, encode, search, paths.
+    for precision in precisions if texts else ():
+        # The public call, on the index's own text path at this precision (what `search` and
+        # `serve` run): tokenise, encode, search, paths.
         gc.collect()
-        index = ImageIndex.open(index_dir, encoder=encoder)
+        index = ImageIndex.open(index_dir, device="cpu", precision=precision)
         for text in texts[:warmup]:
             index.search(text, 10)
         e2e = []
@@ -337,6 +339,7 @@ def measure_type(
             e2e.append(time.perf_counter() - t0)
             if len(hits) != 10:
                 raise RuntimeError(f"expected 10 hits, got {len(hits)}")
+        out.setdefault("text_path", {})[precision] = index.text_path().to_dict()
         out.setdefault("end_to_end_ms", {})[precision] = latency_summary(e2e)
         del index
     gc.collect()
@@ -360,7 +363,9 @@ def main(argv: list[str] | None = None) -> int:
         "--commit-every", type=int_at_least(1), default=65536, help="rows per committed part while writing (default: 65536)"
     )
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"], help="text tower shape for --e2e (default: vit-b-32)")
-    parser.add_argument("--text-precisions", default="fp32,int8", help="query-tower precisions timed end to end (default: fp32,int8)")
+    parser.add_argument(
+        "--text-precisions", default="fp32,auto", help="text precisions of the index's own text path timed end to end (default: fp32,auto)"
+    )
     parser.add_argument("--clusters", type=int_at_least(1), default=1000)
     parser.add_argument("--noise", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
@@ -399,13 +404,11 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
         work = Path(tmp)
         model_dir = make_random_clip(work / "model", preset=args.preset, seed=0)
-        encoders = {p: load_encoder(str(model_dir), device="cpu", precision=p) for p in args.text_precisions.split(",") if p}
-        for enc in encoders.values():
-            enc.embed_texts(["warm up"])
-        encoder = next(iter(encoders.values()))
+        precisions = [p for p in args.text_precisions.split(",") if p]
+        encoder = load_encoder(str(model_dir), device="cpu")  # the model the indexes are written under
         if encoder.dim != args.dim:
             parser.error(f"--dim {args.dim} but the {args.preset} text tower has dim {encoder.dim}")
-        texts = query_texts(args.warmup + args.text_queries) if args.text_queries else []
+        texts = short_query_texts(args.warmup + args.text_queries) if args.text_queries else []
         queries = synthetic_queries(args.queries, args.dim, spec)
         for n in sizes:
             out = work / f"synthetic-{n}.idx"
@@ -423,7 +426,7 @@ def main(argv: list[str] | None = None) -> int:
                 if index_type == "flat" and n > args.flat_max:
                     continue
                 built = reindex_subprocess(out, index_type, args.max_memory, args.target_recall)
-                measured = measure_type(out, queries, truth, args.k, encoders, texts if index_type in e2e_types else [], args.warmup)
+                measured = measure_type(out, queries, truth, args.k, precisions, texts if index_type in e2e_types else [], args.warmup)
                 rows.append({"type": index_type, "factory": built["index_type"], "search_params": built["search_params"],
                              "tuning": built["index_tuning"], "build_seconds": built["seconds"],
                              "build_peak_rss_mb": round(built["peak_rss_mb"], 1),
