@@ -105,8 +105,11 @@ def exact_top(vectors: np.ndarray, queries: np.ndarray, k: int, allowed: np.ndar
 def test_auto_plan_follows_size_and_memory() -> None:
     assert plan_index(1000, 512, IndexOptions()).factory == "Flat"
     assert plan_index(50_000, 512, IndexOptions()).factory == "Flat"
-    hnsw = plan_index(1_000_000, 512, IndexOptions())
+    hnsw = plan_index(500_000, 512, IndexOptions())
     assert hnsw.factory == "HNSW32" and hnsw.estimated_bytes < 4 * 2**30
+    # Past HNSW_AUTO_MAX_ROWS, IVF over full vectors first: no HNSW graph built to be discarded.
+    ivf = plan_index(500_001, 512, IndexOptions())
+    assert ivf.factory == "IVF2048,Flat" and "HNSW is not tried above 500,000 vectors" in ivf.reason
     sq8 = plan_index(10_000_000, 512, IndexOptions(max_memory=parse_memory("8GB")))
     assert sq8.factory == "IVF8192_HNSW32,SQ8" and sq8.train_rows <= 400_000
     pq = plan_index(10_000_000, 512, IndexOptions(max_memory=parse_memory("1GB")))
@@ -140,7 +143,15 @@ def test_auto_candidates_within_budget() -> None:
     from retrieval.index_types import candidate_plans
 
     factories = [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions())]
-    assert factories == ["HNSW32", "IVF4096_HNSW32,Flat", "IVF4096_HNSW32,SQ8", "IVF4096_HNSW32,PQ128"]
+    assert factories == ["IVF4096_HNSW32,Flat", "IVF4096_HNSW32,SQ8", "IVF4096_HNSW32,PQ128"]
+    mid = [p.factory for p in candidate_plans(200_000, 512, IndexOptions())]
+    assert mid == ["HNSW32", "IVF2048,Flat", "IVF2048,SQ8", "IVF2048,PQ128"]
+    # An HNSW index that grows past the threshold is rebuilt as IVF by the update that crosses it.
+    import indexer.ann as ann
+
+    assert not ann.needs_rebuild("HNSW32", 500_000, 512, IndexOptions())
+    assert ann.needs_rebuild("HNSW32", 500_001, 512, IndexOptions())
+    assert [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions(index_type="hnsw"))] == ["HNSW32"]
     small = [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions(max_memory=parse_memory("1GB")))]
     assert small == ["IVF4096_HNSW32,SQ8", "IVF4096_HNSW32,PQ128"]
     assert [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions(index_type="ivf-flat"))] == ["IVF4096_HNSW32,Flat"]
