@@ -182,6 +182,15 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
         assert row["recall_at_10"] == round(recalls[row["factory"]], 4), row["type"]
     assert rows["flat"]["end_to_end_ms"]["fp32"]["p50"] > 0 and "end_to_end_ms" not in rows["hnsw"]
     assert "recall@10" in out and list(tmp_path.iterdir()) == []
+    flat = [json.loads(line) for line in out.splitlines()[1:4]]
+    assert [f["type"] for f in flat] == ["flat", "hnsw", "ivf-sq8"] and all(f["bench"] == "search-row" for f in flat)
+    for f in flat:
+        row = rows[f["type"]]
+        assert (f["vectors"], f["factory"], f["recall_at_10"]) == (2000, row["factory"], row["recall_at_10"])
+        assert (f["p50_ms"], f["p99_ms"]) == (row["search_ms"]["p50"], row["search_ms"]["p99"])
+        assert f["rss_open_mb"] == row["open_rss_mb"] and f["rss_after_query_mb"] == row["rss_after_query_mb"]
+        assert f["build_s"] == row["build_seconds"] and f["bytes_per_vector"] == row["faiss_bytes_per_vector"]
+    assert flat[0]["end_to_end_p50_ms"]["fp32"] == rows["flat"]["end_to_end_ms"]["fp32"]["p50"]
 
 
 
