@@ -191,7 +191,6 @@ def measure_faiss_file(path: Path, index_param: str, queries: Any, truth: Any, k
     ``faiss_index.search`` that ``ImageIndex.search_ids`` calls, in this process (same FAISS
     threads), recall@10 against the same exact truth."""
     import faiss
-    import numpy as np
 
     from retrieval import faiss_index
     from retrieval.index import MMAP_MIN_BYTES
@@ -205,27 +204,8 @@ def measure_faiss_file(path: Path, index_param: str, queries: Any, truth: Any, k
         # What autofaiss set before returning; reapplied because not every parameter it may
         # choose (IVF-HNSW quantizer efSearch, polysemous ht) is guaranteed to be in the file.
         faiss.ParameterSpace().set_index_parameters(index, index_param)
-    open_s = time.perf_counter() - t0
-    open_rss = rss_mb() - rss0
-    faiss_index.search(index, queries[:1], k)
-    one_query_rss = rss_mb() - rss0
-    for q in queries[:warmup]:
-        faiss_index.search(index, q[None], k)
-    times, found = [], []
-    for q in queries:
-        t0 = time.perf_counter()
-        _, ids = faiss_index.search(index, q[None], k)
-        times.append(time.perf_counter() - t0)
-        found.append(ids[0])
-    out = {
-        "open_seconds": round(open_s, 3),
-        "search_ms": latency_summary(times),
-        "recall_at_10": round(recall(np.stack(found), truth, min(k, 10)), 4),
-        "open_rss_mb": round(open_rss, 1),
-        "rss_after_query_mb": round(one_query_rss, 1),
-        "serving_rss_mb": round(rss_mb() - rss0, 1),
-        "mmap": mmap,
-    }
+    opened = (time.perf_counter() - t0, rss_mb() - rss0)
+    out = {**time_queries(_ids_of(faiss_index.search, index, k), queries, truth, k, warmup, rss0, opened), "mmap": mmap}
     del index
     gc.collect()
     return out
@@ -302,7 +282,6 @@ def recall(found: Any, truth: Any, k: int) -> float:
 def measure_type(
     index_dir: Path, queries: Any, truth: Any, k: int, precisions: list[str], texts: list[str], warmup: int
 ) -> dict[str, Any]:
-    import numpy as np
 
     from retrieval import ImageIndex
     from retrieval.index import MMAP_MIN_BYTES
@@ -311,25 +290,9 @@ def measure_type(
     rss0 = rss_mb()
     t0 = time.perf_counter()
     index = ImageIndex.open(index_dir)
-    open_s = time.perf_counter() - t0
-    open_rss = rss_mb() - rss0
-    index.search_ids(queries[:1], k)
-    one_query_rss = rss_mb() - rss0
-    for q in queries[:warmup]:
-        index.search_ids(q[None], k)
-    times, found = [], []
-    for q in queries:
-        t0 = time.perf_counter()
-        _, ids = index.search_ids(q[None], k)
-        times.append(time.perf_counter() - t0)
-        found.append(ids[0])
+    opened = (time.perf_counter() - t0, rss_mb() - rss0)
     out: dict[str, Any] = {
-        "open_seconds": round(open_s, 3),
-        "search_ms": latency_summary(times),
-        "recall_at_10": round(recall(np.stack(found), truth, min(k, 10)), 4),
-        "open_rss_mb": round(open_rss, 1),
-        "rss_after_query_mb": round(one_query_rss, 1),
-        "serving_rss_mb": round(rss_mb() - rss0, 1),
+        **time_queries(_ids_of(type(index).search_ids, index, k), queries, truth, k, warmup, rss0, opened),
         "mmap": index.info()["faiss_bytes"] >= MMAP_MIN_BYTES,  # what open(mmap=None) did
     }
     del index
@@ -352,6 +315,39 @@ def measure_type(
         del index
     gc.collect()
     return out
+
+
+def _ids_of(search: Any, index: Any, k: int) -> Any:
+    """``query -> ids`` of ``search(index, query, k)`` (which returns ``(scores, ids)``)."""
+    return lambda q: search(index, q, k)[1]
+
+
+def time_queries(
+    search: Any, queries: Any, truth: Any, k: int, warmup: int, rss0: float, opened: tuple[float, float]
+) -> dict[str, Any]:
+    """Single-query latency and recall of ``search`` (a ``(1, dim)`` query -> ``(1, k)`` ids),
+    with the RSS growth over ``rss0`` after one query and after all; ``opened`` is
+    ``(open seconds, RSS growth at open)``. The same loop for our types and the peers'."""
+    import numpy as np
+
+    search(queries[:1])
+    one_query_rss = rss_mb() - rss0
+    for q in queries[:warmup]:
+        search(q[None])
+    times, found = [], []
+    for q in queries:
+        t0 = time.perf_counter()
+        ids = search(q[None])
+        times.append(time.perf_counter() - t0)
+        found.append(ids[0])
+    return {
+        "open_seconds": round(opened[0], 3),
+        "search_ms": latency_summary(times),
+        "recall_at_10": round(recall(np.stack(found), truth, min(k, 10)), 4),
+        "open_rss_mb": round(opened[1], 1),
+        "rss_after_query_mb": round(one_query_rss, 1),
+        "serving_rss_mb": round(rss_mb() - rss0, 1),
+    }
 
 
 def flat_row(n: int, row: dict[str, Any]) -> dict[str, Any]:
