@@ -300,7 +300,7 @@ def measure_type(
         # The public call, on the index's own text path at this precision (what `search` and
         # `serve` run): tokenise, encode, search, paths.
         gc.collect()
-        index = ImageIndex.open(index_dir, device="cpu", precision=precision)
+        index = ImageIndex.open(index_dir, device="cpu", precision=precision, query_cache=0)  # the texts repeat
         for text in texts[:warmup]:
             index.search(text, 10)
         e2e = []

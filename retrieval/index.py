@@ -25,6 +25,7 @@ from .errors import IndexCorruptError, InvalidArgumentError, ModelLoadError, Mod
 from .filters import Filter
 from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from .layout import Manifest, display_path, read_manifest
+from .query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from .query_terms import QueryTerm, as_term, embed_terms
 
 
@@ -105,6 +106,7 @@ class ImageIndex:
         self._columns: dict[str, pa.ChunkedArray] = {}
         self._masks: OrderedDict[Filter, np.ndarray] = OrderedDict()
         self._given_encoder = encoder
+        self._query_cache = QueryVectorCache(DEFAULT_CAPACITY)
         self._mmap: bool | None = None
         # Lazy loads (query models, columns, filter masks) happen under this lock, so one index
         # can serve many threads (an HTTP server's pool); searches themselves run unlocked.
@@ -120,6 +122,7 @@ class ImageIndex:
         encoder: Encoder | None = None,
         mmap: bool | None = None,
         precision: str = "fp32",
+        query_cache: int = DEFAULT_CAPACITY,
     ) -> ImageIndex:
         """Open an index directory.
 
@@ -134,8 +137,12 @@ class ImageIndex:
             precision: text tower precision for queries (``fp32``, ``bf16``, ``fp16``,
                 ``int8``, ``auto``; see ``retrieval.encoders.precision``). Image queries use
                 the mode the index's images were embedded in (fp32 where the device cannot).
+            query_cache: how many distinct query texts keep their vectors (least recently
+                used out first; 0: none), so that a repeated text skips the text tower
+                (:mod:`retrieval.query_cache`; :meth:`query_cache_info` counts hits).
 
         Raises:
+            InvalidArgumentError: a bad precision or query cache size.
             NotAnIndexError: no index there.
             UnsupportedFormatError: the index is newer than this code reads.
             IndexCorruptError: a file missing, truncated, or inconsistent with the manifest
@@ -144,13 +151,16 @@ class ImageIndex:
         """
         path = Path(directory)
         requested = parse_precision(precision)
+        cache = QueryVectorCache(query_cache)
         for attempt in range(1, _OPEN_ATTEMPTS + 1):
             manifest = read_manifest(path)
             try:
                 # Opening stays O(files): sizes and footers here, whole-file digests in `verify`;
                 # pages are checked against their CRC whenever they are read.
                 store.check_files(path, manifest)
-                return cls._open_generation(path, manifest, mmap, model=model, device=device, encoder=encoder, precision=requested)
+                opened = cls._open_generation(path, manifest, mmap, model=model, device=device, encoder=encoder, precision=requested)
+                opened._query_cache = cache
+                return opened
             except Exception:
                 # A writer may have published a new generation and removed this one between our
                 # reading the manifest and opening its files: then open the one it names now.
@@ -217,12 +227,14 @@ class ImageIndex:
             encoder=self._given_encoder,
             mmap=self._mmap,
             precision=self._precision,
+            query_cache=self._query_cache.capacity,
         )
         old, new = self.manifest, fresh.manifest
         same_weights = (old.backend, old.model_fingerprint, old.dim) == (new.backend, new.model_fingerprint, new.dim)
         if same_weights and fresh._given_encoder is None:
             with self._lock:
                 fresh._text_encoder = self._text_encoder
+                fresh._query_cache = self._query_cache  # its vectors are this encoder's
                 if old.model_info.get("precision") == new.model_info.get("precision"):
                     fresh._encoder = self._encoder
         return fresh
@@ -362,8 +374,17 @@ class ImageIndex:
                 raise InvalidArgumentError("query must be a non-empty text")
         if not queries:
             return []
-        vectors = self.text_encoder.embed_texts(list(queries))
+        vectors = self.embed_texts(list(queries))
         return self.search_vectors(vectors, k, where=where)
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """The query vectors of ``texts`` (``(n, dim)``, L2-normalised) as searches make them:
+        on :attr:`text_encoder`, through the query cache."""
+        return self._query_cache.embed(texts, self.text_encoder.embed_texts)
+
+    def query_cache_info(self) -> dict[str, Any]:
+        """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
+        return self._query_cache.info()
 
     def search_image(
         self, image: str | bytes | os.PathLike[str] | BinaryIO, k: int = 10, where: Filter | None = None
@@ -409,7 +430,7 @@ class ImageIndex:
                 _check_id(t.value, self.count)
         vector = embed_terms(
             terms,
-            lambda texts: self.text_encoder.embed_texts(texts),
+            lambda texts: self.embed_texts(texts),
             lambda image: self._embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
             self.vectors_of,
         )

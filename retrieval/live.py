@@ -15,6 +15,7 @@ from pathlib import Path
 
 from .index import ImageIndex
 from .layout import MANIFEST_FILE
+from .query_cache import DEFAULT_CAPACITY
 
 
 class LiveIndex:
@@ -32,11 +33,14 @@ class LiveIndex:
         device: str = "auto",
         precision: str = "fp32",
         mmap: bool | None = None,
+        query_cache: int = DEFAULT_CAPACITY,
     ) -> None:
         self.directory = Path(directory)
         self._lock = threading.Lock()
         self._stamp = self._manifest_stamp()
-        self._index = ImageIndex.open(self.directory, model=model, device=device, precision=precision, mmap=mmap)
+        self._index = ImageIndex.open(
+            self.directory, model=model, device=device, precision=precision, mmap=mmap, query_cache=query_cache
+        )
 
     @property
     def name(self) -> str:

@@ -140,7 +140,7 @@ def test_bench_query_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     big = result["sizes"][1]
     assert big["disk_bytes"]["parts"] == 3 and big["build_seconds"]["commits"] == 3
     assert big["bytes_per_vector"]["faiss"] > 4 * result["dim"]
-    for stage in ("encode", "search", "metadata", "end_to_end"):
+    for stage in ("encode", "search", "metadata", "end_to_end", "end_to_end_cached"):
         assert big["latency_ms"][stage]["p50"] > 0
     assert list(tmp_path.iterdir()) == []  # the temp work dir is removed
 

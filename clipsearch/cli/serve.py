@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from retrieval.errors import ClipSearchError, InvalidArgumentError
 
-from ._common import PROG, add_device_arguments, add_precision_argument, positive_int
+from ._common import PROG, add_device_arguments, add_precision_argument, int_at_least, positive_int
 
 if TYPE_CHECKING:
     from ._common import Subparsers
@@ -98,6 +98,7 @@ def run(args: argparse.Namespace) -> int:
             model=args.model,
             device=args.device,
             precision=args.precision,
+            query_cache=args.query_cache,
         )
         port = sock.getsockname()[1]
         url = _url(args.host, port)
@@ -165,6 +166,10 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--model", help="query model (default: the one recorded in each index; must be the same weights)")
     add_device_arguments(p)
     add_precision_argument(p, "auto", "text query tower precision")
+    p.add_argument(
+        "--query-cache", type=int_at_least(0), default=1024, metavar="N",
+        help="distinct query texts per index whose vectors are kept, so a repeated query skips the text tower (default: 1024; 0: none)",
+    )
     p.add_argument("--max-upload-mb", type=_upload_mb, default=20, metavar="MB", help="largest query image accepted (default: 20)")
     p.add_argument("--token", help=f"require 'Authorization: Bearer TOKEN' on every /api request (default: ${TOKEN_ENV})")
     p.add_argument("--cache-dir", metavar="DIR", help="thumbnail cache (default: $XDG_CACHE_HOME/clipsearch/thumbnails)")

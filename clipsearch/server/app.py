@@ -28,6 +28,7 @@ from starlette.staticfiles import StaticFiles
 
 from retrieval.errors import InvalidArgumentError
 from retrieval.live import LiveIndex
+from retrieval.query_cache import DEFAULT_CAPACITY
 from retrieval.version import __version__
 
 from . import files
@@ -80,6 +81,7 @@ def create_app(
     device: str = "auto",
     precision: str = "auto",
     warm: bool = True,
+    query_cache: int = DEFAULT_CAPACITY,
 ) -> FastAPI:
     """The ``clipsearch serve`` application over ``index_dirs``.
 
@@ -98,13 +100,14 @@ def create_app(
             defaults to ``auto`` here: a server is long-lived, so int8 text products that pass the
             quality gate are worth their one-time torch import).
         warm: load the query models now (tests that never query may skip it).
+        query_cache: distinct query texts per index whose vectors are kept (0: none).
 
     Raises:
         InvalidArgumentError: bad settings, or two directories with the same name.
         NotAnIndexError, IndexFormatError, ModelMismatchError, ...: an index that cannot be served.
     """
     config = ServerConfig(token=token, max_upload_mb=max_upload_mb, cache_dir=Path(cache_dir) if cache_dir else None, browser_ui=browser_ui)
-    indexes = IndexSet(index_dirs, lambda d: LiveIndex(d, model=model, device=device, precision=precision))
+    indexes = IndexSet(index_dirs, lambda d: LiveIndex(d, model=model, device=device, precision=precision, query_cache=query_cache))
     if warm:
         for served in indexes:
             _warm(served)
