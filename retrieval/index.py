@@ -85,6 +85,7 @@ class ImageIndex:
         encoder_factory: EncoderFactory | None = None,
         precision: Precision = "fp32",
         fast_text: bool = False,
+        query_cache: QueryVectorCache | None = None,
     ) -> None:
         self.directory = directory
         self.manifest = manifest
@@ -106,7 +107,7 @@ class ImageIndex:
         self._columns: dict[str, pa.ChunkedArray] = {}
         self._masks: OrderedDict[Filter, np.ndarray] = OrderedDict()
         self._given_encoder = encoder
-        self._query_cache = QueryVectorCache(DEFAULT_CAPACITY)
+        self._query_cache = query_cache if query_cache is not None else QueryVectorCache(DEFAULT_CAPACITY)
         self._mmap: bool | None = None
         # Lazy loads (query models, columns, filter masks) happen under this lock, so one index
         # can serve many threads (an HTTP server's pool); searches themselves run unlocked.
@@ -158,9 +159,9 @@ class ImageIndex:
                 # Opening stays O(files): sizes and footers here, whole-file digests in `verify`;
                 # pages are checked against their CRC whenever they are read.
                 store.check_files(path, manifest)
-                opened = cls._open_generation(path, manifest, mmap, model=model, device=device, encoder=encoder, precision=requested)
-                opened._query_cache = cache
-                return opened
+                return cls._open_generation(
+                    path, manifest, mmap, model=model, device=device, encoder=encoder, precision=requested, query_cache=cache
+                )
             except Exception:
                 # A writer may have published a new generation and removed this one between our
                 # reading the manifest and opening its files: then open the one it names now.
@@ -180,6 +181,7 @@ class ImageIndex:
         device: str,
         encoder: Encoder | None,
         precision: Precision,
+        query_cache: QueryVectorCache,
     ) -> ImageIndex:
         # The Parquet files stay open: if a later generation replaces this one, this reader
         # keeps answering from the files it opened.
@@ -201,6 +203,7 @@ class ImageIndex:
             encoder_factory=lambda name, dev: load_encoder(name, device=dev, precision=precision),
             precision=precision,
             fast_text=encoder is None,
+            query_cache=query_cache,
         )
         opened._mmap = mmap
         return opened

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import functools
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -91,7 +92,7 @@ class NumpyTextEncoder:
         return encoder
 
     def _use_int8(self, requested: str) -> None:
-        from .int8 import Int8Products, activation_bits, int8_refusal
+        from .int8 import activation_bits, int8_refusal, quantize_layer
 
         self.requested = requested
         refusal = int8_refusal()
@@ -100,7 +101,7 @@ class NumpyTextEncoder:
                 raise UnsupportedTextTower(refusal)
             self.int8_note = refusal
             return
-        int8_tower = self._tower.with_products(Int8Products.for_this_cpu())
+        int8_tower = self._tower.with_products(functools.partial(quantize_layer, reduce_range=activation_bits() < 8))
         mode: Mode = "int8"
         if requested == "auto":
             towers = {"fp32": self._tower, "int8": int8_tower}

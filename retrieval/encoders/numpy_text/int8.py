@@ -28,7 +28,7 @@ import functools
 import platform
 import warnings
 from collections.abc import Iterator
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import numpy as np
@@ -110,30 +110,15 @@ class Int8DynamicLinear:
         self._op = torch.ops.quantized.linear_dynamic
         self._from_numpy = torch.from_numpy
         self.reduce_range = reduce_range
-        self.in_features = int(weight.shape[1])
-        self.out_features = int(weight.shape[0])
 
     def __call__(self, x: np.ndarray) -> np.ndarray:
         rows = np.ascontiguousarray(x, dtype=np.float32)
         return self._op(self._from_numpy(rows), self._packed, self.reduce_range).numpy()
 
 
-@dataclass(frozen=True)
-class Int8Products:
-    """How :func:`quantize_layer` converts a block: the activation range of every product."""
-
-    reduce_range: bool
-
-    @classmethod
-    def for_this_cpu(cls) -> Int8Products:
-        return cls(reduce_range=activation_bits() < 8)
-
-    def __call__(self, layer: LayerWeights) -> LayerWeights:
-        return quantize_layer(layer, reduce_range=self.reduce_range)
-
-
 def quantize_layer(layer: LayerWeights, *, reduce_range: bool) -> LayerWeights:
-    """The block with its four float32 products (:class:`DenseLinear`) made int8."""
+    """The block with its four float32 products (:class:`DenseLinear`) made int8 (7-bit inputs
+    with ``reduce_range``: ``activation_bits() < 8``)."""
 
     def convert(product: Any) -> Any:
         if not isinstance(product, DenseLinear):
