@@ -244,9 +244,11 @@ def peer_row(
     return row
 
 
-def rss_mb() -> float:
+def rss_mb(key: str = "VmRSS:") -> float:
+    """This process's ``key`` line of /proc/self/status in MB: ``VmRSS:`` (all resident pages,
+    memory-mapped file pages included) or ``RssAnon:`` (what is not page cache)."""
     for line in Path("/proc/self/status").read_text().splitlines():
-        if line.startswith("VmRSS:"):
+        if line.startswith(key):
             return int(line.split()[1]) / 1024
     return float("nan")
 
@@ -347,6 +349,11 @@ def time_queries(
         "open_rss_mb": round(opened[1], 1),
         "rss_after_query_mb": round(one_query_rss, 1),
         "serving_rss_mb": round(rss_mb() - rss0, 1),
+        # The whole measuring process (index, Python, the text model it loaded) after the timed
+        # queries, page cache not counted: memory-mapped file pages that queries touched are
+        # in VmRSS above but are the kernel's to drop.
+        "process_anon_rss_mb": round(rss_mb("RssAnon:"), 1),
+        "process_file_rss_mb": round(rss_mb("RssFile:"), 1),
     }
 
 
@@ -367,6 +374,7 @@ def flat_row(n: int, row: dict[str, Any]) -> dict[str, Any]:
         "rss_open_mb": row["open_rss_mb"],
         "rss_after_query_mb": row["rss_after_query_mb"],
         "rss_serving_mb": row["serving_rss_mb"],
+        "process_anon_rss_mb": row.get("process_anon_rss_mb"),
         "bytes_per_vector": row["faiss_bytes_per_vector"],
         "end_to_end_p50_ms": {p: v["p50"] for p, v in row.get("end_to_end_ms", {}).items()},
     }

@@ -36,6 +36,7 @@ from retrieval.layout import (
     Manifest,
     PartRef,
     checksum_file,
+    format_version_for,
     generation_dir,
     part_name,
     paths_file_of,
@@ -261,6 +262,7 @@ class GenerationWriter:
                 search_params=dict(info.search_params),
                 index_tuning=dict(info.tuning),
                 checksums=sums,
+                format_version=format_version_for(info.factory),
             )
             crash_point("staged")
             publish_generation(self.dir, staging, generation)

@@ -17,6 +17,11 @@ import numpy as np
 from .errors import IndexFormatError, InvalidArgumentError
 
 DEFAULT_INDEX_TYPE = "Flat"
+# Re-ranking depths tried when tuning an index with a refine stage (``...,Refine(SQfp16)``): the
+# approximate codes return ``k * k_factor`` candidates, re-scored against the refine vectors.
+K_FACTORS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
+# The header FAISS writes first for an IndexRefine (index_write.cpp).
+_REFINE_FOURCC = b"IxRF"
 # k-means iterations when training IVF/PQ: past ~10 the centroids barely move for retrieval.
 TRAIN_ITERATIONS = 10
 
@@ -62,6 +67,11 @@ def create(factory: str, dim: int) -> Any:
     ivf = _ivf_of(index)
     if ivf is not None:
         ivf.cp.niter = TRAIN_ITERATIONS
+        pq = faiss.downcast_index(ivf)
+        if isinstance(pq, faiss.IndexIVFPQ):
+            # On by default in factory-made IVF-PQ, for polysemous (Hamming) filtering, which we
+            # never search with: it was 50 of 66 s of training IVF2048,PQ64 on 82k vectors here.
+            pq.do_polysemous_training = False
     return index
 
 
@@ -101,6 +111,15 @@ def _hnsw_of(index: Any) -> Any:
     return inner if hasattr(inner, "hnsw") else None
 
 
+def refine_of(index: Any) -> Any:
+    """The ``IndexRefine`` wrapping ``index``'s approximate search (codes re-ranked against a
+    second copy of the vectors, e.g. ``IVF4096,PQ64,Refine(SQfp16)``), or None."""
+    import faiss
+
+    inner = faiss.downcast_index(index)
+    return inner if isinstance(inner, faiss.IndexRefine) else None
+
+
 def tunable(index: Any) -> tuple[str, list[int]] | None:
     """The search parameter that trades speed for recall, and the values worth trying."""
     ivf = _ivf_of(index)
@@ -116,7 +135,11 @@ def tunable(index: Any) -> tuple[str, list[int]] | None:
 
 
 def set_search_params(index: Any, params: Mapping[str, int]) -> None:
-    """Apply tuned search parameters (``{"nprobe": 32}``, ``{"efSearch": 64}``) to ``index``."""
+    """Apply tuned search parameters (``{"nprobe": 32}``, ``{"efSearch": 64}``, and
+    ``{"k_factor": 16}`` for a refine stage) to ``index``."""
+    refine = refine_of(index)
+    if "k_factor" in params and refine is not None:
+        refine.k_factor = float(params["k_factor"])
     ivf = _ivf_of(index)
     if "nprobe" in params and ivf is not None:
         ivf.nprobe = int(params["nprobe"])
@@ -142,6 +165,14 @@ def _filtered_params(index: Any, sel: Any, boost: int) -> Any:
     """Search parameters restricting results to ``sel``; ``boost`` multiplies nprobe/efSearch."""
     import faiss
 
+    refine = refine_of(index)
+    if refine is not None:
+        # IndexRefine ignores a selector of its own: the base search must apply it (the refine
+        # stage only re-scores what the base returned).
+        base = _filtered_params(refine.base_index, sel, boost)
+        outer = faiss.IndexRefineSearchParameters(k_factor=float(refine.k_factor), base_index_params=base)
+        outer.inner_ref = base
+        return outer
     ivf = _ivf_of(index)
     if ivf is not None:
         inner: Any = faiss.SearchParametersIVF(sel=sel, nprobe=min(int(ivf.nlist), max(1, int(ivf.nprobe)) * boost))
@@ -181,7 +212,14 @@ def read(path: str | os.PathLike[str], mmap: bool = False) -> Any:
     path = Path(path)
     if not path.is_file():
         raise IndexFormatError(f"{path} is missing; rebuild the index with `clipsearch index`")
-    flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY if mmap else 0
+    flags = 0
+    if mmap:
+        with open(path, "rb") as f:
+            refined = f.read(4) == _REFINE_FOURCC
+        # IO_FLAG_MMAP maps IVF lists but copies a refine stage's vectors into RAM; MMAP_IFC maps
+        # flat code arrays (the refine vectors) and reads the IVF lists: the compact codes stay
+        # resident, the full vectors stay in the page cache. FAISS refuses the two together.
+        flags = (faiss.IO_FLAG_MMAP_IFC if refined else faiss.IO_FLAG_MMAP) | faiss.IO_FLAG_READ_ONLY
     try:
         return faiss.read_index(os.fspath(path), flags)
     except RuntimeError as exc:
@@ -199,7 +237,8 @@ def stored_vectors(index: Any, ids: np.ndarray) -> tuple[np.ndarray, bool] | Non
     import faiss
 
     ids = np.asarray(ids, dtype=np.int64)
-    ivf = _ivf_of(index)
+    # A refine stage reconstructs from its own copy of the vectors, by id.
+    ivf = _ivf_of(index) if refine_of(index) is None else None
     inner = faiss.downcast_index(index)
     exact = not isinstance(inner, faiss.IndexPreTransform) and (
         isinstance(inner, faiss.IndexFlat)
@@ -270,6 +309,8 @@ def range_search(index: Any, queries: np.ndarray, min_score: float) -> tuple[np.
     may miss vectors and return approximate scores.
     """
     queries = np.ascontiguousarray(queries, dtype=np.float32)
+    if refine_of(index) is not None:
+        return _refine_range_search(index, queries, min_score)
     # FAISS keeps inner products strictly above the radius: step just below min_score.
     radius = float(np.nextafter(np.float32(min_score), np.float32(-np.inf)))
     step = _hnsw_range_chunk(index)
@@ -286,6 +327,32 @@ def range_search(index: Any, queries: np.ndarray, min_score: float) -> tuple[np.
         return lims, scores, ids
     owner = np.repeat(np.arange(len(queries)), np.diff(lims))[keep]
     return np.searchsorted(owner, np.arange(len(queries) + 1)).astype(lims.dtype), scores[keep], ids[keep]
+
+
+def _refine_range_search(index: Any, queries: np.ndarray, min_score: float) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """:func:`range_search` for an index with a refine stage, which FAISS answers with no results
+    at all (IndexRefine has no range search): top-k searches, k growing for the queries whose
+    k-th re-scored hit still reaches ``min_score``, so the scores are the refine stage's."""
+    n = len(queries)
+    found: list[tuple[np.ndarray, np.ndarray]] = [(np.empty(0, np.float32), np.empty(0, np.int64))] * n
+    todo = np.arange(n)
+    k = 32
+    while len(todo):
+        k = min(k, int(index.ntotal))
+        scores, ids = index.search(queries[todo], k)
+        more = []
+        for row, q in enumerate(todo.tolist()):
+            keep = (ids[row] >= 0) & (scores[row] >= min_score)
+            found[q] = (scores[row][keep], ids[row][keep])
+            if keep.all() and k < index.ntotal:
+                more.append(q)
+        todo = np.asarray(more, dtype=np.int64)
+        k *= 4
+    counts = np.array([len(s) for s, _ in found], dtype=np.int64)
+    lims = np.concatenate([[0], np.cumsum(counts)]).astype(np.uint64)
+    if not n:
+        return lims, np.empty(0, np.float32), np.empty(0, np.int64)
+    return lims, np.concatenate([s for s, _ in found]).astype(np.float32), np.concatenate([i for _, i in found]).astype(np.int64)
 
 
 def _hnsw_range_chunk(index: Any) -> int | None:
@@ -327,9 +394,11 @@ def _search(index: Any, queries: np.ndarray, k: int, limit: int, params: Any) ->
     # Fetch past the cut until no row ties across it, so that sorting (score desc, id asc)
     # and cutting gives the documented order and search(k) is a prefix of search(k + 1).
     # ``limit`` caps the fetch (the number of vectors that can be returned at all).
+    # One past the cut first: a re-ranked index scores ``fetch * k_factor`` candidates, so a
+    # first fetch of 2k would double its work (and re-rank deeper than it was tuned for).
     fetch = k
     while True:
-        fetch = min(limit, max(fetch * 2, k + 1))
+        fetch = min(limit, k + 1 if fetch == k else fetch * 2)
         scores, ids = index.search(queries, fetch) if params is None else index.search(queries, fetch, params=params)
         tied = (scores[:, k - 1] == scores[:, fetch - 1]) & (ids[:, fetch - 1] >= 0)
         if fetch >= limit or not np.any(tied):
@@ -400,6 +469,8 @@ def tune(
     Returns:
         ``(params, recall, reached)``; when no value reaches the target, the best one tried.
     """
+    if refine_of(index) is not None and _ivf_of(index) is not None:
+        return _tune_refine(index, queries, truth, target, exclude, k)
     knob = tunable(index)
     if knob is None:
         _, found = index.search(np.ascontiguousarray(queries, dtype=np.float32), k + 1)
@@ -421,5 +492,80 @@ def tune(
         # 1% of the remaining gap, larger values only cost time (up to a full scan of 10M).
         if len(gains) >= 3 and all(g < 0.01 * (target - best[1]) for g in gains[-2:]):
             break
+    set_search_params(index, best[0])
+    return best[0], best[1], False
+
+
+def refine_cost(index: Any, nprobe: int, k_factor: int, k: int = 10) -> float:
+    """A machine-independent estimate of one query's work in an IVF index with a refine stage
+    (bytes touched): scanning ``nprobe`` lists of codes (plus their lookup tables), then
+    re-scoring ``k * k_factor`` candidates against the refine vectors, each a random read of a
+    full vector that is decoded and multiplied. Used to choose between (nprobe, k_factor) pairs
+    reaching the same recall without timing anything (a build must not depend on the load of
+    the machine it ran on)."""
+    ivf = _ivf_of(index)
+    refine = refine_of(index)
+    per_list = int(index.ntotal) / max(1, int(ivf.nlist))
+    scan = nprobe * (per_list * (int(ivf.code_size) + 8) + 256 * int(index.d))
+    # A refine vector costs its bytes twice over a scanned code: a cache miss, then a decode.
+    rescore = k * k_factor * 2 * int(refine.refine_index.sa_code_size()) * 2
+    return float(scan + rescore)
+
+
+def _tune_refine(
+    index: Any, queries: np.ndarray, truth: np.ndarray, target: float, exclude: np.ndarray | None, k: int
+) -> tuple[dict[str, int], float, bool]:
+    """Two knobs: the lists probed (``nprobe``) and the re-ranking depth (``k_factor``).
+
+    For each ``nprobe`` (doubling), the smallest ``k_factor`` reaching ``target``; more lists
+    need no deeper re-ranking, so each step only searches below the last depth found. Of the
+    pairs reaching the target, the one with the lowest :func:`refine_cost`; the walk stops once
+    the scan alone of the next ``nprobe`` costs more than that. When none reaches it, the pair
+    with the best recall (the deepest re-ranking, at the ``nprobe`` where recall stopped rising).
+    """
+    queries = np.ascontiguousarray(queries, dtype=np.float32)
+    fetch = k + (1 if exclude is not None else 0)
+    nprobes = [int(v) for v in tunable(index)[1]]  # type: ignore[index]  # an IVF index has one
+    factors = [f for f in K_FACTORS if f * fetch <= max(fetch, int(index.ntotal))] or [1]
+
+    def recall_of(nprobe: int, k_factor: int) -> float:
+        set_search_params(index, {"nprobe": nprobe, "k_factor": k_factor})
+        # Through :func:`search`, as readers search: the candidates re-ranked depend on how
+        # many results are fetched.
+        _, found = search(index, queries, fetch)
+        return recall_at(found, truth, exclude, k)
+
+    best: tuple[dict[str, int], float] = ({}, -1.0)
+    chosen: tuple[dict[str, int], float, float] | None = None  # params, recall, cost
+    deepest: list[float] = []
+    top = len(factors) - 1
+    for nprobe in nprobes:
+        if chosen is not None and refine_cost(index, nprobe, 0, k) >= chosen[2]:
+            break
+        recall = recall_of(nprobe, factors[top])
+        if recall > best[1] + 1e-9:
+            best = ({"nprobe": nprobe, "k_factor": factors[top]}, recall)
+        if recall < target:
+            deepest.append(recall)
+            # Recall stopped rising with more lists at the deepest re-ranking: the codes, not the
+            # lists probed, are the limit.
+            if len(deepest) >= 3 and deepest[-1] - deepest[-3] < 0.01 * (target - best[1]) + 1e-9:
+                break
+            continue
+        reach = (top, recall)
+        while reach[0] > 0:
+            below = recall_of(nprobe, factors[reach[0] - 1])
+            if below < target:
+                break
+            reach = (reach[0] - 1, below)
+        top = reach[0]
+        cost = refine_cost(index, nprobe, factors[top], k)
+        if chosen is None or cost < chosen[2]:
+            chosen = ({"nprobe": nprobe, "k_factor": factors[top]}, reach[1], cost)
+        if top == 0:
+            break
+    if chosen is not None:
+        set_search_params(index, chosen[0])
+        return chosen[0], chosen[1], True
     set_search_params(index, best[0])
     return best[0], best[1], False

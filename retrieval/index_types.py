@@ -9,10 +9,18 @@ to tune) out. The rules behind ``auto``:
 - else the approximate families that fit ``max_memory``, tried in this order until one reaches
   the target recall: HNSW over full vectors (up to :data:`HNSW_AUTO_MAX_ROWS` vectors); IVF
   over full vectors; IVF over 8-bit scalar-quantised vectors (512 B per 512-d vector); IVF
-  with product quantisation (``dim / 4`` bytes per vector or fewer).
+  with product quantisation (``dim / 8`` bytes per vector or fewer) re-ranked against float16
+  copies of the vectors (``...,Refine(SQfp16)``).
 
-Every approximate plan is tuned (``nprobe`` or ``efSearch``) to reach ``target_recall``
-recall@10 against exact search; see :mod:`indexer.ann`.
+The re-ranked family is how a collection larger than the budget reaches a high recall: the
+product-quantised codes (``dim / 8`` bytes a vector) stay resident and choose ``k * k_factor``
+candidates, which are re-scored against the float16 vectors; those sit in the same FAISS file,
+memory-mapped (:func:`retrieval.faiss_index.read`), so that the page cache holds what queries
+touch and ``max_memory`` counts the resident codes only. Its file needs ``2 * dim`` bytes a
+vector more on disk.
+
+Every approximate plan is tuned (``nprobe`` or ``efSearch``, and ``k_factor`` for a re-ranked
+index) to reach ``target_recall`` recall@10 against exact search; see :mod:`indexer.ann`.
 """
 
 from __future__ import annotations
@@ -42,7 +50,10 @@ MAX_NLIST = 8192
 TRAIN_PER_LIST = 40
 MAX_TRAIN_ROWS = 400_000
 
-NAMED_TYPES = ("auto", "flat", "hnsw", "ivf-flat", "ivf-sq8", "ivf-pq")
+NAMED_TYPES = ("auto", "flat", "hnsw", "ivf-flat", "ivf-sq8", "ivf-pq", "ivf-pq-refine")
+# The re-ranking stage of ``ivf-pq-refine``: float16 copies of the vectors (scores within ~1e-3
+# of float32 ones, half their bytes).
+REFINE = "Refine(SQfp16)"
 
 _UNITS = {"": 1, "B": 1, "K": 1024, "KB": 1024, "M": 1024**2, "MB": 1024**2, "G": 1024**3, "GB": 1024**3, "T": 1024**4, "TB": 1024**4}
 _MEMORY_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([KMGT]?B?|[KMGT]iB)?\s*$", re.IGNORECASE)
@@ -122,8 +133,10 @@ class IndexPlan:
         factory: FAISS factory string (metric: inner product).
         kind: ``flat``, ``hnsw``, ``ivf`` or ``custom``: decides which parameter is tuned.
         train_rows: vectors to train on (0: no training needed).
-        estimated_bytes: expected size of the index in memory.
+        estimated_bytes: expected size of what must stay resident in memory.
         reason: one line on why this plan (shown by ``info``).
+        mapped_bytes: expected size of what is memory-mapped on top (the float16 vectors of a
+            re-ranked index), read through the page cache as queries touch it.
     """
 
     factory: str
@@ -131,6 +144,7 @@ class IndexPlan:
     train_rows: int
     estimated_bytes: int
     reason: str
+    mapped_bytes: int = 0
 
     @property
     def needs_tuning(self) -> bool:
@@ -205,6 +219,21 @@ def _ivf_pq(n: int, dim: int, budget: int | None, reason: str) -> IndexPlan | No
     return None
 
 
+def _ivf_pq_refine(n: int, dim: int, budget: int | None, reason: str) -> IndexPlan | None:
+    nlist = ivf_lists(n)
+    bits = _pq_bits(n)
+    # dim / 8 bytes a vector (64 for 512-d): the re-ranking recovers what coarser codes lose,
+    # so codes half the size of plain ivf-pq's suffice (1M clustered 512-d vectors: recall@10
+    # 0.974 at k_factor 64, benchmarks/README.md).
+    for m in [m for m in _pq_m_choices(dim) if m <= max(1, dim // 8)]:
+        size = _ivf_bytes(n, dim, math.ceil(m * bits / 8), nlist)
+        if budget is None or size <= budget:
+            tail = "" if bits == 8 else f"x{bits}"
+            factory = f"{_ivf_prefix(nlist)},PQ{m}{tail},{REFINE}"
+            return IndexPlan(factory, "ivf", _train_rows(n, nlist, True), size, reason, mapped_bytes=n * dim * 2)
+    return None
+
+
 def _ivf_flat(n: int, dim: int, reason: str) -> IndexPlan:
     nlist = ivf_lists(n)
     return IndexPlan(f"{_ivf_prefix(nlist)},Flat", "ivf", _train_rows(n, nlist, False), _ivf_bytes(n, dim, dim * 4, nlist), reason)
@@ -227,7 +256,7 @@ def candidate_plans(n: int, dim: int, options: IndexOptions) -> list[IndexPlan]:
     few = n < MIN_ANN_ROWS
     if kind == "flat":
         return [_flat(n, dim, "asked for flat (exact) search")]
-    if kind in ("hnsw", "ivf-flat", "ivf-sq8", "ivf-pq") and few:
+    if kind in ("hnsw", "ivf-flat", "ivf-sq8", "ivf-pq", "ivf-pq-refine") and few:
         return [_flat(n, dim, f"{kind} asked for, but {n} vectors are too few to need or train it: exact search")]
     if kind == "hnsw":
         return [_hnsw(n, dim, "asked for hnsw")]
@@ -237,6 +266,8 @@ def candidate_plans(n: int, dim: int, options: IndexOptions) -> list[IndexPlan]:
         return [_ivf_sq8(n, dim, "asked for ivf-sq8")]
     if kind == "ivf-pq":
         return [_ivf_pq(n, dim, None, "asked for ivf-pq")]  # type: ignore[list-item]  # no budget: always fits
+    if kind == "ivf-pq-refine":
+        return [_ivf_pq_refine(n, dim, None, "asked for ivf-pq-refine")]  # type: ignore[list-item]  # no budget: always fits
     if kind != "auto":
         return [IndexPlan(options.index_type, "custom", min(n, MAX_TRAIN_ROWS), 0, "asked for this FAISS factory string")]
     if n <= FLAT_MAX_ROWS and n * dim * 4 <= budget:
@@ -251,7 +282,9 @@ def candidate_plans(n: int, dim: int, options: IndexOptions) -> list[IndexPlan]:
         _ivf_flat(n, dim, f"auto: full vectors in IVF lists {fit}{no_hnsw}"),
         _ivf_sq8(n, dim, f"auto: 8-bit codes {fit}"),
     ]
-    pq = _ivf_pq(n, dim, budget, f"auto: product-quantised codes {fit}")
+    # Plain ivf-pq is not tried: its recall is capped by the codes (0.40 at 10M in 4 GB), and
+    # re-ranking the same codes' candidates costs disk, not memory.
+    pq = _ivf_pq_refine(n, dim, budget, f"auto: product-quantised codes {fit}, re-ranked against memory-mapped float16 vectors")
     plans = [p for p in plans if p.estimated_bytes <= budget] + ([pq] if pq is not None else [])
     if not plans:
         smallest = _ivf_bytes(n, dim, 4, ivf_lists(n))

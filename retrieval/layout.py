@@ -28,6 +28,13 @@ Format history: 1 = flat FAISS only; 2 = any FAISS index type with its tuned sea
 parameters (``search_params``: a version-1 reader would search an approximate index untuned),
 the options it was chosen with (``index_options``), how tuning went (``index_tuning``), and
 path side files. Version-1 indexes are still read (and updated to version 2 when written).
+3 = a FAISS file that re-ranks (``index_type`` ends in ``Refine(...)``: compressed codes plus
+float16 copies of the vectors, which readers memory-map) with a ``k_factor`` among its
+``search_params``; a version-2 reader would read the whole file into RAM and search it with
+filters that FAISS ignores there. Writers record the lowest version that describes the index
+(:func:`format_version_for`): 3 only for such a file, so that every other index stays readable
+by version-2 readers. An index is upgraded (re-planned as ``auto`` chooses today) by its next
+``reindex``, or by the next update whose options no longer choose its FAISS type.
 
 Integrity (still version 2: every addition is optional and ignored by readers that predate it,
 who read such an index correctly, only without the checks): ``checksums`` records the size and
@@ -57,7 +64,7 @@ import pyarrow as pa
 from .checks import is_int, is_positive_int
 from .errors import IndexCorruptError, IndexFormatError, NotAnIndexError, UnsupportedFormatError
 
-FORMAT_VERSION = 2
+FORMAT_VERSION = 3
 FORMAT_NAME = "clipsearch-index"
 
 MANIFEST_FILE = "manifest.json"
@@ -86,6 +93,11 @@ CHECKSUM_ALGORITHM = "sha256"
 MANIFEST_DIGEST_KEY = "manifest_digest"
 # Files are hashed in chunks of this size: memory stays flat whatever the file size.
 _HASH_CHUNK = 1 << 20
+
+
+def format_version_for(index_type: str) -> int:
+    """The format version a manifest of this FAISS type is written with (see the history above)."""
+    return 3 if "Refine(" in index_type else 2
 
 
 def generation_dir(generation: str) -> str:
@@ -331,9 +343,12 @@ class Manifest:
         for name in ("model_info", "index_options", "search_params", "index_tuning"):
             if not isinstance(getattr(self, name), Mapping):
                 raise ValueError(f"{name} must be a mapping, got {type(getattr(self, name)).__name__}")
+        known = ("nprobe", "efSearch", "k_factor") if self.format_version >= 3 else ("nprobe", "efSearch")
         for key, value in self.search_params.items():
-            if key not in ("nprobe", "efSearch") or not is_positive_int(value):
+            if key not in known or not is_positive_int(value):
                 raise ValueError(f"unknown search parameter {key}={value!r}")
+        if format_version_for(self.index_type) == 3 and self.format_version < 3:
+            raise ValueError(f"index type {self.index_type!r} needs format version 3, got {self.format_version}")
         _check_relative(self.skipped_file, "skipped_file")
         next_id = 0
         for part in self.parts:

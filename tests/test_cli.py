@@ -15,7 +15,7 @@ from conftest import run_cli
 from imagegen import Collection, photo_like
 
 from retrieval import ImageIndex
-from retrieval.layout import FORMAT_VERSION, MANIFEST_DIGEST_KEY
+from retrieval.layout import FORMAT_VERSION, MANIFEST_DIGEST_KEY, format_version_for
 
 pytestmark = pytest.mark.slow
 
@@ -98,7 +98,7 @@ def test_info(cli_index, tiny_model: Path, collection: Collection) -> None:
     info = json.loads(proc.stdout)
     assert info["model"] == str(tiny_model.resolve())
     assert (info["dim"], info["count"], info["skipped"]) == (48, summary["indexed"], summary["skipped"])
-    assert info["format_version"] == FORMAT_VERSION
+    assert info["format_version"] == format_version_for(info["index_type"]) == 2  # version 3 only for a re-ranked FAISS file
     assert {s["path"] for s in info["skipped_files"]} == set(collection.broken)
     human = run_cli(["info", out])
     assert human.returncode == 0

@@ -95,7 +95,7 @@ def test_pairs_equal_brute_force_on_a_flat_index(built_index: Path) -> None:
     assert len(a) == len(ea)
 
 
-@pytest.mark.parametrize("factory", ["HNSW16,Flat", "IVF4,SQ8"])
+@pytest.mark.parametrize("factory", ["HNSW16,Flat", "IVF4,SQ8", "IVF4,PQ4x4,Refine(SQfp16)"])
 def test_an_approximate_index_can_miss_pairs_but_never_invents_them(planted: Path, tmp_path: Path, factory: str) -> None:
     copy = tmp_path / "idx"
     shutil.copytree(planted, copy)

@@ -28,7 +28,7 @@ from retrieval import (
 )
 from retrieval.encoders import HFClipEncoder
 from retrieval.images import load_pixels
-from retrieval.layout import FORMAT_VERSION, MANIFEST_DIGEST_KEY, display_path
+from retrieval.layout import FORMAT_VERSION, MANIFEST_DIGEST_KEY, display_path, format_version_for
 
 
 def _file(index_dir: Path, role: str) -> Path:
@@ -101,7 +101,7 @@ def test_parquet_readable_by_pandas_and_duckdb(built_index: Path) -> None:
 
 def test_manifest_contract(built_index: Path, tiny_model: Path, collection: Collection) -> None:
     manifest = json.loads((built_index / "manifest.json").read_text())
-    assert manifest["format_version"] == FORMAT_VERSION
+    assert manifest["format_version"] == format_version_for(manifest["index_type"]) == 2  # version 3 only for a re-ranked FAISS file
     assert manifest["model"] == str(tiny_model.resolve())
     assert manifest["model_fingerprint"].startswith("sha256:")
     assert manifest["dim"] == 48
