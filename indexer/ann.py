@@ -153,6 +153,8 @@ def build(
                 exact.add(first, vecs)
         add_s = time.perf_counter() - t0
         tuning: dict[str, Any] = {"reason": plan.reason, "estimated_bytes": plan.estimated_bytes}
+        if plan.mapped_bytes:
+            tuning["mapped_bytes"] = plan.mapped_bytes  # on disk, memory-mapped, not in the budget
         params: dict[str, int] = {}
         if exact is not None and plan.needs_tuning:
             if truth is None:

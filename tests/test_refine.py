@@ -56,8 +56,11 @@ def test_plan_and_manifest(refined: Path) -> None:
     assert manifest.index_type == FACTORY and manifest.format_version == 3
     assert set(manifest.search_params) == {"nprobe", "k_factor"}
     assert manifest.index_tuning["reached"] and manifest.index_tuning["recall_at_10"] >= 0.9
+    assert manifest.index_tuning["mapped_bytes"] == ROWS * DIM * 2  # the float16 vectors, not in the budget
     info = json.loads(run_cli(["info", str(refined), "--json"]).stdout)
     assert info["format_version"] == 3 and info["search_params"] == dict(manifest.search_params)
+    assert info["faiss_mmap"] is False  # small files are read; ImageIndex.open(mmap=True) maps any
+    assert ImageIndex.open(refined, mmap=True).info()["faiss_mmap"] is True
 
 
 @pytest.mark.parametrize("mmap", [False, True])
