@@ -75,10 +75,16 @@ AUTOFAISS_INSTALL = ".venv/bin/pip install --no-deps autofaiss==2.18.0 embedding
 # write_index: autofaiss 2.18's own save dumps its metrics with json.dump, which fails on the
 # numpy 2 float32 it computes them in (a numpy 1 float64 was a float); the index it returns is
 # the one it would have saved, already set to its chosen search parameters.
+#
+# autofaiss 2.18 builds its OPQ indexes (its choice at 10M x 512-d in 4 GB) with
+# faiss.OPQMatrix(d, M=..., d2=...), keywords that faiss 1.15's SWIG wrapper no longer takes: the
+# shim passes them by position, the same constructor.
 _AUTOFAISS = """
 import json, sys, time
 status = lambda key: [int(l.split()[1]) / 1024 for l in open("/proc/self/status") if l.startswith(key)][0]
 import autofaiss, faiss
+_OPQMatrix = faiss.OPQMatrix
+faiss.OPQMatrix = lambda d=0, M=1, d2=-1: _OPQMatrix(d, M, d2)
 base = status("VmRSS:")
 kwargs = json.loads(sys.argv[1])
 out = kwargs.pop("index_out")

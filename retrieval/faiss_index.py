@@ -24,6 +24,11 @@ K_FACTORS = (1, 2, 4, 8, 16, 32, 64, 128, 256, 512)
 _REFINE_FOURCC = b"IxRF"
 # k-means iterations when training IVF/PQ: past ~10 the centroids barely move for retrieval.
 TRAIN_ITERATIONS = 10
+# efSearch of an HNSW coarse quantizer while vectors are added: FAISS's default (16) assigns
+# some vectors to a list that is not their nearest centroid's, where searches probing the
+# nearest lists never find them (2M clustered 512-d vectors in IVF4096_HNSW32,SQ8: recall@10
+# capped at 0.927 against 0.974 with a flat quantizer).
+QUANTIZER_ADD_EF = 128
 
 
 def build(vectors: np.ndarray, index_type: str = DEFAULT_INDEX_TYPE) -> Any:
@@ -44,8 +49,7 @@ def build(vectors: np.ndarray, index_type: str = DEFAULT_INDEX_TYPE) -> Any:
     index = faiss.index_factory(vectors.shape[1], index_type, faiss.METRIC_INNER_PRODUCT)
     if not index.is_trained:
         index.train(vectors)
-    if len(vectors):
-        index.add(vectors)
+    add(index, vectors)
     return index
 
 
@@ -190,8 +194,19 @@ def _filtered_params(index: Any, sel: Any, boost: int) -> Any:
 def add(index: Any, vectors: np.ndarray) -> None:
     """Append vectors (labels continue from ``index.ntotal``)."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)
-    if len(vectors):
+    if not len(vectors):
+        return
+    ivf = _ivf_of(index)
+    quantizer = _hnsw_of(ivf.quantizer) if ivf is not None else None
+    if quantizer is None:
         index.add(vectors)
+        return
+    searching = int(quantizer.hnsw.efSearch)
+    quantizer.hnsw.efSearch = max(searching, QUANTIZER_ADD_EF)
+    try:
+        index.add(vectors)
+    finally:
+        quantizer.hnsw.efSearch = searching
 
 
 def write(index: Any, path: str | os.PathLike[str]) -> None:

@@ -8,12 +8,13 @@ to tune) out. The rules behind ``auto``:
   vectors takes a few ms, and exact beats approximate when it is that cheap);
 - else the approximate families that fit ``max_memory``, tried in this order until one reaches
   the target recall: HNSW over full vectors (up to :data:`HNSW_AUTO_MAX_ROWS` vectors); IVF
-  over full vectors; IVF over 8-bit scalar-quantised vectors (512 B per 512-d vector); IVF
-  with product quantisation (``dim / 8`` bytes per vector or fewer) re-ranked against float16
-  copies of the vectors (``...,Refine(SQfp16)``).
+  over full vectors; IVF over 8-bit scalar-quantised vectors (512 B per 512-d vector); then
+  compact codes re-ranked against float16 copies of the vectors (``...,Refine(SQfp16)``):
+  4-bit scalar-quantised codes (``dim / 2`` bytes per vector), else product-quantised ones
+  (``dim / 8`` bytes or fewer).
 
 The re-ranked family is how a collection larger than the budget reaches a high recall: the
-product-quantised codes (``dim / 8`` bytes a vector) stay resident and choose ``k * k_factor``
+compact codes stay resident and choose ``k * k_factor``
 candidates, which are re-scored against the float16 vectors; those sit in the same FAISS file,
 memory-mapped (:func:`retrieval.faiss_index.read`), so that the page cache holds what queries
 touch and ``max_memory`` counts the resident codes only. Its file needs ``2 * dim`` bytes a
@@ -50,7 +51,7 @@ MAX_NLIST = 8192
 TRAIN_PER_LIST = 40
 MAX_TRAIN_ROWS = 400_000
 
-NAMED_TYPES = ("auto", "flat", "hnsw", "ivf-flat", "ivf-sq8", "ivf-pq", "ivf-pq-refine")
+NAMED_TYPES = ("auto", "flat", "hnsw", "ivf-flat", "ivf-sq8", "ivf-pq", "ivf-sq4-refine", "ivf-pq-refine")
 # The re-ranking stage of ``ivf-pq-refine``: float16 copies of the vectors (scores within ~1e-3
 # of float32 ones, half their bytes).
 REFINE = "Refine(SQfp16)"
@@ -219,12 +220,18 @@ def _ivf_pq(n: int, dim: int, budget: int | None, reason: str) -> IndexPlan | No
     return None
 
 
+def _ivf_sq4_refine(n: int, dim: int, reason: str) -> IndexPlan:
+    nlist = ivf_lists(n)
+    size = _ivf_bytes(n, dim, math.ceil(dim / 2), nlist)
+    return IndexPlan(f"{_ivf_prefix(nlist)},SQ4,{REFINE}", "ivf", _train_rows(n, nlist, False), size, reason, mapped_bytes=n * dim * 2)
+
+
 def _ivf_pq_refine(n: int, dim: int, budget: int | None, reason: str) -> IndexPlan | None:
     nlist = ivf_lists(n)
     bits = _pq_bits(n)
     # dim / 8 bytes a vector (64 for 512-d): the re-ranking recovers what coarser codes lose,
-    # so codes half the size of plain ivf-pq's suffice (1M clustered 512-d vectors: recall@10
-    # 0.974 at k_factor 64, benchmarks/README.md).
+    # at the price of a deeper re-ranking (2M clustered 512-d vectors, 10k per cluster:
+    # recall@10 0.979 at k_factor 256, where 4-bit codes need 16; benchmarks/README.md).
     for m in [m for m in _pq_m_choices(dim) if m <= max(1, dim // 8)]:
         size = _ivf_bytes(n, dim, math.ceil(m * bits / 8), nlist)
         if budget is None or size <= budget:
@@ -256,7 +263,7 @@ def candidate_plans(n: int, dim: int, options: IndexOptions) -> list[IndexPlan]:
     few = n < MIN_ANN_ROWS
     if kind == "flat":
         return [_flat(n, dim, "asked for flat (exact) search")]
-    if kind in ("hnsw", "ivf-flat", "ivf-sq8", "ivf-pq", "ivf-pq-refine") and few:
+    if kind in NAMED_TYPES[2:] and few:
         return [_flat(n, dim, f"{kind} asked for, but {n} vectors are too few to need or train it: exact search")]
     if kind == "hnsw":
         return [_hnsw(n, dim, "asked for hnsw")]
@@ -266,6 +273,8 @@ def candidate_plans(n: int, dim: int, options: IndexOptions) -> list[IndexPlan]:
         return [_ivf_sq8(n, dim, "asked for ivf-sq8")]
     if kind == "ivf-pq":
         return [_ivf_pq(n, dim, None, "asked for ivf-pq")]  # type: ignore[list-item]  # no budget: always fits
+    if kind == "ivf-sq4-refine":
+        return [_ivf_sq4_refine(n, dim, "asked for ivf-sq4-refine")]
     if kind == "ivf-pq-refine":
         return [_ivf_pq_refine(n, dim, None, "asked for ivf-pq-refine")]  # type: ignore[list-item]  # no budget: always fits
     if kind != "auto":
@@ -282,9 +291,12 @@ def candidate_plans(n: int, dim: int, options: IndexOptions) -> list[IndexPlan]:
         _ivf_flat(n, dim, f"auto: full vectors in IVF lists {fit}{no_hnsw}"),
         _ivf_sq8(n, dim, f"auto: 8-bit codes {fit}"),
     ]
-    # Plain ivf-pq is not tried: its recall is capped by the codes (0.40 at 10M in 4 GB), and
-    # re-ranking the same codes' candidates costs disk, not memory.
-    pq = _ivf_pq_refine(n, dim, budget, f"auto: product-quantised codes {fit}, re-ranked against memory-mapped float16 vectors")
+    # Re-ranked codes where neither full nor 8-bit vectors fit: 4-bit scalar codes (dim / 2
+    # bytes) when they fit, else product-quantised ones. Plain ivf-pq is not tried: its recall is
+    # capped by the codes (0.40 at 10M in 4 GB), and re-ranking costs disk, not memory.
+    reranked = "re-ranked against memory-mapped float16 vectors"
+    plans.append(_ivf_sq4_refine(n, dim, f"auto: 4-bit codes {fit}, {reranked}"))
+    pq = _ivf_pq_refine(n, dim, budget, f"auto: product-quantised codes {fit}, {reranked}")
     plans = [p for p in plans if p.estimated_bytes <= budget] + ([pq] if pq is not None else [])
     if not plans:
         smallest = _ivf_bytes(n, dim, 4, ivf_lists(n))

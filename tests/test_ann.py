@@ -116,8 +116,9 @@ def test_auto_plan_follows_size_and_memory() -> None:
     assert pq.factory == "IVF8192_HNSW32,PQ64,Refine(SQfp16)" and pq.estimated_bytes <= 2**30
     # The budget counts the resident codes; the float16 vectors are mapped on top.
     assert pq.mapped_bytes == 10_000_000 * 512 * 2 and "re-ranked" in pq.reason
-    # At the default 4 GB, 10M vectors get the same re-ranked plan (full or 8-bit vectors do not fit).
-    assert plan_index(10_000_000, 512, IndexOptions()).factory == "IVF8192_HNSW32,PQ64,Refine(SQfp16)"
+    # At the default 4 GB, 10M vectors get 4-bit codes re-ranked (full or 8-bit vectors do not fit).
+    sq4 = plan_index(10_000_000, 512, IndexOptions())
+    assert sq4.factory == "IVF8192_HNSW32,SQ4,Refine(SQfp16)" and sq4.estimated_bytes < 2.6 * 2**30
     tight = plan_index(10_000_000, 512, IndexOptions(max_memory=parse_memory("500MB")))
     assert tight.factory == "IVF8192_HNSW32,PQ32,Refine(SQfp16)" and tight.estimated_bytes <= parse_memory("500MB")
     with pytest.raises(InvalidArgumentError, match="raise --max-memory"):
@@ -149,9 +150,10 @@ def test_auto_candidates_within_budget() -> None:
     from retrieval.index_types import candidate_plans
 
     factories = [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions())]
-    assert factories == ["IVF4096_HNSW32,Flat", "IVF4096_HNSW32,SQ8", "IVF4096_HNSW32,PQ64,Refine(SQfp16)"]
+    refined = ["IVF4096_HNSW32,SQ4,Refine(SQfp16)", "IVF4096_HNSW32,PQ64,Refine(SQfp16)"]
+    assert factories == ["IVF4096_HNSW32,Flat", "IVF4096_HNSW32,SQ8", *refined]
     mid = [p.factory for p in candidate_plans(200_000, 512, IndexOptions())]
-    assert mid == ["HNSW32", "IVF2048,Flat", "IVF2048,SQ8", "IVF2048,PQ64,Refine(SQfp16)"]
+    assert mid == ["HNSW32", "IVF2048,Flat", "IVF2048,SQ8", "IVF2048,SQ4,Refine(SQfp16)", "IVF2048,PQ64,Refine(SQfp16)"]
     # An HNSW index that grows past the threshold is rebuilt as IVF by the update that crosses it.
     import indexer.ann as ann
 
@@ -159,7 +161,7 @@ def test_auto_candidates_within_budget() -> None:
     assert ann.needs_rebuild("HNSW32", 500_001, 512, IndexOptions())
     assert [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions(index_type="hnsw"))] == ["HNSW32"]
     small = [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions(max_memory=parse_memory("1GB")))]
-    assert small == ["IVF4096_HNSW32,SQ8", "IVF4096_HNSW32,PQ64,Refine(SQfp16)"]
+    assert small == ["IVF4096_HNSW32,SQ8", *refined]
     # Plain ivf-pq (no re-ranking) is a named type, not an auto candidate; an auto index that an
     # older clipsearch left as IVF-PQ is re-planned (re-ranked) by its next update.
     assert [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions(index_type="ivf-pq"))] == ["IVF4096_HNSW32,PQ128"]
@@ -225,6 +227,7 @@ def test_search_params_validated_in_manifest(vec_index: Path, tmp_path: Path) ->
         ("ivf-sq8", "IVF"),
         ("ivf-pq", "IVF64,PQ8x6"),
         ("ivf-pq-refine", "IVF64,PQ4x6,Refine(SQfp16)"),
+        ("ivf-sq4-refine", "IVF64,SQ4,Refine(SQfp16)"),
         ("IVF32,Flat", "IVF32,Flat"),
     ],
 )
@@ -252,7 +255,7 @@ def test_reindex_builds_tunes_and_records(
     assert manifest.index_type.startswith(factory_start) and report.index_type == manifest.index_type
     assert manifest.index_options["index_type"] == index_type
     tuning = manifest.index_tuning
-    knobs = {"hnsw": {"efSearch"}, "ivf-pq-refine": {"nprobe", "k_factor"}}.get(index_type, {"nprobe"})
+    knobs = {"efSearch"} if index_type == "hnsw" else {"nprobe", "k_factor"} if index_type.endswith("-refine") else {"nprobe"}
     assert set(manifest.search_params) == knobs
     index = ImageIndex.open(idx)
     assert index.info()["search_params"] == manifest.search_params

@@ -55,3 +55,26 @@ def test_options_that_no_longer_choose_the_file_rebuild(tmp_path: Path) -> None:
     moved = ann.update(ann.PreviousFaiss(path, 80, first.info), chunks_of(vecs), DIM, 120, hnsw, progress=said.append)
     assert moved.action == "rebuilt" and moved.info.factory == "HNSW8,Flat" and moved.index.ntotal == 120
     assert said
+
+
+def test_vectors_are_added_to_their_nearest_lists_under_an_hnsw_quantizer() -> None:
+    import faiss
+    from test_ann import clustered
+
+    x = clustered(20_000, 128, clusters=20)
+    index = faiss_index.create("IVF1024_HNSW32,Flat", 128)
+    faiss_index.train(index, x)
+    ivf = faiss.extract_index_ivf(index)
+    quantizer = faiss.downcast_index(ivf.quantizer)
+    # A search setting too narrow to find nearest centroids (added at efSearch 1, 13 % of these
+    # vectors went to another list, where searches of their nearest lists never look).
+    quantizer.hnsw.efSearch = 1
+    faiss_index.add(index, x)
+    assert quantizer.hnsw.efSearch == 1  # restored for searches
+    nearest = np.argmax(x @ quantizer.reconstruct_n(0, ivf.nlist).T, axis=1)
+    listed = np.full(len(x), -1, np.int64)
+    for lst in range(ivf.nlist):
+        size = ivf.invlists.list_size(lst)
+        if size:
+            listed[np.asarray(faiss.rev_swig_ptr(ivf.invlists.get_ids(lst), size), dtype=np.int64)] = lst
+    assert np.mean(listed == nearest) >= 0.999
