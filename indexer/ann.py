@@ -147,6 +147,7 @@ def build(
         train_s = time.perf_counter() - t0
         progress(f"adding {count} vectors to {plan.factory}")
         t0 = time.perf_counter()
+        faiss_index.reserve(index, count)
         for first, vecs in chunks(0):
             faiss_index.add(index, vecs)
             if exact is not None and truth is None:

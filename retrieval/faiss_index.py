@@ -191,6 +191,29 @@ def _filtered_params(index: Any, sel: Any, boost: int) -> Any:
     return inner
 
 
+def reserve(index: Any, rows: int) -> None:
+    """Make room for ``rows`` vectors in a refine stage's code array before adding them.
+
+    FAISS grows that array (float16 vectors: 10 GB at 10M x 512-d) by reallocation, doubling
+    its capacity, so a build peaked at the old and the new array together: a 10M build was
+    killed for memory on a 24 GB machine. Sizing it once to the final size (then back to the
+    rows it holds: the capacity stays) leaves the adds no reallocation to make.
+    """
+    import faiss
+
+    refine = refine_of(index)
+    if refine is None:
+        return
+    inner = faiss.downcast_index(refine.refine_index)
+    if not isinstance(inner, faiss.IndexFlatCodes):
+        return
+    held = int(inner.ntotal) * int(inner.code_size)
+    want = int(rows) * int(inner.code_size)
+    if want > held:
+        inner.codes.resize(want)
+        inner.codes.resize(held)
+
+
 def add(index: Any, vectors: np.ndarray) -> None:
     """Append vectors (labels continue from ``index.ntotal``)."""
     vectors = np.ascontiguousarray(vectors, dtype=np.float32)

@@ -225,3 +225,28 @@ def test_cli_reindex_and_verify(refined: Path, tmp_path: Path) -> None:
     proc = run_cli(["verify", str(idx), "--json"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["faiss_sampled"] > 0
+
+
+def test_reserve_sizes_the_refine_vectors_once_and_changes_no_answer() -> None:
+    import faiss
+
+    x = clustered(2000, DIM, seed=4)
+    built = []
+    for reserve in (False, True):
+        index = faiss_index.create("IVF16,SQ4,Refine(SQfp16)", DIM)
+        faiss_index.train(index, x)
+        if reserve:
+            faiss_index.reserve(index, 2000)
+        faiss_index.add(index, x[:1200])
+        if reserve:
+            faiss_index.reserve(index, 2000)  # again, partly filled: keeps the rows it holds
+        faiss_index.add(index, x[1200:])
+        built.append(index)
+    refined = [faiss.downcast_index(faiss_index.refine_of(i).refine_index) for i in built]
+    assert refined[1].codes.size() == 2000 * refined[1].code_size
+    assert np.array_equal(faiss.vector_to_array(refined[0].codes.owned_data), faiss.vector_to_array(refined[1].codes.owned_data))
+    a, b = (faiss_index.search(i, x[:20], 10) for i in built)
+    assert np.array_equal(a[1], b[1]) and np.array_equal(a[0], b[0])
+    flat = faiss_index.create("Flat", DIM)
+    faiss_index.reserve(flat, 2000)  # nothing to reserve without a refine stage
+    assert flat.ntotal == 0
