@@ -52,7 +52,7 @@ TRAIN_PER_LIST = 40
 MAX_TRAIN_ROWS = 400_000
 
 NAMED_TYPES = ("auto", "flat", "hnsw", "ivf-flat", "ivf-sq8", "ivf-pq", "ivf-sq4-refine", "ivf-pq-refine")
-# The re-ranking stage of ``ivf-pq-refine``: float16 copies of the vectors (scores within ~1e-3
+# The re-ranking stage of ``ivf-sq4-refine`` and ``ivf-pq-refine``: float16 copies of the vectors (scores within ~1e-3
 # of float32 ones, half their bytes).
 REFINE = "Refine(SQfp16)"
 

@@ -154,14 +154,14 @@ def add_index_type_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--index-type",
         metavar="TYPE",
-        help="auto, flat, hnsw, ivf-flat, ivf-sq8, ivf-pq, ivf-pq-refine or a FAISS factory string "
+        help="auto, flat, hnsw, ivf-flat, ivf-sq8, ivf-pq, ivf-sq4-refine, ivf-pq-refine or a FAISS factory string "
         "(default: what the index recorded; auto for a new index)",
     )
     parser.add_argument(
         "--max-memory",
         metavar="SIZE",
         help="memory the FAISS index may keep resident, e.g. 4GB (default: 4GB); the float16 vectors "
-        "that ivf-pq-refine re-ranks with are memory-mapped and not counted",
+        "that the -refine types re-rank with are memory-mapped and not counted",
     )
     parser.add_argument(
         "--target-recall",
