@@ -667,7 +667,7 @@ class ImageIndex:
             "faiss_bytes": (self.directory / m.faiss.path).stat().st_size if m.faiss is not None else 0,
             # Whether this reader memory-mapped the FAISS file (the IVF lists, or a re-ranked
             # index's float16 vectors) rather than reading it into RAM.
-            "faiss_mmap": bool(self._mmap) and m.faiss is not None and m.faiss.rows == m.count,
+            "faiss_mmap": store.maps_faiss(m, bool(self._mmap)),
             "metric": m.metric,
             "preprocess": dict(m.preprocess),
             "model_info": dict(m.model_info),

@@ -26,6 +26,7 @@ index) to reach ``target_recall`` recall@10 against exact search; see :mod:`inde
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import re
 from collections.abc import Mapping
@@ -201,15 +202,19 @@ def _ivf_prefix(nlist: int) -> str:
     return f"IVF{nlist}_HNSW32" if nlist >= 4096 else f"IVF{nlist}"
 
 
-def _ivf_sq8(n: int, dim: int, reason: str) -> IndexPlan:
+def _ivf_sq(n: int, dim: int, bits: int, reason: str) -> IndexPlan:
     nlist = ivf_lists(n)
-    return IndexPlan(f"{_ivf_prefix(nlist)},SQ8", "ivf", _train_rows(n, nlist, False), _ivf_bytes(n, dim, dim, nlist), reason)
+    size = _ivf_bytes(n, dim, math.ceil(dim * bits / 8), nlist)
+    return IndexPlan(f"{_ivf_prefix(nlist)},SQ{bits}", "ivf", _train_rows(n, nlist, False), size, reason)
 
 
-def _ivf_pq(n: int, dim: int, budget: int | None, reason: str) -> IndexPlan | None:
+def _ivf_pq(n: int, dim: int, budget: int | None, reason: str, max_m: int | None = None) -> IndexPlan | None:
+    """The largest PQ code (at most ``max_m`` sub-quantisers) whose index fits ``budget``."""
     nlist = ivf_lists(n)
     bits = _pq_bits(n)
     for m in _pq_m_choices(dim):
+        if max_m is not None and m > max_m:
+            continue
         size = _ivf_bytes(n, dim, math.ceil(m * bits / 8), nlist)
         if budget is None or size <= budget:
             # No OPQ rotation: training OPQ128 on 512-d took 323 s of a 337 s build of 100k
@@ -220,25 +225,22 @@ def _ivf_pq(n: int, dim: int, budget: int | None, reason: str) -> IndexPlan | No
     return None
 
 
+def _refined(plan: IndexPlan, n: int, dim: int) -> IndexPlan:
+    """``plan`` with a re-ranking stage: its codes stay the resident budget, the float16
+    vectors (``2 * dim`` bytes each) are mapped on top."""
+    return dataclasses.replace(plan, factory=f"{plan.factory},{REFINE}", mapped_bytes=n * dim * 2)
+
+
 def _ivf_sq4_refine(n: int, dim: int, reason: str) -> IndexPlan:
-    nlist = ivf_lists(n)
-    size = _ivf_bytes(n, dim, math.ceil(dim / 2), nlist)
-    return IndexPlan(f"{_ivf_prefix(nlist)},SQ4,{REFINE}", "ivf", _train_rows(n, nlist, False), size, reason, mapped_bytes=n * dim * 2)
+    return _refined(_ivf_sq(n, dim, 4, reason), n, dim)
 
 
 def _ivf_pq_refine(n: int, dim: int, budget: int | None, reason: str) -> IndexPlan | None:
-    nlist = ivf_lists(n)
-    bits = _pq_bits(n)
     # dim / 8 bytes a vector (64 for 512-d): the re-ranking recovers what coarser codes lose,
     # at the price of a deeper re-ranking (2M clustered 512-d vectors, 10k per cluster:
     # recall@10 0.979 at k_factor 256, where 4-bit codes need 16; benchmarks/README.md).
-    for m in [m for m in _pq_m_choices(dim) if m <= max(1, dim // 8)]:
-        size = _ivf_bytes(n, dim, math.ceil(m * bits / 8), nlist)
-        if budget is None or size <= budget:
-            tail = "" if bits == 8 else f"x{bits}"
-            factory = f"{_ivf_prefix(nlist)},PQ{m}{tail},{REFINE}"
-            return IndexPlan(factory, "ivf", _train_rows(n, nlist, True), size, reason, mapped_bytes=n * dim * 2)
-    return None
+    plan = _ivf_pq(n, dim, budget, reason, max_m=max(1, dim // 8))
+    return _refined(plan, n, dim) if plan is not None else None
 
 
 def _ivf_flat(n: int, dim: int, reason: str) -> IndexPlan:
@@ -270,7 +272,7 @@ def candidate_plans(n: int, dim: int, options: IndexOptions) -> list[IndexPlan]:
     if kind == "ivf-flat":
         return [_ivf_flat(n, dim, "asked for ivf-flat")]
     if kind == "ivf-sq8":
-        return [_ivf_sq8(n, dim, "asked for ivf-sq8")]
+        return [_ivf_sq(n, dim, 8, "asked for ivf-sq8")]
     if kind == "ivf-pq":
         return [_ivf_pq(n, dim, None, "asked for ivf-pq")]  # type: ignore[list-item]  # no budget: always fits
     if kind == "ivf-sq4-refine":
@@ -289,7 +291,7 @@ def candidate_plans(n: int, dim: int, options: IndexOptions) -> list[IndexPlan]:
     no_hnsw = f" (HNSW is not tried above {HNSW_AUTO_MAX_ROWS:,} vectors: its build costs ~3x IVF's)" if large else ""
     plans += [
         _ivf_flat(n, dim, f"auto: full vectors in IVF lists {fit}{no_hnsw}"),
-        _ivf_sq8(n, dim, f"auto: 8-bit codes {fit}"),
+        _ivf_sq(n, dim, 8, f"auto: 8-bit codes {fit}"),
     ]
     # Re-ranked codes where neither full nor 8-bit vectors fit: 4-bit scalar codes (dim / 2
     # bytes) when they fit, else product-quantised ones. Plain ivf-pq is not tried: its recall is

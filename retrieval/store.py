@@ -320,6 +320,12 @@ def gather_vectors(chunks: Iterable[tuple[int, np.ndarray]], dim: int, ids: np.n
     return out
 
 
+def maps_faiss(manifest: Manifest, mmap: bool) -> bool:
+    """Whether :func:`load_faiss` memory-maps the generation's FAISS file when asked to: only
+    if the file covers every row (a mapped index is read-only, so nothing can be added)."""
+    return mmap and manifest.faiss is not None and manifest.faiss.rows == manifest.count
+
+
 def load_faiss(index_dir: Path, manifest: Manifest, parts: Sequence[pq.ParquetFile], mmap: bool = False) -> Any:
     """The generation's FAISS index, complete: rows missing from the file are added from the parts.
 
@@ -336,9 +342,8 @@ def load_faiss(index_dir: Path, manifest: Manifest, parts: Sequence[pq.ParquetFi
         fix = fix_for(index_dir, manifest, ref.path)
         if not path.is_file():
             raise IndexCorruptError(path, "missing", fix)
-        # A memory-mapped index is read-only; it can be mapped only if nothing is to be added.
         try:
-            index = faiss_index.read(path, mmap=mmap and ref.rows == manifest.count)
+            index = faiss_index.read(path, mmap=maps_faiss(manifest, mmap))
         except IndexFormatError as exc:
             raise IndexCorruptError(path, "FAISS cannot read it", fix) from exc
         if index.ntotal != ref.rows or index.d != manifest.dim:
