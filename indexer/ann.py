@@ -12,6 +12,7 @@ FAISS file is extended (and maybe re-tuned) or a new one is built.
 
 from __future__ import annotations
 
+import itertools
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -44,6 +45,8 @@ class FaissBuild:
     factory: str
     search_params: dict[str, int] = field(default_factory=dict)
     tuning: dict[str, Any] = field(default_factory=dict)
+    # Already written there (a re-ranked index streamed to the scratch folder; ``index`` maps it).
+    path: Path | None = None
 
 
 @dataclass(frozen=True)
@@ -78,6 +81,7 @@ class FaissUpdate:
     index: Any
     info: FaissInfo
     action: UpdateAction
+    path: Path | None = None
 
 
 def _quiet(_: str) -> None:
@@ -104,12 +108,18 @@ def build(
     *,
     seed: int = 0,
     progress: Progress = _quiet,
+    scratch: Path | None = None,
 ) -> FaissBuild:
     """Plan, train, fill and tune a FAISS index over every stored vector.
 
     ``auto`` may try several plans (:func:`retrieval.index_types.candidate_plans`): the first
     whose tuned recall reaches the target is kept, else the one with the best recall. The
     training sample, tuning queries and their exact answers are computed once for all.
+
+    With a ``scratch`` folder, a re-ranked index's full vectors are never held in RAM: the
+    compact codes are filled in memory, the file is written there with the vectors streamed
+    from the store (:func:`retrieval.faiss_index.write_refined`), and the index returned maps
+    it (``path``); the caller moves the file into place.
 
     Raises:
         InvalidArgumentError: nothing fits ``max_memory`` or FAISS rejects a factory string.
@@ -147,13 +157,23 @@ def build(
         train_s = time.perf_counter() - t0
         progress(f"adding {count} vectors to {plan.factory}")
         t0 = time.perf_counter()
-        faiss_index.reserve(index, count)
+        streamed = scratch is not None and faiss_index.streams_refine(index)
+        # Streamed: only the compact codes are added now; the full vectors go to the file below.
+        target = faiss_index.refine_of(index).base_index if streamed else index
+        faiss_index.reserve(target, count)
         for first, vecs in chunks(0):
-            faiss_index.add(index, vecs)
+            faiss_index.add(target, vecs)
             if exact is not None and truth is None:
                 exact.add(first, vecs)
         add_s = time.perf_counter() - t0
         tuning: dict[str, Any] = {"reason": plan.reason, "estimated_bytes": plan.estimated_bytes}
+        path: Path | None = None
+        if streamed and scratch is not None:
+            path = scratch / f"plan-{len(tried)}.faiss"
+            progress(f"writing the re-ranking vectors of {plan.factory}")
+            t0 = time.perf_counter()
+            index = _write_streamed(index, path, (faiss_index.refine_codes(index, vecs) for _, vecs in chunks(0)), count)
+            tuning["refine_write_seconds"] = round(time.perf_counter() - t0, 3)
         if plan.mapped_bytes:
             tuning["mapped_bytes"] = plan.mapped_bytes  # on disk, memory-mapped, not in the budget
         params: dict[str, int] = {}
@@ -163,11 +183,14 @@ def build(
             params, facts = _tune(index, queries, query_ids, truth, options)
             tuning.update(facts)
         tuning.update(train_seconds=round(train_s, 3), add_seconds=round(add_s, 3), trained_rows=int(min(plan.train_rows, len(sample))))
-        built = FaissBuild(index, plan.factory, params, tuning)
+        built = FaissBuild(index, plan.factory, params, tuning, path)
         reached = tuning.get("reached", True)
         tried.append({"factory": plan.factory, "recall_at_10": tuning.get("recall_at_10"), "reached": reached})
         if best is None or tuning.get("recall_at_10", 1.0) > best.tuning.get("recall_at_10", 1.0):
-            best = built
+            best, built = built, best
+        if built is not None and built.path is not None:
+            built.path.unlink(missing_ok=True)  # a plan not kept: its file goes now, not at the end
+        del built, index
         if reached:
             break
         progress(f"{plan.factory} reaches recall@10 {tuning.get('recall_at_10')} < {options.target_recall}")
@@ -177,6 +200,15 @@ def build(
         best.tuning["tried"] = tried
     best.tuning["sample_seconds"] = round(sample_s, 3)
     return best
+
+
+def _write_streamed(index: Any, path: Path, codes: Iterable[np.ndarray], rows: int) -> Any:
+    """Write a re-ranked index whose approximate stage is filled, its vectors from ``codes``,
+    and return it mapped from ``path`` (the in-memory stages are released first)."""
+    path.parent.mkdir(exist_ok=True)
+    faiss_index.write_refined(index, path, codes, rows)
+    del index
+    return faiss_index.read(path, mmap=True)
 
 
 def check_plans(plans: Sequence[IndexPlan], dim: int) -> None:
@@ -256,6 +288,7 @@ def update(
     options: IndexOptions,
     *,
     progress: Progress | None = None,
+    scratch: Path | None = None,
 ) -> FaissUpdate:
     """The FAISS index over all ``count`` stored rows at the end of a build or update.
 
@@ -272,20 +305,33 @@ def update(
         count: rows of the generation, all of which the result covers.
         options: the index options the generation records.
         progress: receives one line per slow step.
+        scratch: a folder (made if needed) on the index's file system; with it, a re-ranked
+            index is written there with its full vectors streamed, never all in RAM (``path`` of the
+            result; see :func:`build`).
     """
     say = progress or _quiet
     if previous is not None and not needs_rebuild(previous.info.factory, count, dim, options):
-        index = faiss_index.read(previous.path)
-        for _, vecs in chunks(previous.rows):
-            faiss_index.add(index, vecs)
+        path: Path | None = None
+        if scratch is not None and faiss_index.streams_refine(faiss_index.read(previous.path, mmap=True)):
+            index, old_codes = faiss_index.open_refined(previous.path)
+            base = faiss_index.refine_of(index).base_index
+            for _, vecs in chunks(previous.rows):
+                faiss_index.add(base, vecs)
+            path = scratch / "extended.faiss"
+            new_codes = (faiss_index.refine_codes(index, vecs) for _, vecs in chunks(previous.rows))
+            index = _write_streamed(index, path, itertools.chain(old_codes, new_codes), count)
+        else:
+            index = faiss_index.read(previous.path)
+            for _, vecs in chunks(previous.rows):
+                faiss_index.add(index, vecs)
         info = previous.info
         if faiss_index.kind_of(index) != "flat" and needs_retune(dict(info.tuning), count):
             say(f"re-tuning {info.factory} for {count} vectors")
             params, facts = retune(index, chunks, dim, options)
-            return FaissUpdate(index, FaissInfo(info.factory, params, {**info.tuning, **facts}), "retuned")
-        return FaissUpdate(index, info, "extended")
-    built = build(chunks, dim, count, options, progress=say)
-    return FaissUpdate(built.index, FaissInfo(built.factory, built.search_params, built.tuning), "rebuilt")
+            return FaissUpdate(index, FaissInfo(info.factory, params, {**info.tuning, **facts}), "retuned", path)
+        return FaissUpdate(index, info, "extended", path)
+    built = build(chunks, dim, count, options, progress=say, scratch=scratch)
+    return FaissUpdate(built.index, FaissInfo(built.factory, built.search_params, built.tuning), "rebuilt", built.path)
 
 
 def needs_rebuild(current_factory: str, count: int, dim: int, options: IndexOptions) -> bool:

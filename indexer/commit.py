@@ -194,9 +194,15 @@ class GenerationWriter:
     # -- publishing ----------------------------------------------------------------------------
 
     def commit(
-        self, complete: bool = False, faiss: Any = None, faiss_info: FaissInfo | None = None, merge: bool = False
+        self,
+        complete: bool = False,
+        faiss: Any = None,
+        faiss_info: FaissInfo | None = None,
+        merge: bool = False,
+        faiss_file: Path | None = None,
     ) -> Manifest:
-        """Publish a generation with every row so far; ``faiss`` (covering all rows) if given.
+        """Publish a generation with every row so far; ``faiss`` (covering all rows) if given,
+        moved from ``faiss_file`` where it is already written there (same file system).
 
         ``merge`` also rewrites runs of small parts into bigger ones (see MERGE_TARGET_ROWS).
         """
@@ -229,7 +235,10 @@ class GenerationWriter:
             if faiss is not None:
                 if faiss.ntotal != count:
                     raise RuntimeError(f"faiss index holds {faiss.ntotal} vectors for {count} rows")
-                faiss_index.write(faiss, staging / FAISS_FILE)
+                if faiss_file is not None:
+                    os.replace(faiss_file, staging / FAISS_FILE)
+                else:
+                    faiss_index.write(faiss, staging / FAISS_FILE)
                 faiss_ref = FaissRef(f"{gen_rel}/{FAISS_FILE}", count)
                 info = faiss_info or FaissInfo()
                 sums[faiss_ref.path] = checksum_file(staging / FAISS_FILE)
@@ -298,9 +307,16 @@ class GenerationWriter:
         if self._faiss is not None:
             previous = ann.PreviousFaiss(self._faiss[1], self._faiss[0].rows, self._faiss_info)
         options = IndexOptions.from_dict(self.meta.index_options)
-        updated = ann.update(previous, self._chunks, self.meta.dim, self.count, options, progress=progress)
-        crash_point("finish")
-        return self.commit(complete=True, faiss=updated.index, faiss_info=updated.info, merge=True)
+        # Where a re-ranked index is written while it is built (its vectors streamed, not held
+        # in RAM; made only then); a staging name, so that the next writer removes what a crash
+        # leaves there.
+        scratch = self.dir / f"{STAGING_PREFIX}faiss-{uuid.uuid4().hex}"
+        try:
+            updated = ann.update(previous, self._chunks, self.meta.dim, self.count, options, progress=progress, scratch=scratch)
+            crash_point("finish")
+            return self.commit(complete=True, faiss=updated.index, faiss_info=updated.info, merge=True, faiss_file=updated.path)
+        finally:
+            shutil.rmtree(scratch, ignore_errors=True)
 
     def drop_faiss(self, index_options: Mapping[str, Any]) -> None:
         """Forget the FAISS file (and switch options): the next :meth:`finish` builds a new one."""

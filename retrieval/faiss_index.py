@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+import struct
+from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -237,6 +238,153 @@ def write(index: Any, path: str | os.PathLike[str]) -> None:
     import faiss
 
     faiss.write_index(index, os.fspath(path))
+
+
+def _empty_refine(refine: Any) -> Any:
+    """A refine stage of ``refine``'s kind holding no vectors, or None where that kind carries
+    training (e.g. SQ8's ranges) an empty copy would lose."""
+    import faiss
+
+    inner = faiss.downcast_index(refine)
+    if isinstance(inner, faiss.IndexScalarQuantizer):
+        if inner.sq.qtype not in (faiss.ScalarQuantizer.QT_fp16, faiss.ScalarQuantizer.QT_bf16):
+            return None
+        return faiss.IndexScalarQuantizer(inner.d, inner.sq.qtype, inner.metric_type)
+    if isinstance(inner, faiss.IndexFlat):
+        return faiss.IndexFlat(inner.d, inner.metric_type)
+    return None
+
+
+def streams_refine(index: Any) -> bool:
+    """Whether ``index`` has a refine stage that :func:`write_refined` can write from a stream
+    (so that its vectors, the largest part of the file, never have to be held in RAM)."""
+    refine = refine_of(index)
+    return refine is not None and _empty_refine(refine.refine_index) is not None
+
+
+def refine_codes(index: Any, vectors: np.ndarray) -> np.ndarray:
+    """``vectors`` as ``index``'s refine stage stores them (``(n, code_size)`` uint8)."""
+    refine = refine_of(index)
+    return np.asarray(refine.refine_index.sa_encode(np.ascontiguousarray(vectors, dtype=np.float32)))
+
+
+def write_refined(index: Any, path: str | os.PathLike[str], codes: Iterable[np.ndarray], rows: int) -> None:
+    """Write ``index`` (an ``IndexRefine`` whose approximate stage holds all ``rows`` vectors and
+    whose refine stage holds none of them) with the refine vectors taken from ``codes``, blocks
+    of :func:`refine_codes` output in id order: the same bytes as :func:`write` of the index with
+    every vector added, without the vectors in RAM (10 GB at 10M x 512-d in float16).
+
+    FAISS writes a refine stage's vectors last, as a length then the bytes, followed only by
+    ``k_factor``: the file is written with an empty refine stage that claims ``rows``, and
+    the vectors are spliced in where the empty array's length was (checked, not assumed).
+
+    Raises:
+        ValueError: the stage cannot be streamed, or ``codes`` does not hold ``rows`` vectors.
+    """
+    import faiss
+
+    refine = refine_of(index)
+    empty = _empty_refine(refine.refine_index) if refine is not None else None
+    if empty is None:
+        raise ValueError("this index has no refine stage that can be written from a stream")
+    base = refine.base_index
+    if int(base.ntotal) != rows:
+        raise ValueError(f"the approximate stage holds {base.ntotal} vectors, not {rows}")
+    empty.ntotal = rows
+    view = faiss.IndexRefine(base, empty)  # borrows both stages (own_fields is false)
+    view.k_factor = float(refine.k_factor)
+    code_size = int(empty.sa_code_size())
+    path = os.fspath(path)
+    faiss.write_index(view, path)
+    del view
+    with open(path, "r+b") as f:
+        f.seek(-12, os.SEEK_END)
+        tail = f.read(12)
+        if struct.unpack("<Q", tail[:8])[0] != 0:
+            raise RuntimeError("FAISS did not write the refine vectors last; cannot stream them")
+        f.seek(-12, os.SEEK_END)
+        f.truncate()
+        f.write(struct.pack("<Q", rows * code_size))
+        written = 0
+        for block in codes:
+            block = np.ascontiguousarray(block, dtype=np.uint8)
+            if block.ndim != 2 or block.shape[1] != code_size:
+                raise ValueError(f"refine codes of shape {block.shape}, expected (n, {code_size})")
+            written += len(block)
+            if written > rows:
+                raise ValueError(f"more than {rows} refine vectors")
+            f.write(block.data)
+        if written != rows:
+            raise ValueError(f"{written} refine vectors for {rows} rows")
+        f.write(tail[8:])
+
+
+def _refine_prefix_bytes(d: int, metric: int) -> int:
+    """Bytes FAISS writes for an ``IndexRefine`` before its approximate stage (fourcc and
+    header), measured on a tiny index with the same dimension and metric."""
+    import faiss
+
+    base, refine = faiss.IndexFlat(d, metric), faiss.IndexFlat(d, metric)
+    both = faiss.IndexRefine(base, refine)
+    whole = len(faiss.serialize_index(both))
+    return whole - len(faiss.serialize_index(base)) - len(faiss.serialize_index(refine)) - 4
+
+
+def open_refined(path: str | os.PathLike[str], block_rows: int = 65536) -> tuple[Any, Iterator[np.ndarray]]:
+    """Open a re-ranked index's file to extend it without its vectors in RAM: an ``IndexRefine``
+    whose approximate stage is read into RAM (add to ``refine_of(index).base_index``) and whose
+    refine stage is empty, and the file's refine vectors as a lazy stream of blocks (read from
+    the file's tail) to pass, followed by the new rows' :func:`refine_codes`, to
+    :func:`write_refined`.
+
+    Raises:
+        IndexFormatError: the file is missing, damaged or not a streamable re-ranked index.
+    """
+    import faiss
+
+    mapped = read(path, mmap=True)
+    refine = refine_of(mapped)
+    if refine is None or _empty_refine(refine.refine_index) is None:
+        raise IndexFormatError(f"{path} is not a re-ranked index; rebuild it with `clipsearch reindex`")
+    rows, code_size = int(refine.ntotal), int(refine.refine_index.sa_code_size())
+    start = _refine_prefix_bytes(int(refine.d), int(refine.metric_type))
+    with open(path, "rb") as f:
+        f.seek(start)
+        try:
+            base = faiss.read_index(faiss.PyCallbackIOReader(f.read))
+        except RuntimeError as exc:
+            raise IndexFormatError(f"{path} is damaged ({str(exc).strip().splitlines()[0]}); rebuild it with `clipsearch reindex`") from exc
+    size = Path(path).stat().st_size
+    first = size - 4 - rows * code_size
+    if int(base.ntotal) != rows or first < 8:
+        raise IndexFormatError(f"{path} is damaged (its stages disagree); rebuild it with `clipsearch reindex`")
+    empty = _empty_refine(refine.refine_index)
+    empty.ntotal = rows
+    index = faiss.IndexRefine(base, empty)
+    index.k_factor = float(refine.k_factor)
+    empty.ntotal = 0
+    # The wrapper owns both stages from here on (FAISS's pattern for indexes built in Python).
+    index.own_fields = True
+    index.own_refine_index = True
+    base.this.disown()
+    empty.this.disown()
+    del mapped
+
+    def blocks() -> Iterator[np.ndarray]:
+        with open(path, "rb") as f:
+            f.seek(first - 8)
+            if struct.unpack("<Q", f.read(8))[0] != rows * code_size:
+                raise IndexFormatError(f"{path} is damaged (refine vectors); rebuild it with `clipsearch reindex`")
+            left = rows
+            while left:
+                take = min(block_rows, left)
+                data = f.read(take * code_size)
+                if len(data) != take * code_size:
+                    raise IndexFormatError(f"{path} is truncated; rebuild it with `clipsearch reindex`")
+                yield np.frombuffer(data, dtype=np.uint8).reshape(take, code_size)
+                left -= take
+
+    return index, blocks()
 
 
 def read(path: str | os.PathLike[str], mmap: bool = False) -> Any:

@@ -47,7 +47,7 @@ POINTS: Mapping[str, str] = {
     "publish": "the new generation renamed to gen-*, the manifest still names the previous one",
     "commit": "the manifest names the new generation; the previous generation is not yet removed",
     # indexer/commit.py, GenerationWriter.finish (index, reindex)
-    "finish": "the final FAISS index built in memory, not written; the manifest is the last commit's",
+    "finish": "the final FAISS index built (a re-ranked one written in .staging-faiss-*), not published; the manifest is the last commit's",
     # indexer/training/train_state.py, clipsearch finetune
     "checkpoint-staged": "a complete new checkpoint in .checkpoint.tmp/, checkpoint/ is the previous one (if any)",
     "checkpoint-swap": "the previous checkpoint moved to .checkpoint.old/, no checkpoint/, the new one in .checkpoint.tmp/",

@@ -378,6 +378,29 @@ def test_reindex_killed_and_rerun(point: str, tmp_path: Path, clean_dir: Path, c
     assert len(_dirs(out, GENERATION_PREFIX)) == 1 and _dirs(out, STAGING_PREFIX) == []
 
 
+def test_reindex_killed_after_streaming_a_reranked_file(tmp_path: Path, clean_dir: Path) -> None:
+    """A re-ranked index is written to a scratch folder before it is published: killed there,
+    the index is the previous one and the next writer removes the scratch folder."""
+    reranked = "IVF2,SQ4,Refine(SQfp16)"
+    out = tmp_path / "idx"
+    shutil.copytree(clean_dir, out)
+    before = read_manifest(out)
+    killed = run_killed_at(["reindex", out, "--index-type", reranked, "--json"], "finish")
+    assert killed.killed, (killed.returncode, killed.stderr)
+    assert read_manifest(out) == before
+    staging = _dirs(out, STAGING_PREFIX)
+    assert len(staging) == 1 and staging[0].startswith(STAGING_PREFIX + "faiss-"), staging
+    written = list((out / staging[0]).glob("*.faiss"))
+    assert len(written) == 1 and written[0].stat().st_size > 0
+    assert _search_all(out) == _search_all(clean_dir)
+
+    reindex(out, index_type=reranked)
+    after = read_manifest(out)
+    assert after.complete and after.index_type == reranked and after.format_version == 3
+    assert _dirs(out, STAGING_PREFIX) == [] and len(_dirs(out, GENERATION_PREFIX)) == 1
+    assert _search_all(out)[1] == _search_all(clean_dir)[1]
+
+
 # -- finetune -------------------------------------------------------------------------------------
 
 CAPTIONS = [

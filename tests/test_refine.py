@@ -4,8 +4,10 @@ filters, range search, updates, the format version and the CLI."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import shutil
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -250,3 +252,116 @@ def test_reserve_sizes_the_refine_vectors_once_and_changes_no_answer() -> None:
     flat = faiss_index.create("Flat", DIM)
     faiss_index.reserve(flat, 2000)  # nothing to reserve without a refine stage
     assert flat.ntotal == 0
+
+
+# -- streamed writes: the refine vectors never all in RAM --------------------------------------
+
+STREAMED = "IVF16_HNSW8,SQ4,Refine(SQfp16)"
+
+
+def _trained(x: np.ndarray, factory: str = STREAMED) -> object:
+    index = faiss_index.create(factory, DIM)
+    faiss_index.train(index, x)
+    return index
+
+
+def test_streamed_files_are_byte_identical_to_faiss_writes(tmp_path: Path) -> None:
+    x = clustered(3000, DIM, seed=6)
+    full = _trained(x)
+    faiss_index.add(full, x)
+    faiss_index.write(full, tmp_path / "full.faiss")
+    # Built: the compact codes in memory, the float16 vectors from a stream of blocks.
+    streamed = _trained(x)
+    assert faiss_index.streams_refine(streamed)
+    faiss_index.add(faiss_index.refine_of(streamed).base_index, x)
+    blocks = (faiss_index.refine_codes(streamed, x[i : i + 700]) for i in range(0, 3000, 700))
+    faiss_index.write_refined(streamed, tmp_path / "built.faiss", blocks, 3000)
+    assert (tmp_path / "built.faiss").read_bytes() == (tmp_path / "full.faiss").read_bytes()
+    # Extended: a file of the first 2000 rows opened without its vectors, 1000 rows added.
+    part = _trained(x)
+    faiss_index.add(part, x[:2000])
+    faiss_index.write(part, tmp_path / "part.faiss")
+    index, old = faiss_index.open_refined(tmp_path / "part.faiss", block_rows=300)
+    assert faiss_index.refine_of(index).refine_index.ntotal == 0  # the vectors stay in the file
+    faiss_index.add(faiss_index.refine_of(index).base_index, x[2000:])
+    faiss_index.write_refined(index, tmp_path / "extended.faiss", itertools.chain(old, [faiss_index.refine_codes(index, x[2000:])]), 3000)
+    assert (tmp_path / "extended.faiss").read_bytes() == (tmp_path / "full.faiss").read_bytes()
+
+
+def test_streamed_writes_refuse_what_they_cannot_write(tmp_path: Path) -> None:
+    x = clustered(1000, DIM, seed=6)
+    index = _trained(x)
+    faiss_index.add(faiss_index.refine_of(index).base_index, x)
+    codes = faiss_index.refine_codes(index, x)
+    out = tmp_path / "out.faiss"
+    with pytest.raises(ValueError, match="999 refine vectors for 1000"):
+        faiss_index.write_refined(index, out, [codes[:999]], 1000)
+    with pytest.raises(ValueError, match="more than 1000"):
+        faiss_index.write_refined(index, out, [codes, codes[:1]], 1000)
+    with pytest.raises(ValueError, match="shape"):
+        faiss_index.write_refined(index, out, [codes[:, :-1]], 1000)
+    with pytest.raises(ValueError, match="holds 1000 vectors, not 1001"):
+        faiss_index.write_refined(index, out, [codes], 1001)
+    # No refine stage, or one whose kind carries training (SQ8 ranges): written whole instead.
+    for factory in ("IVF16,PQ4x6", "IVF16,SQ4,Refine(SQ8)"):
+        other = _trained(x, factory)
+        assert not faiss_index.streams_refine(other)
+        with pytest.raises(ValueError, match="no refine stage"):
+            faiss_index.write_refined(other, out, [], 0)
+    # Opening a damaged or foreign file to extend it: one typed error.
+    faiss_index.write_refined(index, out, [codes], 1000)
+    (tmp_path / "cut.faiss").write_bytes(out.read_bytes()[:-5000])
+    with pytest.raises(IndexFormatError):
+        _, blocks = faiss_index.open_refined(tmp_path / "cut.faiss")
+        list(blocks)
+    plain = _trained(x, "IVF16,PQ4x6")
+    faiss_index.add(plain, x)
+    faiss_index.write(plain, tmp_path / "plain.faiss")
+    with pytest.raises(IndexFormatError, match="not a re-ranked index"):
+        faiss_index.open_refined(tmp_path / "plain.faiss")
+
+
+@pytest.mark.parametrize("kept", [0, 1])
+def test_build_streams_the_vectors_and_answers_as_an_in_memory_build(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, kept: int) -> None:
+    x = clustered(ROWS, DIM, seed=7)
+    options = IndexOptions(index_type="ivf-sq4-refine", target_recall=0.9)
+
+    def chunks(start: int) -> Iterator[tuple[int, np.ndarray]]:
+        return ((i, x[i : i + 700]) for i in range(start, ROWS, 700))
+
+    in_ram = ann.build(chunks, DIM, ROWS, options)
+    assert in_ram.path is None
+    # Two plans tried (the first reported short of the target): the one kept is the better one,
+    # the other's file is removed at once. The refine stage never receives a vector in memory.
+    plan = plan_index(ROWS, DIM, options)
+    monkeypatch.setattr(ann, "candidate_plans", lambda *_: [plan, plan])
+    real_add, real_tune = faiss_index.add, faiss_index.tune
+    added: list[bool] = []
+    tuned: list[int] = []
+
+    def add(index: object, vecs: np.ndarray) -> None:
+        added.append(faiss_index.refine_of(index) is None)
+        real_add(index, vecs)
+
+    def tune(*args: object, **kwargs: object) -> tuple[dict[str, int], float, bool]:
+        params, recall, reached = real_tune(*args, **kwargs)
+        tuned.append(1)
+        if len(tuned) == 1:
+            return params, (0.95 if kept == 0 else 0.5), False
+        return params, (0.5 if kept == 0 else recall), kept == 1 and reached
+
+    monkeypatch.setattr(faiss_index, "add", add)
+    monkeypatch.setattr(faiss_index, "tune", tune)
+    scratch = tmp_path / "scratch"
+    streamed = ann.build(chunks, DIM, ROWS, options, scratch=scratch)
+    monkeypatch.undo()
+    assert added and all(added) and len(tuned) == 2
+    assert streamed.path == scratch / f"plan-{kept}.faiss" and sorted(scratch.iterdir()) == [streamed.path]
+    assert [t["factory"] for t in streamed.tuning["tried"]] == [plan.factory] * 2
+    assert streamed.search_params == in_ram.search_params and streamed.tuning["refine_write_seconds"] >= 0
+    # The file the build wrote is what a writer publishes: same answers, same stored vectors.
+    got, want = (faiss_index.search(b.index, x[:50], 10) for b in (streamed, in_ram))
+    assert np.array_equal(got[1], want[1]) and np.array_equal(got[0], want[0])
+    ids = np.arange(ROWS)
+    a, b = faiss_index.stored_vectors(streamed.index, ids), faiss_index.stored_vectors(in_ram.index, ids)
+    assert a is not None and b is not None and np.array_equal(a[0], b[0])
