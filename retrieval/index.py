@@ -646,6 +646,18 @@ class ImageIndex:
         """Files that were found but could not be decoded, with the reason."""
         return [SkippedFile(display_path(rec.path), rec.reason) for rec in store.read_skipped(self._skipped)]
 
+    def warm(self, vectors: bool | None = None) -> int:
+        """Ask the kernel to read a memory-mapped FAISS file in the background, so that a
+        long-running reader's first queries do not each wait for the disk: what every query
+        scans (the IVF lists and codes) and, with ``vectors``, a re-ranked index's float16
+        vectors too (default: when the file takes at most half the available memory). Returns
+        the bytes asked for: 0 when the FAISS index is in RAM. ``serve`` calls it on every
+        generation it opens; a one-shot ``search`` does not (it would read more than it uses)."""
+        m = self.manifest
+        if m.faiss is None or not store.maps_faiss(m, bool(self._mmap)):
+            return 0
+        return faiss_index.warm(self._faiss, self.directory / m.faiss.path, vectors)
+
     def info(self) -> dict[str, Any]:
         """The facts ``clipsearch info --json`` prints."""
         m = self.manifest

@@ -23,6 +23,7 @@ class LiveIndex:
 
     Opening happens here, so a bad directory fails at once with the errors of
     :meth:`ImageIndex.open`. Thread-safe: concurrent callers of :meth:`current` share one reopen.
+    ``warm`` calls :meth:`ImageIndex.warm` on every generation opened (what a server wants).
     """
 
     def __init__(
@@ -34,13 +35,17 @@ class LiveIndex:
         precision: str = "fp32",
         mmap: bool | None = None,
         query_cache: int = DEFAULT_CAPACITY,
+        warm: bool = False,
     ) -> None:
         self.directory = Path(directory)
         self._lock = threading.Lock()
         self._stamp = self._manifest_stamp()
+        self._warm = warm
         self._index = ImageIndex.open(
             self.directory, model=model, device=device, precision=precision, mmap=mmap, query_cache=query_cache
         )
+        if warm:
+            self._index.warm()
 
     @property
     def name(self) -> str:
@@ -61,7 +66,10 @@ class LiveIndex:
             if stamp != self._stamp:
                 # Stamp first, then read: a manifest replaced again meanwhile changes the stamp
                 # once more and is picked up by the next call.
-                self._index = self._index.reopen()
+                reopened = self._index.reopen()
+                if self._warm and reopened is not self._index:
+                    reopened.warm()
+                self._index = reopened
                 self._stamp = stamp
             return self._index
 

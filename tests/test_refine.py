@@ -365,3 +365,60 @@ def test_build_streams_the_vectors_and_answers_as_an_in_memory_build(tmp_path: P
     ids = np.arange(ROWS)
     a, b = faiss_index.stored_vectors(streamed.index, ids), faiss_index.stored_vectors(in_ram.index, ids)
     assert a is not None and b is not None and np.array_equal(a[0], b[0])
+
+
+# -- memory-mapped readers: read-ahead where queries scan, warming ----------------------------
+
+
+def _vm_flags(path: Path) -> list[tuple[int, int, set[str]]]:
+    """(start, end, VmFlags) of this process's mappings of ``path``, from /proc/self/smaps."""
+    inode = str(path.stat().st_ino)
+    lines = Path("/proc/self/smaps").read_text().splitlines()
+    found = []
+    for i, line in enumerate(lines):
+        fields = line.split()
+        if len(fields) >= 6 and "-" in fields[0] and fields[4] == inode:
+            flags = next(x for x in lines[i + 1 :] if x.startswith("VmFlags:"))
+            start, end = (int(v, 16) for v in fields[0].split("-"))
+            found.append((start, end, set(flags.split()[1:])))
+    return found
+
+
+@pytest.mark.skipif(not Path("/proc/self/smaps").exists(), reason="needs Linux /proc/self/smaps")
+def test_mapped_reader_reads_ahead_on_lists_not_on_vectors(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    x = clustered(20_000, DIM, seed=3)
+    index = _trained(x, "IVF16,SQ4,Refine(SQfp16)")
+    faiss_index.add(index, x)
+    path = tmp_path / "r.faiss"
+    faiss_index.write(index, path)
+    mapped = faiss_index.read(path, mmap=True)
+    maps = _vm_flags(path)
+    # FAISS maps the whole file MADV_RANDOM ("rr"); the reader lifts it where queries scan lists.
+    assert len(maps) == 2, maps
+    (lists_start, lists_end, lists_flags), (_, vectors_end, vectors_flags) = sorted(maps)
+    assert "rr" not in lists_flags and "rr" in vectors_flags
+    vectors_bytes = 20_000 * DIM * 2
+    assert vectors_end - lists_end >= vectors_bytes - 4096 and lists_end - lists_start < path.stat().st_size - vectors_bytes + 4096
+    # warm() asks for exactly the scanned part (up to the vectors), or the whole file.
+    assert faiss_index.warm(mapped, path, vectors=False) == path.stat().st_size - 4 - vectors_bytes
+    assert faiss_index.warm(mapped, path, vectors=True) == path.stat().st_size
+    monkeypatch.setattr(faiss_index, "_available_bytes", lambda: 2 * path.stat().st_size)
+    assert faiss_index.warm(mapped, path) == path.stat().st_size  # fits in half: all of it
+    monkeypatch.setattr(faiss_index, "_available_bytes", lambda: 2 * path.stat().st_size - 2)
+    assert faiss_index.warm(mapped, path) == path.stat().st_size - 4 - vectors_bytes
+
+
+def test_warm_asks_only_for_mapped_files(refined: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from retrieval.live import LiveIndex
+
+    mapped = ImageIndex.open(refined, mmap=True)
+    faiss_file = refined / mapped.manifest.faiss.path
+    assert 0 < mapped.warm(vectors=False) < faiss_file.stat().st_size  # the codes, not the float16 vectors
+    assert mapped.warm() == faiss_file.stat().st_size  # a small file: all of it
+    assert ImageIndex.open(refined, mmap=False).warm() == 0  # read into RAM: nothing to ask
+    calls: list[int] = []
+    monkeypatch.setattr(ImageIndex, "warm", lambda self: calls.append(1) or 0)
+    LiveIndex(refined, warm=False)
+    assert calls == []
+    LiveIndex(refined, warm=True)  # what `serve` opens its indexes with
+    assert calls == [1]

@@ -99,7 +99,9 @@ def create_app(
         model, device, precision: query model settings, as for ``ImageIndex.open`` (``precision``
             defaults to ``auto`` here: a server is long-lived, so int8 text products that pass the
             quality gate are worth their one-time torch import).
-        warm: load the query models now (tests that never query may skip it).
+        warm: load the query models now and have the kernel read what every query of a
+            memory-mapped FAISS file scans (:meth:`ImageIndex.warm`; tests that never query
+            may skip it).
         query_cache: distinct query texts per index whose vectors are kept (0: none).
 
     Raises:
@@ -107,7 +109,9 @@ def create_app(
         NotAnIndexError, IndexFormatError, ModelMismatchError, ...: an index that cannot be served.
     """
     config = ServerConfig(token=token, max_upload_mb=max_upload_mb, cache_dir=Path(cache_dir) if cache_dir else None, browser_ui=browser_ui)
-    indexes = IndexSet(index_dirs, lambda d: LiveIndex(d, model=model, device=device, precision=precision, query_cache=query_cache))
+    indexes = IndexSet(
+        index_dirs, lambda d: LiveIndex(d, model=model, device=device, precision=precision, query_cache=query_cache, warm=warm)
+    )
     if warm:
         for served in indexes:
             _warm(served)
