@@ -410,6 +410,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--noise", type=float, default=0.8)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--work-dir", help="where to write indexes (default: a temp dir, removed)")
+    parser.add_argument("--keep", type=Path, help="move each size's index directory here (as synthetic-N.idx) instead of "
+                        "removing it, e.g. for bench_cold.py; on the work dir's file system, or it is copied")
     parser.add_argument("--peer", type=peer_list, default=[], help=f"other tools to build and measure on the same vectors, "
                         f"comma-separated: {', '.join(PEERS)} (default: none; autofaiss: {AUTOFAISS_INSTALL})")
     parser.add_argument("--peer-query-time-ms", type=float, default=10.0,
@@ -479,7 +481,11 @@ def main(argv: list[str] | None = None) -> int:
             results.append(
                 {"n": n, "write_seconds": round(write_s, 1), "write": write, "exact_truth_seconds": round(truth_s, 1), "types": rows}
             )
-            shutil.rmtree(out, ignore_errors=True)
+            if args.keep is not None:
+                args.keep.mkdir(parents=True, exist_ok=True)
+                shutil.move(out, args.keep / out.name)
+            else:
+                shutil.rmtree(out, ignore_errors=True)
 
     report = {
         "bench": "search",

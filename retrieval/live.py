@@ -44,8 +44,9 @@ class LiveIndex:
         self._index = ImageIndex.open(
             self.directory, model=model, device=device, precision=precision, mmap=mmap, query_cache=query_cache
         )
+        self._warming: threading.Thread | None = None
         if warm:
-            self._index.warm()
+            self._start_warming(self._index)
 
     @property
     def name(self) -> str:
@@ -68,10 +69,16 @@ class LiveIndex:
                 # once more and is picked up by the next call.
                 reopened = self._index.reopen()
                 if self._warm and reopened is not self._index:
-                    reopened.warm()
+                    self._start_warming(reopened)
                 self._index = reopened
                 self._stamp = stamp
             return self._index
+
+    def _start_warming(self, index: ImageIndex) -> None:
+        # In a thread: asking the kernel to read ahead a large file can block until the reads
+        # are queued (seconds for gigabytes), and queries need not wait for it.
+        self._warming = threading.Thread(target=index.warm, name="clipsearch-warm", daemon=True)
+        self._warming.start()
 
     def _manifest_stamp(self) -> tuple[int, int, int] | None:
         # The manifest is replaced by rename, so a new one has a new inode (and mtime).

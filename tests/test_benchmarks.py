@@ -194,6 +194,29 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
 
 
 
+def test_bench_cold_on_a_kept_index(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    import bench_cold
+
+    keep = tmp_path / "keep"
+    argv = [*_PEER_ARGV, "--types", "ivf-sq4-refine", "--work-dir", str(tmp_path / "work"), "--keep", str(keep)]
+    (tmp_path / "work").mkdir()
+    assert bench_search.main(argv) == 0
+    kept = keep / "synthetic-2000.idx"
+    assert kept.is_dir() and list((tmp_path / "work").iterdir()) == []
+    capsys.readouterr()
+    monkeypatch.setattr(bench_cold, "drop_page_cache", lambda: False)  # not the test machine's page cache
+    assert bench_cold.main([str(kept), "--queries", "5"]) == 0
+    out = capsys.readouterr().out
+    report = _json_line(out)
+    passes = report["passes"]
+    assert [p["pass"] for p in passes] == list(bench_cold.PASSES) and report["factory"].endswith(",Refine(SQfp16)")
+    assert not any(p["dropped"] for p in passes) and all(0 < p["recall_at_10"] <= 1 for p in passes)
+    assert 0 < passes[2]["warm_bytes"] < report["faiss_bytes"] and passes[3]["warm_bytes"] == report["faiss_bytes"]
+    assert "| cached |" in out
+    assert bench_cold.main([str(tmp_path / "nothing")]) == 1
+    assert "bench_cold:" in capsys.readouterr().err
+
+
 # A stand-in for autofaiss, put first on the subprocesses' PYTHONPATH: it reads the .npy folder
 # as autofaiss does (files sorted by name, vectors numbered in that order), records what it was
 # asked, and returns an exhaustive index (one IVF list) with a search parameter to set, so that

@@ -418,7 +418,9 @@ def test_warm_asks_only_for_mapped_files(refined: Path, monkeypatch: pytest.Monk
     assert ImageIndex.open(refined, mmap=False).warm() == 0  # read into RAM: nothing to ask
     calls: list[int] = []
     monkeypatch.setattr(ImageIndex, "warm", lambda self: calls.append(1) or 0)
-    LiveIndex(refined, warm=False)
+    assert LiveIndex(refined, warm=False)._warming is None
     assert calls == []
-    LiveIndex(refined, warm=True)  # what `serve` opens its indexes with
+    live = LiveIndex(refined, warm=True)  # what `serve` opens its indexes with, warmed in a thread
+    assert live._warming is not None
+    live._warming.join(timeout=60)
     assert calls == [1]
