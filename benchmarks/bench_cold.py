@@ -10,8 +10,9 @@ draws them, a new set per pass):
   read-ahead, each 4 KB page of a scanned IVF list is its own disk read);
 - ``read-ahead``: as clipsearch opens it (read-ahead back on the lists, the re-ranking vectors
   still random-access);
-- ``warmed``: after :meth:`ImageIndex.warm` and waiting for the lists to be read (what ``serve``
-  does at start), the re-ranking vectors still on disk;
+- ``warmed``: after :meth:`ImageIndex.warm` (``vectors=False``) and waiting for the lists to be
+  read (what ``serve`` does at start when the file exceeds half the available memory), the
+  re-ranking vectors still on disk;
 - ``cached``: the whole file in the page cache (a machine whose RAM holds it, after a while).
 
 Dropping the page cache needs root (``/proc/sys/vm/drop_caches``); without it the passes are
@@ -85,7 +86,7 @@ def run_pass(index_dir: Path, name: str, queries: Any, truth: Any, k: int) -> di
     row: dict[str, Any] = {"pass": name, "dropped": dropped, "open_seconds": round(open_s, 3)}
     faiss_path = index_dir / index.manifest.faiss.path
     if name == "warmed":
-        asked = index.warm()
+        asked = index.warm(vectors=False)
         row["warm_bytes"] = asked
         row["warm_seconds"] = round(read_through(faiss_path, asked), 3)  # waits for what warm() asked
     elif name == "cached":
