@@ -241,17 +241,17 @@ def write(index: Any, path: str | os.PathLike[str]) -> None:
 
 
 def _empty_refine(refine: Any) -> Any:
-    """A refine stage of ``refine``'s kind holding no vectors, or None where that kind carries
-    training (e.g. SQ8's ranges) an empty copy would lose."""
+    """A refine stage of ``refine``'s kind holding no vectors, or None where that kind is not
+    streamed: one that carries training an empty copy would lose (SQ8's ranges), or a flat
+    stage (FAISS writes its array's length in floats, not bytes; written whole instead)."""
     import faiss
 
     inner = faiss.downcast_index(refine)
-    if isinstance(inner, faiss.IndexScalarQuantizer):
-        if inner.sq.qtype not in (faiss.ScalarQuantizer.QT_fp16, faiss.ScalarQuantizer.QT_bf16):
-            return None
+    if isinstance(inner, faiss.IndexScalarQuantizer) and inner.sq.qtype in (
+        faiss.ScalarQuantizer.QT_fp16,
+        faiss.ScalarQuantizer.QT_bf16,
+    ):
         return faiss.IndexScalarQuantizer(inner.d, inner.sq.qtype, inner.metric_type)
-    if isinstance(inner, faiss.IndexFlat):
-        return faiss.IndexFlat(inner.d, inner.metric_type)
     return None
 
 

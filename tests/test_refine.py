@@ -303,7 +303,7 @@ def test_streamed_writes_refuse_what_they_cannot_write(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="holds 1000 vectors, not 1001"):
         faiss_index.write_refined(index, out, [codes], 1001)
     # No refine stage, or one whose kind carries training (SQ8 ranges): written whole instead.
-    for factory in ("IVF16,PQ4x6", "IVF16,SQ4,Refine(SQ8)"):
+    for factory in ("IVF16,PQ4x6", "IVF16,SQ4,Refine(SQ8)", "IVF16,SQ4,Refine(Flat)"):
         other = _trained(x, factory)
         assert not faiss_index.streams_refine(other)
         with pytest.raises(ValueError, match="no refine stage"):
