@@ -204,10 +204,10 @@ def build(
 
 def _write_streamed(index: Any, path: Path, codes: Iterable[np.ndarray], rows: int) -> Any:
     """Write a re-ranked index whose approximate stage is filled, its vectors from ``codes``,
-    and return it mapped from ``path`` (the in-memory stages are released first)."""
+    and return it mapped from ``path`` (which adds file pages, not process memory, while the
+    caller's in-memory index is still alive)."""
     path.parent.mkdir(exist_ok=True)
     faiss_index.write_refined(index, path, codes, rows)
-    del index
     return faiss_index.read(path, mmap=True)
 
 
@@ -312,7 +312,7 @@ def update(
     say = progress or _quiet
     if previous is not None and not needs_rebuild(previous.info.factory, count, dim, options):
         path: Path | None = None
-        if scratch is not None and faiss_index.streams_refine(faiss_index.read(previous.path, mmap=True)):
+        if scratch is not None and faiss_index.streams_refine_file(previous.path):
             index, old_codes = faiss_index.open_refined(previous.path)
             base = faiss_index.refine_of(index).base_index
             for _, vecs in chunks(previous.rows):

@@ -262,6 +262,17 @@ def streams_refine(index: Any) -> bool:
     return refine is not None and _empty_refine(refine.refine_index) is not None
 
 
+def streams_refine_file(path: str | os.PathLike[str]) -> bool:
+    """:func:`streams_refine` for the index in a file (which :func:`open_refined` can then
+    extend); a file without a refine stage is not opened."""
+    return _is_refined_file(path) and streams_refine(read(path, mmap=True))
+
+
+def _is_refined_file(path: str | os.PathLike[str]) -> bool:
+    with open(path, "rb") as f:
+        return f.read(4) == _REFINE_FOURCC
+
+
 def refine_codes(index: Any, vectors: np.ndarray) -> np.ndarray:
     """``vectors`` as ``index``'s refine stage stores them (``(n, code_size)`` uint8)."""
     refine = refine_of(index)
@@ -354,10 +365,10 @@ def open_refined(path: str | os.PathLike[str], block_rows: int = 65536) -> tuple
             base = faiss.read_index(faiss.PyCallbackIOReader(f.read))
         except RuntimeError as exc:
             raise IndexFormatError(f"{path} is damaged ({str(exc).strip().splitlines()[0]}); rebuild it with `clipsearch reindex`") from exc
-    size = Path(path).stat().st_size
-    first = size - 4 - rows * code_size
-    if int(base.ntotal) != rows or first < 8:
+    vectors = _refine_vector_bytes(mapped, path)
+    if int(base.ntotal) != rows or vectors is None or vectors[0] < 8:
         raise IndexFormatError(f"{path} is damaged (its stages disagree); rebuild it with `clipsearch reindex`")
+    first = vectors[0]
     empty = _empty_refine(refine.refine_index)
     empty.ntotal = rows
     index = faiss.IndexRefine(base, empty)
@@ -490,8 +501,7 @@ def read(path: str | os.PathLike[str], mmap: bool = False) -> Any:
         raise IndexFormatError(f"{path} is missing; rebuild the index with `clipsearch index`")
     flags = 0
     if mmap:
-        with open(path, "rb") as f:
-            refined = f.read(4) == _REFINE_FOURCC
+        refined = _is_refined_file(path)
         # IO_FLAG_MMAP maps IVF lists but copies a refine stage's vectors into RAM; MMAP_IFC maps
         # both the IVF lists and the refine vectors (opening a 200k-vector file grows anonymous
         # RSS by 0 MB): queries fault in the lists they scan and the vectors they re-score.
