@@ -10,10 +10,12 @@ import os
 import platform
 import resource
 import sys
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+_READ_BLOCK = 8 << 20
 
 
 def machine_facts() -> dict[str, object]:
@@ -72,3 +74,16 @@ def latency_summary(seconds: Sequence[float]) -> dict[str, float]:
         "mean": round(float(ms.mean()), 3),
         "max": round(float(ms.max()), 3),
     }
+
+
+def read_through(path: Path, length: int) -> float:
+    """Read the first ``length`` bytes of ``path`` (into the page cache); seconds taken."""
+    t0 = time.perf_counter()
+    with open(path, "rb", buffering=0) as f:
+        left = length
+        while left > 0:
+            got = f.read(min(_READ_BLOCK, left))
+            if not got:
+                break
+            left -= len(got)
+    return time.perf_counter() - t0

@@ -36,14 +36,13 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _common import latency_summary, machine_facts  # noqa: E402
+from _common import latency_summary, machine_facts, read_through  # noqa: E402
 from bench_query import SyntheticSpec, synthetic_queries  # noqa: E402
 from bench_search import exact_truth, recall  # noqa: E402
 
 from clipsearch.cli import int_at_least  # noqa: E402
 
 PASSES = ("faiss-advice", "read-ahead", "warmed", "cached")
-READ_BLOCK = 8 << 20
 
 
 def drop_page_cache() -> bool:
@@ -54,19 +53,6 @@ def drop_page_cache() -> bool:
     except OSError:
         return False
     return True
-
-
-def read_through(path: Path, length: int) -> float:
-    """Read the first ``length`` bytes of ``path`` (into the page cache); seconds taken."""
-    t0 = time.perf_counter()
-    with open(path, "rb", buffering=0) as f:
-        left = length
-        while left > 0:
-            got = f.read(min(READ_BLOCK, left))
-            if not got:
-                break
-            left -= len(got)
-    return time.perf_counter() - t0
 
 
 def run_pass(index_dir: Path, name: str, queries: Any, truth: Any, k: int) -> dict[str, Any]:

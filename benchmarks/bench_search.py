@@ -21,11 +21,19 @@ With ``--peer autofaiss``, after our types, autofaiss builds the index it choose
 stored vectors (exported to .npy chunks first, timed apart) under the same memory budget, in a
 fresh process, and that index is measured the same way (``type`` "autofaiss" in the same rows).
 
+``--index DIR`` measures an index that already exists (one kept by ``--keep``, made from the
+same ``--clusters/--noise/--seed/--dim``) instead of writing new vectors: type ``current``
+measures it as it stands (no reindex; its build time is not this run's), other types reindex it
+in place. So a 10M index written once serves several runs (a peer, a cached pass). ``--cached``
+reads each measured FAISS file through once before its timed queries (the page cache of a
+long-running server), ours and the peers' alike.
+
 Prints one JSON line (the whole run), then one JSON line per (size, type) with the flat keys of
 :func:`flat_row` (``vectors``, ``build_s``, ``recall_at_10``, ``p50_ms``, ``rss_open_mb``,
 ``rss_after_query_mb``, ``bytes_per_vector``, ...), then a readable table.
 
     python benchmarks/bench_search.py [--sizes 100000,1000000] [--types flat,auto,ivf-sq8] [--peer autofaiss]
+    python benchmarks/bench_search.py --index KEPT.idx --types current --peer autofaiss --cached --e2e ""
 """
 
 from __future__ import annotations
@@ -46,7 +54,7 @@ from typing import Any
 # latency erratic (benchmarks/README.md); the CLI sets the same default.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _common import ROOT, latency_summary, machine_facts, peak_rss_mb  # noqa: E402
+from _common import ROOT, latency_summary, machine_facts, peak_rss_mb, read_through  # noqa: E402
 from bench_query import SyntheticSpec, build_synthetic_index, short_query_texts, synthetic_queries  # noqa: E402
 
 from clipsearch.cli import int_at_least  # noqa: E402
@@ -61,6 +69,9 @@ r = reindex(sys.argv[1], index_type=sys.argv[2], max_memory=sys.argv[3], target_
 print(json.dumps({**r.to_dict(), "peak_rss_mb": status("VmHWM:"), "base_rss_mb": base}))
 """
 
+
+# The type that measures an index as it stands, without a reindex (its build is not timed).
+CURRENT = "current"
 
 # Peers: other tools that build an index from the same vectors, compared in the same table.
 PEERS = ("autofaiss",)
@@ -156,12 +167,14 @@ def export_npy(index_dir: Path, dest: Path, batch_rows: int = 65536) -> int:
 
 
 def autofaiss_subprocess(
-    embeddings: Path, index_out: Path, max_memory_bytes: int, memory_available_bytes: int, k: int, query_time_ms: float
+    embeddings: Path, index_out: Path, max_memory_bytes: int, memory_available_bytes: int, k: int, query_time_ms: float,
+    log: Path | None = None,
 ) -> dict[str, Any]:
     """Build autofaiss's chosen index over the .npy folder ``embeddings`` in a fresh process.
 
     Budgets are passed as byte counts ("4294967296B"): autofaiss's and our memory strings both
-    read "4GB" as 4 GiB, but a byte count leaves nothing to interpret.
+    read "4GB" as 4 GiB, but a byte count leaves nothing to interpret. ``log``: where its
+    progress log goes while it runs (an hour at 10M; ``tail -f`` it), else kept in memory.
     """
     kwargs = {
         "embeddings": str(embeddings),
@@ -173,9 +186,16 @@ def autofaiss_subprocess(
         "max_index_query_time_ms": query_time_ms,
     }
     env = {**os.environ, "OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "PASSIVE")}
-    proc = subprocess.run([sys.executable, "-c", _AUTOFAISS, json.dumps(kwargs)], capture_output=True, text=True, env=env, cwd=ROOT)
+    argv = [sys.executable, "-c", _AUTOFAISS, json.dumps(kwargs)]
+    if log is None:
+        proc = subprocess.run(argv, capture_output=True, text=True, env=env, cwd=ROOT)
+        err = proc.stderr
+    else:
+        with open(log, "w") as err_file:
+            proc = subprocess.run(argv, stdout=subprocess.PIPE, stderr=err_file, text=True, env=env, cwd=ROOT)
+        err = log.read_text(errors="replace")
     if proc.returncode != 0:
-        raise RuntimeError(f"autofaiss build failed: {proc.stderr.strip()[-2000:]}")
+        raise RuntimeError(f"autofaiss build failed (exit status {proc.returncode}): {err.strip()[-2000:]}")
     return json.loads(proc.stdout.strip().splitlines()[-1])
 
 
@@ -191,17 +211,20 @@ def parse_index_param(text: str) -> dict[str, int | float]:
     return out
 
 
-def measure_faiss_file(path: Path, index_param: str, queries: Any, truth: Any, k: int, warmup: int) -> dict[str, Any]:
+def measure_faiss_file(
+    path: Path, index_param: str, queries: Any, truth: Any, k: int, warmup: int, cached: bool = False
+) -> dict[str, Any]:
     """Measure a bare FAISS index file as :func:`measure_type` measures ours: opened with the
     same mmap rule as ``ImageIndex.open``, searched one query at a time through the same
     ``faiss_index.search`` that ``ImageIndex.search_ids`` calls, in this process (same FAISS
-    threads), recall@10 against the same exact truth."""
+    threads), recall@10 against the same exact truth; ``cached``: the file read through first."""
     import faiss
 
     from retrieval import faiss_index
     from retrieval.index import MMAP_MIN_BYTES
 
     mmap = path.stat().st_size >= MMAP_MIN_BYTES
+    cache_s = read_through(path, path.stat().st_size) if cached else None
     gc.collect()
     rss0 = rss_mb()
     t0 = time.perf_counter()
@@ -211,7 +234,8 @@ def measure_faiss_file(path: Path, index_param: str, queries: Any, truth: Any, k
         # choose (IVF-HNSW quantizer efSearch, polysemous ht) is guaranteed to be in the file.
         faiss.ParameterSpace().set_index_parameters(index, index_param)
     opened = (time.perf_counter() - t0, rss_mb() - rss0)
-    out = {**time_queries(_ids_of(faiss_index.search, index, k), queries, truth, k, warmup, rss0, opened), "mmap": mmap}
+    out = {**time_queries(_ids_of(faiss_index.search, index, k), queries, truth, k, warmup, rss0, opened), "mmap": mmap,
+           "cache_read_seconds": None if cache_s is None else round(cache_s, 3)}
     del index
     gc.collect()
     return out
@@ -231,12 +255,14 @@ def peer_row(
     export_s = time.perf_counter() - t0
     available = parse_memory(args.peer_memory_available) if args.peer_memory_available else mem_available_bytes()
     index_file = folder / "knn.index"
-    built = autofaiss_subprocess(folder / "embeddings", index_file, max_memory_bytes, available, args.k, args.peer_query_time_ms)
+    log = folder / "autofaiss.log"
+    print(f"# {n:,} {peer}: building, log in {log}", file=sys.stderr, flush=True)
+    built = autofaiss_subprocess(folder / "embeddings", index_file, max_memory_bytes, available, args.k, args.peer_query_time_ms, log)
     shutil.rmtree(folder / "embeddings")  # the export is as large as the vectors: not kept while measuring
     infos = built["infos"]
     if int(infos.get("nb vectors", n)) != n:
         raise RuntimeError(f"autofaiss indexed {infos.get('nb vectors')} vectors, expected {n}")
-    measured = measure_faiss_file(index_file, infos.get("index_param") or "", queries, truth, args.k, args.warmup)
+    measured = measure_faiss_file(index_file, infos.get("index_param") or "", queries, truth, args.k, args.warmup, args.cached)
     row = {"type": peer, "factory": infos["index_key"], "search_params": parse_index_param(infos.get("index_param") or ""),
            # autofaiss's own figures from its build (speed of its tuned params, compression).
            "tuning": {key: value for key, value in infos.items() if key not in ("index_key", "index_param", "index_path")},
@@ -248,6 +274,36 @@ def peer_row(
            "max_index_query_time_ms": args.peer_query_time_ms, "current_memory_available": available}
     shutil.rmtree(folder)
     return row
+
+
+def index_count(index_dir: Path, dim: int) -> int | str:
+    """The vector count of an existing index for ``--index``, or why it cannot be measured."""
+    from retrieval import ImageIndex
+    from retrieval.errors import ClipSearchError
+
+    try:
+        info = ImageIndex.open(index_dir, mmap=True).info()
+    except ClipSearchError as exc:
+        return f"--index {index_dir}: {exc}"
+    if info["dim"] != dim:
+        return f"--index {index_dir} holds {info['dim']}-d vectors, not --dim {dim}"
+    if not info["count"]:
+        return f"--index {index_dir} is empty"
+    return int(info["count"])
+
+
+def current_build(index_dir: Path) -> dict[str, Any]:
+    """Type ``current``: the index's recorded type, parameters and tuning, as :func:`reindex_subprocess`
+    returns them, with no build figures (nothing was built in this run)."""
+    from retrieval import ImageIndex
+
+    info = ImageIndex.open(index_dir, mmap=True).info()
+    return {"index_type": info["index_type"], "search_params": info["search_params"], "index_tuning": info["index_tuning"],
+            "seconds": None, "peak_rss_mb": None, "base_rss_mb": None, "faiss_bytes": info["faiss_bytes"]}
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 1)
 
 
 def rss_mb(key: str = "VmRSS:") -> float:
@@ -288,12 +344,20 @@ def recall(found: Any, truth: Any, k: int) -> float:
 
 
 def measure_type(
-    index_dir: Path, queries: Any, truth: Any, k: int, precisions: list[str], texts: list[str], warmup: int
+    index_dir: Path, queries: Any, truth: Any, k: int, precisions: list[str], texts: list[str], warmup: int, cached: bool = False,
+    model: str | None = None,
 ) -> dict[str, Any]:
-
+    """Open ``index_dir`` as a reader does and time its single queries (and, for ``texts``, the
+    public text search at each precision, with ``model`` if given: the same weights as the
+    index's, checked by fingerprint); ``cached``: its FAISS file read through first."""
     from retrieval import ImageIndex
     from retrieval.index import MMAP_MIN_BYTES
 
+    cache_s = None
+    if cached:
+        manifest = ImageIndex.open(index_dir, mmap=True).manifest
+        if manifest.faiss is not None:
+            cache_s = read_through(index_dir / manifest.faiss.path, (index_dir / manifest.faiss.path).stat().st_size)
     gc.collect()
     rss0 = rss_mb()
     t0 = time.perf_counter()
@@ -302,13 +366,14 @@ def measure_type(
     out: dict[str, Any] = {
         **time_queries(_ids_of(type(index).search_ids, index, k), queries, truth, k, warmup, rss0, opened),
         "mmap": index.info()["faiss_bytes"] >= MMAP_MIN_BYTES,  # what open(mmap=None) did
+        "cache_read_seconds": None if cache_s is None else round(cache_s, 3),
     }
     del index
     for precision in precisions if texts else ():
         # The public call, on the index's own text path at this precision (what `search` and
         # `serve` run): tokenise, encode, search, paths.
         gc.collect()
-        index = ImageIndex.open(index_dir, device="cpu", precision=precision, query_cache=0)  # the texts repeat
+        index = ImageIndex.open(index_dir, model=model, device="cpu", precision=precision, query_cache=0)  # the texts repeat
         for text in texts[:warmup]:
             index.search(text, 10)
         e2e = []
@@ -412,6 +477,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work-dir", help="where to write indexes (default: a temp dir, removed)")
     parser.add_argument("--keep", type=Path, help="move each size's index directory here (as synthetic-N.idx) instead of "
                         "removing it, e.g. for bench_cold.py; on the work dir's file system, or it is copied")
+    parser.add_argument("--index", type=Path, help="measure this existing index directory (e.g. one kept by --keep, written "
+                        "from the same --clusters/--noise/--seed/--dim) instead of writing one; --sizes is then its count; "
+                        f"type {CURRENT!r} measures it as it stands, other types reindex it in place")
+    parser.add_argument("--cached", action="store_true", help="read each FAISS file through before its timed queries "
+                        "(in the page cache, as a long-running server's would be), ours and the peers'")
     parser.add_argument("--peer", type=peer_list, default=[], help=f"other tools to build and measure on the same vectors, "
                         f"comma-separated: {', '.join(PEERS)} (default: none; autofaiss: {AUTOFAISS_INSTALL})")
     parser.add_argument("--peer-query-time-ms", type=float, default=10.0,
@@ -428,13 +498,20 @@ def main(argv: list[str] | None = None) -> int:
             parse_memory(args.peer_memory_available)
     except InvalidArgumentError as exc:
         parser.error(str(exc))
+    sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
+    if args.index is not None:
+        if args.keep is not None:
+            parser.error("--keep moves an index this script wrote; --index measures one in place")
+        count = index_count(args.index, args.dim)
+        if isinstance(count, str):
+            parser.error(count)
+        sizes = [count]
     # A missing peer fails here, in a line, before the model, the vectors and our builds.
     for peer in args.peer:
         why = peer_missing(peer)
         if why is not None:
             print(f"bench_search: --peer {peer}: cannot import {peer} ({why}); install it with: {AUTOFAISS_INSTALL}", file=sys.stderr)
             return 1
-    sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
     types = [t.strip() for t in args.types.split(",") if t.strip()]
     e2e_types = {t.strip() for t in args.e2e.split(",") if t.strip()}
     spec = SyntheticSpec(clusters=args.clusters, noise=args.noise, seed=args.seed)
@@ -453,13 +530,18 @@ def main(argv: list[str] | None = None) -> int:
         texts = short_query_texts(args.warmup + args.text_queries) if args.text_queries else []
         queries = synthetic_queries(args.queries, args.dim, spec)
         for n in sizes:
-            out = work / f"synthetic-{n}.idx"
-            t0 = time.perf_counter()
-            # Beyond --flat-max a flat index would not fit in RAM: the write job finishes with a
-            # small placeholder index (every measured type is then built by reindex).
-            placeholder = "flat" if n <= args.flat_max else "IVF256,PQ8"
-            write = build_synthetic_index(out, encoder, n, spec, args.commit_every, index_type=placeholder)
-            write_s = time.perf_counter() - t0
+            write: dict[str, Any] | None = None
+            write_s = None
+            if args.index is not None:
+                out = args.index
+            else:
+                out = work / f"synthetic-{n}.idx"
+                t0 = time.perf_counter()
+                # Beyond --flat-max a flat index would not fit in RAM: the write job finishes with a
+                # small placeholder index (every measured type is then built by reindex).
+                placeholder = "flat" if n <= args.flat_max else "IVF256,PQ8"
+                write = build_synthetic_index(out, encoder, n, spec, args.commit_every, index_type=placeholder)
+                write_s = round(time.perf_counter() - t0, 1)
             t0 = time.perf_counter()
             truth = exact_truth(out, queries, args.k)
             truth_s = time.perf_counter() - t0
@@ -467,21 +549,28 @@ def main(argv: list[str] | None = None) -> int:
             for index_type in types:
                 if index_type == "flat" and n > args.flat_max:
                     continue
-                built = reindex_subprocess(out, index_type, args.max_memory, args.target_recall)
-                measured = measure_type(out, queries, truth, args.k, precisions, texts if index_type in e2e_types else [], args.warmup)
+                built = current_build(out) if index_type == CURRENT else reindex_subprocess(
+                    out, index_type, args.max_memory, args.target_recall)
+                measured = measure_type(
+                    out, queries, truth, args.k, precisions, texts if index_type in e2e_types else [], args.warmup, args.cached,
+                    str(model_dir))
                 rows.append({"type": index_type, "factory": built["index_type"], "search_params": built["search_params"],
                              "tuning": built["index_tuning"], "build_seconds": built["seconds"],
-                             "build_peak_rss_mb": round(built["peak_rss_mb"], 1),
-                             "build_rss_growth_mb": round(built["peak_rss_mb"] - built["base_rss_mb"], 1),
+                             "build_peak_rss_mb": _round(built["peak_rss_mb"]),
+                             "build_rss_growth_mb": _round(built["peak_rss_mb"] - built["base_rss_mb"]
+                                                           if built["peak_rss_mb"] is not None else None),
                              "faiss_bytes_per_vector": round(built["faiss_bytes"] / n, 1), **measured})
                 print(f"# {n:,} {index_type}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
             for peer in args.peer:
                 rows.append(peer_row(peer, out, work, n, queries, truth, args, max_memory_bytes))
                 print(f"# {n:,} {peer}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
             results.append(
-                {"n": n, "write_seconds": round(write_s, 1), "write": write, "exact_truth_seconds": round(truth_s, 1), "types": rows}
+                {"n": n, "write_seconds": write_s, "write": write, "index": None if args.index is None else str(args.index),
+                 "exact_truth_seconds": round(truth_s, 1), "types": rows}
             )
-            if args.keep is not None:
+            if args.index is not None:
+                pass  # the caller's index: never moved or removed
+            elif args.keep is not None:
                 args.keep.mkdir(parents=True, exist_ok=True)
                 shutil.move(out, args.keep / out.name)
             else:
@@ -497,6 +586,7 @@ def main(argv: list[str] | None = None) -> int:
         "max_memory": args.max_memory,
         "target_recall": args.target_recall,
         "peers": args.peer,
+        "cached": args.cached,
         "synthetic": {"clusters": spec.clusters, "noise": spec.noise, "seed": spec.seed},
         "sizes": results,
         "peak_rss_mb": round(peak_rss_mb(), 1),
@@ -516,11 +606,17 @@ def main(argv: list[str] | None = None) -> int:
             params = ",".join(f"{k}={v}" for k, v in t["search_params"].items()) or "-"
             e2e = t.get("end_to_end_ms", {})
             e2e_s = " ".join(f"{p} {v['p50']:.1f}/{v['p99']:.1f}" for p, v in e2e.items()) or "-"
-            print(f"{r['n']:>10,} {t['type']:<9} {t['factory']:<26} {params:<13} {t['build_seconds']:>8.1f} "
-                  f"{t['build_rss_growth_mb']:>7.0f} "
+            build_s = "-" if t["build_seconds"] is None else f"{t['build_seconds']:.1f}"
+            growth = "-" if t["build_rss_growth_mb"] is None else f"{t['build_rss_growth_mb']:.0f}"
+            print(f"{r['n']:>10,} {t['type']:<9} {t['factory']:<26} {params:<13} {build_s:>8} "
+                  f"{growth:>7} "
                   f"{t['faiss_bytes_per_vector']:>7.0f} {t['search_ms']['p50']:>8.3f}/{t['search_ms']['p99']:<9.3f} "
                   f"{t['recall_at_10']:>9.3f} {e2e_s:>34}")
     print("+MB: peak RSS growth of the build process (reindex, or the peer's) over its RSS after imports")
+    if CURRENT in types:
+        print(f"{CURRENT}: the index as it stood, not rebuilt: its build is not timed in this run (see its `tuning`)")
+    if args.cached:
+        print("--cached: each FAISS file was read through (into the page cache) before its timed queries")
     for r in results:
         for t in r["types"]:
             if t["type"] == "autofaiss":
