@@ -255,6 +255,21 @@ def _empty_refine(refine: Any) -> Any:
     return None
 
 
+def _over_empty_refine(base: Any, refine: Any) -> tuple[Any, Any]:
+    """``(IndexRefine(base, empty), empty)``: ``refine``'s ``k_factor`` over an empty stage of
+    its refine stage's kind (:func:`_empty_refine`) that claims ``base``'s count (FAISS's
+    constructor requires the two counts to agree). The wrapper borrows both stages."""
+    import faiss
+
+    empty = _empty_refine(refine.refine_index)
+    if empty is None:
+        raise ValueError("this index has no refine stage that can be written from a stream")
+    empty.ntotal = base.ntotal
+    view = faiss.IndexRefine(base, empty)
+    view.k_factor = float(refine.k_factor)
+    return view, empty
+
+
 def streams_refine(index: Any) -> bool:
     """Whether ``index`` has a refine stage that :func:`write_refined` can write from a stream
     (so that its vectors, the largest part of the file, never have to be held in RAM)."""
@@ -295,15 +310,12 @@ def write_refined(index: Any, path: str | os.PathLike[str], codes: Iterable[np.n
     import faiss
 
     refine = refine_of(index)
-    empty = _empty_refine(refine.refine_index) if refine is not None else None
-    if empty is None:
+    if refine is None:
         raise ValueError("this index has no refine stage that can be written from a stream")
     base = refine.base_index
     if int(base.ntotal) != rows:
         raise ValueError(f"the approximate stage holds {base.ntotal} vectors, not {rows}")
-    empty.ntotal = rows
-    view = faiss.IndexRefine(base, empty)  # borrows both stages (own_fields is false)
-    view.k_factor = float(refine.k_factor)
+    view, empty = _over_empty_refine(base, refine)  # the empty stage claims the rows spliced in below
     code_size = int(empty.sa_code_size())
     path = os.fspath(path)
     faiss.write_index(view, path)
@@ -369,10 +381,7 @@ def open_refined(path: str | os.PathLike[str], block_rows: int = 65536) -> tuple
     if int(base.ntotal) != rows or vectors is None or vectors[0] < 8:
         raise IndexFormatError(f"{path} is damaged (its stages disagree); rebuild it with `clipsearch reindex`")
     first = vectors[0]
-    empty = _empty_refine(refine.refine_index)
-    empty.ntotal = rows
-    index = faiss.IndexRefine(base, empty)
-    index.k_factor = float(refine.k_factor)
+    index, empty = _over_empty_refine(base, refine)
     empty.ntotal = 0
     # The wrapper owns both stages from here on (FAISS's pattern for indexes built in Python).
     index.own_fields = True

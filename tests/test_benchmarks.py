@@ -216,6 +216,34 @@ def test_bench_cold_on_a_kept_index(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert bench_cold.main([str(tmp_path / "nothing")]) == 1
     assert "bench_cold:" in capsys.readouterr().err
 
+    # The kept index measured again by bench_search --index: as it stands (type current, no
+    # rebuild), its file read through first, text search with a model of the same weights.
+    from retrieval import ImageIndex
+
+    before = ImageIndex.open(kept).info()
+    again = [*_PEER_ARGV, "--index", str(kept), "--types", "current", "--e2e", "current", "--text-queries", "2", "--cached"]
+    assert bench_search.main(again) == 0
+    out = capsys.readouterr().out
+    result = _json_line(out)
+    (size,) = result["sizes"]
+    (row,) = size["types"]
+    assert size["n"] == 2000 and size["index"] == str(kept) and size["write"] is None and result["cached"]
+    assert (row["type"], row["factory"], row["search_params"]) == ("current", before["index_type"], before["search_params"])
+    assert row["build_seconds"] is None and row["build_rss_growth_mb"] is None and row["cache_read_seconds"] >= 0
+    assert row["faiss_bytes_per_vector"] == round(before["faiss_bytes"] / 2000, 1) and 0 < row["recall_at_10"] <= 1
+    assert row["end_to_end_ms"]["fp32"]["p50"] > 0
+    assert ImageIndex.open(kept).info()["generation"] == before["generation"]  # not rebuilt, not moved
+    assert any(line.split()[:2] == ["2,000", "current"] and " - " in line for line in out.splitlines())
+    # Bad --index uses are usage errors in one line, before anything is built.
+    for argv, message in (
+        ([*_PEER_ARGV, "--index", str(tmp_path / "nothing")], "--index"),
+        ([*_PEER_ARGV, "--index", str(kept), "--keep", str(tmp_path / "k2")], "--index measures one in place"),
+        ([*_PEER_ARGV, "--index", str(kept), "--dim", "64"], "48-d vectors, not --dim 64"),
+    ):
+        with pytest.raises(SystemExit) as exc:
+            bench_search.main(argv)
+        assert exc.value.code == 2 and message in capsys.readouterr().err
+
 
 # A stand-in for autofaiss, put first on the subprocesses' PYTHONPATH: it reads the .npy folder
 # as autofaiss does (files sorted by name, vectors numbered in that order), records what it was
