@@ -138,10 +138,12 @@ def peer_missing(peer: str) -> str | None:
 
 def mem_available_bytes() -> int:
     """MemAvailable from /proc/meminfo in bytes: what autofaiss is told the machine has free."""
-    for line in Path("/proc/meminfo").read_text().splitlines():
-        if line.startswith("MemAvailable:"):
-            return int(line.split()[1]) * 1024
-    raise RuntimeError("no MemAvailable in /proc/meminfo")
+    from retrieval.faiss_index import available_memory
+
+    available = available_memory()
+    if not available:
+        raise RuntimeError("no MemAvailable in /proc/meminfo")
+    return available
 
 
 def export_npy(index_dir: Path, dest: Path, batch_rows: int = 65536) -> int:
@@ -357,7 +359,8 @@ def measure_type(
     if cached:
         manifest = ImageIndex.open(index_dir, mmap=True).manifest
         if manifest.faiss is not None:
-            cache_s = read_through(index_dir / manifest.faiss.path, (index_dir / manifest.faiss.path).stat().st_size)
+            faiss_file = index_dir / manifest.faiss.path
+            cache_s = read_through(faiss_file, faiss_file.stat().st_size)
     gc.collect()
     rss0 = rss_mb()
     t0 = time.perf_counter()

@@ -6,6 +6,7 @@ FAISS row i holds the image with id i; :mod:`retrieval.index` checks this on ope
 
 from __future__ import annotations
 
+import mmap as _mmap
 import os
 import re
 import struct
@@ -428,10 +429,9 @@ def _advise(path: str | os.PathLike[str], first: int, last: int, advice: int) ->
     """``madvise`` the pages holding bytes ``[first, last)`` of ``path`` in every mapping of it
     in this process; the bytes advised (0 where the platform has no ``madvise``)."""
     import ctypes
-    import mmap
 
     libc = ctypes.CDLL(None, use_errno=True)
-    page = mmap.PAGESIZE
+    page = _mmap.PAGESIZE
     done = 0
     for start, end, offset in _mappings(path):
         lo, hi = max(first, offset), min(last, offset + end - start)
@@ -468,19 +468,17 @@ def warm(index: Any, path: str | os.PathLike[str], vectors: bool | None = None) 
     (benchmarks/README.md): p50 46 ms as opened, 44 ms with the lists read, 2.1 ms with the
     whole file cached.
     """
-    import mmap
-
-    advice = getattr(mmap, "MADV_WILLNEED", None)
+    advice = getattr(_mmap, "MADV_WILLNEED", None)
     if advice is None:
         return 0
     size = Path(path).stat().st_size
     if vectors is None:
-        vectors = size <= _available_bytes() // 2
+        vectors = size <= available_memory() // 2
     return _advise(path, 0, size if vectors else _scanned_bytes(index, path), advice)
 
 
-def _available_bytes() -> int:
-    """The kernel's MemAvailable (0 where /proc/meminfo is missing)."""
+def available_memory() -> int:
+    """The kernel's MemAvailable in bytes (0 where /proc/meminfo is missing or lacks it)."""
     try:
         for line in Path("/proc/meminfo").read_text().splitlines():
             if line.startswith("MemAvailable:"):
@@ -521,7 +519,7 @@ def read(path: str | os.PathLike[str], mmap: bool = False) -> Any:
     except RuntimeError as exc:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unknown error"
         raise IndexFormatError(f"{path} is damaged ({first}); rebuild the index with `clipsearch index`") from exc
-    normal = getattr(__import__("mmap"), "MADV_NORMAL", None)
+    normal = getattr(_mmap, "MADV_NORMAL", None)
     if mmap and normal is not None:
         # FAISS maps the whole file MADV_RANDOM: no read-ahead, so a query scanning a cold IVF
         # list of ~300 KB faults its pages in one disk read at a time. Read-ahead is restored
