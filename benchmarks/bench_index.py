@@ -6,7 +6,7 @@ The baseline is what a hand-rolled script does: a plain loop of PIL open + ``CLI
 the same generated 640x480 photo-like JPEGs with a randomly initialised model (weights do not
 change speed). Prints one JSON line, then a readable table.
 
-    python benchmarks/bench_index.py [--preset vit-b-32|tiny] [--images 256] [--batch-size N]
+    python benchmarks/bench_index.py [--preset vit-b-32|vit-l-14|tiny] [--images 256] [--batch-size N]
         [--modes fp32,int8,bf16,auto] [--workers N] [--threads N] [--device cpu|cuda]
         [--unique N] [--baseline-images N]
 
@@ -165,7 +165,7 @@ def decode_per_core(files: list[Path], model_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"])
+    parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "vit-l-14", "tiny"])
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=None, help="default: the build's (64 on CPU, 512 on GPU)")
     parser.add_argument("--workers", type=int, default=None)

@@ -19,7 +19,7 @@ All run inside ``indexer.heap.retained_heap`` (freed memory kept for reuse), as 
 embeds; ``--system-malloc`` runs them with glibc's defaults instead (ONNX Runtime has its own
 arena either way).
 
-    python benchmarks/bench_int8.py [--preset vit-b-32|tiny] [--batch 32] [--reps 3] [--threads N]
+    python benchmarks/bench_int8.py [--preset vit-b-32|vit-l-14|tiny] [--batch 32] [--reps 3] [--threads N]
         [--system-malloc] [--open-clip]
 """
 
@@ -128,7 +128,7 @@ def _open_clip_rows(x: np.ndarray, reps: int) -> dict[str, dict]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"])
+    parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "vit-l-14", "tiny"])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
     parser.add_argument("--threads", type=int, default=None)

@@ -27,7 +27,7 @@ must stay free for code that only wants :data:`PRESETS`.
 
 Command line::
 
-    python -m retrieval.random_model OUT_DIR [--preset tiny|vit-b-32] [--seed 0]
+    python -m retrieval.random_model OUT_DIR [--preset tiny|vit-b-32|vit-l-14] [--seed 0]
 """
 
 from __future__ import annotations
@@ -56,7 +56,7 @@ from .errors import InvalidArgumentError
 PROCESSOR_LAYOUTS: tuple[str, ...] = ("hub", "processor")
 
 if TYPE_CHECKING:
-    from transformers import CLIPTokenizer
+    from transformers import CLIPConfig, CLIPTokenizer
 
 # OpenAI CLIP's vocabulary layout (mirrors open_clip.tokenizer.SimpleTokenizer): 256 byte
 # symbols, the same 256 with "</w>", 48,894 merges, then start-of-text and end-of-text.
@@ -151,6 +151,23 @@ PRESETS: dict[str, RandomClipSpec] = {
         text_heads=8,
         text_intermediate=2048,
         projection_dim=512,
+        max_length=77,
+    ),
+    # The shapes of openai/clip-vit-large-patch14 (428M parameters, ~1.7 GB in float32): ~19x
+    # the vision compute of ViT-B/32 per image (257 tokens of 1024 against 50 of 768), for
+    # telling a model-bound build from a feeding-bound one on a GPU.
+    "vit-l-14": RandomClipSpec(
+        image_size=224,
+        patch_size=14,
+        vision_hidden=1024,
+        vision_layers=24,
+        vision_heads=16,
+        vision_intermediate=4096,
+        text_hidden=768,
+        text_layers=12,
+        text_heads=12,
+        text_intermediate=3072,
+        projection_dim=768,
         max_length=77,
     ),
 }
@@ -309,6 +326,46 @@ def _resolve_spec(preset: str | RandomClipSpec) -> RandomClipSpec:
     raise InvalidArgumentError(f"preset must be a preset name or a RandomClipSpec, got {type(preset).__name__}")
 
 
+def clip_config(preset: str | RandomClipSpec) -> CLIPConfig:
+    """The ``CLIPConfig`` of a preset or spec, as :func:`make_random_clip` saves it.
+
+    Raises:
+        InvalidArgumentError: (a ``ValueError``) for an unknown preset.
+    """
+    from transformers import CLIPConfig
+
+    spec = _resolve_spec(preset)
+    text_config = {
+        "vocab_size": CLIP_VOCAB_SIZE,
+        "hidden_size": spec.text_hidden,
+        "intermediate_size": spec.text_intermediate,
+        "num_hidden_layers": spec.text_layers,
+        "num_attention_heads": spec.text_heads,
+        "max_position_embeddings": spec.max_length,
+        # transformers 5 builds CLIPTextModelWithProjection from text_config alone, so the
+        # projection width must be there too, not only at the top level.
+        "projection_dim": spec.projection_dim,
+        "bos_token_id": BOS_TOKEN_ID,
+        # Not 2 (the legacy value that switches CLIPTextTransformer to "argmax of input_ids"
+        # pooling): with 49407 it pools at the *first* end-of-text token, which stays right for
+        # batches padded with end-of-text (our pad token) and for added tokens.
+        "eos_token_id": EOS_TOKEN_ID,
+        # The model never reads pad_token_id; it is set to what the tokenizer pads with so that
+        # code padding by hand from the config agrees with the tokenizer (HF's default is 1).
+        "pad_token_id": EOS_TOKEN_ID,
+    }
+    vision_config = {
+        "hidden_size": spec.vision_hidden,
+        "intermediate_size": spec.vision_intermediate,
+        "num_hidden_layers": spec.vision_layers,
+        "num_attention_heads": spec.vision_heads,
+        "image_size": spec.image_size,
+        "patch_size": spec.patch_size,
+        "projection_dim": spec.projection_dim,  # see text_config: needed by the WithProjection class
+    }
+    return CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=spec.projection_dim)
+
+
 def make_random_clip(
     out_dir: str | os.PathLike[str],
     preset: str | RandomClipSpec = "tiny",
@@ -348,37 +405,9 @@ def make_random_clip(
     tokenizer = build_clip_tokenizer(spec.max_length)
 
     import torch
-    from transformers import CLIPConfig, CLIPImageProcessor, CLIPModel, CLIPProcessor
+    from transformers import CLIPImageProcessor, CLIPModel, CLIPProcessor
 
-    text_config = {
-        "vocab_size": CLIP_VOCAB_SIZE,
-        "hidden_size": spec.text_hidden,
-        "intermediate_size": spec.text_intermediate,
-        "num_hidden_layers": spec.text_layers,
-        "num_attention_heads": spec.text_heads,
-        "max_position_embeddings": spec.max_length,
-        # transformers 5 builds CLIPTextModelWithProjection from text_config alone, so the
-        # projection width must be there too, not only at the top level.
-        "projection_dim": spec.projection_dim,
-        "bos_token_id": BOS_TOKEN_ID,
-        # Not 2 (the legacy value that switches CLIPTextTransformer to "argmax of input_ids"
-        # pooling): with 49407 it pools at the *first* end-of-text token, which stays right for
-        # batches padded with end-of-text (our pad token) and for added tokens.
-        "eos_token_id": EOS_TOKEN_ID,
-        # The model never reads pad_token_id; it is set to what the tokenizer pads with so that
-        # code padding by hand from the config agrees with the tokenizer (HF's default is 1).
-        "pad_token_id": EOS_TOKEN_ID,
-    }
-    vision_config = {
-        "hidden_size": spec.vision_hidden,
-        "intermediate_size": spec.vision_intermediate,
-        "num_hidden_layers": spec.vision_layers,
-        "num_attention_heads": spec.vision_heads,
-        "image_size": spec.image_size,
-        "patch_size": spec.patch_size,
-        "projection_dim": spec.projection_dim,  # see text_config: needed by the WithProjection class
-    }
-    config = CLIPConfig(text_config=text_config, vision_config=vision_config, projection_dim=spec.projection_dim)
+    config = clip_config(spec)
 
     # fork_rng: seed the initialisation without changing the caller's global RNG state.
     with torch.random.fork_rng(devices=[]):

@@ -19,6 +19,7 @@ from retrieval.random_model import (
     RandomClipSpec,
     build_clip_tokenizer,
     clean_text_like_open_clip,
+    clip_config,
     main,
     make_random_clip,
 )
@@ -143,8 +144,29 @@ def test_presets_shapes() -> None:
         224, 32, 768, 12, 12,
     )
     assert (b32.text_hidden, b32.text_layers, b32.text_heads, b32.projection_dim) == (512, 12, 8, 512)
+    l14 = PRESETS["vit-l-14"]
+    assert (l14.image_size, l14.patch_size, l14.vision_hidden, l14.vision_layers, l14.vision_heads) == (
+        224, 14, 1024, 24, 16,
+    )
+    assert (l14.text_hidden, l14.text_layers, l14.text_heads, l14.projection_dim) == (768, 12, 12, 768)
     with pytest.raises(AttributeError):
         TINY.image_size = 32  # type: ignore[misc]  # frozen
+
+
+@pytest.mark.parametrize(
+    ("preset", "parameters"),
+    # Parameter counts of the Hub's openai/clip-vit-base-patch32 and openai/clip-vit-large-patch14.
+    [("vit-b-32", 151_277_313), ("vit-l-14", 427_616_513)],
+)
+def test_preset_configs_have_the_published_models_parameter_counts(preset: str, parameters: int) -> None:
+    import torch
+    from transformers import CLIPModel
+
+    with torch.device("meta"):  # shapes only: no memory, no initialisation
+        model = CLIPModel(clip_config(preset))
+    assert sum(p.numel() for p in model.parameters()) == parameters
+    with pytest.raises(ValueError, match="unknown preset"):
+        clip_config("vit-h-14")
 
 
 @pytest.mark.parametrize(

@@ -112,7 +112,7 @@ def register(subparsers: Subparsers) -> None:
     source.add_argument("--model", metavar="BASE", help="base checkpoint: Hugging Face hub id or local directory")
     source.add_argument(
         "--from-config", metavar="SPEC",
-        help="train from scratch: preset tiny|vit-b-32, or a JSON file of RandomClipSpec fields",
+        help="train from scratch: preset tiny|vit-b-32|vit-l-14, or a JSON file of RandomClipSpec fields",
     )
     p.add_argument(
         "--val", metavar="VAL.jsonl",
