@@ -20,6 +20,7 @@ from retrieval.encoders import HFClipEncoder, cpu
 from retrieval.encoders import int8 as I8
 from retrieval.encoders import precision as P
 from retrieval.encoders.int8 import Int8Linear, Int8PatchEmbedding, quantize_int8, quantize_rows
+from retrieval.encoders.numpy_text.int8 import activation_bits as text_activation_bits
 from retrieval.errors import InvalidArgumentError
 from retrieval.images import load_pixels
 
@@ -330,6 +331,9 @@ def test_cpu_level_decides_the_candidates_and_the_int8_range(
     assert P.auto_candidates(torch.device("cuda")) == ("fp16", "bf16")
     dot = level in ("avx_vnni", "avx512_vnni", "amx")
     assert I8.current_kernel().steps == (I8.FULL_STEPS if dot else I8.REDUCED_STEPS)
+    # The text tower's fbgemm has no AVX-VNNI kernels: 8-bit activations from AVX-512 VNNI up.
+    monkeypatch.delenv(cpu.FBGEMM_ENV, raising=False)
+    assert text_activation_bits() == (8 if level in ("avx512_vnni", "amx") else 7)
     # Other architectures: no int8 measured there, so fp32 and the safe range.
     monkeypatch.setattr(cpu.platform, "machine", lambda: "aarch64")
     assert cpu.cpu_level() == "none" and P.auto_candidates(torch.device("cpu")) == ()
@@ -338,8 +342,8 @@ def test_cpu_level_decides_the_candidates_and_the_int8_range(
 def test_the_environment_caps_the_level_and_refuses_an_unknown_one(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512_vnni", "amx_bf16", "amx_int8"}))
     monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
-    monkeypatch.delenv("ONEDNN_MAX_CPU_ISA", raising=False)
-    monkeypatch.delenv("DNNL_MAX_CPU_ISA", raising=False)
+    for name in ("ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA", cpu.FBGEMM_ENV):
+        monkeypatch.delenv(name, raising=False)
     for cap in cpu.LEVELS:
         monkeypatch.setenv(cpu.CAP_ENV, cap)
         assert cpu.cpu_level() == cap and cpu.detected_level() == "amx"
@@ -358,6 +362,12 @@ def test_the_environment_caps_the_level_and_refuses_an_unknown_one(monkeypatch: 
         assert (cpu.kernel_level(), cpu.cpu_level()) == (level, level), isa
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "DEFAULT")
     assert cpu.cpu_level() == "avx512_vnni"
+    # fbgemm's cap (the text tower's kernels) changes its activation range, not the level.
+    for isa, bits in (("AVX2", 7), ("avx512", 7), ("AVX512_256", 7), ("AVX512_E1", 8), ("AVX512_E1_256", 8), ("unknown", 8)):
+        monkeypatch.setenv(cpu.FBGEMM_ENV, isa)
+        assert (text_activation_bits(), cpu.cpu_level()) == (bits, "avx512_vnni"), isa
+    assert cpu.describe()["fbgemm_cap"] == "unknown"
+    monkeypatch.delenv(cpu.FBGEMM_ENV)
     monkeypatch.setenv(cpu.CAP_ENV, "avx-2")
     with pytest.raises(InvalidArgumentError, match="CLIPSEARCH_CPU_CAP='avx-2' is not a CPU level; use one of none, avx2"):
         cpu.cpu_level()

@@ -11,7 +11,9 @@ level            what clipsearch does there
                  7-bit activations (exact integer sums on any kernel)
 ``avx2``         int8 dot products only through 16-bit pair sums (``vpmaddubsw``, which
                  saturates): int8 with 7-bit activations, tried by ``auto``
-``avx_vnni``     int8 dot products (256-bit AVX-VNNI): int8 with 8-bit activations
+``avx_vnni``     int8 dot products (256-bit AVX-VNNI): int8 with 8-bit activations in the
+                 image tower (oneDNN); 7-bit in the numpy text tower, whose fbgemm kernels
+                 have none for AVX-VNNI (:func:`fbgemm_has_int8_dot`)
 ``avx512_vnni``  the same, 512-bit
 ``amx``          AMX tiles: bf16 and int8, bf16 tried first
 =============== ======================================================================
@@ -24,8 +26,12 @@ path is measured there), capped by:
 - ``ONEDNN_MAX_CPU_ISA`` / ``DNNL_MAX_CPU_ISA``: oneDNN's own cap. Where oneDNN is told to use
   AVX2 kernels, 8-bit activations would saturate in them, so that cap lowers the level too.
 
-To make this machine behave as an AVX2-only host in every respect (speed included), set both:
-``CLIPSEARCH_CPU_CAP=avx2 ONEDNN_MAX_CPU_ISA=AVX2``.
+- ``FBGEMM_ENABLE_INSTRUCTIONS``: fbgemm's own cap (the text tower's int8 products); its
+  non-VNNI kernels (``AVX2``, ``AVX512``, ``AVX512_256``) make that tower use 7-bit activations.
+
+To make this machine behave as an AVX2-only host in every respect (speed included), set:
+``CLIPSEARCH_CPU_CAP=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2`` (and, for
+torch's own vectorised loops and MKL, ``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2``).
 """
 
 from __future__ import annotations
@@ -142,6 +148,22 @@ def has_int8_dot() -> bool:
     return rank(cpu_level()) >= rank("avx_vnni")
 
 
+# fbgemm's ISA names (FBGEMM_ENABLE_INSTRUCTIONS, as fbgemm spells them) -> whether its uint8 x
+# int8 kernels for it have int8 dot products (vpdpbusd). fbgemm has kernels for AVX2, AVX-512
+# and AVX-512 VNNI only: on an AVX-VNNI CPU (no AVX-512) it runs the AVX2 ones, which sum pairs
+# in 16 bits with saturation. A name fbgemm does not know leaves its own choice in place.
+_FBGEMM_ISA_DOT = {"AVX2": False, "AVX512": False, "AVX512_256": False, "AVX512_E1": True, "AVX512_E1_256": True}
+FBGEMM_ENV = "FBGEMM_ENABLE_INSTRUCTIONS"
+
+
+def fbgemm_has_int8_dot() -> bool:
+    """Whether torch's fbgemm int8 kernels (the numpy text tower's) run here without 16-bit
+    saturation: AVX-512 VNNI or AMX after the caps, and fbgemm not told to use other kernels."""
+    if rank(cpu_level()) < rank("avx512_vnni"):
+        return False
+    return _FBGEMM_ISA_DOT.get(os.environ.get(FBGEMM_ENV, "").strip().upper(), True)
+
+
 def has_fast_int8() -> bool:
     """Int8 products faster than fp32 (AVX2 and up), after the caps."""
     return rank(cpu_level()) >= rank("avx2")
@@ -159,16 +181,20 @@ def describe() -> dict[str, str]:
         data["cap"] = os.environ[CAP_ENV]
     if _onednn_cap() is not None:
         data["onednn_cap"] = os.environ.get("ONEDNN_MAX_CPU_ISA") or os.environ.get("DNNL_MAX_CPU_ISA", "")
+    if os.environ.get(FBGEMM_ENV):
+        data["fbgemm_cap"] = os.environ[FBGEMM_ENV]
     return data
 
 
 __all__ = [
     "CAP_ENV",
+    "FBGEMM_ENV",
     "LEVELS",
     "cpu_flags",
     "cpu_level",
     "describe",
     "detected_level",
+    "fbgemm_has_int8_dot",
     "has_amx",
     "has_fast_int8",
     "has_int8_dot",

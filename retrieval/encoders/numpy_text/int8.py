@@ -13,9 +13,11 @@ with (tested), as per-row scales give the image tower. Per-row scales on this ke
 divided by their own maximum first) measured slower and no closer to fp32 on ViT-B/32 shapes;
 :mod:`retrieval.encoders.int8` (oneDNN, per row) measured ~1.5x slower for inputs of ~10 rows.
 
-Activations: 8-bit where the CPU has int8 dot products (VNNI); 7-bit elsewhere (fbgemm's
-``reduce_range``), since AVX2's ``vpmaddubsw`` sums pairs in 16 bits and saturates on 8-bit
-codes (:mod:`retrieval.encoders.cpu`, caps included).
+Activations: 8-bit where fbgemm's kernels have int8 dot products (AVX-512 VNNI, AMX); 7-bit
+elsewhere (fbgemm's ``reduce_range``), since AVX2's ``vpmaddubsw`` sums pairs in 16 bits and
+saturates on 8-bit codes. That includes AVX-VNNI CPUs (most recent laptops), where fbgemm,
+having no kernels for AVX-VNNI, runs its AVX2 ones (:func:`~retrieval.encoders.cpu.fbgemm_has_int8_dot`,
+caps included).
 
 torch is imported when an int8 tower is made (:func:`quantize_layer`, :func:`int8_refusal`),
 never by an fp32 query.
@@ -66,8 +68,8 @@ def int8_refusal() -> str | None:
 
 
 def activation_bits() -> int:
-    """8 where int8 dot products do not saturate (VNNI, AMX), else 7 (caps included)."""
-    return 8 if cpu.has_int8_dot() else 7
+    """8 where fbgemm's int8 products do not saturate (AVX-512 VNNI, AMX), else 7 (caps included)."""
+    return 8 if cpu.fbgemm_has_int8_dot() else 7
 
 
 @contextlib.contextmanager
