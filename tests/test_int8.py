@@ -6,6 +6,8 @@ from __future__ import annotations
 import copy
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +22,7 @@ from retrieval.encoders import HFClipEncoder, cpu
 from retrieval.encoders import int8 as I8
 from retrieval.encoders import precision as P
 from retrieval.encoders.int8 import Int8Linear, Int8PatchEmbedding, quantize_int8, quantize_rows
-from retrieval.encoders.numpy_text.int8 import activation_bits as text_activation_bits
+from retrieval.encoders.numpy_text import int8 as text_int8
 from retrieval.errors import InvalidArgumentError
 from retrieval.images import load_pixels
 
@@ -329,11 +331,14 @@ def test_cpu_level_decides_the_candidates_and_the_int8_range(
     assert cpu.cpu_level() == level
     assert P.auto_candidates(torch.device("cpu")) == candidates
     assert P.auto_candidates(torch.device("cuda")) == ("fp16", "bf16")
+    # 8-bit codes where the level has int8 dot products and this machine's kernel did not
+    # saturate on the probe (on an AVX2 host it does, whatever flags the test pretends).
     dot = level in ("avx_vnni", "avx512_vnni", "amx")
-    assert I8.current_kernel().steps == (I8.FULL_STEPS if dot else I8.REDUCED_STEPS)
+    full = dot and not I8.full_codes_saturate(I8._onednn_available())
+    assert I8.current_kernel().steps == (I8.FULL_STEPS if full else I8.REDUCED_STEPS)
     # The text tower's fbgemm has no AVX-VNNI kernels: 8-bit activations from AVX-512 VNNI up.
-    monkeypatch.delenv(cpu.FBGEMM_ENV, raising=False)
-    assert text_activation_bits() == (8 if level in ("avx512_vnni", "amx") else 7)
+    text_full = level in ("avx512_vnni", "amx") and not text_int8.full_inputs_saturate()
+    assert text_int8.activation_bits() == (8 if text_full else 7)
     # Other architectures: no int8 measured there, so fp32 and the safe range.
     monkeypatch.setattr(cpu.platform, "machine", lambda: "aarch64")
     assert cpu.cpu_level() == "none" and P.auto_candidates(torch.device("cpu")) == ()
@@ -362,15 +367,38 @@ def test_the_environment_caps_the_level_and_refuses_an_unknown_one(monkeypatch: 
         assert (cpu.kernel_level(), cpu.cpu_level()) == (level, level), isa
     monkeypatch.setenv("ONEDNN_MAX_CPU_ISA", "DEFAULT")
     assert cpu.cpu_level() == "avx512_vnni"
-    # fbgemm's cap (the text tower's kernels) changes its activation range, not the level.
-    for isa, bits in (("AVX2", 7), ("avx512", 7), ("AVX512_256", 7), ("AVX512_E1", 8), ("AVX512_E1_256", 8), ("unknown", 8)):
-        monkeypatch.setenv(cpu.FBGEMM_ENV, isa)
-        assert (text_activation_bits(), cpu.cpu_level()) == (bits, "avx512_vnni"), isa
-    assert cpu.describe()["fbgemm_cap"] == "unknown"
+    # fbgemm's cap is reported, not read as a level (the text tower probes its kernel instead:
+    # test_text_int8.test_fbgemm_on_its_avx2_kernels_gets_7_bit_inputs).
+    monkeypatch.setenv(cpu.FBGEMM_ENV, "AVX2")
+    assert cpu.cpu_level() == "avx512_vnni" and cpu.describe()["fbgemm_cap"] == "AVX2"
     monkeypatch.delenv(cpu.FBGEMM_ENV)
     monkeypatch.setenv(cpu.CAP_ENV, "avx-2")
     with pytest.raises(InvalidArgumentError, match="CLIPSEARCH_CPU_CAP='avx-2' is not a CPU level; use one of none, avx2"):
         cpu.cpu_level()
+
+
+def test_a_kernel_that_saturates_gets_7_bit_codes_whatever_the_level(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The probe itself: oneDNN told to use its AVX2 kernels (read once per process: a
+    # subprocess) saturates 8-bit codes on any x86; this machine's own kernels do not where
+    # the CPU has AVX-512 VNNI or AMX.
+    code = "from retrieval.encoders import int8; print(int8.full_codes_saturate(True))"
+    env = {k: v for k, v in os.environ.items() if k != cpu.CAP_ENV} | {"ONEDNN_MAX_CPU_ISA": "AVX2"}
+    if I8._onednn_available():
+        out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, timeout=120)
+        assert out.stdout.strip() == "True"
+    if cpu.detected_level() in ("avx512_vnni", "amx") and I8._onednn_available() and not os.environ.get("ONEDNN_MAX_CPU_ISA"):
+        assert I8.full_codes_saturate(True) is False
+    # Wiring: a level with int8 dot products and a kernel that saturated -> 7-bit codes.
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512_vnni"}))
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
+    for name in (cpu.CAP_ENV, "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(I8, "full_codes_saturate", lambda onednn: True)
+    monkeypatch.setattr(text_int8, "full_inputs_saturate", lambda: True)
+    assert I8.current_kernel().steps == I8.REDUCED_STEPS and text_int8.activation_bits() == 7
+    monkeypatch.setattr(I8, "full_codes_saturate", lambda onednn: False)
+    monkeypatch.setattr(text_int8, "full_inputs_saturate", lambda: False)
+    assert I8.current_kernel().steps == I8.FULL_STEPS and text_int8.activation_bits() == 8
 
 
 def test_auto_keeps_fp32_without_a_fast_int8_path_and_does_not_calibrate(

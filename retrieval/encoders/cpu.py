@@ -29,6 +29,10 @@ path is measured there), capped by:
 - ``FBGEMM_ENABLE_INSTRUCTIONS``: fbgemm's own cap (the text tower's int8 products); its
   non-VNNI kernels (``AVX2``, ``AVX512``, ``AVX512_256``) make that tower use 7-bit activations.
 
+Below the levels, each int8 kernel is tried once per process on a product built to saturate
+16-bit pair sums; one that does gets 7-bit activations whatever its level
+(:func:`retrieval.encoders.int8.full_codes_saturate`, ``numpy_text.int8.full_inputs_saturate``).
+
 To make this machine behave as an AVX2-only host in every respect (speed included), set:
 ``CLIPSEARCH_CPU_CAP=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2`` (and, for
 torch's own vectorised loops and MKL, ``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2``).
@@ -148,20 +152,16 @@ def has_int8_dot() -> bool:
     return rank(cpu_level()) >= rank("avx_vnni")
 
 
-# fbgemm's ISA names (FBGEMM_ENABLE_INSTRUCTIONS, as fbgemm spells them) -> whether its uint8 x
-# int8 kernels for it have int8 dot products (vpdpbusd). fbgemm has kernels for AVX2, AVX-512
-# and AVX-512 VNNI only: on an AVX-VNNI CPU (no AVX-512) it runs the AVX2 ones, which sum pairs
-# in 16 bits with saturation. A name fbgemm does not know leaves its own choice in place.
-_FBGEMM_ISA_DOT = {"AVX2": False, "AVX512": False, "AVX512_256": False, "AVX512_E1": True, "AVX512_E1_256": True}
+# fbgemm's own ISA cap (its AVX2, AVX512 and AVX512_256 kernels sum pairs in 16 bits).
 FBGEMM_ENV = "FBGEMM_ENABLE_INSTRUCTIONS"
 
 
 def fbgemm_has_int8_dot() -> bool:
-    """Whether torch's fbgemm int8 kernels (the numpy text tower's) run here without 16-bit
-    saturation: AVX-512 VNNI or AMX after the caps, and fbgemm not told to use other kernels."""
-    if rank(cpu_level()) < rank("avx512_vnni"):
-        return False
-    return _FBGEMM_ISA_DOT.get(os.environ.get(FBGEMM_ENV, "").strip().upper(), True)
+    """Whether torch's fbgemm int8 kernels (the numpy text tower's) have int8 dot products at
+    this level: AVX-512 VNNI or AMX after the caps. fbgemm has kernels for AVX2, AVX-512 and
+    AVX-512 VNNI only, so an AVX-VNNI CPU runs its AVX2 ones, which saturate 16-bit pair sums.
+    (Its own cap, :data:`FBGEMM_ENV`, is caught by the text tower's probe of the kernel.)"""
+    return rank(cpu_level()) >= rank("avx512_vnni")
 
 
 def has_fast_int8() -> bool:

@@ -90,10 +90,30 @@ class Int8Kernel:
 
 def current_kernel() -> Int8Kernel:
     """The kernel for this CPU (:mod:`retrieval.encoders.cpu`, caps applied): 8-bit activations
-    only where int8 dot products do not saturate."""
+    only where the level has int8 dot products and the kernel, tried once, did not saturate
+    (:func:`full_codes_saturate`)."""
     from . import cpu
 
-    return Int8Kernel(onednn=_onednn_available(), steps=FULL_STEPS if cpu.has_int8_dot() else REDUCED_STEPS)
+    onednn = _onednn_available()
+    full = cpu.has_int8_dot() and not full_codes_saturate(onednn)
+    return Int8Kernel(onednn=onednn, steps=FULL_STEPS if full else REDUCED_STEPS)
+
+
+@functools.lru_cache(maxsize=2)
+def full_codes_saturate(onednn: bool) -> bool:
+    """Whether this process's int8 product (oneDNN's, else ``torch._int_mm``) saturates with
+    8-bit codes: measured once on a product built to overflow 16-bit pair sums (codes 254,
+    weights 127: pairs of 64,516), so that a kernel without int8 dot products is caught whatever
+    the CPU tables say (a new CPU, a kernel library told to use other instructions)."""
+    layer = nn.Linear(64, 16, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    try:
+        with torch.inference_mode():
+            out = Int8Linear(layer, kernel=Int8Kernel(onednn=onednn, steps=FULL_STEPS))(torch.ones(2, 64))
+    except RuntimeError:
+        return True  # the kernel cannot run at all: never choose it for 8-bit codes
+    return not bool(torch.allclose(out, torch.full_like(out, 64.0), rtol=1e-3))
 
 
 def _shifted_row_codes(
@@ -453,4 +473,13 @@ def quantize_int8(module: Any, kernel: Int8Kernel | None = None) -> Any:
     return root
 
 
-__all__ = ["Int8Linear", "Int8PatchEmbedding", "Int8SelfAttention", "quantize_int8", "quantize_rows", "quantize_weight"]
+__all__ = [
+    "Int8Linear",
+    "Int8PatchEmbedding",
+    "Int8SelfAttention",
+    "current_kernel",
+    "full_codes_saturate",
+    "quantize_int8",
+    "quantize_rows",
+    "quantize_weight",
+]

@@ -68,8 +68,22 @@ def int8_refusal() -> str | None:
 
 
 def activation_bits() -> int:
-    """8 where fbgemm's int8 products do not saturate (AVX-512 VNNI, AMX), else 7 (caps included)."""
-    return 8 if cpu.fbgemm_has_int8_dot() else 7
+    """8 where fbgemm's int8 products do not saturate (AVX-512 VNNI, AMX, caps included, and
+    :func:`full_inputs_saturate` says no), else 7."""
+    return 8 if cpu.fbgemm_has_int8_dot() and not full_inputs_saturate() else 7
+
+
+@functools.lru_cache(maxsize=1)
+def full_inputs_saturate() -> bool:
+    """Whether fbgemm's product saturates 8-bit inputs in this process: measured once on one
+    built to overflow 16-bit pair sums (inputs 255, weights 127), so that AVX2 kernels are caught
+    whatever the CPU tables say."""
+    probe = DenseLinear(np.ones((64, 16), dtype=np.float32), np.zeros(16, dtype=np.float32))
+    try:
+        out = Int8DynamicLinear(probe, reduce_range=False)(np.ones((2, 64), dtype=np.float32))
+    except Exception:  # noqa: BLE001 - a kernel that cannot run is never chosen for 8 bits
+        return True
+    return not bool(np.allclose(out, 64.0, rtol=1e-3))
 
 
 @contextlib.contextmanager
