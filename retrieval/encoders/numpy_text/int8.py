@@ -17,7 +17,9 @@ Activations: 8-bit where fbgemm's kernels have int8 dot products (AVX-512 VNNI, 
 elsewhere (fbgemm's ``reduce_range``), since AVX2's ``vpmaddubsw`` sums pairs in 16 bits and
 saturates on 8-bit codes. That includes AVX-VNNI CPUs (most recent laptops), where fbgemm,
 having no kernels for AVX-VNNI, runs its AVX2 ones (:func:`~retrieval.encoders.cpu.fbgemm_has_int8_dot`,
-caps included).
+caps included); and wherever the kernel, tried once on inputs built to saturate, does
+(:func:`full_inputs_saturate`: fbgemm capped by ``FBGEMM_ENABLE_INSTRUCTIONS``, a CPU the
+tables get wrong).
 
 torch is imported when an int8 tower is made (:func:`quantize_layer`, :func:`int8_refusal`),
 never by an fp32 query.
