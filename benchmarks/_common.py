@@ -87,3 +87,59 @@ def read_through(path: Path, length: int) -> float:
                 break
             left -= len(got)
     return time.perf_counter() - t0
+
+
+class StackSampler:
+    """Where a process's Python threads spend their time: every ``interval`` seconds a daemon
+    thread records each other thread's stack (``sys._current_frames``), as a poor man's py-spy
+    that needs no ptrace. Time inside C (a kernel launch, nvJPEG, a lock) counts against the
+    Python line that called it, which is what tells a feeding-bound process where it waits.
+
+    Use as a context manager; :meth:`write` saves collapsed stacks (``thread;outer;...;inner
+    count``, the input of flame-graph tools), most frequent first.
+    """
+
+    def __init__(self, interval: float = 0.01, depth: int = 32) -> None:
+        import collections
+        import threading
+
+        if interval <= 0 or depth < 1:
+            raise ValueError("interval must be > 0 and depth >= 1")
+        self.interval = interval
+        self.depth = depth
+        self.samples = 0
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="stack-sampler", daemon=True)
+
+    def __enter__(self) -> StackSampler:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._thread.join()
+
+    def _run(self) -> None:
+        import threading
+
+        me = threading.get_ident()
+        while not self._stop.wait(self.interval):
+            names = {t.ident: t.name for t in threading.enumerate()}
+            for ident, frame in sys._current_frames().items():
+                if ident == me:
+                    continue
+                stack: list[str] = []
+                f = frame
+                while f is not None and len(stack) < self.depth:
+                    stack.append(f"{Path(f.f_code.co_filename).name}:{f.f_code.co_name}:{f.f_lineno}")
+                    f = f.f_back
+                self.counts[";".join([names.get(ident, str(ident)), *reversed(stack)])] += 1
+            self.samples += 1
+
+    def write(self, path: Path) -> Path:
+        """Collapsed stacks to ``path`` (parents made), most frequent first; returns ``path``."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lines = [f"{stack} {count}" for stack, count in self.counts.most_common()]
+        path.write_text("\n".join(lines) + ("\n" if lines else ""))
+        return path

@@ -8,7 +8,7 @@ change speed). Prints one JSON line, then a readable table.
 
     python benchmarks/bench_index.py [--preset vit-b-32|vit-l-14|tiny] [--images 256] [--batch-size N]
         [--modes fp32,int8,bf16,auto] [--workers N] [--threads N] [--device cpu|cuda]
-        [--unique N] [--baseline-images N]
+        [--unique N] [--baseline-images N] [--sample-stacks DIR]
 
 On a GPU, where thousands of images pass per second, ``--unique`` generates fewer distinct
 photos (in parallel) and fills the rest with copies; the quality gate then compares the distinct
@@ -19,6 +19,7 @@ first N files only (it runs at a small fraction of the speed); its images/s is s
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -27,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, machine_facts, peak_rss_mb
+from _common import ROOT, StackSampler, machine_facts, peak_rss_mb
 
 sys.path.insert(0, str(ROOT / "tests"))
 
@@ -175,6 +176,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--baseline-images", type=int, default=None, help="time the naive loop on this many files")
     parser.add_argument("--modes", default="fp32,int8,bf16,auto",
                         help="precision modes to run (fp32 is always run first; auto is the default of a new index)")
+    parser.add_argument("--sample-stacks", type=Path, default=None, metavar="DIR",
+                        help="write where each build's Python threads spent their time to DIR/stacks-MODE.txt "
+                             "(collapsed stacks, sampled every 10 ms)")
     args = parser.parse_args(argv)
 
     from retrieval.encoders.precision import gate
@@ -200,7 +204,8 @@ def main(argv: list[str] | None = None) -> int:
         ref = None
         for mode in modes:
             out = tmp_path / f"idx-{mode}"
-            r = run_ours(model_dir, tmp_path / "photos", out, args.batch_size, args.workers, args.threads, args.device, mode)
+            with StackSampler() if args.sample_stacks else contextlib.nullcontext() as sampler:
+                r = run_ours(model_dir, tmp_path / "photos", out, args.batch_size, args.workers, args.threads, args.device, mode)
             vectors = embeddings(out, distinct)
             if ref is None:
                 ref = vectors
@@ -215,6 +220,10 @@ def main(argv: list[str] | None = None) -> int:
                 "model_images_per_second": round(r["embedded"] / r["encode_seconds"], 2) if r["encode_seconds"] else None,
                 "gate": gate(mode, ref, vectors).to_dict() if mode != "fp32" else None,
             }
+            if sampler is not None:
+                path = sampler.write(args.sample_stacks / f"stacks-{mode}.txt")
+                runs[mode]["stack_samples"] = {"file": str(path), "samples": sampler.samples}
+                print(f"stacks of the {mode} build: {path} ({sampler.samples} samples)", file=sys.stderr)
         ours_rss = peak_rss_mb()
         base_files = files[: args.baseline_images] if args.baseline_images else files
         # The naive loop at the build's batch size.

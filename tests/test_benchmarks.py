@@ -361,14 +361,48 @@ def test_bench_index_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["baseline_images_per_second"] > 0 and "(default: " in out
 
 
-def test_bench_index_copies_and_baseline_subset(capsys: pytest.CaptureFixture[str]) -> None:
+def test_bench_index_copies_and_baseline_subset(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     argv = ["--preset", "tiny", "--images", "10", "--unique", "4", "--baseline-images", "3", "--batch-size", "4",
-            "--modes", "bf16", "--workers", "0"]
+            "--modes", "bf16", "--workers", "0", "--sample-stacks", str(tmp_path / "stacks")]
     assert bench_index.main(argv) == 0
-    result = _json_line(capsys.readouterr().out)
+    captured = capsys.readouterr()
+    result = _json_line(captured.out)
     assert (result["images"], result["unique_images"], result["baseline_images"]) == (10, 4, 3)
     # The gate compares the distinct images only: copies would tie in the top-10.
     assert result["modes"]["bf16"]["gate"]["samples"] == 4
+    # Each build's threads sampled: collapsed stacks, main thread through build_index.
+    for mode in ("fp32", "bf16"):
+        stacks = result["modes"][mode]["stack_samples"]
+        assert stacks["file"] == str(tmp_path / "stacks" / f"stacks-{mode}.txt") and f"stacks of the {mode} build" in captured.err
+        lines = Path(stacks["file"]).read_text().splitlines()
+        counts = [int(line.rsplit(" ", 1)[1]) for line in lines]
+        assert stacks["samples"] >= 1 and sum(counts) >= stacks["samples"] and counts == sorted(counts, reverse=True)
+        assert any(line.startswith("MainThread;") and ":build_index:" in line for line in lines)
+
+
+def test_stack_sampler_sees_a_thread_where_it_waits(tmp_path: Path) -> None:
+    import threading
+
+    from _common import StackSampler
+
+    release = threading.Event()
+
+    def parked_here() -> None:
+        release.wait(60)
+
+    worker = threading.Thread(target=parked_here, name="parked")
+    with StackSampler(interval=0.001) as sampler:
+        worker.start()
+        for _ in range(60_000):  # until the parked thread has been sampled (at most ~60 s)
+            if any(";parked_here:" in stack for stack in list(sampler.counts)):  # list(): one atomic copy
+                break
+            release.wait(0.001)
+        release.set()
+        worker.join()
+    text = sampler.write(tmp_path / "s.txt").read_text()
+    assert any(line.startswith("parked;") and "test_benchmarks.py:parked_here:" in line for line in text.splitlines())
+    with pytest.raises(ValueError):
+        StackSampler(interval=0)
 
 
 def test_synthetic_queries_share_the_clusters_but_not_the_vectors() -> None:
