@@ -153,7 +153,7 @@ PRESETS: dict[str, RandomClipSpec] = {
         projection_dim=512,
         max_length=77,
     ),
-    # The shapes of openai/clip-vit-large-patch14 (428M parameters, ~1.7 GB in float32): ~19x
+    # The shapes of openai/clip-vit-large-patch14 (428M parameters, ~1.7 GB in float32): ~18x
     # the vision compute of ViT-B/32 per image (257 tokens of 1024 against 50 of 768), for
     # telling a model-bound build from a feeding-bound one on a GPU.
     "vit-l-14": RandomClipSpec(
