@@ -15,12 +15,18 @@ between each of the first images embedded alone and in the batch; 0 means bit-id
   image per call (batch-free that way); only when ``onnxruntime`` and ``onnx`` are installed
   (they are not dependencies of clipsearch).
 
+``--products`` adds one row per distinct ``nn.Linear`` shape of the tower (rows = batch x tokens):
+fp32's product (``F.linear``) against clipsearch's int8 product alone (as ``Int8Linear`` calls its
+kernel, on codes made beforehand) and against the whole ``Int8Linear`` (quantising the input per
+row, the product, dequantising). The product's ratio bounds what int8 can give on this CPU: on
+AVX2 (``vpmaddubsw``) it stays near 2x fp32's, whatever the code around it does.
+
 All run inside ``indexer.heap.retained_heap`` (freed memory kept for reuse), as ``build_index``
 embeds; ``--system-malloc`` runs them with glibc's defaults instead (ONNX Runtime has its own
 arena either way).
 
     python benchmarks/bench_int8.py [--preset vit-b-32|vit-l-14|tiny] [--batch 32] [--reps 3] [--threads N]
-        [--system-malloc] [--open-clip]
+        [--system-malloc] [--open-clip] [--products]
 """
 
 from __future__ import annotations
@@ -126,6 +132,47 @@ def _open_clip_rows(x: np.ndarray, reps: int) -> dict[str, dict]:
     return _measure({"open_clip fp32": runner(model), "open_clip int8 per-row": runner(quantize_int8(model))}, x, reps)
 
 
+def _product_rows(model, rows: int, reps: int, kernel) -> list[dict]:
+    """Each distinct linear shape of ``model`` timed alone on ``rows`` rows (best of ``reps``)."""
+    import torch
+    import torch.nn.functional as F
+
+    from retrieval.encoders.int8 import Int8Linear, _shifted_row_codes
+
+    shapes: dict[tuple[int, int], torch.nn.Linear] = {}
+    for module in model.vision_model.encoder.modules():
+        if isinstance(module, torch.nn.Linear):
+            shapes.setdefault((module.in_features, module.out_features), module)
+    hidden = model.config.hidden_size
+    fused = torch.nn.Linear(hidden, 3 * hidden)  # q, k and v run as one product in int8 (and here in fp32)
+    shapes.setdefault((hidden, 3 * hidden), fused)
+
+    def best(run: Callable[[], object]) -> float:
+        run()
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            run()
+            times.append(time.perf_counter() - t0)
+        return min(times)
+
+    out = []
+    generator = torch.Generator().manual_seed(0)
+    for (k, n), linear in sorted(shapes.items()):
+        x = torch.randn(rows, k, generator=generator)
+        int8 = Int8Linear(linear, kernel=kernel)
+        with torch.inference_mode():
+            shifted = _shifted_row_codes(x.clone(), steps=kernel.steps)[0].contiguous()
+            fp32 = best(lambda: F.linear(x, linear.weight, linear.bias))  # noqa: B023 - called in this iteration
+            product = best(lambda: int8._scaled_product(shifted))  # noqa: B023
+            whole = best(lambda: int8(x))  # noqa: B023
+        ops = 2.0 * rows * k * n
+        out.append({"in": k, "out": n, "rows": rows, "fp32_gflops": round(ops / fp32 / 1e9, 1),
+                    "int8_product_gops": round(ops / product / 1e9, 1), "int8_layer_gops": round(ops / whole / 1e9, 1),
+                    "product_x_fp32": round(fp32 / product, 2), "layer_x_fp32": round(fp32 / whole, 2)})
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "vit-l-14", "tiny"])
@@ -135,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--system-malloc", action="store_true", help="do not keep freed memory for reuse")
     parser.add_argument("--open-clip", action="store_true",
                         help="also open_clip's ViT-B-32 (random weights) in fp32 and per-row int8 (fp32 is its own reference)")
+    parser.add_argument("--products", action="store_true",
+                        help="also time each linear layer shape alone: fp32 product, int8 product, whole Int8Linear")
     args = parser.parse_args(argv)
 
     import contextlib
@@ -186,6 +235,8 @@ def _run(args: argparse.Namespace, heap: bool) -> int:
             runners["int8 per-row, 7-bit codes"] = torch_runner(quantize_int8(model, replace(kernel, steps=REDUCED_STEPS)))
         runners.update(_onnx_runners(model, x, tmp, threads))
         results = _measure(runners, x, args.reps)
+        tokens = (size // model.config.patch_size) ** 2 + 1
+        products = _product_rows(model, args.batch * tokens, args.reps, kernel) if args.products else []
         if args.open_clip:
             results.update(_open_clip_rows(x if size == 224 else np.random.default_rng(0).normal(
                 size=(args.batch, 3, 224, 224)).astype(np.float32), args.reps))
@@ -194,12 +245,20 @@ def _run(args: argparse.Namespace, heap: bool) -> int:
         r["x_fp32"] = round(r["images_per_second"] / (results["open_clip fp32"]["images_per_second"]
                                                       if name.startswith("open_clip") else base), 2)
     print(json.dumps({"bench": "int8", "date": time.strftime("%Y-%m-%d"), "preset": args.preset, "batch": args.batch,
-                      "threads": threads, "retained_heap": heap, "results": results, "machine": machine_facts()}))
+                      "threads": threads, "retained_heap": heap, "results": results, "products": products,
+                      "machine": machine_facts()}))
     print()
     print(f"{'vision tower':<28}{'images/s':>10}{'x fp32':>8}{'mean cos':>10}{'min cos':>10}{'moves with batch':>18}")
     for name, r in results.items():
         print(f"{name:<28}{r['images_per_second']:>10.1f}{r['x_fp32']:>8.2f}{r['mean_cosine']:>10.6f}"
               f"{r['min_cosine']:>10.6f}{r['batch_dependence']:>18.2e}")
+    if products:
+        print()
+        print(f"{'linear layer (rows x in -> out)':<34}{'fp32 GFLOP/s':>14}{'int8 product':>14}{'x fp32':>8}"
+              f"{'int8 layer':>12}{'x fp32':>8}")
+        for p in products:
+            print(f"{p['rows']} x {p['in']} -> {p['out']:<20}{p['fp32_gflops']:>14.1f}{p['int8_product_gops']:>14.1f}"
+                  f"{p['product_x_fp32']:>8.2f}{p['int8_layer_gops']:>12.1f}{p['layer_x_fp32']:>8.2f}")
     level = machine_facts()["cpu_level"]
     print(f"({args.preset}, batch {args.batch} of random pixels, {threads} threads, best of {args.reps}, "
           f"{'freed memory kept for reuse' if heap else 'glibc malloc defaults'}; CPU level {level['level']}, "

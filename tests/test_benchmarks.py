@@ -350,6 +350,27 @@ def test_bench_int8_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     ours = results["int8 per-row (clipsearch)"]
     assert ours["batch_dependence"] == 0.0 and ours["mean_cosine"] > 0.999
     assert "moves with batch" in out
+    assert _json_line(out)["products"] == [] and "int8 product" not in out  # only with --products
+
+
+def test_bench_int8_products_time_every_linear_shape(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--preset", "tiny", "--batch", "2", "--reps", "1", "--threads", "1", "--products"]
+    assert bench_int8.main(argv) == 0
+    out = capsys.readouterr().out
+    products = _json_line(out)["products"]
+    from retrieval.random_model import clip_config
+
+    vision = clip_config("tiny").vision_config
+    hidden, inner = vision.hidden_size, vision.intermediate_size
+    tokens = (vision.image_size // vision.patch_size) ** 2 + 1
+    # Every encoder shape once, with q/k/v's fused product: what the int8 tower multiplies.
+    assert sorted((p["in"], p["out"]) for p in products) == sorted(
+        {(hidden, hidden), (hidden, 3 * hidden), (hidden, inner), (inner, hidden)})
+    for p in products:
+        assert p["rows"] == 2 * tokens
+        assert p["fp32_gflops"] > 0 and p["int8_product_gops"] > 0 and p["int8_layer_gops"] > 0
+        assert p["product_x_fp32"] == pytest.approx(p["int8_product_gops"] / p["fp32_gflops"], rel=0.05, abs=0.01)
+    assert "int8 product" in out
 
 
 def test_bench_index_smoke(capsys: pytest.CaptureFixture[str]) -> None:
