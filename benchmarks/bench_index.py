@@ -8,12 +8,17 @@ change speed). Prints one JSON line, then a readable table.
 
     python benchmarks/bench_index.py [--preset vit-b-32|vit-l-14|tiny] [--images 256] [--batch-size N]
         [--modes fp32,int8,bf16,auto] [--workers N] [--threads N] [--device cpu|cuda]
-        [--unique N] [--baseline-images N] [--sample-stacks DIR]
+        [--unique N] [--baseline-images N] [--sample-stacks DIR] [--steady]
 
 On a GPU, where thousands of images pass per second, ``--unique`` generates fewer distinct
 photos (in parallel) and fills the rest with copies; the quality gate then compares the distinct
 images only (copies would tie in the top-10). ``--baseline-images`` times the naive loop on the
 first N files only (it runs at a small fraction of the speed); its images/s is still per image.
+
+``--steady`` also runs every pipeline (each mode and the naive loop) on the first half of its
+files and reports the marginal rate, (N - N/2) / (t(N) - t(N/2)): the steady-state speed of a
+long build, without the costs paid once per run (model load, weights fingerprint, ``auto``'s
+calibration, FAISS set-up), which a whole-run figure on a few hundred images still carries.
 """
 
 from __future__ import annotations
@@ -53,12 +58,20 @@ def run_baseline(model_dir: Path, files: list[Path], batch_size: int, device: st
 
 
 def run_ours(model_dir: Path, photos: Path, out: Path, batch_size: int | None, workers: int | None, threads: int | None,
-             device: str, precision: str | None) -> dict:
+             device: str, precision: str | None, files: list[str] | None = None) -> dict:
     from indexer import build_index
 
     shutil.rmtree(out, ignore_errors=True)
     return build_index(photos, out, model=str(model_dir), batch_size=batch_size, workers=workers, threads=threads,
-                       device=device, precision=precision).to_dict()
+                       device=device, precision=precision, files=files).to_dict()
+
+
+def marginal_rate(n_all: int, seconds_all: float, n_part: int, seconds_part: float) -> float | None:
+    """Images per second between a run on ``n_part`` images and one on ``n_all`` (fixed costs
+    cancel); None where the longer run was not slower (noise larger than the work)."""
+    if n_all <= n_part or seconds_all <= seconds_part:
+        return None
+    return (n_all - n_part) / (seconds_all - seconds_part)
 
 
 def embeddings(index_dir: Path, names: set[str] | None = None):
@@ -179,7 +192,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--sample-stacks", type=Path, default=None, metavar="DIR",
                         help="write where each build's Python threads spent their time to DIR/stacks-MODE.txt "
                              "(collapsed stacks, sampled every 10 ms)")
+    parser.add_argument("--steady", action="store_true",
+                        help="also run each pipeline on half the files and report the marginal (steady-state) rate")
     args = parser.parse_args(argv)
+    if args.steady and args.images < 4:
+        parser.error("--steady needs --images >= 4 (it also runs on half of them)")
 
     from retrieval.encoders.precision import gate
     from retrieval.random_model import make_random_clip
@@ -220,6 +237,13 @@ def main(argv: list[str] | None = None) -> int:
                 "model_images_per_second": round(r["embedded"] / r["encode_seconds"], 2) if r["encode_seconds"] else None,
                 "gate": gate(mode, ref, vectors).to_dict() if mode != "fp32" else None,
             }
+            if args.steady:
+                half = [f.name for f in files[: len(files) // 2]]
+                part = run_ours(model_dir, tmp_path / "photos", tmp_path / f"half-{mode}", args.batch_size, args.workers,
+                                args.threads, args.device, mode, files=half)
+                rate = marginal_rate(len(files), r["seconds"], len(half), part["seconds"])
+                runs[mode]["steady"] = {"half_images": len(half), "half_seconds": part["seconds"],
+                                        "images_per_second": None if rate is None else round(rate, 2)}
             if sampler is not None:
                 path = sampler.write(args.sample_stacks / f"stacks-{mode}.txt")
                 runs[mode]["stack_samples"] = {"file": str(path), "samples": sampler.samples}
@@ -229,12 +253,20 @@ def main(argv: list[str] | None = None) -> int:
         # The naive loop at the build's batch size.
         batch_size = next(iter(runs.values()))["batch_size"]
         base_s = run_baseline(model_dir, base_files, batch_size, args.device)
+        base_half = base_files[: len(base_files) // 2]
+        base_half_s = run_baseline(model_dir, base_half, batch_size, args.device) if args.steady else None
         flops = flops_per_image(model_dir)
 
     base_ips = len(base_files) / base_s
+    base_steady = (marginal_rate(len(base_files), base_s, len(base_half), base_half_s)
+                   if base_half_s is not None else None)
     peak = cpu_peak_gflops()
     for run in runs.values():
         run["speedup"] = round(run["images_per_second"] / base_ips, 3)
+        steady = run.get("steady")
+        if steady is not None:
+            ok = steady["images_per_second"] is not None and base_steady is not None
+            steady["speedup"] = round(steady["images_per_second"] / base_steady, 3) if ok else None
         mips = run["model_images_per_second"]
         run["model_gflops"] = round(flops * mips / 1e9, 1) if mips else None
         run["end_to_end_gflops"] = round(flops * run["images_per_second"] / 1e9, 1)
@@ -251,6 +283,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline_images": len(base_files),
         "baseline_images_per_second": round(base_ips, 2),
         "baseline_seconds": round(base_s, 3),
+        "baseline_steady_images_per_second": None if base_steady is None else round(base_steady, 2),
         "gflop_per_image": round(flops / 1e9, 3),
         "cpu_peak": peak,
         "decode_images_per_second_per_core": decode,
@@ -276,6 +309,17 @@ def main(argv: list[str] | None = None) -> int:
               f"{run['model_gflops'] or 0:>9.1f}{run['speedup']:>8.2f}x  {gate_text}")
     print(f"{'naive CLIPProcessor loop':<46}{base_ips:>10.2f}{base_s:>9.2f}{'':>13}{'':>9}{1:>8.2f}x"
           + (f"  ({len(base_files)} images)" if len(base_files) != len(files) else ""))
+    if args.steady:
+        print()
+        print(f"steady state: marginal rate between {len(files) // 2} and {len(files)} images "
+              f"(naive loop: {len(base_half)} and {len(base_files)})")
+        for mode, run in runs.items():
+            st = run["steady"]
+            rate = "noise" if st["images_per_second"] is None else f"{st['images_per_second']:.2f}"
+            ratio = "" if st["speedup"] is None else f"{st['speedup']:.2f}x"
+            print(f"{'build_index --precision ' + mode:<46}{rate:>10}{ratio:>40}")
+        rate = "noise" if base_steady is None else f"{base_steady:.2f}"
+        print(f"{'naive CLIPProcessor loop':<46}{rate:>10}{'1.00x':>40}")
     if result["gpu"]:
         g = result["gpu"]
         print(f"{flops / 1e9:.2f} GFLOP per image; {g['gpu']} ({g['multiprocessors']} SMs), torch {g['torch']}, CUDA {g['cuda']}")

@@ -382,6 +382,38 @@ def test_bench_index_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["baseline_images_per_second"] > 0 and "(default: " in out
 
 
+def test_bench_index_steady_state_is_the_marginal_rate(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--preset", "tiny", "--images", "8", "--batch-size", "4", "--modes", "int8", "--workers", "0", "--steady"]
+    assert bench_index.main(argv) == 0
+    out = capsys.readouterr().out
+    result = _json_line(out)
+    base = result["baseline_steady_images_per_second"]
+    for mode in ("fp32", "int8"):
+        steady = result["modes"][mode]["steady"]
+        assert steady["half_images"] == 4 and steady["half_seconds"] > 0
+        rate = bench_index.marginal_rate(8, result["modes"][mode]["seconds"], 4, steady["half_seconds"])
+        assert steady["images_per_second"] == (None if rate is None else round(rate, 2))
+        if rate is not None and base is not None:
+            assert steady["speedup"] == round(steady["images_per_second"] / base, 3)
+        else:  # the longer run was not slower: no rate rather than a negative or infinite one
+            assert steady["speedup"] is None
+    assert "steady state: marginal rate between 4 and 8 images" in out
+
+
+def test_marginal_rate_cancels_fixed_costs_and_refuses_noise() -> None:
+    # 2 s of fixed cost + 0.1 s per image: 10 images/s whatever the fixed cost.
+    assert bench_index.marginal_rate(100, 12.0, 50, 7.0) == pytest.approx(10.0)
+    assert bench_index.marginal_rate(100, 7.0, 50, 7.0) is None  # not slower: noise
+    assert bench_index.marginal_rate(100, 6.0, 50, 7.0) is None
+    assert bench_index.marginal_rate(50, 12.0, 50, 7.0) is None  # no more images
+
+
+def test_bench_index_steady_needs_enough_images(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as info:
+        bench_index.main(["--preset", "tiny", "--images", "2", "--steady"])
+    assert info.value.code == 2 and "--steady needs --images >= 4" in capsys.readouterr().err
+
+
 def test_bench_index_copies_and_baseline_subset(capsys: pytest.CaptureFixture[str], tmp_path: Path) -> None:
     argv = ["--preset", "tiny", "--images", "10", "--unique", "4", "--baseline-images", "3", "--batch-size", "4",
             "--modes", "bf16", "--workers", "0", "--sample-stacks", str(tmp_path / "stacks")]
