@@ -260,12 +260,15 @@ def main(argv: list[str] | None = None) -> int:
     base_ips = len(base_files) / base_s
     base_steady = (marginal_rate(len(base_files), base_s, len(base_half), base_half_s)
                    if base_half_s is not None else None)
+    # Rounded once, as each mode's steady rate is, so that a steady ratio is the quotient of the
+    # two rates printed (and recorded) beside it.
+    base_steady = None if base_steady is None else round(base_steady, 2)
     peak = cpu_peak_gflops()
     for run in runs.values():
         run["speedup"] = round(run["images_per_second"] / base_ips, 3)
         steady = run.get("steady")
         if steady is not None:
-            ok = steady["images_per_second"] is not None and base_steady is not None
+            ok = steady["images_per_second"] is not None and bool(base_steady)  # None, or 0.0 once rounded
             steady["speedup"] = round(steady["images_per_second"] / base_steady, 3) if ok else None
         mips = run["model_images_per_second"]
         run["model_gflops"] = round(flops * mips / 1e9, 1) if mips else None
@@ -283,7 +286,7 @@ def main(argv: list[str] | None = None) -> int:
         "baseline_images": len(base_files),
         "baseline_images_per_second": round(base_ips, 2),
         "baseline_seconds": round(base_s, 3),
-        "baseline_steady_images_per_second": None if base_steady is None else round(base_steady, 2),
+        "baseline_steady_images_per_second": base_steady,
         "gflop_per_image": round(flops / 1e9, 3),
         "cpu_peak": peak,
         "decode_images_per_second_per_core": decode,
