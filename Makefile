@@ -1,6 +1,7 @@
 # Two commands on a fresh machine:
 #   make demo   set up .venv, index the bundled data/demo collection, run sample searches
-#   make test   set up .venv, run the test suite (what .ci/run calls)
+#   make test   set up .venv, get a Chromium for the browser tests if none is installed, run the
+#               test suite (what .ci/run calls)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
@@ -13,14 +14,14 @@ DEMO_CLIP := data/models/demo-clip
 # A randomly initialised CLIP (meaningless rankings) for pipeline checks, e.g. in benchmarks/.
 RANDOM_MODEL := models/tiny-random-clip
 
-.PHONY: demo serve test lint install clean random-model
+.PHONY: demo serve test lint docs install clean random-model
 
 install: $(STAMP)
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,server,ray]'
+	$(BIN)/pip install --quiet -e '.[test,server,ray,docs]'
 	touch $(STAMP)
 
 random-model: $(RANDOM_MODEL)/config.json
@@ -48,8 +49,16 @@ demo: $(STAMP)
 serve: $(STAMP)
 	$(BIN)/clipsearch serve $(DEMO_INDEX)
 
+# scripts/ensure-chromium finds a Chromium or gets one (Debian's package, else Playwright's installer)
+# and says which on stderr; with none, the browser tests fail unless CLIPSEARCH_SKIP_BROWSER=1.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	@chromium=$$(PYTHON=$(BIN)/python scripts/ensure-chromium) && \
+	  CLIPSEARCH_CHROMIUM="$$chromium" $(BIN)/python -m pytest -q
+
+# The manual under docs/, built by MkDocs; --strict turns a broken link, a bad anchor or a page left
+# out of the navigation into a failure (.ci/run runs it).
+docs: $(STAMP)
+	$(BIN)/mkdocs build --strict --site-dir site
 
 # Lint and import order (ruff), types (mypy): both configured in pyproject.toml; .ci/run runs this first.
 lint: $(STAMP)
@@ -57,4 +66,4 @@ lint: $(STAMP)
 	$(BIN)/mypy
 
 clean:
-	rm -rf $(DEMO_INDEX) $(RANDOM_MODEL)
+	rm -rf $(DEMO_INDEX) $(RANDOM_MODEL) site

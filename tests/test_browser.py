@@ -4,8 +4,9 @@ One ``clipsearch serve`` subprocess per module serves a small index built with t
 model; every check compares what the page shows with what the HTTP API answers for the same
 query, so the UI is tested for showing the API's ranking, not for a ranking of its own.
 
-Chromium comes from ``CLIPSEARCH_CHROMIUM`` or Debian's ``/usr/bin/chromium``. Without one these
-tests FAIL (a browser test that skips silently proves nothing) unless ``CLIPSEARCH_SKIP_BROWSER=1``
+Chromium comes from ``CLIPSEARCH_CHROMIUM`` (``make test`` sets it from ``scripts/ensure-chromium``,
+which installs one when none is found) or Debian's ``/usr/bin/chromium``. Without one these tests
+FAIL (a browser test that skips silently proves nothing) unless ``CLIPSEARCH_SKIP_BROWSER=1``
 is set, which skips them and says why. ``CLIPSEARCH_UPDATE_SCREENSHOT=1`` makes the screenshot test
 write ``docs/ui.png`` (the README's picture of the UI on the demo collection).
 """
@@ -50,7 +51,8 @@ def _chromium_path() -> str:
     found = shutil.which(wanted)
     if found is None:
         pytest.fail(
-            f"no Chromium at {wanted!r}: install Debian's chromium (apt-get install -y chromium), "
+            f"no Chromium at {wanted!r}: run the suite with `make test` (scripts/ensure-chromium gets one), "
+            "install Debian's chromium (apt-get install -y chromium), "
             "point CLIPSEARCH_CHROMIUM at a Chromium executable, or set CLIPSEARCH_SKIP_BROWSER=1 to skip",
             pytrace=False,
         )
