@@ -1,0 +1,72 @@
+"""The Parquet schemas of an index's data files, and the rows of its skip list."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pyarrow as pa
+
+# Parquet key/value metadata that ties a data file to the manifest entry that names it.
+FILE_ID_KEY = b"clipsearch.file_id"
+
+
+def embeddings_schema(dim: int) -> pa.Schema:
+    """Schema of the embedding parts for vectors of ``dim`` float32 values.
+
+    ``path`` is the image path relative to the indexed folder, as ``search`` returns it: valid
+    UTF-8, with bytes of non-UTF-8 file names written as ``\\xNN``. ``path_bytes`` holds the
+    exact file-system bytes of the same relative path, so every file can be opened again.
+
+    Raises:
+        ValueError: ``dim`` is below 1.
+    """
+    if dim < 1:
+        raise ValueError(f"embedding dim must be >= 1, got {dim}")
+    return pa.schema(
+        [
+            pa.field("id", pa.int64(), nullable=False),
+            pa.field("path", pa.string(), nullable=False),
+            pa.field("path_bytes", pa.binary(), nullable=False),
+            pa.field("width", pa.int32(), nullable=False),
+            pa.field("height", pa.int32(), nullable=False),
+            # What was embedded: lets an update skip unchanged files and spot changed ones.
+            pa.field("size", pa.int64(), nullable=False),
+            pa.field("mtime_ns", pa.int64(), nullable=False),
+            pa.field("content_hash", pa.string(), nullable=False),
+            pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False),
+        ]
+    )
+
+
+SKIPPED_SCHEMA = pa.schema(
+    [
+        pa.field("path", pa.string(), nullable=False),
+        pa.field("path_bytes", pa.binary(), nullable=False),
+        pa.field("reason", pa.string(), nullable=False),
+        # Null for entries that are not files (unreadable directories, missing list entries).
+        pa.field("size", pa.int64()),
+        pa.field("mtime_ns", pa.int64()),
+        pa.field("content_hash", pa.string()),
+    ]
+)
+
+
+@dataclass(frozen=True)
+class SkipRecord:
+    """One row of ``skipped.parquet``: a file (or directory) that was not indexed, and why.
+
+    ``path`` is the raw relative path (``path_bytes``; the ``path`` column is its
+    :func:`display_path`); the file facts are None for entries that are not files, and in
+    skip lists that do not record them.
+    """
+
+    path: bytes
+    reason: str
+    size: int | None = None
+    mtime_ns: int | None = None
+    content_hash: str | None = None
+
+
+def display_path(raw: bytes) -> str:
+    """The UTF-8 form of a relative path stored in ``path``: undecodable bytes become ``\\xNN``."""
+    return raw.decode("utf-8", errors="backslashreplace")
