@@ -60,15 +60,15 @@ def run_pass(index_dir: Path, name: str, queries: Any, truth: Any, k: int) -> di
 
     gc.collect()
     dropped = drop_page_cache()
-    real_advise = faiss_index._advise
+    real_advise = faiss_index.io._advise
     if name == "faiss-advice":
-        faiss_index._advise = lambda *_: 0  # type: ignore[assignment]  # the mapping as FAISS made it
+        faiss_index.io._advise = lambda *_: 0  # type: ignore[assignment]  # the mapping as FAISS made it
     try:
         t0 = time.perf_counter()
         index = ImageIndex.open(index_dir, mmap=True)
         open_s = time.perf_counter() - t0
     finally:
-        faiss_index._advise = real_advise  # type: ignore[assignment]
+        faiss_index.io._advise = real_advise  # type: ignore[assignment]
     row: dict[str, Any] = {"pass": name, "dropped": dropped, "open_seconds": round(open_s, 3)}
     faiss_path = index_dir / index.manifest.faiss.path
     if name == "warmed":

@@ -505,7 +505,7 @@ def test_tuning_stops_when_compressed_codes_cap_recall(vectors: np.ndarray, monk
     exact.add(0, vectors)
     tried: list[int] = []
     real = faiss_index.set_search_params
-    monkeypatch.setattr(faiss_index, "set_search_params", lambda idx, p: (tried.append(p.get("nprobe", 0)), real(idx, p)))
+    monkeypatch.setattr(faiss_index.tuning, "set_search_params", lambda idx, p: (tried.append(p.get("nprobe", 0)), real(idx, p)))
     params, recall, reached = faiss_index.tune(index, queries, exact.result()[1], 0.999, exclude=np.arange(200))
     assert not reached and recall < 0.999 and params["nprobe"] in tried
     # 2 bytes per vector plateau early: the search stops long before a full scan (nprobe 64).

@@ -164,7 +164,7 @@ def test_hnsw_range_search_over_many_query_blocks_does_not_abort() -> None:
     index = faiss.index_factory(512, "HNSW32", faiss.METRIC_INNER_PRODUCT)
     index.add(x)
     index.hnsw.efSearch = 1024
-    assert faiss_index._hnsw_range_chunk(index) < 200
+    assert faiss_index.searching._hnsw_range_chunk(index) < 200
     lims, scores, ids = faiss_index.range_search(index, x[:200], 0.9)
     sims = x[:200].astype(np.float64) @ x.T.astype(np.float64)
     for q in range(200):

@@ -71,7 +71,7 @@ def test_readers_apply_both_knobs_and_rescore(refined: Path, drawn: np.ndarray, 
     index = ImageIndex.open(refined, mmap=mmap)
     raw = faiss_index.refine_of(index._faiss)
     assert raw.k_factor == manifest.search_params["k_factor"]
-    assert faiss_index._ivf_of(index._faiss).nprobe == manifest.search_params["nprobe"]
+    assert faiss_index.structure._ivf_of(index._faiss).nprobe == manifest.search_params["nprobe"]
     queries = drawn[ROWS:]
     scores, ids = index.search_ids(queries, 10)
     truth = exact_top(drawn[:ROWS], queries, 10)
@@ -402,9 +402,9 @@ def test_mapped_reader_reads_ahead_on_lists_not_on_vectors(tmp_path: Path, monke
     # warm() asks for exactly the scanned part (up to the vectors), or the whole file.
     assert faiss_index.warm(mapped, path, vectors=False) == path.stat().st_size - 4 - vectors_bytes
     assert faiss_index.warm(mapped, path, vectors=True) == path.stat().st_size
-    monkeypatch.setattr(faiss_index, "available_memory", lambda: 2 * path.stat().st_size)
+    monkeypatch.setattr(faiss_index.pagecache, "available_memory", lambda: 2 * path.stat().st_size)
     assert faiss_index.warm(mapped, path) == path.stat().st_size  # fits in half: all of it
-    monkeypatch.setattr(faiss_index, "available_memory", lambda: 2 * path.stat().st_size - 2)
+    monkeypatch.setattr(faiss_index.pagecache, "available_memory", lambda: 2 * path.stat().st_size - 2)
     assert faiss_index.warm(mapped, path) == path.stat().st_size - 4 - vectors_bytes
 
 
