@@ -477,7 +477,7 @@ def test_open_follows_a_generation_switched_under_it(tmp_path: Path, built_index
     # generation: its files are gone, the manifest now names another one; open that instead.
     import dataclasses
 
-    from retrieval import index as index_module
+    from retrieval import generation
     from retrieval.layout import read_manifest
 
     idx = tmp_path / "idx"
@@ -486,10 +486,10 @@ def test_open_follows_a_generation_switched_under_it(tmp_path: Path, built_index
     gone = tuple(dataclasses.replace(p, path=f"gen-{'0' * 32}/gone.parquet") for p in current.parts)
     removed = dataclasses.replace(current, generation="0" * 32, parts=gone, checksums={})
     answers = iter([removed])
-    monkeypatch.setattr(index_module, "read_manifest", lambda path: next(answers, None) or read_manifest(path))
+    monkeypatch.setattr(generation, "read_manifest", lambda path: next(answers, None) or read_manifest(path))
     assert ImageIndex.open(idx, device="cpu").manifest == current
 
     # The manifest unchanged: the files really are missing, and that is said.
-    monkeypatch.setattr(index_module, "read_manifest", lambda path: removed)
+    monkeypatch.setattr(generation, "read_manifest", lambda path: removed)
     with pytest.raises(IndexFormatError, match=r"gone.parquet is damaged \(missing\)"):
         ImageIndex.open(idx, device="cpu")

@@ -144,7 +144,7 @@ def test_index_uses_numpy_path_and_matches_fp32(built_index: Path, monkeypatch: 
     fast = ImageIndex.open(built_index, device="cpu")
     assert fast.text_path().path == "numpy" and fast.info()["text_path"]["path"] == "numpy"
     hits = fast.search("a red square", k=8)
-    assert isinstance(fast.text_encoder, NumpyTextEncoder) and fast._encoder is None  # no torch model loaded
+    assert isinstance(fast.text_encoder, NumpyTextEncoder) and fast._queries.loaded_encoder is None  # no torch model loaded
     monkeypatch.setenv(TEXT_PATH_ENV, "torch")
     slow = ImageIndex.open(built_index, device="cpu")
     assert slow.text_path().path == "torch"

@@ -165,7 +165,7 @@ def test_image_index_runs_int8_text_queries_on_the_numpy_path(built_index: Path,
     assert planned.path == "numpy" and "int8 products" in planned.reason
     got, want = int8.search("a red square", k=5), fp32.search("a red square", k=5)
     assert int8.text_path().reason.startswith("loaded, int8 products (")
-    assert isinstance(int8.text_encoder, NumpyTextEncoder) and int8._encoder is None  # no torch model loaded
+    assert isinstance(int8.text_encoder, NumpyTextEncoder) and int8._queries.loaded_encoder is None  # no torch model loaded
     assert len(got) == len(want) == 5
     assert abs(got[0].score - want[0].score) < 0.02
     # Where this machine has no int8 kernel, int8 queries go to the torch path (its own int8).

@@ -1,0 +1,193 @@
+"""The query side of an index's model: which encoder a text or image query runs on.
+
+:class:`QueryEncoders` chooses and loads, on first use, the encoders that turn queries into
+vectors for one opened index, checks them against what the index was built with, and keeps the
+query vector cache that belongs to its text encoder.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
+from ..query_cache import DEFAULT_CAPACITY, QueryVectorCache
+from . import load_encoder
+from .base import Encoder, TextEncoder
+from .numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
+from .precision import Precision, parse_mode
+
+if TYPE_CHECKING:
+    from ..layout import Manifest
+
+EncoderFactory = Callable[[str, str], Encoder]
+
+
+class QueryEncoders:
+    """The query encoders of one opened index, loaded on first use and checked against its manifest.
+
+    Without a given ``encoder``, text queries in fp32 on the CPU run on the numpy text tower of
+    :mod:`retrieval.encoders.numpy_text` where the checkpoint allows it, without importing torch;
+    :meth:`text_path` says which path they take. Thread-safe: models load under a lock.
+
+    Args:
+        manifest: the manifest of the index queried.
+        model: query with this checkpoint instead of the manifest's (same weights, checked).
+        device: where the query model runs (``auto``, ``cpu``, ``cuda``).
+        encoder: an already-loaded encoder for every query (checked the same way).
+        precision: text tower precision for queries.
+        query_cache: the vectors of recent query texts (a new one of the default size if None).
+        encoder_factory: loads the torch encoder from ``(model, device)``; default
+            :func:`retrieval.encoders.load_encoder` in ``precision``.
+    """
+
+    def __init__(
+        self,
+        manifest: Manifest,
+        *,
+        model: str | None = None,
+        device: str = "auto",
+        encoder: Encoder | None = None,
+        precision: Precision = "fp32",
+        query_cache: QueryVectorCache | None = None,
+        encoder_factory: EncoderFactory | None = None,
+    ) -> None:
+        self.manifest = manifest
+        self.model = model
+        self.device = device
+        self.precision: Precision = precision
+        self.given = encoder
+        self.cache = query_cache if query_cache is not None else QueryVectorCache(DEFAULT_CAPACITY)
+        self._factory = encoder_factory or (lambda name, dev: load_encoder(name, device=dev, precision=precision))
+        self._encoder = encoder
+        self._encoder_checked = False
+        self._text_encoder: TextEncoder | None = None
+        self._lock = threading.RLock()
+
+    @property
+    def query_model(self) -> str:
+        """The model queries are encoded with: ``model`` when given, else the index's."""
+        return self.model or self.manifest.model
+
+    @property
+    def loaded_encoder(self) -> Encoder | None:
+        """The torch encoder if one is loaded (or given), without loading it."""
+        return self._encoder
+
+    @property
+    def encoder(self) -> Encoder:
+        """The query encoder, loaded on first use and checked against the manifest.
+
+        Raises:
+            ModelMismatchError: the query model is not the index's model.
+            ModelLoadError: the query model cannot be loaded.
+        """
+        with self._lock:
+            if self._encoder is None:
+                encoder = self._factory(self.query_model, self.device)
+                self._match_image_precision(encoder)
+                size = self.manifest.model_info.get("embed_image_size")
+                if size is not None:
+                    encoder.set_image_size(int(size))  # image queries at the index's size
+                self._encoder = encoder
+            if not self._encoder_checked:
+                self._check(self._encoder)
+                self._encoder_checked = True
+            return self._encoder
+
+    @property
+    def text_encoder(self) -> TextEncoder:
+        """The encoder text queries run on: the numpy text tower where it applies, else :attr:`encoder`.
+
+        Raises:
+            ModelMismatchError: the query model is not the index's model.
+            ModelLoadError: the query model cannot be loaded.
+        """
+        with self._lock:
+            if self._text_encoder is None:
+                self._text_encoder = self._load_text_encoder()
+            return self._text_encoder
+
+    def text_path(self) -> TextPath:
+        """Which text tower a text query would run on (``numpy`` or ``torch``), and why.
+
+        Reads only the checkpoint's config and file headers; no model is loaded.
+        """
+        if self.given is not None:
+            return TextPath("torch", "the index was opened with an encoder")
+        if isinstance(self._text_encoder, NumpyTextEncoder):
+            loaded = self._text_encoder
+            why = f" ({loaded.int8_note})" if loaded.int8_note else ""
+            return TextPath("numpy", f"loaded, {loaded.mode} products{why}")
+        planned = text_path(self.query_model, self.manifest.backend, self.precision, self.device)
+        if self._text_encoder is not None and planned.path == "numpy":
+            return TextPath("torch", "the numpy text tower could not load this checkpoint")
+        return planned
+
+    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+        """The query vectors of ``texts`` (``(n, dim)``, L2-normalised), through the cache."""
+        return self.cache.embed(texts, self.text_encoder.embed_texts)
+
+    def cache_info(self) -> dict[str, Any]:
+        """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
+        return self.cache.info()
+
+    def adopt(self, previous: QueryEncoders) -> None:
+        """Take over the models ``previous`` loaded (and its cache, whose vectors are its text
+        encoder's) when both indexes were embedded by the same weights; the image encoder only
+        when their images were embedded in the same mode too. A given encoder is never replaced."""
+        old, new = previous.manifest, self.manifest
+        same_weights = (old.backend, old.model_fingerprint, old.dim) == (new.backend, new.model_fingerprint, new.dim)
+        if not same_weights or self.given is not None:
+            return
+        with previous._lock, self._lock:
+            self._text_encoder = previous._text_encoder
+            self.cache = previous.cache
+            if old.model_info.get("precision") == new.model_info.get("precision"):
+                self._encoder = previous._encoder
+
+    def _load_text_encoder(self) -> TextEncoder:
+        # Decided by the settings alone, not by whether an image query loaded torch first: a
+        # long-lived index answers a text the same way whatever came before it.
+        if self.given is not None:
+            return self.encoder
+        if fast_path_refusal(self.manifest.backend, self.query_model, self.precision, self.device) is not None:
+            return self.encoder
+        try:
+            fast = NumpyTextEncoder.load(self.query_model, precision=self.precision)
+        except (UnsupportedTextTower, ModelLoadError):
+            # The torch path loads (or fails to load, with its own message) what this cannot.
+            return self.encoder
+        self._check(fast)
+        return fast
+
+    def _match_image_precision(self, encoder: Encoder) -> None:
+        # Image queries are embedded in the mode the index's images were, so an indexed image
+        # finds itself with score 1.0; fp32 where this device cannot run that mode.
+        try:
+            mode = parse_mode(self.manifest.model_info.get("precision", "fp32"))
+        except InvalidArgumentError:
+            return  # auto, or a mode this code does not know: leave the encoder's own
+        try:
+            encoder.image_precision.set(mode)
+        except InvalidArgumentError:
+            encoder.image_precision.set("fp32")
+
+    def _check(self, encoder: TextEncoder) -> None:
+        built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"
+        if encoder.dim != self.manifest.dim:
+            raise ModelMismatchError(
+                f"model mismatch: the index was built with {built}, dim {self.manifest.dim}; "
+                f"the query model {encoder.name} has dim {encoder.dim}"
+            )
+        if encoder.backend != self.manifest.backend or encoder.fingerprint != self.manifest.model_fingerprint:
+            raise ModelMismatchError(
+                f"model mismatch: the index was built with {built} but the query model is "
+                f"{encoder.name} ({encoder.fingerprint[:19]}); query with the same model or rebuild the index"
+            )
+
+
+__all__ = ["EncoderFactory", "QueryEncoders"]
