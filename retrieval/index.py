@@ -19,7 +19,7 @@ from .encoders.query import QueryEncoders
 from .errors import InvalidArgumentError
 from .filters import Filter
 from .generation import MMAP_MIN_BYTES, Generation, open_generation
-from .images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
+from .images import PreprocessConfig
 from .layout import read_manifest
 from .query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from .query_terms import QueryTerm, as_term, embed_terms
@@ -122,18 +122,8 @@ class ImageIndex:
         """
         if read_manifest(self.directory).generation == self.manifest.generation:
             return self
-        q = self._queries
-        fresh = ImageIndex.open(
-            self.directory,
-            model=q.model,
-            device=q.device,
-            encoder=q.given,
-            mmap=self._generation.mmap,
-            precision=q.precision,
-            query_cache=q.cache.capacity,
-        )
-        fresh._queries.adopt(q)
-        return fresh
+        generation = open_generation(self.directory, self._generation.mmap)
+        return ImageIndex(generation, self._queries.following(generation.manifest))
 
     # -- properties ---------------------------------------------------------------------------
 
@@ -228,12 +218,7 @@ class ImageIndex:
             ImageDecodeError: the query image cannot be decoded.
         """
         _check_k(k)
-        return self.search_vectors(self._embed_image(image), k, where=where)[0]
-
-    def _embed_image(self, image: str | bytes | os.PathLike[str] | BinaryIO) -> np.ndarray:
-        encoder = self.encoder
-        pixels, _, _ = load_pixels(image, self.preprocess, max_pixels=DEFAULT_MAX_PIXELS)
-        return encoder.embed_pixels(pixels[None])
+        return self.search_vectors(self._queries.embed_image(image), k, where=where)[0]
 
     def search_combined(
         self,
@@ -264,7 +249,7 @@ class ImageIndex:
         vector = embed_terms(
             terms,
             lambda texts: self.embed_texts(texts),
-            lambda image: self._embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
+            lambda image: self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
             self.vectors_of,
         )
         return self.search_vectors(vector[None], k, where=where)[0]

@@ -7,13 +7,15 @@ query vector cache that belongs to its text encoder.
 
 from __future__ import annotations
 
+import os
 import threading
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
 from ..errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
+from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from ..query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from . import load_encoder
 from .base import Encoder, TextEncoder
@@ -131,23 +133,46 @@ class QueryEncoders:
         """The query vectors of ``texts`` (``(n, dim)``, L2-normalised), through the cache."""
         return self.cache.embed(texts, self.text_encoder.embed_texts)
 
+    def embed_image(self, image: str | bytes | os.PathLike[str] | BinaryIO) -> np.ndarray:
+        """The ``(1, dim)`` query vector of an image file, preprocessed as the index's images were.
+
+        Raises:
+            ModelMismatchError, ModelLoadError: see :attr:`encoder`.
+            ImageDecodeError: the image cannot be decoded.
+        """
+        encoder = self.encoder
+        pixels, _, _ = load_pixels(image, PreprocessConfig.from_dict(self.manifest.preprocess), max_pixels=DEFAULT_MAX_PIXELS)
+        return encoder.embed_pixels(pixels[None])
+
     def cache_info(self) -> dict[str, Any]:
         """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
         return self.cache.info()
 
-    def adopt(self, previous: QueryEncoders) -> None:
-        """Take over the models ``previous`` loaded (and its cache, whose vectors are its text
-        encoder's) when both indexes were embedded by the same weights; the image encoder only
-        when their images were embedded in the same mode too. A given encoder is never replaced."""
-        old, new = previous.manifest, self.manifest
-        same_weights = (old.backend, old.model_fingerprint, old.dim) == (new.backend, new.model_fingerprint, new.dim)
-        if not same_weights or self.given is not None:
-            return
-        with previous._lock, self._lock:
-            self._text_encoder = previous._text_encoder
-            self.cache = previous.cache
-            if old.model_info.get("precision") == new.model_info.get("precision"):
-                self._encoder = previous._encoder
+    def following(self, manifest: Manifest) -> QueryEncoders:
+        """The query encoders of a later generation with ``manifest``, with the same settings.
+
+        The models already loaded here are shared with it when both generations were embedded by
+        the same weights (with the cache, whose vectors are the text encoder's); the image
+        encoder only when their images were embedded in the same mode too. A given encoder is
+        used as it is.
+        """
+        fresh = QueryEncoders(
+            manifest,
+            model=self.model,
+            device=self.device,
+            encoder=self.given,
+            precision=self.precision,
+            query_cache=QueryVectorCache(self.cache.capacity),
+        )
+        old = self.manifest
+        same_weights = (old.backend, old.model_fingerprint, old.dim) == (manifest.backend, manifest.model_fingerprint, manifest.dim)
+        if same_weights and self.given is None:
+            with self._lock:
+                fresh._text_encoder = self._text_encoder
+                fresh.cache = self.cache
+                if old.model_info.get("precision") == manifest.model_info.get("precision"):
+                    fresh._encoder = self._encoder
+        return fresh
 
     def _load_text_encoder(self) -> TextEncoder:
         # Decided by the settings alone, not by whether an image query loaded torch first: a
