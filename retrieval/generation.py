@@ -62,6 +62,17 @@ class Generation:
         stored = faiss_index.stored_vectors(self.faiss, np.empty(0, np.int64))
         return stored is not None and stored[1]
 
+    def query_vectors(self, vectors: np.ndarray) -> np.ndarray:
+        """``vectors`` as a float32 array, checked to be ``(n, dim)``.
+
+        Raises:
+            InvalidArgumentError: another shape.
+        """
+        vectors = np.asarray(vectors, dtype=np.float32)
+        if vectors.ndim != 2 or vectors.shape[1] != self.manifest.dim:
+            raise InvalidArgumentError(f"query vectors must have shape (n, {self.manifest.dim}), got {vectors.shape}")
+        return vectors
+
     def search(self, vectors: np.ndarray, k: int, allowed: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
         """``(scores, ids)`` of the ``k`` nearest images to each of ``vectors`` (as
         :meth:`query_vectors` returns them), among the ids ``allowed`` is true for, when given."""
@@ -138,17 +149,6 @@ class Generation:
             "tool_version": m.tool_version,
             "skipped_files": [{"path": s.path, "reason": s.reason} for s in self.rows.skipped()],
         }
-
-    def query_vectors(self, vectors: np.ndarray) -> np.ndarray:
-        """``vectors`` as a float32 array, checked to be ``(n, dim)``.
-
-        Raises:
-            InvalidArgumentError: another shape.
-        """
-        vectors = np.asarray(vectors, dtype=np.float32)
-        if vectors.ndim != 2 or vectors.shape[1] != self.manifest.dim:
-            raise InvalidArgumentError(f"query vectors must have shape (n, {self.manifest.dim}), got {vectors.shape}")
-        return vectors
 
 
 def open_generation(directory: Path, mmap: bool | None = None) -> Generation:

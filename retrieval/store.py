@@ -1,6 +1,6 @@
 """Reading the data files a manifest names: Parquet parts, skip list, FAISS.
 
-Shared by readers (:class:`retrieval.index.ImageIndex`) and the writer (which carries rows and
+Shared by readers (:mod:`retrieval.generation`, :mod:`retrieval.rows`) and the writer (which carries rows and
 vectors from one generation to the next), so both apply the same checks.
 """
 
