@@ -12,19 +12,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from imagegen import photo_like
+from imagegen import photo_like, write_photos
 
 from indexer import build_index
 from indexer.lock import IndexLock
 from retrieval import ImageIndex, IndexLockedError, ModelMismatchError
 from retrieval.encoders import HFClipEncoder
-
-
-def _photos(root: Path, n: int, start: int = 0) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for i in range(start, start + n):
-        photo_like(72 + i % 5, 60, seed=i).save(root / f"img_{i:03d}.jpg", quality=90)
-    return root
 
 
 def by_path(index_dir: Path) -> dict[str, np.ndarray]:
@@ -73,7 +66,7 @@ def counting(tiny_model: Path):
 
 
 def test_update_in_place(tmp_path: Path, tiny_model: Path, counting) -> None:
-    photos = _photos(tmp_path / "photos", 8)
+    photos = write_photos(tmp_path / "photos", 8)
     idx = tmp_path / "idx"
     first = build_index(photos, idx, encoder=counting, workers=0)
     assert (first.added, first.total, CountingEncoder.embedded) == (8, 8, 8)
@@ -97,7 +90,7 @@ def test_update_in_place(tmp_path: Path, tiny_model: Path, counting) -> None:
 
 
 def test_broken_file_retried_only_when_changed(tmp_path: Path, counting) -> None:
-    photos = _photos(tmp_path / "photos", 3)
+    photos = write_photos(tmp_path / "photos", 3)
     (photos / "broken.jpg").write_bytes(b"not yet")
     idx = tmp_path / "idx"
     assert build_index(photos, idx, encoder=counting, workers=0).newly_skipped == 1
@@ -112,7 +105,7 @@ def test_broken_file_retried_only_when_changed(tmp_path: Path, counting) -> None
 
 
 def test_deleted_broken_file_leaves_the_skip_list(tmp_path: Path, counting) -> None:
-    photos = _photos(tmp_path / "photos", 2)
+    photos = write_photos(tmp_path / "photos", 2)
     (photos / "broken.jpg").write_bytes(b"")
     idx = tmp_path / "idx"
     build_index(photos, idx, encoder=counting, workers=0)
@@ -122,7 +115,7 @@ def test_deleted_broken_file_leaves_the_skip_list(tmp_path: Path, counting) -> N
 
 
 def test_other_model_refused_unless_rebuild(tmp_path: Path, tiny_model: Path, other_model: Path) -> None:
-    photos = _photos(tmp_path / "photos", 3)
+    photos = write_photos(tmp_path / "photos", 3)
     idx = tmp_path / "idx"
     build_index(photos, idx, model=str(tiny_model), workers=0)
     with pytest.raises(ModelMismatchError) as err:
@@ -135,7 +128,7 @@ def test_other_model_refused_unless_rebuild(tmp_path: Path, tiny_model: Path, ot
 
 
 def test_chunk_commits_make_parts_and_equal_a_single_build(tmp_path: Path, tiny_model: Path) -> None:
-    photos = _photos(tmp_path / "photos", 11)
+    photos = write_photos(tmp_path / "photos", 11)
     report = build_index(photos, tmp_path / "chunked", model=str(tiny_model), workers=0, batch_size=2, commit_every=3)
     assert report.commits >= 4
     manifest = _manifest(tmp_path / "chunked")
@@ -146,7 +139,7 @@ def test_chunk_commits_make_parts_and_equal_a_single_build(tmp_path: Path, tiny_
 
 
 def test_interrupted_run_is_searchable_and_resumes(tmp_path: Path, tiny_model: Path, counting) -> None:
-    photos = _photos(tmp_path / "photos", 10)
+    photos = write_photos(tmp_path / "photos", 10)
     idx = tmp_path / "idx"
     CountingEncoder.fail_after_batches = 3
     with pytest.raises(KeyboardInterrupt):
@@ -192,7 +185,7 @@ def _record_waits(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[floa
 
 
 def test_second_writer_fails_naming_the_holder(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    photos = _photos(tmp_path / "photos", 2)
+    photos = write_photos(tmp_path / "photos", 2)
     idx = tmp_path / "idx"
     build_index(photos, idx, model=str(tiny_model), workers=0)
     with IndexLock(idx):
@@ -207,7 +200,7 @@ def test_second_writer_fails_naming_the_holder(tmp_path: Path, tiny_model: Path,
 
 
 def test_lock_of_a_killed_writer_is_taken_over(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    photos = _photos(tmp_path / "photos", 2)
+    photos = write_photos(tmp_path / "photos", 2)
     idx = tmp_path / "idx"
     idx.mkdir()
     holder = subprocess.Popen(
@@ -235,7 +228,7 @@ def test_lock_of_a_killed_writer_is_taken_over(tmp_path: Path, tiny_model: Path,
 
 
 def test_leftovers_of_a_killed_first_build_are_reused(tmp_path: Path, tiny_model: Path) -> None:
-    photos = _photos(tmp_path / "photos", 2)
+    photos = write_photos(tmp_path / "photos", 2)
     idx = tmp_path / "idx"
     (idx / ".staging-deadbeef" / "embeddings").mkdir(parents=True)
     (idx / "lock").write_text("")
@@ -247,7 +240,7 @@ def test_leftovers_of_a_killed_first_build_are_reused(tmp_path: Path, tiny_model
 def test_damaged_index_is_replaced_only_with_rebuild(tmp_path: Path, tiny_model: Path) -> None:
     from retrieval import IndexDirError, IndexFormatError
 
-    photos = _photos(tmp_path / "photos", 2)
+    photos = write_photos(tmp_path / "photos", 2)
     idx = tmp_path / "idx"
     build_index(photos, idx, model=str(tiny_model), workers=0)
     manifest = _manifest(idx)
