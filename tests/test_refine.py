@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
-from test_ann import DIM, ROWS, clustered, exact_top, records, write_vectors_index
+from test_reindex import DIM, ROWS, clustered, exact_top, records, write_vectors_index
 
 from indexer import ann
 from indexer.commit import GenerationWriter, IndexMeta
