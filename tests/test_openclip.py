@@ -234,7 +234,7 @@ def test_preprocess_dict_round_trip_and_old_dicts() -> None:
     for raw in OPEN_CLIP_CFGS.values():
         cfg = PreprocessConfig.from_open_clip(raw)
         assert PreprocessConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
-    # A manifest written before the open_clip fields existed still reads, as the HF default.
+    # A manifest without the open_clip fields (an older format's) still reads, as the HF default.
     old = {"shortest_edge": 224, "resize_to": None, "crop_size": [224, 224], "resample": "bicubic",
            "rescale_factor": 1 / 255, "mean": list(PreprocessConfig().mean), "std": list(PreprocessConfig().std),
            "alpha": "white", "jpeg_draft": True}
