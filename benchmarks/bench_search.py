@@ -88,7 +88,7 @@ AUTOFAISS_INSTALL = ".venv/bin/pip install --no-deps autofaiss==2.18.0 embedding
 # the one it would have saved, already set to its chosen search parameters.
 #
 # autofaiss 2.18 builds its OPQ indexes (its choice at 10M x 512-d in 4 GB) with
-# faiss.OPQMatrix(d, M=..., d2=...), keywords that faiss 1.15's SWIG wrapper no longer takes: the
+# faiss.OPQMatrix(d, M=..., d2=...), keywords that faiss 1.15's SWIG wrapper does not take: the
 # shim passes them by position, the same constructor.
 _AUTOFAISS = """
 import json, sys, time

@@ -40,10 +40,10 @@ FLAT_MAX_ROWS = 50_000
 DEFAULT_MAX_MEMORY = 4 * 1024**3
 DEFAULT_TARGET_RECALL = 0.95
 HNSW_M = 32
-# Past this many vectors ``auto`` does not try HNSW: its graph is built one insertion at a time
-# (166 s to add 1M 512-d vectors on 2 cores, then its recall stayed at 0.933 on clustered
-# vectors), while IVF over the same full vectors trained and filled in 55 s and reaches any
-# recall by probing more lists. Building HNSW first to discard it made 1M auto builds take 372 s.
+# Past this many vectors ``auto`` does not try HNSW: its graph is built one insertion at a time,
+# slower than training and filling IVF over the same full vectors, and its recall stops short
+# where IVF reaches any recall by probing more lists; building HNSW first only to discard it
+# would make the large auto builds slower still (figures: benchmarks/README.md).
 HNSW_AUTO_MAX_ROWS = 500_000
 # Below this many vectors an approximate index has nothing to gain and too little to train on.
 MIN_ANN_ROWS = 256
@@ -217,8 +217,8 @@ def _ivf_pq(n: int, dim: int, budget: int | None, reason: str, max_m: int | None
             continue
         size = _ivf_bytes(n, dim, math.ceil(m * bits / 8), nlist)
         if budget is None or size <= budget:
-            # No OPQ rotation: training OPQ128 on 512-d took 323 s of a 337 s build of 100k
-            # vectors here (bench_search), for a few points of recall.
+            # No OPQ rotation: training it took nearly the whole build time (bench_search), for
+            # a few points of recall.
             tail = "" if bits == 8 else f"x{bits}"
             factory = f"{_ivf_prefix(nlist)},PQ{m}{tail}"
             return IndexPlan(factory, "ivf", _train_rows(n, nlist, True), size, reason)
@@ -295,7 +295,7 @@ def candidate_plans(n: int, dim: int, options: IndexOptions) -> list[IndexPlan]:
     ]
     # Re-ranked codes where neither full nor 8-bit vectors fit: 4-bit scalar codes (dim / 2
     # bytes) when they fit, else product-quantised ones. Plain ivf-pq is not tried: its recall is
-    # capped by the codes (0.40 at 10M in 4 GB), and re-ranking costs disk, not memory.
+    # capped by the codes (bench_search at 10M), and re-ranking costs disk, not memory.
     reranked = "re-ranked against memory-mapped float16 vectors"
     plans.append(_ivf_sq4_refine(n, dim, f"auto: 4-bit codes {fit}, {reranked}"))
     pq = _ivf_pq_refine(n, dim, budget, f"auto: product-quantised codes {fit}, {reranked}")

@@ -213,7 +213,7 @@ def _find_bpe_file() -> Path:
 
 @lru_cache(maxsize=1)
 def _clip_vocab_and_merges() -> tuple[tuple[str, ...], tuple[str, ...]]:
-    """Return (vocab in id order, merges as "a b" lines), cached: decompressing costs ~50 ms."""
+    """Return (vocab in id order, merges as "a b" lines), cached: decompressing is the slow part."""
     lines = gzip.decompress(_find_bpe_file().read_bytes()).decode("utf-8").split("\n")
     # Line 0 is a header; SimpleTokenizer keeps exactly lines[1:49152-256-2+1].
     merges = tuple(lines[1 : CLIP_NUM_MERGES + 1])

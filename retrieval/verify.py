@@ -77,8 +77,8 @@ class VerifyReport:
         index_dir: the directory checked.
         generation: the generation the manifest names (None when the manifest is unreadable).
         count: images in the index.
-        checksums: whether the manifest records file checksums (indexes written before they
-            existed do not: then only the content checks ran).
+        checksums: whether the manifest records file checksums (an older format's index records
+            none: then only the content checks ran).
         files: each file of the generation and how its digest compared.
         faiss_sampled: FAISS vectors compared with the stored embeddings.
         problems: the damage found, one entry per damaged file.

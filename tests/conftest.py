@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny random CLIP checkpoint with the real tokenizer, image collections.
+"""Shared fixtures: a tiny random CLIP checkpoint with the real tokenizer, image collections,
+synthetic vector indexes (module-scoped: each test module builds its own).
 
 Everything is built offline in temporary directories; nothing is downloaded.
 """
@@ -10,12 +11,16 @@ import subprocess
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 sys.path.insert(0, str(Path(__file__).parent))
 
 from imagegen import Collection, make_collection  # noqa: E402
+
+if TYPE_CHECKING:
+    import numpy as np
 
 # Keep library threads modest: tests run on 2 cores beside DataLoader workers.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -61,6 +66,42 @@ def built_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, coll
 
     out = tmp_path_factory.mktemp("built") / "photos.idx"
     build_index(collection.root, out, model=str(tiny_model), batch_size=8, workers=1, device="cpu")
+    return out
+
+
+# -- synthetic vector indexes (vector_indexes.py) ------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def drawn() -> np.ndarray:
+    """``ROWS`` clustered vectors to index and 200 more from the same distribution."""
+    from vector_indexes import DIM, ROWS, clustered
+
+    return clustered(ROWS + 200, DIM)
+
+
+@pytest.fixture(scope="module")
+def vectors(drawn: np.ndarray) -> np.ndarray:
+    from vector_indexes import ROWS
+
+    return drawn[:ROWS]
+
+
+@pytest.fixture(scope="module")
+def held_out(drawn: np.ndarray) -> np.ndarray:
+    """Queries from the collection's distribution that are not in the index."""
+    from vector_indexes import ROWS
+
+    return drawn[ROWS:]
+
+
+@pytest.fixture(scope="module")
+def vec_index(tmp_path_factory: pytest.TempPathFactory, vectors: np.ndarray) -> Path:
+    """``vectors`` committed 250 at a time, exact (read-only for tests: mutate a ``copy_of`` it)."""
+    from vector_indexes import write_vectors_index
+
+    out = tmp_path_factory.mktemp("ann") / "vec.idx"
+    write_vectors_index(out, vectors, commit_every=250)
     return out
 
 

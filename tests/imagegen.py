@@ -15,6 +15,8 @@ Public API
   FIFO, a directory named like an image, directory symlinks (one of them a
   loop) and a file symlink.
 * :func:`make_jpegs` -- N photo-like JPEGs for benchmarks.
+* :func:`write_photos` -- numbered photo-like JPEGs of chosen sizes, for tests.
+* :func:`encode_image` -- an image's bytes in any Pillow format.
 
 Symlink policy encoded in :class:`Collection`
 ---------------------------------------------
@@ -32,6 +34,7 @@ import io
 import os
 import struct
 import zlib
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,6 +46,8 @@ __all__ = [
     "photo_like",
     "make_collection",
     "make_jpegs",
+    "write_photos",
+    "encode_image",
     "BOMB_SIZE",
     "GIF_FRAME_COLORS",
 ]
@@ -187,7 +192,8 @@ def _jpeg_bytes(img: Image.Image, **kwargs: object) -> bytes:
     return buf.getvalue()
 
 
-def _encode(img: Image.Image, fmt: str, **kwargs: object) -> bytes:
+def encode_image(img: Image.Image, fmt: str, **kwargs: object) -> bytes:
+    """``img`` saved in format ``fmt`` (Pillow's save options as keywords), as bytes."""
     buf = io.BytesIO()
     img.save(buf, fmt, **kwargs)
     return buf.getvalue()
@@ -368,19 +374,19 @@ def make_collection(root: Path, *, with_unreadable: bool = True) -> Collection:
     alpha[:, :60] = 0  # fully transparent band
     alpha[:, 60:100] = np.linspace(0, 255, 40, dtype=np.uint8)[None, :]  # ramp
     rgba.putalpha(Image.fromarray(alpha, "L"))
-    add_good("formats/rgba.png", _encode(rgba, "PNG"), (160, 120), "RGBA")
+    add_good("formats/rgba.png", encode_image(rgba, "PNG"), (160, 120), "RGBA")
 
     pal = photo(96, 72).quantize(colors=16, method=Image.Quantize.MEDIANCUT, dither=Image.Dither.NONE)
     ImageDraw.Draw(pal).rectangle((0, 0, 40, 30), fill=15)  # index 15 -> transparent
-    add_good("formats/palette_trns.png", _encode(pal, "PNG", transparency=15), (96, 72), "P")
+    add_good("formats/palette_trns.png", encode_image(pal, "PNG", transparency=15), (96, 72), "P")
 
     gray = photo(128, 96).convert("L")
-    add_good("formats/gray_L.png", _encode(gray, "PNG"), (128, 96), "L")
+    add_good("formats/gray_L.png", encode_image(gray, "PNG"), (128, 96), "L")
     la = gray.copy()
     la.putalpha(Image.fromarray(np.tile(np.linspace(0, 255, 128, dtype=np.uint8), (96, 1)), "L"))
-    add_good("formats/gray_LA.png", _encode(la, "PNG"), (128, 96), "LA")
+    add_good("formats/gray_LA.png", encode_image(la, "PNG"), (128, 96), "LA")
 
-    g16_data = _encode(_gray16(128, 64), "PNG")
+    g16_data = encode_image(_gray16(128, 64), "PNG")
     with Image.open(io.BytesIO(g16_data)) as back:
         g16_mode = back.mode
         lo, hi = back.getextrema()
@@ -391,18 +397,18 @@ def make_collection(root: Path, *, with_unreadable: bool = True) -> Collection:
     bl = np.asarray(photo(120, 80).convert("L"))
     bilevel = Image.fromarray(np.where(bl >= np.median(bl), 255, 0).astype(np.uint8), "L")
     bilevel = bilevel.convert("1", dither=Image.Dither.NONE)
-    add_good("formats/bilevel.png", _encode(bilevel, "PNG"), (120, 80), "1")
+    add_good("formats/bilevel.png", encode_image(bilevel, "PNG"), (120, 80), "1")
 
     add_good("formats/cmyk.jpg", _jpeg_bytes(photo(160, 120).convert("CMYK")), (160, 120), "CMYK")
 
     frames = _frames((64, 48), seed=7)
-    gif = _encode(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
+    gif = encode_image(frames[0], "GIF", save_all=True, append_images=frames[1:], duration=100, loop=0)
     add_good("formats/animated.gif", gif, (64, 48), "P")
     animated["formats/animated.gif"] = 3
 
-    add_good("formats/still.webp", _encode(photo(160, 120), "WEBP", quality=80, method=4), (160, 120), "RGB")
+    add_good("formats/still.webp", encode_image(photo(160, 120), "WEBP", quality=80, method=4), (160, 120), "RGB")
     try:
-        webp_anim = _encode(
+        webp_anim = encode_image(
             frames[0], "WEBP", save_all=True, append_images=frames[1:],
             duration=100, loop=0, lossless=True,
         )
@@ -415,11 +421,11 @@ def make_collection(root: Path, *, with_unreadable: bool = True) -> Collection:
         add_good("formats/animated.webp", webp_anim, (64, 48), webp_mode)
         animated["formats/animated.webp"] = 3
 
-    add_good("formats/image.bmp", _encode(photo(120, 90), "BMP"), (120, 90), "RGB")
-    add_good("formats/image.tiff", _encode(photo(160, 120), "TIFF", compression="tiff_lzw"), (160, 120), "RGB")
+    add_good("formats/image.bmp", encode_image(photo(120, 90), "BMP"), (120, 90), "RGB")
+    add_good("formats/image.tiff", encode_image(photo(160, 120), "TIFF", compression="tiff_lzw"), (160, 120), "RGB")
 
     # -- international file names --
-    add_good("intl/日本語 café.png", _encode(photo(80, 60), "PNG"), (80, 60), "RGB")
+    add_good("intl/日本語 café.png", encode_image(photo(80, 60), "PNG"), (80, 60), "RGB")
     add_good("intl/emoji 🐱.jpg", _jpeg_bytes(photo(120, 90)), (120, 90), "RGB")
     latin1_rel = b"intl/latin1_caf\xe9.jpg"
     _write(os.fsencode(root) + b"/" + latin1_rel, _jpeg_bytes(photo(90, 120)))
@@ -427,7 +433,7 @@ def make_collection(root: Path, *, with_unreadable: bool = True) -> Collection:
     modes[os.fsdecode(latin1_rel)] = "RGB"
 
     # -- deep nesting, directory symlinks (loop + alias) --
-    add_good("nested/level2/level3/deep.png", _encode(photo(64, 48), "PNG"), (64, 48), "RGB")
+    add_good("nested/level2/level3/deep.png", encode_image(photo(64, 48), "PNG"), (64, 48), "RGB")
     os.symlink("..", root / "nested" / "loop", target_is_directory=True)
     add_good("real_dir/in_real_dir.jpg", _jpeg_bytes(photo(100, 80)), (100, 80), "RGB")
     os.symlink("real_dir", root / "alias", target_is_directory=True)
@@ -496,3 +502,31 @@ def make_jpegs(
         p.write_bytes(_jpeg_bytes(photo_like(size[0], size[1], seed + i)))
         paths.append(p)
     return paths
+
+
+def _default_size(i: int) -> tuple[int, int]:
+    return 72 + i % 5, 60
+
+
+def write_photos(
+    root: Path,
+    count: int,
+    start: int = 0,
+    *,
+    size: Callable[[int], tuple[int, int]] = _default_size,
+    name: str = "img_{:03d}.jpg",
+    seed: int = 0,
+    quality: int = 90,
+) -> Path:
+    """Write photo-like JPEGs number ``start`` to ``start + count - 1`` into ``root`` (made if missing).
+
+    Photo ``i`` is ``photo_like(*size(i), seed + i)`` saved as ``name.format(i)``: a later call with
+    ``start`` past the first adds new, different photos to the same folder.
+
+    Returns:
+        ``root``.
+    """
+    root.mkdir(parents=True, exist_ok=True)
+    for i in range(start, start + count):
+        photo_like(*size(i), seed=seed + i).save(root / name.format(i), quality=quality)
+    return root

@@ -59,7 +59,7 @@ def test_options_that_no_longer_choose_the_file_rebuild(tmp_path: Path) -> None:
 
 def test_vectors_are_added_to_their_nearest_lists_under_an_hnsw_quantizer() -> None:
     import faiss
-    from test_ann import clustered
+    from vector_indexes import clustered
 
     x = clustered(20_000, 128, clusters=20)
     index = faiss_index.create("IVF1024_HNSW32,Flat", 128)

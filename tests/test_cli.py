@@ -12,6 +12,7 @@ from pathlib import Path
 
 import pytest
 from conftest import run_cli
+from helpers import assert_one_line_error
 from imagegen import Collection, photo_like
 
 from retrieval import ImageIndex
@@ -28,16 +29,6 @@ def cli_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, collec
     )
     assert proc.returncode == 0, proc.stderr
     return out, json.loads(proc.stdout)
-
-
-def _one_line_error(proc, *needles: str) -> None:
-    assert proc.returncode != 0
-    assert "Traceback" not in proc.stderr, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
-    assert lines[0].startswith("clipsearch"), lines[0]
-    for needle in needles:
-        assert needle in lines[0], lines[0]
 
 
 def test_index_json_summary(cli_index, collection: Collection) -> None:
@@ -115,22 +106,24 @@ def test_non_utf8_name_round_trip(cli_index) -> None:
 
 def test_bad_photos_dir(tmp_path: Path, tiny_model: Path) -> None:
     proc = run_cli(["index", tmp_path / "missing", tmp_path / "idx", "--model", tiny_model])
-    _one_line_error(proc, "does not exist")
+    assert_one_line_error(proc.returncode, proc.stderr, "does not exist")
     (tmp_path / "empty").mkdir()
     proc = run_cli(["index", tmp_path / "empty", tmp_path / "idx", "--model", tiny_model])
-    _one_line_error(proc, "no images")
+    assert_one_line_error(proc.returncode, proc.stderr, "no images")
     assert not (tmp_path / "idx").exists()
 
 
 def test_model_not_available_offline(tmp_path: Path, collection: Collection) -> None:
     proc = run_cli(["index", collection.root, tmp_path / "idx", "--model", "openai/clip-vit-base-patch32"])
-    _one_line_error(proc, "local checkpoint directory")
+    assert_one_line_error(proc.returncode, proc.stderr, "local checkpoint directory")
     assert not (tmp_path / "idx").exists()
 
 
 def test_not_an_index(tmp_path: Path) -> None:
-    _one_line_error(run_cli(["search", tmp_path, "cat"]), "not a clipsearch index")
-    _one_line_error(run_cli(["info", tmp_path / "nope"]), "not a clipsearch index")
+    proc = run_cli(["search", tmp_path, "cat"])
+    assert_one_line_error(proc.returncode, proc.stderr, "not a clipsearch index")
+    proc = run_cli(["info", tmp_path / "nope"])
+    assert_one_line_error(proc.returncode, proc.stderr, "not a clipsearch index")
 
 
 def test_newer_format_version(cli_index, tmp_path: Path) -> None:
@@ -141,8 +134,10 @@ def test_newer_format_version(cli_index, tmp_path: Path) -> None:
     manifest["format_version"] = FORMAT_VERSION + 1
     manifest.pop(MANIFEST_DIGEST_KEY)  # hand-edited: a stale digest would be reported as damage first
     (copy / "manifest.json").write_text(json.dumps(manifest))
-    _one_line_error(run_cli(["info", copy]), "newer", "upgrade")
-    _one_line_error(run_cli(["search", copy, "cat"]), "newer")
+    proc = run_cli(["info", copy])
+    assert_one_line_error(proc.returncode, proc.stderr, "newer", "upgrade")
+    proc = run_cli(["search", copy, "cat"])
+    assert_one_line_error(proc.returncode, proc.stderr, "newer")
 
 
 @pytest.mark.parametrize(
@@ -157,25 +152,30 @@ def test_newer_format_version(cli_index, tmp_path: Path) -> None:
 )
 def test_bad_query_arguments(cli_index, args: list[str], needle: str) -> None:
     out, _ = cli_index
-    _one_line_error(run_cli(["search", out, *args]), needle)
+    proc = run_cli(["search", out, *args])
+    # argparse reports a bad -k itself: exit 2, "clipsearch search: error: ..."
+    assert_one_line_error(proc.returncode, proc.stderr, needle, codes=(1, 2), prefix="clipsearch")
 
 
 def test_undecodable_query_image(cli_index, collection: Collection, tmp_path: Path) -> None:
     out, _ = cli_index
-    _one_line_error(run_cli(["search", out, "--image", collection.root / "broken" / "truncated.jpg"]), "cannot decode")
-    _one_line_error(run_cli(["search", out, "--image", tmp_path / "missing.jpg"]), "not found")
+    proc = run_cli(["search", out, "--image", collection.root / "broken" / "truncated.jpg"])
+    assert_one_line_error(proc.returncode, proc.stderr, "cannot decode")
+    proc = run_cli(["search", out, "--image", tmp_path / "missing.jpg"])
+    assert_one_line_error(proc.returncode, proc.stderr, "not found")
 
 
 def test_model_mismatch_names_both(cli_index, tiny_model: Path, other_model: Path) -> None:
     out, _ = cli_index
     proc = run_cli(["search", out, "cat", "--model", other_model])
-    _one_line_error(proc, "mismatch", str(tiny_model.resolve()), str(other_model.resolve()))
+    assert_one_line_error(proc.returncode, proc.stderr, "mismatch", str(tiny_model.resolve()), str(other_model.resolve()))
 
 
 def test_refuses_non_index_output_dir(tmp_path: Path, tiny_model: Path, collection: Collection) -> None:
     (tmp_path / "out").mkdir()
     (tmp_path / "out" / "keep.txt").write_text("keep")
-    _one_line_error(run_cli(["index", collection.root, tmp_path / "out", "--model", tiny_model]), "refusing")
+    proc = run_cli(["index", collection.root, tmp_path / "out", "--model", tiny_model])
+    assert_one_line_error(proc.returncode, proc.stderr, "refusing")
     assert [p.name for p in (tmp_path / "out").iterdir()] == ["keep.txt"]
 
 
@@ -189,9 +189,8 @@ def test_index_files_from_list(tmp_path: Path, tiny_model: Path, collection: Col
     assert (summary["indexed"], summary["skipped"]) == (2, 1)
     info = json.loads(run_cli(["info", out, "--json"]).stdout)
     assert info["skipped_files"] == [{"path": "missing.jpg", "reason": "file not found"}]
-    _one_line_error(
-        run_cli(["index", collection.root, tmp_path / "x", "--model", tiny_model, "--files-from", tmp_path / "nolist"]), "--files-from"
-    )
+    proc = run_cli(["index", collection.root, tmp_path / "x", "--model", tiny_model, "--files-from", tmp_path / "nolist"])
+    assert_one_line_error(proc.returncode, proc.stderr, "--files-from")
 
 
 def test_update_summary_lock_and_model_errors(tmp_path: Path, tiny_model: Path, other_model: Path) -> None:
@@ -210,15 +209,15 @@ def test_update_summary_lock_and_model_errors(tmp_path: Path, tiny_model: Path, 
         "added": 1, "updated": 0, "removed": 1, "unchanged": 2, "skipped": 0, "total": 3
     }
     assert summary["seconds"] > 0
-    _one_line_error(
-        run_cli(["index", photos, out, "--model", other_model]), "--rebuild", str(tiny_model.resolve()), str(other_model.resolve())
-    )
+    proc = run_cli(["index", photos, out, "--model", other_model])
+    assert_one_line_error(proc.returncode, proc.stderr, "--rebuild", str(tiny_model.resolve()), str(other_model.resolve()))
     proc = run_cli(["index", photos, out, "--model", other_model, "--rebuild", "--workers", "0", "--json"])
     assert proc.returncode == 0 and json.loads(proc.stdout)["added"] == 3
     from indexer.lock import IndexLock
 
     with IndexLock(out):
-        _one_line_error(run_cli(["index", photos, out, "--model", other_model]), "being written", "pid")
+        proc = run_cli(["index", photos, out, "--model", other_model])
+        assert_one_line_error(proc.returncode, proc.stderr, "being written", "pid")
 
 
 # -- one front door: the console script and python -m clipsearch are the same program ------------

@@ -35,6 +35,7 @@ import numpy as np
 import pytest
 from conftest import run_cli
 from faultctl import Cli, Pauses, run_killed_at, wait_until
+from helpers import model_weights
 from imagegen import photo_like, write_caption_pairs
 
 from indexer import build_index
@@ -427,12 +428,6 @@ def _finetune_cmd(model: Path, data: Path, out: Path) -> list[object]:
     return ["finetune", "--model", model, "--data", data, "--out", out, *options]
 
 
-def _weights(directory: Path) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-
-    return load_file(str(directory / "model.safetensors"))
-
-
 @pytest.fixture(scope="module")
 def clean_finetune(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, pairs: Path) -> tuple[Path, list[float]]:
     out = tmp_path_factory.mktemp("finetuned") / "out"
@@ -483,7 +478,7 @@ def test_finetune_killed_and_resumed(
     clean_out, clean_losses = clean_finetune
     assert report.finished and report.resumed_from_step == resume_step
     np.testing.assert_allclose(report.loss_history, clean_losses, rtol=1e-5, atol=1e-6)
-    a, b = _weights(clean_out), _weights(out)
+    a, b = model_weights(clean_out), model_weights(out)
     assert a.keys() == b.keys()
     for key in a:
         # The key projection's bias has no gradient (softmax ignores a per-query constant), so

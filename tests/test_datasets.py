@@ -1,4 +1,7 @@
-"""retrieval.evaluation.caption_datasets: Karpathy / CSV / JSONL captions -> images to index and queries."""
+"""retrieval.evaluation's dataset readers, split files and writers.
+
+Karpathy / CSV / JSONL captions -> images to index and queries.
+"""
 
 from __future__ import annotations
 
@@ -7,21 +10,11 @@ from pathlib import Path
 
 import pytest
 
-from retrieval.errors import ClipSearchError
-from retrieval.evaluation.caption_datasets import (
-    CaptionedSet,
-    DatasetError,
-    apply_split_file,
-    load_captions_csv,
-    load_captions_jsonl,
-    load_dataset,
-    load_karpathy,
-    normalize_image_path,
-    queries_of,
-    read_image_list,
-    write_image_list,
-    write_queries,
-)
+from retrieval.errors import ClipSearchError, DatasetError
+from retrieval.evaluation.captioned_set import CaptionedSet, normalize_image_path
+from retrieval.evaluation.dataset_readers import load_captions_csv, load_captions_jsonl, load_dataset, load_karpathy
+from retrieval.evaluation.dataset_writers import queries_of, write_image_list, write_queries
+from retrieval.evaluation.split_files import apply_split_file, read_image_list
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import normalised
 from imagegen import photo_like, transparent_photo_like
 from PIL import Image
 
@@ -29,10 +30,6 @@ TEXTS = [
 def _features(out: object) -> torch.Tensor:
     # transformers 5 returns a model output whose pooler_output is the projected feature.
     return out.pooler_output if hasattr(out, "pooler_output") else out  # type: ignore[attr-defined,return-value]  # out is typed object
-
-
-def _normalised(t: torch.Tensor) -> np.ndarray:
-    return (t / t.norm(dim=-1, keepdim=True)).numpy()
 
 
 @pytest.fixture(scope="module")
@@ -59,7 +56,7 @@ def test_text_parity_with_reference(encoder: HFClipEncoder, reference) -> None:
     model, proc = reference
     with torch.no_grad():
         batch = proc(text=TEXTS, padding=True, truncation=True, return_tensors="pt")
-        ref = _normalised(_features(model.get_text_features(**batch)))
+        ref = normalised(_features(model.get_text_features(**batch)))
     ours = encoder.embed_texts(TEXTS)
     cos = (ours * ref).sum(axis=1)
     assert cos.min() >= 0.99999, cos
@@ -85,7 +82,7 @@ def test_image_parity_with_reference(encoder: HFClipEncoder, reference, tmp_path
     path = tmp_path / "photo.jpg"
     photo_like(*size, seed=sum(size)).save(path, quality=90)
     with torch.no_grad():
-        ref = _normalised(_features(model.get_image_features(**proc(images=Image.open(path), return_tensors="pt"))))
+        ref = normalised(_features(model.get_image_features(**proc(images=Image.open(path), return_tensors="pt"))))
     pixels, width, height = load_pixels(path, encoder.preprocess, draft=draft)
     ours = encoder.embed_pixels(pixels[None])
     assert (width, height) == size
@@ -99,7 +96,7 @@ def test_transparent_png_matches_reference(encoder: HFClipEncoder, reference, tm
     path = tmp_path / "t.png"
     transparent_photo_like(120, 90, seed=3).save(path)
     with torch.no_grad():
-        ref = _normalised(_features(model.get_image_features(**proc(images=Image.open(path), return_tensors="pt"))))
+        ref = normalised(_features(model.get_image_features(**proc(images=Image.open(path), return_tensors="pt"))))
     pixels, _, _ = load_pixels(path, encoder.preprocess)
     assert float((encoder.embed_pixels(pixels[None]) * ref).sum()) >= 0.99999
 

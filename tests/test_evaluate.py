@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
+from helpers import assert_one_line_error
 from imagegen import Collection, photo_like
 
 from clipsearch.cli import main as cli_main
@@ -374,13 +375,6 @@ def test_image_queries_relative_to_queries_file(index: ImageIndex, collection: C
 # -- command line --------------------------------------------------------------------------------
 
 
-def _one_line_error(stderr: str, *needles: str) -> None:
-    lines = [line for line in stderr.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("clipsearch: error: "), stderr
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-
-
 @pytest.mark.slow
 def test_cli_eval_json_and_per_query(built_index: Path, index: ImageIndex, tmp_path: Path) -> None:
     queries = _random_queries(index, 4, seed=5)
@@ -433,8 +427,7 @@ def test_cli_eval_bad_input_is_one_line(built_index: Path, tmp_path: Path, args:
     if args == ["--queries-missing"]:
         path, args = tmp_path / "missing.jsonl", []
     proc = run_cli(["eval", built_index, path, *args])
-    assert proc.returncode == 1
-    _one_line_error(proc.stderr, *needles)
+    assert_one_line_error(proc.returncode, proc.stderr, *needles)
     assert proc.stdout == ""
 
 
@@ -453,8 +446,8 @@ def test_cli_eval_errors_in_process(built_index: Path, tmp_path: Path, capsys, c
     (tmp_path / "q.jsonl").write_text(content, encoding="utf-8")
     code = cli_main(["eval", str(built_index), str(tmp_path / "q.jsonl"), "--device", "cpu", *args])
     captured = capsys.readouterr()
-    assert code == 1 and captured.out == ""
-    _one_line_error(captured.err, *needles)
+    assert captured.out == ""
+    assert_one_line_error(code, captured.err, *needles)
 
 
 def test_readme_import_paths_re_export_the_evaluation_package() -> None:

@@ -11,6 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
+from helpers import assert_one_line_error, model_weights
 from imagegen import photo_like, write_caption_pairs
 
 from clipsearch.cli import main as cli_main
@@ -48,12 +49,6 @@ def _config(tiny_model: Path, pairs_dir: Path, out: Path, **kw: object) -> Finet
     }
     options.update(kw)
     return FinetuneConfig(**options)  # type: ignore[arg-type]  # options is dict[str, object]
-
-
-def _weights(directory: Path) -> dict[str, np.ndarray]:
-    from safetensors.numpy import load_file
-
-    return load_file(str(directory / "model.safetensors"))
 
 
 # -- the loss, the schedule, the pairs file ---------------------------------------------------------
@@ -184,7 +179,7 @@ def test_finetune_cli_trains_reports_skips_and_the_result_indexes(
 def test_freeze_vision_keeps_vision_weights_bit_identical(tiny_model: Path, pairs_dir: Path, tmp_path: Path) -> None:
     report = finetune(_config(tiny_model, pairs_dir, tmp_path / "out", epochs=2, freeze="vision"))
     assert report.finished and report.steps == 4
-    base, tuned = _weights(tiny_model), _weights(tmp_path / "out")
+    base, tuned = model_weights(tiny_model), model_weights(tmp_path / "out")
     assert base.keys() == tuned.keys()
     vision = [k for k in base if k.startswith(("vision_model.", "visual_projection."))]
     text = [k for k in base if k.startswith(("text_model.", "text_projection."))]
@@ -211,7 +206,7 @@ def test_resume_continues_exactly(tiny_model: Path, pairs_dir: Path, tmp_path: P
     assert rest.finished and rest.resumed_from_step == 3 and rest.steps == whole.steps == 6
     np.testing.assert_allclose(rest.loss_history, whole.loss_history, rtol=1e-5, atol=1e-6)
     assert rest.after == pytest.approx(whole.after, abs=1e-6)
-    a, b = _weights(tmp_path / "whole"), _weights(tmp_path / "split")
+    a, b = model_weights(tmp_path / "whole"), model_weights(tmp_path / "split")
     for key in a:
         np.testing.assert_allclose(a[key], b[key], rtol=1e-4, atol=1e-6, err_msg=key)
     assert not (tmp_path / "split" / "checkpoint").exists()
@@ -239,7 +234,7 @@ def test_output_opens_in_transformers_whatever_the_base_layout(layout: str, pair
         assert (out / "preprocessor_config.json").read_bytes() == (base / "preprocessor_config.json").read_bytes()
     model, info = CLIPModel.from_pretrained(out, output_loading_info=True)
     assert not info["missing_keys"] and not info["unexpected_keys"]
-    weights = _weights(out)
+    weights = model_weights(out)
     assert np.array_equal(model.text_projection.weight.detach().numpy(), weights["text_projection.weight"])
     base_settings = CLIPImageProcessor.from_pretrained(base).to_dict()
     assert base_settings["size"] == {"shortest_edge": 64} and base_settings["crop_size"] == {"height": 64, "width": 64}
@@ -272,7 +267,7 @@ def test_from_config_tiny_trains_a_loadable_model(pairs_dir: Path, tmp_path: Pat
     report = finetune(config)
     assert report.finished and report.base == "from-config:tiny" and report.steps == 2
     assert json.loads((out / "finetune.json").read_text())["learning_rate"] == 5e-4
-    assert all(v.dtype == np.float16 for v in _weights(out).values())
+    assert all(v.dtype == np.float16 for v in model_weights(out).values())
     model = CLIPModel.from_pretrained(out)
     assert model.config.vision_config.image_size == 64 and model.config.projection_dim == 48
     encoder = HFClipEncoder.load(str(out), device="cpu")
@@ -304,7 +299,7 @@ def test_bad_numbers_are_one_line_errors(
     extra: list[str], needle: str, pairs_dir: Path, tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     code = cli_main(["finetune", "--from-config", "tiny", "--data", str(pairs_dir / "pairs.jsonl"), "--out", str(tmp_path / "o"), *extra])
-    _one_line_error(code, capsys, needle)
+    assert_one_line_error(code, capsys.readouterr().err, needle)
 
 
 def test_a_run_killed_in_its_first_checkpoint_can_start_again(tmp_path: Path) -> None:
@@ -324,33 +319,24 @@ def test_bad_inputs_are_one_line_errors(pairs_dir: Path, tmp_path: Path, capsys:
     out = str(tmp_path / "o")
     data = str(pairs_dir / "pairs.jsonl")
     code = cli_main(["finetune", "--from-config", "tiny", "--data", str(tmp_path / "none.jsonl"), "--out", out])
-    _one_line_error(code, capsys, "none.jsonl: pairs file not found")
+    assert_one_line_error(code, capsys.readouterr().err, "none.jsonl: pairs file not found")
 
     unusable = tmp_path / "unusable.jsonl"
     unusable.write_text('{"path": "img/nope.png", "caption": "x"}\n{"path": "img/0.png", "caption": ""}\n', encoding="utf-8")
     code = cli_main(["finetune", "--from-config", "tiny", "--data", str(unusable), "--images-root", str(pairs_dir), "--out", out])
-    _one_line_error(code, capsys, "none of its 2 lines is a usable pair", "unusable.jsonl:1: image not found")
+    assert_one_line_error(code, capsys.readouterr().err, "none of its 2 lines is a usable pair", "unusable.jsonl:1: image not found")
 
     code = cli_main(["finetune", "--model", "open_clip:ViT-B-32/openai", "--data", data, "--out", out])
-    _one_line_error(code, capsys, "Hugging Face CLIP checkpoints (CLIPModel) only, not open_clip")
+    assert_one_line_error(code, capsys.readouterr().err, "Hugging Face CLIP checkpoints (CLIPModel) only, not open_clip")
 
     code = cli_main(["finetune", "--data", data, "--out", out])
-    _one_line_error(code, capsys, "--model BASE", "--from-config SPEC")
+    assert_one_line_error(code, capsys.readouterr().err, "--model BASE", "--from-config SPEC")
 
     code = cli_main(["finetune", "--from-config", "huge", "--data", data, "--out", out])
-    _one_line_error(code, capsys, "neither a preset")
+    assert_one_line_error(code, capsys.readouterr().err, "neither a preset")
 
     code = cli_main(["finetune", "--from-config", "tiny", "--data", data, "--out", out, "--resume"])
-    _one_line_error(code, capsys, "nothing to resume")
-
-
-def _one_line_error(code: int, capsys: pytest.CaptureFixture[str], *needles: str) -> None:
-    captured = capsys.readouterr()
-    assert code == 1, captured
-    lines = [line for line in captured.err.splitlines() if line.strip()]
-    assert len(lines) == 1 and lines[0].startswith("clipsearch: error: "), captured.err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
+    assert_one_line_error(code, capsys.readouterr().err, "nothing to resume")
 
 
 # -- the demo model -------------------------------------------------------------------------------
@@ -366,7 +352,7 @@ def test_demo_model_loads_with_its_documented_shape_and_ranks_train_captions() -
     assert DEMO_MODEL.is_dir(), "data/models/demo-clip is missing"
     size = sum(p.stat().st_size for p in DEMO_MODEL.iterdir())
     assert size <= 40_000_000
-    assert all(v.dtype == np.float16 for v in _weights(DEMO_MODEL).values())
+    assert all(v.dtype == np.float16 for v in model_weights(DEMO_MODEL).values())
     config = CLIPConfig.from_pretrained(DEMO_MODEL)
     # The shape documented in data/models/README.md.
     spec = json.loads((REPO / "data" / "models" / "demo-clip-spec.json").read_text(encoding="utf-8"))

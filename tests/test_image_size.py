@@ -5,13 +5,14 @@ respected by image queries and updates, and refused where it cannot work."""
 from __future__ import annotations
 
 import json
+from functools import partial
 from pathlib import Path
 
 import numpy as np
 import pytest
 import torch
 from conftest import run_cli
-from imagegen import photo_like
+from imagegen import write_photos
 from PIL import Image
 
 from indexer import build_index
@@ -21,11 +22,11 @@ from retrieval.images import load_pixels
 from retrieval.index import ImageIndex
 
 
-def _photos(root: Path, n: int, start: int = 0) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for i in range(start, start + n):
-        photo_like(120 + 9 * i, 90 + 5 * i, seed=300 + i).save(root / f"p{i:02d}.jpg", quality=92)
-    return root
+def _photo_size(i: int) -> tuple[int, int]:
+    return 120 + 9 * i, 90 + 5 * i
+
+
+_photos = partial(write_photos, size=_photo_size, name="p{:02d}.jpg", seed=300, quality=92)
 
 
 def test_embeddings_equal_the_reference_with_interpolated_position_embeddings(tiny_model: Path, tmp_path: Path) -> None:

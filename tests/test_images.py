@@ -29,22 +29,16 @@ from retrieval.images import (
 )
 
 try:
-    from imagegen import GIF_FRAME_COLORS, Collection, _bomb_png, photo_like
+    from imagegen import GIF_FRAME_COLORS, Collection, _bomb_png, encode_image, photo_like
 except ImportError:  # pragma: no cover
-    from tests.imagegen import GIF_FRAME_COLORS, Collection, _bomb_png, photo_like  # type: ignore[no-redef]  # same names, tests package
+    from tests.imagegen import GIF_FRAME_COLORS, Collection, _bomb_png, encode_image, photo_like  # type: ignore[no-redef]  # same names, tests package
 
 # Preprocessing must be the same ops as the reference processor: float32 rounding only.
 PARITY_ATOL = 1e-5
 
 
-def _encode(img: Image.Image, fmt: str, **kwargs: Any) -> bytes:
-    buf = io.BytesIO()
-    img.save(buf, fmt, **kwargs)
-    return buf.getvalue()
-
-
 def _reopen(img: Image.Image, fmt: str = "PNG", **kwargs: Any) -> Image.Image:
-    out = Image.open(io.BytesIO(_encode(img, fmt, **kwargs)))
+    out = Image.open(io.BytesIO(encode_image(img, fmt, **kwargs)))
     out.load()
     return out
 
@@ -92,7 +86,7 @@ def _half_red_half_blue_jpeg(orientation: int) -> bytes:
     img.paste((0, 0, 255), (100, 0, 200, 100))  # left half red, right half blue
     exif = Image.Exif()
     exif[0x0112] = orientation
-    return _encode(img, "JPEG", quality=95, exif=exif.tobytes())
+    return encode_image(img, "JPEG", quality=95, exif=exif.tobytes())
 
 
 def _is_red(px: tuple[int, ...]) -> bool:
@@ -200,7 +194,7 @@ def test_decode_permission_denied(collection: Collection, monkeypatch: pytest.Mo
 @pytest.mark.skipif(os.geteuid() == 0, reason="root can read mode-000 files")
 def test_decode_really_unreadable(tmp_path: Path) -> None:  # pragma: no cover - root in CI
     p = tmp_path / "locked.jpg"
-    p.write_bytes(_encode(Image.new("RGB", (8, 8)), "JPEG"))
+    p.write_bytes(encode_image(Image.new("RGB", (8, 8)), "JPEG"))
     p.chmod(0)
     with pytest.raises(ImageDecodeError) as exc:
         decode_image(p)
@@ -245,7 +239,7 @@ def test_max_pixels_above_pil_limit_is_honoured(
 @pytest.fixture(scope="module")
 def photo_jpeg(tmp_path_factory: pytest.TempPathFactory) -> Path:
     p = tmp_path_factory.mktemp("draft") / "photo.jpg"
-    p.write_bytes(_encode(photo_like(640, 480, 42), "JPEG", quality=90))
+    p.write_bytes(encode_image(photo_like(640, 480, 42), "JPEG", quality=90))
     return p
 
 
@@ -276,7 +270,7 @@ def test_jpeg_draft_image_close_to_full_decode(photo_jpeg: Path) -> None:
 
 def test_png_min_edge_does_nothing(tmp_path: Path) -> None:
     p = tmp_path / "photo.png"
-    p.write_bytes(_encode(photo_like(640, 480, 42), "PNG"))
+    p.write_bytes(encode_image(photo_like(640, 480, 42), "PNG"))
     d = decode_image(p, min_edge=64)
     assert d.image.size == (640, 480)
     assert (d.width, d.height) == (640, 480)

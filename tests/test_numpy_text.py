@@ -13,6 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import cosines
 
 from retrieval import ImageIndex
 from retrieval.encoders import HFClipEncoder
@@ -47,10 +48,6 @@ def _copy_with_config(src: Path, dst: Path, **text_config: object) -> Path:
     return dst
 
 
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a.astype(np.float64) * b.astype(np.float64)).sum(axis=1)
-
-
 def _assert_parity(model: Path, texts: Sequence[str] = TEXTS) -> None:
     fast = NumpyTextEncoder.load(str(model))
     torch_enc = HFClipEncoder.load(str(model), device="cpu", precision="fp32")
@@ -61,8 +58,8 @@ def _assert_parity(model: Path, texts: Sequence[str] = TEXTS) -> None:
     expected = torch_enc.embed_texts(list(texts))
     batch = fast.embed_texts(list(texts))
     single = np.stack([fast.embed_texts([t])[0] for t in texts])
-    assert _cosines(batch, expected).min() >= 0.99999
-    assert _cosines(single, expected).min() >= 0.99999
+    assert cosines(batch, expected).min() >= 0.99999
+    assert cosines(single, expected).min() >= 0.99999
     assert np.abs(batch - expected).max() < 1e-5
     assert fast.fingerprint == torch_enc.fingerprint and fast.dim == torch_enc.dim
 

@@ -18,6 +18,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_cli
+from helpers import normalised
 from imagegen import photo_like, transparent_photo_like
 from PIL import Image
 
@@ -43,10 +44,6 @@ TEXTS = ["a dog on a beach", "A PHOTO of a Cat!!  ", "日本語 café 🐱", "tw
 
 # SigLIP's preprocessing (open_clip's _slpcfg): squash to the input size, no crop, mean/std 0.5.
 SIGLIP_PREPROCESS = {"mean": [0.5, 0.5, 0.5], "std": [0.5, 0.5, 0.5], "interpolation": "bicubic", "resize_mode": "squash"}
-
-
-def _normalised(t: torch.Tensor) -> np.ndarray:
-    return (t / t.norm(dim=-1, keepdim=True)).numpy()
 
 
 def _save_random(name: str, path: Path, seed: int) -> Path:
@@ -237,7 +234,7 @@ def test_preprocess_dict_round_trip_and_old_dicts() -> None:
     for raw in OPEN_CLIP_CFGS.values():
         cfg = PreprocessConfig.from_open_clip(raw)
         assert PreprocessConfig.from_dict(json.loads(json.dumps(cfg.to_dict()))) == cfg
-    # A manifest written before the open_clip fields existed still reads, as the HF default.
+    # A manifest without the open_clip fields (an older format's) still reads, as the HF default.
     old = {"shortest_edge": 224, "resize_to": None, "crop_size": [224, 224], "resample": "bicubic",
            "rescale_factor": 1 / 255, "mean": list(PreprocessConfig().mean), "std": list(PreprocessConfig().std),
            "alpha": "white", "jpeg_draft": True}
@@ -274,7 +271,7 @@ def test_unsupported_open_clip_preprocess(raw: dict[str, Any]) -> None:
 def test_text_parity_with_open_clip(encoder: OpenClipEncoder, reference) -> None:
     model, _, tokenizer = reference
     with torch.no_grad():
-        ref = _normalised(model.encode_text(tokenizer(TEXTS)))
+        ref = normalised(model.encode_text(tokenizer(TEXTS)))
     ours = encoder.embed_texts(TEXTS)
     assert (ours * ref).sum(axis=1).min() >= 0.99999
     single = np.concatenate([encoder.embed_texts([t]) for t in TEXTS])
@@ -288,7 +285,7 @@ def test_image_parity_with_open_clip(encoder: OpenClipEncoder, reference, tmp_pa
     path = tmp_path / "photo.jpg"
     photo_like(*size, seed=sum(size)).save(path, quality=90)
     with torch.no_grad():
-        ref = _normalised(model.encode_image(preprocess(Image.open(path))[None]))
+        ref = normalised(model.encode_image(preprocess(Image.open(path))[None]))
     pixels, width, height = load_pixels(path, encoder.preprocess, draft=draft)
     assert (width, height) == size
     cos = float((encoder.embed_pixels(pixels[None]) * ref).sum())
@@ -306,8 +303,8 @@ def test_transparent_png_is_composited_on_white(encoder: OpenClipEncoder, refere
     pixels, _, _ = load_pixels(path, encoder.preprocess)
     ours = encoder.embed_pixels(pixels[None])
     with torch.no_grad():
-        on_white = _normalised(model.encode_image(preprocess(to_rgb(Image.open(path)))[None]))
-        dropped = _normalised(model.encode_image(preprocess(Image.open(path))[None]))
+        on_white = normalised(model.encode_image(preprocess(to_rgb(Image.open(path)))[None]))
+        dropped = normalised(model.encode_image(preprocess(Image.open(path))[None]))
     assert float((ours * on_white).sum()) >= 0.9999
     assert float((ours * dropped).sum()) < float((ours * on_white).sum())
 
@@ -324,13 +321,13 @@ def test_siglip_like_directory_parity(siglip_dir: Path, tmp_path: Path) -> None:
     tokenizer = open_clip.get_tokenizer(f"local-dir:{siglip_dir}")
     assert type(tokenizer).__name__ == "HFTokenizer" and type(enc.tokenizer).__name__ == "HFTokenizer"
     with torch.no_grad():
-        ref_text = _normalised(model.encode_text(tokenizer(TEXTS)))
+        ref_text = normalised(model.encode_text(tokenizer(TEXTS)))
     assert (enc.embed_texts(TEXTS) * ref_text).sum(axis=1).min() >= 0.99999
     for size in [(640, 480), (97, 301)]:
         path = tmp_path / f"{size}.jpg"
         photo_like(*size, seed=7).save(path, quality=90)
         with torch.no_grad():
-            ref = _normalised(model.encode_image(preprocess(Image.open(path))[None]))
+            ref = normalised(model.encode_image(preprocess(Image.open(path))[None]))
         pixels, _, _ = load_pixels(path, enc.preprocess, draft=False)
         assert float((enc.embed_pixels(pixels[None]) * ref).sum()) >= 0.9999
 
@@ -356,12 +353,12 @@ def test_hub_repository_loads_from_the_cache(tiny_oc: dict[str, Path], tmp_path:
     model.eval()
     tokenizer = open_clip.get_tokenizer("hf-hub:test-org/tiny-oc")
     with torch.no_grad():
-        ref_text = _normalised(model.encode_text(tokenizer(TEXTS)))
+        ref_text = normalised(model.encode_text(tokenizer(TEXTS)))
     assert (enc.embed_texts(TEXTS) * ref_text).sum(axis=1).min() >= 0.99999
     path = tmp_path / "p.jpg"
     photo_like(300, 200, seed=5).save(path, quality=90)
     with torch.no_grad():
-        ref = _normalised(model.encode_image(preprocess(Image.open(path))[None]))
+        ref = normalised(model.encode_image(preprocess(Image.open(path))[None]))
     pixels, _, _ = load_pixels(path, enc.preprocess, draft=False)
     assert float((enc.embed_pixels(pixels[None]) * ref).sum()) >= 0.9999
 

@@ -20,7 +20,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
-from imagegen import Collection, photo_like
+from imagegen import Collection, photo_like, write_photos
 
 from clipsearch.cli import main
 from indexer import build_index, ray_engine
@@ -32,11 +32,8 @@ from retrieval.errors import EngineError, InvalidArgumentError
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def _photos(root: Path, n: int, start: int = 0) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for i in range(start, start + n):
-        photo_like(72 + i % 5, 60 + i % 3, seed=i).save(root / f"img_{i:03d}.jpg", quality=90)
-    return root
+def _photo_size(i: int) -> tuple[int, int]:
+    return 72 + i % 5, 60 + i % 3
 
 
 def _contents(index_dir: Path) -> tuple[list[tuple[int, str]], np.ndarray, list[tuple[str, str]], dict]:
@@ -67,7 +64,7 @@ def assert_same_index(local: Path, other: Path) -> None:
 @pytest.fixture(scope="module")
 def small_photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Twelve JPEGs and one broken file."""
-    root = _photos(tmp_path_factory.mktemp("ray_small") / "photos", 12)
+    root = write_photos(tmp_path_factory.mktemp("ray_small") / "photos", 12, size=_photo_size)
     (root / "broken.jpg").write_bytes(b"\xff\xd8\xff not a jpeg")
     return root
 
@@ -206,11 +203,11 @@ def test_collection_equals_local_build(
 
 
 def test_update_sends_only_new_and_changed_files(tmp_path: Path, tiny_model: Path, ray_local: None) -> None:
-    photos = _photos(tmp_path / "photos", 6)
+    photos = write_photos(tmp_path / "photos", 6, size=_photo_size)
     out = tmp_path / "ray.idx"
     # Built by the local engine: the engines make the same index, so either may update it.
     build_index(photos, out, model=str(tiny_model), batch_size=4, device="cpu")
-    _photos(photos, 2, start=6)  # 2 new
+    write_photos(photos, 2, start=6, size=_photo_size)  # 2 new
     photo_like(90, 70, seed=99).save(photos / "img_001.jpg", quality=90)  # changed
     (photos / "img_002.jpg").unlink()  # removed
     report = build_index(photos, out, model=str(tiny_model), engine="ray", batch_size=4)

@@ -6,14 +6,13 @@ from __future__ import annotations
 
 import itertools
 import json
-import shutil
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import run_cli
-from test_ann import DIM, ROWS, clustered, exact_top, records, write_vectors_index
+from vector_indexes import DIM, ROWS, clustered, copy_of, exact_top, records, write_vectors_index
 
 from indexer import ann
 from indexer.commit import GenerationWriter, IndexMeta
@@ -38,12 +37,6 @@ def refined(tmp_path_factory: pytest.TempPathFactory, drawn: np.ndarray) -> Path
     out = tmp_path_factory.mktemp("refine") / "vec.idx"
     write_vectors_index(out, drawn[:ROWS], commit_every=1000, options={"index_type": "ivf-pq-refine", "target_recall": 0.9})
     return out
-
-
-def copy_of(src: Path, tmp_path: Path) -> Path:
-    dst = tmp_path / "copy.idx"
-    shutil.copytree(src, dst)
-    return dst
 
 
 def fp16_scores(vectors: np.ndarray, queries: np.ndarray) -> np.ndarray:

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from helpers import cosines
 
 from retrieval import ImageIndex
 from retrieval.encoders.numpy_text import NumpyTextEncoder, UnsupportedTextTower, text_path
@@ -24,10 +25,6 @@ TEXTS = ("a banana", "a black cat sleeping on a sofa", "a photo of " + "very " *
 pytestmark = pytest.mark.skipif(
     int8_module.int8_refusal() is not None, reason=f"no int8 text kernel here: {int8_module.int8_refusal()}"
 )
-
-
-def _cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    return (a.astype(np.float64) * b.astype(np.float64)).sum(axis=1)
 
 
 def test_int8_product_equals_the_dequantised_product() -> None:
@@ -73,7 +70,7 @@ def test_int8_tower_tracks_fp32_and_a_text_does_not_depend_on_its_batch(tiny_mod
     reversed_batch = int8.embed_texts(list(reversed(TEXTS)))[::-1]
     # Each text runs alone: bit-identical whatever it is batched with, in any order.
     assert np.array_equal(batch, single) and np.array_equal(batch, reversed_batch)
-    cos = _cosines(batch, fp32.embed_texts(list(TEXTS)))
+    cos = cosines(batch, fp32.embed_texts(list(TEXTS)))
     assert cos.mean() >= GATE_MEAN_COSINE and cos.min() >= 0.99
     assert np.allclose(np.linalg.norm(batch, axis=1), 1.0, atol=1e-6)
     assert int8.fingerprint == fp32.fingerprint and int8.dim == fp32.dim
@@ -117,7 +114,7 @@ def test_cpu_caps_choose_the_activation_range_or_refuse(tiny_model: Path, monkey
     avx2 = NumpyTextEncoder.load(str(tiny_model), precision="int8")
     assert avx2.precision_info()["int8"] == "7-bit activations, torch fbgemm"
     assert all(p.reduce_range for p in (avx2._tower._layers[0].qkv, avx2._tower._layers[-1].fc2))  # type: ignore[attr-defined]
-    assert _cosines(avx2.embed_texts(list(TEXTS)), fp32).mean() >= GATE_MEAN_COSINE
+    assert cosines(avx2.embed_texts(list(TEXTS)), fp32).mean() >= GATE_MEAN_COSINE
     monkeypatch.setenv("CLIPSEARCH_CPU_CAP", "none")
     assert int8_module.int8_refusal() == "no fast int8 on this CPU (level none)"
     auto = NumpyTextEncoder.load(str(tiny_model), precision="auto")

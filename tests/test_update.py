@@ -1,30 +1,18 @@
-"""Updating an index in place, resuming interrupted runs, and the one-writer lock."""
+"""Updating an index in place and resuming interrupted runs."""
 
 from __future__ import annotations
 
-import fcntl
 import json
 import os
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import numpy as np
 import pytest
-from imagegen import photo_like
+from imagegen import photo_like, write_photos
 
 from indexer import build_index
-from indexer.lock import IndexLock
-from retrieval import ImageIndex, IndexLockedError, ModelMismatchError
+from retrieval import ImageIndex, ModelMismatchError
 from retrieval.encoders import HFClipEncoder
-
-
-def _photos(root: Path, n: int, start: int = 0) -> Path:
-    root.mkdir(parents=True, exist_ok=True)
-    for i in range(start, start + n):
-        photo_like(72 + i % 5, 60, seed=i).save(root / f"img_{i:03d}.jpg", quality=90)
-    return root
 
 
 def by_path(index_dir: Path) -> dict[str, np.ndarray]:
@@ -73,7 +61,7 @@ def counting(tiny_model: Path):
 
 
 def test_update_in_place(tmp_path: Path, tiny_model: Path, counting) -> None:
-    photos = _photos(tmp_path / "photos", 8)
+    photos = write_photos(tmp_path / "photos", 8)
     idx = tmp_path / "idx"
     first = build_index(photos, idx, encoder=counting, workers=0)
     assert (first.added, first.total, CountingEncoder.embedded) == (8, 8, 8)
@@ -97,7 +85,7 @@ def test_update_in_place(tmp_path: Path, tiny_model: Path, counting) -> None:
 
 
 def test_broken_file_retried_only_when_changed(tmp_path: Path, counting) -> None:
-    photos = _photos(tmp_path / "photos", 3)
+    photos = write_photos(tmp_path / "photos", 3)
     (photos / "broken.jpg").write_bytes(b"not yet")
     idx = tmp_path / "idx"
     assert build_index(photos, idx, encoder=counting, workers=0).newly_skipped == 1
@@ -112,7 +100,7 @@ def test_broken_file_retried_only_when_changed(tmp_path: Path, counting) -> None
 
 
 def test_deleted_broken_file_leaves_the_skip_list(tmp_path: Path, counting) -> None:
-    photos = _photos(tmp_path / "photos", 2)
+    photos = write_photos(tmp_path / "photos", 2)
     (photos / "broken.jpg").write_bytes(b"")
     idx = tmp_path / "idx"
     build_index(photos, idx, encoder=counting, workers=0)
@@ -122,7 +110,7 @@ def test_deleted_broken_file_leaves_the_skip_list(tmp_path: Path, counting) -> N
 
 
 def test_other_model_refused_unless_rebuild(tmp_path: Path, tiny_model: Path, other_model: Path) -> None:
-    photos = _photos(tmp_path / "photos", 3)
+    photos = write_photos(tmp_path / "photos", 3)
     idx = tmp_path / "idx"
     build_index(photos, idx, model=str(tiny_model), workers=0)
     with pytest.raises(ModelMismatchError) as err:
@@ -135,7 +123,7 @@ def test_other_model_refused_unless_rebuild(tmp_path: Path, tiny_model: Path, ot
 
 
 def test_chunk_commits_make_parts_and_equal_a_single_build(tmp_path: Path, tiny_model: Path) -> None:
-    photos = _photos(tmp_path / "photos", 11)
+    photos = write_photos(tmp_path / "photos", 11)
     report = build_index(photos, tmp_path / "chunked", model=str(tiny_model), workers=0, batch_size=2, commit_every=3)
     assert report.commits >= 4
     manifest = _manifest(tmp_path / "chunked")
@@ -146,7 +134,7 @@ def test_chunk_commits_make_parts_and_equal_a_single_build(tmp_path: Path, tiny_
 
 
 def test_interrupted_run_is_searchable_and_resumes(tmp_path: Path, tiny_model: Path, counting) -> None:
-    photos = _photos(tmp_path / "photos", 10)
+    photos = write_photos(tmp_path / "photos", 10)
     idx = tmp_path / "idx"
     CountingEncoder.fail_after_batches = 3
     with pytest.raises(KeyboardInterrupt):
@@ -165,77 +153,8 @@ def test_interrupted_run_is_searchable_and_resumes(tmp_path: Path, tiny_model: P
     assert_same_index(idx, tmp_path / "clean")
 
 
-def _record_waits(monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[float]]:
-    """Record the flags of every ``fcntl.lockf`` call and every ``time.sleep`` of this thread.
-
-    "Fails at once" checked by construction rather than with a stopwatch: the lock is only
-    ever asked for without blocking, and nothing sleeps to retry.
-    """
-    import threading
-
-    flags: list[int] = []
-    sleeps: list[float] = []
-    lockf, sleep, me = fcntl.lockf, time.sleep, threading.get_ident()
-
-    def recording_lockf(fd: int, cmd: int, *args: int) -> None:
-        flags.append(cmd)
-        lockf(fd, cmd, *args)
-
-    def recording_sleep(seconds: float) -> None:
-        if threading.get_ident() == me:
-            sleeps.append(seconds)
-        sleep(seconds)
-
-    monkeypatch.setattr(fcntl, "lockf", recording_lockf)
-    monkeypatch.setattr(time, "sleep", recording_sleep)
-    return flags, sleeps
-
-
-def test_second_writer_fails_naming_the_holder(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    photos = _photos(tmp_path / "photos", 2)
-    idx = tmp_path / "idx"
-    build_index(photos, idx, model=str(tiny_model), workers=0)
-    with IndexLock(idx):
-        flags, sleeps = _record_waits(monkeypatch)
-        with pytest.raises(IndexLockedError) as err:
-            build_index(photos, idx, model=str(tiny_model), workers=0)
-        # Refused by the in-process guard before the file lock is even asked for; no retries.
-        assert flags == [] and sleeps == []
-        monkeypatch.undo()
-    assert f"pid {os.getpid()}" in str(err.value)
-    assert len(ImageIndex.open(idx)) == 2
-
-
-def test_lock_of_a_killed_writer_is_taken_over(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    photos = _photos(tmp_path / "photos", 2)
-    idx = tmp_path / "idx"
-    idx.mkdir()
-    holder = subprocess.Popen(
-        [
-            sys.executable,
-            "-c",
-            "import sys, time; from indexer.lock import IndexLock; IndexLock(sys.argv[1]).acquire(); "
-            "print('locked', flush=True); time.sleep(60)",
-            str(idx),
-        ],
-        stdout=subprocess.PIPE,
-        text=True,
-    )
-    assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
-    flags, sleeps = _record_waits(monkeypatch)
-    with pytest.raises(IndexLockedError, match=f"pid {holder.pid}"):
-        build_index(photos, idx, model=str(tiny_model), workers=0)
-    # One non-blocking attempt on the file lock, refused at once: no waiting, no retries.
-    assert flags == [fcntl.LOCK_EX | fcntl.LOCK_NB] and sleeps == []
-    monkeypatch.undo()
-    holder.kill()
-    holder.wait()
-    report = build_index(photos, idx, model=str(tiny_model), workers=0)
-    assert report.total == 2 and report.resumed  # the dead writer's lock was detected and taken over
-
-
 def test_leftovers_of_a_killed_first_build_are_reused(tmp_path: Path, tiny_model: Path) -> None:
-    photos = _photos(tmp_path / "photos", 2)
+    photos = write_photos(tmp_path / "photos", 2)
     idx = tmp_path / "idx"
     (idx / ".staging-deadbeef" / "embeddings").mkdir(parents=True)
     (idx / "lock").write_text("")
@@ -247,7 +166,7 @@ def test_leftovers_of_a_killed_first_build_are_reused(tmp_path: Path, tiny_model
 def test_damaged_index_is_replaced_only_with_rebuild(tmp_path: Path, tiny_model: Path) -> None:
     from retrieval import IndexDirError, IndexFormatError
 
-    photos = _photos(tmp_path / "photos", 2)
+    photos = write_photos(tmp_path / "photos", 2)
     idx = tmp_path / "idx"
     build_index(photos, idx, model=str(tiny_model), workers=0)
     manifest = _manifest(idx)

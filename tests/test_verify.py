@@ -283,7 +283,7 @@ def test_flipped_bit_in_a_path_crc_is_raised_when_read(idx: Path) -> None:
 
 
 def test_path_files_without_a_crc_trailer_are_read(idx: Path) -> None:
-    # Path files written before the trailer: read unchecked, as before.
+    # Path files of an older format have no trailer: read unchecked.
     strip_checksums(idx)
     rel = file_of(idx, "paths0")
     (idx / rel).write_bytes((idx / rel).read_bytes()[: paths_data_end(idx / rel)])

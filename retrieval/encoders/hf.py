@@ -202,7 +202,7 @@ def checkpoint_fingerprint(directory: Path) -> str:
         raise ModelLoadError(f"{directory} holds no model weights (model.safetensors or pytorch_model.bin)")
     digest = hashlib.sha256()
     for path in files:
-        # Same digest as before the encoders became a package: existing indexes keep matching.
+        # Indexes record this digest: any change to what it covers makes them all report a mismatch.
         digest.update(f"{path.name}\0{path.stat().st_size}\0{file_sha256(path)}\n".encode())
     return "sha256:" + digest.hexdigest()
 

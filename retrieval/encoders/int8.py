@@ -27,10 +27,8 @@ quick-GELU MLP (``x * sigmoid(1.702 x)``, CLIP's activation) becomes ``silu`` in
 1.702 folded into the two layers' scales (per-row quantisation does not see a row's scale).
 transformers' q/k/v projections share one quantised input and one product.
 
-Measured with ``benchmarks/bench_int8.py`` on 2 AVX-512 VNNI cores, ViT-B/32 vision tower,
-batch 32, freed memory kept as the indexer does: fp32 20.4 img/s, this 62.6 img/s (with
-``torch._int_mm`` and separate elementwise passes it was 53.1-55.3), fbgemm's per-batch int8
-56.4, ONNX Runtime's dynamic int8 59.8; cosine to fp32 0.99990 (fbgemm 0.99964).
+``benchmarks/bench_int8.py`` measures this scheme against fp32, fbgemm's per-batch int8 and ONNX
+Runtime's dynamic int8 (speed and cosine to fp32); its figures are in benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -119,16 +117,16 @@ def full_codes_saturate(onednn: bool) -> bool:
 def _shifted_row_codes(
     x: torch.Tensor, *, steps: int = FULL_STEPS, in_place: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    # codes - offset as int8 (a float -> int8 conversion ran 3x faster than float -> uint8 here).
+    # codes - offset as int8: a float -> int8 conversion is faster than float -> uint8 here.
     # ``in_place`` overwrites ``x`` (for an input nobody reads afterwards).
-    # amin and amax separately: aminmax over a dimension ran 25x slower here (torch 2.14 CPU).
+    # amin and amax separately: aminmax over a dimension is much slower here (torch 2.14 CPU).
     lo = x.amin(dim=1, keepdim=True).clamp_(max=0.0)
     hi = x.amax(dim=1, keepdim=True).clamp_(min=0.0)
     scale = (hi - lo).div_(float(steps)).clamp_(min=1e-12)
     inv = scale.reciprocal()
     zero = torch.round(lo * inv).neg_()
     offset = 128.0 if steps == FULL_STEPS else 0.0
-    # One out-of-place pass, then in-place ones (an out-of-place pass cost ~3x an in-place one here).
+    # One out-of-place pass, then in-place ones: an out-of-place pass costs more than an in-place one.
     scaled = x.mul_(inv) if in_place else torch.mul(x, inv)
     shifted = scaled.add_(zero - offset).round_().to(torch.int8)
     return shifted, scale, zero
@@ -182,7 +180,7 @@ class _PackedWeight:
 
 
 def _uninitialised_linear(in_features: int, out_features: int, *, bias: bool = True) -> nn.Linear:
-    # A layer whose weights are copied in next: skip the random initialisation (~70 ms for ViT-B/32).
+    # A layer whose weights are copied in next: its random initialisation would be wasted work.
     return nn.utils.skip_init(nn.Linear, in_features, out_features, bias=bias)
 
 
@@ -225,7 +223,7 @@ class Int8Linear(nn.Module):
         self.register_buffer("weight_codes", codes)  # (out, in)
         self.register_buffer("col_scale", col_scale)
         # Zero-point correction per output: minus the sum of its codes, times its scale.
-        # Summed as floats (exact below 2**24; an int8 sum ran 10x slower).
+        # Summed as floats: exact below 2**24, and faster than an int8 sum.
         self.register_buffer("neg_code_sums", codes.float().sum(dim=1).mul_(col_scale).neg_())
         self.register_buffer("bias", bias)
         self.register_buffer("weight_zero", torch.zeros(self.out_features, dtype=torch.long))

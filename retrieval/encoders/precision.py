@@ -2,7 +2,7 @@
 
 Modes (``--precision``):
 
-- ``fp32``: the reference; embeddings equal ``CLIPModel.get_image_features`` exactly as before.
+- ``fp32``: the reference; embeddings equal ``CLIPModel.get_image_features`` exactly.
 - ``bf16`` / ``fp16``: ``torch.autocast`` (matrix products in 16 bits, LayerNorm, softmax and the
   final normalisation in float32). On CUDA the fast modes; on CPUs without AMX, measured slower
   than fp32 (see README), so ``auto`` never picks them there.

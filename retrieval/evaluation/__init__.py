@@ -7,8 +7,11 @@ The room for everything ``clipsearch eval`` and the quality benchmarks need:
 * :mod:`.ranking`: exact ranking over the stored embeddings (``exact_ranks``), pure numpy.
 * :mod:`.results`: the report types (:class:`EvalReport`, :class:`QueryResult`, ...).
 * :mod:`.metrics`: the metrics as plain numpy functions of ranks, with chance levels.
-* :mod:`.caption_datasets`: Karpathy / caption CSV / caption JSONL loaders that turn a
-  captioned dataset into the images to index and a queries file (benchmarks, tests).
+* :mod:`.captioned_set`: :class:`CaptionedSet`, images and their captions, and the image-path rule.
+* :mod:`.dataset_readers`: the Karpathy JSON / caption CSV / caption JSONL readers (``load_dataset``).
+* :mod:`.split_files`: selecting a split's images with a split file (``apply_split_file``).
+* :mod:`.dataset_writers`: a set's queries file and image list (``write_queries``), for the
+  quality benchmarks and tests.
 
 ``retrieval.evaluate`` and ``retrieval.metrics``, the import paths the README documents,
 re-export these names.
@@ -17,21 +20,14 @@ re-export these names.
 from __future__ import annotations
 
 from . import metrics
-from .caption_datasets import (
-    CaptionedSet,
-    apply_split_file,
-    load_captions_csv,
-    load_captions_jsonl,
-    load_dataset,
-    load_karpathy,
-    queries_of,
-    write_image_list,
-    write_queries,
-)
+from .captioned_set import CaptionedSet
+from .dataset_readers import load_captions_csv, load_captions_jsonl, load_dataset, load_karpathy
+from .dataset_writers import queries_of, write_image_list, write_queries
 from .queries import Query, load_queries
 from .ranking import canonical_scores, exact_ranks
 from .results import EvalReport, QueryResult, SkippedQuery
 from .run import DEFAULT_KS, EvalOptions, evaluate, parse_ks
+from .split_files import apply_split_file
 
 __all__ = [
     "DEFAULT_KS",

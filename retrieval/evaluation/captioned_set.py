@@ -90,8 +90,8 @@ def normalize_image_path(raw: str, prefix: str = "") -> str:
     """``prefix/raw`` as a normalised relative POSIX path, as ``build_index(files=...)`` stores it.
 
     Raises:
-        InvalidArgumentError: empty, absolute, or leaving the images root (``..``); it is a
-            ``ValueError``, as before it was typed.
+        InvalidArgumentError: empty, absolute, or leaving the images root (``..``); a
+            ``ValueError``, so callers that catch ``ValueError`` catch it too.
     """
     if not isinstance(raw, str) or not raw.strip():
         raise InvalidArgumentError(f"image path must be a non-empty string, got {raw!r}")

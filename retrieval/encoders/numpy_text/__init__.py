@@ -1,8 +1,8 @@
 """A query-only CLIP text tower in plain numpy: text queries without importing torch.
 
-``clipsearch search INDEX "a banana"`` used to spend seconds importing torch and transformers
-to run a text tower that takes milliseconds. This package runs the same tower from the
-checkpoint's own files and needs neither:
+Importing torch and transformers takes seconds; the text tower of ``clipsearch search INDEX
+"a banana"`` takes milliseconds. This package runs the same tower from the checkpoint's own
+files and needs neither:
 
 - the tokenizer is the checkpoint's ``tokenizer.json`` through the ``tokenizers`` library, set
   up the way transformers 5's ``CLIPTokenizer`` sets it up (its normaliser, pre-tokeniser and

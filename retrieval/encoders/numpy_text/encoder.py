@@ -79,9 +79,9 @@ class NumpyTextEncoder:
         name, directory = local_checkpoint(model)
         cfg = read_checkpoint_config(directory)
         reader = SafetensorsReader.for_checkpoint(directory)
-        # Hashing the weights (0.5 s for ViT-B/32's 605 MB) releases the GIL: it runs beside
-        # the tokenizer and weight loading instead of after them (once the cheap checks passed,
-        # so that a fallback to torch does not hash twice).
+        # Hashing the weights is slow and releases the GIL: it runs beside the tokenizer and
+        # weight loading instead of after them (once the cheap checks passed, so that a fallback
+        # to torch does not hash twice).
         fingerprint: Future[str] = Future()
         threading.Thread(target=_resolve, args=(fingerprint, checkpoint_fingerprint, directory), daemon=True).start()
         tokenizer, settings = load_clip_tokenizer(directory, cfg.max_positions)

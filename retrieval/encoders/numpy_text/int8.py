@@ -1,10 +1,10 @@
 """int8 matrix products for the numpy text tower: torch's dynamic int8 linear, one query at a time.
 
-A short query's text tower is bound by its 48 matrix products (ViT-B/32 shapes: 38M weights;
-~22 ms of float32 BLAS for 10 tokens on 2 AVX-512 cores, where reading the weights alone takes
-~6 ms). Here each becomes ``torch.ops.quantized.linear_dynamic`` (fbgemm): int8 weights, one
-symmetric scale per output channel, quantised once; the input quantised to uint8 on every call
-with one scale for the whole input, the product dequantised and the bias added in the kernel.
+A short query's text tower is bound by its 48 matrix products (ViT-B/32 shapes: 38M weights),
+and by their float32 arithmetic more than by reading the weights. Here each becomes
+``torch.ops.quantized.linear_dynamic`` (fbgemm): int8 weights, one symmetric scale per output
+channel, quantised once; the input quantised to uint8 on every call with one scale for the
+whole input, the product dequantised and the bias added in the kernel.
 Everything else in the tower stays float32 numpy.
 
 One scale per input is per *query* here: :meth:`~.encoder.NumpyTextEncoder.embed_texts` runs
@@ -92,8 +92,8 @@ def full_inputs_saturate() -> bool:
 def one_torch_thread() -> Iterator[None]:
     """Run the products on the calling thread alone.
 
-    A query's products are too small to split: with two threads woken per product (the CLI's
-    passive OpenMP waiting) a ViT-B/32 query took ~11 ms against ~7 ms on one (2 AVX-512 cores).
+    A query's products are too small to split: waking two threads per product (the CLI's
+    passive OpenMP waiting) made a ViT-B/32 query slower than one thread does.
     torch's thread count is the calling thread's own (OpenMP), so other threads keep theirs.
     """
     import torch

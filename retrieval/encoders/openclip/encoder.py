@@ -43,7 +43,7 @@ from .quiet import _quiet_open_clip
 if TYPE_CHECKING:
     import torch
 
-# The package's name, as before the split into modules: a logging config may filter on it.
+# The package's name, not this module's: a logging config may filter on it.
 LOG = logging.getLogger(__package__)
 
 

@@ -1,4 +1,6 @@
-"""Reading the three caption dataset formats into a :class:`CaptionedSet`.
+"""Readers of the three caption dataset formats, each into a :class:`CaptionedSet`.
+
+:func:`load_dataset` picks the reader by the file's extension.
 
 * Karpathy split files (``dataset_coco.json``, ``dataset_flickr30k.json``, ``dataset_flickr8k.json``):
   ``{"images": [{"filepath"?, "filename", "split", "sentences": [{"raw": ...}, ...]}, ...],
@@ -13,12 +15,12 @@
 Captions per image (Karpathy): the published protocol is "5,000 images / 25,000 captions" for
 COCO and "1,000 / 5,000" for Flickr30k, so :func:`load_karpathy` keeps the first
 ``max_captions=5`` sentences of each image. A few COCO test images carry a 6th or 7th
-sentence (about 25,010 sentences instead of 25,000, by the usual count; no copy of the file was
-at hand to check). CLIP_benchmark, which produced open_clip's published retrieval table, does
-not cut them in code (torchvision ``CocoCaptions`` returns every annotation of an image and
-``zeroshot_retrieval`` ranks every text), so its figures count whatever its annotation file
-holds; pass ``max_captions=None`` to keep them all. A handful of ~25,000 queries differ either
-way, which moves recall by a few hundredths of a point at most.
+sentence (about 25,010 sentences instead of 25,000, by the usual count). CLIP_benchmark,
+which produced open_clip's published retrieval table, does not cut them in code (torchvision
+``CocoCaptions`` returns every annotation of an image and ``zeroshot_retrieval`` ranks every
+text), so its figures count whatever its annotation file holds; pass ``max_captions=None`` to
+keep them all. A handful of ~25,000 queries differ either way, which moves recall by a few
+hundredths of a point at most.
 """
 
 from __future__ import annotations
@@ -38,6 +40,52 @@ from .captioned_set import CaptionedSet, check_prefix, normalize_image_path
 
 #: Sentences kept per image from Karpathy split files (the 5k/25k COCO and 1k/5k Flickr protocol).
 KARPATHY_CAPTIONS_PER_IMAGE = 5
+
+
+# -- any supported file ------------------------------------------------------------------------
+
+
+def load_dataset(
+    path: str | os.PathLike[str],
+    *,
+    split: str | Sequence[str] | None = None,
+    image_prefix: str = "",
+    max_captions: int | None | str = "default",
+) -> CaptionedSet:
+    """Read any supported file, chosen by its extension.
+
+    ``.json`` is a Karpathy split file (``split`` default ``test``, first 5 captions per image
+    unless ``max_captions`` says otherwise); ``.csv``/``.tsv`` and ``.jsonl``/``.ndjson`` are
+    caption files (all captions unless ``max_captions``; ``split`` must be None: use
+    :func:`apply_split_file`).
+
+    Raises:
+        DatasetError: unknown extension, or any error of the specific loader.
+    """
+    source = os.fspath(path)
+    suffix = Path(source).suffix.lower()
+    if suffix == ".json":
+        cap = KARPATHY_CAPTIONS_PER_IMAGE if max_captions == "default" else max_captions
+        return load_karpathy(
+            source,
+            split or "test",
+            image_prefix=image_prefix,
+            max_captions=cap,  # type: ignore[arg-type]  # "default" replaced; loader rejects other str
+        )
+    if suffix not in (".csv", ".tsv", ".jsonl", ".ndjson"):
+        raise DatasetError(
+            source, f"unknown dataset format {suffix or '(no extension)'!r}; expected .json (Karpathy), .csv, .tsv or .jsonl"
+        )
+    if split is not None:
+        raise DatasetError(source, "caption files have no splits; select images with a split file instead")
+    cap = None if max_captions == "default" else max_captions
+    if suffix in (".csv", ".tsv"):
+        return load_captions_csv(
+            source, image_prefix=image_prefix, max_captions=cap  # type: ignore[arg-type]  # "default" replaced; loader rejects other str
+        )
+    return load_captions_jsonl(
+        source, image_prefix=image_prefix, max_captions=cap  # type: ignore[arg-type]  # "default" replaced; loader rejects other str
+    )
 
 
 # -- Karpathy split files ----------------------------------------------------------------------
@@ -301,4 +349,4 @@ def _collect(
     )
 
 
-__all__ = ["KARPATHY_CAPTIONS_PER_IMAGE", "load_captions_csv", "load_captions_jsonl", "load_karpathy"]
+__all__ = ["KARPATHY_CAPTIONS_PER_IMAGE", "load_captions_csv", "load_captions_jsonl", "load_dataset", "load_karpathy"]

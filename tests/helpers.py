@@ -1,0 +1,58 @@
+"""Assertions and small computations more than one test file needs.
+
+Fixtures live in ``conftest.py`` and test images in ``imagegen.py``; this module holds the plain
+functions, imported as ``from helpers import ...`` (pytest puts ``tests/`` on ``sys.path``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Container
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import torch
+
+
+def assert_one_line_error(
+    code: int,
+    stderr: str,
+    *needles: str,
+    codes: Container[int] = (1,),
+    prefix: str = "clipsearch: error: ",
+) -> None:
+    """Assert that a command failed with exactly one line on stderr, naming every needle.
+
+    Args:
+        code: the command's exit status.
+        stderr: what it wrote to stderr.
+        needles: strings the error line must contain.
+        codes: the exit statuses allowed (1 is an error; argparse's usage mistakes exit 2).
+        prefix: what the line starts with (a usage mistake names the command:
+            ``clipsearch search: error: ...``).
+    """
+    assert code in codes, (code, stderr)
+    assert "Traceback" not in stderr, stderr
+    lines = [line for line in stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and lines[0].startswith(prefix), stderr
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+
+
+def model_weights(directory: Path) -> dict[str, np.ndarray]:
+    """The tensors of a checkpoint directory's ``model.safetensors``, as numpy arrays."""
+    from safetensors.numpy import load_file
+
+    return load_file(str(directory / "model.safetensors"))
+
+
+def normalised(t: torch.Tensor) -> np.ndarray:
+    """The rows of ``t`` scaled to unit L2 norm, as numpy (the reference the encoders must match)."""
+    return (t / t.norm(dim=-1, keepdim=True)).numpy()
+
+
+def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Row-wise dot products of two stacks of unit vectors, in float64."""
+    return (a.astype(np.float64) * b.astype(np.float64)).sum(axis=1)
