@@ -1,7 +1,7 @@
-"""The documented import path of the evaluation API (README: ``from retrieval.evaluate import ...``).
+"""The documented import path of the evaluation API (docs/evaluation.md: ``from retrieval.evaluate import ...``).
 
 The code lives in :mod:`retrieval.evaluation`; this module only re-exports its names so that
-scripts written against the README keep working.
+scripts written against those docs keep working.
 """
 
 from __future__ import annotations

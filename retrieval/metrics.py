@@ -1,7 +1,7 @@
-"""The documented import path of the retrieval metrics (README: ``retrieval.metrics``).
+"""The documented import path of the retrieval metrics (docs/evaluation.md: ``retrieval.metrics``).
 
 The functions live in :mod:`retrieval.evaluation.metrics`; this module only re-exports them so
-that scripts written against the README keep working. Its ``__all__`` is that module's, so the
+that scripts written against those docs keep working. Its ``__all__`` is that module's, so the
 two cannot drift apart.
 """
 

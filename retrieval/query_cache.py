@@ -2,10 +2,10 @@
 
 A server sees the same texts again (a results page reloaded, the next page of results, the
 same query on several indexes of one model): each costs a text-tower pass that a lookup
-replaces. :class:`QueryVectorCache` keeps the
-vectors of the ``capacity`` most recently used distinct texts (least recently used first out).
-It belongs to one text encoder: :class:`~retrieval.index.ImageIndex` holds one per index and
-passes it on to the next generation only when it passes on the encoder itself.
+replaces. :class:`QueryVectorCache` keeps the vectors of the ``capacity`` most recently used
+distinct texts (least recently used first out). It belongs to one text encoder:
+:class:`~retrieval.encoders.query.QueryEncoders` holds one per index and passes it on to the
+next generation only when it passes on the encoder itself.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ Modes (``--precision``):
 - ``fp32``: the reference; embeddings equal ``CLIPModel.get_image_features`` exactly.
 - ``bf16`` / ``fp16``: ``torch.autocast`` (matrix products in 16 bits, LayerNorm, softmax and the
   final normalisation in float32). On CUDA the fast modes; on CPUs without AMX, measured slower
-  than fp32 (see README), so ``auto`` never picks them there.
+  than fp32 (see docs/performance.md), so ``auto`` never picks them there.
 - ``int8``: int8 weights and per-row dynamically quantised activations for every ``nn.Linear``
   and the patch embedding (:mod:`retrieval.encoders.int8`), CPU only; a vector stays a
   function of its input alone (bit-identical in any batch).
@@ -102,7 +102,7 @@ def check_device_support(precision: Precision, device: torch.device) -> None:
 
 
 def auto_candidates(device: torch.device) -> tuple[Mode, ...]:
-    """Reduced modes ``auto`` tries on ``device``, fastest first (measured; see README).
+    """Reduced modes ``auto`` tries on ``device``, fastest first (measured; see docs/performance.md).
 
     CPU, by :func:`retrieval.encoders.cpu.cpu_level`: int8 from AVX2 up (with VNNI 3x fp32;
     on AVX2, 7-bit activations, ~2x fp32 in the products); bf16 first only with AMX, since with

@@ -13,7 +13,7 @@ The room for everything ``clipsearch eval`` and the quality benchmarks need:
 * :mod:`.dataset_writers`: a set's queries file and image list (``write_queries``), for the
   quality benchmarks and tests.
 
-``retrieval.evaluate`` and ``retrieval.metrics``, the import paths the README documents,
+``retrieval.evaluate`` and ``retrieval.metrics``, the import paths docs/evaluation.md documents,
 re-export these names.
 """
 
