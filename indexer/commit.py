@@ -13,7 +13,7 @@ import datetime as dt
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, TypeAlias
@@ -110,6 +110,7 @@ class GenerationWriter:
         self._vectors: list[np.ndarray] = []
         # Kept rows of rewritten parts (after compact), written as one part at the next commit.
         self._rewrite_tail: pa.Table | None = None
+        # The skip list every commit writes; callers add to it with record_skips().
         self.skipped: list[SkipRecord] = []
         self.commits = 0
 
@@ -190,6 +191,14 @@ class GenerationWriter:
         """Queue new rows for the next commit."""
         self._records.extend(records)
         self._vectors.append(np.asarray(vectors, dtype=np.float32))
+
+    def record_skips(self, records: Iterable[SkipRecord]) -> None:
+        """Add files to the skip list that the next commit writes (files with no row)."""
+        self.skipped.extend(records)
+
+    def set_model_info(self, model_info: Mapping[str, Any]) -> None:
+        """Record ``model_info`` (e.g. the precision a run resolved) in every later manifest."""
+        self.meta = dataclasses.replace(self.meta, model_info=dict(model_info))
 
     # -- publishing ----------------------------------------------------------------------------
 
