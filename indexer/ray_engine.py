@@ -37,16 +37,17 @@ from .commit import GenerationWriter
 from .config import BuildConfig
 from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
-from .embed import EmbeddedBatch, embed_batch, new_stats, write_batches
+from .embed import EmbeddedBatch, embed_batch, write_batches
 from .heap import retained_heap
 from .plan import UpdatePlan
+from .stats import RunStats
 
 RAY_EXTRA = "pip install 'clipsearch[ray]'"
 # A cluster address that does not answer fails within this many seconds (Ray itself retries
 # for minutes before giving up on an unreachable head).
 CONNECT_TIMEOUT_S = 10.0
-# CPUs a CPU-only actor asks for by default: its torch and decode threads. More actors of
-# fewer threads each ran no faster on one machine (benchmarks/README.md, bench_ray).
+# CPUs a CPU-only actor asks for by default: its torch and decode threads (more actors of
+# fewer threads each do not pay on one machine: benchmarks/README.md, bench_ray).
 DEFAULT_CPUS_PER_ACTOR = 4
 # Files per block of the input dataset: a block is the unit Ray schedules and retries; more
 # blocks than this is scheduling overhead without more parallelism.
@@ -256,8 +257,7 @@ class EmbedActor:
     def __init__(self, spec: ActorSpec) -> None:
         self.spec = spec
         # As in a local build: activations stay in the heap instead of fresh pages every layer
-        # (without it this actor embedded 1.7x slower; see indexer/heap.py). The actor's
-        # process exists to embed, so the setting lasts its life.
+        # (see indexer/heap.py). The actor's process exists to embed, so the setting lasts its life.
         self._heap = retained_heap()
         self._heap.__enter__()
         self.enc = load_actor_encoder(spec)
@@ -271,8 +271,7 @@ class EmbedActor:
         self._dataset.files = [ImageFile(bytes(rel), -1, -1) for rel in batch["rel"]]
         items = self._dataset.__getitems__(range(len(self._dataset.files)))
         # The decode threads set torch to one thread each (dataset._one_torch_thread), which
-        # also left this thread's model calls on fewer cores: 2.1 s per batch of 64 against 1.3 s
-        # with the count set again here (ViT-B/32 int8, 2 cores).
+        # would leave this thread's model calls on fewer cores: the count is set again here.
         torch.set_num_threads(self.spec.threads)
         done = embed_batch(self.enc, collate(items))
         return _to_columns(batch["index"], done, self.enc.dim)
@@ -375,17 +374,17 @@ class RayRun:
             raise _task_error(exc) from exc
         return info
 
-    def embed(self, spec: ActorSpec, plan: UpdatePlan, writer: GenerationWriter) -> dict[str, Any]:
+    def embed(self, spec: ActorSpec, plan: UpdatePlan, writer: GenerationWriter) -> RunStats:
         """Embed ``plan.to_embed`` on the actor pool into ``writer`` (same stats as the local engine)."""
         import pyarrow as pa
 
-        stats = new_stats(self.cfg, self.pool.device)
+        stats = RunStats.start(self.cfg, self.pool.device)
         files = plan.to_embed
-        stats["workers"] = self.pool.actors
-        stats["threads"] = self.pool.threads
+        stats.workers = self.pool.actors
+        stats.threads = self.pool.threads
         if not files:
             return stats
-        batch_size = int(stats["batch_size"])
+        batch_size = stats.batch_size
         # Blocks of whole batches, so that a batch never spans two blocks (two model calls).
         rows = batch_size * max(1, math.ceil(len(files) / (MAX_BLOCKS * batch_size)))
         blocks = [
