@@ -12,8 +12,9 @@ import pytest
 from conftest import run_cli
 from imagegen import Collection
 
-from indexer.commit import MERGE_MIN_PARTS, GenerationWriter, IndexMeta
+from indexer.commit import GenerationWriter, IndexMeta
 from indexer.lock import IndexLock
+from indexer.parts import MERGE_MIN_PARTS
 from indexer.reindex import reindex
 from indexer.writer import FileRecord
 from retrieval import ImageIndex, InvalidArgumentError, faiss_index
