@@ -13,21 +13,18 @@ same command again resumes from it without embedding any committed image twice.
 from __future__ import annotations
 
 import contextlib
-import errno
-import json
 import os
 import shutil
 import sys
 import time
 from collections.abc import Sequence
-from dataclasses import replace
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from retrieval import store
 from retrieval.encoders import Encoder, cpu, load_encoder
 from retrieval.errors import (
-    IndexDirError,
     IndexFormatError,
     InvalidArgumentError,
     ModelMismatchError,
@@ -36,16 +33,8 @@ from retrieval.errors import (
     UnsupportedFormatError,
 )
 from retrieval.images import IMAGE_EXTENSIONS
-from retrieval.index_types import parse_memory
-from retrieval.layout import (
-    FORMAT_NAME,
-    MANIFEST_FILE,
-    Manifest,
-    SkipRecord,
-    holds_only_writer_leftovers,
-    is_index_dir,
-    read_manifest,
-)
+from retrieval.index_types import IndexOptions, parse_memory
+from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 
 from . import ann, calibrate, ray_engine
 from .commit import GenerationWriter, IndexMeta, remove_stale
@@ -54,11 +43,40 @@ from .dataset import content_hash
 from .discover import Discovery, discover, from_list
 from .embed import embed_planned
 from .heap import retained_heap
+from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
-from .plan import plan_update
+from .plan import UpdatePlan, plan_update
+from .stats import RunStats
 
-# Errors of the index directory itself (not of an image): reported as one line, not a traceback.
-WRITE_ERRNOS = frozenset({errno.ENOSPC, errno.EDQUOT, errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOTDIR, errno.EEXIST})
+
+@dataclass(frozen=True)
+class _Job:
+    """One build's inputs and collaborators, settled before the index lock is taken.
+
+    ``keep_precision``: no precision was asked for and the model is loaded here, so an update
+    keeps the mode the index records. ``ray``: the connected Ray session of an
+    ``engine="ray"`` build, else None.
+    """
+
+    cfg: BuildConfig
+    enc: Encoder
+    fingerprint: str
+    photos: Path
+    out: Path
+    found: Discovery
+    start: float
+    keep_precision: bool
+    ray: ray_engine.RayRun | None
+
+
+@dataclass(frozen=True)
+class _Base:
+    """What the index being updated (if any) decides before the plan: the writer over it."""
+
+    previous: Manifest | None
+    writer: GenerationWriter
+    options_changed: bool
+    old_skips: list[SkipRecord]
 
 
 def _check_photos_dir(photos_dir: Path) -> None:
@@ -66,43 +84,6 @@ def _check_photos_dir(photos_dir: Path) -> None:
         raise PhotosDirError(f"photos directory {photos_dir} does not exist")
     if not photos_dir.is_dir():
         raise PhotosDirError(f"{photos_dir} is not a directory")
-
-
-def _check_index_dir(index_dir: Path, rebuild: bool) -> None:
-    if not index_dir.exists():
-        return
-    if not index_dir.is_dir():
-        raise IndexDirError(f"{index_dir} exists and is not a directory; choose a new INDEX_DIR")
-    if is_index_dir(index_dir):
-        try:
-            manifest = read_manifest(index_dir)  # refuses an index newer than we can write over safely
-        except UnsupportedFormatError:
-            raise
-        except IndexFormatError as exc:
-            # A damaged clipsearch manifest may be replaced on request; anything else that
-            # merely has a manifest.json is not ours to overwrite.
-            if not _is_clipsearch_manifest(index_dir):
-                raise IndexDirError(
-                    f"{index_dir} holds a manifest.json that is not a clipsearch index; refusing to write into it"
-                ) from exc
-            if not rebuild:
-                raise IndexFormatError(f"{exc}; `clipsearch index --rebuild` replaces it") from exc
-            return
-        imported = manifest.model_info.get("imported_from")
-        if imported and not rebuild:
-            # Its rows name no files of PHOTOS_DIR (no size, mtime or hash to compare): an update
-            # would drop every imported row as deleted. Refused; --rebuild replaces it on purpose.
-            raise IndexDirError(
-                f"{index_dir} was made by `clipsearch import` from {imported} embeddings, not from image files, so "
-                "`clipsearch index` cannot update it; pass --rebuild to replace it with an index of PHOTOS_DIR"
-            )
-        return
-    # Leftovers of a first build killed before its first commit are ours to reuse.
-    if not holds_only_writer_leftovers(index_dir):
-        raise IndexDirError(
-            f"{index_dir} exists, is not empty and is not a clipsearch index; refusing to write into it. "
-            "Choose a new or empty INDEX_DIR"
-        )
 
 
 def build_index(
@@ -116,11 +97,11 @@ def build_index(
 ) -> BuildReport:
     """Index every image under ``photos_dir`` into ``index_dir``, or bring that index up to date.
 
-    The run's settings are one :class:`BuildConfig`: ``config`` (default: ``BuildConfig()``)
-    with ``overrides`` applied, each a field name of :class:`BuildConfig`, e.g.
+    The run's settings are one :class:`BuildConfig`, the single declaration of the build
+    options and their meaning: ``config`` (default: ``BuildConfig()``) with ``overrides``
+    applied, each a field name of :class:`BuildConfig`, e.g.
     ``build_index(photos, idx, model="...", batch_size=32, workers=0)`` or
-    ``build_index(photos, idx, BuildConfig(model="..."), rebuild=True)``. For compatibility
-    with the signature before ``BuildConfig`` was its single source of truth, a ``str`` third
+    ``build_index(photos, idx, BuildConfig(model="..."), rebuild=True)``. A ``str`` third
     argument is the model (``build_index(photos, idx, "openai/clip-vit-base-patch32")``), and
     ``max_memory`` may be given as a size string (``"4GB"``).
 
@@ -128,15 +109,11 @@ def build_index(
         photos_dir: the image collection (walked recursively).
         index_dir: a new or empty directory, or an existing index to update in place.
         config: the settings (see :class:`BuildConfig` for each one), or a model name.
-        encoder: an already-loaded encoder (then ``model`` and ``device`` are not used).
+        encoder: an already-loaded encoder (then ``model`` and ``device`` are not used; with
+            ``precision`` None it keeps its own mode).
         files: index exactly these paths (relative to ``photos_dir``) instead of walking it;
             listed files that do not exist are recorded as skipped.
-        overrides: :class:`BuildConfig` fields to change, among them ``model``,
-            ``batch_size``, ``workers``, ``device``, ``progress``, ``max_pixels``, ``draft``,
-            ``rebuild``, ``commit_every``, ``commit_seconds``, ``precision`` (``fp32``,
-            ``bf16``, ``fp16``, ``int8`` or ``auto``; None: ``auto`` for a model loaded here,
-            the given ``encoder``'s own mode, and on update the index's recorded mode),
-            ``threads``, ``index_type``, ``max_memory`` (bytes or ``"4GB"``) and ``target_recall``.
+        overrides: :class:`BuildConfig` fields to change (see its attributes).
 
     Returns:
         A :class:`BuildReport` with counts and per-stage timings.
@@ -159,11 +136,11 @@ def build_index(
     photos = Path(photos_dir)
     out = Path(index_dir)
     _check_photos_dir(photos)
-    _check_index_dir(out, cfg.rebuild)
+    check_index_dir(out, "index", rebuild=cfg.rebuild)
     with contextlib.ExitStack() as stack:
         # Connected before the walk and the model: a cluster that does not answer fails in seconds.
-        run = stack.enter_context(ray_engine.ray_run(cfg)) if cfg.engine == "ray" else None
-        return _build(cfg, photos, out, encoder, files, start, run)
+        ray = stack.enter_context(ray_engine.ray_run(cfg)) if cfg.engine == "ray" else None
+        return _build(cfg, photos, out, encoder, files, start, ray)
 
 
 def _build(
@@ -173,7 +150,7 @@ def _build(
     encoder: Encoder | None,
     files: Sequence[str | bytes] | None,
     start: float,
-    run: ray_engine.RayRun | None,
+    ray: ray_engine.RayRun | None,
 ) -> BuildReport:
     if files is None:
         found = discover(photos)
@@ -191,25 +168,33 @@ def _build(
         enc = encoder
         if cfg.precision is not None:
             calibrate.apply_precision(enc, cfg.precision)
-    fingerprint = enc.fingerprint  # fails on missing weights before anything is written
+    job = _Job(
+        cfg=cfg,
+        enc=enc,
+        fingerprint=enc.fingerprint,  # fails on missing weights before anything is written
+        photos=photos,
+        out=out,
+        found=found,
+        start=start,
+        keep_precision=cfg.precision is None and encoder is None,
+        ray=ray,
+    )
     created_dir = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
         with IndexLock(out) as lock:
-            keep_precision = cfg.precision is None and encoder is None
-            return _run(cfg, enc, fingerprint, photos, out, found, lock.previous_holder is not None, start, keep_precision, run)
+            return _run(job, interrupted_before=lock.previous_holder is not None)
     except BaseException as exc:
         if created_dir and not is_index_dir(out):
             shutil.rmtree(out, ignore_errors=True)
-        if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
-            raise IndexDirError(
-                f"cannot write the index to {out}: {exc.strerror}; the last committed index, if any, is unchanged"
-            ) from exc
+        error = write_error(exc, out, "; the last committed index, if any, is unchanged")
+        if error is not None:
+            raise error from exc
         raise
 
 
 def _config(config: BuildConfig | str | None, overrides: dict[str, Any]) -> BuildConfig:
-    """The run's settings: ``config`` (a model name for the old positional form) plus overrides."""
+    """The run's settings: ``config`` (or a model name given in its place) plus overrides."""
     if isinstance(config, str):
         if "model" in overrides:
             raise InvalidArgumentError("build_index got the model twice: as its third argument and as model=")
@@ -222,14 +207,6 @@ def _config(config: BuildConfig | str | None, overrides: dict[str, Any]) -> Buil
         overrides = {**overrides, "max_memory": parse_memory(overrides["max_memory"])}
     base = config if config is not None else BuildConfig()
     return base.replace(**overrides) if overrides else base
-
-
-def _is_clipsearch_manifest(index_dir: Path) -> bool:
-    try:
-        data = json.loads((index_dir / MANIFEST_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("format") == FORMAT_NAME
 
 
 def _readable_manifest(out: Path) -> Manifest | None:
@@ -276,21 +253,39 @@ def _hash_or_none(root: bytes, rel: bytes) -> str | None:
         return None
 
 
-def _run(
-    cfg: BuildConfig,
-    enc: Encoder,
-    fingerprint: str,
-    photos: Path,
-    out: Path,
-    found: Discovery,
-    interrupted_before: bool,
-    start: float,
-    keep_precision: bool,
-    run: ray_engine.RayRun | None = None,
-) -> BuildReport:
+def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
+    """The build under the index lock: plan against the index, embed, finish, report."""
+    base = _open_base(job)
+    previous, writer = base.previous, base.writer
+    root = os.fsencode(job.photos)
+    plan = plan_update(writer.facts(), base.old_skips, job.found.files, lambda rel: _hash_or_none(root, rel))
+    writer.record_skips(SkipRecord(rel, f"directory not readable: {why}") for rel, why in job.found.unreadable_dirs)
+    writer.record_skips(SkipRecord(rel, why) for rel, why in job.found.missing)
+    writer.record_skips(plan.carried_skips)
+    stats, cpu_level = _embed(job, previous, plan, writer)
+    up_to_date = (
+        previous is not None
+        and previous.complete
+        and not base.options_changed
+        and not plan.to_embed
+        and not plan.changes_rows
+        and sorted((s.path, s.reason) for s in writer.skipped) == sorted((s.path, s.reason) for s in base.old_skips)
+    )
+    t0 = time.perf_counter()
+    if not up_to_date:
+        writer.finish(progress=(lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if job.cfg.progress else None)
+    stats.write_seconds += time.perf_counter() - t0
+    resumed = interrupted_before or (previous is not None and not previous.complete)
+    return _report(job, plan, writer, stats, resumed=resumed, cpu_level=cpu_level)
+
+
+def _open_base(job: _Job) -> _Base:
+    """Check the index to update against this run (model, files, index options) and open a
+    writer over it, or over nothing for a new index or a rebuild."""
+    cfg, enc, out = job.cfg, job.enc, job.out
     base = _readable_manifest(out)
     if base is not None and not cfg.rebuild:
-        _check_model(base, enc, fingerprint, out)
+        _check_model(base, enc, job.fingerprint, out)
     # Generations or staging left by a killed run are unreachable garbage now that we hold the lock.
     remove_stale(out, keep=base.generation if base is not None else None)
     previous = None if cfg.rebuild else base
@@ -301,27 +296,33 @@ def _run(
     _apply_image_size(cfg, enc, previous, out)
     options = ann.choose_options(previous, index_type=cfg.index_type, max_memory=cfg.max_memory, target_recall=cfg.target_recall)
     # A factory string FAISS rejects fails here, before any image is embedded.
-    ann.check_options(options, enc.dim, max(len(found.files), previous.count if previous is not None else 0))
-    meta = IndexMeta(
-        model=enc.name,
-        model_fingerprint=fingerprint,
-        backend=enc.backend,
-        dim=enc.dim,
-        preprocess={**enc.preprocess.to_dict(), "jpeg_draft": cfg.draft},
-        source_root=str(photos.resolve()),
-        model_info=dict(enc.info),
-        index_options=options.to_dict(),
-    )
-    writer = GenerationWriter(out, meta, previous)
+    ann.check_options(options, enc.dim, max(len(job.found.files), previous.count if previous is not None else 0))
+    writer = GenerationWriter(out, _meta(job, options), previous)
     options_changed = previous is not None and dict(previous.index_options) != options.to_dict()
     if options_changed:
         writer.drop_faiss(options.to_dict())
     old_skips = store.read_skipped(out / previous.skipped_file) if previous is not None else []
-    root = os.fsencode(photos)
-    plan = plan_update(writer.facts(), old_skips, found.files, lambda rel: _hash_or_none(root, rel))
-    writer.skipped = [SkipRecord(rel, f"directory not readable: {why}") for rel, why in found.unreadable_dirs]
-    writer.skipped += [SkipRecord(rel, why) for rel, why in found.missing]
-    writer.skipped += plan.carried_skips
+    return _Base(previous, writer, options_changed, old_skips)
+
+
+def _meta(job: _Job, options: IndexOptions) -> IndexMeta:
+    enc = job.enc
+    return IndexMeta(
+        model=enc.name,
+        model_fingerprint=job.fingerprint,
+        backend=enc.backend,
+        dim=enc.dim,
+        preprocess={**enc.preprocess.to_dict(), "jpeg_draft": job.cfg.draft},
+        source_root=str(job.photos.resolve()),
+        model_info=dict(enc.info),
+        index_options=options.to_dict(),
+    )
+
+
+def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: GenerationWriter) -> tuple[RunStats, str]:
+    """Resolve the precision, apply the plan's row changes and embed its files with the
+    run's engine; returns the stats and the CPU level the model ran at ("" on GPU)."""
+    cfg, enc, ray = job.cfg, job.enc, job.ray
     prev_info = previous.model_info if previous is not None else None
     # Activations are freed and allocated again every layer: keep them in the heap (see heap),
     # for the calibration's model calls as for the build's.
@@ -329,66 +330,55 @@ def _run(
     with retained_heap():
         # With Ray on other machines the driver only takes the recorded mode, if any; a mode still
         # to choose is calibrated on the kind of node the actors run on (its CPU features or GPU).
-        here = run is None or run.calibrates_here(enc)
+        here = ray is None or ray.calibrates_here(enc)
         calibrate.resolve(
-            enc, prev_info, photos, plan.to_embed if here else [], max_pixels=cfg.max_pixels, draft=cfg.draft,
-            keep_recorded=keep_precision,
+            enc, prev_info, job.photos, plan.to_embed if here else [], max_pixels=cfg.max_pixels, draft=cfg.draft,
+            keep_recorded=job.keep_precision,
         )
         info = enc.info
-        if not here and run is not None and enc.image_precision.mode is None and plan.to_embed:
-            info = run.resolve_precision(enc, photos, prev_info, plan.to_embed, keep_precision)
+        if not here and ray is not None and enc.image_precision.mode is None and plan.to_embed:
+            info = ray.resolve_precision(enc, job.photos, prev_info, plan.to_embed, job.keep_precision)
             cpu_level = str(info.pop("_cpu_level", ""))
-        writer.meta = replace(meta, model_info=calibrate.model_info(info, prev_info, bool(plan.to_embed)))
+        writer.set_model_info(calibrate.model_info(info, prev_info, bool(plan.to_embed)))
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)
+        if ray is not None:
+            return ray.embed(ray.spec(job.photos, info), plan, writer), cpu_level
+        return embed_planned(cfg, enc, job.photos, plan, writer), cpu_level
 
-        if run is not None:
-            stats = run.embed(run.spec(photos, info), plan, writer)
-        else:
-            stats = embed_planned(cfg, enc, photos, plan, writer)
-    up_to_date = (
-        previous is not None
-        and previous.complete
-        and not options_changed
-        and not plan.to_embed
-        and not plan.changes_rows
-        and sorted((s.path, s.reason) for s in writer.skipped) == sorted((s.path, s.reason) for s in old_skips)
-    )
-    t0 = time.perf_counter()
-    if not up_to_date:
-        writer.finish(progress=(lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if cfg.progress else None)
-    stats["write"] += time.perf_counter() - t0
-    seconds = time.perf_counter() - start
-    embedded = stats["added"] + stats["updated"]
+
+def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats, *, resumed: bool, cpu_level: str) -> BuildReport:
+    seconds = time.perf_counter() - job.start
+    ray = job.ray
     return BuildReport(
-        index_dir=str(out),
-        model=enc.name,
-        dim=enc.dim,
-        added=stats["added"],
-        updated=stats["updated"],
-        removed=plan.removed + stats["lost"],
+        index_dir=str(job.out),
+        model=job.enc.name,
+        dim=job.enc.dim,
+        added=stats.added,
+        updated=stats.updated,
+        removed=plan.removed + stats.lost,
         unchanged=plan.unchanged,
         skipped=len(writer.skipped),
-        newly_skipped=stats["newly_skipped"],
+        newly_skipped=stats.newly_skipped,
         total=writer.count,
         indexed=writer.count,
-        embedded=embedded,
-        resumed=interrupted_before or (previous is not None and not previous.complete),
+        embedded=stats.embedded,
+        resumed=resumed,
         commits=writer.commits,
         seconds=round(seconds, 3),
-        images_per_second=round(embedded / seconds, 2) if seconds > 0 else 0.0,
-        decode_seconds=round(stats["decode"], 3),
-        encode_seconds=round(stats["encode"], 3),
-        write_seconds=round(stats["write"], 3),
-        workers=stats["workers"],
-        batch_size=stats["batch_size"],
-        device=run.pool.device if run is not None else str(enc.device),
-        threads=stats["threads"],
+        images_per_second=round(stats.embedded / seconds, 2) if seconds > 0 else 0.0,
+        decode_seconds=round(stats.decode_seconds, 3),
+        encode_seconds=round(stats.encode_seconds, 3),
+        write_seconds=round(stats.write_seconds, 3),
+        workers=stats.workers,
+        batch_size=stats.batch_size,
+        device=ray.pool.device if ray is not None else str(job.enc.device),
+        threads=stats.threads,
         precision=str(writer.meta.model_info.get("precision", "fp32")),
-        cpu_level=cpu_level if (run is None or run.pool.device == "cpu") else "",
-        engine=cfg.engine,
-        actors=run.pool.actors if run is not None else 0,
-        cluster_resources=dict(run.resources) if run is not None else {},
+        cpu_level=cpu_level if (ray is None or ray.pool.device == "cpu") else "",
+        engine=job.cfg.engine,
+        actors=ray.pool.actors if ray is not None else 0,
+        cluster_resources=dict(ray.resources) if ray is not None else {},
     )
 
 

@@ -13,10 +13,10 @@ import datetime as dt
 import os
 import shutil
 import uuid
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, TypeAlias
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -47,6 +47,7 @@ from retrieval.version import __version__
 
 from . import ann
 from .ann import FaissInfo
+from .parts import PartSource, group_parts
 from .plan import IndexedFacts
 from .writer import (
     ROW_GROUP_SIZE,
@@ -57,12 +58,6 @@ from .writer import (
     write_paths_column,
     write_skipped,
 )
-
-# Finishing a build merges runs of at least MERGE_MIN_PARTS consecutive parts smaller than
-# MERGE_TARGET_ROWS into parts of up to MERGE_TARGET_ROWS rows: chunk commits leave one small
-# part each, and a 10M-image index should not be thousands of open files.
-MERGE_TARGET_ROWS = 1 << 20
-MERGE_MIN_PARTS = 8
 
 
 @dataclass(frozen=True)
@@ -77,14 +72,6 @@ class IndexMeta:
     source_root: str
     model_info: Mapping[str, Any] = field(default_factory=dict)
     index_options: Mapping[str, Any] = field(default_factory=dict)
-
-
-# One input of a new part: an existing part file (reference, path) or a table of rows.
-_Source: TypeAlias = "tuple[PartRef, Path] | pa.Table"
-
-
-def _rows_of(source: _Source) -> int:
-    return source.num_rows if isinstance(source, pa.Table) else source[0].rows
 
 
 class GenerationWriter:
@@ -110,6 +97,7 @@ class GenerationWriter:
         self._vectors: list[np.ndarray] = []
         # Kept rows of rewritten parts (after compact), written as one part at the next commit.
         self._rewrite_tail: pa.Table | None = None
+        # The skip list every commit writes; callers add to it with record_skips().
         self.skipped: list[SkipRecord] = []
         self.commits = 0
 
@@ -191,6 +179,14 @@ class GenerationWriter:
         self._records.extend(records)
         self._vectors.append(np.asarray(vectors, dtype=np.float32))
 
+    def record_skips(self, records: Iterable[SkipRecord]) -> None:
+        """Add files to the skip list that the next commit writes (files with no row)."""
+        self.skipped.extend(records)
+
+    def set_model_info(self, model_info: Mapping[str, Any]) -> None:
+        """Record ``model_info`` (e.g. the precision a run resolved) in every later manifest."""
+        self.meta = dataclasses.replace(self.meta, model_info=dict(model_info))
+
     # -- publishing ----------------------------------------------------------------------------
 
     def commit(
@@ -204,7 +200,7 @@ class GenerationWriter:
         """Publish a generation with every row so far; ``faiss`` (covering all rows) if given,
         moved from ``faiss_file`` where it is already written there (same file system).
 
-        ``merge`` also rewrites runs of small parts into bigger ones (see MERGE_TARGET_ROWS).
+        ``merge`` also rewrites runs of small parts into bigger ones (see :mod:`indexer.parts`).
         """
         generation = uuid.uuid4().hex
         staging = self.dir / f"{STAGING_PREFIX}{generation}"
@@ -344,35 +340,9 @@ class GenerationWriter:
             tables.append(records_table(self._records, np.concatenate(self._vectors), self.meta.dim))
         return tables
 
-    def _groups(self, merge: bool) -> list[list[_Source]]:
+    def _groups(self, merge: bool) -> list[list[PartSource]]:
         """Which sources become which new part: one part each, or runs of small ones merged."""
-        sources: list[_Source] = [*self._parts, *self._tail_tables()]
-        if not merge:
-            return [[src] for src in sources]
-        groups: list[list[_Source]] = []
-        run: list[_Source] = []
-
-        def flush() -> None:
-            if len(run) >= MERGE_MIN_PARTS:
-                current: list[_Source] = []
-                for src in run:
-                    if current and sum(map(_rows_of, current)) + _rows_of(src) > MERGE_TARGET_ROWS:
-                        groups.append(current)
-                        current = []
-                    current.append(src)
-                groups.append(current)
-            else:
-                groups.extend([src] for src in run)
-            run.clear()
-
-        for src in sources:
-            if _rows_of(src) < MERGE_TARGET_ROWS:
-                run.append(src)
-            else:
-                flush()
-                groups.append([src])
-        flush()
-        return groups
+        return group_parts([*self._parts, *self._tail_tables()], merge)
 
     def _carried(self, rel: str | None, linked: Path) -> FileChecksum:
         """The recorded checksum of a file linked from the last generation; hashed when that
@@ -395,7 +365,7 @@ class GenerationWriter:
         new_ref = PartRef(f"{gen_rel}/{name}", ref.rows, ref.first_id, ref.file_id, f"{gen_rel}/{paths_name}")
         return new_ref, self.dir / gen_rel / name
 
-    def _write_part(self, path: Path, rel: str, first_id: int, sources: Sequence[_Source]) -> PartRef:
+    def _write_part(self, path: Path, rel: str, first_id: int, sources: Sequence[PartSource]) -> PartRef:
         file_id = uuid.uuid4().hex
         writer = EmbeddingWriter(path, self.meta.dim, file_id, first_id=first_id)
         for src in sources:

@@ -36,11 +36,10 @@ def default_workers(device_type: str = "cpu") -> int:
     """Decode worker processes: none on CPU, half the cores (at most 8) on GPU.
 
     On CPU the model's threads fill every core and wait for each other at every operation, so
-    a worker decoding beside them stalls them all; decoding each batch in this process on all
-    cores between model batches ran faster (ViT-B/32, 2 cores, 768 JPEGs: 53.4 against 49.1
-    images/s with one worker; benchmarks/README.md). On GPU the workers only read, hash and
-    probe JPEGs (the GPU decodes them) and the one process feeding the GPU needs cores of its
-    own: on 16 cores 8 workers delivered 12,364 images/s, 15 workers 5,885.
+    a worker decoding beside them stalls them all; each batch is decoded in this process, on all
+    cores, between model batches (see benchmarks/README.md). On GPU the workers only read, hash
+    and probe JPEGs (the GPU decodes them) and the one process feeding the GPU needs cores of
+    its own, so more workers than half the cores slow it down.
     """
     cores = os.cpu_count() or 1
     if device_type == "cuda":
@@ -49,9 +48,8 @@ def default_workers(device_type: str = "cpu") -> int:
 
 
 def default_batch_size(device_type: str = "cpu") -> int:
-    """Images per model call: 64 on CPU (larger batches ran no faster), 512 on GPU, where each
-    model call costs milliseconds of Python launching kernels whatever the batch (ViT-B/32 fp16
-    on an H200: 5,856 images/s at batch 64, 20,224 at 256 in the model alone)."""
+    """Images per model call: 64 on CPU (larger batches run no faster), 512 on GPU, where each
+    model call costs a fixed Python overhead of launching kernels whatever the batch."""
     return 512 if device_type == "cuda" else 64
 
 
@@ -223,7 +221,7 @@ class BuildReport:
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if self.engine != "ray":
-            # A local run's summary stays what it was before engines, plus "engine".
+            # The Ray fields mean nothing for a local run: its summary leaves them out.
             del data["actors"], data["cluster_resources"]
         return data
 

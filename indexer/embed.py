@@ -11,7 +11,6 @@ import time
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
@@ -21,9 +20,10 @@ from retrieval.layout import SkipRecord
 
 from .ahead import Ahead
 from .commit import GenerationWriter
-from .config import BuildConfig, default_batch_size, default_threads, default_workers
+from .config import BuildConfig, default_threads, default_workers
 from .dataset import Batch, ImageDataset, Item, collate, finish_on_device
 from .plan import UpdatePlan
+from .stats import RunStats
 from .writer import FileRecord
 
 
@@ -48,14 +48,8 @@ class EmbeddedBatch:
         return [it for it in self.items if it.error is None]
 
 
-def new_stats(cfg: BuildConfig, device_type: str) -> dict[str, Any]:
-    """The counters and timings a run reports (``BuildReport``), before any batch."""
-    return dict(added=0, updated=0, lost=0, newly_skipped=0, decode=0.0, encode=0.0, write=0.0, workers=0, threads=0,
-                batch_size=cfg.batch_size or default_batch_size(device_type))
-
-
 def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, batches: Iterable[EmbeddedBatch],
-                  stats: dict[str, Any]) -> None:
+                  stats: RunStats) -> None:
     """Append embedded batches (in the order of ``plan.to_embed``) to ``writer``: rows for the
     good files, skip records for the rest, a generation committed every ``cfg.commit_every``
     images or ``cfg.commit_seconds``. Every engine ends here, so their indexes are alike."""
@@ -66,16 +60,16 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
     bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
     try:
         for batch in batches:
-            stats["decode"] += batch.decode_seconds
-            stats["encode"] += batch.encode_seconds
+            stats.decode_seconds += batch.decode_seconds
+            stats.encode_seconds += batch.encode_seconds
             for it in batch.items:
                 if it.error is None:
                     continue
                 rel = files[it.index].rel
-                writer.skipped.append(SkipRecord(rel, it.error, *_file_facts(it)))
-                stats["newly_skipped"] += 1
+                writer.record_skips([SkipRecord(rel, it.error, *_file_facts(it))])
+                stats.newly_skipped += 1
                 # A changed file that no longer decodes loses its row.
-                stats["lost"] += rel in plan.updated_paths
+                stats.lost += rel in plan.updated_paths
             good = batch.good
             if good and batch.vectors is not None:
                 records = [
@@ -83,46 +77,47 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
                     for it in good
                 ]
                 writer.append(records, batch.vectors)
-                for rec in records:
-                    stats["updated" if rec.path in plan.updated_paths else "added"] += 1
+                updated = sum(rec.path in plan.updated_paths for rec in records)
+                stats.updated += updated
+                stats.added += len(records) - updated
             since_commit += len(batch.items)
             bar.update(len(batch.items))
-            bar.set_postfix(skipped=stats["newly_skipped"], refresh=False)
+            bar.set_postfix(skipped=stats.newly_skipped, refresh=False)
             if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
                 t0 = time.perf_counter()
                 writer.commit(complete=False)
-                stats["write"] += time.perf_counter() - t0
+                stats.write_seconds += time.perf_counter() - t0
                 since_commit, last_commit = 0, time.monotonic()
     finally:
         bar.close()
 
 
-def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, writer: GenerationWriter) -> dict[str, Any]:
+def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, writer: GenerationWriter) -> RunStats:
     """Decode and embed ``plan.to_embed`` into ``writer``, committing a generation every
     ``cfg.commit_every`` images or ``cfg.commit_seconds``; returns the run's counters and timings."""
     import torch
     from torch.utils.data import DataLoader
 
     device_type = enc.device.type
-    stats = new_stats(cfg, device_type)
+    stats = RunStats.start(cfg, device_type)
     files = plan.to_embed
     if not files:
         return stats
     n_workers = cfg.workers if cfg.workers is not None else default_workers(device_type)
-    stats["workers"] = n_workers
-    stats["threads"] = cfg.threads if cfg.threads is not None else default_threads(device_type, n_workers)
+    stats.workers = n_workers
+    stats.threads = cfg.threads if cfg.threads is not None else default_threads(device_type, n_workers)
     threads_before = torch.get_num_threads()
-    torch.set_num_threads(stats["threads"])
+    torch.set_num_threads(stats.threads)
     # On CUDA, workers only read and hash JPEGs; they are decoded and preprocessed on the GPU.
     on_gpu = decodes_on_device(device_type)
     # In-process decoding runs between batches, on as many threads as the model (see default_workers).
     dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft,
-                           device_decode=on_gpu, threads=stats["threads"] if n_workers == 0 else 1)
+                           device_decode=on_gpu, threads=stats.threads if n_workers == 0 else 1)
     # ImageDataset is map-style without torch's Dataset base class (indexer.dataset does not
     # import torch), which DataLoader accepts at run time but its stubs do not.
     loader: DataLoader[Item] = DataLoader(
         dataset,  # type: ignore[arg-type]  # duck-typed map-style dataset, see above
-        batch_size=stats["batch_size"],
+        batch_size=stats.batch_size,
         shuffle=False,
         num_workers=n_workers,
         collate_fn=collate,
@@ -162,4 +157,4 @@ def decodes_on_device(device_type: str) -> bool:
     return device_type == "cuda"
 
 
-__all__ = ["EmbeddedBatch", "decodes_on_device", "embed_batch", "embed_planned", "new_stats", "write_batches"]
+__all__ = ["EmbeddedBatch", "decodes_on_device", "embed_batch", "embed_planned", "write_batches"]

@@ -2,8 +2,7 @@
 
 Each layer of a batch allocates activations of tens of MB (ViT-B/32, batch 64: 39 MB for one
 MLP output). glibc serves such blocks with ``mmap`` and returns them to the system on ``free``,
-so every layer of every batch pays for the kernel zeroing fresh pages: measured here, 3.2M page
-faults for 5 batches and 28 img/s in int8, against 0.36M and 52 img/s with this (fp32: +15 %).
+so every layer of every batch pays for page faults and the kernel zeroing fresh pages.
 While a build embeds, :func:`retained_heap` tells malloc to use its heap for every size and
 to keep up to 1 GiB free at its top; on exit it restores glibc's defaults and trims the heap.
 

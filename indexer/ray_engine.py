@@ -4,8 +4,8 @@ The driver (this process) keeps what makes an index an index: discovery, the upd
 assignment, the precision record and every commit, through the same
 :func:`indexer.embed.write_batches` as the local engine. Ray does the heavy part: the files to
 embed become a dataset of ``(index, path)`` rows, ``map_batches`` sends them through a pool of
-:class:`EmbedActor` s (one model load per actor, ``num_gpus`` each when GPUs are asked for),
-each of which reads, decodes, preprocesses and embeds its batch with the local engine's own
+:class:`~indexer.ray_actor.EmbedActor` s (one model load per actor, ``num_gpus`` each when GPUs
+are asked for), each of which reads, decodes, preprocesses and embeds its batch with the local engine's own
 :class:`~indexer.dataset.ImageDataset` and encoder, and the vectors stream back in order.
 
 Every node reads the files at the same path (a shared file system), and has clipsearch and
@@ -29,24 +29,24 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from retrieval.encoders import Encoder, cpu, load_encoder
+from retrieval.encoders import Encoder
 from retrieval.errors import ClipSearchError, EngineError
 
 from . import calibrate
 from .commit import GenerationWriter
 from .config import BuildConfig
-from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
-from .embed import EmbeddedBatch, embed_batch, new_stats, write_batches
-from .heap import retained_heap
+from .embed import EmbeddedBatch, write_batches
 from .plan import UpdatePlan
+from .ray_actor import ActorSpec, EmbedActor, calibrate_remote, from_columns
+from .stats import RunStats
 
 RAY_EXTRA = "pip install 'clipsearch[ray]'"
 # A cluster address that does not answer fails within this many seconds (Ray itself retries
 # for minutes before giving up on an unreachable head).
 CONNECT_TIMEOUT_S = 10.0
-# CPUs a CPU-only actor asks for by default: its torch and decode threads. More actors of
-# fewer threads each ran no faster on one machine (benchmarks/README.md, bench_ray).
+# CPUs a CPU-only actor asks for by default: its torch and decode threads (more actors of
+# fewer threads each do not pay on one machine: benchmarks/README.md, bench_ray).
 DEFAULT_CPUS_PER_ACTOR = 4
 # Files per block of the input dataset: a block is the unit Ray schedules and retries; more
 # blocks than this is scheduling overhead without more parallelism.
@@ -213,120 +213,6 @@ def _first_line(exc: BaseException) -> str:
     return text[0] if text else type(exc).__name__
 
 
-@dataclass(frozen=True)
-class ActorSpec:
-    """What an actor needs to embed exactly like the driver's plan says."""
-
-    model: str
-    device: str
-    precision: str
-    image_size: int | None
-    int8_activation_bits: int | None
-    root: bytes
-    max_pixels: int
-    draft: bool
-    threads: int
-
-
-def load_actor_encoder(spec: ActorSpec) -> Encoder:
-    """The encoder of one actor (or of the calibration task), as the spec says.
-
-    Raises:
-        EngineError: an int8 run whose node quantises activations differently from the mode
-            the index records (a cluster of mixed CPUs): its vectors would not match.
-    """
-    import torch
-
-    torch.set_num_threads(spec.threads)
-    enc = load_encoder(spec.model, device=spec.device, precision=spec.precision)
-    if spec.image_size is not None:
-        enc.set_image_size(spec.image_size)
-    bits = enc.info.get("int8_activation_bits")
-    if spec.int8_activation_bits is not None and bits is not None and int(bits) != spec.int8_activation_bits:
-        raise EngineError(
-            f"node {socket.gethostname()} runs int8 with {bits}-bit activations, the index records "
-            f"{spec.int8_activation_bits}-bit ones (CPUs of another kind); use --precision fp32 or one kind of node"
-        )
-    return enc
-
-
-class EmbedActor:
-    """One model on one Ray worker: decodes, preprocesses and embeds batches of files."""
-
-    def __init__(self, spec: ActorSpec) -> None:
-        self.spec = spec
-        # As in a local build: activations stay in the heap instead of fresh pages every layer
-        # (without it this actor embedded 1.7x slower; see indexer/heap.py). The actor's
-        # process exists to embed, so the setting lasts its life.
-        self._heap = retained_heap()
-        self._heap.__enter__()
-        self.enc = load_actor_encoder(spec)
-        self._dataset = ImageDataset(os.fsdecode(spec.root), [], self.enc.preprocess, max_pixels=spec.max_pixels,
-                                     draft=spec.draft, threads=spec.threads)
-
-    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
-        import torch
-
-        # One dataset (and decode thread pool) for the actor's life, its files set per batch.
-        self._dataset.files = [ImageFile(bytes(rel), -1, -1) for rel in batch["rel"]]
-        items = self._dataset.__getitems__(range(len(self._dataset.files)))
-        # The decode threads set torch to one thread each (dataset._one_torch_thread), which
-        # also left this thread's model calls on fewer cores: 2.1 s per batch of 64 against 1.3 s
-        # with the count set again here (ViT-B/32 int8, 2 cores).
-        torch.set_num_threads(self.spec.threads)
-        done = embed_batch(self.enc, collate(items))
-        return _to_columns(batch["index"], done, self.enc.dim)
-
-
-def _to_columns(indices: np.ndarray, done: EmbeddedBatch, dim: int) -> dict[str, np.ndarray]:
-    # Arrow-friendly columns; failed rows carry a zero vector, dropped by the driver.
-    n = len(done.items)
-    ok = np.array([it.error is None for it in done.items], dtype=bool)
-    vectors = np.zeros((n, dim), np.float32)
-    if done.vectors is not None:
-        vectors[ok] = done.vectors
-    per_file_encode = done.encode_seconds / n if n else 0.0
-    return {
-        "index": np.asarray(indices, np.int64),
-        "ok": ok,
-        "width": np.array([it.width for it in done.items], np.int32),
-        "height": np.array([it.height for it in done.items], np.int32),
-        "size": np.array([it.size for it in done.items], np.int64),
-        "mtime_ns": np.array([it.mtime_ns for it in done.items], np.int64),
-        "content_hash": np.array([it.content_hash for it in done.items], dtype=object),
-        "error": np.array([it.error or "" for it in done.items], dtype=object),
-        "decode_s": np.array([it.seconds for it in done.items], np.float64),
-        "encode_s": np.full(n, per_file_encode, np.float64),
-        "embedding": vectors,
-    }
-
-
-def _from_columns(cols: Mapping[str, np.ndarray]) -> EmbeddedBatch:
-    ok = np.asarray(cols["ok"], bool)
-    items = [
-        Item(int(i), None, int(w), int(h), None if good else str(err), float(d), int(size), int(mtime), str(digest))
-        for i, good, w, h, err, d, size, mtime, digest in zip(
-            cols["index"], ok, cols["width"], cols["height"], cols["error"], cols["decode_s"], cols["size"],
-            cols["mtime_ns"], cols["content_hash"], strict=True,
-        )
-    ]
-    vectors = np.asarray(cols["embedding"], np.float32)[ok] if ok.any() else None
-    return EmbeddedBatch(items, vectors, float(np.sum(cols["decode_s"])), float(np.sum(cols["encode_s"])))
-
-
-def _calibrate_remote(spec: ActorSpec, previous_info: Mapping[str, Any] | None, files: Sequence[ImageFile],
-                      keep_recorded: bool) -> dict[str, Any]:
-    # Runs as a Ray task with an actor's resources: the mode is chosen on the kind of node
-    # (CPU features, GPU) that embeds, with the local engine's own calibration.
-    enc = load_actor_encoder(spec)
-    with retained_heap():
-        calibrate.resolve(enc, previous_info, os.fsdecode(spec.root), files, max_pixels=spec.max_pixels, draft=spec.draft,
-                          keep_recorded=keep_recorded)
-    info = dict(enc.info)
-    info["_cpu_level"] = cpu.cpu_level() if enc.device.type == "cpu" else ""
-    return info
-
-
 def _runtime_env() -> dict[str, Any]:
     env = {k: v for k, v in os.environ.items() if k.startswith(_FORWARDED_PREFIXES) or k in _FORWARDED_NAMES}
     return {"env_vars": env} if env else {}
@@ -366,7 +252,7 @@ class RayRun:
         run as one Ray task with an actor's resources on the first files to embed."""
         spec = self.spec(photos, enc.info)  # the requested mode: auto, calibrated in the task
         task = self.ray.remote(num_cpus=self.pool.cpus_per_actor, num_gpus=self.pool.gpus_per_actor,
-                               runtime_env=_runtime_env(), max_retries=2)(_calibrate_remote)
+                               runtime_env=_runtime_env(), max_retries=2)(calibrate_remote)
         sample = list(files[: calibrate.SAMPLE_TRIES])  # what resolve looks at, not every file
         try:
             info: dict[str, Any] = self.ray.get(task.remote(spec, dict(previous_info) if previous_info else None, sample,
@@ -375,17 +261,17 @@ class RayRun:
             raise _task_error(exc) from exc
         return info
 
-    def embed(self, spec: ActorSpec, plan: UpdatePlan, writer: GenerationWriter) -> dict[str, Any]:
+    def embed(self, spec: ActorSpec, plan: UpdatePlan, writer: GenerationWriter) -> RunStats:
         """Embed ``plan.to_embed`` on the actor pool into ``writer`` (same stats as the local engine)."""
         import pyarrow as pa
 
-        stats = new_stats(self.cfg, self.pool.device)
+        stats = RunStats.start(self.cfg, self.pool.device)
         files = plan.to_embed
-        stats["workers"] = self.pool.actors
-        stats["threads"] = self.pool.threads
+        stats.workers = self.pool.actors
+        stats.threads = self.pool.threads
         if not files:
             return stats
-        batch_size = int(stats["batch_size"])
+        batch_size = stats.batch_size
         # Blocks of whole batches, so that a batch never spans two blocks (two model calls).
         rows = batch_size * max(1, math.ceil(len(files) / (MAX_BLOCKS * batch_size)))
         blocks = [
@@ -422,7 +308,7 @@ class RayRun:
         expected = 0
         try:
             for cols in ds.iter_batches(batch_size=None, batch_format="numpy"):
-                batch = _from_columns(cols)
+                batch = from_columns(cols)
                 first = batch.items[0].index if batch.items else expected
                 if first != expected:
                     # ids follow arrival order: anything but the plan's order would not be a
@@ -457,14 +343,11 @@ def ray_run(cfg: BuildConfig) -> Iterator[RayRun]:
 __all__ = [
     "CONNECT_TIMEOUT_S",
     "RAY_EXTRA",
-    "ActorSpec",
-    "EmbedActor",
     "Pool",
     "RayRun",
     "check_reachable",
     "connected",
     "import_ray",
-    "load_actor_encoder",
     "plan_pool",
     "ray_run",
 ]

@@ -85,7 +85,7 @@ def reindex(
             index_options=options.to_dict(),
         )
         writer = GenerationWriter(out, meta, base)
-        writer.skipped = store.read_skipped(out / base.skipped_file)
+        writer.record_skips(store.read_skipped(out / base.skipped_file))
         writer.drop_faiss(options.to_dict())
         say = (lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if progress else None
         manifest = writer.finish(progress=say)

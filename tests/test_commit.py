@@ -8,8 +8,9 @@ from pathlib import Path
 import numpy as np
 from vector_indexes import DIM, ROWS, clustered, records, write_vectors_index
 
-from indexer.commit import MERGE_MIN_PARTS, GenerationWriter, IndexMeta
+from indexer.commit import GenerationWriter, IndexMeta
 from indexer.lock import IndexLock
+from indexer.parts import MERGE_MIN_PARTS
 from retrieval import ImageIndex
 from retrieval.layout import PATHS_DIR, read_manifest
 

@@ -17,7 +17,7 @@ import pyarrow.parquet as pq
 import pytest
 
 from clipsearch.cli import main
-from indexer import import_embeddings, importer
+from indexer import import_embeddings, import_sources
 from retrieval.errors import IndexCorruptError
 from retrieval.index import ImageIndex
 from retrieval.layout import read_manifest, write_manifest
@@ -144,7 +144,7 @@ def test_parquet_parts_in_natural_order_list_and_fixed_size(tmp_path: Path, tiny
 def test_one_parquet_file_read_in_small_batches_with_hnsw(
     tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(importer, "BATCH_ROWS", 64)  # several batches per file, as a big file would be read
+    monkeypatch.setattr(import_sources, "BATCH_ROWS", 64)  # several batches per file, as a big file would be read
     n = 300  # hnsw needs at least MIN_ANN_ROWS (256) vectors, else flat is built
     rng = np.random.default_rng(2)
     vectors = rng.standard_normal((n, DIM)).astype(np.float32) * 1000
@@ -263,7 +263,7 @@ BAD_SOURCES: dict[str, tuple[Callable[[Path], Path], str]] = {
 def test_bad_source_is_one_line_and_writes_nothing(
     case: str, tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(importer, "BATCH_ROWS", 4)  # a bad row in a later batch keeps its row number
+    monkeypatch.setattr(import_sources, "BATCH_ROWS", 4)  # a bad row in a later batch keeps its row number
     make, expected = BAD_SOURCES[case]
     source = make(tmp_path / "src")
     out = tmp_path / "idx"

@@ -1,0 +1,146 @@
+"""What runs on a Ray worker of an ``--engine ray`` build (:mod:`indexer.ray_engine` drives it).
+
+An :class:`EmbedActor` loads the model once (:func:`load_actor_encoder`, as an
+:class:`ActorSpec` says), then reads, decodes, preprocesses and embeds each batch of files with
+the local engine's own :class:`~indexer.dataset.ImageDataset` and encoder; its answer travels
+back as Arrow-friendly columns (:func:`to_columns`, :func:`from_columns`).
+:func:`calibrate_remote` resolves an ``auto`` precision on a node of the kind that embeds.
+Nothing here imports ray: Ray calls these objects, they do not call Ray.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from retrieval.encoders import Encoder, cpu, load_encoder
+from retrieval.errors import EngineError
+
+from . import calibrate
+from .dataset import ImageDataset, Item, collate
+from .discover import ImageFile
+from .embed import EmbeddedBatch, embed_batch
+from .heap import retained_heap
+
+
+@dataclass(frozen=True)
+class ActorSpec:
+    """What an actor needs to embed exactly like the driver's plan says."""
+
+    model: str
+    device: str
+    precision: str
+    image_size: int | None
+    int8_activation_bits: int | None
+    root: bytes
+    max_pixels: int
+    draft: bool
+    threads: int
+
+
+def load_actor_encoder(spec: ActorSpec) -> Encoder:
+    """The encoder of one actor (or of the calibration task), as the spec says.
+
+    Raises:
+        EngineError: an int8 run whose node quantises activations differently from the mode
+            the index records (a cluster of mixed CPUs): its vectors would not match.
+    """
+    import torch
+
+    torch.set_num_threads(spec.threads)
+    enc = load_encoder(spec.model, device=spec.device, precision=spec.precision)
+    if spec.image_size is not None:
+        enc.set_image_size(spec.image_size)
+    bits = enc.info.get("int8_activation_bits")
+    if spec.int8_activation_bits is not None and bits is not None and int(bits) != spec.int8_activation_bits:
+        raise EngineError(
+            f"node {socket.gethostname()} runs int8 with {bits}-bit activations, the index records "
+            f"{spec.int8_activation_bits}-bit ones (CPUs of another kind); use --precision fp32 or one kind of node"
+        )
+    return enc
+
+
+class EmbedActor:
+    """One model on one Ray worker: decodes, preprocesses and embeds batches of files."""
+
+    def __init__(self, spec: ActorSpec) -> None:
+        self.spec = spec
+        # As in a local build: activations stay in the heap instead of fresh pages every layer
+        # (see indexer/heap.py). The actor's process exists to embed, so the setting lasts its life.
+        self._heap = retained_heap()
+        self._heap.__enter__()
+        self.enc = load_actor_encoder(spec)
+        self._dataset = ImageDataset(os.fsdecode(spec.root), [], self.enc.preprocess, max_pixels=spec.max_pixels,
+                                     draft=spec.draft, threads=spec.threads)
+
+    def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        import torch
+
+        # One dataset (and decode thread pool) for the actor's life, its files set per batch.
+        self._dataset.files = [ImageFile(bytes(rel), -1, -1) for rel in batch["rel"]]
+        items = self._dataset.__getitems__(range(len(self._dataset.files)))
+        # The decode threads set torch to one thread each (dataset._one_torch_thread), which
+        # would leave this thread's model calls on fewer cores: the count is set again here.
+        torch.set_num_threads(self.spec.threads)
+        done = embed_batch(self.enc, collate(items))
+        return to_columns(batch["index"], done, self.enc.dim)
+
+
+def to_columns(indices: np.ndarray, done: EmbeddedBatch, dim: int) -> dict[str, np.ndarray]:
+    """An embedded batch as Arrow-friendly columns; failed rows carry a zero vector, dropped
+    by the driver (:func:`from_columns`)."""
+    n = len(done.items)
+    ok = np.array([it.error is None for it in done.items], dtype=bool)
+    vectors = np.zeros((n, dim), np.float32)
+    if done.vectors is not None:
+        vectors[ok] = done.vectors
+    per_file_encode = done.encode_seconds / n if n else 0.0
+    return {
+        "index": np.asarray(indices, np.int64),
+        "ok": ok,
+        "width": np.array([it.width for it in done.items], np.int32),
+        "height": np.array([it.height for it in done.items], np.int32),
+        "size": np.array([it.size for it in done.items], np.int64),
+        "mtime_ns": np.array([it.mtime_ns for it in done.items], np.int64),
+        "content_hash": np.array([it.content_hash for it in done.items], dtype=object),
+        "error": np.array([it.error or "" for it in done.items], dtype=object),
+        "decode_s": np.array([it.seconds for it in done.items], np.float64),
+        "encode_s": np.full(n, per_file_encode, np.float64),
+        "embedding": vectors,
+    }
+
+
+def from_columns(cols: Mapping[str, np.ndarray]) -> EmbeddedBatch:
+    """An actor's answer (:func:`to_columns`) as the batch the driver's writer takes."""
+    ok = np.asarray(cols["ok"], bool)
+    items = [
+        Item(int(i), None, int(w), int(h), None if good else str(err), float(d), int(size), int(mtime), str(digest))
+        for i, good, w, h, err, d, size, mtime, digest in zip(
+            cols["index"], ok, cols["width"], cols["height"], cols["error"], cols["decode_s"], cols["size"],
+            cols["mtime_ns"], cols["content_hash"], strict=True,
+        )
+    ]
+    vectors = np.asarray(cols["embedding"], np.float32)[ok] if ok.any() else None
+    return EmbeddedBatch(items, vectors, float(np.sum(cols["decode_s"])), float(np.sum(cols["encode_s"])))
+
+
+def calibrate_remote(spec: ActorSpec, previous_info: Mapping[str, Any] | None, files: Sequence[ImageFile],
+                     keep_recorded: bool) -> dict[str, Any]:
+    """The encoder info after ``auto`` is calibrated, plus ``_cpu_level``; run as a Ray task with an
+    actor's resources, so the mode is chosen on the kind of node (CPU features, GPU) that embeds,
+    with the local engine's own calibration."""
+    enc = load_actor_encoder(spec)
+    with retained_heap():
+        calibrate.resolve(enc, previous_info, os.fsdecode(spec.root), files, max_pixels=spec.max_pixels, draft=spec.draft,
+                          keep_recorded=keep_recorded)
+    info = dict(enc.info)
+    info["_cpu_level"] = cpu.cpu_level() if enc.device.type == "cpu" else ""
+    return info
+
+
+__all__ = ["ActorSpec", "EmbedActor", "calibrate_remote", "from_columns", "load_actor_encoder", "to_columns"]
