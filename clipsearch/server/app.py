@@ -53,6 +53,7 @@ from .search import (
 )
 
 STATIC_DIR = Path(__file__).parent / "static"
+# At module level: the route's annotations are strings, resolved in this module's namespace.
 _query_filters = query_filters()
 # The multipart fields that may repeat: every other one keeps its last value.
 _FORM_LISTS = frozenset(name for name, f in SearchForm.model_fields.items() if typing.get_origin(f.annotation) is list)
