@@ -152,11 +152,11 @@ def _warm(served: ServedIndex) -> None:
     with served.model_call("text"):
         index.search(_WARM_TEXT, k=1)
     with served.model_call("image"):
-        # The image tower, and the first pass through it (lazy kernels, preprocessing): ~2 s
-        # on the demo index that the first uploaded query would otherwise wait.
+        # The image tower, and the first pass through it (lazy kernels, preprocessing), which
+        # the first uploaded query would otherwise wait for.
         index.search_image(_warm_image(), k=1)
     if index.count:
-        # The first metadata read opens the Parquet row groups (~150 ms on the demo index).
+        # The first metadata read opens the Parquet row groups.
         index.rows([0], columns=("content_hash",))
         index.sizes_of([0])  # the width and height columns, read once for every result page
 
