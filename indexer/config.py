@@ -16,7 +16,8 @@ from retrieval.checks import is_int, is_positive_int
 from retrieval.encoders import DEFAULT_MODEL, Precision, parse_precision
 from retrieval.errors import InvalidArgumentError, UnknownBuildOptionError
 from retrieval.images import DEFAULT_MAX_PIXELS
-from retrieval.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions
+from retrieval.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions, parse_memory
+from retrieval.options import option
 
 # A new index: the fastest mode that passes the quality gate on the collection's own images.
 # Every mode keeps a vector a function of its image alone (int8 quantises per row), so an update
@@ -63,64 +64,142 @@ def default_threads(device_type: str = "cpu", workers: int = 1) -> int:
     return cores
 
 
+# The CLI lists the Ray options in a section of their own.
+_RAY = "distributed (--engine ray, pip install 'clipsearch[ray]')"
+
+
 @dataclass(frozen=True)
 class BuildConfig:
     """Settings of one build or update.
 
-    Attributes:
-        model: hub id or local checkpoint directory.
-        batch_size: images per model call; None: 64 on CPU, 512 on GPU.
-        workers: decode worker processes; None: 0 on CPU (decoded in-process between batches, on
-            ``threads`` threads), from the core count on GPU.
-        device: ``auto``, ``cpu`` or ``cuda[:N]``.
-        max_pixels: larger images are skipped as decompression bombs.
-        draft: decode JPEGs at a reduced DCT scale when the model needs fewer pixels.
-        progress: show a progress bar on stderr.
-        rebuild: ignore the existing index (and its model) and index everything again.
-        commit_every: publish a generation after this many processed images.
-        commit_seconds: ... or after this many seconds, whichever comes first.
-        precision: image tower mode, ``fp32``, ``bf16``, ``fp16``, ``int8`` or ``auto``; None:
-            ``DEFAULT_PRECISION`` for a model loaded by the build, a given encoder's own mode.
-        threads: torch intra-op threads while embedding; None picks from the core count.
-        image_size: embed images at this many pixels (Hugging Face ViT CLIP: position embeddings
-            interpolated, e.g. 336 for a model trained at 224); None keeps what the index recorded
-            (the model's own size for a new index). Another size than the recorded one needs
-            ``rebuild``.
-        index_type, max_memory, target_recall: the FAISS index choice (see
-            :class:`retrieval.index_types.IndexOptions`); None keeps what the index recorded
-            (or the defaults for a new index).
-        engine: ``local`` (this process) or ``ray``: decoding and embedding on a Ray Data actor
-            pool (:mod:`indexer.ray_engine`); discovery, the update plan, ids and commits stay here.
-        ray_address: the Ray cluster (``auto``, ``HOST:PORT``, ``ray://HOST:10001``); None:
-            ``RAY_ADDRESS`` if set, else Ray started on this machine. Only with ``engine="ray"``.
-        actors: encoder actors; None: one per ``gpus_per_actor`` GPUs, or per ``cpus_per_actor``
-            CPUs of the cluster. Only with ``engine="ray"``.
-        gpus_per_actor: GPUs per actor (0: CPU actors). Only with ``engine="ray"``.
-        cpus_per_actor: CPUs per actor, its decode and torch threads; None: the cluster's CPUs
-            shared among the GPU actors, or up to 4 per CPU actor. Only with ``engine="ray"``.
+    Each field's meaning, and the ``clipsearch index`` flag derived from it, is declared in its
+    :func:`~retrieval.options.option` metadata; the docs' reference table is generated from it.
     """
 
-    model: str = DEFAULT_MODEL
-    batch_size: int | None = None
-    workers: int | None = None
-    device: str = "auto"
-    max_pixels: int = DEFAULT_MAX_PIXELS
-    draft: bool = True
-    progress: bool = False
-    rebuild: bool = False
-    commit_every: int = 4096
-    commit_seconds: float = 300.0
-    precision: Precision | None = None
-    threads: int | None = None
-    index_type: str | None = None
-    max_memory: int | None = None
-    target_recall: float | None = None
-    image_size: int | None = None
-    engine: str = "local"
-    ray_address: str | None = None
-    actors: int | None = None
-    gpus_per_actor: float = 0.0
-    cpus_per_actor: float | None = None
+    model: str = field(default=DEFAULT_MODEL, metadata=option("Hugging Face hub id or local checkpoint directory"))
+    batch_size: int | None = field(
+        default=None, metadata=option("images per model call", default_text="64 on CPU, 512 on GPU", minimum=1)
+    )
+    workers: int | None = field(
+        default=None,
+        metadata=option(
+            "decode worker processes",
+            default_text="0 on CPU = in-process, on --threads threads between batches; half the cores, at most 8, "
+            "on GPU, which decodes the JPEGs",
+            minimum=0,
+        ),
+    )
+    device: str = field(default="auto", metadata=option("auto (CUDA when available), cpu or cuda"))
+    max_pixels: int = field(
+        default=DEFAULT_MAX_PIXELS, metadata=option("larger images are skipped as decompression bombs", cli=False, minimum=1)
+    )
+    draft: bool = field(
+        default=True, metadata=option("decode JPEGs at a reduced DCT scale when the model needs fewer pixels", cli=False)
+    )
+    progress: bool = field(
+        default=False,
+        metadata=option("show a progress bar on stderr (the CLI does unless --no-progress)", flag="--no-progress", negate=True,
+                        flag_help="no progress bar"),
+    )
+    rebuild: bool = field(
+        default=False, metadata=option("re-index everything, also when the index was built with another model")
+    )
+    commit_every: int = field(
+        default=4096, metadata=option("publish a searchable, resumable state every N images", metavar="N", minimum=1)
+    )
+    commit_seconds: float = field(
+        default=300.0,
+        metadata=option("publish one also after this many seconds, whichever comes first", cli=False, minimum=0, positive=True),
+    )
+    precision: Precision | None = field(
+        default=None,
+        metadata=option(
+            "image tower precision, recorded in the index: fp32 (exact), bf16, fp16, int8 (CPU) or auto "
+            "(fastest passing the quality gate)",
+            default_text="auto for a new index, the recorded mode on update",
+            metavar="MODE",
+        ),
+    )
+    threads: int | None = field(
+        default=None, metadata=option("torch threads for the model", default_text="from the core count", metavar="N", minimum=1)
+    )
+    index_type: str | None = field(
+        default=None,
+        metadata=option(
+            "auto, flat, hnsw, ivf-flat, ivf-sq8, ivf-pq, ivf-sq4-refine, ivf-pq-refine or a FAISS factory string",
+            default_text="what the index recorded; auto for a new index",
+            metavar="TYPE",
+        ),
+    )
+    max_memory: int | None = field(
+        default=None,
+        metadata=option(
+            "memory the FAISS index may keep resident, e.g. 4GB; the float16 vectors that the -refine types "
+            "re-rank with are memory-mapped and not counted",
+            default_text="4GB",
+            metavar="SIZE",
+            parse=parse_memory,
+            text_type="size",
+        ),
+    )
+    target_recall: float | None = field(
+        default=None,
+        metadata=option(
+            "recall@10 against exact search that approximate indexes are tuned to reach", default_text="0.95", metavar="R"
+        ),
+    )
+    image_size: int | None = field(
+        default=None,
+        metadata=option(
+            "embed images at PX x PX, e.g. 336 for a model trained at 224 (Hugging Face ViT CLIP: position "
+            "embeddings interpolated; a multiple of the patch size); another size than the recorded one needs rebuild",
+            default_text="the size the index recorded, else the model's own",
+            metavar="PX",
+            minimum=1,
+        ),
+    )
+    engine: str = field(
+        default="local",
+        metadata=option(
+            "where decoding and embedding run: this process (local) or a Ray cluster's actors (ray); discovery, "
+            "the update plan, ids and commits stay here",
+            choices=ENGINES,
+            group=_RAY,
+        ),
+    )
+    ray_address: str | None = field(
+        default=None,
+        metadata=option(
+            "Ray cluster: auto, HOST:PORT or ray://HOST:10001",
+            default_text="$RAY_ADDRESS, else Ray started on this machine",
+            metavar="ADDR",
+            group=_RAY,
+        ),
+    )
+    actors: int | None = field(
+        default=None,
+        metadata=option(
+            "encoder actors, one model each",
+            default_text="one per --gpus-per-actor GPUs, else per --cpus-per-actor CPUs",
+            metavar="N",
+            minimum=1,
+            group=_RAY,
+        ),
+    )
+    gpus_per_actor: float = field(
+        default=0.0, metadata=option("GPUs per actor", default_text="0, CPU actors", metavar="G", minimum=0, group=_RAY)
+    )
+    cpus_per_actor: float | None = field(
+        default=None,
+        metadata=option(
+            "CPUs per actor for decoding and torch threads",
+            default_text="the cluster's CPUs shared among GPU actors, else up to 4",
+            metavar="C",
+            minimum=0,
+            positive=True,
+            group=_RAY,
+        ),
+    )
 
     def __post_init__(self) -> None:
         # Checked up front: a bad --index-type must fail before hours of embedding.

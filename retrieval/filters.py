@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import fnmatch
 from collections.abc import Callable
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 import numpy as np
@@ -20,31 +20,75 @@ import pyarrow.compute as pc
 
 from .checks import is_int
 from .errors import InvalidArgumentError
+from .options import option
 
 ColumnReader = Callable[[str], pa.ChunkedArray]
+
+
+def parse_time(text: str) -> int:
+    """``2024-05-01`` or ``2024-05-01T12:30:00[+02:00]`` -> ns since the epoch (UTC when no zone).
+
+    Raises:
+        InvalidArgumentError: not an ISO-8601 date or time.
+    """
+    try:
+        when = dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidArgumentError(f"cannot read time {text!r}; use an ISO date like 2024-05-01 or 2024-05-01T12:30") from None
+    if when.tzinfo is None:
+        when = when.replace(tzinfo=dt.timezone.utc)
+    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
+    return (when - epoch) // dt.timedelta(microseconds=1) * 1000
+
+
+def _optional_time(text: str) -> int | None:
+    # An empty date is no bound, as an empty form field is.
+    return parse_time(text) if text else None
 
 
 @dataclass(frozen=True)
 class Filter:
     """Conditions an image must meet to be returned (all of them; None means no condition).
 
-    Attributes:
-        path_prefix: the stored path starts with one of these (``"holidays/"``).
-        path_glob: the stored path matches this shell pattern (``"*/2023-*.jpg"``; ``*``
-            also crosses ``/``).
-        min_width, max_width, min_height, max_height: pixel bounds, inclusive.
-        modified_after, modified_before: file modification time bounds (ns since the epoch),
-            inclusive / exclusive.
+    Each field is also a flag of ``clipsearch search`` and a request field of the HTTP API by
+    the same name, derived from its :func:`~retrieval.options.option` metadata. Widths and
+    heights are pixels; ``modified_after`` / ``modified_before`` are ns since the epoch here,
+    ISO dates on the CLI and over HTTP.
     """
 
-    path_prefix: tuple[str, ...] = ()
-    path_glob: str | None = None
-    min_width: int | None = None
-    max_width: int | None = None
-    min_height: int | None = None
-    max_height: int | None = None
-    modified_after: int | None = None
-    modified_before: int | None = None
+    path_prefix: tuple[str, ...] = field(
+        default=(), metadata=option("stored path starts with this (repeat for any of several)", metavar="PREFIX", http=True)
+    )
+    path_glob: str | None = field(
+        default=None,
+        metadata=option(
+            "stored path matches this shell pattern, e.g. '*/2023-*.jpg' (* also crosses /)", metavar="PATTERN", http=True
+        ),
+    )
+    min_width: int | None = field(default=None, metadata=option("width at least this many pixels", metavar="PX", minimum=0, http=True))
+    max_width: int | None = field(default=None, metadata=option("width at most this many pixels", metavar="PX", minimum=0, http=True))
+    min_height: int | None = field(default=None, metadata=option("height at least this many pixels", metavar="PX", minimum=0, http=True))
+    max_height: int | None = field(default=None, metadata=option("height at most this many pixels", metavar="PX", minimum=0, http=True))
+    modified_after: int | None = field(
+        default=None,
+        metadata=option(
+            "file modified at or after this time (ISO 8601, UTC unless a zone is given)",
+            metavar="DATE",
+            parse=_optional_time,
+            text_type="ISO 8601 date",
+            http=True,
+        ),
+    )
+    modified_before: int | None = field(
+        default=None,
+        metadata=option(
+            "file modified before this time (ISO 8601, UTC unless a zone is given)",
+            metavar="DATE",
+            parse=_optional_time,
+            text_type="ISO 8601 date",
+            http=True,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.path_prefix, str):
@@ -109,22 +153,6 @@ def _glob_regex(glob: str) -> str:
 def _bool(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
     arr = arr.combine_chunks() if isinstance(arr, pa.ChunkedArray) else arr
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=bool)
-
-
-def parse_time(text: str) -> int:
-    """``2024-05-01`` or ``2024-05-01T12:30:00[+02:00]`` -> ns since the epoch (UTC when no zone).
-
-    Raises:
-        InvalidArgumentError: not an ISO-8601 date or time.
-    """
-    try:
-        when = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise InvalidArgumentError(f"cannot read time {text!r}; use an ISO date like 2024-05-01 or 2024-05-01T12:30") from None
-    if when.tzinfo is None:
-        when = when.replace(tzinfo=dt.timezone.utc)
-    epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
-    return (when - epoch) // dt.timedelta(microseconds=1) * 1000
 
 
 __all__ = ["Filter", "parse_time"]

@@ -47,8 +47,8 @@ def _quiet_libraries() -> Iterator[None]:
     # Library warnings (deprecations, hub notices) are for developers, not for CLI users.
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     # torch and faiss-cpu each load their own OpenMP runtime; with both spinning idle threads
-    # (the default ACTIVE wait) they fight over few cores and a query can take 10-40x longer
-    # (benchmarks/README.md). Must be set before either library is imported.
+    # (the default ACTIVE wait) they fight over few cores and a query takes many times longer
+    # (measured in benchmarks/README.md). Must be set before either library is imported.
     os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     with warnings.catch_warnings():

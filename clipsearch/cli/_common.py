@@ -82,32 +82,23 @@ def add_precision_argument(parser: argparse.ArgumentParser, default: str | None,
 
 
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
-    """Metadata filters of ``search``: only images passing all of them are returned."""
-    group = parser.add_argument_group("filters (all must hold; k results whenever k images match)")
-    group.add_argument(
-        "--path-prefix", action="append", default=[], metavar="PREFIX",
-        help="stored path starts with PREFIX (repeat for any of several)",
-    )
-    group.add_argument("--path-glob", metavar="PATTERN", help="stored path matches this shell pattern, e.g. '*/2023-*.jpg'")
-    group.add_argument("--min-width", type=int_at_least(0), metavar="PX")
-    group.add_argument("--max-width", type=int_at_least(0), metavar="PX")
-    group.add_argument("--min-height", type=int_at_least(0), metavar="PX")
-    group.add_argument("--max-height", type=int_at_least(0), metavar="PX")
-    group.add_argument("--modified-after", metavar="DATE", help="file modified at or after DATE (ISO 8601, UTC unless a zone is given)")
-    group.add_argument("--modified-before", metavar="DATE", help="file modified before DATE")
+    """Metadata filters of ``search``: only images passing all of them are returned (one flag per
+    :class:`~retrieval.filters.Filter` field)."""
+    from retrieval.filters import Filter
+
+    from .options import add_options
+
+    add_options(parser, Filter, group="filters (all must hold; k results whenever k images match)")
 
 
 def filter_from_args(args: argparse.Namespace) -> Filter:
-    """The :class:`~retrieval.filters.Filter` that :func:`add_filter_arguments`' flags describe."""
-    from retrieval.filters import Filter, parse_time
+    """The :class:`~retrieval.filters.Filter` that :func:`add_filter_arguments`' flags describe.
 
-    return Filter(
-        path_prefix=tuple(args.path_prefix),
-        path_glob=args.path_glob,
-        min_width=args.min_width,
-        max_width=args.max_width,
-        min_height=args.min_height,
-        max_height=args.max_height,
-        modified_after=parse_time(args.modified_after) if args.modified_after else None,
-        modified_before=parse_time(args.modified_before) if args.modified_before else None,
-    )
+    Raises:
+        InvalidArgumentError: a date that does not read, or bounds that cannot match.
+    """
+    from retrieval.filters import Filter
+
+    from .options import values_from_args
+
+    return Filter(**values_from_args(Filter, args))

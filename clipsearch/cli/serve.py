@@ -77,9 +77,8 @@ def run(args: argparse.Namespace) -> int:
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
     # Requests run side by side and each matrix product of a text query is small: OpenBLAS's
-    # extra threads (which busy-wait between calls) only take cores from the other requests.
-    # Measured with bench_serve on the 2-core host: text overhead p50 2.2-2.3 ms with 1 thread
-    # against 5.9-8.8 ms with the default 2 (benchmarks/README.md).
+    # extra threads (which busy-wait between calls) only take cores from the other requests
+    # (bench_serve's measurements: benchmarks/README.md).
     ThreadpoolController().select(internal_api="openblas").limit(limits=args.blas_threads)
     sock = _bind(args.host, args.port)
     try:

@@ -11,6 +11,7 @@ import hmac
 import io
 import json
 import os
+import typing
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Annotated, Any
@@ -35,6 +36,7 @@ from . import files
 from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, ServerConfig
 from .docs import document_search_body, mount_docs
 from .errors import install_error_handlers
+from .filters import make_filter, query_filters
 from .indexes import IndexSet, ServedIndex
 from .middleware import UI_CSP, BodyLimit, SecurityHeaders
 from .responses import JSONResponse
@@ -46,12 +48,15 @@ from .search import (
     check_window,
     from_body,
     from_form,
-    make_filter,
     make_terms,
     run_search,
 )
 
 STATIC_DIR = Path(__file__).parent / "static"
+# At module level: the route's annotations are strings, resolved in this module's namespace.
+_query_filters = query_filters()
+# The multipart fields that may repeat: every other one keeps its last value.
+_FORM_LISTS = frozenset(name for name, f in SearchForm.model_fields.items() if typing.get_origin(f.annotation) is list)
 # A text query run once per index at start-up, so that no request pays the model load.
 _WARM_TEXT = "a photo"
 
@@ -147,11 +152,11 @@ def _warm(served: ServedIndex) -> None:
     with served.model_call("text"):
         index.search(_WARM_TEXT, k=1)
     with served.model_call("image"):
-        # The image tower, and the first pass through it (lazy kernels, preprocessing): ~2 s
-        # on the demo index that the first uploaded query would otherwise wait.
+        # The image tower, and the first pass through it (lazy kernels, preprocessing), which
+        # the first uploaded query would otherwise wait for.
         index.search_image(_warm_image(), k=1)
     if index.count:
-        # The first metadata read opens the Parquet row groups (~150 ms on the demo index).
+        # The first metadata read opens the Parquet row groups.
         index.rows([0], columns=("content_hash",))
         index.sizes_of([0])  # the width and height columns, read once for every result page
 
@@ -209,25 +214,18 @@ def _api_router() -> APIRouter:
     @api.get("/search", response_model=SearchResponse, summary="Search by text, with the CLI's filters")
     async def search_get(
         request: Request,
+        filters: Annotated[dict[str, Any], Depends(_query_filters)],
         q: Annotated[str | None, Query(description="the text query")] = None,
         k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
         offset: Annotated[int, Query(ge=0, le=MAX_DEPTH)] = 0,
         index: Annotated[str | None, Query(description="index name (default: the first served)")] = None,
-        path_prefix: Annotated[list[str] | None, Query(description="stored path starts with one of these (repeat)")] = None,
-        path_glob: Annotated[str | None, Query(description="stored path matches this shell pattern")] = None,
-        min_width: Annotated[int | None, Query()] = None,
-        max_width: Annotated[int | None, Query()] = None,
-        min_height: Annotated[int | None, Query()] = None,
-        max_height: Annotated[int | None, Query()] = None,
-        modified_after: Annotated[str | None, Query(description="ISO 8601 date or time")] = None,
-        modified_before: Annotated[str | None, Query(description="ISO 8601 date or time")] = None,
         add: Annotated[list[str] | None, Query(description='query arithmetic: a text to add, "N:" before it for a weight (repeat)')] = None,
         subtract: Annotated[list[str] | None, Query(description="a text to subtract (repeat)")] = None,
     ) -> Response:
         if q is None or not q.strip():
             raise InvalidArgumentError("give a text query: q=...")
         check_window(k, offset)
-        where = make_filter(path_prefix, path_glob, min_width, max_width, min_height, max_height, modified_after, modified_before)
+        where = make_filter(**filters)
         terms = make_terms(add or [], subtract or [])
         req = SearchRequest(kind="text", k=k, offset=offset, index=index, where=where, text=q, terms=terms)
         return await _answer(request, req)
@@ -315,7 +313,7 @@ async def _read_form(request: Request) -> SearchRequest:
             values = form.getlist(key)
             if any(isinstance(v, UploadFile) for v in values):
                 raise InvalidArgumentError(f"only the image field may be a file, not {key!r}")
-            fields[key] = values if key in ("path_prefix", "add", "subtract") else values[-1]
+            fields[key] = values if key in _FORM_LISTS else values[-1]
         try:
             parsed = SearchForm.model_validate(fields)
         except ValidationError as exc:

@@ -16,12 +16,10 @@ from retrieval.live import LiveIndex
 from .errors import NotFoundError
 
 # Text queries of one index run one at a time; image queries overlap (ServedIndex.model_call).
-# Measured on the 2-core host (8 client threads through run_search on the demo index, median of
-# 5 interleaved runs, while other jobs kept the load at 4.5-5.7, so the figures are rough): text,
-# serialised 56 req/s (p99 628 ms) vs overlapping 49 req/s (p99 851 ms): the numpy text tower's
-# BLAS calls already use both cores, and overlapping ones only fight over them. Image, serialised
-# 29 req/s vs overlapping 41: the lock would also cover decoding and preprocessing the upload
-# (most of an image query), which do overlap usefully with another query's model call.
+# Text: the numpy text tower's BLAS calls already use every core, so overlapping ones only fight
+# over them (serialised served more requests per second, measured with 8 client threads). Image:
+# a lock would also cover decoding and preprocessing the upload (most of an image query), which
+# overlap usefully with another query's model call.
 SERIALIZE_TEXT = True
 SERIALIZE_IMAGE = False
 

@@ -12,19 +12,20 @@ import io
 import math
 import time
 from dataclasses import dataclass
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
 
 import numpy as np
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from retrieval.errors import InvalidArgumentError
-from retrieval.filters import Filter, parse_time
+from retrieval.filters import Filter
 from retrieval.index import Hit, ImageIndex
 from retrieval.query_terms import QueryTerm, parse_term
 
 from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, MAX_TERMS
 from .errors import NotFoundError
+from .filters import filter_fields, filters_model, make_filter
 from .indexes import ServedIndex
 
 QueryKind = Literal["text", "image_id", "vector", "image"]
@@ -32,19 +33,10 @@ QueryKind = Literal["text", "image_id", "vector", "image"]
 _MAX_VECTOR_LEN = 16384
 
 
-class Filters(BaseModel):
-    """Metadata filters, by the names of ``clipsearch search``'s flags (all must hold)."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    path_prefix: list[str] | str | None = Field(None, description="stored path starts with one of these")
-    path_glob: str | None = Field(None, description="stored path matches this shell pattern, e.g. '*/2023-*.jpg'")
-    min_width: int | None = None
-    max_width: int | None = None
-    min_height: int | None = None
-    max_height: int | None = None
-    modified_after: str | None = Field(None, description="ISO 8601 date or time (UTC unless a zone is given)")
-    modified_before: str | None = None
+if TYPE_CHECKING:
+    Filters = BaseModel
+else:
+    Filters = filters_model()
 
 
 class TermBody(BaseModel):
@@ -76,24 +68,25 @@ class SearchBody(BaseModel):
     subtract: list[str | TermBody] = Field([], max_length=MAX_TERMS, description="terms to subtract, the same way")
 
 
-class SearchForm(BaseModel):
-    """The form fields beside a multipart ``image`` file (filters by their flat names)."""
-
+class _FormFields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
     k: int = Field(10, ge=1, le=MAX_K)
     offset: int = Field(0, ge=0, le=MAX_DEPTH)
     index: str | None = None
-    path_prefix: list[str] = []
-    path_glob: str | None = None
-    min_width: int | None = None
-    max_width: int | None = None
-    min_height: int | None = None
-    max_height: int | None = None
-    modified_after: str | None = None
-    modified_before: str | None = None
     add: list[str] = Field([], max_length=MAX_TERMS)
     subtract: list[str] = Field([], max_length=MAX_TERMS)
+
+
+if TYPE_CHECKING:
+    SearchForm = _FormFields
+else:
+    SearchForm = create_model(
+        "SearchForm",
+        __base__=_FormFields,
+        __doc__="The form fields beside a multipart ``image`` file (filters by their flat names).",
+        **filter_fields("form"),
+    )
 
 
 class SearchResult(BaseModel):
@@ -128,34 +121,6 @@ class SearchRequest:
     image: bytes | None = None
     # Query arithmetic: more terms added to / subtracted from the query (weights signed).
     terms: tuple[QueryTerm, ...] = ()
-
-
-def make_filter(
-    path_prefix: list[str] | str | None = None,
-    path_glob: str | None = None,
-    min_width: int | None = None,
-    max_width: int | None = None,
-    min_height: int | None = None,
-    max_height: int | None = None,
-    modified_after: str | None = None,
-    modified_before: str | None = None,
-) -> Filter:
-    """The :class:`Filter` of the CLI's filter names (empty strings count as absent, as in a form).
-
-    Raises:
-        InvalidArgumentError: a value the filter refuses (negative size, bad date, min > max).
-    """
-    prefixes = [path_prefix] if isinstance(path_prefix, str) else list(path_prefix or [])
-    return Filter(
-        path_prefix=tuple(p for p in prefixes if p),
-        path_glob=path_glob or None,
-        min_width=min_width,
-        max_width=max_width,
-        min_height=min_height,
-        max_height=max_height,
-        modified_after=parse_time(modified_after) if modified_after else None,
-        modified_before=parse_time(modified_before) if modified_before else None,
-    )
 
 
 def make_terms(add: list[str | TermBody] | list[str], subtract: list[str | TermBody] | list[str]) -> tuple[QueryTerm, ...]:
@@ -213,7 +178,7 @@ def from_body(body: SearchBody) -> SearchRequest:
 
 def from_form(form: SearchForm, image: bytes) -> SearchRequest:
     check_window(form.k, form.offset)
-    fields = form.model_dump(exclude={"k", "offset", "index", "add", "subtract"})
+    fields = form.model_dump(exclude=set(_FormFields.model_fields))
     terms = make_terms(form.add, form.subtract)
     return SearchRequest(
         kind="image", k=form.k, offset=form.offset, index=form.index, where=make_filter(**fields), image=image, terms=terms
