@@ -73,7 +73,7 @@ def write_index(out: Path, vectors: np.ndarray, finish: bool = True, index_type:
     out.mkdir(parents=True)
     with IndexLock(out):
         writer = GenerationWriter(out, meta, None)
-        writer.skipped = list(SKIPS)
+        writer.record_skips(SKIPS)
         for start in range(0, len(vectors), PART_ROWS):
             writer.append(records(start, PART_ROWS), vectors[start : start + PART_ROWS])
             manifest = writer.commit()
@@ -492,7 +492,7 @@ def test_every_generation_records_checksums_of_all_its_files(tmp_path: Path, vec
     )
     with IndexLock(out):
         writer = GenerationWriter(out, meta, base)
-        writer.skipped = list(SKIPS)
+        writer.record_skips(SKIPS)
         writer.append(records(ROWS, 10), unit_vectors(10, seed=1))
         final = writer.finish()
     # Linked parts keep their recorded checksums; new files are hashed as written.
