@@ -192,7 +192,7 @@ def test_format_version_follows_the_faiss_type(refined: Path, tmp_path: Path, mo
     reindex(idx, index_type="ivf-pq-refine", target_recall=0.9)
     assert read_manifest(idx).format_version == 3
     # A version-2 reader refuses a version-3 index, and says what to do.
-    import retrieval.manifest as manifest
+    import retrieval.layout.manifest as manifest
 
     monkeypatch.setattr(manifest, "FORMAT_VERSION", 2)
     with pytest.raises(UnsupportedFormatError, match="upgrade clipsearch"):

@@ -27,12 +27,12 @@ open files. Readers refuse a manifest whose ``format_version`` is newer than
 Each part of the contract lives in the module that implements it; every name is re-exported
 here, so callers import the contract from one place:
 
-- :mod:`retrieval.filenames`: file and directory names, generation folders;
-- :mod:`retrieval.schemas`: the Parquet schemas and the skip list's rows;
-- :mod:`retrieval.paths_file`: the ``.paths`` side file;
-- :mod:`retrieval.checksums`: content checksums of the data files;
-- :mod:`retrieval.manifest`: the manifest, its format versions and its digest;
-- :mod:`retrieval.durable`: atomic, flushed writes and the publishing of a generation.
+- :mod:`retrieval.layout.filenames`: file and directory names, generation folders;
+- :mod:`retrieval.layout.schemas`: the Parquet schemas and the skip list's rows;
+- :mod:`retrieval.layout.paths_file`: the ``.paths`` side file;
+- :mod:`retrieval.layout.checksums`: content checksums of the data files;
+- :mod:`retrieval.layout.manifest`: the manifest, its format versions and its digest;
+- :mod:`retrieval.layout.durable`: atomic, flushed writes and the publishing of a generation.
 """
 
 from __future__ import annotations

@@ -6,7 +6,7 @@ import hashlib
 import os
 from dataclasses import dataclass
 
-from .checks import is_int
+from ..checks import is_int
 
 CHECKSUM_ALGORITHM = "sha256"
 # Files are hashed in chunks of this size: memory stays flat whatever the file size.

@@ -34,10 +34,10 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .checks import is_positive_int
+from ..checks import is_positive_int
+from ..errors import IndexCorruptError, IndexFormatError, NotAnIndexError, UnsupportedFormatError
 from .checksums import CHECKSUM_ALGORITHM, FileChecksum
 from .durable import atomic_write
-from .errors import IndexCorruptError, IndexFormatError, NotAnIndexError, UnsupportedFormatError
 from .filenames import MANIFEST_FILE
 
 FORMAT_VERSION = 3
