@@ -15,7 +15,7 @@ _WEIGHT_PATTERNS = ("model.safetensors", "model-*-of-*.safetensors", "pytorch_mo
 
 
 def looks_like_path(model: str) -> bool:
-    # Hub ids are "name" or "org/name"; anything else with a slash can only be a path.
+    """Whether ``model`` can only be a path: hub ids are ``name`` or ``org/name``."""
     return model.startswith(("/", ".", "~")) or model.count("/") > 1 or model.endswith("/")
 
 
