@@ -137,7 +137,8 @@ def _product_rows(model, rows: int, reps: int, kernel) -> list[dict]:
     import torch
     import torch.nn.functional as F
 
-    from retrieval.encoders.int8 import Int8Linear, _shifted_row_codes
+    from retrieval.encoders.int8 import Int8Linear
+    from retrieval.encoders.int8.codes import shifted_row_codes
 
     shapes: dict[tuple[int, int], torch.nn.Linear] = {}
     for module in model.vision_model.encoder.modules():
@@ -162,7 +163,7 @@ def _product_rows(model, rows: int, reps: int, kernel) -> list[dict]:
         x = torch.randn(rows, k, generator=generator)
         int8 = Int8Linear(linear, kernel=kernel)
         with torch.inference_mode():
-            shifted = _shifted_row_codes(x.clone(), steps=kernel.steps)[0].contiguous()
+            shifted = shifted_row_codes(x.clone(), steps=kernel.steps)[0].contiguous()
             fp32 = best(lambda: F.linear(x, linear.weight, linear.bias))  # noqa: B023 - called in this iteration
             product = best(lambda: int8._scaled_product(shifted))  # noqa: B023
             whole = best(lambda: int8(x))  # noqa: B023

@@ -22,6 +22,9 @@ from retrieval.encoders import HFClipEncoder, cpu
 from retrieval.encoders import int8 as I8
 from retrieval.encoders import precision as P
 from retrieval.encoders.int8 import Int8Linear, Int8PatchEmbedding, quantize_int8, quantize_rows
+from retrieval.encoders.int8 import kernel as int8_kernel
+from retrieval.encoders.int8.convert import fuse_projections
+from retrieval.encoders.int8.kernel import onednn_available
 from retrieval.encoders.numpy_text import int8 as text_int8
 from retrieval.errors import InvalidArgumentError
 from retrieval.images import load_pixels
@@ -72,7 +75,7 @@ def _exact_kernels() -> list[I8.Int8Kernel]:
     out = []
     for onednn in (True, False):
         for steps in (I8.FULL_STEPS, I8.REDUCED_STEPS):
-            if onednn and not I8._onednn_available():
+            if onednn and not onednn_available():
                 continue
             if (steps == I8.FULL_STEPS or not onednn) and not dot:
                 continue
@@ -168,7 +171,7 @@ def test_reduced_range_is_chosen_and_exact_where_onednn_runs_avx2_kernels() -> N
     import subprocess
     import sys
 
-    if not I8._onednn_available():
+    if not onednn_available():
         pytest.skip("oneDNN's int8 linear is x86-only")
     env = {**os.environ, "ONEDNN_MAX_CPU_ISA": "AVX2"}
     env.pop(cpu.CAP_ENV, None)
@@ -186,7 +189,7 @@ def test_fused_projections_equal_separate_layers_and_release_the_product() -> No
     for name, bias in (("q_proj", True), ("k_proj", False), ("v_proj", True)):
         setattr(parent, name, nn.Linear(32, 16, bias=bias))
     separate = {name: Int8Linear(getattr(parent, name)) for name in ("q_proj", "k_proj", "v_proj")}
-    I8._fuse_projections(parent)
+    fuse_projections(parent)
     x = torch.randn(2, 7, 32)
     with torch.inference_mode():
         for name in ("k_proj", "q_proj", "v_proj"):  # any order
@@ -334,7 +337,7 @@ def test_cpu_level_decides_the_candidates_and_the_int8_range(
     # 8-bit codes where the level has int8 dot products and this machine's kernel did not
     # saturate on the probe (on an AVX2 host it does, whatever flags the test pretends).
     dot = level in ("avx_vnni", "avx512_vnni", "amx")
-    full = dot and not I8.full_codes_saturate(I8._onednn_available())
+    full = dot and not I8.full_codes_saturate(onednn_available())
     assert I8.current_kernel().steps == (I8.FULL_STEPS if full else I8.REDUCED_STEPS)
     # The text tower's fbgemm has no AVX-VNNI kernels: 8-bit activations from AVX-512 VNNI up.
     text_full = level in ("avx512_vnni", "amx") and not text_int8.full_inputs_saturate()
@@ -383,20 +386,20 @@ def test_a_kernel_that_saturates_gets_7_bit_codes_whatever_the_level(monkeypatch
     # the CPU has AVX-512 VNNI or AMX.
     code = "from retrieval.encoders import int8; print(int8.full_codes_saturate(True))"
     env = {k: v for k, v in os.environ.items() if k != cpu.CAP_ENV} | {"ONEDNN_MAX_CPU_ISA": "AVX2"}
-    if I8._onednn_available():
+    if onednn_available():
         out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, check=True, timeout=120)
         assert out.stdout.strip() == "True"
-    if cpu.detected_level() in ("avx512_vnni", "amx") and I8._onednn_available() and not os.environ.get("ONEDNN_MAX_CPU_ISA"):
+    if cpu.detected_level() in ("avx512_vnni", "amx") and onednn_available() and not os.environ.get("ONEDNN_MAX_CPU_ISA"):
         assert I8.full_codes_saturate(True) is False
     # Wiring: a level with int8 dot products and a kernel that saturated -> 7-bit codes.
     monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma", "avx512_vnni"}))
     monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
     for name in (cpu.CAP_ENV, "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(I8, "full_codes_saturate", lambda onednn: True)
+    monkeypatch.setattr(int8_kernel, "full_codes_saturate", lambda onednn: True)
     monkeypatch.setattr(text_int8, "full_inputs_saturate", lambda: True)
     assert I8.current_kernel().steps == I8.REDUCED_STEPS and text_int8.activation_bits() == 7
-    monkeypatch.setattr(I8, "full_codes_saturate", lambda onednn: False)
+    monkeypatch.setattr(int8_kernel, "full_codes_saturate", lambda onednn: False)
     monkeypatch.setattr(text_int8, "full_inputs_saturate", lambda: False)
     assert I8.current_kernel().steps == I8.FULL_STEPS and text_int8.activation_bits() == 8
 

@@ -24,10 +24,10 @@ def local_checkpoint(model: str) -> tuple[str, Path]:
         UnsupportedTextTower: a hub id that is not in the local cache.
         ModelLoadError: a path that is not a checkpoint directory.
     """
-    from ..hf import _looks_like_path, resolve_checkpoint
+    from ..hf import looks_like_path, resolve_checkpoint
 
     local = Path(model).expanduser()
-    if local.is_dir() or _looks_like_path(model):
+    if local.is_dir() or looks_like_path(model):
         return resolve_checkpoint(model)
     try:
         from huggingface_hub import snapshot_download
