@@ -1,8 +1,8 @@
 """The options reference of the docs, generated from the declarations the code runs on.
 
 Each table lists one settings dataclass's fields (``BuildConfig``'s build options, ``Filter``'s
-filters) with the CLI flag, the Python keyword and the HTTP field derived from them, so the docs
-cannot drift from the flags. ``docs/hooks.py`` puts them into the pages at build time.
+filters, ``SearchParams``' search parameters) with the CLI flag, the Python keyword and the HTTP
+field derived from them, so the docs cannot drift from the flags. ``docs/hooks.py`` puts them into the pages at build time.
 """
 
 from __future__ import annotations
@@ -12,7 +12,8 @@ from typing import Any
 
 from retrieval.options import Option, flag_of, options_of, value_types
 
-_HEADER = ("Flag", "Python keyword", "HTTP field", "Type", "Default", "Meaning")
+_KEYWORD = "Python keyword"
+_HEADER = ("Flag", _KEYWORD, "HTTP field", "Type", "Default", "Meaning")
 _NONE = "—"
 
 
@@ -20,37 +21,43 @@ def tables() -> dict[str, str]:
     """The Markdown tables of the options reference, by name.
 
     Returns:
-        ``build`` (``clipsearch index`` / :func:`indexer.build_index` / ``BuildConfig``) and
-        ``filters`` (``clipsearch search`` / ``where=Filter(...)`` / the search API), each a
+        ``build`` (``clipsearch index`` / :func:`indexer.build_index` / ``BuildConfig``),
+        ``filters`` (``clipsearch search`` / ``where=Filter(...)`` / the search API) and
+        ``search`` (``clipsearch search`` / the search API, no Python keyword column), each a
         Markdown table with one row per field.
     """
     from indexer.config import BuildConfig
     from retrieval.filters import Filter
 
-    return {"build": table(BuildConfig), "filters": table(Filter)}
+    from .search_params import SearchParams
+
+    return {"build": table(BuildConfig), "filters": table(Filter), "search": table(SearchParams, python=False)}
 
 
-def table(cls: type) -> str:
-    """One Markdown table row per field of the dataclass ``cls`` (see :func:`tables`)."""
+def table(cls: type, *, python: bool = True) -> str:
+    """One Markdown table row per field of the dataclass ``cls`` (see :func:`tables`); without
+    ``python``, no Python keyword column (the fields are not keywords of one Python call)."""
     types = value_types(cls)
-    lines = [_row(_HEADER), _row(("---",) * len(_HEADER))]
+    header = _HEADER if python else tuple(h for h in _HEADER if h != _KEYWORD)
+    lines = [_row(header), _row(("---",) * len(header))]
     for f, opt in options_of(cls):
-        lines.append(
-            _row(
-                (
-                    f"`{flag_of(f)}`" if opt.cli else _NONE,
-                    f"`{f.name}`",
-                    f"`{f.name}`" if opt.http else _NONE,
-                    _type(opt, types[f.name]),
-                    _default(opt, f),
-                    _escape(opt.help),
-                )
-            )
+        flag = f"`{opt.short}`, `{flag_of(f)}`" if opt.short else f"`{flag_of(f)}`"
+        cells = (
+            flag if opt.cli else _NONE,
+            f"`{f.name}`",
+            f"`{f.name}`" if opt.http else _NONE,
+            _type(opt, types[f.name]),
+            _default(opt, f),
+            _escape(opt.help),
         )
+        lines.append(_row(cells if python else cells[:1] + cells[2:]))
     return "\n".join(lines) + "\n"
 
 
 def _type(opt: Option, kind: type) -> str:
+    if opt.http_max is not None:
+        # The server's bound on one request; the CLI takes any.
+        return f"{_type(dataclasses.replace(opt, http_max=None), kind)} (HTTP: at most {opt.http_max})"
     if opt.choices is not None:
         return " or ".join(f"`{c}`" for c in opt.choices)
     if kind is tuple:

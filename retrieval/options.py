@@ -1,11 +1,12 @@
 """What an option means to people, declared once beside its dataclass field.
 
-A settings dataclass (``indexer.config.BuildConfig``, :class:`retrieval.filters.Filter`) is the
-one declaration of its options: each field carries an :class:`Option` in its metadata
-(``field(default=..., metadata=option("..."))``), and the CLI flags, the server's request
-fields and the reference tables in the docs are derived from the fields and these records. The
-derivations live with their front ends (``clipsearch.cli.options``, ``clipsearch.server``,
-``clipsearch.reference``); this module only holds the record, so the library stays free of them.
+A settings dataclass (``indexer.config.BuildConfig``, :class:`retrieval.filters.Filter`,
+``clipsearch.search_params.SearchParams``) is the one declaration of its options: each field
+carries an :class:`Option` in its metadata (``field(default=..., metadata=option("..."))``),
+and the CLI flags, the server's request fields and the reference tables in the docs are derived
+from the fields and these records. The derivations live with their front ends
+(``clipsearch.cli.options``, ``clipsearch.server``, ``clipsearch.reference``); this module only
+holds the record, so the library stays free of them.
 """
 
 from __future__ import annotations
@@ -29,12 +30,15 @@ class Option:
         default_text: the default as people read it, when the field's own default does not say
             it (a None that means "64 on CPU, 512 on GPU"); "" shows no default.
         flag: the CLI flag when it is not the field name with dashes (``--no-progress``).
+        short: a one-letter CLI alias beside the flag (``-k``).
         cli: False when the CLI has no flag for the field (a Python-only setting).
         negate: the flag turns the (boolean) field off: ``--no-progress`` sets ``progress=False``.
         flag_help: the CLI help when it differs from ``help`` (a negated flag says the opposite).
         metavar: the CLI's name for the value (``N``, ``PX``).
         minimum: numbers: the smallest accepted value; the CLI refuses less while parsing.
         positive: numbers: only values > 0 (with ``minimum=0``).
+        http_max: the largest value (numbers) or the most items (lists) a request to the server
+            may give; the CLI, run by whoever owns the index, takes any.
         choices: the only accepted values.
         group: the CLI help section the flag is listed under (None: the command's own options).
         parse: the field is given as text and read by this (``"4GB"`` -> bytes, an ISO date ->
@@ -46,12 +50,14 @@ class Option:
     help: str
     default_text: str | None = None
     flag: str | None = None
+    short: str | None = None
     cli: bool = True
     negate: bool = False
     flag_help: str | None = None
     metavar: str | None = None
     minimum: float | None = None
     positive: bool = False
+    http_max: int | None = None
     choices: tuple[str, ...] | None = None
     group: str | None = None
     parse: Callable[[str], Any] | None = None

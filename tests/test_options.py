@@ -1,5 +1,5 @@
-"""Options declared once: BuildConfig's and Filter's fields are the CLI flags, the HTTP fields and
-the docs tables; a field added to either shows up in all of them."""
+"""Options declared once: BuildConfig's, Filter's and SearchParams' fields are the CLI flags, the
+HTTP fields and the docs tables; a field added to any of them shows up in all of them."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from clipsearch.cli import build_parser
 from clipsearch.cli._common import filter_from_args
 from clipsearch.cli.options import values_from_args
 from clipsearch.reference import tables
+from clipsearch.search_params import SearchParams
 from indexer.config import BuildConfig
 from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter, parse_time
@@ -22,6 +23,8 @@ from retrieval.options import flag_of, option_of
 ROOT = Path(__file__).resolve().parent.parent
 # Settings a Python caller may change that no CLI user needs.
 PYTHON_ONLY = {"max_pixels", "draft", "commit_seconds"}
+# Search parameters the CLI has no flag for.
+SERVER_ONLY = {"offset", "index"}
 
 
 def _help(*command: str) -> str:
@@ -32,7 +35,7 @@ def _help(*command: str) -> str:
 
 def test_every_field_is_in_its_table_and_its_help() -> None:
     made = tables()
-    for name, cls, command in (("build", BuildConfig, "index"), ("filters", Filter, "search")):
+    for name, cls, command in (("build", BuildConfig, "index"), ("filters", Filter, "search"), ("search", SearchParams, "search")):
         text = _help(command)
         for f in dataclasses.fields(cls):
             assert f"| `{f.name}` |" in made[name], f.name
@@ -41,6 +44,10 @@ def test_every_field_is_in_its_table_and_its_help() -> None:
         assert made[name].count("\n") == len(dataclasses.fields(cls)) + 2
     assert {f.name for f in dataclasses.fields(BuildConfig) if not option_of(f).cli} == PYTHON_ONLY
     assert all(option_of(f).cli and option_of(f).http for f in dataclasses.fields(Filter))
+    # Every search parameter is a request field; offset and index only mean something to a server.
+    assert all(option_of(f).http for f in dataclasses.fields(SearchParams))
+    assert {f.name for f in dataclasses.fields(SearchParams) if not option_of(f).cli} == SERVER_ONLY
+    assert "-k K, --k K" in _help("search") and "| `-k`, `--k` |" in made["search"]
 
 
 def test_index_flags_make_the_config() -> None:
@@ -101,6 +108,43 @@ def test_server_shapes_take_every_filter() -> None:
         make_filter(colour="red")
 
 
+def test_search_flags_read_back() -> None:
+    parse = build_parser().parse_args
+    names = [f.name for f in dataclasses.fields(SearchParams) if option_of(f).cli]
+    assert values_from_args(SearchParams, parse(["search", "i", "q"]), names) == {"k": 10, "add": (), "subtract": ()}
+    args = parse(["search", "i", "q", "-k", "3", "--add", "a", "--add", "0.5:b", "--subtract", "c"])
+    assert values_from_args(SearchParams, args, names) == {"k": 3, "add": ("a", "0.5:b"), "subtract": ("c",)}
+    assert parse(["search", "i", "q", "--k", "1001"]).k == 1001  # the server's bound is the server's
+
+
+def test_server_shapes_take_every_search_parameter() -> None:
+    pytest.importorskip("fastapi")
+    from fastapi import FastAPI
+
+    from clipsearch.server.app import _api_router
+    from clipsearch.server.search import SearchBody, SearchForm
+
+    names = [f.name for f in dataclasses.fields(SearchParams)]
+    assert set(names) <= set(SearchBody.model_fields) and set(names) <= set(SearchForm.model_fields)
+    app = FastAPI()
+    app.include_router(_api_router())
+    params = {p["name"]: p for p in app.openapi()["paths"]["/api/search"]["get"]["parameters"]}
+    assert set(names) <= set(params)
+    for f in dataclasses.fields(SearchParams):
+        assert params[f.name]["description"] == option_of(f).help, f.name
+    k = params["k"]["schema"]
+    assert (k["minimum"], k["maximum"], k["default"]) == (1, 1000, 10)
+    from pydantic import ValidationError
+
+    # The bodies check the declared bounds (a 422), GET's add and subtract are counted by the search (a 400).
+    for model, base in ((SearchBody, {"text": "x"}), (SearchForm, {})):
+        assert model.model_validate(base).k == 10  # type: ignore[attr-defined]  # a field derived from SearchParams
+        for bad in ({"k": 0}, {"k": 1001}, {"offset": 10_001}, {"add": ["a"] * 17}):
+            with pytest.raises(ValidationError):
+                model.model_validate({**base, **bad})
+    assert "maxItems" not in str(params["add"])
+
+
 def _hooks() -> ModuleType:
     spec = importlib.util.spec_from_file_location("docs_hooks", ROOT / "docs" / "hooks.py")
     assert spec is not None and spec.loader is not None
@@ -111,9 +155,9 @@ def _hooks() -> ModuleType:
 
 def test_docs_hook_puts_the_tables_in() -> None:
     hooks = _hooks()
-    page = "# CLI\n\n<!-- options:build -->\n\ntext\n\n<!-- options:filters -->\n"
+    page = "# CLI\n\n<!-- options:build -->\n\ntext\n\n<!-- options:filters -->\n\n<!-- options:search -->\n"
     out = hooks.on_page_markdown(page, page=None, config={}, files=None)
-    assert "<!--" not in out and tables()["build"] in out and tables()["filters"] in out
+    assert "<!--" not in out and all(table in out for table in tables().values())
     assert hooks.on_page_markdown("no markers", page=None, config={}, files=None) == "no markers"
     with pytest.raises(KeyError, match="no options table 'colours'"):
         hooks.on_page_markdown("<!-- options:colours -->", page=None, config={}, files=None)

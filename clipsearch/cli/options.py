@@ -1,5 +1,5 @@
-"""CLI flags derived from a settings dataclass's fields (``BuildConfig``, ``Filter``), and the
-field values read back from the parsed arguments.
+"""CLI flags derived from a settings dataclass's fields (``BuildConfig``, ``Filter``,
+``SearchParams``), and the field values read back from the parsed arguments.
 
 Each field's :class:`~retrieval.options.Option` says its help, metavar, bounds and section; the
 field's type and default give the rest. A value below a declared minimum is a usage error
@@ -9,7 +9,7 @@ field's type and default give the rest. A value below a declared minimum is a us
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Collection
+from collections.abc import Callable, Collection, Mapping
 from typing import Any
 
 from retrieval.options import Option, flag_of, options_of, value_types
@@ -23,6 +23,7 @@ def add_options(
     names: Collection[str] | None = None,
     *,
     group: str | None = None,
+    descriptions: Mapping[str, str] | None = None,
 ) -> None:
     """Add a flag for each field of ``cls`` (those in ``names``, default every field with a flag).
 
@@ -31,6 +32,7 @@ def add_options(
         cls: a dataclass whose fields carry :func:`~retrieval.options.option` metadata.
         names: the fields to add, in declaration order (default: all but ``cli=False`` ones).
         group: the help section for fields that declare none (default: the command's options).
+        descriptions: the text under a help section's title, by title (what is CLI-only about it).
     """
     types = value_types(cls)
     sections: dict[str, argparse._ArgumentGroup] = {}
@@ -40,8 +42,11 @@ def add_options(
         title = opt.group or group
         target = parser
         if title is not None and isinstance(parser, argparse.ArgumentParser):
-            target = sections.get(title) or sections.setdefault(title, parser.add_argument_group(title))
-        target.add_argument(flag_of(f), **_argument(f.name, f.default, opt, types[f.name]))
+            if title not in sections:
+                sections[title] = parser.add_argument_group(title, (descriptions or {}).get(title))
+            target = sections[title]
+        flags = (opt.short, flag_of(f)) if opt.short else (flag_of(f),)
+        target.add_argument(*flags, **_argument(f.name, f.default, opt, types[f.name]))
 
 
 def values_from_args(cls: type, args: argparse.Namespace, names: Collection[str] | None = None) -> dict[str, Any]:

@@ -7,12 +7,19 @@ from typing import TYPE_CHECKING
 
 from retrieval.errors import InvalidArgumentError
 
-from ._common import add_device_arguments, add_filter_arguments, add_precision_argument, filter_from_args, positive_int, print_json
+from ..search_params import ARITHMETIC, SearchParams
+from ._common import add_device_arguments, add_filter_arguments, add_precision_argument, filter_from_args, print_json
+from .options import add_options
 
 if TYPE_CHECKING:
     from retrieval.query_terms import QueryTerm
 
     from ._common import Subparsers
+
+_TERMS_ON_THE_CLI = (
+    "A TERM is text, or an image file when it starts with ./ ../ / ~/ or file://; 'N:' before it is its "
+    "weight (default 1), e.g. --add '0.5:./beach.jpg'. With --add or --subtract the QUERY takes a weight too."
+)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -61,14 +68,8 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("query", metavar="QUERY", nargs="?", help="text query")
     p.add_argument("--image", metavar="PATH", help="search with this image instead of text")
-    arithmetic = p.add_argument_group(
-        "query arithmetic (the query is the normalised weighted sum of its terms' normalised embeddings)",
-        "A TERM is text, or an image file when it starts with ./ ../ / ~/ or file://; 'N:' before it is its "
-        "weight (default 1), e.g. --add '0.5:./beach.jpg'. With --add or --subtract the QUERY takes a weight too.",
-    )
-    arithmetic.add_argument("--add", action="append", default=[], metavar="TERM", help="add this term (repeatable)")
-    arithmetic.add_argument("--subtract", action="append", default=[], metavar="TERM", help="subtract this term (repeatable)")
-    p.add_argument("-k", "--k", type=positive_int, default=10, help="number of results (default: 10)")
+    # -k, --add, --subtract: the search parameters the CLI takes, from their one declaration.
+    add_options(p, SearchParams, descriptions={ARITHMETIC: _TERMS_ON_THE_CLI})
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
     add_precision_argument(p, "fp32", "text query tower precision (image queries use the index's mode)")

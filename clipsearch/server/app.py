@@ -33,10 +33,10 @@ from retrieval.query_cache import DEFAULT_CAPACITY
 from retrieval.version import __version__
 
 from . import files
-from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, ServerConfig
+from .config import DEFAULT_THUMBNAIL_SIZE, ServerConfig
 from .docs import document_search_body, mount_docs
 from .errors import install_error_handlers
-from .filters import make_filter, query_filters
+from .filters import query_filters
 from .indexes import IndexSet, ServedIndex
 from .middleware import UI_CSP, BodyLimit, SecurityHeaders
 from .responses import JSONResponse
@@ -45,15 +45,16 @@ from .search import (
     SearchForm,
     SearchRequest,
     SearchResponse,
-    check_window,
     from_body,
     from_form,
-    make_terms,
+    make_request,
+    query_params,
     run_search,
 )
 
 STATIC_DIR = Path(__file__).parent / "static"
 # At module level: the route's annotations are strings, resolved in this module's namespace.
+_query_params = query_params()
 _query_filters = query_filters()
 # The multipart fields that may repeat: every other one keeps its last value.
 _FORM_LISTS = frozenset(name for name, f in SearchForm.model_fields.items() if typing.get_origin(f.annotation) is list)
@@ -214,21 +215,13 @@ def _api_router() -> APIRouter:
     @api.get("/search", response_model=SearchResponse, summary="Search by text, with the CLI's filters")
     async def search_get(
         request: Request,
+        params: Annotated[dict[str, Any], Depends(_query_params)],
         filters: Annotated[dict[str, Any], Depends(_query_filters)],
         q: Annotated[str | None, Query(description="the text query")] = None,
-        k: Annotated[int, Query(ge=1, le=MAX_K)] = 10,
-        offset: Annotated[int, Query(ge=0, le=MAX_DEPTH)] = 0,
-        index: Annotated[str | None, Query(description="index name (default: the first served)")] = None,
-        add: Annotated[list[str] | None, Query(description='query arithmetic: a text to add, "N:" before it for a weight (repeat)')] = None,
-        subtract: Annotated[list[str] | None, Query(description="a text to subtract (repeat)")] = None,
     ) -> Response:
         if q is None or not q.strip():
             raise InvalidArgumentError("give a text query: q=...")
-        check_window(k, offset)
-        where = make_filter(**filters)
-        terms = make_terms(add or [], subtract or [])
-        req = SearchRequest(kind="text", k=k, offset=offset, index=index, where=where, text=q, terms=terms)
-        return await _answer(request, req)
+        return await _answer(request, make_request("text", params, filters, text=q))
 
     @api.post("/search", response_model=SearchResponse, summary="Search by text, image id, vector (JSON) or image file (multipart)")
     async def search_post(request: Request) -> Response:

@@ -9,12 +9,6 @@ from pathlib import Path
 
 from retrieval.errors import InvalidArgumentError
 
-# Search depth: offset + k may not exceed this (a page past it would make FAISS rank a large
-# share of the index for one request).
-MAX_DEPTH = 10_000
-MAX_K = 1000
-# Query arithmetic: at most this many --add / --subtract terms per request (each is a model call).
-MAX_TERMS = 16
 # Thumbnail sizes served (long side, pixels). A fixed set, not any size clamped to a range:
 # every size is a file in the cache, so a client could otherwise fill the disk with ~1,000
 # variants of each image.

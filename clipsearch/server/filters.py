@@ -9,38 +9,30 @@ here (a wrong type is 422); a value the :class:`Filter` refuses is 400, as for t
 
 from __future__ import annotations
 
-import inspect
 from collections.abc import Callable, Coroutine
-from typing import Annotated, Any, Literal
+from typing import Any
 
-from fastapi import Query
-from pydantic import ConfigDict, Field, create_model
+from pydantic import ConfigDict, create_model
 
 from retrieval.filters import Filter
-from retrieval.options import Option, options_of, value_types
+from retrieval.options import options_of, value_types
 
-# json: the JSON body's ``filters`` object (a lone prefix may be a string); form: the multipart
-# fields (a repeated field is always a list); query: GET parameters (repeat one for a list).
-Shape = Literal["json", "form", "query"]
+from .fields import Shape, Spec, field_specs, model_fields, query_dependency
 
 
-def _http_options() -> list[tuple[str, Option, type]]:
-    types = value_types(Filter)
-    # Text read by the field's parser (a date) travels as a string.
-    return [(f.name, opt, str if opt.parse is not None else types[f.name]) for f, opt in options_of(Filter) if opt.http]
+def _specs(shape: Shape) -> dict[str, Spec]:
+    # The Filter checks its own values (a 400, as on the CLI): only types are checked here.
+    specs = field_specs(Filter, shape, bounds=False)
+    if shape == "json":
+        # The JSON object also takes a lone prefix as a string, and null for "no condition".
+        lists = {name for name, kind in value_types(Filter).items() if kind is tuple}
+        specs = {name: (list[str] | str | None, None, spec[2]) if name in lists else spec for name, spec in specs.items()}
+    return specs
 
 
 def filter_fields(shape: Shape) -> dict[str, Any]:
     """``create_model`` field definitions of the filters in ``shape``: name -> (type, FieldInfo)."""
-    out: dict[str, Any] = {}
-    for name, opt, kind in _http_options():
-        default: Any = None
-        annotation: Any = kind | None
-        if kind is tuple:
-            annotation = {"json": list[str] | str | None, "form": list[str], "query": list[str] | None}[shape]
-            default = [] if shape == "form" else None
-        out[name] = (annotation, Field(default, description=opt.help))
-    return out
+    return model_fields(_specs(shape))
 
 
 def filters_model() -> type:
@@ -56,22 +48,7 @@ def filters_model() -> type:
 def query_filters() -> Callable[..., Coroutine[Any, Any, dict[str, Any]]]:
     """A FastAPI dependency whose parameters are the filters as query parameters; it returns
     the given ones by name (for :func:`make_filter`, once the route has checked its own)."""
-
-    async def read(**values: Any) -> dict[str, Any]:
-        return values
-
-    parameters = [
-        inspect.Parameter(
-            name,
-            inspect.Parameter.KEYWORD_ONLY,
-            default=info.default,
-            annotation=Annotated[annotation, Query(description=info.description)],
-        )
-        for name, (annotation, info) in filter_fields("query").items()
-    ]
-    # FastAPI reads a dependency's parameters from its signature.
-    setattr(read, "__signature__", inspect.Signature(parameters))  # noqa: B010  # mypy refuses the attribute on a function
-    return read
+    return query_dependency(_specs("query"))
 
 
 def make_filter(**values: Any) -> Filter:
@@ -81,7 +58,8 @@ def make_filter(**values: Any) -> Filter:
         InvalidArgumentError: a value the filter refuses (negative size, bad date, min > max).
         TypeError: a name that is not a filter.
     """
-    known = {name: (opt, kind) for name, opt, kind in _http_options()}
+    types = value_types(Filter)
+    known = {f.name: (opt, types[f.name]) for f, opt in options_of(Filter) if opt.http}
     unknown = set(values) - set(known)
     if unknown:
         raise TypeError(f"not filters: {', '.join(sorted(unknown))}")

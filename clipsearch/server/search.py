@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 import math
 import time
+from collections.abc import Callable, Coroutine, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
@@ -23,8 +24,10 @@ from retrieval.filters import Filter
 from retrieval.index import Hit, ImageIndex
 from retrieval.query_terms import QueryTerm, parse_term
 
-from .config import DEFAULT_THUMBNAIL_SIZE, MAX_DEPTH, MAX_K, MAX_TERMS
+from ..search_params import MAX_DEPTH, MAX_TERMS, SearchParams
+from .config import DEFAULT_THUMBNAIL_SIZE
 from .errors import NotFoundError
+from .fields import field_specs, http_names, model_fields, query_dependency
 from .filters import filter_fields, filters_model, make_filter
 from .indexes import ServedIndex
 
@@ -49,44 +52,49 @@ class TermBody(BaseModel):
     weight: float = Field(1.0, description="how much of it (the default 1); subtracted terms count negative")
 
 
-class SearchBody(BaseModel):
-    """``POST /api/search`` as JSON: exactly one of ``text``, ``image_id``, ``vector``; query
-    arithmetic adds and subtracts more terms (not with ``vector``)."""
-
+class _Query(BaseModel):
+    # The query of a JSON body; the search parameters are added from SearchParams' fields.
     model_config = ConfigDict(extra="forbid")
 
     text: str | None = Field(None, description="text query")
     image_id: int | None = Field(None, ge=0, description="more like this: the id of an indexed image")
     vector: list[float] | None = Field(None, max_length=_MAX_VECTOR_LEN, description="a query embedding (normalised by the server)")
-    k: int = Field(10, ge=1, le=MAX_K)
-    offset: int = Field(0, ge=0, le=MAX_DEPTH)
-    index: str | None = Field(None, description="index name (default: the first served)")
     filters: Filters | None = None
-    add: list[str | TermBody] = Field(
-        [], max_length=MAX_TERMS, description='terms to add: "in the snow", "0.5:at night" or {"image_id": 3, "weight": 0.5}'
-    )
-    subtract: list[str | TermBody] = Field([], max_length=MAX_TERMS, description="terms to subtract, the same way")
 
 
-class _FormFields(BaseModel):
+class _Fields(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    k: int = Field(10, ge=1, le=MAX_K)
-    offset: int = Field(0, ge=0, le=MAX_DEPTH)
-    index: str | None = None
-    add: list[str] = Field([], max_length=MAX_TERMS)
-    subtract: list[str] = Field([], max_length=MAX_TERMS)
 
+# The search parameters, by SearchParams' field names.
+PARAMS = http_names(SearchParams)
+# A JSON term may also be an image id with a weight.
+_JSON_TERMS = {"add": str | TermBody, "subtract": str | TermBody}
 
 if TYPE_CHECKING:
-    SearchForm = _FormFields
+    SearchBody = _Query
+    SearchForm = _Fields
 else:
+    SearchBody = create_model(
+        "SearchBody",
+        __base__=_Query,
+        __doc__="``POST /api/search`` as JSON: exactly one of ``text``, ``image_id``, ``vector``; query arithmetic "
+        "adds and subtracts more terms (not with ``vector``).",
+        **model_fields(field_specs(SearchParams, "json", items=_JSON_TERMS)),
+    )
     SearchForm = create_model(
         "SearchForm",
-        __base__=_FormFields,
+        __base__=_Fields,
         __doc__="The form fields beside a multipart ``image`` file (filters by their flat names).",
+        **model_fields(field_specs(SearchParams, "form")),
         **filter_fields("form"),
     )
+
+
+def query_params() -> Callable[..., Coroutine[Any, Any, dict[str, Any]]]:
+    """A FastAPI dependency whose parameters are the search parameters as GET query parameters;
+    it returns them by name (for :func:`make_request`)."""
+    return query_dependency(field_specs(SearchParams, "query"))
 
 
 class SearchResult(BaseModel):
@@ -151,38 +159,39 @@ def check_window(k: int, offset: int) -> None:
         raise InvalidArgumentError(f"offset + k must be <= {MAX_DEPTH}, got {offset + k}")
 
 
+def make_request(kind: QueryKind, params: Mapping[str, Any], filters: Mapping[str, Any], **query: Any) -> SearchRequest:
+    """A :class:`SearchRequest` of ``kind`` from the search parameters' and the filters' values
+    by name (``query``: the query itself, ``text=...``).
+
+    Raises:
+        InvalidArgumentError: ``offset + k`` too deep, a filter or a term the search refuses.
+    """
+    check_window(params["k"], params["offset"])
+    where = make_filter(**filters)
+    terms = make_terms(params["add"] or [], params["subtract"] or [])
+    return SearchRequest(kind=kind, k=params["k"], offset=params["offset"], index=params["index"], where=where, terms=terms, **query)
+
+
 def from_body(body: SearchBody) -> SearchRequest:
     """A JSON body as a :class:`SearchRequest` (exactly one query kind)."""
     given = [name for name in ("text", "image_id", "vector") if getattr(body, name) is not None]
     if len(given) != 1:
         got = f"; got {', '.join(given)}" if given else ""
         raise InvalidArgumentError(f"give exactly one of text, image_id, vector (or a multipart image file){got}")
-    check_window(body.k, body.offset)
-    where = make_filter(**body.filters.model_dump()) if body.filters is not None else Filter()
     kind: QueryKind = given[0]  # type: ignore[assignment]  # one of the three names above
-    terms = make_terms(body.add, body.subtract)
-    if terms and kind == "vector":
+    params = {name: getattr(body, name) for name in PARAMS}
+    filters = body.filters.model_dump() if body.filters is not None else {}
+    vector = tuple(body.vector) if body.vector is not None else None
+    req = make_request(kind, params, filters, text=body.text, image_id=body.image_id, vector=vector)
+    if req.terms and kind == "vector":
         raise InvalidArgumentError("add and subtract combine with text, image_id or an image file, not with a vector")
-    return SearchRequest(
-        terms=terms,
-        kind=kind,
-        k=body.k,
-        offset=body.offset,
-        index=body.index,
-        where=where,
-        text=body.text,
-        image_id=body.image_id,
-        vector=tuple(body.vector) if body.vector is not None else None,
-    )
+    return req
 
 
 def from_form(form: SearchForm, image: bytes) -> SearchRequest:
-    check_window(form.k, form.offset)
-    fields = form.model_dump(exclude=set(_FormFields.model_fields))
-    terms = make_terms(form.add, form.subtract)
-    return SearchRequest(
-        kind="image", k=form.k, offset=form.offset, index=form.index, where=make_filter(**fields), image=image, terms=terms
-    )
+    """A multipart form (its fields and the uploaded image) as a :class:`SearchRequest`."""
+    params = {name: getattr(form, name) for name in PARAMS}
+    return make_request("image", params, form.model_dump(exclude=set(PARAMS)), image=image)
 
 
 def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int) -> list[Hit]:
