@@ -51,8 +51,8 @@ from .parts import PartSource, group_parts
 from .plan import IndexedFacts
 from .writer import (
     ROW_GROUP_SIZE,
-    EmbeddingWriter,
     FileRecord,
+    PartWriter,
     SkipRecord,
     records_table,
     write_paths_column,
@@ -367,17 +367,17 @@ class GenerationWriter:
 
     def _write_part(self, path: Path, rel: str, first_id: int, sources: Sequence[PartSource]) -> PartRef:
         file_id = uuid.uuid4().hex
-        writer = EmbeddingWriter(path, self.meta.dim, file_id, first_id=first_id)
+        part = PartWriter(path, self.meta.dim, file_id, first_id=first_id)
         for src in sources:
             if isinstance(src, pa.Table):
-                writer.write_table(src)
+                part.write_table(src)
             else:
                 # Streamed a row group at a time: merging never holds a whole part in memory.
                 pf = store.open_parquet(src[1])
                 with store.reading(pf):
                     for batch in pf.iter_batches(batch_size=ROW_GROUP_SIZE):
-                        writer.write_table(pa.Table.from_batches([batch]))
-        rows = writer.close()
+                        part.write_table(pa.Table.from_batches([batch]))
+        rows = part.close()
         return PartRef(rel, rows, first_id, file_id, paths_file_of(rel))
 
 

@@ -41,8 +41,11 @@ class FileRecord:
     content_hash: str
 
 
-class EmbeddingWriter:
-    """Write rows to one Parquet part (``add`` or ``write_table``, then ``close``).
+class PartWriter:
+    """Write rows to one Parquet part (``append`` or ``write_table``, then ``close``).
+
+    It holds one part; :class:`~indexer.commit.GenerationWriter` holds a whole generation and
+    writes its parts through it.
 
     ``close`` also writes the part's path side file (``part-NNNNN.paths``) next to it.
     """
@@ -76,7 +79,7 @@ class EmbeddingWriter:
         self._row_group_size = row_group_size
         self.count = 0
 
-    def add(self, records: Sequence[FileRecord], embeddings: np.ndarray) -> None:
+    def append(self, records: Sequence[FileRecord], embeddings: np.ndarray) -> None:
         """Write rows: one record per row of ``embeddings`` (``(n, dim)`` float32)."""
         embeddings = np.asarray(embeddings, dtype=np.float32)
         if embeddings.shape != (len(records), self.dim):
@@ -153,4 +156,4 @@ def write_skipped(path: str | os.PathLike[str], skipped: Sequence[SkipRecord]) -
 
 # SkipRecord lives with the skip list's schema in retrieval.layout; it is re-exported here,
 # where the indexer's record types have always been imported from.
-__all__ = ["ROW_GROUP_SIZE", "EmbeddingWriter", "FileRecord", "SkipRecord", "records_table", "write_paths_column", "write_skipped"]
+__all__ = ["ROW_GROUP_SIZE", "PartWriter", "FileRecord", "SkipRecord", "records_table", "write_paths_column", "write_skipped"]
