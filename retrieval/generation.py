@@ -18,12 +18,9 @@ import numpy as np
 
 from . import faiss_index, store
 from .errors import InvalidArgumentError
+from .faiss_mapping import MMAP_MIN_BYTES, FaissMapping, plan_mapping
 from .layout import Manifest, read_manifest
 from .rows import Rows, id_array
-
-# FAISS files at least this big are memory-mapped by default: opening costs no RAM and no
-# read of the whole file; the OS pages in what searches touch.
-MMAP_MIN_BYTES = 1 << 30
 # More than one retry needs a writer committing faster than an index opens.
 _OPEN_ATTEMPTS = 5
 
@@ -38,20 +35,22 @@ class Generation:
         manifest: the generation's manifest.
         faiss: its FAISS index, complete (rows the file lacks added from the parts).
         rows: its metadata rows.
-        mmap: whether memory-mapping the FAISS file was asked for (see :func:`store.maps_faiss`).
+        mmap: ``mmap`` as the reader asked for it (None: by the plan), kept for the next generation.
+        mapping: how the FAISS file was opened, and why (:mod:`retrieval.faiss_mapping`).
     """
 
     directory: Path
     manifest: Manifest
     faiss: Any
     rows: Rows
-    mmap: bool
+    mmap: bool | None
+    mapping: FaissMapping
 
     @property
     def faiss_mmap(self) -> bool:
         """Whether the FAISS file is memory-mapped (the IVF lists, or a re-ranked index's
         float16 vectors) rather than read into RAM."""
-        return store.maps_faiss(self.manifest, self.mmap)
+        return self.mapping.mmap
 
     @property
     def exact_scores(self) -> bool:
@@ -134,6 +133,7 @@ class Generation:
             "index_tuning": dict(m.index_tuning),
             "faiss_bytes": (self.directory / m.faiss.path).stat().st_size if m.faiss is not None else 0,
             "faiss_mmap": self.faiss_mmap,
+            "faiss_mmap_reason": self.mapping.reason,
             "metric": m.metric,
             "preprocess": dict(m.preprocess),
             "model_info": dict(m.model_info),
@@ -156,7 +156,8 @@ def open_generation(directory: Path, mmap: bool | None = None) -> Generation:
 
     Args:
         directory: the index directory.
-        mmap: memory-map the FAISS file; None maps files of :data:`MMAP_MIN_BYTES` and more.
+        mmap: memory-map the FAISS file, or read it into RAM; None follows the index's plan
+            (:func:`retrieval.faiss_mapping.plan_mapping`).
 
     Raises:
         NotAnIndexError: no index there.
@@ -183,11 +184,16 @@ def open_generation(directory: Path, mmap: bool | None = None) -> Generation:
 def _open_files(directory: Path, manifest: Manifest, mmap: bool | None) -> Generation:
     parts = store.open_parts(directory, manifest)
     skipped = store.open_parquet(directory / manifest.skipped_file, store.rebuild_hint(directory, manifest))
-    if mmap is None:
-        faiss_file = directory / manifest.faiss.path if manifest.faiss is not None else None
-        mmap = faiss_file is not None and faiss_file.is_file() and faiss_file.stat().st_size >= MMAP_MIN_BYTES
-    faiss = store.load_faiss(directory, manifest, parts, mmap=mmap)
-    return Generation(directory, manifest, faiss, Rows.open(directory, manifest, parts, skipped), mmap)
+    mapping = mapping_of(directory, manifest, mmap)
+    faiss = store.load_faiss(directory, manifest, parts, mmap=mapping.mmap)
+    return Generation(directory, manifest, faiss, Rows.open(directory, manifest, parts, skipped), mmap, mapping)
 
 
-__all__ = ["MMAP_MIN_BYTES", "Generation", "open_generation"]
+def mapping_of(directory: Path, manifest: Manifest, mmap: bool | None = None) -> FaissMapping:
+    """How the FAISS file of ``manifest`` in ``directory`` is opened (``mmap`` as a reader asks)."""
+    faiss_file = directory / manifest.faiss.path if manifest.faiss is not None else None
+    size = faiss_file.stat().st_size if faiss_file is not None and faiss_file.is_file() else 0
+    return plan_mapping(manifest, size, mmap)
+
+
+__all__ = ["MMAP_MIN_BYTES", "Generation", "mapping_of", "open_generation"]

@@ -82,8 +82,11 @@ class ImageIndex:
                 must be the same weights (checked by fingerprint).
             device: where the query model runs (``auto``, ``cpu``, ``cuda``).
             encoder: an already-loaded encoder to use for queries (checked the same way).
-            mmap: memory-map the FAISS index instead of reading it into RAM; None (default)
-                maps FAISS files of 1 GB and more.
+            mmap: memory-map the FAISS index (True) or read it into RAM (False); None
+                (default) follows the plan the index recorded: a re-ranked index's file, or one
+                larger than its ``max_memory``, is mapped, so that opening stays within the
+                budget it was built for (:mod:`retrieval.faiss_mapping`; ``info()`` says which
+                and why).
             precision: text tower precision for queries (``fp32``, ``bf16``, ``fp16``,
                 ``int8``, ``auto``; see ``retrieval.encoders.precision``). Image queries use
                 the mode the index's images were embedded in (fp32 where the device cannot).

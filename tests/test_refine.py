@@ -54,7 +54,10 @@ def test_plan_and_manifest(refined: Path) -> None:
     assert manifest.index_tuning["mapped_bytes"] == ROWS * DIM * 2  # the float16 vectors, not in the budget
     info = json.loads(run_cli(["info", str(refined), "--json"]).stdout)
     assert info["format_version"] == 3 and info["search_params"] == dict(manifest.search_params)
-    assert info["faiss_mmap"] is False  # small files are read; ImageIndex.open(mmap=True) maps any
+    # Opened by the plan: it maps the re-ranking vectors, so the file is mapped whatever its size.
+    assert info["faiss_mmap"] is True and "re-ranking vectors" in info["faiss_mmap_reason"]
+    forced = ImageIndex.open(refined, mmap=False).info()
+    assert forced["faiss_mmap"] is False and forced["faiss_mmap_reason"] == "mmap=False asked for"
     assert ImageIndex.open(refined, mmap=True).info()["faiss_mmap"] is True
 
 
