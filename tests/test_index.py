@@ -121,7 +121,7 @@ def test_skipped_files_with_reasons(built_index: Path, collection: Collection) -
 
 
 def test_flat_search_equals_brute_force(built_index: Path) -> None:
-    index = ImageIndex.open(built_index, device="cpu")
+    index = ImageIndex.open(built_index, device="cpu", precision="fp32")  # exact scores, both text paths
     emb = index.embeddings()
     queries = ["a dog on a beach", "red", "日本語"]
     q = index.encoder.embed_texts(queries)
