@@ -16,6 +16,7 @@ from typing import Any
 
 from retrieval import store
 from retrieval.errors import IndexFormatError
+from retrieval.generation import mapping_of
 from retrieval.index_types import parse_memory
 from retrieval.layout import read_manifest
 
@@ -26,7 +27,8 @@ from .lock import IndexLock
 
 @dataclass(frozen=True)
 class ReindexReport:
-    """What ``clipsearch reindex --json`` prints."""
+    """What ``clipsearch reindex --json`` prints; ``faiss_mmap`` and ``faiss_mmap_reason``: how
+    readers will open the new FAISS file by its plan (:mod:`retrieval.faiss_mapping`)."""
 
     index_dir: str
     count: int
@@ -36,6 +38,8 @@ class ReindexReport:
     index_tuning: dict[str, Any]
     faiss_bytes: int
     seconds: float
+    faiss_mmap: bool = False
+    faiss_mmap_reason: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -90,6 +94,7 @@ def reindex(
         say = (lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if progress else None
         manifest = writer.finish(progress=say)
     faiss_path = out / manifest.faiss.path if manifest.faiss is not None else None
+    mapping = mapping_of(out, manifest)
     return ReindexReport(
         index_dir=str(out),
         count=manifest.count,
@@ -99,6 +104,8 @@ def reindex(
         index_tuning=dict(manifest.index_tuning),
         faiss_bytes=faiss_path.stat().st_size if faiss_path is not None else 0,
         seconds=round(time.perf_counter() - start, 3),
+        faiss_mmap=mapping.mmap,
+        faiss_mmap_reason=mapping.reason,
     )
 
 

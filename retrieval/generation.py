@@ -21,6 +21,7 @@ from .errors import InvalidArgumentError
 from .faiss_mapping import MMAP_MIN_BYTES, FaissMapping, plan_mapping
 from .layout import Manifest, read_manifest
 from .rows import Rows, id_array
+
 # More than one retry needs a writer committing faster than an index opens.
 _OPEN_ATTEMPTS = 5
 
