@@ -6,6 +6,9 @@ PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.clipsearch-installed
+# clip-retrieval's ClipClient and clip-front's built page, for the clip-back API tests: its own
+# dependencies (torch pins, faiss, img2dataset...) are not needed for the client, so --no-deps.
+CLIP_RETRIEVAL := clip-retrieval==2.45.0
 # A model to index the demo with: a hub id or a local checkpoint directory. Empty means the tiny
 # CLIP trained on the demo's 627 training images, committed in data/models/demo-clip (offline).
 DEMO_MODEL ?=
@@ -21,7 +24,8 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,server,ray,docs]'
+	$(BIN)/pip install --quiet -e '.[test,server,ray,docs,heic,raw]'
+	$(BIN)/pip install --quiet --no-deps '$(CLIP_RETRIEVAL)'
 	touch $(STAMP)
 
 random-model: $(RANDOM_MODEL)/config.json
