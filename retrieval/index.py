@@ -44,9 +44,10 @@ class ImageIndex:
     A facade over the opened generation (manifest, FAISS index, metadata rows: see
     :mod:`retrieval.generation` and :mod:`retrieval.rows`) and the query encoders
     (:class:`~retrieval.encoders.query.QueryEncoders`, which load the query model on the first
-    text or image query). Opened with :meth:`open` (no encoder given), text queries in fp32 on
-    the CPU run on the numpy text tower of :mod:`retrieval.encoders.numpy_text` where the
-    checkpoint allows it, without importing torch; :meth:`text_path` says which path they take.
+    text or image query). Opened with :meth:`open` (no encoder given), text queries on the CPU
+    run on the numpy text tower of :mod:`retrieval.encoders.numpy_text` where the checkpoint
+    allows it (in fp32 without importing torch; int8 products where ``auto`` gates them in);
+    :meth:`text_path` says which path they take.
     Lazy loads happen under locks, so one index serves many threads; searches run unlocked.
 
     Args:
@@ -71,7 +72,7 @@ class ImageIndex:
         device: str = "auto",
         encoder: Encoder | None = None,
         mmap: bool | None = None,
-        precision: str = "fp32",
+        precision: str = "auto",
         query_cache: int = DEFAULT_CAPACITY,
     ) -> ImageIndex:
         """Open an index directory.
@@ -88,8 +89,11 @@ class ImageIndex:
                 budget it was built for (:mod:`retrieval.faiss_mapping`; ``info()`` says which
                 and why).
             precision: text tower precision for queries (``fp32``, ``bf16``, ``fp16``,
-                ``int8``, ``auto``; see ``retrieval.encoders.precision``). Image queries use
-                the mode the index's images were embedded in (fp32 where the device cannot).
+                ``int8``, ``auto``; see ``retrieval.encoders.precision``). The default ``auto``
+                takes the fastest reduced mode whose vectors pass the quality gate against
+                fp32's (scores then within the gate's cosine of fp32's), else fp32; ``fp32``
+                gives exact scores. Image queries use the mode the index's images were
+                embedded in (fp32 where the device cannot).
             query_cache: how many distinct query texts keep their vectors (least recently
                 used out first; 0: none), so that a repeated text skips the text tower
                 (:mod:`retrieval.query_cache`; :meth:`query_cache_info` counts hits).
@@ -374,7 +378,7 @@ class ImageIndex:
 
     def info(self) -> dict[str, Any]:
         """The facts ``clipsearch info --json`` prints."""
-        return self._generation.info(self.text_path().to_dict())
+        return self._generation.info(self.text_path().to_dict(), self._queries.text_precision())
 
 
 def _named_bytes(data: bytes) -> io.BytesIO:

@@ -101,6 +101,6 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--batch-size", type=positive_int, default=256, help="queries encoded and ranked together (default: 256)")
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
-    add_precision_argument(p, "fp32", "text query tower precision (image queries use the index's mode)")
+    add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.set_defaults(handler=run)

@@ -72,7 +72,7 @@ def register(subparsers: Subparsers) -> None:
     add_options(p, SearchParams, descriptions={ARITHMETIC: _TERMS_ON_THE_CLI})
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
-    add_precision_argument(p, "fp32", "text query tower precision (image queries use the index's mode)")
+    add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")
     add_filter_arguments(p)
     p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score"}, ...]}')
     p.set_defaults(handler=run)

@@ -129,6 +129,19 @@ class QueryEncoders:
             return TextPath("torch", "the numpy text tower could not load this checkpoint")
         return planned
 
+    def text_precision(self) -> dict[str, Any]:
+        """The text tower's precision: ``requested``, and once the text encoder has run, the
+        ``mode`` it chose with the gate's figures (``gate_cached`` when they were remembered from
+        an earlier run) and, for int8, how it runs or why it is not used. No model is loaded."""
+        loaded = self._text_encoder
+        if isinstance(loaded, NumpyTextEncoder):
+            return loaded.precision_info()
+        tower = getattr(loaded, "text_precision", None) if loaded is not None else None
+        info = getattr(tower, "info", None)
+        if callable(info):
+            return dict(info())
+        return {"requested": self.precision, "mode": None if self.precision == "auto" else self.precision}
+
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """The query vectors of ``texts`` (``(n, dim)``, L2-normalised), through the cache."""
         return self.cache.embed(texts, self.text_encoder.embed_texts)

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import ModelLoadError
+from .. import cpu
 from .config import UnsupportedTextTower, read_checkpoint_config
 from .tokenizer import TokenizerSettings
 from .weights import SafetensorsReader
@@ -98,4 +99,6 @@ def text_path(model: str, backend: str = "hf", precision: str = "fp32", device: 
         "int8": "int8 products (torch's kernels)",
         "auto": "int8 products where they pass the quality gate, else fp32",
     }[precision]
+    if precision == "auto" and not cpu.has_fast_int8():
+        products = f"fp32, no torch: auto has no reduced mode here (no fast int8 on this CPU, level {cpu.cpu_level()})"
     return TextPath("numpy", f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act}) in numpy, {products}")
