@@ -14,8 +14,7 @@ import pytest
 from clipsearch.cli import build_parser
 from retrieval import ImageIndex
 from retrieval.encoders import cpu
-from retrieval.encoders.numpy_text import NumpyTextEncoder
-from retrieval.encoders.numpy_text import gate_cache
+from retrieval.encoders.numpy_text import NumpyTextEncoder, gate_cache
 from retrieval.encoders.numpy_text import int8 as int8_module
 from retrieval.encoders.precision import GATE_MIN_COSINE
 
