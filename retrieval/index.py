@@ -74,6 +74,7 @@ class ImageIndex:
         mmap: bool | None = None,
         precision: str = "auto",
         query_cache: int = DEFAULT_CAPACITY,
+        text_queries: int | None = None,
     ) -> ImageIndex:
         """Open an index directory.
 
@@ -97,6 +98,9 @@ class ImageIndex:
             query_cache: how many distinct query texts keep their vectors (least recently
                 used out first; 0: none), so that a repeated text skips the text tower
                 (:mod:`retrieval.query_cache`; :meth:`query_cache_info` counts hits).
+            text_queries: how many text queries this process will run, when it knows (a
+                one-shot command); ``auto`` then keeps fp32 where int8's set-up would cost more
+                than it saves on them (:func:`retrieval.encoders.numpy_text.path.one_shot_reason`).
 
         Raises:
             InvalidArgumentError: a bad precision or query cache size.
@@ -110,7 +114,8 @@ class ImageIndex:
         cache = QueryVectorCache(query_cache)
         generation = open_generation(Path(directory), mmap)
         queries = QueryEncoders(
-            generation.manifest, model=model, device=device, encoder=encoder, precision=requested, query_cache=cache
+            generation.manifest, model=model, device=device, encoder=encoder, precision=requested, query_cache=cache,
+            text_queries=text_queries,
         )
         return cls(generation, queries)
 

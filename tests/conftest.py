@@ -38,10 +38,11 @@ def pytest_report_header(config: pytest.Config) -> str:
 
 
 @pytest.fixture(autouse=True)
-def _gate_cache(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def _gate_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     """Each test remembers ``auto``'s text gate in its own file (subprocesses inherit it): no
-    test reads an outcome another one recorded, nor the user's cache."""
-    monkeypatch.setenv("CLIPSEARCH_GATE_CACHE", str(tmp_path / "text-precision.json"))
+    test reads an outcome another one recorded, nor the user's cache. Outside ``tmp_path``, which
+    some tests expect to hold only what they wrote."""
+    monkeypatch.setenv("CLIPSEARCH_GATE_CACHE", str(tmp_path_factory.mktemp("gate-cache") / "text-precision.json"))
 
 
 @pytest.fixture(scope="session")

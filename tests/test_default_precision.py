@@ -6,6 +6,8 @@ per weights and CPU setting (retrieval.encoders.numpy_text.gate_cache)."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -16,6 +18,7 @@ from retrieval import ImageIndex
 from retrieval.encoders import cpu
 from retrieval.encoders.numpy_text import NumpyTextEncoder, gate_cache
 from retrieval.encoders.numpy_text import int8 as int8_module
+from retrieval.encoders.numpy_text.path import ONE_SHOT_TEXTS, one_shot_reason
 from retrieval.encoders.precision import GATE_MIN_COSINE
 
 QUERY = "a red square"
@@ -96,3 +99,33 @@ def test_the_gate_runs_once_per_model_and_cpu(built_index: Path, tmp_path: Path,
 def test_cli_defaults_to_auto(command: list[str]) -> None:
     assert build_parser().parse_args(command).precision == "auto"
     assert build_parser().parse_args([*command, "--precision", "fp32"]).precision == "fp32"
+
+
+def test_a_one_shot_process_keeps_fp32_and_says_why(built_index: Path) -> None:
+    # A command that embeds a handful of texts would spend more on importing torch and quantising
+    # the tower than int8 saves on them: auto stays fp32 there, and says so before and after.
+    index = ImageIndex.open(built_index, device="cpu", text_queries=1)
+    planned = index.text_path()
+    assert planned.path == "numpy" and "auto runs fp32 here, 1 text query in this process" in planned.reason
+    hits = index.search(QUERY, k=5)
+    info = index.info()["text_precision"]
+    assert info["requested"] == "auto" and info["mode"] == "fp32" and "int8 would first import torch" in info["int8"]
+    exact = ImageIndex.open(built_index, device="cpu", precision="fp32").search(QUERY, k=5)
+    assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in exact]
+    # Enough texts (or a long-lived process: None) and auto gates as before.
+    many = ImageIndex.open(built_index, device="cpu", text_queries=ONE_SHOT_TEXTS)
+    assert "auto runs fp32 here" not in many.text_path().reason
+    assert one_shot_reason("auto", None) is None and one_shot_reason("int8", 1) is None
+
+
+def test_cli_search_is_one_shot_and_torch_free(built_index: Path, tmp_path: Path) -> None:
+    # The cold CLI search keeps its figures: the default (auto) text query never imports torch.
+    script = (
+        "import sys, contextlib, io\n"
+        "from clipsearch.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    rc = main(['search', {str(built_index)!r}, 'a red square', '--json'])\n"
+        "print(rc, 'torch' in sys.modules)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, check=True, timeout=120)
+    assert out.stdout.split() == ["0", "False"], out.stderr

@@ -26,7 +26,9 @@ def run(args: argparse.Namespace) -> int:
     # Inputs are checked before the index and the model are loaded: mistakes fail fast.
     ks = parse_ks(args.k)
     queries = load_queries(args.queries)
-    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device, precision=args.precision)
+    index = ImageIndex.open(
+        args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=len(queries)
+    )
     report = evaluate(index, queries, ks=ks, ann=args.ann, batch_size=args.batch_size, per_query_path=args.per_query)
     _warn_missing(report)
     if args.json:

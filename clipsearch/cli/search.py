@@ -35,7 +35,11 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("the query is empty")
     where = filter_from_args(args)
     terms = _terms(args) if combined else None
-    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device, precision=args.precision)
+    # One process, one search: auto's text tower weighs int8's set-up against the texts it embeds.
+    texts = sum(t.kind == "text" for t in terms) if terms is not None else int(args.image is None)
+    index = ImageIndex.open(
+        args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=texts
+    )
     if terms is not None:
         hits = index.search_combined(terms, k=args.k, where=where)
     elif args.image is None:

@@ -19,7 +19,7 @@ from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
 from . import gate_cache
 from .config import UnsupportedTextTower, read_checkpoint_config
-from .path import TEXT_PRECISIONS, local_checkpoint
+from .path import TEXT_PRECISIONS, local_checkpoint, one_shot_reason
 from .tokenizer import load_clip_tokenizer
 from .tower import NumpyTextTower
 from .weights import SafetensorsReader
@@ -62,7 +62,7 @@ class NumpyTextEncoder:
         self.gate_cached = False
 
     @classmethod
-    def load(cls, model: str, precision: str = "fp32") -> NumpyTextEncoder:
+    def load(cls, model: str, precision: str = "fp32", text_queries: int | None = None) -> NumpyTextEncoder:
         """Open the text tower of a Hugging Face CLIP checkpoint (hub id or directory).
 
         Args:
@@ -72,6 +72,10 @@ class NumpyTextEncoder:
                 :data:`~retrieval.encoders.precision.PROBE_TEXTS` pass the quality gate against
                 fp32's (the image tower's gate), else fp32. The outcome is kept per weights and
                 CPU setting (:mod:`.gate_cache`), so later loads do not gate again.
+            text_queries: how many texts this process will embed, when it knows (a one-shot
+                command); with fewer than :data:`~.path.ONE_SHOT_TEXTS`, ``auto`` stays fp32
+                without importing torch (:func:`~.path.one_shot_reason`). None: a long-lived
+                process, where int8's set-up pays for itself.
 
         Raises:
             UnsupportedTextTower: a checkpoint or precision this does not compute, or ``int8``
@@ -91,7 +95,10 @@ class NumpyTextEncoder:
         tokenizer, settings = load_clip_tokenizer(directory, cfg.max_positions)
         tower = NumpyTextTower(cfg, reader)
         encoder = cls(name, directory, tower, tokenizer, tokenizer.token_to_id(settings.pad_token), fingerprint)
-        if precision != "fp32":
+        one_shot = one_shot_reason(precision, text_queries)
+        if one_shot is not None:
+            encoder.requested, encoder.int8_note = precision, one_shot
+        elif precision != "fp32":
             encoder._use_int8(precision)
         return encoder
 
