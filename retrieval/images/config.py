@@ -175,7 +175,9 @@ class PreprocessConfig:
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> PreprocessConfig:
-        """Build from a checkpoint's ``CLIPImageProcessor`` settings (its keys: ``size``, ``crop_size``, ...).
+        """Build from a checkpoint's ``CLIPImageProcessor`` or ``SiglipImageProcessor`` settings
+        (their keys: ``size``, ``crop_size``, ...; a SigLIP ``size`` of ``height``/``width`` is a
+        squash resize, without a crop).
 
         ``config`` is what :func:`retrieval.encoders.hf.read_image_processor_config` returns
         as ``settings``, from either checkpoint layout.
@@ -184,7 +186,12 @@ class PreprocessConfig:
             ValueError: a setting we cannot reproduce (e.g. a resize mode other than
                 ``shortest_edge`` or ``height``/``width``).
         """
-        size = config.get("size", {"shortest_edge": 224})
+        # SiglipImageProcessor squashes to a square with mean/std 0.5 and no crop; its saved
+        # settings may leave out what it does not use, so its defaults are not CLIP's.
+        siglip = str(config.get("image_processor_type", "")).startswith("Siglip")
+        default_size: dict[str, int] = {"height": 224, "width": 224} if siglip else {"shortest_edge": 224}
+        default_mean, default_std = ((0.5, 0.5, 0.5),) * 2 if siglip else (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)
+        size = config.get("size", default_size)
         if isinstance(size, int):
             size = {"shortest_edge": size}
         shortest_edge: int | None = None
@@ -197,7 +204,7 @@ class PreprocessConfig:
             else:
                 raise ValueError(f"unsupported resize setting size={size!r}")
         crop: tuple[int, int] | None = None
-        if config.get("do_center_crop", True):
+        if config.get("do_center_crop", not siglip):
             crop_size = config.get("crop_size", {"height": 224, "width": 224})
             if isinstance(crop_size, int):
                 crop_size = {"height": crop_size, "width": crop_size}
@@ -208,8 +215,8 @@ class PreprocessConfig:
         rescale = float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None
         mean = std = None
         if config.get("do_normalize", True):
-            mean = tuple(float(v) for v in config.get("image_mean", OPENAI_CLIP_MEAN))
-            std = tuple(float(v) for v in config.get("image_std", OPENAI_CLIP_STD))
+            mean = tuple(float(v) for v in config.get("image_mean", default_mean))
+            std = tuple(float(v) for v in config.get("image_std", default_std))
         return cls(
             shortest_edge=shortest_edge,
             resize_to=resize_to,
