@@ -206,3 +206,23 @@ def test_rgba_and_grey_images_embed_like_the_reference(encoder: HFClipEncoder, r
         with torch.no_grad():
             ref = model.get_image_features(**processor(images=[rgb], return_tensors="pt")).pooler_output.numpy()
         assert float((ours * _unit(ref)).sum()) >= COS
+
+
+def test_reduced_precisions_and_another_image_size_cover_siglip(siglip_dir: Path, encoder: HFClipEncoder) -> None:
+    images = [photo_like(w, h, seed=w) for w, h in [(120, 80), (64, 90)]]
+    exact_images = encoder.embed_pixels(preprocess_images(images, encoder.preprocess))
+    exact_texts = encoder.embed_texts(TEXTS)
+    for precision in ("int8", "bf16"):
+        reduced = load_encoder(str(siglip_dir), device="cpu", precision=precision)
+        assert (reduced.embed_pixels(preprocess_images(images, reduced.preprocess)) * exact_images).sum(1).min() > 0.98
+        assert (reduced.embed_texts(TEXTS) * exact_texts).sum(1).min() > 0.98
+    # --image-size: the squash resize scaled, the positions interpolated, as get_image_features does.
+    from transformers import SiglipModel
+
+    bigger = load_encoder(str(siglip_dir), device="cpu")
+    bigger.set_image_size(96)
+    assert bigger.preprocess.resize_to == (96, 96)
+    pixels = preprocess_images(images, bigger.preprocess)
+    with torch.no_grad():
+        ref = SiglipModel.from_pretrained(siglip_dir).eval().get_image_features(pixel_values=pixels, interpolate_pos_encoding=True)
+    assert (bigger.embed_pixels(pixels) * _unit(ref.pooler_output.numpy())).sum(1).min() >= COS
