@@ -1,7 +1,7 @@
 """SigLIP checkpoints (SigLIP 2 FixRes layout, tiny and random, built offline) through the same
 encoder as CLIP: parity with ``SiglipModel`` and its own processor, sigmoid scores, the family
-recorded and checked, and the bad inputs (other families, NaFlex, a disagreeing processor, a
-query longer than the window, finetune)."""
+recorded and checked, and the bad inputs (other families, a disagreeing processor, a query
+longer than the window, finetune). NaFlex: test_siglip_naflex.py."""
 
 from __future__ import annotations
 
@@ -131,13 +131,13 @@ def _edit_json(path: Path, **changes: object) -> None:
 
 
 def test_unsupported_families_are_refused_naming_the_supported_ones(siglip_dir: Path, tmp_path: Path) -> None:
-    for model_type, expected in [("bert", "'bert' checkpoint"), ("siglip2", "NaFlex")]:
+    for model_type, expected in [("bert", "'bert' checkpoint"), ("align", "'align' checkpoint")]:
         bad = tmp_path / model_type
         shutil.copytree(siglip_dir, bad)
         _edit_json(bad / "config.json", model_type=model_type)
         with pytest.raises(ModelLoadError, match=expected) as err:
             load_encoder(str(bad), device="cpu")
-        assert "clip (CLIP)" in str(err.value) and "siglip (SigLIP" in str(err.value)
+        assert "clip (CLIP)" in str(err.value) and "siglip (SigLIP" in str(err.value) and "siglip2 (SigLIP 2 NaFlex)" in str(err.value)
 
 
 def test_a_processor_disagreeing_with_the_model_names_both_values(siglip_dir: Path, tmp_path: Path) -> None:

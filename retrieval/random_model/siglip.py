@@ -1,8 +1,11 @@
-"""Writing a random SigLIP checkpoint, laid out like ``google/siglip2-base-patch16-224``.
+"""Writing a random SigLIP checkpoint, laid out like ``google/siglip2-base-patch16-224``
+(preset ``siglip-tiny``) or ``google/siglip2-base-patch16-naflex`` (``siglip2-naflex-tiny``).
 
 That checkpoint is SigLIP 2 in its fixed-resolution form: ``model_type`` ``siglip``
 (``SiglipModel``), a ``SiglipImageProcessor`` (a squash resize to a square, mean and std 0.5,
-no crop) and a Gemma tokenizer with a 64-token window, padded to it. The layout is real; the
+no crop) and a Gemma tokenizer with a 64-token window, padded to it. The NaFlex one is
+``model_type`` ``siglip2`` (``Siglip2Model``) with a ``Siglip2ImageProcessor`` (aspect kept, at
+most ``max_num_patches`` patches). The layout is real; the
 weights and the vocabulary are not: the Gemma vocabulary (256,000 pieces) cannot be rebuilt
 offline, so the tokenizer here is a transformers ``GemmaTokenizer`` built from a small BPE
 vocabulary with Gemma's special tokens (``<pad>`` 0, ``<eos>`` 1, ``<bos>`` 2, ``<unk>`` 3,
@@ -23,7 +26,7 @@ from ..encoders.base import quiet_transformers
 from ..errors import InvalidArgumentError
 
 if TYPE_CHECKING:
-    from transformers import SiglipConfig
+    from transformers import Siglip2Config, SiglipConfig
 
 # Gemma's special tokens, in Gemma's id order.
 GEMMA_SPECIALS: tuple[str, ...] = ("<pad>", "<eos>", "<bos>", "<unk>", "<mask>")
@@ -43,6 +46,7 @@ class RandomSiglipSpec:
     heads: int
     intermediate: int
     max_length: int
+    max_num_patches: int | None = None  # NaFlex (siglip2) when set
 
     def __post_init__(self) -> None:
         if self.image_size % self.patch_size or self.dim % self.heads:
@@ -52,6 +56,11 @@ class RandomSiglipSpec:
 SIGLIP_PRESETS: dict[str, RandomSiglipSpec] = {
     # Small enough for every test that needs a SigLIP model; 64-token window as SigLIP 2.
     "siglip-tiny": RandomSiglipSpec(image_size=64, patch_size=16, dim=32, layers=2, heads=2, intermediate=64, max_length=64),
+    # A 4x4 position grid interpolated to each image's grid of at most 256 patches (the real
+    # checkpoints' budget, and what Siglip2Processor passes whatever the image processor says).
+    "siglip2-naflex-tiny": RandomSiglipSpec(
+        image_size=64, patch_size=16, dim=32, layers=2, heads=2, intermediate=64, max_length=64, max_num_patches=256
+    ),
 }
 
 
@@ -80,9 +89,9 @@ def build_gemma_like_tokenizer(max_length: int = 64) -> Any:
         return GemmaTokenizer(vocab=vocab, merges=merges, model_max_length=max_length, padding_side="right")  # type: ignore[arg-type]
 
 
-def siglip_config(spec: RandomSiglipSpec, vocab_size: int) -> SiglipConfig:
-    """The ``SiglipConfig`` :func:`make_random_siglip` saves for ``spec``."""
-    from transformers import SiglipConfig
+def siglip_config(spec: RandomSiglipSpec, vocab_size: int) -> SiglipConfig | Siglip2Config:
+    """The ``SiglipConfig`` (``Siglip2Config`` for NaFlex) :func:`make_random_siglip` saves for ``spec``."""
+    from transformers import Siglip2Config, SiglipConfig
 
     common = {
         "hidden_size": spec.dim,
@@ -99,6 +108,9 @@ def siglip_config(spec: RandomSiglipSpec, vocab_size: int) -> SiglipConfig:
         "eos_token_id": 1,
         "bos_token_id": 2,
     }
+    if spec.max_num_patches is not None:
+        grid = {"num_patches": (spec.image_size // spec.patch_size) ** 2, "patch_size": spec.patch_size}
+        return Siglip2Config(text_config=text, vision_config={**common, **grid})
     vision = {**common, "image_size": spec.image_size, "patch_size": spec.patch_size}
     return SiglipConfig(text_config=text, vision_config=vision)
 
@@ -121,24 +133,28 @@ def make_random_siglip(out_dir: str | os.PathLike[str], preset: str = "siglip-ti
     if not is_int(seed) or not 0 <= seed < 2**63:
         raise InvalidArgumentError(f"seed must be an int in [0, 2**63), got {seed!r}")
     import torch
-    from transformers import SiglipImageProcessor, SiglipModel, SiglipProcessor
+    import transformers
 
     tokenizer = build_gemma_like_tokenizer(spec.max_length)
     config = siglip_config(spec, len(tokenizer))
+    naflex = spec.max_num_patches is not None
+    prefix = "Siglip2" if naflex else "Siglip"
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
         with quiet_transformers():
-            model = SiglipModel(config).float().eval()
+            model = getattr(transformers, f"{prefix}Model")(config).float().eval()
         with torch.no_grad():
             model.logit_scale.fill_(math.log(10.0))
             model.logit_bias.fill_(-10.0)
-    image_processor = SiglipImageProcessor(
-        size={"height": spec.image_size, "width": spec.image_size},
-        resample=_BILINEAR_PIL,
-        image_mean=[0.5, 0.5, 0.5],
-        image_std=[0.5, 0.5, 0.5],
+    sizing = (
+        {"patch_size": spec.patch_size, "max_num_patches": spec.max_num_patches}
+        if naflex
+        else {"size": {"height": spec.image_size, "width": spec.image_size}}
     )
-    processor = SiglipProcessor(image_processor=image_processor, tokenizer=tokenizer)
+    image_processor = getattr(transformers, f"{prefix}ImageProcessor")(
+        resample=_BILINEAR_PIL, image_mean=[0.5, 0.5, 0.5], image_std=[0.5, 0.5, 0.5], **sizing
+    )
+    processor = getattr(transformers, f"{prefix}Processor")(image_processor=image_processor, tokenizer=tokenizer)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     with quiet_transformers():

@@ -4,7 +4,7 @@ The package's modules:
 
 - :mod:`.checkpoint`: finding a checkpoint's directory (local, the Hub cache, the Hub when it
   can be reached, with the offline message otherwise) and fingerprinting its weight files;
-- :mod:`.family`: the model families (CLIP, SigLIP) as data: tower classes, text padding,
+- :mod:`.family`: the model families (CLIP, SigLIP, SigLIP 2 NaFlex) as data: tower classes, text padding,
   scores; the refusal, naming the supported ones, of any other;
 - :mod:`.processor`: its image processor settings, from either file layout;
 - :mod:`.text`: text into the tokenizer unchanged, and the notice where the window cuts it;

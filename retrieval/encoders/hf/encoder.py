@@ -18,6 +18,7 @@ import numpy as np
 
 from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
+from ...images.preprocess import unpack_patches
 from ..base import l2_normalize, quiet_transformers, resolve_device
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from .checkpoint import checkpoint_fingerprint, read_model_type, read_scalar, resolve_checkpoint
@@ -66,7 +67,10 @@ class HFClipEncoder(PixelPrecisionMixin):
         self._tokenizer: Any = None
         self._logit_params: tuple[float, float | None] | None = None
         # The checkpoint's own input size; set_image_size embeds at another one.
-        self.native_image_size = int(config.vision_config.image_size)
+        # NaFlex models have no fixed size: the patch grid's side for a square image.
+        self.native_image_size = (
+            preprocess.min_decode_edge if self.family.naflex else int(config.vision_config.image_size)
+        )
         self.embed_image_size = self.native_image_size
         self._native_preprocess = preprocess
         # Separate modules, separate int8 copies: each tower resolves its own mode.
@@ -105,7 +109,7 @@ class HFClipEncoder(PixelPrecisionMixin):
             preprocess = PreprocessConfig.from_hf(processor.settings)
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelLoadError(f"{name}: unreadable image processor settings in {processor.source}: {exc}") from exc
-        check_processor(family, config, processor.settings, preprocess.input_size, name)
+        check_processor(family, config, processor.settings, preprocess, name)
         return cls(name, directory, config, preprocess, dev, precision=requested, image_processor=processor, family=family)
 
     @property
@@ -117,11 +121,12 @@ class HFClipEncoder(PixelPrecisionMixin):
             "checkpoint": self.name,
             # The family: a query model of another family is refused by it (QueryEncoders).
             "model_type": self.family.name,
-            "image_size": int(vision.image_size),
+            "image_size": self.native_image_size,
             "patch_size": int(vision.patch_size),
             "context_length": self.max_text_length,
             "embed_dim": self.dim,
             "embed_image_size": self.embed_image_size,
+            **({"max_num_patches": self.preprocess.max_num_patches} if self.family.naflex else {}),
             **self.image_precision.manifest_info(),
         }
 
@@ -138,8 +143,16 @@ class HFClipEncoder(PixelPrecisionMixin):
         (``interpolate_pos_encoding=True``), as ``get_image_features`` does with that flag.
 
         Raises:
-            InvalidArgumentError: not a positive multiple of the patch size.
+            InvalidArgumentError: not a positive multiple of the patch size, or another size
+                than its own for a NaFlex model (which sizes each image by its patch budget).
         """
+        if self.family.naflex:
+            if size != self.native_image_size:
+                raise InvalidArgumentError(
+                    f"{self.name} is a {self.family.label} model: it sizes each image to at most "
+                    f"{self.preprocess.max_num_patches} patches, so --image-size does not apply"
+                )
+            return
         patch = int(self.config.vision_config.patch_size)
         if isinstance(size, bool) or not isinstance(size, int) or size < patch or size % patch:
             raise InvalidArgumentError(
@@ -251,6 +264,10 @@ class HFClipEncoder(PixelPrecisionMixin):
         model = self.image_precision.module(self.vision_model, mode)
         device = torch.device("cpu") if mode == "int8" else self.device
         with torch.inference_mode(), autocast(mode, device):
+            if self.family.naflex:
+                values, mask, shapes = unpack_patches(pixel_values.to(device, torch.float32, non_blocking=True))
+                out = model(pixel_values=values, pixel_attention_mask=mask, spatial_shapes=shapes)
+                return l2_normalize(getattr(out, self.family.image_output).float().cpu().numpy())
             # Another input size than the checkpoint's (set_image_size, or an index embedded at
             # one) needs the position embeddings interpolated to the patch grid.
             other_size = tuple(pixel_values.shape[-2:]) != (self.native_image_size, self.native_image_size)

@@ -13,8 +13,11 @@ runs every family through the same code.
   position); text padded to ``max_length`` because the last position is what the text tower
   pools, so the padding is part of the model; independent sigmoid scores with a learned bias.
 
-SigLIP 2 NaFlex (``model_type`` ``siglip2``) is recognised and refused by name (see
-:data:`UNSUPPORTED`): its variable patch grids need a preprocessing this package does not do yet.
+- ``siglip2``: SigLIP 2 NaFlex. ``Siglip2VisionModel`` / ``Siglip2TextModel``, as SigLIP,
+  but each image keeps its aspect ratio in a grid of at most ``max_num_patches`` patches
+  (:attr:`Family.naflex`): the preprocessing packs the patches with their grid
+  (:func:`retrieval.images.preprocess.pack_patches`) and the encoder passes the vision tower
+  its attention mask and spatial shapes.
 """
 
 from __future__ import annotations
@@ -25,6 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ...errors import ModelLoadError
+from ...images import PreprocessConfig
 
 
 @dataclass(frozen=True)
@@ -40,6 +44,7 @@ class Family:
         sigmoid: whether scores are independent sigmoids with a bias (SigLIP) or a softmax (CLIP).
         default_logit_scale, default_logit_bias: what ``from_pretrained`` would initialise
             where the weight files hold no such tensor (the bias only for sigmoid families).
+        naflex: images as variable patch grids with a mask (SigLIP 2 NaFlex).
     """
 
     name: str
@@ -52,6 +57,7 @@ class Family:
     sigmoid: bool
     default_logit_scale: float
     default_logit_bias: float | None
+    naflex: bool = False
 
     def dim(self, config: Any) -> int:
         """The embedding width of a checkpoint of this family, checked across its towers.
@@ -97,16 +103,23 @@ FAMILIES: dict[str, Family] = {
         default_logit_scale=math.log(10.0),
         default_logit_bias=-10.0,
     ),
-}
-
-# Families recognised but not embedded yet, with the reason given to the user.
-UNSUPPORTED: dict[str, str] = {
-    "siglip2": (
-        "SigLIP 2 NaFlex (model_type 'siglip2') keeps each image's aspect ratio in a variable patch grid, "
-        "which clipsearch does not embed yet; use a fixed-resolution SigLIP 2 checkpoint "
-        "(e.g. google/siglip2-base-patch16-224, model_type 'siglip')"
+    "siglip2": Family(
+        name="siglip2",
+        label="SigLIP 2 NaFlex",
+        vision_class="Siglip2VisionModel",
+        text_class="Siglip2TextModel",
+        image_output="pooler_output",
+        text_output="pooler_output",
+        text_padding="max_length",
+        sigmoid=True,
+        default_logit_scale=math.log(10.0),
+        default_logit_bias=-10.0,
+        naflex=True,
     ),
 }
+
+# Families recognised but not embedded, with the reason given to the user (none at present).
+UNSUPPORTED: dict[str, str] = {}
 
 
 def supported_families() -> str:
@@ -132,24 +145,35 @@ def family_of(model_type: str | None, name: str) -> Family:
     )
 
 
-def check_processor(family: Family, config: Any, settings: Mapping[str, Any], input_size: tuple[int, int], name: str) -> None:
+def check_processor(family: Family, config: Any, settings: Mapping[str, Any], preprocess: PreprocessConfig, name: str) -> None:
     """Refuse an image processor that disagrees with the model it ships with.
 
     The vision tower would otherwise interpolate its position embeddings to whatever size the
     processor makes, silently embedding at a size the checkpoint was not trained for. The input
     size is checked for SigLIP only: CLIP checkpoints whose crop differs from ``image_size``
-    have always loaded here (embedded with interpolated positions), and still do.
+    have always loaded here (embedded with interpolated positions), and still do. A NaFlex
+    model sizes each image itself; its processor must be a NaFlex one with the same patch size.
 
     Raises:
-        ModelLoadError: the processor's input size or patch size differs from the model's, naming both.
+        ModelLoadError: the processor's kind, input size or patch size differs from the model's,
+            naming both values.
     """
     vision = config.vision_config
-    image_size, patch = int(vision.image_size), int(vision.patch_size)
-    if family.sigmoid and tuple(input_size) != (image_size, image_size):
+    patch = int(vision.patch_size)
+    if family.naflex != preprocess.naflex:
+        kind = settings.get("image_processor_type") or "another kind"
         raise ModelLoadError(
-            f"{name}: its image processor makes {input_size[0]}x{input_size[1]} inputs but the model's "
-            f"image_size is {image_size}; fix the processor settings or the config"
+            f"{name}: a {family.label} model needs {'a NaFlex' if family.naflex else 'a fixed-size'} image processor, "
+            f"but its processor is {kind}"
         )
+    if family.sigmoid and not family.naflex:
+        image_size = int(vision.image_size)
+        height, width = preprocess.input_size
+        if (height, width) != (image_size, image_size):
+            raise ModelLoadError(
+                f"{name}: its image processor makes {height}x{width} inputs but the model's "
+                f"image_size is {image_size}; fix the processor settings or the config"
+            )
     processor_patch = settings.get("patch_size")
     if processor_patch is not None and int(processor_patch) != patch:
         raise ModelLoadError(
