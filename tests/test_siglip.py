@@ -226,3 +226,14 @@ def test_reduced_precisions_and_another_image_size_cover_siglip(siglip_dir: Path
     with torch.no_grad():
         ref = SiglipModel.from_pretrained(siglip_dir).eval().get_image_features(pixel_values=pixels, interpolate_pos_encoding=True)
     assert (bigger.embed_pixels(pixels) * _unit(ref.pooler_output.numpy())).sum(1).min() >= COS
+
+
+def test_random_model_cli_writes_a_siglip_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from retrieval.random_model import main
+
+    assert main([str(tmp_path / "s"), "--preset", "siglip-tiny", "--seed", "3"]) == 0
+    assert json.loads((tmp_path / "s" / "config.json").read_text())["model_type"] == "siglip"
+    assert main([str(tmp_path / "n"), "--preset", "siglip2-naflex-tiny"]) == 0
+    assert json.loads((tmp_path / "n" / "config.json").read_text())["model_type"] == "siglip2"
+    assert main([str(tmp_path / "x"), "--preset", "siglip-huge"]) == 2
+    assert "siglip-tiny" in capsys.readouterr().err

@@ -36,6 +36,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         "CLIPProcessor.save_pretrained writes it, nested in processor_config.json",
     )
     args = parser.parse_args(argv)
+    if args.preset not in PRESETS and args.preset not in SIGLIP_PRESETS:
+        print(f"error: unknown preset {args.preset!r}; choose one of: {', '.join([*PRESETS, *SIGLIP_PRESETS])}", file=sys.stderr)
+        return 2
     try:
         if args.preset in SIGLIP_PRESETS:
             path = make_random_siglip(args.out_dir, preset=args.preset, seed=args.seed)

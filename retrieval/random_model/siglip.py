@@ -61,6 +61,12 @@ SIGLIP_PRESETS: dict[str, RandomSiglipSpec] = {
     "siglip2-naflex-tiny": RandomSiglipSpec(
         image_size=64, patch_size=16, dim=32, layers=2, heads=2, intermediate=64, max_length=64, max_num_patches=256
     ),
+    # The towers' shapes of google/siglip2-base-patch16-224 and -naflex, for timings (the
+    # vocabulary, hence the text embedding table, is this module's small one, not Gemma's).
+    "siglip-b-16": RandomSiglipSpec(image_size=224, patch_size=16, dim=768, layers=12, heads=12, intermediate=3072, max_length=64),
+    "siglip2-naflex-b-16": RandomSiglipSpec(
+        image_size=256, patch_size=16, dim=768, layers=12, heads=12, intermediate=3072, max_length=64, max_num_patches=256
+    ),
 }
 
 
