@@ -221,6 +221,15 @@ class QueryEncoders:
 
     def _check(self, encoder: TextEncoder) -> None:
         built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"
+        # A model of another family (CLIP against SigLIP) is refused by name, before the weights.
+        # The numpy text tower computes CLIP checkpoints only.
+        theirs = "clip" if isinstance(encoder, NumpyTextEncoder) else getattr(getattr(encoder, "family", None), "name", None)
+        family = self.manifest.model_info.get("model_type")
+        if self.manifest.backend == "hf" and family and isinstance(theirs, str) and theirs != family:
+            raise ModelMismatchError(
+                f"model family mismatch: the index was built with a {family} model, {built}; the query model "
+                f"{encoder.name} is a {theirs} model; query with the index's model or rebuild the index"
+            )
         if encoder.dim != self.manifest.dim:
             raise ModelMismatchError(
                 f"model mismatch: the index was built with {built}, dim {self.manifest.dim}; "
