@@ -86,10 +86,11 @@ def oriented_as(img: Image.Image, orientation: int) -> Image.Image:
 
 
 def write_dng(path: Path, img: Image.Image, *, preview: bool, make: str = "TestMake", model: str = "Test DNG",
-              taken: str | None = None, data: bool = True) -> Path:
+              taken: str | None = None, data: bool = True, orientation: int | None = None) -> Path:
     """A DNG LibRaw reads: an RGGB Bayer mosaic of ``img`` (16-bit, linear), with an RGB preview
     of the same size in IFD0 when ``preview`` (the raw data then in a SubIFD). ``data=False``
-    writes the tags of a raw image whose strip is cut off (no decodable image)."""
+    writes the tags of a raw image whose strip is cut off (no decodable image); ``orientation``
+    is the TIFF Orientation tag (LibRaw's ``flip``)."""
     import tifffile
 
     rgb = np.asarray(img.convert("RGB"))
@@ -115,6 +116,8 @@ def write_dng(path: Path, img: Image.Image, *, preview: bool, make: str = "TestM
     ]
     if taken is not None:
         common.append((36867, "s", 0, taken, True))  # DateTimeOriginal, in IFD0 as DNG allows
+    if orientation is not None:
+        common.append((274, "H", 1, orientation, True))
     raw_tags = [(33421, "H", 2, (2, 2), True), (33422, "B", 4, (0, 1, 1, 2), True), (50717, "I", 1, 4095, True)]
     with tifffile.TiffWriter(path) as tif:
         if preview:

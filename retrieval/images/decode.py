@@ -191,6 +191,8 @@ def decode_image(
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "truncated" in text:
             text = "truncated file"
+        if kind in ("heif", "avif"):
+            raise ImageDecodeError(label, f"damaged or truncated {kind.upper()} file: {text}") from None
         raise ImageDecodeError(label, f"decode failed: {text}") from None
     return DecodedImage(image=rgb, width=width, height=height, meta=meta)
 
