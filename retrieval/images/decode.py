@@ -249,6 +249,7 @@ def probe_photo(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, name: str 
     label = name if name is not None else "<bytes>"
     try:
         with warnings.catch_warnings(), _pixel_limit(max_pixels):
+            warnings.simplefilter("ignore", UserWarning)  # as in decode_image
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
                 meta = read_meta(img)

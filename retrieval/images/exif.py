@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import datetime as dt
 import math
+import warnings
 from dataclasses import dataclass
 from typing import Any
 
@@ -68,7 +69,10 @@ def read_tiff_meta(data: bytes) -> PhotoMeta:
         return NO_META
     exif = Image.Exif()
     try:
-        exif.load(data)
+        with warnings.catch_warnings():
+            # PIL warns "Corrupt EXIF data" and reads on: the values it could not read are None.
+            warnings.simplefilter("ignore", UserWarning)
+            exif.load(data)
     except Exception:  # noqa: BLE001 - a broken header: no metadata
         return NO_META
     return meta_of_exif(exif)
