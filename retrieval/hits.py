@@ -39,15 +39,13 @@ class Hit:
     camera: str | None = None
     gps: tuple[float, float] | None = None
 
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "id": self.id,
-            "path": self.path,
-            "score": self.score,
-            "taken": self.taken,
-            "camera": self.camera,
-            "gps": list(self.gps) if self.gps is not None else None,
-        }
+    def to_dict(self, facts: bool = False) -> dict[str, Any]:
+        """``id``, ``path``, ``score``, and the photo facts it has (with ``facts``: all three
+        keys, None where unknown, as ``clipsearch search --json`` prints them)."""
+        out: dict[str, Any] = {"id": self.id, "path": self.path, "score": self.score}
+        known = {"taken": self.taken, "camera": self.camera, "gps": list(self.gps) if self.gps is not None else None}
+        out.update(known if facts else {k: v for k, v in known.items() if v is not None})
+        return out
 
 
 class HitSource(Protocol):

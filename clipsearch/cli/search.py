@@ -47,7 +47,7 @@ def run(args: argparse.Namespace) -> int:
     else:
         hits = index.search_image(args.image, **cut)
     if args.json:
-        print_json({"results": [h.to_dict() for h in hits]})
+        print_json({"results": [h.to_dict(facts=True) for h in hits]})
     else:
         if not hits:
             print(_why_none(args, where.active))
