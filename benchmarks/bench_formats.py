@@ -33,8 +33,8 @@ SUFFIX = {"JPEG": ".jpg", "HEIC": ".heic", "AVIF": ".avif", "RAW preview": ".dng
 
 def encode_all(size: int, tmp: Path) -> dict[str, list[bytes]]:
     """Each photo in each format, as bytes."""
-    from PIL import Image
     from photos import PHOTOS, encoded, photo, write_dng
+    from PIL import Image
 
     out: dict[str, list[bytes]] = {name: [] for name in FORMATS}
     for name in PHOTOS:
@@ -90,7 +90,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\ndecode + preprocess to 224 px, one thread, {len(files['JPEG'])} photos at {args.size} px (longer side)")
     print(f"{'format':<14} {'images/s':>9} {'vs JPEG':>8} {'file KiB':>9}  source")
     for row in rows:
-        print(f"{row['format']:<14} {row['images_per_s']:>9.1f} {row['vs_jpeg']:>7.2f}x {row['mean_file_kb']:>9.1f}  {row['raw_source'] or ''}")
+        source = row["raw_source"] or ""
+        print(f"{row['format']:<14} {row['images_per_s']:>9.1f} {row['vs_jpeg']:>7.2f}x {row['mean_file_kb']:>9.1f}  {source}")
     print(f"\nCPU: {result['machine']['cpu']}")  # type: ignore[index]  # machine_facts is a dict
     return 0
 

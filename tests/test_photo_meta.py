@@ -203,3 +203,20 @@ def test_index_without_the_columns_opens_searches_and_updates(tmp_path: Path, ti
     assert sorted(again.paths()) == ["cat.jpg", "coffee.png", "rocket.jpg"]
     since = Filter(taken_after=parse_time("2000-01-01"))
     assert np.array_equal(again.mask(since), updated.mask(since))
+    from retrieval import verify_index
+
+    assert verify_index(out).ok
+
+
+def test_ray_columns_carry_the_facts() -> None:
+    # A Ray actor's answer travels as Arrow-friendly columns: the facts survive the trip.
+    from indexer.dataset import Item
+    from indexer.embed import EmbeddedBatch
+    from indexer.ray_actor import from_columns, to_columns
+    from retrieval.images import PhotoMeta
+
+    meta = PhotoMeta(_us(2021, 5, 1, 10), 120, "Apple iPhone 13", 48.8, 2.3, None)
+    items = [Item(0, None, 4, 3, None, 0.1, 10, 1, "ab", meta=meta), Item(1, None, 0, 0, "empty file", 0.0)]
+    done = EmbeddedBatch(items, np.ones((1, 2), np.float32), 0.1, 0.2)
+    back = from_columns(to_columns(np.array([0, 1]), done, 2))
+    assert back.items[0].meta == meta and back.items[1].error == "empty file"
