@@ -256,3 +256,19 @@ def test_cli_index_of_only_broken_files_keeps_going(tmp_path: Path, tiny_model: 
     bad = run_cli(["search", tmp_path / "i", "rocket", "--min-score", "1.5"])
     assert_one_line_error(bad.returncode, bad.stderr, "min_score", "[-1, 1]")
     assert RAW_EXTENSIONS <= IMAGE_EXTENSIONS
+
+
+def test_bench_formats_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    import json
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "benchmarks"))
+    import bench_formats
+
+    assert bench_formats.main(["--size", "240", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    result = json.loads(out.splitlines()[0])
+    rows = {r["format"]: r for r in result["results"]}
+    assert list(rows) == ["JPEG", "HEIC", "AVIF", "RAW preview", "RAW demosaic"]
+    assert rows["RAW preview"]["raw_source"] == "preview" and rows["RAW demosaic"]["raw_source"] == "demosaic"
+    assert all(r["images_per_s"] > 0 for r in rows.values()) and rows["JPEG"]["vs_jpeg"] == 1.0
+    assert "vs JPEG" in out and result["machine"]["cpu"]
