@@ -194,6 +194,7 @@ def library_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, li
     return out
 
 
+@pytest.mark.slow
 def test_index_holds_every_format_and_skips_with_reasons(library_index: Path) -> None:
     from retrieval.index import ImageIndex
 
@@ -214,6 +215,7 @@ def test_index_holds_every_format_and_skips_with_reasons(library_index: Path) ->
     assert [h.path for h in similar] == ["cat.heic", "cat.jpg"] and similar[1].score > 0.99
 
 
+@pytest.mark.slow
 def test_update_treats_new_formats_like_any_other(tmp_path: Path, tiny_model: Path, library: Path) -> None:
     import shutil
 
@@ -242,6 +244,7 @@ def test_exif_transpose_is_what_decode_applies() -> None:
     assert np.array_equal(_pixels(decode_image(io.BytesIO(data), name="x.jpg").image), _pixels(want))
 
 
+@pytest.mark.slow
 def test_cli_index_of_only_broken_files_keeps_going(tmp_path: Path, tiny_model: Path) -> None:
     photos = tmp_path / "p"
     photos.mkdir()

@@ -69,6 +69,7 @@ def test_a_cut_off_outside_minus_one_to_one_is_refused(index: ImageIndex, bad: A
         index.search_similar(0, min_score=bad)
 
 
+@pytest.mark.slow
 def test_cli_min_score(built_index: Path, index: ImageIndex) -> None:
     query = index.embed_texts(["a blue circle"])[0]
     cut = _cut_after(index, query, 12)

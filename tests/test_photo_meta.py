@@ -146,6 +146,7 @@ def test_taken_filters_and_sort(dated: tuple[Path, Path]) -> None:
         index.search("a photo", sort="date")
 
 
+@pytest.mark.slow
 def test_cli_taken_json_and_bad_dates(dated: tuple[Path, Path]) -> None:
     out = dated[1]
     proc = run_cli(["search", out, "a photo", "--taken-after", "2021-01-01", "--sort", "taken", "--json", "--device", "cpu"])
@@ -162,6 +163,7 @@ def test_cli_taken_json_and_bad_dates(dated: tuple[Path, Path]) -> None:
     assert_one_line_error(inverted.returncode, inverted.stderr, "taken_after")
 
 
+@pytest.mark.slow
 def test_index_without_the_columns_opens_searches_and_updates(tmp_path: Path, tiny_model: Path,
                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     import indexer.writer
