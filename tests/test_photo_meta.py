@@ -222,3 +222,24 @@ def test_ray_columns_carry_the_facts() -> None:
     done = EmbeddedBatch(items, np.ones((1, 2), np.float32), 0.1, 0.2)
     back = from_columns(to_columns(np.array([0, 1]), done, 2))
     assert back.items[0].meta == meta and back.items[1].error == "empty file"
+
+
+def test_rows_of_an_older_part_are_copied_with_null_facts(tmp_path: Path) -> None:
+    # A merge or an update copies rows of parts written before the photo columns: nulls there.
+    import pyarrow.parquet as pq
+
+    from indexer.writer import FileRecord, PartWriter, conform, records_table
+    from retrieval.images import PhotoMeta
+    from retrieval.layout import PHOTO_COLUMNS, embeddings_schema
+
+    new = {f.name for f in PHOTO_COLUMNS}
+    rows = records_table([FileRecord(b"a.jpg", 4, 3, 10, 1, "ab", PhotoMeta(camera="X"))], np.ones((1, 2), np.float32), 2)
+    old = rows.drop_columns(sorted(new))
+    part = PartWriter(tmp_path / "part.parquet", 2, "f" * 32)
+    part.write_table(old)
+    part.write_table(rows)
+    assert part.close() == 2
+    table = pq.read_table(tmp_path / "part.parquet")
+    assert table.column("camera").to_pylist() == [None, "X"] and table.column("id").to_pylist() == [0, 1]
+    with pytest.raises(ValueError, match="lack the column 'path'"):
+        conform(old.drop_columns(["path"]), embeddings_schema(2))
