@@ -31,9 +31,10 @@ class ImageIndex:
     A facade over the opened generation (manifest, FAISS index, metadata rows: see
     :mod:`retrieval.generation` and :mod:`retrieval.rows`) and the query encoders
     (:class:`~retrieval.encoders.query.QueryEncoders`, which load the query model on the first
-    text or image query). Opened with :meth:`open` (no encoder given), text queries in fp32 on
-    the CPU run on the numpy text tower of :mod:`retrieval.encoders.numpy_text` where the
-    checkpoint allows it, without importing torch; :meth:`text_path` says which path they take.
+    text or image query). Opened with :meth:`open` (no encoder given), text queries on the CPU
+    run on the numpy text tower of :mod:`retrieval.encoders.numpy_text` where the checkpoint
+    allows it (in fp32 without importing torch; int8 products where ``auto`` gates them in);
+    :meth:`text_path` says which path they take.
     Lazy loads happen under locks, so one index serves many threads; searches run unlocked.
 
     Args:
@@ -58,8 +59,9 @@ class ImageIndex:
         device: str = "auto",
         encoder: Encoder | None = None,
         mmap: bool | None = None,
-        precision: str = "fp32",
+        precision: str = "auto",
         query_cache: int = DEFAULT_CAPACITY,
+        text_queries: int | None = None,
     ) -> ImageIndex:
         """Open an index directory.
 
@@ -75,11 +77,17 @@ class ImageIndex:
                 budget it was built for (:mod:`retrieval.faiss_mapping`; ``info()`` says which
                 and why).
             precision: text tower precision for queries (``fp32``, ``bf16``, ``fp16``,
-                ``int8``, ``auto``; see ``retrieval.encoders.precision``). Image queries use
-                the mode the index's images were embedded in (fp32 where the device cannot).
+                ``int8``, ``auto``; see ``retrieval.encoders.precision``). The default ``auto``
+                takes the fastest reduced mode whose vectors pass the quality gate against
+                fp32's (scores then within the gate's cosine of fp32's), else fp32; ``fp32``
+                gives exact scores. Image queries use the mode the index's images were
+                embedded in (fp32 where the device cannot).
             query_cache: how many distinct query texts keep their vectors (least recently
                 used out first; 0: none), so that a repeated text skips the text tower
                 (:mod:`retrieval.query_cache`; :meth:`query_cache_info` counts hits).
+            text_queries: how many text queries this process will run, when it knows (a
+                one-shot command); ``auto`` then keeps fp32 where int8's set-up would cost more
+                than it saves on them (:func:`retrieval.encoders.numpy_text.path.one_shot_reason`).
 
         Raises:
             InvalidArgumentError: a bad precision or query cache size.
@@ -93,7 +101,8 @@ class ImageIndex:
         cache = QueryVectorCache(query_cache)
         generation = open_generation(Path(directory), mmap)
         queries = QueryEncoders(
-            generation.manifest, model=model, device=device, encoder=encoder, precision=requested, query_cache=cache
+            generation.manifest, model=model, device=device, encoder=encoder, precision=requested, query_cache=cache,
+            text_queries=text_queries,
         )
         return cls(generation, queries)
 
@@ -206,10 +215,8 @@ class ImageIndex:
         """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
         return self._queries.cache_info()
 
-    def search_image(
-        self, image: str | bytes | os.PathLike[str] | BinaryIO, k: int | None = None, where: Filter | None = None, *,
-        min_score: float | None = None, sort: str = "score",
-    ) -> list[Hit]:
+    def search_image(self, image: str | bytes | os.PathLike[str] | BinaryIO, k: int | None = None,
+                     where: Filter | None = None, *, min_score: float | None = None, sort: str = "score") -> list[Hit]:
         """Image-to-image search with an image file (path or binary file object); the other
         arguments as :meth:`search`.
 
@@ -224,10 +231,7 @@ class ImageIndex:
         add: Sequence[str | os.PathLike[str] | QueryTerm],
         subtract: Sequence[str | os.PathLike[str] | QueryTerm] = (),
         k: int | None = None,
-        where: Filter | None = None,
-        *,
-        min_score: float | None = None,
-        sort: str = "score",
+        where: Filter | None = None, *, min_score: float | None = None, sort: str = "score",
     ) -> list[Hit]:
         """Query arithmetic: search with ``normalise(sum(w * e(add)) - sum(w * e(subtract)))``.
 
@@ -288,10 +292,8 @@ class ImageIndex:
         raw = self.rows([checked], columns=("path_bytes",))[0]["path_bytes"]
         return source_path(self.directory, self.manifest, checked, raw)
 
-    def search_vectors(
-        self, vectors: np.ndarray, k: int | None = None, where: Filter | None = None, *, min_score: float | None = None,
-        sort: str = "score",
-    ) -> list[list[Hit]]:
+    def search_vectors(self, vectors: np.ndarray, k: int | None = None, where: Filter | None = None, *,
+                       min_score: float | None = None, sort: str = "score") -> list[list[Hit]]:
         """Search with ready query vectors ``(n, dim)`` (normalised by the caller); the other
         arguments as :meth:`search`."""
         cut = check_cut(k, min_score, sort)
@@ -384,7 +386,7 @@ class ImageIndex:
 
     def info(self) -> dict[str, Any]:
         """The facts ``clipsearch info --json`` prints."""
-        return self._generation.info(self.text_path().to_dict())
+        return self._generation.info(self.text_path().to_dict(), self._queries.text_precision())
 
 
 def _named_bytes(data: bytes) -> io.BytesIO:

@@ -38,7 +38,11 @@ def run(args: argparse.Namespace) -> int:
     # Checked before the index and the model load: a bad cut-off fails at once.
     check_cut(args.k, args.min_score, args.sort)
     terms = _terms(args) if combined else None
-    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device, precision=args.precision)
+    # One process, one search: auto's text tower weighs int8's set-up against the texts it embeds.
+    texts = sum(t.kind == "text" for t in terms) if terms is not None else int(args.image is None)
+    index = ImageIndex.open(
+        args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=texts
+    )
     cut = {"k": args.k, "where": where, "min_score": args.min_score, "sort": args.sort}
     if terms is not None:
         hits = index.search_combined(terms, **cut)
@@ -85,7 +89,7 @@ def register(subparsers: Subparsers) -> None:
     p.set_defaults(k=None)
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
-    add_precision_argument(p, "fp32", "text query tower precision (image queries use the index's mode)")
+    add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")
     add_filter_arguments(p)
     p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score", "taken", "camera", "gps"}, ...]}')
     p.set_defaults(handler=run)
