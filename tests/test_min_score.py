@@ -21,7 +21,8 @@ from retrieval.index import ImageIndex
 
 @pytest.fixture(scope="module")
 def index(built_index: Path) -> ImageIndex:
-    return ImageIndex.open(built_index, device="cpu")
+    # fp32 text queries, as the CLI and the server below are asked for: the same scores everywhere.
+    return ImageIndex.open(built_index, device="cpu", precision="fp32")
 
 
 def _exact(index: ImageIndex, query: np.ndarray, min_score: float, where: Filter | None = None) -> list[int]:
@@ -73,7 +74,8 @@ def test_a_cut_off_outside_minus_one_to_one_is_refused(index: ImageIndex, bad: A
 def test_cli_min_score(built_index: Path, index: ImageIndex) -> None:
     query = index.embed_texts(["a blue circle"])[0]
     cut = _cut_after(index, query, 12)
-    proc = run_cli(["search", built_index, "a blue circle", "--min-score", repr(cut), "--json", "--device", "cpu"])
+    proc = run_cli(["search", built_index, "a blue circle", "--min-score", repr(cut), "--json", "--device", "cpu", "--precision",
+                    "fp32"])
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout)["results"]
     assert [r["id"] for r in results] == _exact(index, query, cut)
@@ -97,7 +99,7 @@ def client(built_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Itera
 
     from clipsearch.server import create_app
 
-    app = create_app([built_index], cache_dir=tmp_path_factory.mktemp("thumbs"), device="cpu", warm=False)
+    app = create_app([built_index], cache_dir=tmp_path_factory.mktemp("thumbs"), device="cpu", warm=False, precision="fp32")
     with TestClient(app, raise_server_exceptions=False) as c:
         yield c
 
