@@ -121,7 +121,9 @@ def decode_raw(data: bytes, label: str, min_edge: int | None) -> RawImage:
         raise
     except Exception as exc:  # noqa: BLE001 - LibRaw's errors are many classes of one meaning
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise ImageDecodeError(label, f"RAW decode failed: {text.strip(chr(39) + 'b')}") from None
+        if text.startswith(("b'", 'b"')) and len(text) > 3:
+            text = text[2:-1]  # LibRaw's messages come as bytes reprs
+        raise ImageDecodeError(label, f"RAW decode failed: {text}") from None
     return RawImage(Image.fromarray(rgb, "RGB"), "demosaic")
 
 
