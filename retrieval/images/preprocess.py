@@ -13,7 +13,7 @@ import numpy as np
 from PIL import Image
 
 from .config import PreprocessConfig, naflex_size
-from .decode import DEFAULT_MAX_PIXELS, decode_image, to_rgb
+from .decode import DEFAULT_MAX_PIXELS, DecodedImage, decode_image, to_rgb
 
 if TYPE_CHECKING:
     import torch
@@ -182,12 +182,29 @@ def load_pixels(
     Raises:
         ImageDecodeError: see :func:`decode_image`.
     """
+    pixels, decoded = load_photo(source, cfg, max_pixels=max_pixels, draft=draft, name=name)
+    return pixels, decoded.width, decoded.height
+
+
+def load_photo(
+    source: str | bytes | os.PathLike[str] | BinaryIO,
+    cfg: PreprocessConfig,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    draft: bool = True,
+    name: str | None = None,
+) -> tuple[torch.Tensor, DecodedImage]:
+    """:func:`load_pixels` that also returns the decoded image's facts (its size and
+    :class:`~retrieval.images.exif.PhotoMeta`): what the indexer stores in a row.
+
+    Raises:
+        ImageDecodeError: see :func:`decode_image`.
+    """
     decoded = decode_image(
         source, min_edge=cfg.min_decode_edge if draft else None, max_pixels=max_pixels, name=name
     )
     image = reduce_for_resize(decoded.image, cfg.min_decode_edge) if draft else decoded.image
-    pixels = preprocess_tensor(pil_to_tensor(image), cfg)
-    return pixels, decoded.width, decoded.height
+    return preprocess_tensor(pil_to_tensor(image), cfg), decoded
 
 
 # Reduced images keep at least this many times the resize target on their shorter side, so the
