@@ -169,7 +169,7 @@ def test_index_search_and_query_family_check(
 
     out = tmp_path / "idx"
     build_index(photos, out, model=str(siglip_dir), batch_size=4, workers=0, device="cpu", precision="fp32")
-    index = ImageIndex.open(out, device="cpu")
+    index = ImageIndex.open(out, device="cpu", precision="fp32")  # exact scores to compare
     assert index.manifest.model_info["model_type"] == "siglip"
     paths = index.paths()
     stored = index.embeddings()

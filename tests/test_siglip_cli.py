@@ -58,18 +58,19 @@ def _in_process(capsys: pytest.CaptureFixture[str], *args: object) -> str:
 
 
 def test_cli_search_passes_every_script_intact(index_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    index = ImageIndex.open(index_dir, device="cpu")
+    # fp32 on both sides: auto's choice on the torch path depends on timing, so scores compare exactly only in fp32.
+    index = ImageIndex.open(index_dir, device="cpu", precision="fp32")
     assert index.manifest.model_info["model_type"] == "siglip"
     stored = index.embeddings()
     encoder = index.encoder
     # One in a subprocess: the console script's own argv decoding (UTF-8 locale) included.
-    proc = run_cli(["search", index_dir, QUERIES["arabic"], "-k", "3", "--json", "--device", "cpu"])
+    proc = run_cli(["search", index_dir, QUERIES["arabic"], "-k", "3", "--json", "--device", "cpu", "--precision", "fp32"])
     assert proc.returncode == 0, proc.stderr
     expected = stored @ encoder.embed_texts([QUERIES["arabic"]])[0]
     assert [r["score"] for r in json.loads(proc.stdout)["results"]] == pytest.approx(sorted(expected, reverse=True)[:3], abs=1e-5)
     vectors = {}
     for name, query in QUERIES.items():
-        doc = json.loads(_in_process(capsys, "search", index_dir, query, "-k", "4", "--json", "--device", "cpu"))
+        doc = json.loads(_in_process(capsys, "search", index_dir, query, "-k", "4", "--json", "--device", "cpu", "--precision", "fp32"))
         vectors[name] = encoder.embed_texts([query])[0]
         expected = np.sort(stored @ vectors[name])[::-1][:4]
         assert [r["score"] for r in doc["results"]] == pytest.approx(list(expected), abs=1e-5), name
@@ -78,13 +79,13 @@ def test_cli_search_passes_every_script_intact(index_dir: Path, capsys: pytest.C
 
 
 def test_cli_classify_gives_independent_sigmoid_probabilities(index_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    index = ImageIndex.open(index_dir, device="cpu")
+    index = ImageIndex.open(index_dir, device="cpu", precision="fp32")
     classifier = ZeroShotClassifier.build(index.encoder, LABELS, ["a photo of a {}."])
     scale, bias = index.encoder.logit_params()
     assert bias is not None
     cos = index.embeddings() @ classifier.weights.T
     expected = 1 / (1 + np.exp(-(scale * cos + bias)))
-    doc = json.loads(_in_process(capsys, "classify", index_dir, *(a for lb in LABELS for a in ("--label", lb)), "--top-k", "3", "--json"))
+    doc = json.loads(_in_process(capsys, "classify", index_dir, *(a for lb in LABELS for a in ("--label", lb)), "--top-k", "3", "--json", "--precision", "fp32"))
     first = doc["results"][0]
     got = {item["label"]: item["score"] for item in first["labels"]}
     assert got == pytest.approx({lb: float(expected[0, j]) for j, lb in enumerate(LABELS)}, abs=1e-5)
@@ -116,7 +117,7 @@ def client(index_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 
 def test_http_api_passes_every_script_intact(client: object, index_dir: Path) -> None:
-    index = ImageIndex.open(index_dir, device="cpu")
+    index = ImageIndex.open(index_dir, device="cpu", precision="fp32")
     stored = index.embeddings()
     for name, query in QUERIES.items():
         expected = list(np.sort(stored @ index.encoder.embed_texts([query])[0])[::-1][:3])
