@@ -2,7 +2,7 @@
 
 What is counted: requests by route, method and status; their latency by route and query kind;
 the time of each query's model call by index and kind; the images and generation of each served
-index; the reloads of new generations. One :class:`ServerMetrics` per app (own registry), so
+index; the reloads of new generations (counted when a scrape finds one). One :class:`ServerMetrics` per app (own registry), so
 several apps live in one process.
 
 With ``--workers N`` the CLI sets ``PROMETHEUS_MULTIPROC_DIR`` before the workers start: the
@@ -103,6 +103,12 @@ class ServerMetrics:
 
     def exposition(self) -> bytes:
         """The scrape's body (blocking: index gauges may stat and reopen directories)."""
+        # Before collecting, so that a reload seen now is in this scrape's counter.
+        for served in self.indexes:
+            try:
+                self.note_generation(served.name, str(served.current().manifest.generation))
+            except ClipSearchError:
+                continue  # a generation that cannot be opened: /api answers the error
         if self.registry is not None:
             return generate_latest(self.registry)
         registry = CollectorRegistry()
@@ -133,7 +139,6 @@ class _IndexCollector:
             except ClipSearchError:
                 continue  # a generation that cannot be opened: /api answers the error
             m = index.manifest
-            self.metrics.note_generation(served.name, str(m.generation))
             images.add_metric([served.name], m.count)
             generation.add_metric([served.name, str(m.generation)], _timestamp(m.created))
             info: dict[str, Any] = index.query_cache_info()
