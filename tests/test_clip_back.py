@@ -229,6 +229,15 @@ def test_near_duplicates_is_transitive_and_keeps_the_highest_ranked() -> None:
     assert near_duplicates(np.zeros((1, 3))).tolist() == [False]
 
 
+def test_an_imported_index_has_no_url(index_dir: Path) -> None:
+    from types import SimpleNamespace
+
+    from clipsearch.server.clip_back_query import metadata_of
+
+    imported = SimpleNamespace(manifest=SimpleNamespace(source_root=""), paths_of=lambda ids: [f"v{i}" for i in ids])
+    assert metadata_of(imported, [3, 1], "vec.idx", "http://h/") == [{"caption": "v3", "path": "v3"}, {"caption": "v1", "path": "v1"}]  # type: ignore[arg-type]
+
+
 # -- refused options and bad inputs -------------------------------------------------------------
 
 

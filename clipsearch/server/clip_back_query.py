@@ -228,9 +228,12 @@ def near_duplicates(vectors: np.ndarray, threshold: float = DEDUP_THRESHOLD) -> 
 
 
 def metadata_of(index: ImageIndex, ids: Sequence[int], name: str, base_url: str) -> list[dict[str, Any]]:
-    """clip-back's metadata of ``ids``: ``url`` (this server's ``/api/images/{id}``, absolute),
-    ``caption`` (the image's relative path: the index stores no captions) and ``path``."""
+    """clip-back's metadata of ``ids``: ``url`` (this server's ``/api/images/{id}``, absolute;
+    none for an index imported from embeddings, which has no files to serve), ``caption`` (the
+    image's relative path: the index stores no captions) and ``path``."""
     paths = index.paths_of(list(ids)) if ids else []
+    if not index.manifest.source_root:
+        return [{"caption": p, "path": p} for p in paths]
     quoted = quote(name, safe="")
     root = base_url.rstrip("/")
     return [
