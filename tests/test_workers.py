@@ -137,3 +137,19 @@ def test_bad_serve_flags(tmp_path: Path, args: list[str], code: int, says: str) 
     result = run_cli(["serve", str(tmp_path / "missing.idx"), "--port", "0", *args], timeout=120)
     assert result.returncode == code, result.stderr
     assert says in result.stderr and "Traceback" not in result.stderr
+
+
+def test_workers_that_cannot_load_stop_the_server(tmp_path: Path, tiny_model: Path) -> None:
+    from indexer import build_index
+
+    _photos(tmp_path / "photos", 0, 2)
+    build_index(tmp_path / "photos", tmp_path / "x.idx", model=str(tiny_model), batch_size=8, workers=0, device="cpu")
+    # The index opens (the supervisor checks it), the model only loads in the workers: each says
+    # why in one line, and the server exits 1 instead of starting them again and again.
+    args = ["serve", str(tmp_path / "x.idx"), "--port", "0", "--workers", "2", "--device", "cpu", "--model", str(tmp_path / "gone")]
+    result = run_cli(args, timeout=240)
+    assert result.returncode == 1, result.stderr
+    # (uvicorn reopens stdin in each worker and never closes it: run_cli shows ResourceWarnings)
+    lines = [line for line in result.stderr.splitlines() if "ResourceWarning" not in line]
+    assert lines and all(line.startswith("clipsearch: error:") for line in lines), result.stderr
+    assert lines[-1] == "clipsearch: error: a worker failed to start (its error is above)"

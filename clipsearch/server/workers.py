@@ -22,7 +22,10 @@ from typing import Any
 
 import uvicorn
 from fastapi import FastAPI
+from uvicorn.config import STARTUP_FAILURE
 from uvicorn.supervisors.multiprocess import Multiprocess
+
+from retrieval.errors import ClipSearchError
 
 from .app import create_app
 from .metrics import MULTIPROC_ENV, multiprocess_dir
@@ -49,7 +52,12 @@ def worker_app() -> FastAPI:
     # Limits are per process: the supervisor's do not reach a spawned worker.
     ThreadpoolController().select(internal_api="openblas").limit(limits=int(settings.pop("blas_threads", 1)))
     index_dirs = settings.pop("index_dirs")
-    return create_app(index_dirs, mmap=True, **settings)
+    try:
+        return create_app(index_dirs, mmap=True, **settings)
+    except ClipSearchError as exc:
+        # One line, and the exit code that tells the supervisor not to start it again.
+        print(f"clipsearch: error: worker {os.getpid()}: {exc}", file=sys.stderr, flush=True)
+        raise SystemExit(STARTUP_FAILURE) from None
 
 
 class _Supervisor(Multiprocess):
@@ -65,6 +73,8 @@ class _Supervisor(Multiprocess):
         if all(p.wait_until_ready(START_TIMEOUT_S, self.should_exit) for p in self.processes):
             self.ready = True
             self.on_ready()
+        else:
+            self.should_exit.set()  # a worker that fails to load would fail again: stop them all
 
 
 @contextmanager
