@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import gc
 import ipaddress
 import os
 import socket
@@ -153,6 +154,7 @@ def _serve_workers(args: argparse.Namespace, settings: dict[str, Any], sock: soc
     # Opened here first (no model loaded): a directory that is not an index is a one-line
     # error now, not a worker dying N times.
     create_app(args.index_dirs, **{**settings, "metrics": False}, warm=False, mmap=True)
+    gc.collect()  # the checking app holds reference cycles: free its indexes before serving
     index_dirs = [os.path.abspath(d) for d in args.index_dirs]
     cache_dir = os.path.abspath(args.cache_dir) if args.cache_dir else None
 
