@@ -15,7 +15,14 @@ Query kinds, so that model time and server overhead can be told apart:
 * ``vector``: ``POST /api/search`` ``{"vector": [...], "k": K}`` (FAISS + server, no model);
 * ``image_id``: ``POST /api/search`` ``{"image_id": ID, "k": K}`` ("more like this");
 * ``health``: ``GET /api/health``, a no-op: what one round trip costs the server framework and
-  this client, which shares the machine's cores with the server.
+  this client, which shares the machine's cores with the server;
+* ``knn_text`` and ``knn_vector``: the same text and vector queries through clip-back's
+  ``POST /knn-service`` (``{"text"|"embedding_input", "indice_name", "num_images": K}``), the API
+  of clip-retrieval's clients: its overhead beside ``/api/search``'s.
+
+``--workers 1,2`` serves each index once per worker count (``clipsearch serve --workers N``);
+each row records the server's resident memory then: every process's RSS, and their PSS (shared
+pages counted once), the fair total for workers sharing memory-mapped files.
 
 The client is one asyncio loop speaking raw HTTP/1.1 over keep-alive connections, one per
 simulated client: each connection sends ``--warmup`` untimed requests, then all start together
@@ -37,7 +44,7 @@ client (goal: <= 3 ms); the 1-client load run that follows gives the server's p5
 Prints one JSON line per (index, kind, clients), then a readable table.
 
     python benchmarks/bench_serve.py [--indexes demo,synthetic] [--kinds text,vector,image_id,health]
-        [--clients 1,8,32] [--requests 400] [--warmup 5] [--synthetic-n 100000]
+        [--clients 1,8,32] [--requests 400] [--warmup 5] [--synthetic-n 100000] [--workers 1,2]
 """
 
 from __future__ import annotations
@@ -74,7 +81,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 DEMO_IMAGES = ROOT / "data" / "demo"
 DEMO_MODEL = ROOT / "data" / "models" / "demo-clip"
 DEMO_QUERIES = DEMO_IMAGES / "queries.jsonl"
-KINDS = ("text", "vector", "image_id", "health")
+KINDS = ("text", "vector", "image_id", "health", "knn_text", "knn_vector")
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
 SERVING_LINE = re.compile(r"clipsearch: serving (http://([^/\s]+):(\d+)/)")
 # The goal of issue 17: the server's p50 at one client at most this far above in-process.
@@ -94,6 +101,8 @@ class Query:
     text: str | None = None
     vector: list[float] | None = None
     image_id: int | None = None
+    # clip-back's /knn-service: the answer is a list of {"id", "similarity", ...}.
+    knn: bool = False
 
     def encode(self, host: str, token: str | None) -> bytes:
         """The bytes of this request as HTTP/1.1 (keep-alive is HTTP/1.1's default)."""
@@ -187,6 +196,46 @@ def _cpu_seconds(pid: int) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+def _children(pid: int) -> list[int]:
+    """The processes whose parent is ``pid`` (a server's workers)."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue
+            if int(stat[stat.rindex(")") + 2 :].split()[1]) == pid:
+                out.append(int(entry.name))
+    return out
+
+
+def _tree_cpu_seconds(pid: int) -> float:
+    """utime + stime of ``pid`` and of its children (a server and its workers)."""
+    total = 0.0
+    for p in [pid, *_children(pid)]:
+        try:
+            total += _cpu_seconds(p)
+        except OSError:
+            pass  # a process that ended meanwhile
+    return total
+
+
+def tree_memory_mb(pid: int) -> dict[str, Any]:
+    """Resident memory of ``pid`` and its children now: each one's RSS, and the sum of their PSS
+    (a shared page counted once, split between its sharers)."""
+    rss, pss = [], 0.0
+    for p in [pid, *_children(pid)]:
+        try:
+            status = Path(f"/proc/{p}/status").read_text()
+            rollup = Path(f"/proc/{p}/smaps_rollup").read_text()
+        except OSError:
+            continue
+        rss += [round(int(line.split()[1]) / 1024, 1) for line in status.splitlines() if line.startswith("VmRSS:")]
+        pss += sum(int(line.split()[1]) for line in rollup.splitlines() if line.startswith("Pss:")) / 1024
+    return {"rss_mb": rss, "rss_total_mb": round(sum(rss), 1), "pss_total_mb": round(pss, 1)}
+
+
 def _self_cpu_seconds() -> float:
     usage = resource.getrusage(resource.RUSAGE_SELF)
     return usage.ru_utime + usage.ru_stime
@@ -230,11 +279,11 @@ async def run_load(
 
     tasks = [asyncio.create_task(client(c, conn)) for c, conn in enumerate(conns)]
     await go.wait()
-    cpu0, server0, t0 = _self_cpu_seconds(), _cpu_seconds(server_pid), time.perf_counter()
+    cpu0, server0, t0 = _self_cpu_seconds(), _tree_cpu_seconds(server_pid), time.perf_counter()
     await asyncio.gather(*tasks)
     result.wall_s = time.perf_counter() - t0
     result.client_cpu_s = _self_cpu_seconds() - cpu0
-    result.server_cpu_s = _cpu_seconds(server_pid) - server0
+    result.server_cpu_s = _tree_cpu_seconds(server_pid) - server0
     for conn in conns:
         await conn.close()
     return result
@@ -324,6 +373,15 @@ def build_queries(index: Any, kind: str, n: int, k: int, vectors: Any) -> list[Q
         return [Query("GET", "/api/health")]
     if kind == "text":
         return [Query("GET", "/api/search?" + urllib.parse.urlencode({"q": t, "k": k}), text=t) for t in text_queries(n)]
+    if kind.startswith("knn_"):
+        # The same queries as /api/search's, in clip-back's body (no deduplication: same ranking).
+        name = index.directory.resolve().name
+        out = []
+        for q in build_queries(index, kind.removeprefix("knn_"), n, k, vectors):
+            query = {"text": q.text} if q.text is not None else {"embedding_input": q.vector}
+            body = {**query, "indice_name": name, "num_images": k, "modality": "image"}
+            out.append(Query("POST", "/knn-service", body, text=q.text, vector=q.vector, knn=True))
+        return out
     ids = [round(i * (index.count - 1) / max(1, n - 1)) for i in range(min(n, index.count))]
     if kind == "image_id":
         return [Query("POST", "/api/search", {"image_id": i, "k": k}, image_id=i) for i in ids]
@@ -422,7 +480,11 @@ async def verify(host: str, port: int, queries: Sequence[Query], token: str | No
             if q.text is None and q.vector is None and q.image_id is None:
                 continue  # health: a 200 is the answer
             try:
-                got = [(int(r["id"]), float(r["score"])) for r in json.loads(body)["results"]]
+                answer = json.loads(body)
+                if q.knn:
+                    got = [(int(r["id"]), float(r["similarity"])) for r in answer]
+                else:
+                    got = [(int(r["id"]), float(r["score"])) for r in answer["results"]]
             except (ValueError, KeyError, TypeError) as exc:
                 problems.append(f"{label}: not a search answer ({type(exc).__name__}): {body[:200]!r}")
                 continue
@@ -485,13 +547,32 @@ def bench_index(name: str, index_dir: Path, args: argparse.Namespace, build: dic
         # Held-out draws from the index's clusters: in-distribution, not in the index.
         vectors = synthetic_queries(args.distinct, index.dim, SyntheticSpec(seed=args.seed))
     per_kind = {kind: build_queries(index, kind, args.distinct, args.k, vectors) for kind in kinds}
+    rows: list[dict[str, Any]] = []
+    problems: list[str] = []
+    for workers in args.workers:
+        got, found = _bench_server(name, index_dir, index, per_kind, workers, args, build)
+        rows += got
+        problems += found
+    del index
+    gc.collect()
+    return rows, problems
+
+
+def _bench_server(
+    name: str, index_dir: Path, index: Any, per_kind: dict[str, list[Query]], workers: int, args: argparse.Namespace, build: dict[str, Any]
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """One server (``--workers workers``) over one index: every kind, every client count."""
+    kinds = list(per_kind)
     command = [*args.serve_command, str(index_dir), "--port", "0", "--device", args.device, "--precision", args.precision]
+    if workers > 1:
+        command += ["--workers", str(workers)]
     if args.token:
         command += ["--token", args.token]
     print(f"bench_serve: {name}: starting {shlex.join(command)}", file=sys.stderr)
     server = Server(command, args.start_timeout)
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
+    memory: dict[str, Any] = {}
     try:
         host = f"{server.host}:{server.port}"
         for kind in kinds:
@@ -510,18 +591,17 @@ def bench_index(name: str, index_dir: Path, args: argparse.Namespace, build: dic
                 each = per_client(args.requests, clients)
                 print(f"bench_serve: {name}: {kind}, {clients} clients x {each} requests ...", file=sys.stderr)
                 load = asyncio.run(run_load(server.host, server.port, raw, clients, each, args.warmup, args.timeout, server.pid))
-                rows.append(_row(name, index, kind, clients, args, load, base, len(found), build))
+                rows.append({**_row(name, index, kind, clients, args, load, base, len(found), build), "workers": workers})
                 if load.errors:
                     problems.append(f"{name} {kind} x{clients}: {load.errors} errors {dict(load.statuses)} {dict(load.exceptions)}")
         server_rss = server.peak_rss_mb()
+        memory = tree_memory_mb(server.pid)  # after the load: the workers' pages touched
     finally:
         code = server.stop()
     if code != 0:
         problems.append(f"{name}: the server exited with {code} on SIGTERM: {' | '.join(list(server.stderr)[-5:])}")
     for row in rows:
-        row["server"] = {"startup_s": round(server.startup_s, 3), "peak_rss_mb": server_rss, "exit_code": code}
-    del index
-    gc.collect()
+        row["server"] = {"startup_s": round(server.startup_s, 3), "peak_rss_mb": server_rss, "exit_code": code, **memory}
     return rows, problems
 
 
@@ -593,6 +673,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--indexes", type=_csv(str, ("demo", "synthetic")), default=["demo", "synthetic"], help="default: demo,synthetic")
     parser.add_argument("--kinds", type=_csv(str, KINDS), default=list(KINDS), help=f"default: {','.join(KINDS)}")
     parser.add_argument("--clients", type=_csv(int), default=[1, 8, 32], help="concurrent connections, one run each (default: 1,8,32)")
+    parser.add_argument("--workers", type=_csv(int), default=[1], help="server worker processes, one server each (default: 1)")
     parser.add_argument(
         "--requests", type=_positive, default=400, help="timed requests per run, split evenly over its clients, rounded up (default: 400)"
     )
@@ -656,9 +737,9 @@ def main(argv: list[str] | None = None) -> int:
 
 def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[str, Any]) -> None:
     head = (
-        f"{'index':<10} {'kind':<9} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
+        f"{'index':<10} {'kind':<10} {'workers':>7} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
         f" {'in-proc p50':>11} {'paired p50':>10} {'overhead p50':>12}"
-        f" {'client CPU ms/req':>17} {'server CPU ms/req':>17} {'in-proc CPU ms':>14}"
+        f" {'client CPU ms/req':>17} {'server CPU ms/req':>17} {'in-proc CPU ms':>14} {'RSS MB':>14} {'PSS MB':>7}"
     )
     print(head)
     print("-" * len(head))
@@ -672,11 +753,13 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[s
         local = r["in_process_ms"] if first else None
         remote = r["paired_server_ms"] if first else None
         print(
-            f"{r['index']:<10} {r['kind']:<9} {r['clients']:>7} {num(r['requests_per_s'], 1):>8} {num(r['latency_ms']['p50']):>8}"
+            f"{r['index']:<10} {r['kind']:<10} {r['workers']:>7} {r['clients']:>7} {num(r['requests_per_s'], 1):>8}"
+            f" {num(r['latency_ms']['p50']):>8}"
             f" {num(r['latency_ms']['p99']):>8} {r['errors'] + r['mismatches']:>6} {num(local and local['p50']):>11}"
             f" {num(remote and remote['p50']):>10} {num(r['overhead_p50_ms'] if first else None):>12}"
             f" {num(r['client_cpu_ms_per_request']):>17} {num(r['server_cpu_ms_per_request']):>17}"
-            f" {num(local and local['cpu_ms']):>14}"
+            f" {num(local and local['cpu_ms']):>14} {'+'.join(f'{m:.0f}' for m in r['server'].get('rss_mb', [])):>14}"
+            f" {num(r['server'].get('pss_total_mb'), 0):>7}"
         )
     sizes = ", ".join(sorted({f"{r['index']} {r['count']:,} x {r['dim']}-d {r['index_type']}" for r in rows}))
     print(
@@ -685,6 +768,7 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[s
         " errors = non-200 + exceptions + answers unlike in-process;"
         f" in-proc / paired p50 = {args.baseline_repeat} passes over the distinct queries, in-process and over HTTP in turns,"
         f" overhead = their difference (goal <= {OVERHEAD_GOAL_MS:g} ms);"
+        f" RSS = each server process after the load (supervisor + workers), PSS = their total with shared pages counted once;"
         f" client and server share {machine['cores']} cores, {machine['cpu']}"
     )
 

@@ -544,6 +544,21 @@ def test_bench_serve_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert list(tmp_path.iterdir()) == []  # the temp work dir is removed
 
 
+def test_bench_serve_workers_and_knn_rows(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # /knn-service answers checked against in-process search, under 1 and 2 server workers.
+    args = ["--indexes", "demo", "--demo-limit", "8", "--kinds", "knn_text,knn_vector", "--clients", "2", "--requests", "4"]
+    args += ["--warmup", "1", "--distinct", "3", "--baseline-repeat", "1", "--workers", "1,2"]
+    code = bench_serve.main([*args, "--work-dir", str(tmp_path)])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert [(r["workers"], r["kind"]) for r in rows] == [(w, k) for w in (1, 2) for k in ("knn_text", "knn_vector")]
+    for r in rows:
+        assert (r["errors"], r["mismatches"], r["completed"]) == (0, 0, 4), r
+        assert len(r["server"]["rss_mb"]) >= r["workers"] + (r["workers"] > 1) and r["server"]["pss_total_mb"] > 0
+    assert "PSS MB" in out
+
+
 def test_bench_serve_client_counts_every_failure() -> None:
     """The load client against a scripted server: non-200s, a dropped connection and a chunked
     body are counted as they happened, and the run still completes its requests."""

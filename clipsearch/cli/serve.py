@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import errno
+import gc
 import ipaddress
 import os
 import socket
@@ -28,6 +29,38 @@ LOG_LEVELS = ("critical", "error", "warning", "info", "debug")
 
 class ServerExtraMissingError(ClipSearchError):
     """FastAPI / uvicorn are not installed."""
+
+
+class ServerStartError(ClipSearchError):
+    """A worker process could not start."""
+
+
+def _worker_count(value: str) -> int:
+    from clipsearch.server.workers import cpu_count
+
+    return cpu_count() if value == "auto" else int(value)
+
+
+def _workers(text: str) -> str:
+    if text == "auto":
+        return text
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of processes or auto, got {text!r}") from None
+    if not 1 <= value <= 256:
+        raise argparse.ArgumentTypeError(f"must be in 1..256 (or auto), got {value}")
+    return str(value)
+
+
+def _seconds(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number of seconds, got {text!r}") from None
+    if not 0 < value <= 300:
+        raise argparse.ArgumentTypeError(f"must be in (0, 300], got {text}")
+    return value
 
 
 def _is_loopback(host: str) -> bool:
@@ -76,6 +109,22 @@ def run(args: argparse.Namespace) -> int:
         raise ServerExtraMissingError("install the server extra: pip install 'clipsearch[server]'") from None
 
     token = args.token if args.token is not None else os.environ.get(TOKEN_ENV) or None
+    workers = _worker_count(args.workers)
+    settings: dict[str, Any] = {
+        "token": token,
+        "max_upload_mb": args.max_upload_mb,
+        "cache_dir": args.cache_dir,
+        "browser_ui": not args.no_browser_ui,
+        "model": args.model,
+        "device": args.device,
+        "precision": args.precision,
+        "query_cache": args.query_cache,
+        "allow_image_urls": args.allow_image_urls,
+        "cors_origins": list(args.cors_origin or ()),
+        "metrics": not args.no_metrics,
+    }
+    if args.image_url_timeout is not None:  # else ServerConfig's default
+        settings["image_url_timeout_s"] = args.image_url_timeout
     # Requests run side by side and each matrix product of a text query is small: OpenBLAS's
     # extra threads (which busy-wait between calls) only take cores from the other requests
     # (bench_serve's measurements: benchmarks/README.md).
@@ -88,23 +137,34 @@ def run(args: argparse.Namespace) -> int:
                 f"and read the indexed images; set --token or {TOKEN_ENV}",
                 file=sys.stderr,
             )
-        app = create_app(
-            args.index_dirs,
-            token=token,
-            max_upload_mb=args.max_upload_mb,
-            cache_dir=args.cache_dir,
-            browser_ui=not args.no_browser_ui,
-            model=args.model,
-            device=args.device,
-            precision=args.precision,
-            query_cache=args.query_cache,
-        )
-        port = sock.getsockname()[1]
-        url = _url(args.host, port)
-        _serve_forever(app, sock, url, args.log_level)
+        url = _url(args.host, sock.getsockname()[1])
+        if workers > 1:
+            _serve_workers(args, settings, sock, url, workers)
+        else:
+            _serve_forever(create_app(args.index_dirs, **settings), sock, url, args.log_level)
     finally:
         sock.close()
     return 0
+
+
+def _serve_workers(args: argparse.Namespace, settings: dict[str, Any], sock: socket.socket, url: str, workers: int) -> None:
+    from clipsearch.server import create_app
+    from clipsearch.server.workers import serve_workers
+
+    # Opened here first (no model loaded): a directory that is not an index is a one-line
+    # error now, not a worker dying N times.
+    create_app(args.index_dirs, **{**settings, "metrics": False}, warm=False, mmap=True)
+    gc.collect()  # the checking app holds reference cycles: free its indexes before serving
+    index_dirs = [os.path.abspath(d) for d in args.index_dirs]
+    cache_dir = os.path.abspath(args.cache_dir) if args.cache_dir else None
+
+    def announce() -> None:
+        print(f"{PROG}: {workers} workers", file=sys.stderr)
+        print(f"{PROG}: serving {url}", file=sys.stderr, flush=True)
+
+    full = {**settings, "index_dirs": index_dirs, "cache_dir": cache_dir, "blas_threads": args.blas_threads}
+    if not serve_workers(full, sock, workers, announce, args.log_level):
+        raise ServerStartError("a worker failed to start (its error is above)")
 
 
 def _serve_forever(app: Any, sock: socket.socket, url: str, log_level: str) -> None:
@@ -177,6 +237,23 @@ def register(subparsers: Subparsers) -> None:
         "--blas-threads", type=positive_int, default=1, metavar="N",
         help="OpenBLAS threads per matrix product (numpy text tower, FAISS batches); 1 (default) suits concurrent requests",
     )
+    p.add_argument(
+        "--workers", type=_workers, default="1", metavar="N",
+        help="worker processes sharing the port and the memory-mapped index files; auto: one per core (default: 1)",
+    )
+    p.add_argument(
+        "--cors-origin", action="append", metavar="ORIGIN",
+        help="let web pages from ORIGIN (scheme://host[:port], or * for any) call the API, e.g. clip-front; repeatable (default: none)",
+    )
+    p.add_argument(
+        "--allow-image-urls", action="store_true",
+        help="let /knn-service fetch the image_url a caller names (off by default: the server would fetch any URL it is given)",
+    )
+    p.add_argument(
+        "--image-url-timeout", type=_seconds, metavar="S",
+        help="longest image_url fetch, in seconds; its size cap is --max-upload-mb (default: 10)",
+    )
+    p.add_argument("--no-metrics", action="store_true", help="do not serve Prometheus metrics at /metrics")
     p.add_argument(
         "--log-level", choices=LOG_LEVELS, default="warning", help="server log level; info and debug log every request (default: warning)"
     )

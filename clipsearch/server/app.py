@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.datastructures import UploadFile
 from starlette.exceptions import HTTPException
+from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
@@ -33,11 +34,14 @@ from retrieval.query_cache import DEFAULT_CAPACITY
 from retrieval.version import __version__
 
 from . import files
-from .config import DEFAULT_THUMBNAIL_SIZE, ServerConfig
+from .clip_back import clip_back_router
+from .clip_back_query import IGNORED_HEADER
+from .config import DEFAULT_IMAGE_URL_TIMEOUT_S, DEFAULT_THUMBNAIL_SIZE, ServerConfig
 from .docs import document_search_body, mount_docs
 from .errors import install_error_handlers
 from .filters import query_filters
 from .indexes import IndexSet, ServedIndex
+from .metrics import CONTENT_TYPE, MetricsMiddleware, ServerMetrics
 from .middleware import UI_CSP, BodyLimit, SecurityHeaders
 from .responses import JSONResponse
 from .search import (
@@ -88,6 +92,11 @@ def create_app(
     precision: str = "auto",
     warm: bool = True,
     query_cache: int = DEFAULT_CAPACITY,
+    mmap: bool | None = None,
+    allow_image_urls: bool = False,
+    image_url_timeout_s: float = DEFAULT_IMAGE_URL_TIMEOUT_S,
+    cors_origins: Sequence[str] = (),
+    metrics: bool = True,
 ) -> FastAPI:
     """The ``clipsearch serve`` application over ``index_dirs``.
 
@@ -109,18 +118,36 @@ def create_app(
             memory-mapped FAISS file scans (:meth:`ImageIndex.warm`; tests that never query
             may skip it).
         query_cache: distinct query texts per index whose vectors are kept (0: none).
+        mmap: memory-map every FAISS file (True: what several worker processes share), read
+            it into RAM (False), or follow the plan each index recorded (None).
+        allow_image_urls, image_url_timeout_s, cors_origins, metrics: see :class:`ServerConfig`.
 
     Raises:
         InvalidArgumentError: bad settings, or two directories with the same name.
         NotAnIndexError, IndexFormatError, ModelMismatchError, ...: an index that cannot be served.
     """
-    config = ServerConfig(token=token, max_upload_mb=max_upload_mb, cache_dir=Path(cache_dir) if cache_dir else None, browser_ui=browser_ui)
-    indexes = IndexSet(
-        index_dirs, lambda d: LiveIndex(d, model=model, device=device, precision=precision, query_cache=query_cache, warm=warm)
+    config = ServerConfig(
+        token=token,
+        max_upload_mb=max_upload_mb,
+        cache_dir=Path(cache_dir) if cache_dir else None,
+        browser_ui=browser_ui,
+        allow_image_urls=allow_image_urls,
+        image_url_timeout_s=image_url_timeout_s,
+        cors_origins=tuple(cors_origins),
+        metrics=metrics,
     )
+    indexes = IndexSet(
+        index_dirs,
+        lambda d: LiveIndex(d, model=model, device=device, precision=precision, mmap=mmap, query_cache=query_cache, warm=warm),
+    )
+    # Before warming, so that the model calls of the warm-up queries are not counted.
+    server_metrics = ServerMetrics(indexes) if metrics else None
     if warm:
         for served in indexes:
             _warm(served)
+    if server_metrics is not None:
+        # Connected after the warm-up queries, which no client asked for.
+        server_metrics.connect()
 
     app = FastAPI(
         title="clipsearch",
@@ -134,6 +161,9 @@ def create_app(
     app.state.indexes = indexes
     install_error_handlers(app)
     app.include_router(_api_router())
+    app.include_router(clip_back_router(require_token))
+    if server_metrics is not None:
+        _mount_metrics(app, server_metrics)
     docs_csp = mount_docs(app)
     if browser_ui:
         _mount_ui(app)
@@ -142,10 +172,29 @@ def create_app(
     def csp_for(path: str) -> str:
         return docs_csp if path == "/docs" else UI_CSP
 
-    # Outermost last: the headers (and the last-resort 500) wrap everything, the 413 included.
+    # Outermost last: the headers (and the last-resort 500) wrap everything, the 413 included;
+    # CORS headers go on the 413 too (a browser would otherwise hide its reason from the page);
+    # the metrics count every answer, the last-resort 500 included.
     app.add_middleware(BodyLimit, max_bytes=config.max_body_bytes, shown_limit=config.max_upload_bytes)
+    if config.cors_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(config.cors_origins),
+            allow_methods=["GET", "POST", "HEAD"],
+            allow_headers=["Authorization", "Content-Type"],
+            expose_headers=[IGNORED_HEADER],
+            max_age=600,
+        )
     app.add_middleware(SecurityHeaders, csp_for=csp_for)
+    if server_metrics is not None:
+        app.add_middleware(MetricsMiddleware, metrics=server_metrics)
     return app
+
+
+def _mount_metrics(app: FastAPI, server_metrics: ServerMetrics) -> None:
+    @app.get("/metrics", dependencies=[Depends(require_token)], summary="Prometheus metrics (text format)", response_class=Response)
+    async def metrics_page() -> Response:
+        return Response(await run_in_threadpool(server_metrics.exposition), media_type=CONTENT_TYPE)
 
 
 def _warm(served: ServedIndex) -> None:
@@ -271,6 +320,7 @@ def _api_router() -> APIRouter:
 
 
 async def _answer(request: Request, req: SearchRequest) -> Response:
+    request.state.query_kind = req.kind  # the metrics' kind label
     served = _indexes(request).get(req.index)
     return JSONResponse(await run_in_threadpool(run_search, served, req))
 

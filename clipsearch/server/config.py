@@ -18,6 +18,10 @@ DEFAULT_THUMBNAIL_SIZE = 256
 _FORM_OVERHEAD_BYTES = 64 * 1024
 # A bearer token is sent in a header: printable ASCII without spaces (RFC 6750's b64token, loosely).
 _TOKEN = re.compile(r"[\x21-\x7e]+")
+# A CORS origin: scheme://host[:port] with nothing after it (what browsers send in Origin), or *.
+_ORIGIN = re.compile(r"\*|https?://[A-Za-z0-9.\-\[\]:]+/?")
+# An image_url fetch: at most this long, and this large (the upload limit is the default cap).
+DEFAULT_IMAGE_URL_TIMEOUT_S = 10.0
 
 
 def default_cache_dir() -> Path:
@@ -35,12 +39,22 @@ class ServerConfig:
         max_upload_mb: largest query image accepted (MiB); larger bodies get 413.
         cache_dir: where thumbnails are cached (None: :func:`default_cache_dir`).
         browser_ui: serve the web UI at ``/`` and ``/static``.
+        allow_image_urls: let ``/knn-service`` fetch the ``image_url`` a caller names (off: the
+            server would fetch any URL a caller gives it, a request forgery risk).
+        image_url_timeout_s: how long an ``image_url`` fetch may take, in seconds.
+        cors_origins: origins that browsers may call the API from (``*``: any); none: no CORS
+            headers, so only pages served by this server may call it.
+        metrics: serve Prometheus metrics at ``/metrics``.
     """
 
     token: str | None = None
     max_upload_mb: float = 20
     cache_dir: Path | None = None
     browser_ui: bool = True
+    allow_image_urls: bool = False
+    image_url_timeout_s: float = DEFAULT_IMAGE_URL_TIMEOUT_S
+    cors_origins: tuple[str, ...] = ()
+    metrics: bool = True
 
     def __post_init__(self) -> None:
         if self.token is not None and (not isinstance(self.token, str) or not _TOKEN.fullmatch(self.token)):
@@ -50,6 +64,14 @@ class ServerConfig:
             raise InvalidArgumentError(f"max upload size must be a number of MiB in (0, 4096], got {mb!r}")
         if self.cache_dir is not None:
             object.__setattr__(self, "cache_dir", Path(self.cache_dir))
+        timeout = self.image_url_timeout_s
+        if isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or not 0 < timeout <= 300:
+            raise InvalidArgumentError(f"the image URL timeout must be a number of seconds in (0, 300], got {timeout!r}")
+        origins = (self.cors_origins,) if isinstance(self.cors_origins, str) else tuple(self.cors_origins)
+        for origin in origins:
+            if not isinstance(origin, str) or not _ORIGIN.fullmatch(origin):
+                raise InvalidArgumentError(f"a CORS origin is * or scheme://host[:port] with no path, got {origin!r}")
+        object.__setattr__(self, "cors_origins", tuple(o.rstrip("/") for o in origins))
 
     @property
     def max_upload_bytes(self) -> int:

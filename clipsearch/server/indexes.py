@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import AbstractContextManager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,6 +34,8 @@ class ServedIndex:
     serialize_text: bool = SERIALIZE_TEXT
     serialize_image: bool = SERIALIZE_IMAGE
     _lock: threading.Lock = field(default_factory=threading.Lock, repr=False)
+    # Told the kind and the seconds of each model call once it ends (the server's metrics).
+    on_model_call: Callable[[str, float], None] | None = field(default=None, repr=False)
 
     def current(self) -> ImageIndex:
         """The newest published generation; a request calls this once and keeps the answer."""
@@ -46,7 +49,19 @@ class ServedIndex:
         the loaded models) does not let two calls into the same model at once.
         """
         serialize = self.serialize_text if kind == "text" else self.serialize_image
-        return self._lock if serialize else nullcontext()
+        held: AbstractContextManager[object] = self._lock if serialize else nullcontext()
+        return held if self.on_model_call is None else _timed(held, kind, self.on_model_call)
+
+
+@contextmanager
+def _timed(held: AbstractContextManager[object], kind: str, observe: Callable[[str, float], None]) -> Iterator[object]:
+    # Timed once the lock is held: the model call's own time, not the wait for another's.
+    with held:
+        started = time.perf_counter()
+        try:
+            yield None
+        finally:
+            observe(kind, time.perf_counter() - started)
 
 
 class IndexSet:

@@ -290,3 +290,11 @@ def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
     ]
     took_ms = (time.perf_counter() - started) * 1000
     return {"results": results, "offset": req.offset, "k": req.k, "took_ms": round(took_ms, 3)}
+
+
+def find_hits(served: ServedIndex, req: SearchRequest) -> tuple[ImageIndex, list[Hit]]:
+    """The hits of ``req`` (its ``offset:offset+k`` window) and the generation that answered:
+    the search :func:`run_search` makes, for answers of another shape (clip-back's
+    ``/knn-service``). Blocking: call it from a worker thread."""
+    index = served.current()
+    return index, _hits(index, served, req, req.offset + req.k)[req.offset : req.offset + req.k]
