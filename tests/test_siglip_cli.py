@@ -85,7 +85,8 @@ def test_cli_classify_gives_independent_sigmoid_probabilities(index_dir: Path, c
     assert bias is not None
     cos = index.embeddings() @ classifier.weights.T
     expected = 1 / (1 + np.exp(-(scale * cos + bias)))
-    doc = json.loads(_in_process(capsys, "classify", index_dir, *(a for lb in LABELS for a in ("--label", lb)), "--top-k", "3", "--json", "--precision", "fp32"))
+    labels = [a for lb in LABELS for a in ("--label", lb)]
+    doc = json.loads(_in_process(capsys, "classify", index_dir, *labels, "--top-k", "3", "--json", "--precision", "fp32"))
     first = doc["results"][0]
     got = {item["label"]: item["score"] for item in first["labels"]}
     assert got == pytest.approx({lb: float(expected[0, j]) for j, lb in enumerate(LABELS)}, abs=1e-5)
