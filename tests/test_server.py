@@ -592,15 +592,15 @@ def test_model_calls_do_not_block_the_event_loop(client: TestClient, monkeypatch
     from retrieval.index import ImageIndex
 
     started, release = threading.Event(), threading.Event()
-    original = ImageIndex.search
+    original = ImageIndex.embed_texts
 
-    def slow(self: ImageIndex, query: str, k: int | None = 10, where: Any = None, **cut: Any) -> Any:
-        if query == "slow one":
+    def slow(self: ImageIndex, texts: Any) -> Any:
+        if list(texts) == ["slow one"]:
             started.set()
             assert release.wait(60)
-        return original(self, query, k, where, **cut)
+        return original(self, texts)
 
-    monkeypatch.setattr(ImageIndex, "search", slow)
+    monkeypatch.setattr(ImageIndex, "embed_texts", slow)
     held = threading.Thread(target=lambda: client.get("/api/search", params={"q": "slow one"}))
     held.start()
     try:

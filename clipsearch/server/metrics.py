@@ -65,7 +65,8 @@ class ServerMetrics:
         )
         self.model_calls = Histogram(
             "clipsearch_query_model_seconds",
-            "Time of a query's model call (the text or image tower encoding the query, with that call's FAISS search)",
+            "Time of a query's model call: a text query's encoding (the text tower, or a query-cache hit); an image query's "
+            "decoding, encoding and FAISS search",
             ["index", "kind"], buckets=_LATENCY_BUCKETS, registry=self.registry,
         )
         self.reloads = Counter(

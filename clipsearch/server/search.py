@@ -211,8 +211,13 @@ def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int
         return _combined(index, served, req, cut)
     if req.kind == "text":
         assert req.text is not None
+        if not req.text.strip():
+            index.search(req.text, **cut)  # refuses it, in the library's words
+        # Only the encoding runs under the model lock and its timer (the query-encoding metric);
+        # the FAISS search is what ImageIndex.search runs after it.
         with served.model_call("text"):
-            return index.search(req.text, **cut)
+            vector = index.embed_texts([req.text])
+        return index.search_vectors(vector, **cut)[0]
     if req.kind == "image":
         assert req.image is not None
         with served.model_call("image"):
