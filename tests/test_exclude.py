@@ -167,3 +167,19 @@ def test_everything_excluded_is_no_images_and_the_index_stays(tmp_path: Path, ti
     with pytest.raises(PhotosDirError, match="hidden files and caches are left out"):
         _build(photos, out, tiny_model, exclude=("*.jpg",))
     assert _paths(out) == KEPT
+
+
+def test_flags_make_the_walk_options() -> None:
+    from clipsearch.cli import build_parser
+    from clipsearch.cli.options import values_from_args
+    from indexer.config import BuildConfig
+
+    def config(*flags: str) -> BuildConfig:
+        return BuildConfig(**values_from_args(BuildConfig, build_parser().parse_args(["index", "p", "i", *flags])))
+
+    # Not given: None, which keeps what the index recorded.
+    assert (config().include_hidden, config().exclude) == (None, None)
+    given = config("--include-hidden", "--exclude", "a/", "--exclude", "*.png")
+    assert (given.include_hidden, given.exclude) == (True, ("a/", "*.png"))
+    assert config("--no-include-hidden").include_hidden is False
+    assert config("--exclude", "").exclude == ("",)

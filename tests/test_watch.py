@@ -235,3 +235,16 @@ def test_cli_killed_mid_update_resumes_then_folder_deleted_is_exit_1(
     assert resumed.is_set()
     assert_one_line_error(code, capsys.readouterr().err, "deleted or moved")
     assert paths(out) == {"img_000.jpg", "img_001.jpg", "img_002.jpg"} and read_manifest(out).complete
+
+
+def test_watch_flags(capsys: pytest.CaptureFixture[str]) -> None:
+    from clipsearch.cli import build_parser
+    from clipsearch.cli.options import values_from_args
+
+    args = build_parser().parse_args(["index", "p", "i", "--watch", "--watch-settle", "0.5", "--watch-no-events"])
+    assert args.watch and WatchConfig(**values_from_args(WatchConfig, args)) == WatchConfig(settle=0.5, events=False)
+    with pytest.raises(SystemExit) as exit_:
+        build_parser().parse_args(["index", "p", "i", "--watch", "--watch-rescan", "0"])
+    assert exit_.value.code == 2 and "--watch-rescan" in capsys.readouterr().err
+    assert main(["index", "p", "i", "--watch", "--files-from", "list.txt"]) == 1
+    assert_one_line_error(1, capsys.readouterr().err, "--files-from")
