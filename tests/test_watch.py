@@ -248,3 +248,21 @@ def test_watch_flags(capsys: pytest.CaptureFixture[str]) -> None:
     assert exit_.value.code == 2 and "--watch-rescan" in capsys.readouterr().err
     assert main(["index", "p", "i", "--watch", "--files-from", "list.txt"]) == 1
     assert_one_line_error(1, capsys.readouterr().err, "--files-from")
+
+
+def test_a_stopped_update_commits_what_it_embedded(tmp_path: Path, tiny_model: Path) -> None:
+    from indexer.build import BuildConfig, build_index, load_model, update_index
+    from indexer.discover import discover
+
+    photos, out = write_photos(tmp_path / "p", 6), tmp_path / "idx"
+    cfg = BuildConfig(model=str(tiny_model), device="cpu", precision="fp32", batch_size=2)
+    asked: list[bool] = []
+
+    def stop() -> bool:  # asked before each batch: the second one is not embedded
+        asked.append(True)
+        return len(asked) > 1
+
+    report = update_index(photos, out, cfg, load_model(cfg), discover(photos), stop=stop)
+    assert report.added == 2 and read_manifest(out).complete and len(paths(out)) == 2
+    rest = build_index(photos, out, cfg)
+    assert (rest.added, rest.unchanged) == (4, 2) and len(paths(out)) == 6
