@@ -55,8 +55,7 @@ class _Job:
 
     ``keep_precision``: no precision was asked for and the model is loaded here, so an update
     keeps the mode the index records. ``ray``: the connected Ray session of an
-    ``engine="ray"`` build, else None. ``walk``: what the walk left out, recorded. ``stop``:
-    polled between batches, ends the embedding early (watch mode).
+    ``engine="ray"`` build, else None. ``stop``: see :func:`update_index`.
     """
 
     cfg: BuildConfig
@@ -136,11 +135,11 @@ def update_index(
     found: Discovery,
     stop: Callable[[], bool] | None = None,
 ) -> BuildReport:
-    """One update of watch mode (:mod:`indexer.watch`): :func:`build_index` over ``found``, a
-    walk the caller made, with an ``encoder`` from :func:`load_model` kept loaded between
-    updates (an update keeps the index's recorded precision, as when :func:`build_index` loads
-    it). ``stop``, polled between batches, ends the embedding early: what is embedded is
-    committed, files not reached are new to the next run. Raises as :func:`build_index` does."""
+    """One update of watch mode (:mod:`indexer.watch`): :func:`build_index` over ``found`` (the
+    caller's walk) with an ``encoder`` from :func:`load_model` kept loaded between updates (the
+    index's recorded precision is kept as when :func:`build_index` loads it). ``stop``, polled
+    between batches, ends embedding early: what is embedded is committed. Raises as
+    :func:`build_index` does."""
     return _start(config, Path(photos_dir), Path(index_dir), encoder, None, found=found, own_encoder=True, stop=stop)
 
 
@@ -150,15 +149,8 @@ def load_model(config: BuildConfig) -> Encoder:
 
 
 def _start(
-    cfg: BuildConfig,
-    photos: Path,
-    out: Path,
-    encoder: Encoder | None,
-    files: Sequence[str | bytes] | None,
-    *,
-    found: Discovery | None = None,
-    own_encoder: bool = False,
-    stop: Callable[[], bool] | None = None,
+    cfg: BuildConfig, photos: Path, out: Path, encoder: Encoder | None, files: Sequence[str | bytes] | None, *,
+    found: Discovery | None = None, own_encoder: bool = False, stop: Callable[[], bool] | None = None,
 ) -> BuildReport:
     start = time.perf_counter()
     cpu.cpu_level()  # a bad CLIPSEARCH_CPU_CAP fails here, before any work
@@ -177,10 +169,9 @@ def _start(
         enc = encoder if encoder is not None else load_model(cfg)
         if encoder is not None and cfg.precision is not None:
             calibrate.apply_precision(enc, cfg.precision)
-        # fingerprint: fails on missing weights before anything is written.
-        job = _Job(cfg, enc, enc.fingerprint, photos, out, found, start, keep_precision=cfg.precision is None and
-                   (encoder is None or own_encoder), ray=ray, walk=walk, stop=stop)
-        return _build(job)
+        keep = cfg.precision is None and (encoder is None or own_encoder)
+        # enc.fingerprint fails on missing weights before anything is written.
+        return _build(_Job(cfg, enc, enc.fingerprint, photos, out, found, start, keep, ray, walk, stop))
 
 
 def _build(job: _Job) -> BuildReport:
