@@ -157,10 +157,11 @@ def main(argv: list[str] | None = None) -> int:
     }))
     print()
     print(f"watch delay, file written -> searchable; {args.images} images, {args.preset}, {machine['cpu']}, {machine['cores']} cores")
-    print(f"{'mode':<36}{'median s':>10}{'min s':>8}{'max s':>8}{'update s':>10}")
+    print(f"{'mode':<36}{'median s':>10}{'min s':>8}{'max s':>8}{'first s':>9}{'update s':>10}")
     for r in results:
         update = f"{r['update_median_s']:.2f}" if r["update_median_s"] is not None else "-"
-        print(f"{r['mode']:<36}{r['median_s']:>10.2f}{r['min_s']:>8.2f}{r['max_s']:>8.2f}{update:>10}")
+        first = r["delays_s"][0]
+        print(f"{r['mode']:<36}{r['median_s']:>10.2f}{r['min_s']:>8.2f}{r['max_s']:>8.2f}{first:>9.2f}{update:>10}")
     return 0
 
 
