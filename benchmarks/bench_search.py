@@ -14,8 +14,17 @@ its own) and measured in this process:
   Parquet with ``faiss_index.ExactTopK``);
 * end to end (--e2e types): ``ImageIndex.search(text, 10)`` on short queries (3-8 words) with a
   ViT-B/32-shaped text tower, on the index's own text path at each ``--text-precisions`` value
-  (``ImageIndex.open(dir, precision=...)``: tokenise, encode, search, paths of the 10 hits);
-* serving memory: RSS growth of opening the index and running the queries.
+  (``ImageIndex.open(dir, precision=...)``: tokenise, encode, search, paths of the 10 hits;
+  ``default``: ``ImageIndex.open(dir)`` as it comes; ``hf``: the plain Hugging Face
+  ``get_text_features`` call, then the same vector search and paths), and each one's cosine to
+  the fp32 query vectors (``text_cosine_to_fp32``);
+* serving memory: RSS growth of opening the index and running the queries, and of anonymous
+  memory alone (``anon_open_mb``, ``anon_after_queries_mb``: what a memory budget is about;
+  memory-mapped file pages are the kernel's to drop), with how the FAISS file was opened
+  (``faiss_mmap``, ``faiss_mmap_reason``).
+
+A type ``NAME@SIZE`` (e.g. ``auto@40MB``) is built with ``--max-memory SIZE`` instead of the
+run's: a small-budget row beside the others.
 
 With ``--peer autofaiss``, after our types, autofaiss builds the index it chooses from the same
 stored vectors (exported to .npy chunks first, timed apart) under the same memory budget, in a
@@ -33,6 +42,7 @@ Prints one JSON line (the whole run), then one JSON line per (size, type) with t
 ``rss_after_query_mb``, ``bytes_per_vector``, ...), then a readable table.
 
     python benchmarks/bench_search.py [--sizes 100000,1000000] [--types flat,auto,ivf-sq8] [--peer autofaiss]
+    python benchmarks/bench_search.py --sizes 200000 --types auto@40MB --e2e auto@40MB --text-precisions default,fp32,hf
     python benchmarks/bench_search.py --index KEPT.idx --types current --peer autofaiss --cached --e2e ""
 """
 
@@ -217,18 +227,19 @@ def measure_faiss_file(
     path: Path, index_param: str, queries: Any, truth: Any, k: int, warmup: int, cached: bool = False
 ) -> dict[str, Any]:
     """Measure a bare FAISS index file as :func:`measure_type` measures ours: opened with the
-    same mmap rule as ``ImageIndex.open``, searched one query at a time through the same
+    mmap rule ``ImageIndex.open`` has for an index that records no plan (mapped from
+    :data:`~retrieval.faiss_mapping.MMAP_MIN_BYTES`), searched one query at a time through the same
     ``faiss_index.search`` that ``ImageIndex.search_ids`` calls, in this process (same FAISS
     threads), recall@10 against the same exact truth; ``cached``: the file read through first."""
     import faiss
 
     from retrieval import faiss_index
-    from retrieval.index import MMAP_MIN_BYTES
+    from retrieval.faiss_mapping import MMAP_MIN_BYTES
 
     mmap = path.stat().st_size >= MMAP_MIN_BYTES
     cache_s = read_through(path, path.stat().st_size) if cached else None
     gc.collect()
-    rss0 = rss_mb()
+    rss0, anon0 = rss_mb(), rss_mb("RssAnon:")
     t0 = time.perf_counter()
     index = faiss_index.read(path, mmap=mmap)
     if index_param:
@@ -236,7 +247,10 @@ def measure_faiss_file(
         # choose (IVF-HNSW quantizer efSearch, polysemous ht) is guaranteed to be in the file.
         faiss.ParameterSpace().set_index_parameters(index, index_param)
     opened = (time.perf_counter() - t0, rss_mb() - rss0)
-    out = {**time_queries(_ids_of(faiss_index.search, index, k), queries, truth, k, warmup, rss0, opened), "mmap": mmap,
+    anon_open = rss_mb("RssAnon:") - anon0
+    timed = time_queries(_ids_of(faiss_index.search, index, k), queries, truth, k, warmup, rss0, opened)
+    out = {**timed, "mmap": mmap, "anon_open_mb": round(anon_open, 1), "anon_after_queries_mb": round(rss_mb("RssAnon:") - anon0, 1),
+           "faiss_mmap": mmap, "faiss_mmap_reason": f"no recorded plan: mapped from {MMAP_MIN_BYTES} bytes",
            "cache_read_seconds": None if cache_s is None else round(cache_s, 3)}
     del index
     gc.collect()
@@ -353,7 +367,6 @@ def measure_type(
     public text search at each precision, with ``model`` if given: the same weights as the
     index's, checked by fingerprint); ``cached``: its FAISS file read through first."""
     from retrieval import ImageIndex
-    from retrieval.index import MMAP_MIN_BYTES
 
     cache_s = None
     if cached:
@@ -362,35 +375,91 @@ def measure_type(
             faiss_file = index_dir / manifest.faiss.path
             cache_s = read_through(faiss_file, faiss_file.stat().st_size)
     gc.collect()
-    rss0 = rss_mb()
+    rss0, anon0 = rss_mb(), rss_mb("RssAnon:")
     t0 = time.perf_counter()
     index = ImageIndex.open(index_dir)
     opened = (time.perf_counter() - t0, rss_mb() - rss0)
+    anon_open = rss_mb("RssAnon:") - anon0
+    timed = time_queries(_ids_of(type(index).search_ids, index, k), queries, truth, k, warmup, rss0, opened)
+    anon_queried = rss_mb("RssAnon:") - anon0
+    info = index.info()
     out: dict[str, Any] = {
-        **time_queries(_ids_of(type(index).search_ids, index, k), queries, truth, k, warmup, rss0, opened),
-        "mmap": index.info()["faiss_bytes"] >= MMAP_MIN_BYTES,  # what open(mmap=None) did
+        **timed,
+        "anon_open_mb": round(anon_open, 1),
+        "anon_after_queries_mb": round(anon_queried, 1),
+        "faiss_mmap": info["faiss_mmap"],
+        "faiss_mmap_reason": info["faiss_mmap_reason"],
         "cache_read_seconds": None if cache_s is None else round(cache_s, 3),
     }
     del index
+    vectors: dict[str, Any] = {}
     for precision in precisions if texts else ():
         # The public call, on the index's own text path at this precision (what `search` and
         # `serve` run): tokenise, encode, search, paths.
         gc.collect()
-        index = ImageIndex.open(index_dir, model=model, device="cpu", precision=precision, query_cache=0)  # the texts repeat
+        index, search = _text_search(ImageIndex, index_dir, model, precision)
         for text in texts[:warmup]:
-            index.search(text, 10)
+            search(text)
         e2e = []
         for text in texts[warmup:]:
             t0 = time.perf_counter()
-            hits = index.search(text, 10)
+            hits = search(text)
             e2e.append(time.perf_counter() - t0)
             if len(hits) != 10:
                 raise RuntimeError(f"expected 10 hits, got {len(hits)}")
-        out.setdefault("text_path", {})[precision] = index.text_path().to_dict()
+        if precision != "hf":
+            out.setdefault("text_path", {})[precision] = index.text_path().to_dict()
+            out.setdefault("text_precision", {})[precision] = index.info()["text_precision"]
+        vectors[precision] = search.embed(texts[warmup:])  # type: ignore[attr-defined]
         out.setdefault("end_to_end_ms", {})[precision] = latency_summary(e2e)
-        del index
+        del index, search
+    if "fp32" in vectors:
+        import numpy as np
+
+        for precision, v in vectors.items():
+            cos = np.sum(v.astype(np.float64) * vectors["fp32"], axis=1)
+            out.setdefault("text_cosine_to_fp32", {})[precision] = {"mean": round(float(cos.mean()), 6), "min": round(float(cos.min()), 6)}
     gc.collect()
     return out
+
+
+def _text_search(image_index: Any, index_dir: Path, model: str | None, precision: str) -> tuple[Any, Any]:
+    """``(index, search)``: ``search(text)`` returns the 10 hits of one text as ``precision``
+    makes its vector (``default``: ``ImageIndex.open`` as it comes; ``hf``: the plain Hugging
+    Face call), and ``search.embed(texts)`` the vectors."""
+    import numpy as np
+
+    if precision == "default":
+        index = image_index.open(index_dir, model=model, device="cpu", query_cache=0)  # the texts repeat
+    else:
+        index = image_index.open(index_dir, model=model, device="cpu", precision="fp32" if precision == "hf" else precision,
+                                 query_cache=0)
+    if precision != "hf":
+        def search(text: str) -> Any:
+            return index.search(text, 10)
+
+        search.embed = index.embed_texts  # type: ignore[attr-defined]
+        return index, search
+    import torch
+    from transformers import AutoTokenizer, CLIPModel
+
+    from retrieval.encoders.base import quiet_transformers
+
+    with quiet_transformers():
+        hf_model = CLIPModel.from_pretrained(model or index.query_model).eval()
+        tokenizer = AutoTokenizer.from_pretrained(model or index.query_model)
+
+    def embed(texts: list[str]) -> Any:
+        with torch.no_grad():
+            out = hf_model.get_text_features(**tokenizer(texts, padding=True, return_tensors="pt"))
+        v = out.numpy() if hasattr(out, "numpy") else out.pooler_output.numpy()
+        return (v / np.linalg.norm(v, axis=1, keepdims=True)).astype(np.float32)
+
+    def search_hf(text: str) -> Any:
+        return index.search_vectors(embed([text]), 10)[0]
+
+    search_hf.embed = lambda texts: np.concatenate([embed([t]) for t in texts])  # type: ignore[attr-defined]
+    return index, search_hf
 
 
 def _ids_of(search: Any, index: Any, k: int) -> Any:
@@ -448,9 +517,13 @@ def flat_row(n: int, row: dict[str, Any]) -> dict[str, Any]:
         "rss_open_mb": row["open_rss_mb"],
         "rss_after_query_mb": row["rss_after_query_mb"],
         "rss_serving_mb": row["serving_rss_mb"],
+        "anon_open_mb": row.get("anon_open_mb"),
+        "anon_after_queries_mb": row.get("anon_after_queries_mb"),
+        "faiss_mmap": row.get("faiss_mmap"),
         "process_anon_rss_mb": row.get("process_anon_rss_mb"),
         "bytes_per_vector": row["faiss_bytes_per_vector"],
         "end_to_end_p50_ms": {p: v["p50"] for p, v in row.get("end_to_end_ms", {}).items()},
+        "text_cosine_to_fp32": row.get("text_cosine_to_fp32", {}),
     }
 
 
@@ -472,7 +545,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"], help="text tower shape for --e2e (default: vit-b-32)")
     parser.add_argument(
-        "--text-precisions", default="fp32,auto", help="text precisions of the index's own text path timed end to end (default: fp32,auto)"
+        "--text-precisions", default="default,fp32,hf",
+        help="text query paths timed end to end: precisions of the index's own text path, default (ImageIndex.open as it "
+        "comes), hf (the plain Hugging Face call) (default: default,fp32,hf)"
     )
     parser.add_argument("--clusters", type=int_at_least(1), default=1000)
     parser.add_argument("--noise", type=float, default=0.8)
@@ -552,8 +627,10 @@ def main(argv: list[str] | None = None) -> int:
             for index_type in types:
                 if index_type == "flat" and n > args.flat_max:
                     continue
+                # NAME@SIZE: built under its own --max-memory (a small-budget row).
+                kind, _, budget = index_type.partition("@")
                 built = current_build(out) if index_type == CURRENT else reindex_subprocess(
-                    out, index_type, args.max_memory, args.target_recall)
+                    out, kind, budget or args.max_memory, args.target_recall)
                 measured = measure_type(
                     out, queries, truth, args.k, precisions, texts if index_type in e2e_types else [], args.warmup, args.cached,
                     str(model_dir))
@@ -600,8 +677,8 @@ def main(argv: list[str] | None = None) -> int:
         for t in r["types"]:
             print(json.dumps(flat_row(r["n"], t)))
     print()
-    head = (f"{'vectors':>10} {'type':<9} {'factory':<26} {'params':<13} {'build s':>8} {'+MB':>7} {'B/vec':>7} "
-            f"{'search p50/p99 ms':>18} {'recall@10':>9} {'e2e p50/p99 ms by text precision':>34}")
+    head = (f"{'vectors':>10} {'type':<11} {'factory':<26} {'params':<13} {'build s':>8} {'+MB':>7} {'B/vec':>7} "
+            f"{'anon MB open/q':>15} {'search p50/p99 ms':>18} {'recall@10':>9} {'e2e p50/p99 ms by text precision':>34}")
     print(head)
     print("-" * len(head))
     for r in results:
@@ -611,11 +688,18 @@ def main(argv: list[str] | None = None) -> int:
             e2e_s = " ".join(f"{p} {v['p50']:.1f}/{v['p99']:.1f}" for p, v in e2e.items()) or "-"
             build_s = "-" if t["build_seconds"] is None else f"{t['build_seconds']:.1f}"
             growth = "-" if t["build_rss_growth_mb"] is None else f"{t['build_rss_growth_mb']:.0f}"
-            print(f"{r['n']:>10,} {t['type']:<9} {t['factory']:<26} {params:<13} {build_s:>8} "
+            anon = f"{t['anon_open_mb']:.1f}/{t['anon_after_queries_mb']:.1f}" if "anon_open_mb" in t else "-"
+            print(f"{r['n']:>10,} {t['type']:<11} {t['factory']:<26} {params:<13} {build_s:>8} "
                   f"{growth:>7} "
-                  f"{t['faiss_bytes_per_vector']:>7.0f} {t['search_ms']['p50']:>8.3f}/{t['search_ms']['p99']:<9.3f} "
+                  f"{t['faiss_bytes_per_vector']:>7.0f} {anon:>15} {t['search_ms']['p50']:>8.3f}/{t['search_ms']['p99']:<9.3f} "
                   f"{t['recall_at_10']:>9.3f} {e2e_s:>34}")
-    print("+MB: peak RSS growth of the build process (reindex, or the peer's) over its RSS after imports")
+    print("+MB: peak RSS growth of the build process (reindex, or the peer's) over its RSS after imports; "
+          "anon MB: anonymous RSS growth of the reader at open / after the timed queries")
+    for r in results:
+        for t in r["types"]:
+            if t.get("text_cosine_to_fp32"):
+                cos = " ".join(f"{p} {c['mean']:.5f}/{c['min']:.5f}" for p, c in t["text_cosine_to_fp32"].items())
+                print(f"{t['type']} text vectors' cosine to fp32 (mean/min): {cos}")
     if CURRENT in types:
         print(f"{CURRENT}: the index as it stood, not rebuilt: its build is not timed in this run (see its `tuning`)")
     if args.cached:

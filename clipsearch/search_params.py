@@ -1,5 +1,5 @@
 """The search parameters beside the query, declared once: how many results, from which rank, in
-which served index, and the terms of query arithmetic.
+which served index, the relevance cut-off, the order, and the terms of query arithmetic.
 
 :class:`SearchParams`' fields are the flags of ``clipsearch search`` (where it has them), the
 fields of the search API's GET query, JSON body and multipart form, and the docs' ``search``
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from retrieval.hits import SORTS
 from retrieval.options import option
 
 # Search depth: offset + k may not exceed this (a page past it would make FAISS rank a large
@@ -32,7 +33,16 @@ class SearchParams:
     the CLI it may also be an image file, in a JSON body an ``{"image_id", "weight"}`` object.
     """
 
-    k: int = field(default=10, metadata=option("number of results", short="-k", minimum=1, http_max=MAX_K, http=True))
+    k: int = field(
+        default=10,
+        metadata=option(
+            "number of results (with --min-score: at most this many; default there: every hit)",
+            short="-k",
+            minimum=1,
+            http_max=MAX_K,
+            http=True,
+        ),
+    )
     offset: int = field(
         default=0,
         metadata=option(
@@ -44,6 +54,22 @@ class SearchParams:
         ),
     )
     index: str | None = field(default=None, metadata=option("index name (default: the first served)", cli=False, http=True))
+    min_score: float | None = field(
+        default=None,
+        metadata=option(
+            "only results scoring at least S (a cosine in [-1, 1]), however many that is",
+            metavar="S",
+            http=True,
+        ),
+    )
+    sort: str = field(
+        default="score",
+        metadata=option(
+            "order of the results: score (best first) or taken (newest photo first, undated last)",
+            choices=SORTS,
+            http=True,
+        ),
+    )
     add: tuple[str, ...] = field(
         default=(), metadata=option("add this term (repeatable)", metavar="TERM", group=ARITHMETIC, http_max=MAX_TERMS, http=True)
     )

@@ -21,13 +21,16 @@ from retrieval.errors import ImageDecodeError
 from retrieval.faults import crash_point
 from retrieval.images import (
     DEFAULT_MAX_PIXELS,
+    NO_META,
+    PhotoMeta,
     PreprocessConfig,
     decode_jpegs_on_device,
     is_jpeg,
     jpeg_has_end,
+    load_photo,
     load_pixels,
     preprocess_on_device,
-    probe_image,
+    probe_photo,
 )
 from retrieval.layout import display_path
 
@@ -56,6 +59,8 @@ class Item:
     content_hash: str = ""
     # A JPEG left for the device to decode (``ImageDataset(device_decode=True)``): its bytes.
     data: bytes | None = None
+    # When and with what the photo was taken (EXIF), and a RAW file's embedded image.
+    meta: PhotoMeta = NO_META
 
 
 @dataclass
@@ -144,12 +149,12 @@ class ImageDataset:
         if self.device_decode and is_jpeg(data) and jpeg_has_end(data):
             # Only the header here (size, EXIF, bomb check); the pixels are decoded on the GPU.
             try:
-                width, height = probe_image(data, max_pixels=self.max_pixels, name=display_path(rel))
+                width, height, meta = probe_photo(data, max_pixels=self.max_pixels, name=display_path(rel))
             except ImageDecodeError as exc:
                 return Item(index, None, 0, 0, exc.reason, time.perf_counter() - start, size, mtime_ns, digest)
-            return Item(index, None, width, height, None, time.perf_counter() - start, size, mtime_ns, digest, data)
+            return Item(index, None, width, height, None, time.perf_counter() - start, size, mtime_ns, digest, data, meta)
         try:
-            pixels, width, height = load_pixels(
+            pixels, decoded = load_photo(
                 io.BytesIO(data),
                 self.preprocess,
                 max_pixels=self.max_pixels,
@@ -161,7 +166,8 @@ class ImageDataset:
         except Exception as exc:  # noqa: BLE001 - a decoder bug on one file must not end the run
             error = f"decode failed: {type(exc).__name__}: {exc}"
         else:
-            return Item(index, pixels, width, height, None, time.perf_counter() - start, size, mtime_ns, digest)
+            return Item(index, pixels, decoded.width, decoded.height, None, time.perf_counter() - start, size, mtime_ns,
+                        digest, meta=decoded.meta)
         return Item(index, None, 0, 0, error, time.perf_counter() - start, size, mtime_ns, digest)
 
 

@@ -73,7 +73,7 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
             good = batch.good
             if good and batch.vectors is not None:
                 records = [
-                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash)
+                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash, it.meta)
                     for it in good
                 ]
                 writer.append(records, batch.vectors)

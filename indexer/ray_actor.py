@@ -10,6 +10,8 @@ Nothing here imports ray: Ray calls these objects, they do not call Ray.
 
 from __future__ import annotations
 
+import dataclasses
+import json
 import os
 import socket
 from collections.abc import Mapping, Sequence
@@ -20,6 +22,7 @@ import numpy as np
 
 from retrieval.encoders import Encoder, cpu, load_encoder
 from retrieval.errors import EngineError
+from retrieval.images import PhotoMeta
 
 from . import calibrate
 from .dataset import ImageDataset, Item, collate
@@ -109,6 +112,8 @@ def to_columns(indices: np.ndarray, done: EmbeddedBatch, dim: int) -> dict[str, 
         "mtime_ns": np.array([it.mtime_ns for it in done.items], np.int64),
         "content_hash": np.array([it.content_hash for it in done.items], dtype=object),
         "error": np.array([it.error or "" for it in done.items], dtype=object),
+        # The photo's EXIF facts as JSON text (one Arrow string column, whatever fields it has).
+        "meta": np.array([json.dumps(dataclasses.asdict(it.meta)) for it in done.items], dtype=object),
         "decode_s": np.array([it.seconds for it in done.items], np.float64),
         "encode_s": np.full(n, per_file_encode, np.float64),
         "embedding": vectors,
@@ -125,6 +130,9 @@ def from_columns(cols: Mapping[str, np.ndarray]) -> EmbeddedBatch:
             cols["mtime_ns"], cols["content_hash"], strict=True,
         )
     ]
+    if "meta" in cols:
+        for it, text in zip(items, cols["meta"], strict=True):
+            it.meta = PhotoMeta(**json.loads(str(text)))
     vectors = np.asarray(cols["embedding"], np.float32)[ok] if ok.any() else None
     return EmbeddedBatch(items, vectors, float(np.sum(cols["decode_s"])), float(np.sum(cols["encode_s"])))
 

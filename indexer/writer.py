@@ -15,6 +15,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from retrieval.images import NO_META, PhotoMeta
 from retrieval.layout import (
     FILE_ID_KEY,
     SKIPPED_SCHEMA,
@@ -39,6 +40,7 @@ class FileRecord:
     size: int
     mtime_ns: int
     content_hash: str
+    meta: PhotoMeta = NO_META
 
 
 class PartWriter:
@@ -92,7 +94,7 @@ class PartWriter:
             chunk = table.slice(start, self._row_group_size)
             ids = np.arange(self.first_id + self.count, self.first_id + self.count + chunk.num_rows, dtype=np.int64)
             chunk = chunk.set_column(0, "id", pa.array(ids))
-            self._writer.write_table(chunk.cast(self.schema))
+            self._writer.write_table(conform(chunk, self.schema))
             self._paths.extend(chunk.column("path").chunks)
             self.count += chunk.num_rows
 
@@ -117,6 +119,17 @@ def write_paths_column(path: str | os.PathLike[str], file_id: str, chunks: Seque
     atomic_write(path, lambda fh: write_paths_file(fh, file_id, offsets - base, blob))
 
 
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` in ``schema``'s column order and types; a nullable column it lacks (rows of a
+    part written before the column existed, copied on a merge or an update) is all nulls."""
+    missing = [f for f in schema if f.name not in table.column_names]
+    for f in missing:
+        if not f.nullable:
+            raise ValueError(f"rows lack the column {f.name!r}")
+        table = table.append_column(f.name, pa.nulls(table.num_rows, f.type))
+    return table.select(schema.names).cast(schema)
+
+
 def records_table(records: Sequence[FileRecord], vectors: np.ndarray, dim: int) -> pa.Table:
     """Rows of the embeddings schema for ``records`` (ids 0; writers renumber them)."""
     return pa.table(
@@ -129,6 +142,12 @@ def records_table(records: Sequence[FileRecord], vectors: np.ndarray, dim: int) 
             "size": pa.array([r.size for r in records], pa.int64()),
             "mtime_ns": pa.array([r.mtime_ns for r in records], pa.int64()),
             "content_hash": pa.array([r.content_hash for r in records], pa.string()),
+            "taken": pa.array([r.meta.taken_us for r in records], pa.timestamp("us", tz="UTC")),
+            "taken_offset": pa.array([r.meta.taken_offset for r in records], pa.int16()),
+            "camera": pa.array([r.meta.camera for r in records], pa.string()),
+            "gps_lat": pa.array([r.meta.gps_lat for r in records], pa.float64()),
+            "gps_lon": pa.array([r.meta.gps_lon for r in records], pa.float64()),
+            "raw_source": pa.array([r.meta.raw_source for r in records], pa.string()),
             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1)), dim),
         },
         schema=embeddings_schema(dim),
@@ -156,4 +175,4 @@ def write_skipped(path: str | os.PathLike[str], skipped: Sequence[SkipRecord]) -
 
 # SkipRecord lives with the skip list's schema in retrieval.layout; it is re-exported here,
 # where the indexer's record types have always been imported from.
-__all__ = ["ROW_GROUP_SIZE", "PartWriter", "FileRecord", "SkipRecord", "records_table", "write_paths_column", "write_skipped"]
+__all__ = ["ROW_GROUP_SIZE", "PartWriter", "FileRecord", "SkipRecord", "conform", "records_table", "write_paths_column", "write_skipped"]

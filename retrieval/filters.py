@@ -52,8 +52,10 @@ class Filter:
 
     Each field is also a flag of ``clipsearch search`` and a request field of the HTTP API by
     the same name, derived from its :func:`~retrieval.options.option` metadata. Widths and
-    heights are pixels; ``modified_after`` / ``modified_before`` are ns since the epoch here,
-    ISO dates on the CLI and over HTTP.
+    heights are pixels; ``modified_after`` / ``modified_before`` and ``taken_after`` /
+    ``taken_before`` are ns since the epoch here, ISO dates on the CLI and over HTTP. A photo's
+    ``taken`` time without a recorded zone is compared as its wall-clock time read as UTC, as a
+    date given without a zone is.
     """
 
     path_prefix: tuple[str, ...] = field(
@@ -89,6 +91,28 @@ class Filter:
             http=True,
         ),
     )
+    taken_after: int | None = field(
+        default=None,
+        metadata=option(
+            "photo taken (EXIF DateTimeOriginal) at or after this time; undated images never match "
+            "(ISO 8601; a time without a zone is the camera's clock)",
+            metavar="DATE",
+            parse=_optional_time,
+            text_type="ISO 8601 date",
+            http=True,
+        ),
+    )
+    taken_before: int | None = field(
+        default=None,
+        metadata=option(
+            "photo taken (EXIF DateTimeOriginal) before this time; undated images never match "
+            "(ISO 8601; a time without a zone is the camera's clock)",
+            metavar="DATE",
+            parse=_optional_time,
+            text_type="ISO 8601 date",
+            http=True,
+        ),
+    )
 
     def __post_init__(self) -> None:
         if isinstance(self.path_prefix, str):
@@ -97,13 +121,15 @@ class Filter:
             raise InvalidArgumentError("path prefixes must be non-empty strings")
         if self.path_glob is not None and (not isinstance(self.path_glob, str) or not self.path_glob):
             raise InvalidArgumentError("path glob must be a non-empty string")
-        for name in ("min_width", "max_width", "min_height", "max_height", "modified_after", "modified_before"):
+        for name in ("min_width", "max_width", "min_height", "max_height", "modified_after", "modified_before", "taken_after",
+                     "taken_before"):
             value = getattr(self, name)
             if value is not None and not is_int(value):
                 raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
             if value is not None and name.endswith(("width", "height")) and value < 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {value}")
-        for low, high in (("min_width", "max_width"), ("min_height", "max_height"), ("modified_after", "modified_before")):
+        for low, high in (("min_width", "max_width"), ("min_height", "max_height"), ("modified_after", "modified_before"),
+                          ("taken_after", "taken_before")):
             a, b = getattr(self, low), getattr(self, high)
             if a is not None and b is not None and a > b:
                 raise InvalidArgumentError(f"{low} ({a}) is greater than {high} ({b}): nothing can match")
@@ -135,6 +161,15 @@ class Filter:
             bound = getattr(self, name)
             if bound is not None:
                 keep &= op(column(col).to_numpy(), bound)
+        if self.taken_after is not None or self.taken_before is not None:
+            # ``taken`` is microseconds (a timestamp column, null where a photo has no date).
+            taken = column("taken").cast(pa.int64())
+            keep &= _bool(pc.is_valid(taken))
+            values = np.asarray(pc.fill_null(taken, 0).to_numpy(), dtype=np.int64)
+            if self.taken_after is not None:
+                keep &= values >= -(-self.taken_after // 1000)
+            if self.taken_before is not None:
+                keep &= values < -(-self.taken_before // 1000)
         return keep
 
     def describe(self) -> dict[str, Any]:

@@ -114,8 +114,9 @@ class Generation:
             return 0
         return faiss_index.warm(self.faiss, self.directory / ref.path, vectors)
 
-    def info(self, text_path: dict[str, str]) -> dict[str, Any]:
-        """The facts ``clipsearch info --json`` prints, with ``text_path`` for the query side."""
+    def info(self, text_path: dict[str, str], text_precision: dict[str, Any] | None = None) -> dict[str, Any]:
+        """The facts ``clipsearch info --json`` prints, with ``text_path`` and ``text_precision``
+        for the query side."""
         m = self.manifest
         return {
             "model": m.model,
@@ -140,6 +141,7 @@ class Generation:
             "preprocess": dict(m.preprocess),
             "model_info": dict(m.model_info),
             "text_path": text_path,
+            "text_precision": dict(text_precision or {}),
             "source_root": m.source_root,
             # An index made by `clipsearch import` (no image files behind it): from what, and where.
             **(

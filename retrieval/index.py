@@ -5,13 +5,11 @@ from __future__ import annotations
 import io
 import os
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, BinaryIO
 
 import numpy as np
 
-from .checks import is_positive_int
 from .encoders import Encoder, TextEncoder
 from .encoders.numpy_text import TextPath
 from .encoders.precision import parse_precision
@@ -19,23 +17,12 @@ from .encoders.query import QueryEncoders
 from .errors import InvalidArgumentError
 from .filters import Filter
 from .generation import MMAP_MIN_BYTES, Generation, open_generation
+from .hits import Cut, Hit, check_cut, make_hits
 from .images import PreprocessConfig
 from .layout import read_manifest
 from .query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from .query_terms import QueryTerm, as_term, embed_terms
 from .rows import SkippedFile, check_id, source_path
-
-
-@dataclass(frozen=True)
-class Hit:
-    """One search result: ``score`` is the cosine similarity (higher is better)."""
-
-    id: int
-    path: str
-    score: float
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"id": self.id, "path": self.path, "score": self.score}
 
 
 class ImageIndex:
@@ -44,9 +31,10 @@ class ImageIndex:
     A facade over the opened generation (manifest, FAISS index, metadata rows: see
     :mod:`retrieval.generation` and :mod:`retrieval.rows`) and the query encoders
     (:class:`~retrieval.encoders.query.QueryEncoders`, which load the query model on the first
-    text or image query). Opened with :meth:`open` (no encoder given), text queries in fp32 on
-    the CPU run on the numpy text tower of :mod:`retrieval.encoders.numpy_text` where the
-    checkpoint allows it, without importing torch; :meth:`text_path` says which path they take.
+    text or image query). Opened with :meth:`open` (no encoder given), text queries on the CPU
+    run on the numpy text tower of :mod:`retrieval.encoders.numpy_text` where the checkpoint
+    allows it (in fp32 without importing torch; int8 products where ``auto`` gates them in);
+    :meth:`text_path` says which path they take.
     Lazy loads happen under locks, so one index serves many threads; searches run unlocked.
 
     Args:
@@ -71,8 +59,9 @@ class ImageIndex:
         device: str = "auto",
         encoder: Encoder | None = None,
         mmap: bool | None = None,
-        precision: str = "fp32",
+        precision: str = "auto",
         query_cache: int = DEFAULT_CAPACITY,
+        text_queries: int | None = None,
     ) -> ImageIndex:
         """Open an index directory.
 
@@ -88,11 +77,17 @@ class ImageIndex:
                 budget it was built for (:mod:`retrieval.faiss_mapping`; ``info()`` says which
                 and why).
             precision: text tower precision for queries (``fp32``, ``bf16``, ``fp16``,
-                ``int8``, ``auto``; see ``retrieval.encoders.precision``). Image queries use
-                the mode the index's images were embedded in (fp32 where the device cannot).
+                ``int8``, ``auto``; see ``retrieval.encoders.precision``). The default ``auto``
+                takes the fastest reduced mode whose vectors pass the quality gate against
+                fp32's (scores then within the gate's cosine of fp32's), else fp32; ``fp32``
+                gives exact scores. Image queries use the mode the index's images were
+                embedded in (fp32 where the device cannot).
             query_cache: how many distinct query texts keep their vectors (least recently
                 used out first; 0: none), so that a repeated text skips the text tower
                 (:mod:`retrieval.query_cache`; :meth:`query_cache_info` counts hits).
+            text_queries: how many text queries this process will run, when it knows (a
+                one-shot command); ``auto`` then keeps fp32 where int8's set-up would cost more
+                than it saves on them (:func:`retrieval.encoders.numpy_text.path.one_shot_reason`).
 
         Raises:
             InvalidArgumentError: a bad precision or query cache size.
@@ -106,7 +101,8 @@ class ImageIndex:
         cache = QueryVectorCache(query_cache)
         generation = open_generation(Path(directory), mmap)
         queries = QueryEncoders(
-            generation.manifest, model=model, device=device, encoder=encoder, precision=requested, query_cache=cache
+            generation.manifest, model=model, device=device, encoder=encoder, precision=requested, query_cache=cache,
+            text_queries=text_queries,
         )
         return cls(generation, queries)
 
@@ -176,23 +172,30 @@ class ImageIndex:
 
     # -- search ---------------------------------------------------------------------------------
 
-    def search(self, query: str, k: int = 10, where: Filter | None = None) -> list[Hit]:
+    def search(self, query: str, k: int | None = None, where: Filter | None = None, *, min_score: float | None = None,
+               sort: str = "score") -> list[Hit]:
         """Text-to-image search.
 
         Args:
             query: the text.
-            k: number of results (fewer only when the index or the filter has fewer images).
+            k: number of results (default 10; fewer only when the index or the filter has
+                fewer images). With ``min_score``: at most this many (default: no cap).
             where: only return images that pass this :class:`~retrieval.filters.Filter`.
+            min_score: only images scoring at least this (a cosine in [-1, 1]), however many
+                that is: a range search, exact for flat indexes (see :meth:`search_range`).
+            sort: ``score`` (best first) or ``taken`` (newest photo first, undated last; the
+                selected hits reordered).
 
         Raises:
-            InvalidArgumentError: empty query or k < 1.
+            InvalidArgumentError: empty query, k < 1, min_score outside [-1, 1], a bad sort.
             ModelMismatchError: the query model is not the index's model.
         """
-        return self.search_many([query], k, where=where)[0]
+        return self.search_many([query], k, where=where, min_score=min_score, sort=sort)[0]
 
-    def search_many(self, queries: Sequence[str], k: int = 10, where: Filter | None = None) -> list[list[Hit]]:
-        """Search several texts at once (encoded and searched in batches)."""
-        _check_k(k)
+    def search_many(self, queries: Sequence[str], k: int | None = None, where: Filter | None = None, *,
+                    min_score: float | None = None, sort: str = "score") -> list[list[Hit]]:
+        """Search several texts at once (encoded and searched in batches); arguments as :meth:`search`."""
+        check_cut(k, min_score, sort)
         if isinstance(queries, str):
             raise InvalidArgumentError("search_many takes a list of queries, not a single string")
         for q in queries:
@@ -201,7 +204,7 @@ class ImageIndex:
         if not queries:
             return []
         vectors = self.embed_texts(list(queries))
-        return self.search_vectors(vectors, k, where=where)
+        return self.search_vectors(vectors, k, where=where, min_score=min_score, sort=sort)
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """The query vectors of ``texts`` (``(n, dim)``, L2-normalised) as searches make them:
@@ -212,23 +215,23 @@ class ImageIndex:
         """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
         return self._queries.cache_info()
 
-    def search_image(
-        self, image: str | bytes | os.PathLike[str] | BinaryIO, k: int = 10, where: Filter | None = None
-    ) -> list[Hit]:
-        """Image-to-image search with an image file (path or binary file object).
+    def search_image(self, image: str | bytes | os.PathLike[str] | BinaryIO, k: int | None = None,
+                     where: Filter | None = None, *, min_score: float | None = None, sort: str = "score") -> list[Hit]:
+        """Image-to-image search with an image file (path or binary file object); the other
+        arguments as :meth:`search`.
 
         Raises:
             ImageDecodeError: the query image cannot be decoded.
         """
-        _check_k(k)
-        return self.search_vectors(self._queries.embed_image(image), k, where=where)[0]
+        check_cut(k, min_score, sort)
+        return self.search_vectors(self._queries.embed_image(image), k, where=where, min_score=min_score, sort=sort)[0]
 
     def search_combined(
         self,
         add: Sequence[str | os.PathLike[str] | QueryTerm],
         subtract: Sequence[str | os.PathLike[str] | QueryTerm] = (),
-        k: int = 10,
-        where: Filter | None = None,
+        k: int | None = None,
+        where: Filter | None = None, *, min_score: float | None = None, sort: str = "score",
     ) -> list[Hit]:
         """Query arithmetic: search with ``normalise(sum(w * e(add)) - sum(w * e(subtract)))``.
 
@@ -236,13 +239,13 @@ class ImageIndex:
         :class:`~retrieval.query_terms.QueryTerm` with its own weight (``QueryTerm(3, "id")``:
         image 3 of the index, by its stored vector); every term's embedding
         is L2-normalised before weighting. ``index.search_combined(["a dog", "in the snow"],
-        subtract=["grass"])``.
+        subtract=["grass"])``. ``k``, ``where``, ``min_score``, ``sort`` as :meth:`search`.
 
         Raises:
             InvalidArgumentError: no terms, an empty term, terms that cancel out, k < 1.
             ImageDecodeError: an image term cannot be decoded.
         """
-        _check_k(k)
+        check_cut(k, min_score, sort)
         if isinstance(add, (str, os.PathLike)) or isinstance(subtract, (str, os.PathLike)):
             raise InvalidArgumentError("add and subtract take lists of terms, not a single term")
         terms = [as_term(t) for t in add] + [as_term(t).negated() for t in subtract]
@@ -255,17 +258,20 @@ class ImageIndex:
             lambda image: self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
             self.vectors_of,
         )
-        return self.search_vectors(vector[None], k, where=where)[0]
+        return self.search_vectors(vector[None], k, where=where, min_score=min_score, sort=sort)[0]
 
-    def search_similar(self, id: int, k: int = 10, where: Filter | None = None) -> list[Hit]:
+    def search_similar(self, id: int, k: int | None = None, where: Filter | None = None, *,
+                       min_score: float | None = None, sort: str = "score") -> list[Hit]:
         """"More like this": search with the stored embedding of image ``id`` (itself ranks
-        first, score 1.0, unless a filter excludes it). No image is decoded again.
+        first, score 1.0, unless a filter excludes it). No image is decoded again. The other
+        arguments as :meth:`search`.
 
         Raises:
             InvalidArgumentError: ``id`` is not an id of this index.
         """
-        _check_k(k)
-        return self.search_vectors(self.vectors_of([check_id(id, self.count)]), k, where=where)[0]
+        check_cut(k, min_score, sort)
+        vectors = self.vectors_of([check_id(id, self.count)])
+        return self.search_vectors(vectors, k, where=where, min_score=min_score, sort=sort)[0]
 
     def vectors_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         """The stored embeddings of ``ids`` as an ``(n, dim)`` float32 array, in the given order."""
@@ -286,19 +292,25 @@ class ImageIndex:
         raw = self.rows([checked], columns=("path_bytes",))[0]["path_bytes"]
         return source_path(self.directory, self.manifest, checked, raw)
 
-    def search_vectors(self, vectors: np.ndarray, k: int = 10, where: Filter | None = None) -> list[list[Hit]]:
-        """Search with ready query vectors ``(n, dim)`` (normalised by the caller)."""
-        scores, ids = self.search_ids(vectors, k, where=where)
-        found = ids[ids >= 0]
-        paths = dict(zip(found.tolist(), self.paths_of(found), strict=True))
-        return [
-            [Hit(int(i), paths[int(i)], float(s)) for s, i in zip(row_s, row_i, strict=True) if i >= 0]
-            for row_s, row_i in zip(scores, ids, strict=True)
-        ]
+    def search_vectors(self, vectors: np.ndarray, k: int | None = None, where: Filter | None = None, *,
+                       min_score: float | None = None, sort: str = "score") -> list[list[Hit]]:
+        """Search with ready query vectors ``(n, dim)`` (normalised by the caller); the other
+        arguments as :meth:`search`."""
+        cut = check_cut(k, min_score, sort)
+        return [make_hits(self._rows, ids, scores, cut) for ids, scores in self._select(vectors, where, cut)]
+
+    def _select(self, vectors: np.ndarray, where: Filter | None, cut: Cut) -> list[tuple[np.ndarray, np.ndarray]]:
+        # Per query (ids, scores), best first: the top k, or every image at or above min_score.
+        vectors = np.asarray(vectors, dtype=np.float32)
+        vectors = vectors[None] if vectors.ndim == 1 else vectors
+        if cut.min_score is not None:
+            return self.search_range(vectors, cut.min_score, where=where)
+        scores, ids = self.search_ids(vectors, cut.top_k, where=where)
+        return [(row_i[row_i >= 0], row_s[row_i >= 0]) for row_s, row_i in zip(scores, ids, strict=True)]
 
     def search_ids(self, vectors: np.ndarray, k: int = 10, where: Filter | None = None) -> tuple[np.ndarray, np.ndarray]:
         """The FAISS stage alone: ``(scores, ids)`` of shape ``(n, min(k, matches))``."""
-        _check_k(k)
+        check_cut(k, None, "score")
         vectors = np.asarray(vectors, dtype=np.float32)
         vectors = self._generation.query_vectors(vectors[None] if vectors.ndim == 1 else vectors)
         return self._generation.search(vectors, k, self._rows.allowed(where))
@@ -374,18 +386,13 @@ class ImageIndex:
 
     def info(self) -> dict[str, Any]:
         """The facts ``clipsearch info --json`` prints."""
-        return self._generation.info(self.text_path().to_dict())
+        return self._generation.info(self.text_path().to_dict(), self._queries.text_precision())
 
 
 def _named_bytes(data: bytes) -> io.BytesIO:
     buf = io.BytesIO(data)
     buf.name = "the query image"  # how a decoding error names it (instead of '<stream>')
     return buf
-
-
-def _check_k(k: int) -> None:
-    if not is_positive_int(k):
-        raise InvalidArgumentError(f"k must be an integer >= 1, got {k!r}")
 
 
 __all__ = ["MMAP_MIN_BYTES", "Hit", "ImageIndex", "SkippedFile"]

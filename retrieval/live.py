@@ -32,7 +32,7 @@ class LiveIndex:
         *,
         model: str | None = None,
         device: str = "auto",
-        precision: str = "fp32",
+        precision: str = "auto",
         mmap: bool | None = None,
         query_cache: int = DEFAULT_CAPACITY,
         warm: bool = False,

@@ -17,12 +17,14 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import store
 from .errors import IndexCorruptError, InvalidArgumentError
 from .filters import Filter
-from .layout import Manifest, display_path
+from .images.exif import iso_taken
+from .layout import PHOTO_COLUMNS, Manifest, display_path
 
 # Masks of recent filters, per opened index (a filter is evaluated over whole columns).
 MASK_CACHE_SIZE = 8
@@ -85,11 +87,41 @@ class Rows:
         return self.manifest.dim
 
     def column(self, name: str) -> pa.ChunkedArray:
-        """One whole column in id order (read once, then kept)."""
+        """One whole column in id order (read once, then kept). A photo column
+        (:data:`~retrieval.layout.PHOTO_COLUMNS`) that a part predates reads as nulls there."""
         with self._lock:
             if name not in self._columns:
-                self._columns[name] = store.read_column(self.parts, name)
+                if name in _PHOTO_TYPES:
+                    self._columns[name] = _optional_column(self.parts, name, _PHOTO_TYPES[name])
+                else:
+                    self._columns[name] = store.read_column(self.parts, name)
             return self._columns[name]
+
+    def photo_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+        """``taken`` (ISO 8601), ``camera`` and ``gps`` (``[lat, lon]``) of ``ids`` from the
+        photo columns, read once and kept; None where the photo (or an older index) has none."""
+        wanted = id_array(ids, self.count)
+        if not len(wanted):
+            return []
+        indices = pa.array(wanted)
+        cols = {name: self.column(name).take(indices).to_pylist() for name in ("taken_offset", "camera", "gps_lat", "gps_lon")}
+        cols["taken"] = self.column("taken").cast(pa.int64()).take(indices).to_pylist()
+        out = []
+        for j in range(len(wanted)):
+            taken = cols["taken"][j]
+            lat, lon = cols["gps_lat"][j], cols["gps_lon"][j]
+            out.append({
+                "taken": iso_taken(taken, cols["taken_offset"][j]),
+                "camera": cols["camera"][j],
+                "gps": [lat, lon] if lat is not None and lon is not None else None,
+            })
+        return out
+
+    def taken_us(self) -> np.ndarray:
+        """``taken`` of every image as int64 microseconds, with the smallest int64 where a photo
+        has none (so a newest-first order puts undated images last)."""
+        col = self.column("taken").cast(pa.int64())
+        return np.asarray(pc.fill_null(col, np.iinfo(np.int64).min).to_numpy(), dtype=np.int64)
 
     def mask(self, where: Filter) -> np.ndarray:
         """Boolean mask over ids of the images passing ``where`` (recent masks are cached).
@@ -154,15 +186,18 @@ class Rows:
     def rows(self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] = ("id", "path")) -> list[dict[str, Any]]:
         """Metadata of the given ids (any order; returned in the same order).
 
-        Reads only the row groups that hold the ids, and only the asked columns.
+        Reads only the row groups that hold the ids, and only the asked columns (a photo column
+        that a part predates is None there).
         """
         wanted = id_array(ids, self.count)
-        cols = list(dict.fromkeys(["id", *columns]))
+        asked = list(dict.fromkeys(["id", *columns]))
         out: dict[int, dict[str, Any]] = {}
         for ref, pf in zip(self.manifest.parts, self.parts, strict=True):
             local = np.unique(wanted[(wanted >= ref.first_id) & (wanted < ref.first_id + ref.rows)] - ref.first_id)
             if not len(local):
                 continue
+            names = set(pf.schema_arrow.names)
+            cols = [c for c in asked if c in names or c not in _PHOTO_TYPES]
             starts = np.cumsum([0] + [pf.metadata.row_group(g).num_rows for g in range(pf.metadata.num_row_groups)])
             groups = np.searchsorted(starts, local, side="right") - 1
             for g in np.unique(groups):
@@ -170,7 +205,7 @@ class Rows:
                 with self._lock, store.reading(pf):
                     table = pf.read_row_group(int(g), columns=cols)
                 for row in table.take(pa.array(local[groups == g] - starts[g])).to_pylist():
-                    out[int(row["id"])] = {k: row[k] for k in columns}
+                    out[int(row["id"])] = {k: row.get(k) for k in columns}
         return [out[int(i)] for i in wanted]
 
     def vectors_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
@@ -206,6 +241,20 @@ class Rows:
     def skipped(self) -> list[SkippedFile]:
         """Files that were found but could not be decoded, with the reason."""
         return [SkippedFile(display_path(rec.path), rec.reason) for rec in store.read_skipped(self._skipped)]
+
+
+# The photo columns' types, by name: readers fill a part's missing one with nulls of its type.
+_PHOTO_TYPES = {f.name: f.type for f in PHOTO_COLUMNS}
+
+
+def _optional_column(parts: Sequence[pq.ParquetFile], name: str, kind: pa.DataType) -> pa.ChunkedArray:
+    chunks: list[pa.Array] = []
+    for pf in parts:
+        if name in pf.schema_arrow.names:
+            chunks.extend(store.read_column([pf], name).cast(kind).chunks)
+        else:
+            chunks.append(pa.nulls(pf.metadata.num_rows, kind))
+    return pa.chunked_array(chunks, type=kind)
 
 
 def source_path(directory: Path, manifest: Manifest, id: int, raw: bytes) -> Path:

@@ -37,6 +37,14 @@ def pytest_report_header(config: pytest.Config) -> str:
     return f"clipsearch CPU level: {facts['level']} (detected {facts['detected']}{'; ' + caps if caps else ''})"
 
 
+@pytest.fixture(autouse=True)
+def _gate_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test remembers ``auto``'s text gate in its own file (subprocesses inherit it): no
+    test reads an outcome another one recorded, nor the user's cache. Outside ``tmp_path``, which
+    some tests expect to hold only what they wrote."""
+    monkeypatch.setenv("CLIPSEARCH_GATE_CACHE", str(tmp_path_factory.mktemp("gate-cache") / "text-precision.json"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random CLIP checkpoint: 64 px images, 48-d projection, real CLIP tokenizer."""

@@ -120,7 +120,7 @@ def test_bench_cli_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert code == 0
     result = _json_line(capsys.readouterr().out)
     assert result["count"] == 3 and result["text_path"]["path"] == "numpy"
-    assert set(result["commands"]) == {"search", "search (torch)", "search --image", "info", "hf script"}
+    assert set(result["commands"]) == {"search", "search (int8)", "search (torch)", "search --image", "info", "hf script"}
     for row in result["commands"].values():
         assert row["runs"] == 1 and row["wall_s"]["median"] > 0 and row["peak_rss_mb"]["median"] > 0
     # The numpy text path imports no torch: it must take less memory than the torch path.
@@ -192,6 +192,30 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
         assert f["build_s"] == row["build_seconds"] and f["bytes_per_vector"] == row["faiss_bytes_per_vector"]
     assert flat[0]["end_to_end_p50_ms"]["fp32"] == rows["flat"]["end_to_end_ms"]["fp32"]["p50"]
 
+
+
+def test_bench_search_small_budget_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    # The issue's row at smoke size: auto under a small --max-memory (a re-ranked index, opened
+    # mapped), anonymous RSS at open and after queries, and the text paths side by side.
+    code = bench_search.main(
+        ["--preset", "tiny", "--dim", "48", "--sizes", "3000", "--types", "auto@100KB", "--e2e", "auto@100KB",
+         "--text-precisions", "default,fp32,hf", "--target-recall", "0.8", "--queries", "20", "--text-queries", "3",
+         "--warmup", "1", "--commit-every", "1000", "--work-dir", str(tmp_path)]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    row = _json_line(out)["sizes"][0]["types"][0]
+    assert row["type"] == "auto@100KB" and row["factory"].endswith(",Refine(SQfp16)")
+    assert row["tuning"]["mapped_bytes"] == 3000 * 48 * 2
+    assert row["faiss_mmap"] is True and "re-ranking vectors" in row["faiss_mmap_reason"]
+    assert isinstance(row["anon_open_mb"], float) and isinstance(row["anon_after_queries_mb"], float)
+    assert set(row["end_to_end_ms"]) == {"default", "fp32", "hf"}
+    assert row["text_precision"]["default"]["requested"] == "auto" and row["text_precision"]["fp32"]["mode"] == "fp32"
+    cos = row["text_cosine_to_fp32"]
+    assert cos["fp32"]["min"] == pytest.approx(1.0, abs=1e-6) and cos["hf"]["min"] >= 0.99999 and cos["default"]["min"] >= 0.99
+    flat = json.loads(out.splitlines()[1])
+    assert flat["anon_open_mb"] == row["anon_open_mb"] and flat["faiss_mmap"] is True
+    assert "anon MB open/q" in out and "text vectors' cosine to fp32" in out
 
 
 def test_bench_cold_on_a_kept_index(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:

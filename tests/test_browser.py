@@ -410,6 +410,36 @@ def test_load_more_appends_the_next_page(page: Any, server: Server) -> None:
     more.wait_for(state="hidden")  # fewer than k came back: the end
 
 
+def test_cut_off_sort_and_dates_are_sent_and_kept(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    ranked = server.get("/api/search", q="a photo", k=PAGE)["results"]
+    cut = f"{(ranked[2]['score'] + ranked[3]['score']) / 2:.6f}"
+    page.fill("input[name=min_score]", cut)
+    page.select_option("select[name=sort]", "taken")
+    search(page, "a photo")
+    expected = server.get("/api/search", q="a photo", k=PAGE, min_score=cut, sort="taken")
+    assert len(expected["results"]) == 3 and shown_ids(page, 3) == api_ids(expected)
+    wait_for_url(page, q="a photo", min_score=cut, sort="taken")
+    # The generated photos carry no date: a date filter leaves none, and says so.
+    page.fill("input[name=taken_after]", "2020-01-01")
+    search(page, "a photo")
+    wait_for_url(page, q="a photo", min_score=cut, sort="taken", taken_after="2020-01-01")
+    assert shown_ids(page) == []
+    page.locator("[data-testid=status]").filter(has_text="No results").wait_for()
+    # A reload brings the controls back from the address.
+    page.reload()
+    page.wait_for_selector("body[data-ready='true']", state="attached")
+    assert page.input_value("input[name=taken_after]") == "2020-01-01" and page.input_value("select[name=sort]") == "taken"
+    assert page.input_value("input[name=min_score]") == cut
+    # A cut-off outside [-1, 1]: the server's reason is shown.
+    page.fill("input[name=taken_after]", "")
+    page.fill("input[name=min_score]", "3")
+    search(page, "a photo")
+    error = page.locator("[data-testid=error]")
+    error.wait_for(state="visible")
+    assert "min_score" in error.inner_text()
+
+
 def test_errors_are_shown_not_a_blank_page(page: Any, server: Server) -> None:
     open_ui(page, server)
     search(page, "   ")

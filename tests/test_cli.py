@@ -59,7 +59,7 @@ def test_search_json(cli_index) -> None:
     assert proc.stderr.strip() == ""  # no load reports or warnings for users
     results = json.loads(proc.stdout)["results"]
     assert len(results) == 5
-    assert all(set(r) == {"id", "path", "score"} for r in results)
+    assert all(set(r) == {"id", "path", "score", "taken", "camera", "gps"} for r in results)
     scores = [r["score"] for r in results]
     assert scores == sorted(scores, reverse=True)
     api = ImageIndex.open(out, device="cpu").search("a dog on a beach", k=5)

@@ -32,8 +32,9 @@ TEXTS = ["a dog on a beach", "red", "日本語のテキスト", "a photo of a ca
 
 @pytest.fixture(scope="module")
 def index(built_index: Path) -> ImageIndex:
-    """One open index per module, so the query model loads once."""
-    return ImageIndex.open(built_index, device="cpu")
+    """One open index per module, so the query model loads once; fp32 text, so that evaluate's
+    batches (the torch tower) and search (the numpy tower) give the same exact scores."""
+    return ImageIndex.open(built_index, device="cpu", precision="fp32")
 
 
 @pytest.fixture(scope="module")

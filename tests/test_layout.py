@@ -264,7 +264,11 @@ def test_embeddings_schema() -> None:
     assert schema.field("path_bytes").type == pa.binary()
     assert schema.field("width").type == pa.int32()
     assert schema.field("height").type == pa.int32()
-    assert all(not f.nullable for f in schema)
+    # Every column is required except the photo columns, added later as nullable ones.
+    from retrieval.layout import PHOTO_COLUMNS
+
+    optional = {f.name for f in PHOTO_COLUMNS}
+    assert all(f.nullable == (f.name in optional) for f in schema)
 
 
 @pytest.mark.parametrize("dim", [0, -3])

@@ -138,12 +138,12 @@ def test_unsupported_configs_fall_back(tiny_model: Path, tmp_path: Path) -> None
 
 
 def test_index_uses_numpy_path_and_matches_fp32(built_index: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    fast = ImageIndex.open(built_index, device="cpu")
+    fast = ImageIndex.open(built_index, device="cpu", precision="fp32")  # exact fp32 parity
     assert fast.text_path().path == "numpy" and fast.info()["text_path"]["path"] == "numpy"
     hits = fast.search("a red square", k=8)
     assert isinstance(fast.text_encoder, NumpyTextEncoder) and fast._queries.loaded_encoder is None  # no torch model loaded
     monkeypatch.setenv(TEXT_PATH_ENV, "torch")
-    slow = ImageIndex.open(built_index, device="cpu")
+    slow = ImageIndex.open(built_index, device="cpu", precision="fp32")
     assert slow.text_path().path == "torch"
     expected = slow.search("a red square", k=8)
     assert isinstance(slow.text_encoder, HFClipEncoder)
@@ -219,7 +219,7 @@ def test_cli_commands_do_not_import_torch(built_index: Path, args: list[str]) ->
 def test_cli_text_search_without_torch_equals_fp32_transformers(built_index: Path) -> None:
     queries = ["a red square", "a photo of a dog on the beach", "word " * 100]
     for query in queries:
-        proc, heavy = _run_cli(["search", str(built_index), query, "-k", "10", "--json"])
+        proc, heavy = _run_cli(["search", str(built_index), query, "-k", "10", "--json", "--precision", "fp32"])
         assert proc.returncode == 0, proc.stderr
         assert heavy == []
         ref, ref_heavy = _run_cli(

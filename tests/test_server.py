@@ -170,7 +170,7 @@ def test_result_fields(client: TestClient, built_index: Path, collection: Collec
     ids = _ids_by_path(built_index)
     assert len(results) == len(ids)
     for r in results:
-        assert set(r) == {"id", "path", "score", "width", "height", "image_url", "thumbnail_url"}
+        assert set(r) == {"id", "path", "score", "taken", "camera", "gps", "width", "height", "image_url", "thumbnail_url"}
         assert ids[r["path"]] == r["id"]
         assert r["image_url"] == f"/api/images/{r['id']}?index=photos.idx"
         assert r["thumbnail_url"] == f"/api/thumbnails/{r['id']}?size=256&index=photos.idx"
@@ -594,11 +594,11 @@ def test_model_calls_do_not_block_the_event_loop(client: TestClient, monkeypatch
     started, release = threading.Event(), threading.Event()
     original = ImageIndex.search
 
-    def slow(self: ImageIndex, query: str, k: int = 10, where: Any = None) -> Any:
+    def slow(self: ImageIndex, query: str, k: int | None = 10, where: Any = None, **cut: Any) -> Any:
         if query == "slow one":
             started.set()
             assert release.wait(60)
-        return original(self, query, k, where)
+        return original(self, query, k, where, **cut)
 
     monkeypatch.setattr(ImageIndex, "search", slow)
     held = threading.Thread(target=lambda: client.get("/api/search", params={"q": "slow one"}))

@@ -83,6 +83,10 @@ def test_auto_gates_int8_and_keeps_it_only_when_faster(tiny_model: Path, monkeyp
     assert info["gate"][0]["samples"] == 24 and info["gate"][0]["passed"]
     # The tiny tower is overhead-bound: whichever mode won the timing, the note says why int8 lost.
     assert auto.mode == "int8" or "ran no faster" in info["int8"]
+    # The outcome is remembered for these weights on this CPU: the next cold load does not gate.
+    again = NumpyTextEncoder.load(str(tiny_model), precision="auto")
+    assert again.mode == auto.mode and again.precision_info() == {**info, "gate_cached": True}
+    monkeypatch.setenv("CLIPSEARCH_GATE_CACHE", "off")
 
     # A gate that fails: fp32, with the failing figures recorded.
     def failing(mode: str, reference: np.ndarray, candidate: np.ndarray, seconds: float = 0.0) -> GateResult:

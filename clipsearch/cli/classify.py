@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 from retrieval.errors import InvalidArgumentError
 
-from ._common import add_device_arguments, add_filter_arguments, filter_from_args, positive_int, print_json
+from ._common import add_device_arguments, add_filter_arguments, add_precision_argument, filter_from_args, positive_int, print_json
 
 if TYPE_CHECKING:
     from retrieval.zeroshot import Prediction
@@ -21,6 +21,7 @@ def run(args: argparse.Namespace) -> int:
     from collections.abc import Iterator
 
     from retrieval.encoders import load_encoder
+    from retrieval.encoders.precision import parse_precision
     from retrieval.index import ImageIndex
     from retrieval.layout import is_index_dir
     from retrieval.zeroshot import (
@@ -41,7 +42,7 @@ def run(args: argparse.Namespace) -> int:
     indexed = len(args.targets) == 1 and is_index_dir(args.targets[0])
     batches: Iterator[list[Prediction]]
     if indexed:
-        index = ImageIndex.open(args.targets[0], model=args.model, device=args.device)
+        index = ImageIndex.open(args.targets[0], model=args.model, device=args.device, precision=args.precision)
         classifier = ZeroShotClassifier.build(index.encoder, labels, templates)
         batches = classify_index(index, classifier, where=where)
     else:
@@ -49,7 +50,11 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidArgumentError(f"{args.targets[0]} is not an index: give one INDEX_DIR, or --model M and image files")
         if where.active:
             raise InvalidArgumentError("filters apply to an index, not to image files")
+        precision = parse_precision(args.precision)
         encoder = load_encoder(args.model, device=args.device)
+        tower = getattr(encoder, "text_precision", None)
+        if tower is not None:
+            tower.request(precision)  # the label prompts'; the image files stay fp32
         classifier = ZeroShotClassifier.build(encoder, labels, templates)
         batches = classify_files(encoder, args.targets, classifier)
     top_k = min(args.top_k, len(labels))
@@ -102,6 +107,7 @@ def register(subparsers: Subparsers) -> None:
     )
     p.add_argument("targets", metavar="INDEX_DIR|IMAGE", nargs="+", help="one index directory, or image files (with --model)")
     p.add_argument("--label", action="append", default=[], metavar="NAME", help="a label (repeatable)")
+    add_precision_argument(p, "auto", "text tower precision of the label prompts")
     p.add_argument("--labels", metavar="FILE", help="a file of labels, one per line")
     p.add_argument("--template", metavar="TEXT", help='one prompt template with {} for the label (default: "a photo of a {}.")')
     p.add_argument(

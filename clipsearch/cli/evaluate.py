@@ -26,7 +26,9 @@ def run(args: argparse.Namespace) -> int:
     # Inputs are checked before the index and the model are loaded: mistakes fail fast.
     ks = parse_ks(args.k)
     queries = load_queries(args.queries)
-    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device, precision=args.precision)
+    index = ImageIndex.open(
+        args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=len(queries)
+    )
     report = evaluate(index, queries, ks=ks, ann=args.ann, batch_size=args.batch_size, per_query_path=args.per_query)
     _warn_missing(report)
     if args.json:
@@ -101,6 +103,6 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--batch-size", type=positive_int, default=256, help="queries encoded and ranked together (default: 256)")
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
-    add_precision_argument(p, "fp32", "text query tower precision (image queries use the index's mode)")
+    add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")
     p.add_argument("--json", action="store_true", help="print the metrics as one JSON object")
     p.set_defaults(handler=run)

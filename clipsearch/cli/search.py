@@ -24,6 +24,7 @@ _TERMS_ON_THE_CLI = (
 
 def run(args: argparse.Namespace) -> int:
     """Search the index; print one line per hit, or ``{"results": [...]}`` with ``--json``."""
+    from retrieval.hits import check_cut
     from retrieval.index import ImageIndex
 
     combined = bool(args.add or args.subtract)
@@ -34,22 +35,36 @@ def run(args: argparse.Namespace) -> int:
     if args.query is not None and not args.query.strip():
         raise InvalidArgumentError("the query is empty")
     where = filter_from_args(args)
+    # Checked before the index and the model load: a bad cut-off fails at once.
+    check_cut(args.k, args.min_score, args.sort)
     terms = _terms(args) if combined else None
-    index = ImageIndex.open(args.index_dir, model=args.model, device=args.device, precision=args.precision)
+    # One process, one search: auto's text tower weighs int8's set-up against the texts it embeds.
+    texts = sum(t.kind == "text" for t in terms) if terms is not None else int(args.image is None)
+    index = ImageIndex.open(
+        args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=texts
+    )
+    cut = {"k": args.k, "where": where, "min_score": args.min_score, "sort": args.sort}
     if terms is not None:
-        hits = index.search_combined(terms, k=args.k, where=where)
+        hits = index.search_combined(terms, **cut)
     elif args.image is None:
-        hits = index.search(args.query, k=args.k, where=where)
+        hits = index.search(args.query, **cut)
     else:
-        hits = index.search_image(args.image, k=args.k, where=where)
+        hits = index.search_image(args.image, **cut)
     if args.json:
-        print_json({"results": [h.to_dict() for h in hits]})
+        print_json({"results": [h.to_dict(facts=True) for h in hits]})
     else:
         if not hits:
-            print("no results (no image matches the filters)" if where.active else "no results (the index is empty)")
+            print(_why_none(args, where.active))
         for rank, hit in enumerate(hits, 1):
-            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}")
+            taken = f"  {hit.taken or 'undated'}" if args.sort == "taken" else ""
+            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}{taken}")
     return 0
+
+
+def _why_none(args: argparse.Namespace, filtered: bool) -> str:
+    if args.min_score is not None:
+        return f"no results (no image{' passing the filters' if filtered else ''} scores at least {args.min_score})"
+    return "no results (no image matches the filters)" if filtered else "no results (the index is empty)"
 
 
 def _terms(args: argparse.Namespace) -> list[QueryTerm]:
@@ -70,9 +85,11 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--image", metavar="PATH", help="search with this image instead of text")
     # -k, --add, --subtract: the search parameters the CLI takes, from their one declaration.
     add_options(p, SearchParams, descriptions={ARITHMETIC: _TERMS_ON_THE_CLI})
+    # No -k: 10 results, or with --min-score every result scoring at least S (the library's rule).
+    p.set_defaults(k=None)
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
-    add_precision_argument(p, "fp32", "text query tower precision (image queries use the index's mode)")
+    add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")
     add_filter_arguments(p)
-    p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score"}, ...]}')
+    p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score", "taken", "camera", "gps"}, ...]}')
     p.set_defaults(handler=run)

@@ -21,6 +21,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter
+from retrieval.hits import check_cut
 from retrieval.index import Hit, ImageIndex
 from retrieval.query_terms import QueryTerm, parse_term
 
@@ -101,6 +102,9 @@ class SearchResult(BaseModel):
     id: int
     path: str
     score: float
+    taken: str | None = Field(None, description="when the photo was taken (EXIF, ISO 8601), null when it does not say")
+    camera: str | None = Field(None, description="camera make and model (EXIF)")
+    gps: list[float] | None = Field(None, description="[latitude, longitude] in degrees (EXIF)")
     width: int
     height: int
     image_url: str
@@ -123,6 +127,8 @@ class SearchRequest:
     offset: int
     index: str | None
     where: Filter
+    min_score: float | None = None
+    sort: str = "score"
     text: str | None = None
     image_id: int | None = None
     vector: tuple[float, ...] | None = None
@@ -169,7 +175,11 @@ def make_request(kind: QueryKind, params: Mapping[str, Any], filters: Mapping[st
     check_window(params["k"], params["offset"])
     where = make_filter(**filters)
     terms = make_terms(params["add"] or [], params["subtract"] or [])
-    return SearchRequest(kind=kind, k=params["k"], offset=params["offset"], index=params["index"], where=where, terms=terms, **query)
+    # An empty form field is no cut-off and the default order, as an empty filter is no filter.
+    min_score, sort = params["min_score"], params["sort"] or "score"
+    check_cut(params["k"], min_score, sort)
+    return SearchRequest(kind=kind, k=params["k"], offset=params["offset"], index=params["index"], where=where,
+                         min_score=min_score, sort=sort, terms=terms, **query)
 
 
 def from_body(body: SearchBody) -> SearchRequest:
@@ -196,24 +206,25 @@ def from_form(form: SearchForm, image: bytes) -> SearchRequest:
 
 def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int) -> list[Hit]:
     # Each kind is the ImageIndex call the CLI (or the Python API) makes for it: same ranking.
+    cut: dict[str, Any] = {"k": depth, "where": req.where, "min_score": req.min_score, "sort": req.sort}
     if req.terms:
-        return _combined(index, served, req, depth)
+        return _combined(index, served, req, cut)
     if req.kind == "text":
         assert req.text is not None
         with served.model_call("text"):
-            return index.search(req.text, k=depth, where=req.where)
+            return index.search(req.text, **cut)
     if req.kind == "image":
         assert req.image is not None
         with served.model_call("image"):
             upload = io.BytesIO(req.image)
             upload.name = "upload"  # how decoding errors name it (instead of '<stream>')
-            return index.search_image(upload, k=depth, where=req.where)
+            return index.search_image(upload, **cut)
     if req.kind == "image_id":
-        return index.search_similar(_known_id(index, served, req.image_id), k=depth, where=req.where)
-    return index.search_vectors(_unit_vector(req.vector, index.dim)[None], k=depth, where=req.where)[0]
+        return index.search_similar(_known_id(index, served, req.image_id), **cut)
+    return index.search_vectors(_unit_vector(req.vector, index.dim)[None], **cut)[0]
 
 
-def _combined(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int) -> list[Hit]:
+def _combined(index: ImageIndex, served: ServedIndex, req: SearchRequest, cut: dict[str, Any]) -> list[Hit]:
     # The query is the first term, as `clipsearch search QUERY --add ...` makes it (a text takes an N: weight too).
     if req.kind == "text":
         first = parse_term(req.text or "", files=False)
@@ -226,7 +237,7 @@ def _combined(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth:
             _known_id(index, served, term.value)
     kinds = {t.kind for t in (first, *req.terms)}
     with served.model_call("text" if "text" in kinds else "image"):
-        return index.search_combined([first, *req.terms], k=depth, where=req.where)
+        return index.search_combined([first, *req.terms], **cut)
 
 
 def _known_id(index: ImageIndex, served: ServedIndex, image_id: int | None) -> int:
@@ -253,7 +264,9 @@ def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
 
     The index generation is read once, so the whole answer (ranking, sizes) comes from it even
     if a writer publishes a new one meanwhile. Ranking is the index's own for ``offset + k``
-    results, sliced; ``took_ms`` covers the search and the metadata reads.
+    results, sliced (with ``min_score``: the first ``offset + k`` of every hit at or above it,
+    in the asked order, so pages follow each other); ``took_ms`` covers the search and the
+    metadata reads.
     """
     started = time.perf_counter()
     index = served.current()
@@ -265,6 +278,9 @@ def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
             "id": h.id,
             "path": h.path,
             "score": h.score,
+            "taken": h.taken,
+            "camera": h.camera,
+            "gps": list(h.gps) if h.gps is not None else None,
             "width": int(s[0]),
             "height": int(s[1]),
             "image_url": f"/api/images/{h.id}?index={name}",

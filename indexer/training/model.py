@@ -99,6 +99,14 @@ def load_model(source: str, device: str, name: str) -> LoadedModel:
     from transformers.utils import logging as hf_logging
 
     encoder = HFClipEncoder.load(source, device=device)
+    if encoder.family.sigmoid:
+        # The loop trains CLIP's softmax contrastive loss; SigLIP was trained with a sigmoid
+        # loss and a learned bias, which a softmax fine-tune would silently undo.
+        raise FinetuneError(
+            f"cannot fine-tune {name}: it is a {encoder.family.label} model ({encoder.family.name}), and finetune "
+            "trains CLIP's softmax contrastive loss only; SigLIP's sigmoid loss is not implemented. "
+            "Fine-tune a CLIP checkpoint, or search with this one as it is"
+        )
     bars, verbosity = hf_logging.is_progress_bar_enabled(), hf_logging.get_verbosity()
     hf_logging.disable_progress_bar()  # no "Loading weights" bar in the middle of the progress table
     hf_logging.set_verbosity_error()

@@ -4,8 +4,9 @@ Only this package imports torch, transformers and open_clip (and only when a mod
 never at import). Vectors are normalised here, once, so that inner product is cosine
 similarity everywhere else. Backends, behind the one :class:`Encoder` interface:
 
-- ``hf`` (:mod:`.hf`): Hugging Face CLIP checkpoints, by hub id or local directory; every
-  name without a backend prefix.
+- ``hf`` (:mod:`.hf`): Hugging Face CLIP and SigLIP checkpoints (``model_type`` ``clip``,
+  ``siglip``, which includes SigLIP 2 FixRes, or ``siglip2``, SigLIP 2 NaFlex), by hub id or
+  local directory; every name without a backend prefix.
 - ``open_clip`` (:mod:`.openclip`): names starting with ``open_clip:``, e.g.
   ``open_clip:ViT-B-32/laion2b_s34b_b79k`` or ``open_clip:ViT-B-32@/path/to/weights.pt``.
 

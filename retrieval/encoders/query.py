@@ -41,6 +41,8 @@ class QueryEncoders:
         device: where the query model runs (``auto``, ``cpu``, ``cuda``).
         encoder: an already-loaded encoder for every query (checked the same way).
         precision: text tower precision for queries.
+        text_queries: how many text queries the process will run, when it knows (a one-shot
+            command: ``auto`` then weighs int8's set-up against them); None: long-lived.
         query_cache: the vectors of recent query texts (a new one of the default size if None).
         encoder_factory: loads the torch encoder from ``(model, device)``; default
             :func:`retrieval.encoders.load_encoder` in ``precision``.
@@ -54,6 +56,7 @@ class QueryEncoders:
         device: str = "auto",
         encoder: Encoder | None = None,
         precision: Precision = "fp32",
+        text_queries: int | None = None,
         query_cache: QueryVectorCache | None = None,
         encoder_factory: EncoderFactory | None = None,
     ) -> None:
@@ -61,6 +64,7 @@ class QueryEncoders:
         self.model = model
         self.device = device
         self.precision: Precision = precision
+        self.text_queries = text_queries
         self.given = encoder
         self.cache = query_cache if query_cache is not None else QueryVectorCache(DEFAULT_CAPACITY)
         self._factory = encoder_factory or (lambda name, dev: load_encoder(name, device=dev, precision=precision))
@@ -124,10 +128,23 @@ class QueryEncoders:
             loaded = self._text_encoder
             why = f" ({loaded.int8_note})" if loaded.int8_note else ""
             return TextPath("numpy", f"loaded, {loaded.mode} products{why}")
-        planned = text_path(self.query_model, self.manifest.backend, self.precision, self.device)
+        planned = text_path(self.query_model, self.manifest.backend, self.precision, self.device, self.text_queries)
         if self._text_encoder is not None and planned.path == "numpy":
             return TextPath("torch", "the numpy text tower could not load this checkpoint")
         return planned
+
+    def text_precision(self) -> dict[str, Any]:
+        """The text tower's precision: ``requested``, and once the text encoder has run, the
+        ``mode`` it chose with the gate's figures (``gate_cached`` when they were remembered from
+        an earlier run) and, for int8, how it runs or why it is not used. No model is loaded."""
+        loaded = self._text_encoder
+        if isinstance(loaded, NumpyTextEncoder):
+            return loaded.precision_info()
+        tower = getattr(loaded, "text_precision", None) if loaded is not None else None
+        info = getattr(tower, "info", None)
+        if callable(info):
+            return dict(info())
+        return {"requested": self.precision, "mode": None if self.precision == "auto" else self.precision}
 
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
         """The query vectors of ``texts`` (``(n, dim)``, L2-normalised), through the cache."""
@@ -162,6 +179,7 @@ class QueryEncoders:
             device=self.device,
             encoder=self.given,
             precision=self.precision,
+            text_queries=self.text_queries,
             query_cache=QueryVectorCache(self.cache.capacity),
         )
         old = self.manifest
@@ -182,7 +200,7 @@ class QueryEncoders:
         if fast_path_refusal(self.manifest.backend, self.query_model, self.precision, self.device) is not None:
             return self.encoder
         try:
-            fast = NumpyTextEncoder.load(self.query_model, precision=self.precision)
+            fast = NumpyTextEncoder.load(self.query_model, precision=self.precision, text_queries=self.text_queries)
         except (UnsupportedTextTower, ModelLoadError):
             # The torch path loads (or fails to load, with its own message) what this cannot.
             return self.encoder
@@ -203,6 +221,15 @@ class QueryEncoders:
 
     def _check(self, encoder: TextEncoder) -> None:
         built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"
+        # A model of another family (CLIP against SigLIP) is refused by name, before the weights.
+        # The numpy text tower computes CLIP checkpoints only.
+        theirs = "clip" if isinstance(encoder, NumpyTextEncoder) else getattr(getattr(encoder, "family", None), "name", None)
+        family = self.manifest.model_info.get("model_type")
+        if self.manifest.backend == "hf" and family and isinstance(theirs, str) and theirs != family:
+            raise ModelMismatchError(
+                f"model family mismatch: the index was built with a {family} model, {built}; the query model "
+                f"{encoder.name} is a {theirs} model; query with the index's model or rebuild the index"
+            )
         if encoder.dim != self.manifest.dim:
             raise ModelMismatchError(
                 f"model mismatch: the index was built with {built}, dim {self.manifest.dim}; "

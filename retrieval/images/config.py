@@ -14,6 +14,7 @@ Pure configuration: no PIL, numpy or torch here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, replace
 from typing import Any
@@ -58,6 +59,10 @@ class PreprocessConfig:
         mean, std: per-channel normalisation, or None for no normalisation.
         alpha: how transparency becomes RGB; ``"white"`` composites onto white like the
             reference processor does.
+        max_num_patches, patch_size: SigLIP 2 NaFlex ("native flexible") instead of all the
+            resize and crop settings: each image is resized, aspect kept, to the largest grid
+            of ``patch_size`` patches with at most ``max_num_patches`` of them, and the model
+            receives its patches packed (see :func:`.preprocess.pack_patches`).
     """
 
     shortest_edge: int | None = 224
@@ -72,13 +77,23 @@ class PreprocessConfig:
     keep_ratio_fit: str = "shortest"
     crop_rounding: str = "floor"
     pad_fill: int = 0
+    max_num_patches: int | None = None
+    patch_size: int | None = None
 
     def __post_init__(self) -> None:
+        if (self.max_num_patches is None) != (self.patch_size is None):
+            raise ValueError("max_num_patches and patch_size must be given together")
+        if self.max_num_patches is not None and self.patch_size is not None:
+            if not (is_int(self.max_num_patches) and is_int(self.patch_size)) or min(self.max_num_patches, self.patch_size) < 1:
+                raise ValueError(f"max_num_patches and patch_size must be >= 1, got {self.max_num_patches}, {self.patch_size}")
+            if any(v is not None for v in (self.shortest_edge, self.resize_to, self.crop_size, self.keep_ratio_size)):
+                raise ValueError("NaFlex (max_num_patches) excludes the resize and crop settings; set them to None")
         if self.shortest_edge is not None and self.shortest_edge < 1:
             raise ValueError(f"shortest_edge must be >= 1, got {self.shortest_edge}")
         if self.keep_ratio_size is not None and (self.shortest_edge is not None or self.resize_to is not None):
             raise ValueError("keep_ratio_size excludes shortest_edge and resize_to; set those to None")
-        if self.shortest_edge is None and self.resize_to is None and self.keep_ratio_size is None and self.crop_size is None:
+        sized = any(v is not None for v in (self.shortest_edge, self.resize_to, self.keep_ratio_size, self.crop_size))
+        if not self.naflex and not sized:
             raise ValueError("preprocessing needs a resize or a crop to reach a fixed input size")
         for name in ("resize_to", "crop_size", "keep_ratio_size"):
             value = getattr(self, name)
@@ -119,6 +134,11 @@ class PreprocessConfig:
         )
 
     @property
+    def naflex(self) -> bool:
+        """Whether images keep their aspect ratio in a variable patch grid (SigLIP 2 NaFlex)."""
+        return self.max_num_patches is not None
+
+    @property
     def input_size(self) -> tuple[int, int]:
         """(height, width) of the tensor the model receives."""
         if self.crop_size is not None:
@@ -134,6 +154,9 @@ class PreprocessConfig:
             return self.shortest_edge
         if self.resize_to is not None:
             return max(self.resize_to)
+        if self.max_num_patches is not None and self.patch_size is not None:
+            # A square image's side; an elongated one's shorter side is smaller still.
+            return self.patch_size * math.isqrt(self.max_num_patches)
         if self.keep_ratio_size is not None:
             # Both sides >= the larger box side: the resized image is never larger than that
             # on its shorter side, so draft decoding never makes the resize an upscale.
@@ -145,6 +168,9 @@ class PreprocessConfig:
         for key in ("resize_to", "crop_size", "mean", "std", "keep_ratio_size"):
             if data[key] is not None:
                 data[key] = list(data[key])
+        if not self.naflex:
+            # Manifests of every other model keep the keys they always had.
+            del data["max_num_patches"], data["patch_size"]
         return data
 
     @classmethod
@@ -171,11 +197,15 @@ class PreprocessConfig:
             keep_ratio_fit=data.get("keep_ratio_fit", "shortest"),
             crop_rounding=data.get("crop_rounding", "floor"),
             pad_fill=data.get("pad_fill", 0),
+            max_num_patches=data.get("max_num_patches"),
+            patch_size=data.get("patch_size"),
         )
 
     @classmethod
     def from_hf(cls, config: Mapping[str, Any]) -> PreprocessConfig:
-        """Build from a checkpoint's ``CLIPImageProcessor`` settings (its keys: ``size``, ``crop_size``, ...).
+        """Build from a checkpoint's ``CLIPImageProcessor`` or ``SiglipImageProcessor`` settings
+        (their keys: ``size``, ``crop_size``, ...; a SigLIP ``size`` of ``height``/``width`` is a
+        squash resize, without a crop).
 
         ``config`` is what :func:`retrieval.encoders.hf.read_image_processor_config` returns
         as ``settings``, from either checkpoint layout.
@@ -184,7 +214,14 @@ class PreprocessConfig:
             ValueError: a setting we cannot reproduce (e.g. a resize mode other than
                 ``shortest_edge`` or ``height``/``width``).
         """
-        size = config.get("size", {"shortest_edge": 224})
+        # SiglipImageProcessor squashes to a square with mean/std 0.5 and no crop; its saved
+        # settings may leave out what it does not use, so its defaults are not CLIP's.
+        siglip = str(config.get("image_processor_type", "")).startswith("Siglip")
+        if str(config.get("image_processor_type", "")).startswith("Siglip2") or "max_num_patches" in config:
+            return cls._from_naflex(config)
+        default_size: dict[str, int] = {"height": 224, "width": 224} if siglip else {"shortest_edge": 224}
+        default_mean, default_std = ((0.5, 0.5, 0.5),) * 2 if siglip else (OPENAI_CLIP_MEAN, OPENAI_CLIP_STD)
+        size = config.get("size", default_size)
         if isinstance(size, int):
             size = {"shortest_edge": size}
         shortest_edge: int | None = None
@@ -197,7 +234,7 @@ class PreprocessConfig:
             else:
                 raise ValueError(f"unsupported resize setting size={size!r}")
         crop: tuple[int, int] | None = None
-        if config.get("do_center_crop", True):
+        if config.get("do_center_crop", not siglip):
             crop_size = config.get("crop_size", {"height": 224, "width": 224})
             if isinstance(crop_size, int):
                 crop_size = {"height": crop_size, "width": crop_size}
@@ -208,8 +245,8 @@ class PreprocessConfig:
         rescale = float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None
         mean = std = None
         if config.get("do_normalize", True):
-            mean = tuple(float(v) for v in config.get("image_mean", OPENAI_CLIP_MEAN))
-            std = tuple(float(v) for v in config.get("image_std", OPENAI_CLIP_STD))
+            mean = tuple(float(v) for v in config.get("image_mean", default_mean))
+            std = tuple(float(v) for v in config.get("image_std", default_std))
         return cls(
             shortest_edge=shortest_edge,
             resize_to=resize_to,
@@ -218,6 +255,27 @@ class PreprocessConfig:
             rescale_factor=rescale,
             mean=mean,  # type: ignore[arg-type]  # tuple() gives tuple[float, ...]; CLIP lists 3
             std=std,  # type: ignore[arg-type]  # tuple() gives tuple[float, ...]; CLIP lists 3
+        )
+
+    @classmethod
+    def _from_naflex(cls, config: Mapping[str, Any]) -> PreprocessConfig:
+        # Siglip2ImageProcessor: its resize size is computed per image; mean/std 0.5, bilinear.
+        resample = _RESAMPLE_NAMES.get(int(config.get("resample", 2)))
+        if resample is None:
+            raise ValueError(f"unsupported resample {config.get('resample')!r}")
+        mean = std = None
+        if config.get("do_normalize", True):
+            mean = tuple(float(v) for v in config.get("image_mean", (0.5, 0.5, 0.5)))
+            std = tuple(float(v) for v in config.get("image_std", (0.5, 0.5, 0.5)))
+        return cls(
+            shortest_edge=None,
+            crop_size=None,
+            resample=resample,
+            rescale_factor=float(config.get("rescale_factor", 1 / 255)) if config.get("do_rescale", True) else None,
+            mean=mean,  # type: ignore[arg-type]  # tuple() gives tuple[float, ...]
+            std=std,  # type: ignore[arg-type]  # tuple() gives tuple[float, ...]
+            max_num_patches=int(config.get("max_num_patches", 256)),
+            patch_size=int(config.get("patch_size", 16)),
         )
 
     @classmethod
@@ -284,6 +342,25 @@ class PreprocessConfig:
             resample="bicubic",
             **common,
         )
+
+
+def naflex_size(height: int, width: int, patch_size: int, max_num_patches: int) -> tuple[int, int]:
+    """(height, width) a NaFlex image is resized to: Siglip2ImageProcessor's search for the largest
+    scale whose sides, each rounded up to a multiple of ``patch_size``, give at most
+    ``max_num_patches`` patches (the same binary search, so the same sizes)."""
+
+    def scaled(scale: float, size: int) -> int:
+        return int(max(patch_size, math.ceil(size * scale / patch_size) * patch_size))
+
+    eps = 1e-5
+    low, high = eps / 10, 100.0
+    while high - low >= eps:
+        scale = (low + high) / 2
+        if (scaled(scale, height) / patch_size) * (scaled(scale, width) / patch_size) <= max_num_patches:
+            low = scale
+        else:
+            high = scale
+    return scaled(low, height), scaled(low, width)
 
 
 def _three(value: Any, name: str) -> tuple[float, float, float]:

@@ -9,6 +9,7 @@ is an :class:`~retrieval.errors.ImageDecodeError` naming the file.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import io
 import os
 import warnings
@@ -20,10 +21,17 @@ import numpy as np
 from PIL import Image, ImageOps
 
 from ..errors import ImageDecodeError
+from .exif import NO_META, PhotoMeta, read_meta, read_tiff_meta
+from .formats import AVIF_EXTENSIONS, HEIF_EXTENSIONS, RAW_EXTENSIONS, decode_raw, ensure_decoder, kind_of, peek, read_all
 
-# File extensions the indexer looks at (compared lower-case).
-IMAGE_EXTENSIONS: frozenset[str] = frozenset(
-    {".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"}
+# File extensions the indexer looks at (compared lower-case). HEIF, AVIF and RAW files are
+# listed whether or not their decoder is installed: without it they become skip records that
+# say what to install, rather than files nobody is told about.
+IMAGE_EXTENSIONS: frozenset[str] = (
+    frozenset({".jpg", ".jpeg", ".jpe", ".jfif", ".png", ".webp", ".gif", ".bmp", ".tif", ".tiff"})
+    | HEIF_EXTENSIONS
+    | AVIF_EXTENSIONS
+    | RAW_EXTENSIONS
 )
 
 # PIL's own limit: images above it are refused as decompression bombs (PIL only warns between
@@ -33,14 +41,17 @@ DEFAULT_MAX_PIXELS: int = Image.MAX_IMAGE_PIXELS or 89_478_485
 
 @dataclass(frozen=True)
 class DecodedImage:
-    """An RGB image plus the size of the original after EXIF orientation.
+    """An RGB image plus the size of the original after EXIF orientation, and what the file
+    says about the photo (:class:`~retrieval.images.exif.PhotoMeta`).
 
-    ``image`` may be smaller than ``width`` x ``height`` when JPEG draft decoding was used.
+    ``image`` may be smaller than ``width`` x ``height`` when JPEG draft decoding was used, or
+    a RAW file's embedded preview.
     """
 
     image: Image.Image
     width: int
     height: int
+    meta: PhotoMeta = NO_META
 
 
 def _scale_to_uint8(img: Image.Image) -> Image.Image:
@@ -107,10 +118,13 @@ def decode_image(
 ) -> DecodedImage:
     """Open and decode one image file to RGB.
 
+    HEIF/HEIC, AVIF and camera RAW files are decoded too (see :mod:`retrieval.images.formats`).
+
     Args:
         source: a path (str or bytes) or a binary file object.
         min_edge: if given, JPEGs are decoded at the smallest DCT scale (1/2, 1/4, 1/8) whose
-            shorter side is still >= ``min_edge`` pixels.
+            shorter side is still >= ``min_edge`` pixels, and a RAW file's embedded preview is
+            used when its shorter side is at least this (else the sensor data is demosaiced).
         max_pixels: images with more pixels are refused as decompression bombs.
         name: how to name the file in error messages (defaults to the path).
 
@@ -118,13 +132,23 @@ def decode_image(
         The RGB image with its original (EXIF-oriented) width and height.
 
     Raises:
-        ImageDecodeError: the file is empty, truncated, not an image, too large or unreadable.
+        ImageDecodeError: the file is empty, truncated, not an image, too large or unreadable,
+            or needs a decoder that is not installed (the reason names the extra).
     """
     label = name if name is not None else _label(source)
+    kind: str | None = None
     try:
+        kind = kind_of(label, peek(source))
+        ensure_decoder(kind, label)
+        if kind == "raw":
+            return _decode_raw(read_all(source), label, min_edge, max_pixels)
         with warnings.catch_warnings(), _pixel_limit(max_pixels):
+            # Image.open warns each plugin's complaint about a damaged file (pillow-heif's
+            # "Unexpected end of file"); the skip record's reason says it once, without them.
+            warnings.simplefilter("ignore", UserWarning)
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(source) as img:
+                meta = read_meta(img)
                 width, height = _oriented_size(img)
                 if width * height > max_pixels:
                     raise ImageDecodeError(
@@ -155,14 +179,35 @@ def decode_image(
         detail = str(exc).split(", could be")[0].rstrip(".")
         raise ImageDecodeError(label, f"decompression bomb: {detail}") from None
     except Image.UnidentifiedImageError:
-        reason = "empty file" if _is_empty(source) else "not an image (unrecognised format)"
+        if _is_empty(source):
+            reason = "empty file"
+        elif kind in ("heif", "avif"):
+            # Its ftyp box says HEIF/AVIF, yet the decoder found no image: cut off or damaged.
+            reason = f"damaged or truncated {kind.upper()} file"
+        else:
+            reason = "not an image (unrecognised format)"
         raise ImageDecodeError(label, reason) from None
-    except (OSError, SyntaxError, ValueError, EOFError, MemoryError, TypeError, IndexError) as exc:
+    except (OSError, SyntaxError, ValueError, EOFError, MemoryError, TypeError, IndexError, RuntimeError) as exc:
         text = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
         if "truncated" in text:
             text = "truncated file"
+        if kind in ("heif", "avif"):
+            raise ImageDecodeError(label, f"damaged or truncated {kind.upper()} file: {text}") from None
         raise ImageDecodeError(label, f"decode failed: {text}") from None
-    return DecodedImage(image=rgb, width=width, height=height)
+    return DecodedImage(image=rgb, width=width, height=height, meta=meta)
+
+
+def _decode_raw(data: bytes, label: str, min_edge: int | None, max_pixels: int) -> DecodedImage:
+    if not data:
+        raise ImageDecodeError(label, "empty file")
+    raw = decode_raw(data, label, min_edge)
+    width, height = raw.image.size
+    if width * height > max_pixels:
+        raise ImageDecodeError(label, f"decompression bomb: {width}x{height} pixels exceeds the limit of {max_pixels}")
+    # Most RAW formats are TIFFs whose IFDs hold the EXIF; the others (CR3, RAF) carry none
+    # that PIL can reach, so their rows have no date or camera.
+    meta = dataclasses.replace(read_tiff_meta(data), raw_source=raw.source)
+    return DecodedImage(image=raw.image, width=width, height=height, meta=meta)
 
 
 def _label(source: Any) -> str:
@@ -190,11 +235,24 @@ def probe_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, name: str 
     Raises:
         ImageDecodeError: not an image, or more than ``max_pixels`` pixels.
     """
+    width, height, _ = probe_photo(data, max_pixels=max_pixels, name=name)
+    return width, height
+
+
+def probe_photo(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, name: str | None = None) -> tuple[int, int, PhotoMeta]:
+    """:func:`probe_image` and the photo's :class:`~retrieval.images.exif.PhotoMeta`, from the
+    header alone (the indexer's GPU path decodes the pixels elsewhere).
+
+    Raises:
+        ImageDecodeError: not an image, or more than ``max_pixels`` pixels.
+    """
     label = name if name is not None else "<bytes>"
     try:
         with warnings.catch_warnings(), _pixel_limit(max_pixels):
+            warnings.simplefilter("ignore", UserWarning)  # as in decode_image
             warnings.simplefilter("error", Image.DecompressionBombWarning)
             with Image.open(io.BytesIO(data)) as img:
+                meta = read_meta(img)
                 width, height = _oriented_size(img)
     except (Image.DecompressionBombError, Image.DecompressionBombWarning) as exc:
         detail = str(exc).split(", could be")[0].rstrip(".")
@@ -205,4 +263,4 @@ def probe_image(data: bytes, *, max_pixels: int = DEFAULT_MAX_PIXELS, name: str 
         raise ImageDecodeError(label, f"decode failed: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from None
     if width * height > max_pixels:
         raise ImageDecodeError(label, f"decompression bomb: {width}x{height} pixels exceeds the limit of {max_pixels}")
-    return width, height
+    return width, height, meta

@@ -12,8 +12,8 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 from PIL import Image
 
-from .config import PreprocessConfig
-from .decode import DEFAULT_MAX_PIXELS, decode_image, to_rgb
+from .config import PreprocessConfig, naflex_size
+from .decode import DEFAULT_MAX_PIXELS, DecodedImage, decode_image, to_rgb
 
 if TYPE_CHECKING:
     import torch
@@ -21,6 +21,8 @@ if TYPE_CHECKING:
 
 def resize_output_size(height: int, width: int, cfg: PreprocessConfig) -> tuple[int, int]:
     """(height, width) after the resize step, with the reference implementations' rounding."""
+    if cfg.naflex:
+        return naflex_size(height, width, cfg.patch_size, cfg.max_num_patches)  # type: ignore[arg-type]  # naflex: both set
     if cfg.shortest_edge is not None:
         short, long = (width, height) if width <= height else (height, width)
         new_short, new_long = cfg.shortest_edge, int(cfg.shortest_edge * long / short)
@@ -53,7 +55,7 @@ def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tens
 
     Returns:
         float32 ``pixel_values`` of shape ``(N, 3, h, w)`` (or ``(3, h, w)``); float64 input
-        stays float64.
+        stays float64. For NaFlex (``cfg.naflex``) the patches packed by :func:`pack_patches`.
 
     Raises:
         ValueError: not an RGB image tensor.
@@ -89,7 +91,46 @@ def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tens
             out = (out - mean[:, None, None]) / std[:, None, None]
     elif cfg.rescale_factor is not None:
         out = out * cfg.rescale_factor
+    if cfg.naflex:
+        return pack_patches(out, cfg.patch_size, cfg.max_num_patches)  # type: ignore[arg-type]  # naflex: both set
     return out
+
+
+def pack_patches(images: torch.Tensor, patch_size: int, max_num_patches: int) -> torch.Tensor:
+    """NaFlex input as one fixed-shape tensor, so that images of any aspect stack into a batch.
+
+    ``(..., 3, hp * p, wp * p)`` becomes ``(..., 3, max_num_patches + 1, p * p)``: row ``n`` holds
+    patch ``n`` (row-major over the grid, as Siglip2ImageProcessor orders them), zeros after the
+    last one; the extra last row holds the grid's ``(hp, wp)`` in channel 0. The encoder unpacks
+    it into ``pixel_values``, ``pixel_attention_mask`` and ``spatial_shapes``.
+
+    Raises:
+        ValueError: sides that are not multiples of the patch size, or too many patches.
+    """
+    height, width = images.shape[-2:]
+    hp, wp = int(height) // patch_size, int(width) // patch_size
+    if hp * patch_size != height or wp * patch_size != width or hp * wp > max_num_patches:
+        raise ValueError(f"a {height}x{width} image is not a grid of at most {max_num_patches} {patch_size}px patches")
+    lead = images.shape[:-3]
+    grid = images.reshape(*lead, 3, hp, patch_size, wp, patch_size).transpose(-3, -2)
+    patches = grid.reshape(*lead, 3, hp * wp, patch_size * patch_size)
+    out = images.new_zeros((*lead, 3, max_num_patches + 1, patch_size * patch_size))
+    out[..., : hp * wp, :] = patches
+    out[..., 0, max_num_patches, 0] = hp
+    out[..., 0, max_num_patches, 1] = wp
+    return out
+
+
+def unpack_patches(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(N, 3, M + 1, p * p)`` from :func:`pack_patches` -> Siglip2's ``pixel_values``
+    ``(N, M, p * p * 3)``, ``pixel_attention_mask`` ``(N, M)`` and ``spatial_shapes`` ``(N, 2)``."""
+    import torch
+
+    count = packed.shape[-2] - 1
+    shapes = packed[:, 0, count, :2].round().long()
+    pixel_values = packed[:, :, :count, :].permute(0, 2, 3, 1).reshape(packed.shape[0], count, -1)
+    mask = (torch.arange(count, device=packed.device)[None, :] < (shapes[:, 0] * shapes[:, 1])[:, None]).long()
+    return pixel_values, mask, shapes
 
 
 def _center_crop(images: torch.Tensor, size: tuple[int, int], rounding: str = "floor", fill: int = 0) -> torch.Tensor:
@@ -141,12 +182,29 @@ def load_pixels(
     Raises:
         ImageDecodeError: see :func:`decode_image`.
     """
+    pixels, decoded = load_photo(source, cfg, max_pixels=max_pixels, draft=draft, name=name)
+    return pixels, decoded.width, decoded.height
+
+
+def load_photo(
+    source: str | bytes | os.PathLike[str] | BinaryIO,
+    cfg: PreprocessConfig,
+    *,
+    max_pixels: int = DEFAULT_MAX_PIXELS,
+    draft: bool = True,
+    name: str | None = None,
+) -> tuple[torch.Tensor, DecodedImage]:
+    """:func:`load_pixels` that also returns the decoded image's facts (its size and
+    :class:`~retrieval.images.exif.PhotoMeta`): what the indexer stores in a row.
+
+    Raises:
+        ImageDecodeError: see :func:`decode_image`.
+    """
     decoded = decode_image(
         source, min_edge=cfg.min_decode_edge if draft else None, max_pixels=max_pixels, name=name
     )
     image = reduce_for_resize(decoded.image, cfg.min_decode_edge) if draft else decoded.image
-    pixels = preprocess_tensor(pil_to_tensor(image), cfg)
-    return pixels, decoded.width, decoded.height
+    return preprocess_tensor(pil_to_tensor(image), cfg), decoded
 
 
 # Reduced images keep at least this many times the resize target on their shorter side, so the

@@ -33,9 +33,24 @@ def embeddings_schema(dim: int) -> pa.Schema:
             pa.field("size", pa.int64(), nullable=False),
             pa.field("mtime_ns", pa.int64(), nullable=False),
             pa.field("content_hash", pa.string(), nullable=False),
+            *PHOTO_COLUMNS,
             pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False),
         ]
     )
+
+
+# Photo metadata from EXIF (retrieval.images.exif.PhotoMeta), all nullable. ``taken`` is the UTC
+# instant when ``taken_offset`` (minutes) is known, else the camera's wall-clock time read as
+# UTC. Latitude and longitude are two float columns rather than a struct: a filter or a sort
+# reads them as plain numpy arrays, and a reader that does not know them reads nothing new.
+PHOTO_COLUMNS: tuple[pa.Field, ...] = (
+    pa.field("taken", pa.timestamp("us", tz="UTC")),
+    pa.field("taken_offset", pa.int16()),
+    pa.field("camera", pa.string()),
+    pa.field("gps_lat", pa.float64()),
+    pa.field("gps_lon", pa.float64()),
+    pa.field("raw_source", pa.string()),
+)
 
 
 SKIPPED_SCHEMA = pa.schema(

@@ -17,6 +17,8 @@ The package's modules:
 - :mod:`.specs`: :class:`RandomClipSpec` and the :data:`PRESETS`, as data;
 - :mod:`.tokenizer`: the CLIP tokenizer rebuilt from open_clip's BPE file;
 - :mod:`.checkpoint`: :func:`clip_config` and :func:`make_random_clip`, which writes a checkpoint;
+- :mod:`.siglip`: :func:`make_random_siglip`, a SigLIP checkpoint laid out like SigLIP 2 FixRes
+  (``SiglipModel``, ``SiglipProcessor``, a small Gemma-style tokenizer: see the module);
 - :mod:`.cli`: the command line.
 
 Nothing is imported from torch / transformers / open_clip at import time: importing this package
@@ -24,13 +26,14 @@ must stay free for code that only wants :data:`PRESETS`.
 
 Command line::
 
-    python -m retrieval.random_model OUT_DIR [--preset tiny|vit-b-32|vit-l-14] [--seed 0]
+    python -m retrieval.random_model OUT_DIR [--preset tiny|vit-b-32|vit-l-14|siglip-tiny] [--seed 0]
 """
 
 from __future__ import annotations
 
 from .checkpoint import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PROCESSOR_LAYOUTS, clip_config, make_random_clip
 from .cli import main
+from .siglip import SIGLIP_PRESETS, RandomSiglipSpec, make_random_siglip
 from .specs import PRESETS, RandomClipSpec
 from .tokenizer import (
     BOS_TOKEN,
@@ -55,9 +58,12 @@ __all__ = [
     "PRESETS",
     "PROCESSOR_LAYOUTS",
     "RandomClipSpec",
+    "RandomSiglipSpec",
+    "SIGLIP_PRESETS",
     "build_clip_tokenizer",
     "clean_text_like_open_clip",
     "clip_config",
     "main",
     "make_random_clip",
+    "make_random_siglip",
 ]

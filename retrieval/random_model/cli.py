@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from .checkpoint import make_random_clip
+from .siglip import SIGLIP_PRESETS, make_random_siglip
 from .specs import PRESETS
 
 
@@ -21,11 +22,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     """
     parser = argparse.ArgumentParser(
         prog="python -m retrieval.random_model",
-        description="Write a randomly initialised Hugging Face CLIP checkpoint with the real CLIP tokenizer.",
+        description="Write a randomly initialised Hugging Face CLIP checkpoint with the real CLIP tokenizer "
+        "(or, with a siglip-* preset, a SigLIP checkpoint laid out like SigLIP 2 FixRes).",
     )
     parser.add_argument("out_dir", help="directory to write the checkpoint to")
     # No argparse `choices`: its multi-line usage dump is not the one-line error we promise.
-    parser.add_argument("--preset", default="tiny", help=f"one of: {', '.join(PRESETS)} (default: tiny)")
+    parser.add_argument("--preset", default="tiny", help=f"one of: {', '.join([*PRESETS, *SIGLIP_PRESETS])} (default: tiny)")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default: 0)")
     parser.add_argument(
         "--processor-layout",
@@ -34,8 +36,14 @@ def main(argv: Sequence[str] | None = None) -> int:
         "CLIPProcessor.save_pretrained writes it, nested in processor_config.json",
     )
     args = parser.parse_args(argv)
+    if args.preset not in PRESETS and args.preset not in SIGLIP_PRESETS:
+        print(f"error: unknown preset {args.preset!r}; choose one of: {', '.join([*PRESETS, *SIGLIP_PRESETS])}", file=sys.stderr)
+        return 2
     try:
-        path = make_random_clip(args.out_dir, preset=args.preset, seed=args.seed, processor_layout=args.processor_layout)
+        if args.preset in SIGLIP_PRESETS:
+            path = make_random_siglip(args.out_dir, preset=args.preset, seed=args.seed)
+        else:
+            path = make_random_clip(args.out_dir, preset=args.preset, seed=args.seed, processor_layout=args.processor_layout)
     except ValueError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

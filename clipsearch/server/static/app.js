@@ -18,6 +18,10 @@
     prefix: $('input[name="path_prefix"]'),
     add: $('input[name="add"]'),
     subtract: $('input[name="subtract"]'),
+    takenAfter: $('input[name="taken_after"]'),
+    takenBefore: $('input[name="taken_before"]'),
+    minScore: $('input[name="min_score"]'),
+    sort: $('select[name="sort"]'),
     file: $('input[name="image"]'),
     hint: $('[data-testid="hint"]'),
     queryImage: $('[data-testid="query-image"]'),
@@ -52,6 +56,8 @@
     add: "", // query arithmetic: a term added to and one subtracted from any query
     subtract: "",
     k: DEFAULT_K,
+    // Date filters, the relevance cut-off and the order, by their API names (from the form).
+    refine: {},
     offset: 0,
     done: true,
     generation: 0, // bumped by every new search, so a late answer to an old one is dropped
@@ -280,6 +286,7 @@
     }
     if (s.add) params.set("add", s.add);
     if (s.subtract) params.set("subtract", s.subtract);
+    for (const [name, value] of Object.entries(s.refine || {})) params.set(name, value);
     if (s.k !== DEFAULT_K) {
       params.set("k", String(s.k));
     }
@@ -301,25 +308,57 @@
       add: params.get("add") || "",
       subtract: params.get("subtract") || "",
       k: Number.isInteger(k) && k >= 1 && k <= MAX_K ? k : DEFAULT_K,
+      refine: Object.fromEntries(REFINE.map((name) => [name, params.get(name) || ""])),
     };
+  }
+
+  // ---- date filters, cut-off, order ------------------------------------------------------
+
+  const REFINE = ["taken_after", "taken_before", "min_score", "sort"];
+
+  function refineControls() {
+    return { taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort };
+  }
+
+  // The refine controls' values that differ from "no condition" (the server checks them).
+  function readRefine() {
+    const out = {};
+    for (const [name, control] of Object.entries(refineControls())) {
+      const value = control.value.trim();
+      if (value && !(name === "sort" && value === "score")) out[name] = value;
+    }
+    return out;
+  }
+
+  function showRefine(refine) {
+    for (const [name, control] of Object.entries(refineControls())) {
+      control.value = (refine && refine[name]) || (name === "sort" ? "score" : "");
+    }
   }
 
   // ---- searching -------------------------------------------------------------------------
 
   function request(s) {
-    const filters = s.prefix ? { path_prefix: [s.prefix] } : null;
+    const refine = s.refine || {};
+    const filters = s.prefix ? { path_prefix: [s.prefix] } : {};
+    if (refine.taken_after) filters.taken_after = refine.taken_after;
+    if (refine.taken_before) filters.taken_before = refine.taken_before;
     if (s.mode === "text") {
       const params = new URLSearchParams({ q: s.q, k: String(s.k), offset: String(s.offset) });
       if (s.index) params.set("index", s.index);
       if (s.prefix) params.set("path_prefix", s.prefix);
       if (s.add) params.set("add", s.add);
       if (s.subtract) params.set("subtract", s.subtract);
+      for (const [name, value] of Object.entries(refine)) params.set(name, value);
       return [`/api/search?${params}`, { method: "GET" }];
     }
     if (s.mode === "similar") {
       const body = { image_id: s.imageId, k: s.k, offset: s.offset };
       if (s.index) body.index = s.index;
-      if (filters) body.filters = filters;
+      if (Object.keys(filters).length) body.filters = filters;
+      // A cut-off the server cannot read as a number is sent as text: its 4xx says why.
+      if (refine.min_score) body.min_score = Number.isFinite(Number(refine.min_score)) ? Number(refine.min_score) : refine.min_score;
+      if (refine.sort) body.sort = refine.sort;
       if (s.add) body.add = [s.add];
       if (s.subtract) body.subtract = [s.subtract];
       return ["/api/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) }];
@@ -332,6 +371,7 @@
     if (s.prefix) form.append("path_prefix", s.prefix);
     if (s.add) form.append("add", s.add);
     if (s.subtract) form.append("subtract", s.subtract);
+    for (const [name, value] of Object.entries(refine)) form.append(name, value);
     return ["/api/search", { method: "POST", body: form }];
   }
 
@@ -448,8 +488,16 @@
     const path = document.createElement("span");
     path.className = "path";
     path.textContent = result.path;
+    const taken = document.createElement("span");
+    taken.className = "taken";
+    taken.dataset.testid = "taken";
+    if (typeof result.taken === "string" && result.taken) {
+      // The date and time the camera recorded, as ISO 8601 gives them (no zone conversion).
+      taken.textContent = result.taken.slice(0, 16).replace("T", " ");
+      taken.title = `Taken ${result.taken}${result.camera ? ` with ${result.camera}` : ""}`;
+    }
 
-    button.append(frame, score, path);
+    button.append(frame, score, path, taken);
     button.addEventListener("click", () => openViewer(result, button));
     item.append(button);
 
@@ -467,6 +515,7 @@
   function startSearch(next, { push = true } = {}) {
     clearError();
     Object.assign(state, { q: "", imageId: null, similarPath: null, file: null, add: "", subtract: "" }, next, { offset: 0, done: false });
+    state.refine = readRefine();
     el.q.value = state.mode === "text" ? state.q : "";
     el.prefix.value = state.prefix;
     el.add.value = state.add;
@@ -604,7 +653,8 @@
     closeViewerImage();
     el.viewerPath.textContent = result.path;
     el.viewerScore.textContent = `Score ${formatScore(result.score)} · image ${result.id}` +
-      (result.width && result.height ? ` · ${result.width}×${result.height}` : "");
+      (result.width && result.height ? ` · ${result.width}×${result.height}` : "") +
+      (result.taken ? ` · taken ${result.taken}` : "") + (result.camera ? ` · ${result.camera}` : "");
     el.viewerImage.alt = result.path;
     const url = imageUrl(result);
     el.viewerOriginal.href = url;
@@ -661,6 +711,7 @@
       if (file) {
         const s = fromUrl();
         selectIndex(s.index);
+        showRefine(s.refine);
         startSearch({ mode: "upload", file, index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k }, { push: false });
       } else {
         clearSearch();
@@ -673,6 +724,7 @@
     el.prefix.value = s.prefix;
     el.add.value = s.add;
     el.subtract.value = s.subtract;
+    showRefine(s.refine);
     state.index = s.index;
     state.prefix = s.prefix;
     state.k = s.k;

@@ -129,3 +129,22 @@ def read_scalar(directory: Path, name: str, default: float) -> float:
                 return float(state[name].reshape(-1)[0])
         return default
     return float(reader.float32(name).reshape(-1)[0]) if name in reader else default
+
+
+def read_model_type(directory: Path, name: str) -> str | None:
+    """The ``model_type`` of a checkpoint's ``config.json`` (None where it has none), read as JSON
+    so that a family transformers does not know still gets a message naming the supported ones.
+
+    Raises:
+        ModelLoadError: ``config.json`` is missing or not a JSON object.
+    """
+    import json
+
+    try:
+        data = json.loads((directory / "config.json").read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError) as exc:
+        raise ModelLoadError(f"{name}: unreadable config.json: {exc}") from exc
+    if not isinstance(data, dict):
+        raise ModelLoadError(f"{name}: config.json is not a JSON object")
+    value = data.get("model_type")
+    return str(value) if value is not None else None

@@ -1,7 +1,10 @@
-"""``HFClipEncoder``: a Hugging Face CLIP checkpoint's towers, loaded lazily, normalised vectors out.
+"""``HFClipEncoder``: a Hugging Face checkpoint's towers (CLIP or SigLIP), loaded lazily,
+normalised vectors out.
 
-Each tower loads on first use: a text search needs only ``CLIPTextModelWithProjection`` and
-never pays for the vision tower, the indexer only ``CLIPVisionModelWithProjection``.
+Each tower loads on first use: a text search needs only the text tower (for CLIP
+``CLIPTextModelWithProjection``) and never pays for the vision tower, the indexer only the
+vision tower. What differs between families (tower classes, text padding, scores) is data in
+:mod:`.family`; the code path is one.
 """
 
 from __future__ import annotations
@@ -15,10 +18,13 @@ import numpy as np
 
 from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
+from ...images.preprocess import unpack_patches
 from ..base import l2_normalize, quiet_transformers, resolve_device
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
-from .checkpoint import checkpoint_fingerprint, read_scalar, resolve_checkpoint
+from .checkpoint import checkpoint_fingerprint, read_model_type, read_scalar, resolve_checkpoint
+from .family import FAMILIES, Family, check_processor, family_of
 from .processor import ImageProcessorConfig, read_image_processor_config
+from .text import warn_truncated
 
 if TYPE_CHECKING:
     import torch
@@ -27,7 +33,7 @@ DEFAULT_MODEL = "openai/clip-vit-base-patch32"
 
 
 class HFClipEncoder(PixelPrecisionMixin):
-    """A Hugging Face CLIP checkpoint (``CLIP*WithProjection`` towers loaded lazily).
+    """A Hugging Face checkpoint of a supported family (:mod:`.family`), towers loaded lazily.
 
     Use :meth:`load`; the constructor takes already-resolved parts.
     """
@@ -43,23 +49,28 @@ class HFClipEncoder(PixelPrecisionMixin):
         device: torch.device,
         precision: Precision = "fp32",
         image_processor: ImageProcessorConfig | None = None,
+        family: Family | None = None,
     ) -> None:
         self.name = name
+        self.family: Family = family or FAMILIES["clip"]
         self.directory = directory
         self.config = config
         self.preprocess = preprocess
         # What ``preprocess`` was read from (None when built by hand), e.g. for finetune's export.
         self.image_processor = image_processor
         self.device = device
-        self.dim = int(config.projection_dim)
+        self.dim = self.family.dim(config)
         self.max_text_length = int(config.text_config.max_position_embeddings)
         self._fingerprint: str | None = None
         self._text_model: Any = None
         self._vision_model: Any = None
         self._tokenizer: Any = None
-        self._logit_scale: float | None = None
+        self._logit_params: tuple[float, float | None] | None = None
         # The checkpoint's own input size; set_image_size embeds at another one.
-        self.native_image_size = int(config.vision_config.image_size)
+        # NaFlex models have no fixed size: the patch grid's side for a square image.
+        self.native_image_size = (
+            preprocess.min_decode_edge if self.family.naflex else int(config.vision_config.image_size)
+        )
         self.embed_image_size = self.native_image_size
         self._native_preprocess = preprocess
         # Separate modules, separate int8 copies: each tower resolves its own mode.
@@ -68,7 +79,7 @@ class HFClipEncoder(PixelPrecisionMixin):
 
     @classmethod
     def load(cls, model: str = DEFAULT_MODEL, device: str = "auto", precision: str = "fp32") -> HFClipEncoder:
-        """Open a CLIP checkpoint by hub id or local directory (weights load on first use).
+        """Open a CLIP or SigLIP checkpoint by hub id or local directory (weights load on first use).
 
         Args:
             model: hub id such as ``openai/clip-vit-base-patch32`` or a checkpoint directory.
@@ -77,27 +88,29 @@ class HFClipEncoder(PixelPrecisionMixin):
                 (see :mod:`retrieval.encoders.precision`).
 
         Raises:
-            ModelLoadError: the checkpoint cannot be found or is not a CLIP checkpoint.
+            ModelLoadError: the checkpoint cannot be found, is of an unsupported family (the
+                message names the supported ones), or its image processor disagrees with the
+                model (input size, patch size).
             InvalidArgumentError: bad device or precision.
         """
         requested = parse_precision(precision)
         dev = resolve_device(device)
         name, directory = resolve_checkpoint(model)
+        family = family_of(read_model_type(directory, name), name)
         try:
-            from transformers import CLIPConfig
+            from transformers import AutoConfig
 
             with quiet_transformers():
-                config = CLIPConfig.from_pretrained(directory)
+                config = AutoConfig.from_pretrained(directory)
         except Exception as exc:  # noqa: BLE001
-            raise ModelLoadError(f"{name} is not a CLIP checkpoint: {str(exc).splitlines()[0]}") from exc
-        if getattr(config, "model_type", None) != "clip":
-            raise ModelLoadError(f"{name} is not a CLIP checkpoint (model_type={config.model_type!r})")
+            raise ModelLoadError(f"{name} is not a readable {family.label} checkpoint: {str(exc).splitlines()[0]}") from exc
         processor = read_image_processor_config(directory, name)
         try:
             preprocess = PreprocessConfig.from_hf(processor.settings)
         except (ValueError, KeyError, TypeError) as exc:
             raise ModelLoadError(f"{name}: unreadable image processor settings in {processor.source}: {exc}") from exc
-        return cls(name, directory, config, preprocess, dev, precision=requested, image_processor=processor)
+        check_processor(family, config, processor.settings, preprocess, name)
+        return cls(name, directory, config, preprocess, dev, precision=requested, image_processor=processor, family=family)
 
     @property
     def info(self) -> dict[str, Any]:
@@ -106,12 +119,14 @@ class HFClipEncoder(PixelPrecisionMixin):
         return {
             "backend": self.backend,
             "checkpoint": self.name,
-            "model_type": "clip",
-            "image_size": int(vision.image_size),
+            # The family: a query model of another family is refused by it (QueryEncoders).
+            "model_type": self.family.name,
+            "image_size": self.native_image_size,
             "patch_size": int(vision.patch_size),
             "context_length": self.max_text_length,
             "embed_dim": self.dim,
             "embed_image_size": self.embed_image_size,
+            **({"max_num_patches": self.preprocess.max_num_patches} if self.family.naflex else {}),
             **self.image_precision.manifest_info(),
         }
 
@@ -128,8 +143,16 @@ class HFClipEncoder(PixelPrecisionMixin):
         (``interpolate_pos_encoding=True``), as ``get_image_features`` does with that flag.
 
         Raises:
-            InvalidArgumentError: not a positive multiple of the patch size.
+            InvalidArgumentError: not a positive multiple of the patch size, or another size
+                than its own for a NaFlex model (which sizes each image by its patch budget).
         """
+        if self.family.naflex:
+            if size != self.native_image_size:
+                raise InvalidArgumentError(
+                    f"{self.name} is a {self.family.label} model: it sizes each image to at most "
+                    f"{self.preprocess.max_num_patches} patches, so --image-size does not apply"
+                )
+            return
         patch = int(self.config.vision_config.patch_size)
         if isinstance(size, bool) or not isinstance(size, int) or size < patch or size % patch:
             raise InvalidArgumentError(
@@ -140,14 +163,20 @@ class HFClipEncoder(PixelPrecisionMixin):
         self.embed_image_size = size
 
     def logit_params(self) -> tuple[float, float | None]:
-        """``(exp(logit_scale), None)``: the learned temperature of the full CLIP checkpoint.
+        """``(exp(logit_scale), logit_bias)`` of the full checkpoint: the bias is None for CLIP
+        (softmax over labels), a float for SigLIP (an independent sigmoid per label).
 
-        Read from the weight files alone (the towers do not hold it); a checkpoint without it
-        gets the config's initial value, as ``CLIPModel.from_pretrained`` would initialise it.
+        Read from the weight files alone (the towers do not hold them); a checkpoint without
+        them gets the initial values ``from_pretrained`` would give the full model.
         """
-        if self._logit_scale is None:
-            self._logit_scale = math.exp(read_scalar(self.directory, "logit_scale", float(self.config.logit_scale_init_value)))
-        return self._logit_scale, None
+        if self._logit_params is None:
+            default = float(getattr(self.config, "logit_scale_init_value", self.family.default_logit_scale))
+            scale = math.exp(read_scalar(self.directory, "logit_scale", default))
+            bias = None
+            if self.family.default_logit_bias is not None:
+                bias = read_scalar(self.directory, "logit_bias", self.family.default_logit_bias)
+            self._logit_params = (scale, bias)
+        return self._logit_params
 
     def _load_tower(self, cls_name: str) -> Any:
         import torch
@@ -172,13 +201,13 @@ class HFClipEncoder(PixelPrecisionMixin):
     @property
     def text_model(self) -> Any:
         if self._text_model is None:
-            self._text_model = self._load_tower("CLIPTextModelWithProjection")
+            self._text_model = self._load_tower(self.family.text_class)
         return self._text_model
 
     @property
     def vision_model(self) -> Any:
         if self._vision_model is None:
-            self._vision_model = self._load_tower("CLIPVisionModelWithProjection")
+            self._vision_model = self._load_tower(self.family.vision_class)
         return self._vision_model
 
     @property
@@ -194,10 +223,14 @@ class HFClipEncoder(PixelPrecisionMixin):
         return self._tokenizer
 
     def tokenize(self, texts: Sequence[str]) -> dict[str, torch.Tensor]:
-        """Tokenize like the reference processor: pad to the longest, truncate to the model's length."""
+        """Tokenize like the reference processor: the text as given (the tokenizer does its own
+        normalisation), padded as the family needs (CLIP to the longest, SigLIP to the window),
+        truncated to the model's window with a notice (:func:`.text.warn_truncated`)."""
+        texts = list(texts)
+        warn_truncated(self.tokenizer, texts, self.max_text_length, self.name)
         return self.tokenizer(
-            list(texts),
-            padding=True,
+            texts,
+            padding=self.family.text_padding,
             truncation=True,
             max_length=self.max_text_length,
             return_tensors="pt",
@@ -218,10 +251,10 @@ class HFClipEncoder(PixelPrecisionMixin):
         with torch.inference_mode(), autocast(mode, device):
             for start in range(0, len(texts), batch_size):
                 batch = self.tokenize(texts[start : start + batch_size])
-                emb = model(
-                    input_ids=batch["input_ids"].to(device),
-                    attention_mask=batch["attention_mask"].to(device),
-                ).text_embeds
+                # What the tokenizer returns goes in, as the reference processor passes it: a
+                # SigLIP tokenizer without an attention mask gives the tower none.
+                inputs = {k: batch[k].to(device) for k in ("input_ids", "attention_mask") if k in batch}
+                emb = getattr(model(**inputs), self.family.text_output)
                 out[start : start + len(emb)] = emb.float().cpu().numpy()
         return l2_normalize(out)
 
@@ -231,10 +264,15 @@ class HFClipEncoder(PixelPrecisionMixin):
         model = self.image_precision.module(self.vision_model, mode)
         device = torch.device("cpu") if mode == "int8" else self.device
         with torch.inference_mode(), autocast(mode, device):
+            if self.family.naflex:
+                values, mask, shapes = unpack_patches(pixel_values.to(device, torch.float32, non_blocking=True))
+                out = model(pixel_values=values, pixel_attention_mask=mask, spatial_shapes=shapes)
+                return l2_normalize(getattr(out, self.family.image_output).float().cpu().numpy())
             # Another input size than the checkpoint's (set_image_size, or an index embedded at
             # one) needs the position embeddings interpolated to the patch grid.
             other_size = tuple(pixel_values.shape[-2:]) != (self.native_image_size, self.native_image_size)
             emb = model(
                 pixel_values=pixel_values.to(device, torch.float32, non_blocking=True), interpolate_pos_encoding=other_size
-            ).image_embeds
+            )
+            emb = getattr(emb, self.family.image_output)
             return l2_normalize(emb.float().cpu().numpy())

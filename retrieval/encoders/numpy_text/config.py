@@ -78,7 +78,7 @@ def check_text_config(config: Mapping[str, Any]) -> TextTowerConfig:
         UnsupportedTextTower: not a CLIP checkpoint, or a text tower this package does not compute.
     """
     if config.get("model_type") != "clip":
-        raise UnsupportedTextTower(f"model_type {config.get('model_type')!r} is not 'clip'")
+        raise UnsupportedTextTower(f"model_type {config.get('model_type')!r} is not 'clip' (the numpy text tower computes CLIP's only)")
     text = config.get("text_config") or {}
     if not isinstance(text, Mapping):
         raise UnsupportedTextTower("text_config is not an object")

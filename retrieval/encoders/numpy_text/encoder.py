@@ -13,11 +13,13 @@ from typing import Any
 
 import numpy as np
 
+from .. import cpu
 from ..base import l2_normalize
 from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
+from . import gate_cache
 from .config import UnsupportedTextTower, read_checkpoint_config
-from .path import TEXT_PRECISIONS, local_checkpoint
+from .path import TEXT_PRECISIONS, local_checkpoint, one_shot_reason
 from .tokenizer import load_clip_tokenizer
 from .tower import NumpyTextTower
 from .weights import SafetensorsReader
@@ -57,9 +59,10 @@ class NumpyTextEncoder:
         self.mode: Mode = "fp32"
         self.gate_results: list[GateResult] = []
         self.int8_note: str | None = None
+        self.gate_cached = False
 
     @classmethod
-    def load(cls, model: str, precision: str = "fp32") -> NumpyTextEncoder:
+    def load(cls, model: str, precision: str = "fp32", text_queries: int | None = None) -> NumpyTextEncoder:
         """Open the text tower of a Hugging Face CLIP checkpoint (hub id or directory).
 
         Args:
@@ -67,7 +70,12 @@ class NumpyTextEncoder:
             precision: ``fp32`` (numpy only, no torch), ``int8`` (int8 products, :mod:`.int8`)
                 or ``auto``: int8 where this CPU has a fast int8 kernel and the int8 vectors of
                 :data:`~retrieval.encoders.precision.PROBE_TEXTS` pass the quality gate against
-                fp32's (the image tower's gate), else fp32.
+                fp32's (the image tower's gate), else fp32. The outcome is kept per weights and
+                CPU setting (:mod:`.gate_cache`), so later loads do not gate again.
+            text_queries: how many texts this process will embed, when it knows (a one-shot
+                command); with fewer than :data:`~.path.ONE_SHOT_TEXTS`, ``auto`` stays fp32
+                without importing torch (:func:`~.path.one_shot_reason`). None: a long-lived
+                process, where int8's set-up pays for itself.
 
         Raises:
             UnsupportedTextTower: a checkpoint or precision this does not compute, or ``int8``
@@ -87,7 +95,10 @@ class NumpyTextEncoder:
         tokenizer, settings = load_clip_tokenizer(directory, cfg.max_positions)
         tower = NumpyTextTower(cfg, reader)
         encoder = cls(name, directory, tower, tokenizer, tokenizer.token_to_id(settings.pad_token), fingerprint)
-        if precision != "fp32":
+        one_shot = one_shot_reason(precision, text_queries)
+        if one_shot is not None:
+            encoder.requested, encoder.int8_note = precision, one_shot
+        elif precision != "fp32":
             encoder._use_int8(precision)
         return encoder
 
@@ -95,6 +106,15 @@ class NumpyTextEncoder:
         from .int8 import activation_bits, int8_refusal, quantize_layer
 
         self.requested = requested
+        key: str | None = None
+        known: gate_cache.GateOutcome | None = None
+        if requested == "auto" and cpu.has_fast_int8():
+            key = gate_cache.gate_key(self.fingerprint)
+            known = gate_cache.lookup(key)
+            if known is not None and known.mode == "fp32":
+                # Decided before: fp32 products, and torch is not even imported.
+                self.gate_results, self.int8_note, self.gate_cached = list(known.gate), known.note, True
+                return
         refusal = int8_refusal()
         if refusal is not None:
             if requested == "int8":
@@ -103,7 +123,9 @@ class NumpyTextEncoder:
             return
         int8_tower = self._tower.with_products(functools.partial(quantize_layer, reduce_range=activation_bits() < 8))
         mode: Mode = "int8"
-        if requested == "auto":
+        if requested == "auto" and known is not None:
+            self.gate_results, self.gate_cached = list(known.gate), True
+        elif requested == "auto":
             towers = {"fp32": self._tower, "int8": int8_tower}
             seconds: dict[str, float] = {}
 
@@ -115,17 +137,22 @@ class NumpyTextEncoder:
 
             gated, self.gate_results = choose(embed, ("int8",))
             mode, self.int8_note = keep_if_faster(gated, seconds)
+            if key is not None:
+                gate_cache.record(key, gate_cache.GateOutcome(mode, tuple(self.gate_results), self.int8_note))
         if mode == "int8":
             # The float32 products are dropped (151 MB for ViT-B/32), the int8 ones kept (38 MB).
             self._tower, self.mode = int8_tower, "int8"
             self.int8_note = f"{activation_bits()}-bit activations, torch fbgemm"
 
     def precision_info(self) -> dict[str, Any]:
-        """JSON-able record: requested and chosen mode, the gate figures when ``auto`` ran, and
-        why int8 was not used or how it runs (``int8``)."""
+        """JSON-able record: requested and chosen mode, the gate figures when ``auto`` ran (with
+        ``gate_cached`` when they were read from :mod:`.gate_cache`), and why int8 was not used
+        or how it runs (``int8``)."""
         data = precision_record(self.requested, self.mode, self.gate_results)
         if self.int8_note:
             data["int8"] = self.int8_note
+        if self.gate_cached:
+            data["gate_cached"] = True
         return data
 
     @property

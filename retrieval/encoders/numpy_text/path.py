@@ -7,6 +7,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import ModelLoadError
+from .. import cpu
 from .config import UnsupportedTextTower, read_checkpoint_config
 from .tokenizer import TokenizerSettings
 from .weights import SafetensorsReader
@@ -56,6 +57,24 @@ class TextPath:
         return {"path": self.path, "reason": self.reason}
 
 
+# Below this many text queries in a process (a one-shot command), ``auto`` keeps the text tower in
+# fp32: int8 products need torch imported and the tower quantised first, which costs more than the
+# int8 products save on so few texts (the break-even is measured in benchmarks/README.md).
+ONE_SHOT_TEXTS = 256
+
+
+def one_shot_reason(precision: str, text_queries: int | None) -> str | None:
+    """Why ``auto`` stays fp32 in a process that will run only ``text_queries`` texts (None: the
+    rule does not apply: another precision, a long-lived process, or enough texts)."""
+    if precision != "auto" or text_queries is None or text_queries >= ONE_SHOT_TEXTS:
+        return None
+    queries = "1 text query" if text_queries == 1 else f"{text_queries} text queries"
+    return (
+        f"{queries} in this process (fewer than {ONE_SHOT_TEXTS}): int8 would first import torch and "
+        "quantise the tower, which costs more than it saves on so few"
+    )
+
+
 def fast_path_refusal(backend: str, model: str, precision: str, device: str) -> str | None:
     """Why a query with these settings cannot take the numpy path (None: it may, checkpoint allowing).
 
@@ -72,7 +91,9 @@ def fast_path_refusal(backend: str, model: str, precision: str, device: str) -> 
     return None
 
 
-def text_path(model: str, backend: str = "hf", precision: str = "fp32", device: str = "auto") -> TextPath:
+def text_path(
+    model: str, backend: str = "hf", precision: str = "fp32", device: str = "auto", text_queries: int | None = None
+) -> TextPath:
     """Which path :class:`~retrieval.index.ImageIndex` would take for a text query (cheap: no weights read).
 
     Args:
@@ -80,6 +101,8 @@ def text_path(model: str, backend: str = "hf", precision: str = "fp32", device: 
         backend: the index's backend (``hf``, ``open_clip``).
         precision: the text precision asked for.
         device: the device asked for.
+        text_queries: how many text queries the process will run, when it knows (see
+            :func:`one_shot_reason`); None for a long-lived process.
     """
     refusal = fast_path_refusal(backend, model, precision, device)
     if refusal is not None:
@@ -98,4 +121,9 @@ def text_path(model: str, backend: str = "hf", precision: str = "fp32", device: 
         "int8": "int8 products (torch's kernels)",
         "auto": "int8 products where they pass the quality gate, else fp32",
     }[precision]
+    one_shot = one_shot_reason(precision, text_queries)
+    if one_shot is not None:
+        products = f"fp32, no torch: auto runs fp32 here, {one_shot}"
+    elif precision == "auto" and not cpu.has_fast_int8():
+        products = f"fp32, no torch: auto has no reduced mode here (no fast int8 on this CPU, level {cpu.cpu_level()})"
     return TextPath("numpy", f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act}) in numpy, {products}")

@@ -1,0 +1,116 @@
+"""Search results: :class:`Hit`, the relevance cut-off and the orders a search may return.
+
+A search selects its hits one of two ways: the ``k`` best (FAISS top-k), or with a
+``min_score`` every image scoring at least that (FAISS range search, capped at ``k`` when one
+is given). :func:`make_hits` then orders them (``score``: best first; ``taken``: newest photo
+first, undated last) and attaches the stored paths and photo facts.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, Literal, Protocol
+
+import numpy as np
+
+from .checks import is_positive_int
+from .errors import InvalidArgumentError
+
+Sort = Literal["score", "taken"]
+SORTS: tuple[str, ...] = ("score", "taken")
+# Results of a search that gives neither k nor min_score.
+DEFAULT_K = 10
+
+
+@dataclass(frozen=True)
+class Hit:
+    """One search result: ``score`` is the cosine similarity (higher is better).
+
+    ``taken`` (ISO 8601), ``camera`` and ``gps`` (``(latitude, longitude)``) are the photo's
+    EXIF facts, None where it has none (or the index predates them).
+    """
+
+    id: int
+    path: str
+    score: float
+    taken: str | None = None
+    camera: str | None = None
+    gps: tuple[float, float] | None = None
+
+    def to_dict(self, facts: bool = False) -> dict[str, Any]:
+        """``id``, ``path``, ``score``, and the photo facts it has (with ``facts``: all three
+        keys, None where unknown, as ``clipsearch search --json`` prints them)."""
+        out: dict[str, Any] = {"id": self.id, "path": self.path, "score": self.score}
+        known = {"taken": self.taken, "camera": self.camera, "gps": list(self.gps) if self.gps is not None else None}
+        out.update(known if facts else {k: v for k, v in known.items() if v is not None})
+        return out
+
+
+class HitSource(Protocol):
+    """What :func:`make_hits` reads: :class:`~retrieval.rows.Rows`."""
+
+    def paths_of(self, ids: Sequence[int] | np.ndarray) -> list[str]: ...
+
+    def photo_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]: ...
+
+    def taken_us(self) -> np.ndarray: ...
+
+
+@dataclass(frozen=True)
+class Cut:
+    """Which hits a search returns: ``k`` (None: no cap), ``min_score`` (None: the ``k`` best)
+    and their ``sort``."""
+
+    k: int | None
+    min_score: float | None
+    sort: str
+
+    @property
+    def top_k(self) -> int:
+        """The k of a top-k search (without ``min_score``)."""
+        return self.k if self.k is not None else DEFAULT_K
+
+
+def check_cut(k: int | None, min_score: float | None, sort: str) -> Cut:
+    """The checked :class:`Cut` of a search's ``k``, ``min_score`` and ``sort``.
+
+    Raises:
+        InvalidArgumentError: k below 1, min_score not a number in [-1, 1], an unknown sort.
+    """
+    if k is not None and not is_positive_int(k):
+        raise InvalidArgumentError(f"k must be an integer >= 1, got {k!r}")
+    if min_score is not None:
+        if isinstance(min_score, bool) or not isinstance(min_score, (int, float, np.floating, np.integer)):
+            raise InvalidArgumentError(f"min_score must be a number in [-1, 1], got {min_score!r}")
+        if not (math.isfinite(float(min_score)) and -1.0 <= float(min_score) <= 1.0):
+            raise InvalidArgumentError(f"min_score must be in [-1, 1] (scores are cosines), got {min_score!r}")
+        min_score = float(min_score)
+    if sort not in SORTS:
+        raise InvalidArgumentError(f"sort must be one of {', '.join(SORTS)}, got {sort!r}")
+    return Cut(k, min_score, sort)
+
+
+def make_hits(rows: HitSource, ids: np.ndarray, scores: np.ndarray, cut: Cut) -> list[Hit]:
+    """The hits of one query from its selected ``ids`` and ``scores`` (best first, ties by id):
+    ordered by ``cut.sort``, capped at ``cut.k``, with their paths and photo facts."""
+    ids = np.asarray(ids, np.int64)
+    scores = np.asarray(scores, np.float32)
+    if cut.sort == "taken" and len(ids):
+        taken = rows.taken_us()[ids]
+        undated = taken == np.iinfo(np.int64).min
+        # Newest first, undated last; equal times keep the score order.
+        order = np.lexsort((ids, -scores, -np.where(undated, 0, taken), undated))
+        ids, scores = ids[order], scores[order]
+    if cut.k is not None:
+        ids, scores = ids[: cut.k], scores[: cut.k]
+    paths = rows.paths_of(ids)
+    metas = rows.photo_meta(ids)
+    return [
+        Hit(int(i), p, float(s), m["taken"], m["camera"], tuple(m["gps"]) if m["gps"] is not None else None)
+        for i, s, p, m in zip(ids.tolist(), scores.tolist(), paths, metas, strict=True)
+    ]
+
+
+__all__ = ["DEFAULT_K", "SORTS", "Cut", "Hit", "HitSource", "Sort", "check_cut", "make_hits"]
