@@ -23,15 +23,19 @@ def tables() -> dict[str, str]:
     Returns:
         ``build`` (``clipsearch index`` / :func:`indexer.build_index` / ``BuildConfig``),
         ``filters`` (``clipsearch search`` / ``where=Filter(...)`` / the search API) and
-        ``search`` (``clipsearch search`` / the search API, no Python keyword column), each a
-        Markdown table with one row per field.
+        ``search`` (``clipsearch search`` / the search API, no Python keyword column) and
+        ``watch`` (``clipsearch index --watch`` / ``WatchConfig``), each a Markdown table with
+        one row per field.
     """
-    from indexer.config import BuildConfig
+    from indexer.config import BuildConfig, WatchConfig
     from retrieval.filters import Filter
 
     from .search_params import SearchParams
 
-    return {"build": table(BuildConfig), "filters": table(Filter), "search": table(SearchParams, python=False)}
+    return {
+        "build": table(BuildConfig), "filters": table(Filter), "search": table(SearchParams, python=False),
+        "watch": table(WatchConfig),
+    }
 
 
 def table(cls: type, *, python: bool = True) -> str:

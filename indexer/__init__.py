@@ -1,6 +1,10 @@
 """clipsearch indexer: walk an image collection, embed it with CLIP, write an index directory."""
 
 from .build import BuildConfig, BuildReport, build_index
+from .config import WatchConfig
 from .importer import ImportReport, import_embeddings
+from .watch import WatchReport, watch_index
 
-__all__ = ["BuildConfig", "BuildReport", "ImportReport", "build_index", "import_embeddings"]
+__all__ = [
+    "BuildConfig", "BuildReport", "ImportReport", "WatchConfig", "WatchReport", "build_index", "import_embeddings", "watch_index",
+]

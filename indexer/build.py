@@ -17,7 +17,7 @@ import os
 import shutil
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -32,7 +32,6 @@ from retrieval.errors import (
     UnknownBuildOptionError,
     UnsupportedFormatError,
 )
-from retrieval.images import IMAGE_EXTENSIONS
 from retrieval.index_types import IndexOptions, parse_memory
 from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 
@@ -40,8 +39,9 @@ from . import ann, calibrate, ray_engine
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .dataset import content_hash
-from .discover import Discovery, discover, from_list
+from .discover import Discovery, check_photos_dir, find_images
 from .embed import embed_planned
+from .exclusions import WalkOptions, load_exclusions, recorded_walk
 from .heap import retained_heap
 from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
@@ -55,7 +55,7 @@ class _Job:
 
     ``keep_precision``: no precision was asked for and the model is loaded here, so an update
     keeps the mode the index records. ``ray``: the connected Ray session of an
-    ``engine="ray"`` build, else None.
+    ``engine="ray"`` build, else None. ``stop``: see :func:`update_index`.
     """
 
     cfg: BuildConfig
@@ -67,6 +67,8 @@ class _Job:
     start: float
     keep_precision: bool
     ray: ray_engine.RayRun | None
+    walk: WalkOptions
+    stop: Callable[[], bool] | None = None
 
 
 @dataclass(frozen=True)
@@ -77,13 +79,6 @@ class _Base:
     writer: GenerationWriter
     options_changed: bool
     old_skips: list[SkipRecord]
-
-
-def _check_photos_dir(photos_dir: Path) -> None:
-    if not photos_dir.exists():
-        raise PhotosDirError(f"photos directory {photos_dir} does not exist")
-    if not photos_dir.is_dir():
-        raise PhotosDirError(f"{photos_dir} is not a directory")
 
 
 def build_index(
@@ -111,8 +106,8 @@ def build_index(
         config: the settings (see :class:`BuildConfig` for each one), or a model name.
         encoder: an already-loaded encoder (then ``model`` and ``device`` are not used; with
             ``precision`` None it keeps its own mode).
-        files: index exactly these paths (relative to ``photos_dir``) instead of walking it;
-            listed files that do not exist are recorded as skipped.
+        files: index exactly these paths (relative to ``photos_dir``) instead of walking it
+            (no exclusions apply); listed files that do not exist are recorded as skipped.
         overrides: :class:`BuildConfig` fields to change (see its attributes).
 
     Returns:
@@ -120,7 +115,8 @@ def build_index(
 
     Raises:
         UnknownBuildOptionError: an override that is not a :class:`BuildConfig` field.
-        InvalidArgumentError: an option value that is out of range.
+        InvalidArgumentError: an option value that is out of range; an unreadable or malformed
+            ``.clipsearchignore`` (:mod:`indexer.exclusions`).
         PhotosDirError: ``photos_dir`` is missing, not a directory, or holds no images.
         IndexDirError: ``index_dir`` is a file, a non-empty directory that is not an index, or
             cannot be written (full disk, permissions); the previous index is left intact.
@@ -128,57 +124,58 @@ def build_index(
         ModelMismatchError: the index was built with another model and ``rebuild`` is False.
         ModelLoadError: the model cannot be loaded.
     """
-    cfg = _config(config, overrides)
+    return _start(build_config(config, overrides), Path(photos_dir), Path(index_dir), encoder, files)
+
+
+def update_index(
+    photos_dir: str | os.PathLike[str],
+    index_dir: str | os.PathLike[str],
+    config: BuildConfig,
+    encoder: Encoder,
+    found: Discovery,
+    stop: Callable[[], bool] | None = None,
+) -> BuildReport:
+    """One update of watch mode (:mod:`indexer.watch`): :func:`build_index` over ``found`` (the
+    caller's walk) with an ``encoder`` from :func:`load_model` kept loaded between updates (the
+    index's recorded precision is kept as when :func:`build_index` loads it). ``stop``, polled
+    between batches, ends embedding early: what is embedded is committed. Raises as
+    :func:`build_index` does."""
+    return _start(config, Path(photos_dir), Path(index_dir), encoder, None, found=found, own_encoder=True, stop=stop)
+
+
+def load_model(config: BuildConfig) -> Encoder:
+    """The encoder :func:`build_index` loads for ``config`` (its model, device and precision)."""
+    return load_encoder(config.model, device=config.device, precision=config.precision or DEFAULT_PRECISION)
+
+
+def _start(
+    cfg: BuildConfig, photos: Path, out: Path, encoder: Encoder | None, files: Sequence[str | bytes] | None, *,
+    found: Discovery | None = None, own_encoder: bool = False, stop: Callable[[], bool] | None = None,
+) -> BuildReport:
     start = time.perf_counter()
     cpu.cpu_level()  # a bad CLIPSEARCH_CPU_CAP fails here, before any work
     if encoder is not None and cfg.engine == "ray":
         raise InvalidArgumentError("engine 'ray' loads the model in every actor from model=; it cannot take a loaded encoder")
-    photos = Path(photos_dir)
-    out = Path(index_dir)
-    _check_photos_dir(photos)
+    check_photos_dir(photos)
     check_index_dir(out, "index", rebuild=cfg.rebuild)
     with contextlib.ExitStack() as stack:
         # Connected before the walk and the model: a cluster that does not answer fails in seconds.
         ray = stack.enter_context(ray_engine.ray_run(cfg)) if cfg.engine == "ray" else None
-        return _build(cfg, photos, out, encoder, files, start, ray)
-
-
-def _build(
-    cfg: BuildConfig,
-    photos: Path,
-    out: Path,
-    encoder: Encoder | None,
-    files: Sequence[str | bytes] | None,
-    start: float,
-    ray: ray_engine.RayRun | None,
-) -> BuildReport:
-    if files is None:
-        found = discover(photos)
-        if not found.files:
-            exts = ", ".join(sorted(IMAGE_EXTENSIONS))
-            raise PhotosDirError(f"no images found in {photos} (looked for {exts})")
-    else:
-        found = from_list(photos, files)
-        if not found.files:
-            raise PhotosDirError(f"none of the {len(found.missing)} listed files exist in {photos}")
-
-    if encoder is None:
-        enc = load_encoder(cfg.model, device=cfg.device, precision=cfg.precision or DEFAULT_PRECISION)
-    else:
-        enc = encoder
-        if cfg.precision is not None:
+        walk = recorded_walk(out, cfg.include_hidden, cfg.exclude)
+        if found is None:
+            found = find_images(photos, files, None if files is not None else load_exclusions(photos, walk))
+        elif not found.files:
+            raise PhotosDirError(f"no images found in {photos}")  # an emptied folder never empties the index
+        enc = encoder if encoder is not None else load_model(cfg)
+        if encoder is not None and cfg.precision is not None:
             calibrate.apply_precision(enc, cfg.precision)
-    job = _Job(
-        cfg=cfg,
-        enc=enc,
-        fingerprint=enc.fingerprint,  # fails on missing weights before anything is written
-        photos=photos,
-        out=out,
-        found=found,
-        start=start,
-        keep_precision=cfg.precision is None and encoder is None,
-        ray=ray,
-    )
+        keep = cfg.precision is None and (encoder is None or own_encoder)
+        # enc.fingerprint fails on missing weights before anything is written.
+        return _build(_Job(cfg, enc, enc.fingerprint, photos, out, found, start, keep, ray, walk, stop))
+
+
+def _build(job: _Job) -> BuildReport:
+    out = job.out
     created_dir = not out.exists()
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -193,7 +190,7 @@ def _build(
         raise
 
 
-def _config(config: BuildConfig | str | None, overrides: dict[str, Any]) -> BuildConfig:
+def build_config(config: BuildConfig | str | None, overrides: dict[str, Any]) -> BuildConfig:
     """The run's settings: ``config`` (or a model name given in its place) plus overrides."""
     if isinstance(config, str):
         if "model" in overrides:
@@ -269,6 +266,7 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
         and not base.options_changed
         and not plan.to_embed
         and not plan.changes_rows
+        and dict(previous.discovery) == job.walk.to_dict()
         and sorted((s.path, s.reason) for s in writer.skipped) == sorted((s.path, s.reason) for s in base.old_skips)
     )
     t0 = time.perf_counter()
@@ -316,6 +314,7 @@ def _meta(job: _Job, options: IndexOptions) -> IndexMeta:
         source_root=str(job.photos.resolve()),
         model_info=dict(enc.info),
         index_options=options.to_dict(),
+        discovery=job.walk.to_dict(),
     )
 
 
@@ -344,7 +343,7 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
             writer.compact(plan.keep_ids, plan.refreshed)
         if ray is not None:
             return ray.embed(ray.spec(job.photos, info), plan, writer), cpu_level
-        return embed_planned(cfg, enc, job.photos, plan, writer), cpu_level
+        return embed_planned(cfg, enc, job.photos, plan, writer, stop=job.stop), cpu_level
 
 
 def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats, *, resumed: bool, cpu_level: str) -> BuildReport:
@@ -386,7 +385,10 @@ __all__ = [
     "BuildConfig",
     "BuildReport",
     "UnknownBuildOptionError",
+    "build_config",
     "build_index",
+    "load_model",
+    "update_index",
     "default_batch_size",
     "default_threads",
     "default_workers",

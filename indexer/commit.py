@@ -72,6 +72,7 @@ class IndexMeta:
     source_root: str
     model_info: Mapping[str, Any] = field(default_factory=dict)
     index_options: Mapping[str, Any] = field(default_factory=dict)
+    discovery: Mapping[str, Any] = field(default_factory=dict)
 
 
 class GenerationWriter:
@@ -267,6 +268,7 @@ class GenerationWriter:
                 search_params=dict(info.search_params),
                 index_tuning=dict(info.tuning),
                 checksums=sums,
+                discovery=dict(self.meta.discovery),
                 format_version=format_version_for(info.factory),
             )
             crash_point("staged")

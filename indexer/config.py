@@ -19,6 +19,8 @@ from retrieval.images import DEFAULT_MAX_PIXELS
 from retrieval.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions, parse_memory
 from retrieval.options import option
 
+from .exclusions import check_patterns
+
 # A new index: the fastest mode that passes the quality gate on the collection's own images.
 # Every mode keeps a vector a function of its image alone (int8 quantises per row), so an update
 # still equals a rebuild. An update without --precision keeps the index's recorded mode.
@@ -66,6 +68,7 @@ def default_threads(device_type: str = "cpu", workers: int = 1) -> int:
 
 # The CLI lists the Ray options in a section of their own.
 _RAY = "distributed (--engine ray, pip install 'clipsearch[ray]')"
+_WALK = "what is indexed"
 
 
 @dataclass(frozen=True)
@@ -158,6 +161,26 @@ class BuildConfig:
             minimum=1,
         ),
     )
+    include_hidden: bool | None = field(
+        default=None,
+        metadata=option(
+            "also index hidden files and folders (names starting with a dot) and thumbnail caches and recycle bins "
+            "(@eaDir, #recycle, __MACOSX, ...); recorded in the index, --no-include-hidden leaves them out again",
+            default_text="what the index recorded; off for a new index",
+            group=_WALK,
+        ),
+    )
+    exclude: tuple[str, ...] | None = field(
+        default=None,
+        metadata=option(
+            "leave out paths matching this gitignore pattern, relative to PHOTOS_DIR (repeatable; PHOTOS_DIR/"
+            ".clipsearchignore is read too); recorded in the index, given ones replace the recorded ones, "
+            "--exclude '' clears them",
+            default_text="the patterns the index recorded; none for a new index",
+            metavar="GLOB",
+            group=_WALK,
+        ),
+    )
     engine: str = field(
         default="local",
         metadata=option(
@@ -224,6 +247,15 @@ class BuildConfig:
             raise InvalidArgumentError(f"image size must be an integer >= 1, got {self.image_size!r}")
         if self.commit_seconds <= 0:
             raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")
+        if self.include_hidden not in (None, True, False):
+            raise InvalidArgumentError(f"include_hidden must be True, False or None, got {self.include_hidden!r}")
+        if isinstance(self.exclude, (str, list)):
+            # One pattern, or a list: the frozen field holds a tuple either way.
+            object.__setattr__(self, "exclude", (self.exclude,) if isinstance(self.exclude, str) else tuple(self.exclude))
+        if self.exclude is not None:
+            if not isinstance(self.exclude, tuple):
+                raise InvalidArgumentError(f"exclude must be a sequence of patterns, got {type(self.exclude).__name__}")
+            check_patterns(self.exclude)
         self._check_engine()
 
     def _check_engine(self) -> None:
@@ -255,6 +287,49 @@ class BuildConfig:
             if name not in fields:
                 raise UnknownBuildOptionError(name, fields)
         return replace(self, **changes)
+
+
+@dataclass(frozen=True)
+class WatchConfig:
+    """Settings of watch mode (``clipsearch index --watch``, :func:`indexer.watch.watch_index`),
+    beside the :class:`BuildConfig` of its updates."""
+
+    settle: float = field(
+        default=2.0,
+        metadata=option(
+            "a changed file is indexed once its size and modification time have stayed the same this long (a file "
+            "still being written waits); also the quiet time after file events before an update",
+            flag="--watch-settle",
+            metavar="SECONDS",
+            minimum=0,
+            positive=True,
+        ),
+    )
+    rescan: float = field(
+        default=60.0,
+        metadata=option(
+            "walk the whole folder this often as well, for changes no file event reported (network mounts)",
+            flag="--watch-rescan",
+            metavar="SECONDS",
+            minimum=0,
+            positive=True,
+        ),
+    )
+    events: bool = field(
+        default=True,
+        metadata=option(
+            "follow file events (watchdog); without them changes are found by the rescans alone",
+            flag="--watch-no-events",
+            negate=True,
+            flag_help="no file events: find changes by the rescans alone",
+        ),
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("settle", "rescan"):
+            value = getattr(self, name)
+            if not _is_number(value) or value <= 0:
+                raise InvalidArgumentError(f"watch {name} must be a number of seconds > 0, got {value!r}")
 
 
 @dataclass(frozen=True)
@@ -310,6 +385,7 @@ __all__ = [
     "ENGINES",
     "BuildConfig",
     "BuildReport",
+    "WatchConfig",
     "default_batch_size",
     "default_threads",
     "default_workers",

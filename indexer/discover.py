@@ -2,18 +2,23 @@
 
 Directory symlinks are not followed (they cause loops and count the same image twice); file
 symlinks that point at a regular file are taken, as the user placed them in the collection.
-Names are handled as bytes, so file names that are not valid UTF-8 are found too.
+Names are handled as bytes, so file names that are not valid UTF-8 are found too. With
+:class:`~indexer.exclusions.Exclusions` the walk leaves out what they exclude and never enters an
+excluded folder.
 """
 
 from __future__ import annotations
 
 import os
 import stat
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from retrieval.errors import PhotosDirError
 from retrieval.images import IMAGE_EXTENSIONS
+
+from .exclusions import Exclusions
 
 
 @dataclass(frozen=True)
@@ -34,17 +39,52 @@ class Discovery:
     missing: list[tuple[bytes, str]] = field(default_factory=list)
 
 
+def check_photos_dir(photos_dir: Path) -> None:
+    """Raises:
+    PhotosDirError: ``photos_dir`` is missing or not a directory."""
+    if not photos_dir.exists():
+        raise PhotosDirError(f"photos directory {photos_dir} does not exist")
+    if not photos_dir.is_dir():
+        raise PhotosDirError(f"{photos_dir} is not a directory")
+
+
+def find_images(photos: Path, files: Sequence[str | bytes] | None = None, exclude: Exclusions | None = None) -> Discovery:
+    """The images of a build: a walk of ``photos`` without what ``exclude`` leaves out, or the
+    listed ``files`` (:func:`from_list`).
+
+    Raises:
+        PhotosDirError: ``photos`` is not a directory or holds no images (an emptied folder, e.g.
+            an unmounted share, is never taken to mean "remove every row"), or none of ``files``
+            exists.
+    """
+    check_photos_dir(photos)
+    if files is not None:
+        found = from_list(photos, files)
+        if not found.files:
+            raise PhotosDirError(f"none of the {len(found.missing)} listed files exist in {photos}")
+        return found
+    found = discover(photos, exclude=exclude)
+    if not found.files:
+        exts = ", ".join(sorted(IMAGE_EXTENSIONS))
+        hint = "" if exclude is None or exclude.options.include_hidden else "; hidden files and caches are left out"
+        raise PhotosDirError(f"no images found in {photos} (looked for {exts}{hint})")
+    return found
+
+
 def _has_image_extension(name: bytes, extensions: frozenset[bytes]) -> bool:
     dot = name.rfind(b".")
     return dot > 0 and name[dot:].lower() in extensions
 
 
-def discover(root: str | os.PathLike[str], extensions: Iterable[str] = IMAGE_EXTENSIONS) -> Discovery:
+def discover(
+    root: str | os.PathLike[str], extensions: Iterable[str] = IMAGE_EXTENSIONS, exclude: Exclusions | None = None
+) -> Discovery:
     """Walk ``root`` and return its image files sorted by relative path (byte order).
 
     Only regular files (or symlinks to regular files) whose extension is in ``extensions``
     (case-insensitive) are returned; FIFOs, sockets, dangling links and directory symlinks are
-    ignored. Directories that cannot be listed are reported, not fatal.
+    ignored. Directories that cannot be listed are reported, not fatal. ``exclude`` (default:
+    nothing) leaves out files and whole folders, which are not entered.
     """
     exts = frozenset(e.lower().encode() for e in extensions)
     root_b = os.fsencode(Path(root))
@@ -65,9 +105,10 @@ def discover(root: str | os.PathLike[str], extensions: Iterable[str] = IMAGE_EXT
             rel = os.path.join(rel_dir, entry.name) if rel_dir else entry.name
             try:
                 if entry.is_dir(follow_symlinks=False):
-                    subdirs.append(rel)
+                    if exclude is None or not exclude.skips_dir(rel, entry.name):
+                        subdirs.append(rel)
                     continue
-                if not _has_image_extension(entry.name, exts):
+                if not _has_image_extension(entry.name, exts) or (exclude is not None and exclude.skips_file(rel, entry.name)):
                     continue
                 st = entry.stat(follow_symlinks=True)
             except OSError:

@@ -8,7 +8,7 @@ them on the GPU while this thread runs the model. Files that fail become skip re
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -92,9 +92,11 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
         bar.close()
 
 
-def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, writer: GenerationWriter) -> RunStats:
+def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, writer: GenerationWriter,
+                  stop: Callable[[], bool] | None = None) -> RunStats:
     """Decode and embed ``plan.to_embed`` into ``writer``, committing a generation every
-    ``cfg.commit_every`` images or ``cfg.commit_seconds``; returns the run's counters and timings."""
+    ``cfg.commit_every`` images or ``cfg.commit_seconds``; returns the run's counters and timings.
+    ``stop`` (watch mode's Ctrl-C) is asked before each batch: when True the rest is left."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -133,13 +135,20 @@ def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan
 
         batches = Ahead(loader, finish, depth=2, name="clipsearch-device-decode")
     try:
-        write_batches(cfg, plan, writer, (embed_batch(enc, batch) for batch in batches), stats)
+        write_batches(cfg, plan, writer, (embed_batch(enc, batch) for batch in _until(stop, batches)), stats)
     finally:
         if isinstance(batches, Ahead):
             batches.close()
         dataset.close()
         torch.set_num_threads(threads_before)
     return stats
+
+
+def _until(stop: Callable[[], bool] | None, batches: Iterable[Batch]) -> Iterator[Batch]:
+    for batch in batches:
+        if stop is not None and stop():
+            return
+        yield batch
 
 
 def embed_batch(enc: Encoder, batch: Batch) -> EmbeddedBatch:

@@ -6,7 +6,7 @@ A pure function over plain data (plus a hash callback), so every case is tested 
 - a path whose size and mtime are unchanged is *unchanged* (neither read nor decoded);
 - a path whose size or mtime changed is hashed: the same content hash means a touched but
   identical file (kept, its mtime refreshed), another hash means *updated* (re-embedded);
-- a path the index holds that is no longer found is *removed*;
+- a path the index holds that is no longer found (deleted, or now excluded) is *removed*;
 - a file skipped as broken before is retried only when its size or mtime changed.
 """
 

@@ -87,6 +87,7 @@ def reindex(
             source_root=base.source_root,
             model_info=dict(base.model_info),
             index_options=options.to_dict(),
+            discovery=dict(base.discovery),
         )
         writer = GenerationWriter(out, meta, base)
         writer.record_skips(store.read_skipped(out / base.skipped_file))

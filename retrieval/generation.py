@@ -133,6 +133,7 @@ class Generation:
             "index_options": dict(m.index_options),
             "search_params": dict(m.search_params),
             "index_tuning": dict(m.index_tuning),
+            "discovery": dict(m.discovery),
             "faiss_bytes": (self.directory / m.faiss.path).stat().st_size if m.faiss is not None else 0,
             "faiss_mmap": self.faiss_mmap,
             "faiss_mmap_reason": self.mapping.reason,

@@ -15,7 +15,7 @@ from clipsearch.cli._common import filter_from_args
 from clipsearch.cli.options import values_from_args
 from clipsearch.reference import tables
 from clipsearch.search_params import SearchParams
-from indexer.config import BuildConfig
+from indexer.config import BuildConfig, WatchConfig
 from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter, parse_time
 from retrieval.options import flag_of, option_of
@@ -35,7 +35,8 @@ def _help(*command: str) -> str:
 
 def test_every_field_is_in_its_table_and_its_help() -> None:
     made = tables()
-    for name, cls, command in (("build", BuildConfig, "index"), ("filters", Filter, "search"), ("search", SearchParams, "search")):
+    for name, cls, command in (("build", BuildConfig, "index"), ("filters", Filter, "search"), ("search", SearchParams, "search"),
+                               ("watch", WatchConfig, "index")):
         text = _help(command)
         for f in dataclasses.fields(cls):
             assert f"| `{f.name}` |" in made[name], f.name
@@ -162,6 +163,7 @@ def _hooks() -> ModuleType:
 def test_docs_hook_puts_the_tables_in() -> None:
     hooks = _hooks()
     page = "# CLI\n\n<!-- options:build -->\n\ntext\n\n<!-- options:filters -->\n\n<!-- options:search -->\n"
+    page += "\n<!-- options:watch -->\n"
     out = hooks.on_page_markdown(page, page=None, config={}, files=None)
     assert "<!--" not in out and all(table in out for table in tables().values())
     assert hooks.on_page_markdown("no markers", page=None, config={}, files=None) == "no markers"

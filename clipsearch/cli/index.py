@@ -1,4 +1,5 @@
-"""``clipsearch index``: embed a folder of images into an index directory (new or updated).
+"""``clipsearch index``: embed a folder of images into an index directory (new or updated);
+with ``--watch``, keep it up to date as the folder changes (:mod:`indexer.watch`).
 
 Also the FAISS options (``--index-type``, ``--max-memory``, ``--target-recall``) and the
 recall warning, which ``reindex`` shares.
@@ -7,10 +8,14 @@ recall warning, which ``reindex`` shares.
 from __future__ import annotations
 
 import argparse
+import contextlib
+import signal
 import sys
-from typing import TYPE_CHECKING
+import threading
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
 
-from indexer.config import BuildConfig
+from indexer.config import BuildConfig, BuildReport, WatchConfig
 from retrieval.errors import InvalidArgumentError
 
 from ._common import PROG, print_json
@@ -35,18 +40,62 @@ def run(args: argparse.Namespace) -> int:
     """Build or update the index; print the summary line, or one JSON object with ``--json``."""
     from indexer.build import build_index
 
-    files = _read_file_list(args.files_from) if args.files_from else None
     config = BuildConfig(**values_from_args(BuildConfig, args))
+    if args.watch:
+        return _watch(args, config)
+    files = _read_file_list(args.files_from) if args.files_from else None
     report = build_index(args.photos_dir, args.index_dir, config, files=files)
+    _print_report(args, report)
+    return 0
+
+
+def _print_report(args: argparse.Namespace, report: BuildReport) -> None:
     if args.json:
         print_json(report.to_dict())
-    else:
-        warn_recall(args.index_dir)
-        print(
-            f"indexed {report.indexed} images, skipped {report.skipped} "
-            f"(added {report.added}, updated {report.updated}, removed {report.removed}, unchanged {report.unchanged}), "
-            f"in {report.seconds:.1f} s ({report.images_per_second:.1f} images/s) -> {report.index_dir}"
+        return
+    warn_recall(args.index_dir)
+    print(
+        f"indexed {report.indexed} images, skipped {report.skipped} "
+        f"(added {report.added}, updated {report.updated}, removed {report.removed}, unchanged {report.unchanged}), "
+        f"in {report.seconds:.1f} s ({report.images_per_second:.1f} images/s) -> {report.index_dir}",
+        flush=True,
+    )
+
+
+@contextlib.contextmanager
+def _stop_on_signals() -> Iterator[threading.Event]:
+    """An event set by the first Ctrl-C or SIGTERM (the watch then commits and returns); a
+    second one interrupts at once (exit 130, the index resumable as after any crash)."""
+    stop = threading.Event()
+
+    def handler(signum: int, frame: Any) -> None:
+        if stop.is_set():
+            raise KeyboardInterrupt
+        print(f"{PROG}: stopping: committing what is done (again to stop at once)", file=sys.stderr, flush=True)
+        stop.set()
+
+    before = {sig: signal.signal(sig, handler) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        yield stop
+    finally:
+        for sig, old in before.items():
+            signal.signal(sig, old)
+
+
+def _watch(args: argparse.Namespace, config: BuildConfig) -> int:
+    """``--watch``: one summary per committed update (a JSON object per line with ``--json``)."""
+    from indexer.watch import watch_index
+
+    if args.files_from:
+        raise InvalidArgumentError("--watch watches the whole PHOTOS_DIR; it does not take --files-from")
+    watch = WatchConfig(**values_from_args(WatchConfig, args))
+    with _stop_on_signals() as stop:
+        done = watch_index(
+            args.photos_dir, args.index_dir, config, watch, stop=stop, on_update=lambda report: _print_report(args, report),
+            log=lambda msg: print(f"{PROG}: {msg}", file=sys.stderr, flush=True),
         )
+    print(f"{PROG}: stopped watching {args.photos_dir} after {done.updates} updates; the index is committed",
+          file=sys.stderr, flush=True)
     return 0
 
 
@@ -61,7 +110,13 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("--files-from", metavar="LIST", help="index only the paths listed in this file (one per line, relative to PHOTOS_DIR)")
     add_options(p, BuildConfig)
-    p.add_argument("--json", action="store_true", help="print the summary as one JSON object")
+    watching = p.add_argument_group(
+        "watch mode", "index, then keep the index up to date as files are added, changed, moved or deleted, until "
+        "Ctrl-C or SIGTERM (which commit what is done and exit 0)"
+    )
+    watching.add_argument("--watch", action="store_true", help="keep running and index changes within seconds")
+    add_options(watching, WatchConfig)
+    p.add_argument("--json", action="store_true", help="print the summary as one JSON object (with --watch: one per update)")
     p.set_defaults(handler=run)
 
 

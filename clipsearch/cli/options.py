@@ -53,7 +53,8 @@ def values_from_args(cls: type, args: argparse.Namespace, names: Collection[str]
     """The field values that :func:`add_options`' flags hold, as ``cls`` takes them.
 
     A negated flag is turned back (``--no-progress`` -> ``progress=False``), a repeated one
-    becomes a tuple, and text that a field declares a reader for is read with it.
+    becomes a tuple (None when not given and the field's default is None: "keep what was
+    recorded"), and text that a field declares a reader for is read with it.
 
     Raises:
         InvalidArgumentError: text the field's reader refuses (a bad size, a bad date).
@@ -67,7 +68,7 @@ def values_from_args(cls: type, args: argparse.Namespace, names: Collection[str]
         if opt.negate:
             value = not value
         elif types[f.name] is tuple:
-            value = tuple(value)
+            value = tuple(value) if value or f.default is not None else None
         elif opt.parse is not None and value is not None:
             value = opt.parse(value)
         values[f.name] = value
@@ -102,6 +103,9 @@ def _argument(name: str, default: Any, opt: Option, kind: type) -> dict[str, Any
     kwargs: dict[str, Any] = {"help": help_text(opt, default)}
     if opt.flag:
         kwargs["dest"] = _dest(name, opt)
+    if kind is bool and default is None:
+        # Three states: --x, --no-x, or neither (None: the library keeps what was recorded).
+        return {**kwargs, "action": argparse.BooleanOptionalAction, "default": None}
     if kind is bool:
         return {**kwargs, "action": "store_true"}
     if kind is tuple:

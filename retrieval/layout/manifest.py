@@ -125,6 +125,9 @@ class Manifest:
             timings); informational.
         checksums: size and digest of every file of the generation (:meth:`files`), by path;
             ``{}`` in indexes that do not record them.
+        discovery: what the walk of the photos left out (``include_hidden``, the ``exclude``
+            patterns); updates keep it. ``{}`` in indexes that do not record it (their walks
+            left nothing out; their next update records the defaults).
     """
 
     model: str
@@ -150,6 +153,7 @@ class Manifest:
     search_params: Mapping[str, int] = field(default_factory=dict)
     index_tuning: Mapping[str, Any] = field(default_factory=dict)
     checksums: Mapping[str, FileChecksum] = field(default_factory=dict)
+    discovery: Mapping[str, Any] = field(default_factory=dict)
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -160,7 +164,7 @@ class Manifest:
             raise ValueError("manifest counts must be >= 0")
         if self.metric != "inner_product":
             raise ValueError(f"unsupported metric {self.metric!r}")
-        for name in ("model_info", "index_options", "search_params", "index_tuning"):
+        for name in ("model_info", "index_options", "search_params", "index_tuning", "discovery"):
             if not isinstance(getattr(self, name), Mapping):
                 raise ValueError(f"{name} must be a mapping, got {type(getattr(self, name)).__name__}")
         known = ("nprobe", "efSearch", "k_factor") if self.format_version >= 3 else ("nprobe", "efSearch")
@@ -204,7 +208,7 @@ class Manifest:
         """The manifest as plain JSON-able data, as ``manifest.json`` holds it (without its digest)."""
         data = asdict(self)
         data["preprocess"] = dict(self.preprocess)
-        for name in ("model_info", "index_options", "search_params", "index_tuning"):
+        for name in ("model_info", "index_options", "search_params", "index_tuning", "discovery"):
             data[name] = dict(getattr(self, name))
         data["parts"] = [asdict(p) for p in self.parts]
         data["faiss"] = asdict(self.faiss) if self.faiss is not None else None
