@@ -131,3 +131,19 @@ def test_the_rules(small_budget: Path) -> None:
     partial = dataclasses.replace(manifest, faiss=dataclasses.replace(manifest.faiss, rows=manifest.count - 1))  # type: ignore[type-var]
     assert plan_mapping(partial, size).mmap is False and plan_mapping(partial, size, asked=True).mmap is False
     assert plan_mapping(dataclasses.replace(manifest, faiss=None, checksums={}), 0).mmap is False
+
+
+def test_a_mapped_flat_index_adds_no_anonymous_memory(tmp_path: Path) -> None:
+    # `serve --workers N` opens every index mapped: a flat index's vectors are then one copy in
+    # the page cache, shared by the workers, not one copy in each.
+    out = tmp_path / "flat.idx"
+    write_vectors_index(out, clustered(ROWS, DIM, seed=4), commit_every=ROWS, options={"index_type": "flat"})
+    assert read_manifest(out).index_type == "Flat"
+    mapped, read = _anon_growth(out, True), _anon_growth(out, False)
+    assert mapped["faiss_mmap"] is True and read["faiss_mmap"] is False
+    vectors = ROWS * DIM * 4
+    assert mapped["open"] < OPEN_OVERHEAD and mapped["queried"] < OPEN_OVERHEAD
+    assert read["open"] > vectors * 0.9
+    index, again = ImageIndex.open(out, mmap=True), ImageIndex.open(out, mmap=False)
+    queries = clustered(20, DIM, seed=5)
+    assert np.array_equal(index.search_ids(queries, 10)[1], again.search_ids(queries, 10)[1])

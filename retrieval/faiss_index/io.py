@@ -12,6 +12,8 @@ from .structure import FaissIndex
 
 # The header FAISS writes first for an IndexRefine (index_write.cpp).
 _REFINE_FOURCC = b"IxRF"
+# Flat indexes (inner product, L2, generic): their vectors are one code array that MMAP_IFC maps.
+_FLAT_FOURCCS = (b"IxFI", b"IxF2", b"IxFl")
 
 
 def write(index: FaissIndex, path: str | os.PathLike[str]) -> None:
@@ -34,12 +36,12 @@ def read(path: str | os.PathLike[str], mmap: bool = False) -> FaissIndex:
         raise IndexFormatError(f"{path} is missing; rebuild the index with `clipsearch index`")
     flags = 0
     if mmap:
-        refined = _is_refined_file(path)
-        # IO_FLAG_MMAP maps IVF lists but copies a refine stage's vectors into RAM; MMAP_IFC maps
-        # both the IVF lists and the refine vectors, so opening adds no anonymous memory: queries
-        # fault in the lists they scan and the vectors they re-score.
+        # IO_FLAG_MMAP maps IVF lists but copies a flat index's or a refine stage's vectors into
+        # RAM; MMAP_IFC maps those vectors (and the IVF lists), so opening adds no anonymous
+        # memory: queries fault in what they scan and re-score, and server workers share one copy.
         # FAISS refuses the two flags together.
-        flags = (faiss.IO_FLAG_MMAP_IFC if refined else faiss.IO_FLAG_MMAP) | faiss.IO_FLAG_READ_ONLY
+        flags = (faiss.IO_FLAG_MMAP_IFC if _fourcc(path) in (_REFINE_FOURCC, *_FLAT_FOURCCS) else faiss.IO_FLAG_MMAP)
+        flags |= faiss.IO_FLAG_READ_ONLY
     try:
         index = faiss.read_index(os.fspath(path), flags)
     except RuntimeError as exc:
@@ -55,6 +57,10 @@ def read(path: str | os.PathLike[str], mmap: bool = False) -> FaissIndex:
     return index
 
 
-def _is_refined_file(path: str | os.PathLike[str]) -> bool:
+def _fourcc(path: str | os.PathLike[str]) -> bytes:
     with open(path, "rb") as f:
-        return f.read(4) == _REFINE_FOURCC
+        return f.read(4)
+
+
+def _is_refined_file(path: str | os.PathLike[str]) -> bool:
+    return _fourcc(path) == _REFINE_FOURCC
