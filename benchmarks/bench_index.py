@@ -1,12 +1,14 @@
 """End-to-end indexing speed: clipsearch's indexer in every precision mode against a naive
 baseline, in one run, with the quality gate of each reduced mode and the achieved GFLOP/s.
 
-The baseline is what a hand-rolled script does: a plain loop of PIL open + ``CLIPProcessor`` +
-``CLIPModel.get_image_features`` over the same files, same model, same batch size. All run on
+The baseline is what a hand-rolled script does: a plain loop of PIL open + the checkpoint's
+processor + ``get_image_features`` (``CLIPModel``, or SigLIP's model for the SigLIP presets) over
+the same files, same model, same batch size. All run on
 the same generated 640x480 photo-like JPEGs with a randomly initialised model (weights do not
 change speed). Prints one JSON line, then a readable table.
 
-    python benchmarks/bench_index.py [--preset vit-b-32|vit-l-14|tiny] [--images 256] [--batch-size N]
+    python benchmarks/bench_index.py [--preset vit-b-32|vit-l-14|tiny|siglip-b-16|siglip2-naflex-b-16] [--images 256]
+        [--batch-size N]
         [--modes fp32,int8,bf16,auto] [--workers N] [--threads N] [--device cpu|cuda]
         [--unique N] [--baseline-images N] [--sample-stacks DIR] [--steady]
 
@@ -35,19 +37,24 @@ from pathlib import Path
 
 from _common import ROOT, StackSampler, machine_facts, peak_rss_mb
 
+# SigLIP shapes (retrieval.random_model.siglip): the naive loop is then the SigLIP model's own
+# processor and get_image_features, as for CLIP.
+SIGLIP_BENCH_PRESETS = ("siglip-b-16", "siglip2-naflex-b-16", "siglip-tiny", "siglip2-naflex-tiny")
+
 sys.path.insert(0, str(ROOT / "tests"))
 
 
 def run_baseline(model_dir: Path, files: list[Path], batch_size: int, device: str) -> float:
     import torch
     from PIL import Image
-    from transformers import CLIPModel, CLIPProcessor
+    from transformers import AutoModel, AutoProcessor
 
     # Timed from model load, like build_index's figure (which also includes discovery, the
-    # weights fingerprint and writing the index).
+    # weights fingerprint and writing the index). AutoModel/AutoProcessor: CLIPModel and
+    # CLIPProcessor for CLIP, the SigLIP (and SigLIP 2 NaFlex) model and processor for those.
     start = time.perf_counter()
-    model = CLIPModel.from_pretrained(model_dir).eval().to(device)
-    proc = CLIPProcessor.from_pretrained(model_dir)
+    model = AutoModel.from_pretrained(model_dir).eval().to(device)
+    proc = AutoProcessor.from_pretrained(model_dir)
     with torch.inference_mode():
         for i in range(0, len(files), batch_size):
             images = [Image.open(p).convert("RGB") for p in files[i : i + batch_size]]
@@ -123,16 +130,17 @@ def gpu_facts(device: str) -> dict:
 
 
 def flops_per_image(model_dir: Path) -> float:
-    """FLOPs of one image through the vision tower (FlopCounterMode: 2 per multiply-add)."""
+    """FLOPs of one 640x480 image through the vision tower and its projection, as the
+    checkpoint's own processor prepares it (FlopCounterMode: 2 per multiply-add)."""
     import torch
+    from PIL import Image
     from torch.utils.flop_counter import FlopCounterMode
+    from transformers import AutoModel, AutoProcessor
 
-    from retrieval.encoders import HFClipEncoder
-
-    enc = HFClipEncoder.load(str(model_dir), device="cpu")
-    x = torch.zeros(1, 3, *enc.preprocess.input_size)
+    model = AutoModel.from_pretrained(model_dir).eval()
+    inputs = AutoProcessor.from_pretrained(model_dir)(images=[Image.new("RGB", (640, 480))], return_tensors="pt")
     with torch.inference_mode(), FlopCounterMode(display=False) as counter:
-        enc.vision_model(pixel_values=x)
+        model.get_image_features(**inputs)
     return float(counter.get_total_flops())
 
 
@@ -179,7 +187,7 @@ def decode_per_core(files: list[Path], model_dir: Path) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "vit-l-14", "tiny"])
+    parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "vit-l-14", "tiny", *SIGLIP_BENCH_PRESETS])
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=None, help="default: the build's (64 on CPU, 512 on GPU)")
     parser.add_argument("--workers", type=int, default=None)
@@ -200,12 +208,14 @@ def main(argv: list[str] | None = None) -> int:
 
     from retrieval.encoders.precision import gate
     from retrieval.random_model import make_random_clip
+    from retrieval.random_model.siglip import make_random_siglip
 
     modes = ["fp32"] + [m for m in args.modes.split(",") if m and m != "fp32"]
     runs: dict[str, dict] = {}
     with tempfile.TemporaryDirectory() as tmp:
         tmp_path = Path(tmp)
-        model_dir = make_random_clip(tmp_path / "model", preset=args.preset, seed=0)
+        make = make_random_siglip if args.preset in SIGLIP_BENCH_PRESETS else make_random_clip
+        model_dir = make(tmp_path / "model", preset=args.preset, seed=0)
         unique = args.unique or args.images
         files = make_photos(tmp_path / "photos", args.images, unique, (640, 480))
         distinct = {f.name for f in files[:unique]} if unique < len(files) else None

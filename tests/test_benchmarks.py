@@ -413,6 +413,15 @@ def test_bench_index_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["baseline_images_per_second"] > 0 and "(default: " in out
 
 
+def test_bench_index_siglip_preset(capsys: pytest.CaptureFixture[str]) -> None:
+    # SigLIP 2 NaFlex shapes: ours (the default auto included) beside SigLIP's own processor loop.
+    argv = ["--preset", "siglip2-naflex-tiny", "--images", "4", "--batch-size", "4", "--modes", "auto", "--workers", "0"]
+    assert bench_index.main(argv) == 0
+    result = _json_line(capsys.readouterr().out)
+    assert result["preset"] == "siglip2-naflex-tiny" and list(result["modes"]) == ["fp32", "auto"]
+    assert result["baseline_images_per_second"] > 0 and result["modes"]["auto"]["gate"]["mean_cosine"] > 0.99
+
+
 def test_bench_index_steady_state_is_the_marginal_rate(capsys: pytest.CaptureFixture[str]) -> None:
     argv = ["--preset", "tiny", "--images", "8", "--batch-size", "4", "--modes", "int8", "--workers", "0", "--steady"]
     assert bench_index.main(argv) == 0

@@ -136,3 +136,16 @@ def test_naflex_bad_inputs(naflex_dir: Path, encoder: HFClipEncoder, tmp_path: P
     (bad / "processor_config.json").write_text(json.dumps(data))
     with pytest.raises(ModelLoadError, match="patch_size 14 differs from the model's patch_size 16"):
         load_encoder(str(bad), device="cpu")
+
+
+@pytest.mark.parametrize("precision", ["int8", "bf16", "auto"])
+def test_reduced_precisions_embed_naflex(naflex_dir: Path, reference: tuple, precision: str) -> None:
+    # The default build precision is auto: NaFlex's patch embedding is a Linear whose caller reads
+    # its weight's dtype, so the int8 tower keeps that one layer in float32.
+    model, processor = reference
+    images = [photo_like(w, h, seed=w * h) for w, h in SIZES[:3]]
+    with torch.no_grad():
+        ref = _unit(model.get_image_features(**processor(images=images, return_tensors="pt")).pooler_output.numpy())
+    enc = load_encoder(str(naflex_dir), device="cpu", precision=precision)
+    got = enc.embed_pixels(preprocess_images(images, enc.preprocess))
+    assert got.shape == ref.shape and (got * ref).sum(1).min() >= 0.99

@@ -67,6 +67,11 @@ def _fold_quick_gelu(root: nn.Module, kernel: Int8Kernel) -> None:
                 setattr(module, second, Int8Linear(layers[2], in_scale=_QUICK_GELU_ALPHA, consumes_input=True, kernel=kernel))
 
 
+# Linear layers left in float32: SigLIP 2 NaFlex's patch embedding is a Linear whose caller reads
+# its ``weight.dtype`` to cast the patches (Siglip2VisionEmbeddings), which an int8 layer has not.
+_KEPT_LINEARS = frozenset({"patch_embedding"})
+
+
 def quantize_int8(module: Any, kernel: Int8Kernel | None = None) -> Any:
     """A CPU copy of ``module`` with every ``nn.Linear`` (exact type), ``nn.MultiheadAttention``
     (as self-attention) and patch-embedding ``Conv2d`` replaced by per-row int8 versions, all
@@ -77,6 +82,8 @@ def quantize_int8(module: Any, kernel: Int8Kernel | None = None) -> Any:
     fuse_projections(root, kernel)
     for parent in list(root.modules()):
         for name, child in list(parent.named_children()):
+            if type(child) is nn.Linear and name in _KEPT_LINEARS:
+                continue
             if type(child) is nn.Linear:
                 setattr(parent, name, Int8Linear(child, kernel=kernel))
             elif Int8SelfAttention.supports(child):
