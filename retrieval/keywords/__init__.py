@@ -10,7 +10,19 @@ from __future__ import annotations
 
 from .fts import KEYWORDS_FORMAT, NO_MATCHES, KeywordIndex, Matches, check_engine, extend_keywords, write_keywords
 from .fusion import MODES, RRF_K, check_mode, fuse
-from .text import MAX_QUERY_CHARS, SOURCES, SUBSTRING_MIN, Terms, fold, joined, matched_words, path_text, query_terms, words_of
+from .text import (
+    MAX_QUERY_CHARS,
+    SOURCES,
+    SUBSTRING_MIN,
+    Terms,
+    check_query_text,
+    fold,
+    joined,
+    matched_words,
+    path_text,
+    query_terms,
+    words_of,
+)
 
 __all__ = [
     "KEYWORDS_FORMAT",
@@ -25,6 +37,7 @@ __all__ = [
     "Terms",
     "check_engine",
     "check_mode",
+    "check_query_text",
     "extend_keywords",
     "fold",
     "fuse",
