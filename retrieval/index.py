@@ -203,7 +203,7 @@ class ImageIndex:
     def search_many(self, queries: Sequence[str], k: int | None = None, where: Filter | None = None, *,
                     min_score: float | None = None, sort: str = "score", mode: str | None = None) -> list[list[Hit]]:
         """Search several texts at once (encoded and searched in batches); arguments as :meth:`search`."""
-        cut = check_cut(k, min_score, sort)
+        check_cut(k, min_score, sort)
         run_mode = resolve_mode(mode, self.keywords)
         if isinstance(queries, str):
             raise InvalidArgumentError("search_many takes a list of queries, not a single string")
@@ -214,8 +214,19 @@ class ImageIndex:
                 check_query_text(q)
         if not queries:
             return []
-        vectors = self.embed_texts(list(queries))
-        return text_search(self, list(queries), vectors, cut, where, run_mode)
+        return self.search_embedded(list(queries), self.embed_texts(list(queries)), k, where, min_score=min_score, sort=sort,
+                                    mode=run_mode)
+
+    def search_embedded(self, queries: Sequence[str], vectors: np.ndarray, k: int | None = None, where: Filter | None = None,
+                        *, min_score: float | None = None, sort: str = "score", mode: str | None = None) -> list[list[Hit]]:
+        """:meth:`search_many` with the queries' vectors made already (by :meth:`embed_texts`,
+        e.g. under a server's model lock); the keyword side reads ``queries``."""
+        cut = check_cut(k, min_score, sort)
+        run_mode = resolve_mode(mode, self.keywords)
+        if run_mode != "vector":
+            for q in queries:
+                check_query_text(q)
+        return text_search(self, list(queries), self._generation.query_vectors(np.asarray(vectors)), cut, where, run_mode)
 
     @property
     def keywords(self) -> KeywordIndex | None:

@@ -103,7 +103,7 @@ def parse_xmp(packet: bytes) -> tuple[list[str], list[str]]:
 def _iptc(img: Image.Image) -> tuple[list[str], list[str]]:
     from PIL import IptcImagePlugin
 
-    info = IptcImagePlugin.getiptcinfo(img) or {}
+    info = IptcImagePlugin.getiptcinfo(img) or {}  # type: ignore[arg-type]  # any opened image: None when it has no IPTC
 
     def texts(key: tuple[int, int]) -> list[str]:
         value = info.get(key)
@@ -144,13 +144,13 @@ def read_embedded_text(img: Image.Image) -> EmbeddedText:
         notes.append(f"IPTC unreadable ({type(exc).__name__})")
     description = _dedup(descriptions, " ")
     keyword_text = _dedup(keywords, "\n")
-    out: list[str | None] = []
+    kept: list[str | None] = []
     for what, text in (("description", description), ("keywords", keyword_text)):
         if text is not None and len(text) > MAX_TEXT_CHARS:
             notes.append(f"{what} of {len(text)} characters ignored (over {MAX_TEXT_CHARS})")
             text = None
-        out.append(text)
-    return EmbeddedText(out[0], out[1], "; ".join(notes) or None)
+        kept.append(text)
+    return EmbeddedText(kept[0], kept[1], "; ".join(notes) or None)
 
 
 def _dedup(values: list[str], sep: str) -> str | None:

@@ -68,11 +68,11 @@ def _insert(con: sqlite3.Connection, docs: Iterable[tuple[int, Mapping[str, str 
         con.executemany(f"INSERT INTO texts(id, {names}) VALUES ({marks})", [(i, *(d.get(s) for s in SOURCES)) for i, d in batch])
         con.executemany(
             f"INSERT INTO words(rowid, {names}) VALUES ({marks})",
-            [(i, *(" ".join(words_of(d[s])) if d.get(s) else None for s in SOURCES)) for i, d in batch],
+            [(i, *(" ".join(words_of(t)) if (t := d.get(s)) else None for s in SOURCES)) for i, d in batch],
         )
         con.executemany(
             f"INSERT INTO grams(rowid, {names}) VALUES ({marks})",
-            [(i, *(fold(d[s]) if d.get(s) else None for s in SOURCES)) for i, d in batch],  # type: ignore[arg-type]
+            [(i, *(fold(t) if (t := d.get(s)) else None for s in SOURCES)) for i, d in batch],
         )
         batch.clear()
 
