@@ -22,6 +22,7 @@
     takenBefore: $('input[name="taken_before"]'),
     minScore: $('input[name="min_score"]'),
     sort: $('select[name="sort"]'),
+    mode: $('select[name="mode"]'),
     file: $('input[name="image"]'),
     hint: $('[data-testid="hint"]'),
     queryImage: $('[data-testid="query-image"]'),
@@ -314,10 +315,13 @@
 
   // ---- date filters, cut-off, order ------------------------------------------------------
 
-  const REFINE = ["taken_after", "taken_before", "min_score", "sort"];
+  // How the sources of matched words are named in the UI.
+  const SOURCE_NAMES = { path: "file name", embedded: "photo keywords", caption: "caption", ocr: "text in the image" };
+
+  const REFINE = ["taken_after", "taken_before", "min_score", "sort", "mode"];
 
   function refineControls() {
-    return { taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort };
+    return { taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort, mode: el.mode };
   }
 
   // The refine controls' values that differ from "no condition" (the server checks them).
@@ -371,7 +375,8 @@
     if (s.prefix) form.append("path_prefix", s.prefix);
     if (s.add) form.append("add", s.add);
     if (s.subtract) form.append("subtract", s.subtract);
-    for (const [name, value] of Object.entries(refine)) form.append(name, value);
+    // An image query ranks by the picture alone: the text mode is not sent with it.
+    for (const [name, value] of Object.entries(refine)) if (name !== "mode") form.append(name, value);
     return ["/api/search", { method: "POST", body: form }];
   }
 
@@ -497,7 +502,18 @@
       taken.title = `Taken ${result.taken}${result.camera ? ` with ${result.camera}` : ""}`;
     }
 
-    button.append(frame, score, path, taken);
+    // The query's words found in the picture's text (file name, keywords, text in the image).
+    const matched = document.createElement("span");
+    matched.className = "matched";
+    matched.dataset.testid = "matched";
+    const found = result.matched && typeof result.matched === "object" ? Object.entries(result.matched) : [];
+    if (found.length) {
+      const words = [...new Set(found.flatMap(([, w]) => (Array.isArray(w) ? w : [])))];
+      matched.textContent = words.join(", ");
+      matched.title = found.map(([source, w]) => `${SOURCE_NAMES[source] || source}: ${w.join(", ")}`).join("\n");
+    }
+
+    button.append(frame, score, path, taken, matched);
     button.addEventListener("click", () => openViewer(result, button));
     item.append(button);
 
