@@ -179,25 +179,33 @@ class KeywordIndex:
         if not terms or not self.count:
             return NO_MATCHES
         noise = max(NOISE_MIN_ROWS, int(NOISE_FRACTION * self.count))
-        scores = np.zeros(self.count, np.float64)
+        found: list[np.ndarray] = []
+        weights: list[np.ndarray] = []
         used: list[str] = []
         with self._lock:
             for word in terms.words:
-                ids = self._ids("words", word, noise + 1)
-                if len(word) >= SUBSTRING_MIN and len(ids) <= noise:
-                    ids = np.union1d(ids, self._ids("grams", word, noise + 1))
+                # Every whole word is also a part of its text: for a word long enough to match
+                # inside runs, the trigram table's answer holds the word table's.
+                ids = self._ids("grams" if len(word) >= SUBSTRING_MIN else "words", word, noise + 1)
                 if not len(ids) or len(ids) > noise:
                     continue
                 used.append(word)
-                scores[ids] += math.log(1 + self.count / len(ids))
-        if allowed is not None:
-            scores[~allowed] = 0
-        ids = np.flatnonzero(scores)
-        if not len(ids):
+                found.append(ids)
+                # Rarer words weigh more (an IDF): a match on "4711" beats one on "invoice".
+                weights.append(np.full(len(ids), math.log(1 + self.count / len(ids))))
+        if not found:
             return Matches(NO_MATCHES.ids, NO_MATCHES.scores, NO_MATCHES.ranks, tuple(used))
-        order = np.lexsort((ids, -scores[ids]))
-        ids = ids[order]
-        best = scores[ids]
+        # Work in proportion to the matches, not to the index.
+        unique, inverse = np.unique(np.concatenate(found), return_inverse=True)
+        summed = np.bincount(inverse, weights=np.concatenate(weights))
+        if allowed is not None:
+            keep = allowed[unique]
+            unique, summed = unique[keep], summed[keep]
+        if not len(unique):
+            return Matches(NO_MATCHES.ids, NO_MATCHES.scores, NO_MATCHES.ranks, tuple(used))
+        order = np.lexsort((unique, -summed))
+        ids = unique[order]
+        best = summed[order]
         # Competition ranks: images that match equally well share one.
         first = np.r_[True, best[1:] != best[:-1]]
         ranks = np.maximum.accumulate(np.where(first, np.arange(1, len(ids) + 1), 0))

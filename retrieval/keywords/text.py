@@ -42,6 +42,8 @@ STOP_WORDS: frozenset[str] = frozenset(
 
 def fold(text: str) -> str:
     """``text`` without accents, case-folded (``"Ça Va"`` -> ``"ca va"``)."""
+    if text.isascii():
+        return text.lower()  # the common case, without decomposing
     decomposed = unicodedata.normalize("NFKD", text)
     return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
 
@@ -100,9 +102,13 @@ def matched_words(terms: Terms, text: str | None) -> list[str]:
     word, or inside a run for words of :data:`SUBSTRING_MIN` characters and more)."""
     if not text or not terms:
         return []
-    words = set(words_of(text))
     folded = fold(text)
-    return [t for t in terms.words if t in words or (len(t) >= SUBSTRING_MIN and t in folded)]
+    # Every word of the text is a part of its folded form: most texts are ruled out here.
+    candidates = [t for t in terms.words if t in folded]
+    if not candidates:
+        return []
+    words = set(words_of(text))
+    return [t for t in candidates if t in words or len(t) >= SUBSTRING_MIN]
 
 
 def joined(values: Iterable[str | None], sep: str = "\n") -> str | None:
