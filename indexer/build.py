@@ -310,10 +310,19 @@ def _open_base(job: _Job) -> _Base:
 
 
 def ocr_of(cfg: BuildConfig, previous: Manifest | None) -> bool:
-    """Whether this run recognises text: ``cfg.ocr`` when given, else what the index recorded."""
-    if cfg.ocr is not None:
-        return cfg.ocr
-    return previous is not None and previous.keywords is not None and previous.keywords.ocr
+    """Whether this run recognises text: ``cfg.ocr`` when given, else what the index recorded.
+
+    Raises:
+        InvalidArgumentError: ``--ocr`` on an index whose images were embedded without it (their
+            text would be missing while the index says OCR ran): that needs ``--rebuild``.
+    """
+    recorded = previous is not None and previous.keywords is not None and previous.keywords.ocr
+    if cfg.ocr and previous is not None and previous.count and not recorded:
+        raise InvalidArgumentError(
+            f"the index holds {previous.count} images embedded without --ocr; pass --rebuild to recognise the text "
+            "in every image (or leave out --ocr)"
+        )
+    return cfg.ocr if cfg.ocr is not None else recorded
 
 
 def _meta(job: _Job, options: IndexOptions, ocr: bool) -> IndexMeta:
