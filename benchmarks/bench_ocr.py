@@ -6,8 +6,9 @@ one thread) and Tesseract (Debian's ``tesseract-ocr``, through its command line 
 page segmentation; ``--psm 11``, sparse text, found nothing on these signs). Each reads the same
 signs: words drawn with Pillow (DejaVu Sans Bold) on a textured photo-like background at three
 text sizes, as PNG and after JPEG quality 75.
-A word is found when its case-folded letters appear in the engine's output with spaces removed
-(PP-OCR drops spaces; the keyword side matches inside such runs). Also timed: each engine on
+A word is found when its folded form appears in the engine's folded output with spaces removed,
+as the keyword side matches it (PP-OCR drops spaces, and the keyword side matches inside such
+runs; it reads the digit 0 as the letter o, which OCR confuses). Also timed: each engine on
 photos without text (the common case in a photo library).
 
 ``--index N``: ``build_index`` images per second on N photos with text and N without, with and

@@ -40,12 +40,18 @@ STOP_WORDS: frozenset[str] = frozenset(
 )
 
 
-def fold(text: str) -> str:
+def plain(text: str) -> str:
     """``text`` without accents, case-folded (``"Ça Va"`` -> ``"ca va"``)."""
     if text.isascii():
         return text.lower()  # the common case, without decomposing
     decomposed = unicodedata.normalize("NFKD", text)
     return "".join(c for c in decomposed if not unicodedata.combining(c)).casefold()
+
+
+def fold(text: str) -> str:
+    """:func:`plain`, with the digit 0 read as the letter o, in text and queries alike: OCR
+    reads one for the other (``INV0ICE``), and a number keeps matching itself (``2o19``)."""
+    return plain(text).replace("0", "o")
 
 
 def words_of(text: str) -> list[str]:
@@ -67,9 +73,15 @@ def path_text(path: str) -> str:
 
 @dataclass(frozen=True)
 class Terms:
-    """The words of a query that the keyword side looks up (folded, de-duplicated, in order)."""
+    """The words of a query that the keyword side looks up (folded, de-duplicated, in order),
+    and each one as results show it (``shown``: without the 0-as-o folding)."""
 
     words: tuple[str, ...]
+    shown: tuple[str, ...] = ()
+
+    def display(self, word: str) -> str:
+        """How ``word`` (one of :attr:`words`) is shown."""
+        return self.shown[self.words.index(word)] if self.shown else word
 
     def __bool__(self) -> bool:
         return bool(self.words)
@@ -88,13 +100,13 @@ def query_terms(query: str) -> Terms:
         InvalidArgumentError: the query is longer than :data:`MAX_QUERY_CHARS`.
     """
     check_query_text(query)
-    seen: dict[str, None] = {}
+    seen: dict[str, str] = {}
     for run in _RUN.findall(query):
         for word in (run, *[p for p in _SPLIT.split(run) if p and p != run]):
             folded = fold(word)
-            if len(folded) > 1 and folded not in STOP_WORDS and not (folded.isdigit() and len(folded) < 2):
-                seen.setdefault(folded, None)
-    return Terms(tuple(seen))
+            if len(folded) > 1 and folded not in STOP_WORDS:
+                seen.setdefault(folded, plain(word))
+    return Terms(tuple(seen), tuple(seen.values()))
 
 
 def matched_words(terms: Terms, text: str | None) -> list[str]:
@@ -108,7 +120,7 @@ def matched_words(terms: Terms, text: str | None) -> list[str]:
     if not candidates:
         return []
     words = set(words_of(text))
-    return [t for t in candidates if t in words or len(t) >= SUBSTRING_MIN]
+    return [terms.display(t) for t in candidates if t in words or len(t) >= SUBSTRING_MIN]
 
 
 def joined(values: Iterable[str | None], sep: str = "\n") -> str | None:
@@ -128,6 +140,7 @@ __all__ = [
     "joined",
     "matched_words",
     "path_text",
+    "plain",
     "query_terms",
     "words_of",
 ]
