@@ -97,9 +97,14 @@ def _fused_hits(index: ImageIndex, matches: Matches, vector: np.ndarray, cut: Cu
     fused = fuse(vids, matches.ids[:depth], matches.ranks[:depth])
     if cut.k is not None:
         fused = fused[: cut.k]
+    if cut.sort == "taken" and len(fused):
+        # Newest first, undated last; equal dates keep the fused order.
+        taken = index.hit_source.taken_us()[fused]
+        undated = taken == np.iinfo(np.int64).min
+        fused = fused[np.lexsort((np.arange(len(fused)), -np.where(undated, 0, taken), undated))]
     scores = _scores(index, fused, vector, dict(zip(vids.tolist(), vscores.tolist(), strict=True)))
-    # make_hits keeps the fused order (it reorders only for sort="taken").
-    return make_hits(index.hit_source, fused, scores, Cut(cut.k, None, cut.sort))
+    # The fused order as it stands (make_hits reorders only for sort="taken").
+    return make_hits(index.hit_source, fused, scores, Cut(cut.k, None, "score"))
 
 
 def _with_text(keywords: KeywordIndex, terms: Terms, hits: list[Hit]) -> list[Hit]:
