@@ -370,3 +370,18 @@ def test_missing_ocr_engine_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None
     with pytest.raises(EngineError, match="rapidocr-onnxruntime") as exc:
         ocr.check_engine()
     assert "\n" not in str(exc.value)
+
+
+def test_ray_actor_carries_the_text_to_the_driver() -> None:
+    # What a Ray actor sends back (its columns) brings each photo's words and OCR text along,
+    # so --engine ray writes the same text columns as the local engine.
+    from indexer.dataset import Item
+    from indexer.embed import EmbeddedBatch
+    from indexer.ray_actor import ActorSpec, from_columns, to_columns
+    from retrieval.images import PhotoMeta
+
+    meta = PhotoMeta(description="Grandma", keywords="Café\nbirthday", ocr_text="INVOICE4711", note="XMP refused")
+    item = Item(0, None, 4, 3, None, 0.1, 10, 1, "ab", meta=meta)
+    back = from_columns(to_columns(np.array([7]), EmbeddedBatch([item], np.ones((1, 2), np.float32), 0.1, 0.2), 2))
+    assert back.items[0].meta == meta
+    assert {f.name for f in dataclasses.fields(ActorSpec)} >= {"ocr"}
