@@ -29,7 +29,9 @@ class Hit:
     """One search result: ``score`` is the cosine similarity (higher is better).
 
     ``taken`` (ISO 8601), ``camera`` and ``gps`` (``(latitude, longitude)``) are the photo's
-    EXIF facts, None where it has none (or the index predates them).
+    EXIF facts, None where it has none (or the index predates them). ``caption`` and ``url``
+    came with an image from a WebDataset shard (its ``.txt`` and img2dataset's ``.json``), None
+    for an image from a folder.
     """
 
     id: int
@@ -38,13 +40,17 @@ class Hit:
     taken: str | None = None
     camera: str | None = None
     gps: tuple[float, float] | None = None
+    caption: str | None = None
+    url: str | None = None
 
     def to_dict(self, facts: bool = False) -> dict[str, Any]:
         """``id``, ``path``, ``score``, and the photo facts it has (with ``facts``: all three
-        keys, None where unknown, as ``clipsearch search --json`` prints them)."""
+        keys, None where unknown, as ``clipsearch search --json`` prints them); ``caption`` and
+        ``url`` where present."""
         out: dict[str, Any] = {"id": self.id, "path": self.path, "score": self.score}
         known = {"taken": self.taken, "camera": self.camera, "gps": list(self.gps) if self.gps is not None else None}
         out.update(known if facts else {k: v for k, v in known.items() if v is not None})
+        out.update({k: v for k, v in (("caption", self.caption), ("url", self.url)) if v is not None})
         return out
 
 
@@ -54,6 +60,8 @@ class HitSource(Protocol):
     def paths_of(self, ids: Sequence[int] | np.ndarray) -> list[str]: ...
 
     def photo_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]: ...
+
+    def sample_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]: ...
 
     def taken_us(self) -> np.ndarray: ...
 
@@ -107,9 +115,11 @@ def make_hits(rows: HitSource, ids: np.ndarray, scores: np.ndarray, cut: Cut) ->
         ids, scores = ids[: cut.k], scores[: cut.k]
     paths = rows.paths_of(ids)
     metas = rows.photo_meta(ids)
+    samples = rows.sample_meta(ids)
     return [
-        Hit(int(i), p, float(s), m["taken"], m["camera"], tuple(m["gps"]) if m["gps"] is not None else None)
-        for i, s, p, m in zip(ids.tolist(), scores.tolist(), paths, metas, strict=True)
+        Hit(int(i), p, float(s), m["taken"], m["camera"], tuple(m["gps"]) if m["gps"] is not None else None,
+            x["caption"], x["url"])
+        for i, s, p, m, x in zip(ids.tolist(), scores.tolist(), paths, metas, samples, strict=True)
     ]
 
 

@@ -67,7 +67,7 @@ from .manifest import (
     write_manifest,
 )
 from .paths_file import PATHS_CRC_MAGIC, PATHS_HEADER, PATHS_MAGIC, paths_file_of, write_paths_file
-from .schemas import FILE_ID_KEY, PHOTO_COLUMNS, SKIPPED_SCHEMA, SkipRecord, display_path, embeddings_schema
+from .schemas import FILE_ID_KEY, PHOTO_COLUMNS, SAMPLE_COLUMNS, SKIPPED_SCHEMA, SkipRecord, display_path, embeddings_schema
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -86,6 +86,7 @@ __all__ = [
     "PATHS_MAGIC",
     "PATHS_SUFFIX",
     "PHOTO_COLUMNS",
+    "SAMPLE_COLUMNS",
     "SKIPPED_FILE",
     "SKIPPED_SCHEMA",
     "STAGING_PREFIX",
