@@ -135,7 +135,7 @@ def resolve(spec: str, storage_options: str | Mapping[str, Any] | None = None) -
             root, found = _folder(fs, urls[0], first, local)
         else:
             paths = [filesystem(u, options)[1] for u in urls]
-            infos = [fs.info(p) for p in paths]
+            infos = [_info(fs, p, u) for p, u in zip(paths, urls, strict=True)]
             root_path = posixpath.commonpath([posixpath.dirname(p) for p in paths]) if len(paths) > 1 else posixpath.dirname(paths[0])
             root = _url_of(fs, root_path, local)
             found = [(posixpath.relpath(p, root_path), u, info) for p, u, info in zip(paths, urls, infos, strict=True)]
@@ -145,6 +145,14 @@ def resolve(spec: str, storage_options: str | Mapping[str, Any] | None = None) -
         raise ShardSourceError(describe_error(getattr(exc, "filename", None) or spec, exc)) from None
     shards = tuple(Shard(name, url, int(info.get("size") or 0), _version(info)) for name, url, info in found)
     return ShardSource(spec, root, shards, text)
+
+
+def _info(fs: Any, path: str, url: str) -> Mapping[str, Any]:
+    try:
+        info: Mapping[str, Any] = fs.info(path)
+    except store_errors() as exc:
+        raise ShardSourceError(describe_error(url, exc)) from None
+    return info
 
 
 def _folder(fs: Any, url: str, path: str, local: bool) -> tuple[str, list[tuple[str, str, Mapping[str, Any]]]]:

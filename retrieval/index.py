@@ -23,6 +23,7 @@ from .layout import read_manifest
 from .query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from .query_terms import QueryTerm, as_term, embed_terms
 from .rows import SkippedFile, check_id, source_path
+from .shards import read_member
 
 
 class ImageIndex:
@@ -291,6 +292,25 @@ class ImageIndex:
         checked = check_id(id, self.count)
         raw = self.rows([checked], columns=("path_bytes",))[0]["path_bytes"]
         return source_path(self.directory, self.manifest, checked, raw)
+
+    def source_bytes(self, id: int) -> bytes | None:
+        """The bytes of image ``id`` read out of its WebDataset shard (under ``source_root``,
+        local or on a store reached with the standard credentials), checked against the recorded
+        content hash; None for an image of a folder (see :meth:`source_file`).
+
+        Raises:
+            InvalidArgumentError: ``id`` is not an id of this index.
+            ShardSourceError: the shard cannot be read, or changed since it was indexed.
+        """
+        row = self.rows([check_id(id, self.count)], columns=("shard", "member_offset", "size", "content_hash"))[0]
+        if row["shard"] is None or row["member_offset"] is None:
+            return None
+        return read_member(self.manifest.source_root, row["shard"], row["member_offset"], row["size"],
+                           content_hash=row["content_hash"])
+
+    def sample_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+        """``caption`` and ``url`` of ``ids`` (what came with images from shards), None where absent."""
+        return self._rows.sample_meta(ids)
 
     def search_vectors(self, vectors: np.ndarray, k: int | None = None, where: Filter | None = None, *,
                        min_score: float | None = None, sort: str = "score") -> list[list[Hit]]:

@@ -16,7 +16,9 @@ query side stays importable without it.
 
 from __future__ import annotations
 
+import hashlib
 import json
+import os
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
@@ -95,10 +97,16 @@ def filesystem(url: str, storage_options: Mapping[str, Any] | None = None) -> tu
         from fsspec.core import url_to_fs
     except ImportError:
         raise ShardSourceError("reading shards needs fsspec: pip install 'clipsearch[shards]'") from None
+    options = dict(storage_options or {})
     if scheme is not None:
         _check_scheme(scheme)
+        endpoint = os.environ.get("AWS_ENDPOINT_URL_S3") or os.environ.get("AWS_ENDPOINT_URL")
+        if scheme in ("s3", "s3a") and endpoint and "endpoint_url" not in options:
+            # Given explicitly: fsspec keeps one filesystem per set of options, so a changed
+            # endpoint must change them (and older botocore does not read the variable itself).
+            options["endpoint_url"] = endpoint
     try:
-        fs, path = url_to_fs(url, **dict(storage_options or {}))
+        fs, path = url_to_fs(url, **options)
     except ImportError as exc:
         raise ShardSourceError(f"reading {scheme}:// URLs needs {_package_of(scheme or '')}: {exc}") from None
     except (TypeError, ValueError) as exc:
@@ -140,8 +148,10 @@ def describe_error(url: str, exc: BaseException) -> str:
 
 
 def store_errors() -> tuple[type[BaseException], ...]:
-    """The exceptions a store access may raise (OSError and, when installed, botocore's own)."""
-    errors: list[type[BaseException]] = [OSError]
+    """The exceptions a store access may raise: OSError, botocore's own when installed, and the
+    TypeError or ValueError of a storage option the store's client does not take (its client is
+    made on first use, so a bad option surfaces there)."""
+    errors: list[type[BaseException]] = [OSError, TypeError, ValueError]
     try:
         from botocore.exceptions import BotoCoreError, ClientError
 
@@ -156,11 +166,14 @@ def join(root: str, name: str) -> str:
     return root.rstrip("/") + "/" + name
 
 
-def read_member(root: str, shard: str, offset: int, size: int, storage_options: Mapping[str, Any] | None = None) -> bytes:
-    """``size`` bytes at ``offset`` of the shard ``shard`` under ``root``: one member's content.
+def read_member(root: str, shard: str, offset: int, size: int, storage_options: Mapping[str, Any] | None = None,
+                *, content_hash: str | None = None) -> bytes:
+    """``size`` bytes at ``offset`` of the shard ``shard`` under ``root``: one member's content;
+    with ``content_hash`` (the row's) they must be the bytes that were indexed.
 
     Raises:
-        ShardSourceError: the shard cannot be read (gone, refused, shorter than recorded).
+        ShardSourceError: the shard cannot be read (gone, refused, shorter than recorded), or
+            holds other bytes there now.
     """
     url = join(root, shard)
     fs, path = filesystem(url, storage_options)
@@ -168,8 +181,9 @@ def read_member(root: str, shard: str, offset: int, size: int, storage_options: 
         data = fs.cat_file(path, start=offset, end=offset + size)
     except store_errors() as exc:
         raise ShardSourceError(describe_error(url, exc)) from None
-    if len(data) != size:
-        raise ShardSourceError(f"{url}: shorter than recorded (it changed since it was indexed)")
+    # The indexer's content hash (indexer.dataset.content_hash): BLAKE2b-128 of the bytes.
+    if len(data) != size or (content_hash and hashlib.blake2b(data, digest_size=16).hexdigest() != content_hash):
+        raise ShardSourceError(f"{url}: changed since it was indexed (re-run clipsearch index)")
     return bytes(data)
 
 

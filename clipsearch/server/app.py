@@ -288,6 +288,8 @@ def _api_router() -> APIRouter:
         headers = {"ETag": found.etag, "Cache-Control": files.ORIGINAL_CACHE_CONTROL}
         if files.etag_matches(request.headers.get("if-none-match"), found.etag):
             return Response(status_code=304, headers=headers)
+        if found.data is not None or found.path is None:  # an image read out of its shard
+            return Response(found.data, media_type=found.media_type, headers=headers)
         return FileResponse(found.path, media_type=found.media_type, headers=headers)
 
     @api.get("/thumbnails/{image_id}", summary="A JPEG thumbnail, no larger than size on its long side", response_class=FileResponse)

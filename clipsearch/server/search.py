@@ -105,6 +105,8 @@ class SearchResult(BaseModel):
     taken: str | None = Field(None, description="when the photo was taken (EXIF, ISO 8601), null when it does not say")
     camera: str | None = Field(None, description="camera make and model (EXIF)")
     gps: list[float] | None = Field(None, description="[latitude, longitude] in degrees (EXIF)")
+    caption: str | None = Field(None, description="the caption that came with the image in its WebDataset shard (.txt)")
+    url: str | None = Field(None, description="where the image was downloaded from (img2dataset's .json), for images from shards")
     width: int
     height: int
     image_url: str
@@ -286,6 +288,8 @@ def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
             "taken": h.taken,
             "camera": h.camera,
             "gps": list(h.gps) if h.gps is not None else None,
+            "caption": h.caption,
+            "url": h.url,
             "width": int(s[0]),
             "height": int(s[1]),
             "image_url": f"/api/images/{h.id}?index={name}",

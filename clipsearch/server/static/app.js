@@ -497,7 +497,17 @@
       taken.title = `Taken ${result.taken}${result.camera ? ` with ${result.camera}` : ""}`;
     }
 
-    button.append(frame, score, path, taken);
+    const caption = document.createElement("span");
+    caption.className = "caption";
+    caption.dataset.testid = "caption";
+    if (typeof result.caption === "string" && result.caption) {
+      // The caption that came with the image in its WebDataset shard (text only, never HTML).
+      caption.textContent = result.caption;
+      caption.title = result.url ? `${result.caption}\n${result.url}` : result.caption;
+      button.setAttribute("aria-label", `${rank}. ${result.caption} (${result.path}), score ${formatScore(result.score)}; open`);
+    }
+
+    button.append(frame, score, path, caption, taken);
     button.addEventListener("click", () => openViewer(result, button));
     item.append(button);
 
@@ -654,7 +664,8 @@
     el.viewerPath.textContent = result.path;
     el.viewerScore.textContent = `Score ${formatScore(result.score)} · image ${result.id}` +
       (result.width && result.height ? ` · ${result.width}×${result.height}` : "") +
-      (result.taken ? ` · taken ${result.taken}` : "") + (result.camera ? ` · ${result.camera}` : "");
+      (result.taken ? ` · taken ${result.taken}` : "") + (result.camera ? ` · ${result.camera}` : "") +
+      (result.caption ? ` · “${result.caption}”` : "") + (result.url ? ` · from ${result.url}` : "");
     el.viewerImage.alt = result.path;
     const url = imageUrl(result);
     el.viewerOriginal.href = url;
