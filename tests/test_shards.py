@@ -156,10 +156,8 @@ def test_a_killed_run_resumes_within_a_shard(tmp_path: Path, tiny_model: Path, s
     killed = run_killed_at(args, "embed", 3)  # two batches of two committed, inside shard 00001
     assert killed.killed
     assert ImageIndex.open(out).count == 4
-    done = run_cli([*args, "--json"])
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
-    assert report["resumed"] and report["embedded"] == N - 4 and report["total"] == N
+    report = build_index(shard_dir, out, **{**_opts(tiny_model), "batch_size": 2, "commit_every": 2})
+    assert report.resumed and report.embedded == N - 4 and report.total == N
     want = by_key(ImageIndex.open(shard_index))
     got = by_key(ImageIndex.open(out))
     assert sorted(got) == sorted(want) and all(float(np.dot(v, want[k])) >= 0.99999 for k, v in got.items())
@@ -179,18 +177,30 @@ def test_a_truncated_tar_is_one_line_and_no_index(tmp_path: Path, tiny_model: Pa
     _bad(tmp_path, tmp_path / "t" / "00000.tar", tiny_model, "00000.tar", "truncated")
 
 
-def test_not_a_tar_is_one_line(tmp_path: Path, tiny_model: Path) -> None:
+def test_a_scheme_without_its_package_names_it(tmp_path: Path, tiny_model: Path) -> None:
+    _bad(tmp_path, "gs://bucket/shards/{00000..00002}.tar", tiny_model, "gcsfs", "pip install")
+
+
+@pytest.mark.parametrize(("spec", "match"), [
+    ("{00000..0x2}.tar", "malformed brace range"),
+    ("{00000..00002.tar", "brace"),
+    ("{00000..00004}.tar", "00003.tar: no such file"),
+    ("x.tar", "x.tar: not a readable tar"),
+    ("nosuchscheme://bucket/x.tar", "nosuchscheme://"),
+])
+def test_bad_specs_raise_shard_errors(tmp_path: Path, tiny_model: Path, shard_dir: Path, spec: str, match: str) -> None:
     (tmp_path / "x.tar").write_bytes(b"this is not a tar file at all" * 40)
-    _bad(tmp_path, tmp_path / "x.tar", tiny_model, "x.tar", "tar")
+    base = tmp_path if spec == "x.tar" else shard_dir
+    with pytest.raises(ShardSourceError, match=match):
+        build_index(spec if "://" in spec else f"{base}/{spec}", tmp_path / "bad.idx", **_opts(tiny_model))
+    assert not (tmp_path / "bad.idx").exists()
 
 
-def test_bad_specs_are_one_line(tmp_path: Path, tiny_model: Path, shard_dir: Path) -> None:
-    _bad(tmp_path, f"{shard_dir}/{{00000..0x2}}.tar", tiny_model, "malformed brace range")
-    _bad(tmp_path, f"{shard_dir}/{{00000..00002.tar", tiny_model, "brace")
-    _bad(tmp_path, f"{shard_dir}/{{00000..00004}}.tar", tiny_model, "00003.tar", "no such file")
-    _bad(tmp_path, "gs://bucket/shards/{00000..00002}.tar", tiny_model, "gcsfs")
-    _bad(tmp_path, "nosuchscheme://bucket/x.tar", tiny_model, "nosuchscheme://")
-    _bad(tmp_path, shard_dir, tiny_model, "storage options", extra=("--storage-options", "[1, 2]"))
+def test_bad_storage_options_are_refused(tmp_path: Path, tiny_model: Path, shard_dir: Path) -> None:
+    from retrieval.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="storage options must be a JSON object"):
+        build_index(shard_dir, tmp_path / "bad.idx", **_opts(tiny_model), storage_options="[1, 2]")
 
 
 def test_library_errors_are_typed(tmp_path: Path, tiny_model: Path) -> None:
