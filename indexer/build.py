@@ -34,7 +34,6 @@ from retrieval.errors import (
 )
 from retrieval.index_types import IndexOptions, parse_memory
 from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
-
 from retrieval.shards import scheme_of
 
 from . import ann, calibrate, ray_engine, shards

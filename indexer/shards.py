@@ -112,7 +112,7 @@ def expand(spec: str) -> list[str]:
         raise ShardSourceError(f"malformed brace range in {spec!r}: use {{00000..00099}} (digits) or {{a,b,c}}")
     try:
         urls = list(braceexpand.braceexpand(spec))
-    except braceexpand.UnbalancedBracesError:
+    except braceexpand.UnbalancedBracesError:  # type: ignore[attr-defined]  # exported, not in __all__
         raise ShardSourceError(f"malformed brace range in {spec!r}: unbalanced braces") from None
     return urls
 
@@ -225,7 +225,8 @@ def list_shard(shard: Shard, options: Mapping[str, Any]) -> tuple[list[ImageFile
         image = next((info for ext, info in members.items() if ext in _IMAGE_EXTS), None)
         if image is None:
             first = next(iter(members.values()))
-            missing.append((f"{shard.name}{MEMBER_SEP}{first.name}".encode(), f"sample {key!r} has no image ({', '.join(sorted(members))})"))
+            why = f"sample {key!r} has no image ({', '.join(sorted(members))})"
+            missing.append((f"{shard.name}{MEMBER_SEP}{first.name}".encode(), why))
             continue
         if image.offset_data + image.size > shard.size:
             raise ShardSourceError(f"{shard.url}: truncated tar ({image.name} ends past the end of the file)")

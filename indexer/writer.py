@@ -16,7 +16,6 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from retrieval.images import NO_META, PhotoMeta
-from retrieval.shards import SampleMeta
 from retrieval.layout import (
     FILE_ID_KEY,
     SAMPLE_COLUMNS,
@@ -28,6 +27,7 @@ from retrieval.layout import (
     paths_file_of,
     write_paths_file,
 )
+from retrieval.shards import SampleMeta
 
 ROW_GROUP_SIZE = 16_384
 

@@ -91,5 +91,6 @@ def register(subparsers: Subparsers) -> None:
     add_device_arguments(p)
     add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")
     add_filter_arguments(p)
-    p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score", "taken", "camera", "gps"; "caption", "url" for images from shards}, ...]}')
+    p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score", "taken", "camera", "gps", '
+                   '"caption", "url" (images from shards)}, ...]}')
     p.set_defaults(handler=run)
