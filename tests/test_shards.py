@@ -239,3 +239,23 @@ def test_the_server_serves_captions_and_bytes_out_of_the_shard(tmp_path: Path, s
         assert knn.status_code == 200, knn.text
         first = knn.json()[0]
         assert first["caption"] in by_caption and first["url"] == by_caption[first["caption"]].url
+
+
+def test_eval_without_a_queries_file_uses_the_stored_captions(shard_index: Path, folder_index: Path, samples: list[Sample]) -> None:
+    from retrieval.errors import EvaluationError
+    from retrieval.evaluate import caption_queries, evaluate
+
+    index = ImageIndex.open(shard_index)
+    queries = caption_queries(index)
+    assert len(queries) == N and {q.text for q in queries} == {s.caption for s in samples}
+    assert all(len(q.relevant) == 1 and q.relevant[0] in index.paths() for q in queries)
+    drawn = caption_queries(index, limit=3)
+    assert len(drawn) == 3 and drawn == caption_queries(index, limit=3)  # the fixed seed draws the same
+    report = evaluate(index, drawn)
+    assert report.queries == 3 and 0 < report.mrr <= 1 and report.chance_mrr > 0
+    with pytest.raises(EvaluationError, match="no captions"):
+        caption_queries(ImageIndex.open(folder_index))
+    done = run_cli(["eval", shard_index, "--limit", "4", "--json", "--device", "cpu"])
+    assert done.returncode == 0, done.stderr
+    out = json.loads(done.stdout)
+    assert out["queries"] == 4 and {"mrr", "ndcg@10", "recall@5", "chance_mrr"} <= set(out)
