@@ -180,3 +180,34 @@ def test_refused_credentials_are_a_403(tmp_path: Path, tiny_model: Path, endpoin
     finally:
         server.terminate()
         server.wait(10)
+
+
+def test_import_reads_clip_retrieval_output_from_the_bucket(tmp_path: Path, tiny_model: Path, endpoint: str) -> None:
+    import boto3
+    import pyarrow as pa
+    import pyarrow.parquet as pq
+
+    from indexer.importer import import_embeddings
+    from retrieval.errors import ImportSourceError
+
+    rng = np.random.default_rng(3)
+    local = tmp_path / "clip-output"
+    (local / "img_emb").mkdir(parents=True)
+    (local / "metadata").mkdir()
+    vectors = {n: rng.standard_normal((4, 48)).astype(np.float16) for n in (0, 1)}
+    s3 = boto3.client("s3", endpoint_url=endpoint)
+    for n, v in vectors.items():
+        np.save(local / "img_emb" / f"img_emb_{n}.npy", v)
+        pq.write_table(pa.table({"image_path": [f"img_{n}_{j}.jpg" for j in range(4)]}), local / "metadata" / f"metadata_{n}.parquet")
+        s3.upload_file(str(local / "img_emb" / f"img_emb_{n}.npy"), BUCKET, f"emb/img_emb/img_emb_{n}.npy")
+        s3.upload_file(str(local / "metadata" / f"metadata_{n}.parquet"), BUCKET, f"emb/metadata/metadata_{n}.parquet")
+    out = tmp_path / "imported.idx"
+    report = import_embeddings(f"s3://{BUCKET}/emb/", out, model=str(tiny_model))
+    assert report.imported == 8 and report.source == f"s3://{BUCKET}/emb/" and report.source_format == "clip-retrieval"
+    index = ImageIndex.open(out)
+    assert index.paths()[:2] == ["img_0_0.jpg", "img_0_1.jpg"]
+    assert index.manifest.model_info["imported_source"] == f"s3://{BUCKET}/emb/"
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".import-")]  # the staged copy is gone
+    with pytest.raises(ImportSourceError, match="no such file"):
+        import_embeddings(f"s3://{BUCKET}/nothing-here/", tmp_path / "none.idx", model=str(tiny_model))
+    assert not (tmp_path / "none.idx").exists()
