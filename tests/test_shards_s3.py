@@ -211,3 +211,18 @@ def test_import_reads_clip_retrieval_output_from_the_bucket(tmp_path: Path, tiny
     with pytest.raises(ImportSourceError, match="no such file"):
         import_embeddings(f"s3://{BUCKET}/nothing-here/", tmp_path / "none.idx", model=str(tiny_model))
     assert not (tmp_path / "none.idx").exists()
+
+
+def test_ray_actors_read_the_shards_straight_from_the_store(tmp_path: Path, tiny_model: Path, s3_index: Path) -> None:
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        out = tmp_path / "ray.idx"
+        report = build_index(f"s3://{BUCKET}/data/", out, **_opts(tiny_model), engine="ray", actors=1, cpus_per_actor=1)
+    finally:
+        ray.shutdown()
+    assert report.engine == "ray" and report.added == N
+    want, got = ImageIndex.open(s3_index), ImageIndex.open(out)
+    assert got.paths() == want.paths()
+    assert float(np.min(np.sum(got.embeddings() * want.embeddings(), axis=1))) >= 0.99999
+    assert got.rows(range(N), columns=("caption", "url")) == want.rows(range(N), columns=("caption", "url"))
