@@ -27,11 +27,12 @@ class Sample:
     height: int
 
 
-def make_samples(n: int, seed: int = 0) -> list[Sample]:
-    """``n`` small JPEG photos with captions and source urls."""
+def make_samples(n: int, seed: int = 0, size: int | None = None) -> list[Sample]:
+    """``n`` JPEG photos with captions and source urls: small (tests), or ``size`` px on the
+    longer side (benchmarks)."""
     out = []
     for i in range(n):
-        w, h = 40 + (i * 7) % 33, 36 + (i * 5) % 29
+        w, h = (40 + (i * 7) % 33, 36 + (i * 5) % 29) if size is None else (size, size * 3 // 4 - i % 7)
         buf = io.BytesIO()
         photo_like(w, h, seed + i).save(buf, "JPEG", quality=90)
         out.append(Sample(f"{i:09d}", buf.getvalue(), f"a photo number {i} of a test scene", f"https://example.com/img/{i}.jpg", w, h))

@@ -659,3 +659,16 @@ def test_bench_duplicates_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert flat["exact"] and flat["planted_pairs"] == 60 and flat["recall"] == 1.0 and flat["unplanted_in_groups"] == 0
     assert not ivf["exact"] and "SQ8" in ivf["factory"] and 0.5 <= ivf["recall"] <= 1.0
     assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_shards_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("moto.server")
+    import bench_shards
+
+    assert bench_shards.main(["--images", "6", "--per-shard", "4", "--size", "48", "--preset", "tiny", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    result = _json_line(out)
+    assert [r["source"] for r in result["results"]] == ["folder", "local shards", "S3 shards (moto)"]
+    assert all(r["images"] == 6 and r["min_cosine_vs_folder"] >= 0.99999 for r in result["results"])
+    assert [r["captions"] for r in result["results"]] == [0, 6, 6]
+    assert "vs folder" in out and "CPU:" in out
