@@ -176,7 +176,8 @@ def _start(
         check_index_dir(out, "index", rebuild=cfg.rebuild)
         # Listed before the model is loaded: a missing bucket or a damaged tar fails in seconds.
         shard_source = shards.resolve(source, cfg.storage_options)
-        found = shards.list_source(shard_source)
+        # Shards a completed run embedded whole and that did not change are not read again.
+        found = shards.list_source(shard_source, known={} if cfg.rebuild else shards.known_shards(out))
         photos = Path(shard_source.root) if scheme_of(shard_source.root) is None else Path(".")
     else:
         photos = Path(source)

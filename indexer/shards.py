@@ -27,6 +27,7 @@ import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from retrieval.errors import ShardSourceError
@@ -50,6 +51,8 @@ _IMAGE_EXTS = frozenset(e.lstrip(".").lower() for e in IMAGE_EXTENSIONS)
 _BRACE = re.compile(r"\{(?:\d+\.\.\d+|[^{}.,]+(?:,[^{},]+)+)\}")
 # Shards listed at once (each mostly waits on the store).
 LIST_THREADS = 8
+# The skip reason of a sample without an image (kept as it is while its shard does not change).
+NO_IMAGE = "has no image"
 
 
 @dataclass(frozen=True)
@@ -178,16 +181,84 @@ def _version(info: Mapping[str, Any]) -> int:
     return int.from_bytes(digest, "big") >> 1  # a non-negative int64
 
 
-def list_source(source: ShardSource, threads: int = LIST_THREADS) -> Discovery:
+@dataclass
+class Known:
+    """What a complete index holds of one shard: its rows and skips as found files (to be kept),
+    its samples without an image, and whether all of them carry one version."""
+
+    files: list[ImageFile]
+    missing: list[tuple[bytes, str]]
+    versions: set[int]
+    retry: bool = False  # a skip without file facts that is not a missing image: read again
+
+
+def known_shards(index_dir: Path) -> dict[str, Known]:
+    """Per shard, what the index at ``index_dir`` holds of it, when its last run completed (so
+    every shard it listed was embedded whole); empty for a new, incomplete or damaged index.
+    An unchanged shard is then not read again (:func:`list_source`)."""
+    from retrieval import store
+    from retrieval.errors import ClipSearchError
+    from retrieval.layout import is_index_dir, read_manifest
+
+    try:
+        if not is_index_dir(index_dir):
+            return {}
+        manifest = read_manifest(index_dir)
+        if not manifest.complete:
+            return {}
+        parts = store.open_parts(index_dir, manifest)
+        if any("member_offset" not in pf.schema_arrow.names for pf in parts):
+            return {}
+        columns = {name: store.read_column(parts, name).to_pylist() if parts else []
+                   for name in ("path_bytes", "size", "mtime_ns", "member_offset")}
+        skipped = store.read_skipped(index_dir / manifest.skipped_file)
+    except (ClipSearchError, OSError):
+        return {}
+    known: dict[str, Known] = {}
+
+    def of(rel: bytes) -> Known | None:
+        shard, sep, _ = rel.partition(MEMBER_SEP.encode())
+        return known.setdefault(shard.decode("utf-8", "surrogateescape"), Known([], [], set())) if sep else None
+
+    for rel, size, mtime, offset in zip(*columns.values(), strict=True):
+        entry = of(rel)
+        if entry is not None and offset is not None:
+            name = rel.partition(MEMBER_SEP.encode())[0].decode("utf-8", "surrogateescape")
+            entry.files.append(ImageFile(rel, size, mtime, SampleMeta(name, "", offset)))
+            entry.versions.add(mtime)
+    for skip in skipped:
+        entry = of(skip.path)
+        if entry is None:
+            continue
+        if skip.size is not None and skip.mtime_ns is not None:
+            entry.files.append(ImageFile(skip.path, skip.size, skip.mtime_ns))
+            entry.versions.add(skip.mtime_ns)
+        elif NO_IMAGE in skip.reason:
+            entry.missing.append((skip.path, skip.reason))
+        else:
+            entry.retry = True
+    return known
+
+
+def list_source(source: ShardSource, threads: int = LIST_THREADS, known: Mapping[str, Known] | None = None) -> Discovery:
     """Every image of every shard, as files named ``SHARD#MEMBER``; samples without an image go
-    to ``missing`` with why.
+    to ``missing`` with why. A shard that ``known`` (:func:`known_shards`) holds at its current
+    version is not read: its rows and skips are taken from there.
 
     Raises:
         ShardSourceError: a shard that cannot be read, is not a tar, or is truncated.
     """
     options = source.options
+    known = known or {}
+
+    def listing(shard: Shard) -> tuple[list[ImageFile], list[tuple[bytes, str]]]:
+        held = known.get(shard.name)
+        if held is not None and not held.retry and held.versions == {shard.version} and held.files:
+            return held.files, held.missing
+        return list_shard(shard, options)
+
     with ThreadPoolExecutor(max(1, min(threads, len(source.shards)))) as pool:
-        listed = list(pool.map(lambda s: list_shard(s, options), source.shards))
+        listed = list(pool.map(listing, source.shards))
     files = [f for found, _ in listed for f in found]
     missing = [m for _, gone in listed for m in gone]
     if not files:
@@ -225,7 +296,7 @@ def list_shard(shard: Shard, options: Mapping[str, Any]) -> tuple[list[ImageFile
         image = next((info for ext, info in members.items() if ext in _IMAGE_EXTS), None)
         if image is None:
             first = next(iter(members.values()))
-            why = f"sample {key!r} has no image ({', '.join(sorted(members))})"
+            why = f"sample {key!r} {NO_IMAGE} ({', '.join(sorted(members))})"
             missing.append((f"{shard.name}{MEMBER_SEP}{first.name}".encode(), why))
             continue
         if image.offset_data + image.size > shard.size:

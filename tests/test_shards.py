@@ -127,17 +127,24 @@ def test_cli_index_search_json_and_skips(tmp_path: Path, tiny_model: Path, sampl
     assert all(r["url"] == next(s.url for s in samples if s.caption == r["caption"]) for r in results if r.get("caption"))
 
 
-def test_update_by_shard_adds_replaces_and_removes(tmp_path: Path, tiny_model: Path, samples: list[Sample]) -> None:
+def test_update_by_shard_adds_replaces_and_removes(tmp_path: Path, tiny_model: Path, samples: list[Sample],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from indexer import shards
+
+    read: list[str] = []
+    listing = shards.list_shard
+    monkeypatch.setattr(shards, "list_shard", lambda shard, options: (read.append(shard.name), listing(shard, options))[1])
     root = tmp_path / "shards"
     write_shards(root, samples[:6], 3)
     out = tmp_path / "u.idx"
     first = build_index(root, out, **_opts(tiny_model))
-    assert first.added == 6
-    # A new shard: only its images are embedded.
+    assert first.added == 6 and read == ["00000.tar", "00001.tar"]
+    # A new shard: only its images are embedded, and only it is read (the others are unchanged).
     write_shards(tmp_path / "more", samples, 3)
     shutil.copy(tmp_path / "more" / "00002.tar", root / "00002.tar")
     again = build_index(root, out, **_opts(tiny_model))
     assert (again.added, again.unchanged, again.embedded) == (1, 6, 1)
+    assert read[2:] == ["00002.tar"]
     # A shard rewritten with other images (same names): re-embedded; a shard gone: its rows leave.
     write_shards(tmp_path / "other", make_samples(3, seed=50), 3)
     shutil.copy(tmp_path / "other" / "00000.tar", root / "00000.tar")
