@@ -85,12 +85,13 @@ class ShardSource:
 
 def is_shard_spec(source: str) -> bool:
     """Whether SOURCE names shards (see the module docs) rather than a folder of images."""
-    if scheme_of(source) is not None or "{" in source or source.lower().endswith(SHARD_SUFFIX):
-        return True
     import os
 
+    if scheme_of(source) is not None:
+        return True
     if not os.path.isdir(source):
-        return False
+        # A folder of photos may have braces in its name; a pattern or a .tar is not a folder.
+        return "{" in source or source.lower().endswith(SHARD_SUFFIX)
     try:
         names = [e.name.lower() for e in os.scandir(source) if e.is_file()]
     except OSError:

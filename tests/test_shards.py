@@ -266,3 +266,16 @@ def test_eval_without_a_queries_file_uses_the_stored_captions(shard_index: Path,
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["queries"] == 4 and {"mrr", "ndcg@10", "recall@5", "chance_mrr"} <= set(out)
+
+
+def test_what_is_a_shard_spec(tmp_path: Path, shard_dir: Path) -> None:
+    from indexer.shards import is_shard_spec
+
+    photos = tmp_path / "{holiday}"
+    photos.mkdir()
+    (photos / "a.jpg").write_bytes(b"")
+    (photos / "backup.tar").write_bytes(b"")
+    assert not is_shard_spec(str(photos))  # a folder with images, braces in its name
+    assert is_shard_spec(str(shard_dir)) and is_shard_spec(f"{shard_dir}/00000.tar")
+    assert is_shard_spec(f"{shard_dir}/{{00000..00001}}.tar") and is_shard_spec("s3://b/p/")
+    assert not is_shard_spec(str(tmp_path / "missing"))
