@@ -279,3 +279,19 @@ def test_what_is_a_shard_spec(tmp_path: Path, shard_dir: Path) -> None:
     assert is_shard_spec(str(shard_dir)) and is_shard_spec(f"{shard_dir}/00000.tar")
     assert is_shard_spec(f"{shard_dir}/{{00000..00001}}.tar") and is_shard_spec("s3://b/p/")
     assert not is_shard_spec(str(tmp_path / "missing"))
+
+
+def test_cli_refuses_watch_and_files_from_on_shards_and_verify_passes(
+    tmp_path: Path, tiny_model: Path, shard_dir: Path, shard_index: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from clipsearch.cli import main
+
+    out = tmp_path / "w.idx"
+    assert main(["index", str(shard_dir), str(out), "--model", str(tiny_model), "--watch"]) == 1
+    assert_one_line_error(1, capsys.readouterr().err, "--watch", "shards")
+    listed = tmp_path / "list.txt"
+    listed.write_text("00000.tar#000000000.jpg\n")
+    assert main(["index", str(shard_dir), str(out), "--model", str(tiny_model), "--files-from", str(listed)]) == 1
+    assert_one_line_error(1, capsys.readouterr().err, "files")
+    assert not out.exists()
+    assert main(["verify", str(shard_index)]) == 0, capsys.readouterr().err
