@@ -173,7 +173,7 @@ class ImageIndex:
     # -- search ---------------------------------------------------------------------------------
 
     def search(self, query: str, k: int | None = None, where: Filter | None = None, *, min_score: float | None = None,
-               sort: str = "score") -> list[Hit]:
+               sort: str = "score", query_lang: str | None = None) -> list[Hit]:
         """Text-to-image search.
 
         Args:
@@ -185,15 +185,19 @@ class ImageIndex:
                 that is: a range search, exact for flat indexes (see :meth:`search_range`).
             sort: ``score`` (best first) or ``taken`` (newest photo first, undated last; the
                 selected hits reordered).
+            query_lang: the query's FLORES-200 code (``zho_Hans``) for a model whose tokenizer
+                must be told it (NLLB-CLIP: :meth:`query_languages`); other models read any
+                language as it is and ignore it.
 
         Raises:
-            InvalidArgumentError: empty query, k < 1, min_score outside [-1, 1], a bad sort.
+            InvalidArgumentError: empty query, k < 1, min_score outside [-1, 1], a bad sort, a
+                missing or unknown query language where the model needs one.
             ModelMismatchError: the query model is not the index's model.
         """
-        return self.search_many([query], k, where=where, min_score=min_score, sort=sort)[0]
+        return self.search_many([query], k, where=where, min_score=min_score, sort=sort, query_lang=query_lang)[0]
 
     def search_many(self, queries: Sequence[str], k: int | None = None, where: Filter | None = None, *,
-                    min_score: float | None = None, sort: str = "score") -> list[list[Hit]]:
+                    min_score: float | None = None, sort: str = "score", query_lang: str | None = None) -> list[list[Hit]]:
         """Search several texts at once (encoded and searched in batches); arguments as :meth:`search`."""
         check_cut(k, min_score, sort)
         if isinstance(queries, str):
@@ -203,13 +207,18 @@ class ImageIndex:
                 raise InvalidArgumentError("query must be a non-empty text")
         if not queries:
             return []
-        vectors = self.embed_texts(list(queries))
+        vectors = self.embed_texts(list(queries), query_lang=query_lang)
         return self.search_vectors(vectors, k, where=where, min_score=min_score, sort=sort)
 
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+    def embed_texts(self, texts: Sequence[str], query_lang: str | None = None) -> np.ndarray:
         """The query vectors of ``texts`` (``(n, dim)``, L2-normalised) as searches make them:
-        on :attr:`text_encoder`, through the query cache."""
-        return self._queries.embed_texts(texts)
+        on :attr:`text_encoder`, through the query cache; ``query_lang`` as :meth:`search`."""
+        return self._queries.embed_texts(texts, query_lang)
+
+    def query_languages(self) -> tuple[str, ...]:
+        """The FLORES-200 codes a text query must name (NLLB-CLIP's tokenizer), or () for a model
+        that reads any language as it is (CLIP, SigLIP 2, XLM-R)."""
+        return self._queries.query_languages()
 
     def query_cache_info(self) -> dict[str, Any]:
         """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
@@ -232,6 +241,7 @@ class ImageIndex:
         subtract: Sequence[str | os.PathLike[str] | QueryTerm] = (),
         k: int | None = None,
         where: Filter | None = None, *, min_score: float | None = None, sort: str = "score",
+        query_lang: str | None = None,
     ) -> list[Hit]:
         """Query arithmetic: search with ``normalise(sum(w * e(add)) - sum(w * e(subtract)))``.
 
@@ -239,7 +249,8 @@ class ImageIndex:
         :class:`~retrieval.query_terms.QueryTerm` with its own weight (``QueryTerm(3, "id")``:
         image 3 of the index, by its stored vector); every term's embedding
         is L2-normalised before weighting. ``index.search_combined(["a dog", "in the snow"],
-        subtract=["grass"])``. ``k``, ``where``, ``min_score``, ``sort`` as :meth:`search`.
+        subtract=["grass"])``. ``k``, ``where``, ``min_score``, ``sort``, ``query_lang`` (of the
+        text terms) as :meth:`search`.
 
         Raises:
             InvalidArgumentError: no terms, an empty term, terms that cancel out, k < 1.
@@ -254,7 +265,7 @@ class ImageIndex:
                 check_id(t.value, self.count)
         vector = embed_terms(
             terms,
-            lambda texts: self.embed_texts(texts),
+            lambda texts: self.embed_texts(texts, query_lang),
             lambda image: self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
             self.vectors_of,
         )

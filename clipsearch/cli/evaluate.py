@@ -29,7 +29,9 @@ def run(args: argparse.Namespace) -> int:
     index = ImageIndex.open(
         args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=len(queries)
     )
-    report = evaluate(index, queries, ks=ks, ann=args.ann, batch_size=args.batch_size, per_query_path=args.per_query)
+    report = evaluate(
+        index, queries, ks=ks, ann=args.ann, batch_size=args.batch_size, per_query_path=args.per_query, query_lang=args.query_lang
+    )
     _warn_missing(report)
     if args.json:
         print_json(report.to_dict())
@@ -101,6 +103,12 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--ann", action="store_true", help="rank with the FAISS index (top max(K, 10)) instead of exactly")
     p.add_argument("--per-query", metavar="OUT.jsonl", help="also write one JSON line per evaluated query")
     p.add_argument("--batch-size", type=positive_int, default=256, help="queries encoded and ranked together (default: 256)")
+    p.add_argument(
+        "--query-lang",
+        metavar="CODE",
+        help="the queries' language as a FLORES-200 code (eng_Latn, zho_Hans...), for a model whose tokenizer needs it "
+        "(NLLB-CLIP); other models ignore it",
+    )
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
     add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")

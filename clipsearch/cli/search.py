@@ -45,9 +45,9 @@ def run(args: argparse.Namespace) -> int:
     )
     cut = {"k": args.k, "where": where, "min_score": args.min_score, "sort": args.sort}
     if terms is not None:
-        hits = index.search_combined(terms, **cut)
+        hits = index.search_combined(terms, **cut, query_lang=args.query_lang)
     elif args.image is None:
-        hits = index.search(args.query, **cut)
+        hits = index.search(args.query, **cut, query_lang=args.query_lang)
     else:
         hits = index.search_image(args.image, **cut)
     if args.json:

@@ -129,6 +129,7 @@ class SearchRequest:
     where: Filter
     min_score: float | None = None
     sort: str = "score"
+    query_lang: str | None = None
     text: str | None = None
     image_id: int | None = None
     vector: tuple[float, ...] | None = None
@@ -178,8 +179,10 @@ def make_request(kind: QueryKind, params: Mapping[str, Any], filters: Mapping[st
     # An empty form field is no cut-off and the default order, as an empty filter is no filter.
     min_score, sort = params["min_score"], params["sort"] or "score"
     check_cut(params["k"], min_score, sort)
+    # An empty form field is no language, as for the cut-off.
+    query_lang = params["query_lang"] or None
     return SearchRequest(kind=kind, k=params["k"], offset=params["offset"], index=params["index"], where=where,
-                         min_score=min_score, sort=sort, terms=terms, **query)
+                         min_score=min_score, sort=sort, query_lang=query_lang, terms=terms, **query)
 
 
 def from_body(body: SearchBody) -> SearchRequest:
@@ -216,7 +219,7 @@ def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int
         # Only the encoding runs under the model lock and its timer (the query-encoding metric);
         # the FAISS search is what ImageIndex.search runs after it.
         with served.model_call("text"):
-            vector = index.embed_texts([req.text])
+            vector = index.embed_texts([req.text], query_lang=req.query_lang)
         return index.search_vectors(vector, **cut)[0]
     if req.kind == "image":
         assert req.image is not None
@@ -242,7 +245,7 @@ def _combined(index: ImageIndex, served: ServedIndex, req: SearchRequest, cut: d
             _known_id(index, served, term.value)
     kinds = {t.kind for t in (first, *req.terms)}
     with served.model_call("text" if "text" in kinds else "image"):
-        return index.search_combined([first, *req.terms], **cut)
+        return index.search_combined([first, *req.terms], **cut, query_lang=req.query_lang)
 
 
 def _known_id(index: ImageIndex, served: ServedIndex, image_id: int | None) -> int:

@@ -21,6 +21,9 @@
     takenAfter: $('input[name="taken_after"]'),
     takenBefore: $('input[name="taken_before"]'),
     minScore: $('input[name="min_score"]'),
+    queryLangLabel: $(".query-lang"),
+    queryLang: $('input[name="query_lang"]'),
+    queryLangs: $("#query-langs"),
     sort: $('select[name="sort"]'),
     file: $('input[name="image"]'),
     hint: $('[data-testid="hint"]'),
@@ -236,17 +239,31 @@
 
   // ---- the index picker ----------------------------------------------------------------
 
+  // Each served index's query languages (NLLB-CLIP's FLORES-200 codes; none for most models).
+  const queryLanguages = new Map();
+
+  // The language control shows where the chosen index's model needs one, with its codes.
+  function showQueryLanguages() {
+    const codes = queryLanguages.get(el.index.value) || [];
+    el.queryLangLabel.hidden = codes.length === 0;
+    el.queryLangs.replaceChildren(...codes.map((code) => Object.assign(document.createElement("option"), { value: code })));
+    if (codes.length && !el.queryLang.value && codes.includes("eng_Latn")) el.queryLang.placeholder = "eng_Latn";
+  }
+
   async function loadIndexes() {
     const resp = await api("/api/indexes");
     const indexes = await resp.json();
     el.index.replaceChildren();
+    queryLanguages.clear();
     for (const info of indexes) {
+      queryLanguages.set(info.name, Array.isArray(info.query_languages) ? info.query_languages : []);
       const option = document.createElement("option");
       option.value = info.name;
       option.textContent = typeof info.count === "number" ? `${info.name} (${info.count} images)` : info.name;
       el.index.append(option);
     }
     el.indexLabel.hidden = indexes.length <= 1;
+    showQueryLanguages();
   }
 
   function selectIndex(name) {
@@ -314,10 +331,10 @@
 
   // ---- date filters, cut-off, order ------------------------------------------------------
 
-  const REFINE = ["taken_after", "taken_before", "min_score", "sort"];
+  const REFINE = ["taken_after", "taken_before", "min_score", "sort", "query_lang"];
 
   function refineControls() {
-    return { taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort };
+    return { taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort, query_lang: el.queryLang };
   }
 
   // The refine controls' values that differ from "no condition" (the server checks them).
@@ -359,6 +376,7 @@
       // A cut-off the server cannot read as a number is sent as text: its 4xx says why.
       if (refine.min_score) body.min_score = Number.isFinite(Number(refine.min_score)) ? Number(refine.min_score) : refine.min_score;
       if (refine.sort) body.sort = refine.sort;
+      if (refine.query_lang) body.query_lang = refine.query_lang;
       if (s.add) body.add = [s.add];
       if (s.subtract) body.subtract = [s.subtract];
       return ["/api/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) }];
@@ -580,6 +598,7 @@
   // A new index applies to the search on screen. An image id belongs to one index, so "more like
   // this" does not carry over; a text query and an uploaded image do.
   el.index.addEventListener("change", () => {
+    showQueryLanguages();
     if (state.mode === "text" || state.mode === "upload") {
       startSearch({ mode: state.mode, q: state.q, file: state.file, index: chosenIndex(), prefix: state.prefix, add: state.add, subtract: state.subtract, k: state.k });
     } else if (state.mode === "similar") {
