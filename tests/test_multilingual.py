@@ -170,3 +170,32 @@ def test_nllb_over_http(client: object, nllb_index: Path) -> None:
     assert missing.status_code == 400 and "query_lang" in missing.json()["error"]
     bad = client.post("/api/search", json={"text": "一只猫", "query_lang": "xx"})  # type: ignore[attr-defined]
     assert bad.status_code == 400 and "unknown query language" in bad.json()["error"]
+
+
+def test_nllb_zero_shot_takes_the_prompts_language(
+    nllb_index: Path, models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from retrieval.zeroshot import ZeroShotClassifier
+
+    labels = ["--label", "猫", "--label", "狗"]
+    code, _, err = _cli(capsys, "classify", nllb_index, *labels, "--template", "{}", "--json", "--precision", "fp32")
+    assert code == 1 and "--query-lang" in err
+    code, out, err = _cli(
+        capsys, "classify", nllb_index, *labels, "--template", "{}", "--json", "--precision", "fp32", "--query-lang", "zho_Hans"
+    )
+    assert code == 0, err
+    index = ImageIndex.open(nllb_index, device="cpu", precision="fp32")
+    expected = ZeroShotClassifier.build(index.encoder, ["猫", "狗"], ["{}"], query_lang="zho_Hans")
+    reference = _reference(models["nllb-clip-tiny"], ["猫", "狗"], "zho_Hans")
+    np.testing.assert_allclose(expected.weights, reference, atol=1e-5)
+    assert len(json.loads(out)["results"]) == index.count
+    folder = tmp_path / "folder"
+    for c, label in enumerate(("猫", "狗")):
+        (folder / label).mkdir(parents=True)
+        photo_like(64, 48, seed=60 + c).save(folder / label / "0.png")
+    model = f"open_clip:local-dir:{models['nllb-clip-tiny']}"
+    code, _, err = _cli(capsys, "eval-zeroshot", "--model", model, folder, "--device", "cpu")
+    assert code == 1 and "--query-lang" in err
+    code, out, err = _cli(capsys, "eval-zeroshot", "--model", model, folder, "--device", "cpu", "--query-lang", "zho_Hans", "--json")
+    assert code == 0, err
+    assert json.loads(out)["images"] == 2

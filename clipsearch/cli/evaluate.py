@@ -7,7 +7,7 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from ._common import PROG, add_device_arguments, add_precision_argument, positive_int, print_json
+from ._common import PROG, add_device_arguments, add_precision_argument, add_query_lang_argument, positive_int, print_json
 
 if TYPE_CHECKING:
     from retrieval.evaluation import EvalReport
@@ -103,12 +103,7 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--ann", action="store_true", help="rank with the FAISS index (top max(K, 10)) instead of exactly")
     p.add_argument("--per-query", metavar="OUT.jsonl", help="also write one JSON line per evaluated query")
     p.add_argument("--batch-size", type=positive_int, default=256, help="queries encoded and ranked together (default: 256)")
-    p.add_argument(
-        "--query-lang",
-        metavar="CODE",
-        help="the queries' language as a FLORES-200 code (eng_Latn, zho_Hans...), for a model whose tokenizer needs it "
-        "(NLLB-CLIP); other models ignore it",
-    )
+    add_query_lang_argument(p, "the text queries")
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
     add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")
