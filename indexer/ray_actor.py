@@ -44,6 +44,7 @@ class ActorSpec:
     max_pixels: int
     draft: bool
     threads: int
+    ocr: bool = False
 
 
 def load_actor_encoder(spec: ActorSpec) -> Encoder:
@@ -79,7 +80,7 @@ class EmbedActor:
         self._heap.__enter__()
         self.enc = load_actor_encoder(spec)
         self._dataset = ImageDataset(os.fsdecode(spec.root), [], self.enc.preprocess, max_pixels=spec.max_pixels,
-                                     draft=spec.draft, threads=spec.threads)
+                                     draft=spec.draft, threads=spec.threads, ocr=spec.ocr)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch

@@ -9,7 +9,7 @@ first, undated last) and attaches the stored paths and photo facts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -30,6 +30,11 @@ class Hit:
 
     ``taken`` (ISO 8601), ``camera`` and ``gps`` (``(latitude, longitude)``) are the photo's
     EXIF facts, None where it has none (or the index predates them).
+
+    A text search in ``hybrid`` or ``keyword`` mode (:mod:`retrieval.hybrid`) also says which
+    query words matched the image's text, by source (``matched``: ``{"ocr": ("4711",)}``;
+    sources in :data:`retrieval.keywords.SOURCES`) and the image's recognised text
+    (``ocr_text``); ``score`` is always the cosine of the vector side, whatever ranked the hit.
     """
 
     id: int
@@ -38,12 +43,18 @@ class Hit:
     taken: str | None = None
     camera: str | None = None
     gps: tuple[float, float] | None = None
+    matched: Mapping[str, tuple[str, ...]] | None = None
+    ocr_text: str | None = None
 
     def to_dict(self, facts: bool = False) -> dict[str, Any]:
-        """``id``, ``path``, ``score``, and the photo facts it has (with ``facts``: all three
-        keys, None where unknown, as ``clipsearch search --json`` prints them)."""
+        """``id``, ``path``, ``score``, and the photo facts and text fields it has (with
+        ``facts``: every key, None where unknown, as ``clipsearch search --json`` prints them)."""
         out: dict[str, Any] = {"id": self.id, "path": self.path, "score": self.score}
-        known = {"taken": self.taken, "camera": self.camera, "gps": list(self.gps) if self.gps is not None else None}
+        known = {
+            "taken": self.taken, "camera": self.camera, "gps": list(self.gps) if self.gps is not None else None,
+            "matched": {k: list(v) for k, v in self.matched.items()} if self.matched is not None else None,
+            "ocr_text": self.ocr_text,
+        }
         out.update(known if facts else {k: v for k, v in known.items() if v is not None})
         return out
 

@@ -18,11 +18,13 @@ from .errors import InvalidArgumentError
 from .filters import Filter
 from .generation import MMAP_MIN_BYTES, Generation, open_generation
 from .hits import Cut, Hit, check_cut, make_hits
+from .hybrid import resolve_mode, text_search
 from .images import PreprocessConfig
+from .keywords import KeywordIndex, check_query_text
 from .layout import read_manifest
 from .query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from .query_terms import QueryTerm, as_term, embed_terms
-from .rows import SkippedFile, check_id, source_path
+from .rows import Rows, SkippedFile, check_id, source_path
 
 
 class ImageIndex:
@@ -173,11 +175,11 @@ class ImageIndex:
     # -- search ---------------------------------------------------------------------------------
 
     def search(self, query: str, k: int | None = None, where: Filter | None = None, *, min_score: float | None = None,
-               sort: str = "score", query_lang: str | None = None) -> list[Hit]:
+               sort: str = "score", mode: str | None = None, query_lang: str | None = None) -> list[Hit]:
         """Text-to-image search.
 
         Args:
-            query: the text.
+            query: the text (never syntax: quotes, ``AND``, ``*`` are words or nothing).
             k: number of results (default 10; fewer only when the index or the filter has
                 fewer images). With ``min_score``: at most this many (default: no cap).
             where: only return images that pass this :class:`~retrieval.filters.Filter`.
@@ -185,30 +187,62 @@ class ImageIndex:
                 that is: a range search, exact for flat indexes (see :meth:`search_range`).
             sort: ``score`` (best first) or ``taken`` (newest photo first, undated last; the
                 selected hits reordered).
+            mode: ``hybrid`` (the vector and keyword rankings fused), ``vector`` (the embedding
+                alone) or ``keyword`` (only images whose words match); default ``hybrid`` where
+                the index has a keyword side, else ``vector`` (:mod:`retrieval.hybrid`).
+                ``min_score`` cuts the vector side; keyword matches join whatever their score.
             query_lang: the query's FLORES-200 code (``zho_Hans``) for a model whose tokenizer
                 must be told it (NLLB-CLIP: :meth:`query_languages`); other models read any
                 language as it is and ignore it.
 
         Raises:
             InvalidArgumentError: empty query, k < 1, min_score outside [-1, 1], a bad sort, a
-                missing or unknown query language where the model needs one.
+                bad mode (or ``keyword`` without a keyword side), a query over
+                :data:`~retrieval.keywords.MAX_QUERY_CHARS` characters in hybrid or keyword mode,
+                a missing or unknown query language where the model needs one.
             ModelMismatchError: the query model is not the index's model.
         """
-        return self.search_many([query], k, where=where, min_score=min_score, sort=sort, query_lang=query_lang)[0]
+        return self.search_many([query], k, where=where, min_score=min_score, sort=sort, mode=mode,
+                                query_lang=query_lang)[0]
 
     def search_many(self, queries: Sequence[str], k: int | None = None, where: Filter | None = None, *,
-                    min_score: float | None = None, sort: str = "score", query_lang: str | None = None) -> list[list[Hit]]:
+                    min_score: float | None = None, sort: str = "score", mode: str | None = None,
+                    query_lang: str | None = None) -> list[list[Hit]]:
         """Search several texts at once (encoded and searched in batches); arguments as :meth:`search`."""
         check_cut(k, min_score, sort)
+        run_mode = resolve_mode(mode, self.keywords)
         if isinstance(queries, str):
             raise InvalidArgumentError("search_many takes a list of queries, not a single string")
         for q in queries:
             if not isinstance(q, str) or not q.strip():
                 raise InvalidArgumentError("query must be a non-empty text")
+            if run_mode != "vector":
+                check_query_text(q)
         if not queries:
             return []
-        vectors = self.embed_texts(list(queries), query_lang=query_lang)
-        return self.search_vectors(vectors, k, where=where, min_score=min_score, sort=sort)
+        vectors = self.embed_texts(list(queries), query_lang)
+        return self.search_embedded(list(queries), vectors, k, where, min_score=min_score, sort=sort, mode=run_mode)
+
+    def search_embedded(self, queries: Sequence[str], vectors: np.ndarray, k: int | None = None, where: Filter | None = None,
+                        *, min_score: float | None = None, sort: str = "score", mode: str | None = None) -> list[list[Hit]]:
+        """:meth:`search_many` with the queries' vectors made already (by :meth:`embed_texts`,
+        e.g. under a server's model lock); the keyword side reads ``queries``."""
+        cut = check_cut(k, min_score, sort)
+        run_mode = resolve_mode(mode, self.keywords)
+        if run_mode != "vector":
+            for q in queries:
+                check_query_text(q)
+        return text_search(self, list(queries), self._generation.query_vectors(np.asarray(vectors)), cut, where, run_mode)
+
+    @property
+    def keywords(self) -> KeywordIndex | None:
+        """The keyword side (:class:`~retrieval.keywords.KeywordIndex`), None in an index built before it."""
+        return self._generation.keywords
+
+    @property
+    def hit_source(self) -> Rows:
+        """The rows hits are made from (:func:`retrieval.hits.make_hits`)."""
+        return self._rows
 
     def embed_texts(self, texts: Sequence[str], query_lang: str | None = None) -> np.ndarray:
         """The query vectors of ``texts`` (``(n, dim)``, L2-normalised) as searches make them:

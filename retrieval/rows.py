@@ -24,7 +24,7 @@ from . import store
 from .errors import IndexCorruptError, InvalidArgumentError
 from .filters import Filter
 from .images.exif import iso_taken
-from .layout import PHOTO_COLUMNS, Manifest, display_path
+from .layout import PHOTO_COLUMNS, TEXT_COLUMNS, Manifest, display_path
 
 # Masks of recent filters, per opened index (a filter is evaluated over whole columns).
 MASK_CACHE_SIZE = 8
@@ -87,8 +87,9 @@ class Rows:
         return self.manifest.dim
 
     def column(self, name: str) -> pa.ChunkedArray:
-        """One whole column in id order (read once, then kept). A photo column
-        (:data:`~retrieval.layout.PHOTO_COLUMNS`) that a part predates reads as nulls there."""
+        """One whole column in id order (read once, then kept). A photo or text column
+        (:data:`~retrieval.layout.PHOTO_COLUMNS`, :data:`~retrieval.layout.TEXT_COLUMNS`, and
+        ``caption``) that a part predates reads as nulls there."""
         with self._lock:
             if name not in self._columns:
                 if name in _PHOTO_TYPES:
@@ -243,8 +244,9 @@ class Rows:
         return [SkippedFile(display_path(rec.path), rec.reason) for rec in store.read_skipped(self._skipped)]
 
 
-# The photo columns' types, by name: readers fill a part's missing one with nulls of its type.
-_PHOTO_TYPES = {f.name: f.type for f in PHOTO_COLUMNS}
+# The photo and text columns' types, by name: readers fill a part's missing one with nulls of
+# its type. ``caption`` is read where the rows have it (captioned inputs such as shards).
+_PHOTO_TYPES = {f.name: f.type for f in (*PHOTO_COLUMNS, *TEXT_COLUMNS)} | {"caption": pa.string()}
 
 
 def _optional_column(parts: Sequence[pq.ParquetFile], name: str, kind: pa.DataType) -> pa.ChunkedArray:

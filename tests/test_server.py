@@ -171,7 +171,9 @@ def test_result_fields(client: TestClient, built_index: Path, collection: Collec
     ids = _ids_by_path(built_index)
     assert len(results) == len(ids)
     for r in results:
-        assert set(r) == {"id", "path", "score", "taken", "camera", "gps", "width", "height", "image_url", "thumbnail_url"}
+        assert set(r) == {
+            "id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text", "width", "height", "image_url", "thumbnail_url"
+        }
         assert ids[r["path"]] == r["id"]
         assert r["image_url"] == f"/api/images/{r['id']}?index=photos.idx"
         assert r["thumbnail_url"] == f"/api/thumbnails/{r['id']}?size=256&index=photos.idx"

@@ -23,6 +23,7 @@ from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter
 from retrieval.hits import check_cut
 from retrieval.index import Hit, ImageIndex
+from retrieval.keywords import check_mode
 from retrieval.query_terms import QueryTerm, parse_term
 
 from ..search_params import MAX_DEPTH, MAX_TERMS, SearchParams
@@ -105,6 +106,11 @@ class SearchResult(BaseModel):
     taken: str | None = Field(None, description="when the photo was taken (EXIF, ISO 8601), null when it does not say")
     camera: str | None = Field(None, description="camera make and model (EXIF)")
     gps: list[float] | None = Field(None, description="[latitude, longitude] in degrees (EXIF)")
+    matched: dict[str, list[str]] | None = Field(
+        None, description="hybrid and keyword modes: the query words found in the image's text, by source (path, embedded, "
+        "caption, ocr); null in vector mode"
+    )
+    ocr_text: str | None = Field(None, description="text recognised in the image (index --ocr), null when none")
     width: int
     height: int
     image_url: str
@@ -130,6 +136,7 @@ class SearchRequest:
     min_score: float | None = None
     sort: str = "score"
     query_lang: str | None = None
+    mode: str | None = None
     text: str | None = None
     image_id: int | None = None
     vector: tuple[float, ...] | None = None
@@ -179,10 +186,13 @@ def make_request(kind: QueryKind, params: Mapping[str, Any], filters: Mapping[st
     # An empty form field is no cut-off and the default order, as an empty filter is no filter.
     min_score, sort = params["min_score"], params["sort"] or "score"
     check_cut(params["k"], min_score, sort)
+    mode = check_mode(params["mode"]) if params.get("mode") else None
+    if mode == "keyword" and (kind != "text" or terms):
+        raise InvalidArgumentError("mode keyword takes a text query alone: image queries and query arithmetic are vector-only")
     # An empty form field is no language, as for the cut-off.
     query_lang = params["query_lang"] or None
     return SearchRequest(kind=kind, k=params["k"], offset=params["offset"], index=params["index"], where=where,
-                         min_score=min_score, sort=sort, query_lang=query_lang, terms=terms, **query)
+                         min_score=min_score, sort=sort, mode=mode, query_lang=query_lang, terms=terms, **query)
 
 
 def from_body(body: SearchBody) -> SearchRequest:
@@ -220,7 +230,7 @@ def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int
         # the FAISS search is what ImageIndex.search runs after it.
         with served.model_call("text"):
             vector = index.embed_texts([req.text], query_lang=req.query_lang)
-        return index.search_vectors(vector, **cut)[0]
+        return index.search_embedded([req.text], vector, mode=req.mode, **cut)[0]
     if req.kind == "image":
         assert req.image is not None
         with served.model_call("image"):
@@ -289,6 +299,8 @@ def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
             "taken": h.taken,
             "camera": h.camera,
             "gps": list(h.gps) if h.gps is not None else None,
+            "matched": {k: list(v) for k, v in h.matched.items()} if h.matched is not None else None,
+            "ocr_text": h.ocr_text,
             "width": int(s[0]),
             "height": int(s[1]),
             "image_url": f"/api/images/{h.id}?index={name}",

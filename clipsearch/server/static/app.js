@@ -25,6 +25,7 @@
     queryLang: $('input[name="query_lang"]'),
     queryLangs: $("#query-langs"),
     sort: $('select[name="sort"]'),
+    mode: $('select[name="mode"]'),
     file: $('input[name="image"]'),
     hint: $('[data-testid="hint"]'),
     queryImage: $('[data-testid="query-image"]'),
@@ -331,10 +332,15 @@
 
   // ---- date filters, cut-off, order ------------------------------------------------------
 
-  const REFINE = ["taken_after", "taken_before", "min_score", "sort", "query_lang"];
+  // How the sources of matched words are named in the UI.
+  const SOURCE_NAMES = { path: "file name", embedded: "photo keywords", caption: "caption", ocr: "text in the image" };
+
+  const REFINE = ["taken_after", "taken_before", "min_score", "sort", "mode", "query_lang"];
 
   function refineControls() {
-    return { taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort, query_lang: el.queryLang };
+    return {
+      taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort, mode: el.mode, query_lang: el.queryLang,
+    };
   }
 
   // The refine controls' values that differ from "no condition" (the server checks them).
@@ -389,7 +395,8 @@
     if (s.prefix) form.append("path_prefix", s.prefix);
     if (s.add) form.append("add", s.add);
     if (s.subtract) form.append("subtract", s.subtract);
-    for (const [name, value] of Object.entries(refine)) form.append(name, value);
+    // An image query ranks by the picture alone: the text mode is not sent with it.
+    for (const [name, value] of Object.entries(refine)) if (name !== "mode") form.append(name, value);
     return ["/api/search", { method: "POST", body: form }];
   }
 
@@ -515,7 +522,18 @@
       taken.title = `Taken ${result.taken}${result.camera ? ` with ${result.camera}` : ""}`;
     }
 
-    button.append(frame, score, path, taken);
+    // The query's words found in the picture's text (file name, keywords, text in the image).
+    const matched = document.createElement("span");
+    matched.className = "matched";
+    matched.dataset.testid = "matched";
+    const found = result.matched && typeof result.matched === "object" ? Object.entries(result.matched) : [];
+    if (found.length) {
+      const words = [...new Set(found.flatMap(([, w]) => (Array.isArray(w) ? w : [])))];
+      matched.textContent = words.join(", ");
+      matched.title = found.map(([source, w]) => `${SOURCE_NAMES[source] || source}: ${w.join(", ")}`).join("\n");
+    }
+
+    button.append(frame, score, path, taken, matched);
     button.addEventListener("click", () => openViewer(result, button));
     item.append(button);
 
