@@ -1,5 +1,6 @@
 """The search parameters beside the query, declared once: how many results, from which rank, in
-which served index, the relevance cut-off, the order, and the terms of query arithmetic.
+which served index, the relevance cut-off, the order, the ranking mode, the text's language, and
+the terms of query arithmetic.
 
 :class:`SearchParams`' fields are the flags of ``clipsearch search`` (where it has them), the
 fields of the search API's GET query, JSON body and multipart form, and the docs' ``search``
@@ -12,6 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from retrieval.hits import SORTS
+from retrieval.keywords import MODES
 from retrieval.options import option
 
 # Search depth: offset + k may not exceed this (a page past it would make FAISS rank a large
@@ -67,6 +69,26 @@ class SearchParams:
         metadata=option(
             "order of the results: score (best first) or taken (newest photo first, undated last)",
             choices=SORTS,
+            http=True,
+        ),
+    )
+    mode: str | None = field(
+        default=None,
+        metadata=option(
+            "how a text query ranks: hybrid (its words in file names, photo keywords, captions and OCR text fused "
+            "with the vector ranking), vector (the embedding alone) or keyword (only images whose words match); "
+            "image queries and query arithmetic are vector-only",
+            default_text="hybrid where the index has a keyword side, else vector",
+            choices=MODES,
+            http=True,
+        ),
+    )
+    query_lang: str | None = field(
+        default=None,
+        metadata=option(
+            "the text's language as a FLORES-200 code (eng_Latn, zho_Hans, rus_Cyrl...), for a model whose "
+            "tokenizer needs it (NLLB-CLIP); other models read any language as it is and ignore it",
+            metavar="CODE",
             http=True,
         ),
     )

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from retrieval import store
+from retrieval import keywords, store
 from retrieval.encoders import Encoder, cpu, load_encoder
 from retrieval.errors import (
     IndexFormatError,
@@ -36,7 +36,7 @@ from retrieval.index_types import IndexOptions, parse_memory
 from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 from retrieval.shards import scheme_of
 
-from . import ann, calibrate, ray_engine, shards
+from . import ann, calibrate, ocr, ray_engine, shards
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .dataset import content_hash
@@ -183,6 +183,9 @@ def _start(
         photos = Path(source)
         check_photos_dir(photos)
     check_index_dir(out, "index", rebuild=cfg.rebuild)
+    keywords.check_engine()  # this Python's SQLite has FTS5 with trigrams
+    if cfg.ocr:
+        ocr.check_engine()  # a missing engine fails in one line, before any work
     with contextlib.ExitStack() as stack:
         # Connected before the walk and the model: a cluster that does not answer fails in seconds.
         ray = stack.enter_context(ray_engine.ray_run(cfg)) if cfg.engine == "ray" else None
@@ -294,6 +297,9 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
         and not plan.to_embed
         and not plan.changes_rows
         and dict(previous.discovery) == job.walk.to_dict()
+        # An index without its keyword side (built before it) or another --ocr gets a generation.
+        and previous.keywords is not None
+        and previous.keywords.ocr == writer.meta.ocr
         and sorted((s.path, s.reason) for s in writer.skipped) == sorted((s.path, s.reason) for s in base.old_skips)
     )
     t0 = time.perf_counter()
@@ -322,7 +328,7 @@ def _open_base(job: _Job) -> _Base:
     options = ann.choose_options(previous, index_type=cfg.index_type, max_memory=cfg.max_memory, target_recall=cfg.target_recall)
     # A factory string FAISS rejects fails here, before any image is embedded.
     ann.check_options(options, enc.dim, max(len(job.found.files), previous.count if previous is not None else 0))
-    writer = GenerationWriter(out, _meta(job, options), previous)
+    writer = GenerationWriter(out, _meta(job, options, ocr_of(cfg, previous)), previous)
     options_changed = previous is not None and dict(previous.index_options) != options.to_dict()
     if options_changed:
         writer.drop_faiss(options.to_dict())
@@ -330,7 +336,23 @@ def _open_base(job: _Job) -> _Base:
     return _Base(previous, writer, options_changed, old_skips)
 
 
-def _meta(job: _Job, options: IndexOptions) -> IndexMeta:
+def ocr_of(cfg: BuildConfig, previous: Manifest | None) -> bool:
+    """Whether this run recognises text: ``cfg.ocr`` when given, else what the index recorded.
+
+    Raises:
+        InvalidArgumentError: ``--ocr`` on an index whose images were embedded without it (their
+            text would be missing while the index says OCR ran): that needs ``--rebuild``.
+    """
+    recorded = previous is not None and previous.keywords is not None and previous.keywords.ocr
+    if cfg.ocr and previous is not None and previous.count and not recorded:
+        raise InvalidArgumentError(
+            f"the index holds {previous.count} images embedded without --ocr; pass --rebuild to recognise the text "
+            "in every image (or leave out --ocr)"
+        )
+    return cfg.ocr if cfg.ocr is not None else recorded
+
+
+def _meta(job: _Job, options: IndexOptions, ocr: bool) -> IndexMeta:
     enc = job.enc
     return IndexMeta(
         model=enc.name,
@@ -342,6 +364,7 @@ def _meta(job: _Job, options: IndexOptions) -> IndexMeta:
         model_info=dict(enc.info),
         index_options=options.to_dict(),
         discovery=job.walk.to_dict(),
+        ocr=ocr,
     )
 
 
@@ -370,7 +393,7 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)
         if ray is not None:
-            return ray.embed(ray.spec(images, info), plan, writer), cpu_level
+            return ray.embed(ray.spec(images, info, ocr=writer.meta.ocr), plan, writer), cpu_level
         return embed_planned(cfg, enc, images, plan, writer, stop=job.stop), cpu_level
 
 
@@ -404,6 +427,8 @@ def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunSta
         precision=str(writer.meta.model_info.get("precision", "fp32")),
         cpu_level=cpu_level if (ray is None or ray.pool.device == "cpu") else "",
         engine=job.cfg.engine,
+        text_notes=stats.text_notes,
+        with_ocr_text=stats.with_ocr_text,
         actors=ray.pool.actors if ray is not None else 0,
         cluster_resources=dict(ray.resources) if ray is not None else {},
     )

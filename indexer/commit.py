@@ -47,6 +47,7 @@ from retrieval.version import __version__
 
 from . import ann
 from .ann import FaissInfo
+from .keywords import PreviousKeywords, write_side
 from .parts import PartSource, group_parts
 from .plan import IndexedFacts
 from .writer import (
@@ -73,6 +74,8 @@ class IndexMeta:
     model_info: Mapping[str, Any] = field(default_factory=dict)
     index_options: Mapping[str, Any] = field(default_factory=dict)
     discovery: Mapping[str, Any] = field(default_factory=dict)
+    # Whether this build recognises text in the pixels (index --ocr), recorded with the keyword side.
+    ocr: bool = False
 
 
 class GenerationWriter:
@@ -90,6 +93,10 @@ class GenerationWriter:
             self._faiss = (base.faiss, index_dir / base.faiss.path)
             self._faiss_info = FaissInfo(base.index_type, dict(base.search_params), dict(base.index_tuning))
         self._committed = base.count if base else 0
+        # The last keyword file and how many of its first ids still hold (indexer.keywords).
+        self._keywords: PreviousKeywords | None = None
+        if base is not None and base.keywords is not None:
+            self._keywords = PreviousKeywords(base.keywords, index_dir / base.keywords.path, base.keywords.rows)
         # Checksums of the committed files by path, carried to the next generation with the
         # files it links (a generation of a version-2 index written before checksums has none:
         # its files are hashed when first linked, which is how such an index gets them).
@@ -148,6 +155,8 @@ class GenerationWriter:
             first = min(first, min(refreshed))
         if first >= self._committed:
             return
+        if self._keywords is not None:
+            self._keywords = dataclasses.replace(self._keywords, valid_rows=min(self._keywords.valid_rows, first))
         split = 0
         while split < len(self._parts) and self._parts[split][0].first_id + self._parts[split][0].rows <= first:
             split += 1
@@ -212,6 +221,7 @@ class GenerationWriter:
         sums: dict[str, FileChecksum] = {}
         try:
             new_parts: list[tuple[PartRef, Path]] = []
+            staged: list[Path] = []
             for group in self._groups(merge):
                 first_id = new_parts[-1][0].first_id + new_parts[-1][0].rows if new_parts else 0
                 name = f"{EMBEDDINGS_DIR}/{part_name(len(new_parts))}"
@@ -226,7 +236,9 @@ class GenerationWriter:
                     sums[ref.path] = checksum_file(staging / name)
                     sums[str(ref.paths)] = checksum_file(staging / paths_file_of(name))
                     new_parts.append((ref, self.dir / ref.path))
+                staged.append(staging / name)
             count = new_parts[-1][0].first_id + new_parts[-1][0].rows if new_parts else 0
+            keywords = write_side(staging, gen_rel, count, staged, self._keywords, self.meta.ocr)
             faiss_ref: FaissRef | None = None
             info = FaissInfo()
             if faiss is not None:
@@ -269,6 +281,7 @@ class GenerationWriter:
                 index_tuning=dict(info.tuning),
                 checksums=sums,
                 discovery=dict(self.meta.discovery),
+                keywords=keywords,
                 format_version=format_version_for(info.factory),
             )
             crash_point("staged")
@@ -286,6 +299,7 @@ class GenerationWriter:
         self._faiss = (faiss_ref, self.dir / faiss_ref.path) if faiss_ref is not None else None
         self._faiss_info = info
         self._sums = sums
+        self._keywords = PreviousKeywords(keywords, self.dir / keywords.path, count)
         self._committed = count
         self._records, self._vectors, self._rewrite_tail = [], [], None
         self.current = manifest

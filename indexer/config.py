@@ -195,6 +195,15 @@ class BuildConfig:
             group=_WALK,
         ),
     )
+    ocr: bool | None = field(
+        default=None,
+        metadata=option(
+            "recognise text in the images (signs, screenshots, scans) for keyword search, with RapidOCR "
+            "(pip install 'clipsearch[ocr]'); recorded in the index, --no-ocr turns it off again",
+            default_text="what the index recorded; off for a new index",
+            group=_WALK,
+        ),
+    )
     engine: str = field(
         default="local",
         metadata=option(
@@ -266,6 +275,8 @@ class BuildConfig:
             raise InvalidArgumentError(f"image size must be an integer >= 1, got {self.image_size!r}")
         if self.commit_seconds <= 0:
             raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")
+        if self.ocr not in (None, True, False):
+            raise InvalidArgumentError(f"ocr must be True, False or None, got {self.ocr!r}")
         if self.include_hidden not in (None, True, False):
             raise InvalidArgumentError(f"include_hidden must be True, False or None, got {self.include_hidden!r}")
         if isinstance(self.exclude, (str, list)):
@@ -387,6 +398,10 @@ class BuildReport:
     # The CPU level the run acted on (retrieval.encoders.cpu), e.g. "avx2"; "" on CUDA.
     cpu_level: str = ""
     engine: str = "local"
+    # Images indexed without some of their text (ignored metadata, an image OCR could not read),
+    # and images in which OCR found text, this run.
+    text_notes: int = 0
+    with_ocr_text: int = 0
     # Ray runs only: the encoder actors and the cluster's resources (ray.cluster_resources()).
     actors: int = 0
     cluster_resources: dict[str, float] = field(default_factory=dict)

@@ -17,7 +17,9 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
-from retrieval.errors import ImageDecodeError
+from PIL import Image
+
+from retrieval.errors import EngineError, ImageDecodeError
 from retrieval.faults import crash_point
 from retrieval.images import (
     DEFAULT_MAX_PIXELS,
@@ -34,6 +36,7 @@ from retrieval.images import (
 )
 from retrieval.layout import display_path
 
+from . import ocr
 from .discover import ImageFile
 from .shards import ShardReader
 
@@ -108,8 +111,11 @@ class ImageDataset:
         draft: bool = True,
         device_decode: bool = False,
         threads: int = 1,
+        ocr: bool = False,
     ) -> None:
-        self.device_decode = device_decode
+        # With OCR every image is decoded here (OCR reads the decoded pixels on the CPU).
+        self.device_decode = device_decode and not ocr
+        self.ocr = ocr
         # Threads decoding one batch in this process (PIL and torch release the GIL); a
         # DataLoader worker process uses one.
         self.threads = threads
@@ -172,15 +178,29 @@ class ImageDataset:
                 max_pixels=self.max_pixels,
                 draft=self.draft,
                 name=display_path(rel),
+                keep_edge=ocr.OCR_MIN_EDGE if self.ocr else None,
             )
         except ImageDecodeError as exc:
             error = exc.reason
         except Exception as exc:  # noqa: BLE001 - a decoder bug on one file must not end the run
             error = f"decode failed: {type(exc).__name__}: {exc}"
         else:
+            meta = _with_ocr(decoded.image, decoded.meta) if self.ocr else decoded.meta
             return Item(index, pixels, decoded.width, decoded.height, None, time.perf_counter() - start, size, mtime_ns,
-                        digest, meta=decoded.meta)
+                        digest, meta=meta)
         return Item(index, None, 0, 0, error, time.perf_counter() - start, size, mtime_ns, digest)
+
+
+def _with_ocr(image: Image.Image, meta: PhotoMeta) -> PhotoMeta:
+    """``meta`` with the text OCR reads in ``image``; an image it cannot read keeps no text and
+    says so in its note (counted by the run), never fails."""
+    try:
+        return dataclasses.replace(meta, ocr_text=ocr.recognise(image))
+    except EngineError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - one image the engine cannot read must not end the run
+        note = f"OCR failed: {type(exc).__name__}"
+        return dataclasses.replace(meta, note=f"{meta.note}; {note}" if meta.note else note)
 
 
 def _one_torch_thread() -> None:

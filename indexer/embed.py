@@ -79,6 +79,8 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
                     for it in good
                 ]
                 writer.append(records, batch.vectors)
+                stats.text_notes += sum(it.meta.note is not None for it in good)
+                stats.with_ocr_text += sum(it.meta.ocr_text is not None for it in good)
                 updated = sum(rec.path in plan.updated_paths for rec in records)
                 stats.updated += updated
                 stats.added += len(records) - updated
@@ -116,7 +118,7 @@ def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path | ShardReader, pl
     on_gpu = decodes_on_device(device_type)
     # In-process decoding runs between batches, on as many threads as the model (see default_workers).
     dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft,
-                           device_decode=on_gpu, threads=stats.threads if n_workers == 0 else 1)
+                           device_decode=on_gpu, threads=stats.threads if n_workers == 0 else 1, ocr=writer.meta.ocr)
     # ImageDataset is map-style without torch's Dataset base class (indexer.dataset does not
     # import torch), which DataLoader accepts at run time but its stubs do not.
     loader: DataLoader[Item] = DataLoader(

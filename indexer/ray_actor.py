@@ -46,6 +46,7 @@ class ActorSpec:
     max_pixels: int
     draft: bool
     threads: int
+    ocr: bool = False
     # WebDataset shards: the actor reads each member straight from the store (no shared disk).
     shards: ShardReader | None = None
 
@@ -87,7 +88,7 @@ class EmbedActor:
         self._heap.__enter__()
         self.enc = load_actor_encoder(spec)
         self._dataset = ImageDataset(spec.images, [], self.enc.preprocess, max_pixels=spec.max_pixels,
-                                     draft=spec.draft, threads=spec.threads)
+                                     draft=spec.draft, threads=spec.threads, ocr=spec.ocr)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch

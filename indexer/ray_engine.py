@@ -235,7 +235,7 @@ class RayRun:
         on the driver encoder's kind of device. Otherwise one Ray task calibrates on a node."""
         return self.this_machine and enc.device.type == self.pool.device
 
-    def spec(self, photos: Path | ShardReader, info: Mapping[str, Any]) -> ActorSpec:
+    def spec(self, photos: Path | ShardReader, info: Mapping[str, Any], ocr: bool = False) -> ActorSpec:
         """What an actor embeds with, from an encoder's ``info``: its precision (the mode chosen,
         or the one requested while ``auto`` is unresolved), int8 activation bits, image size."""
         precision = str(info.get("precision") or "fp32")
@@ -246,6 +246,7 @@ class RayRun:
             image_size=int(size) if size is not None else None, int8_activation_bits=int(bits) if bits is not None else None,
             root=b"" if isinstance(photos, ShardReader) else os.fsencode(photos), max_pixels=self.cfg.max_pixels,
             draft=self.cfg.draft, threads=self.pool.threads, shards=photos if isinstance(photos, ShardReader) else None,
+            ocr=ocr,
         )
 
     def resolve_precision(self, enc: Encoder, photos: Path | ShardReader, previous_info: Mapping[str, Any] | None,

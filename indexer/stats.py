@@ -26,6 +26,9 @@ class RunStats:
         newly_skipped: files this run recorded as skipped.
         decode_seconds, encode_seconds, write_seconds: time spent decoding, in the model, and
             committing generations.
+        text_notes: images indexed whose embedded metadata was ignored (malformed or huge XMP)
+            or that OCR could not read; each is indexed without that text.
+        with_ocr_text: images in which OCR found text.
     """
 
     batch_size: int
@@ -38,6 +41,8 @@ class RunStats:
     decode_seconds: float = 0.0
     encode_seconds: float = 0.0
     write_seconds: float = 0.0
+    text_notes: int = 0
+    with_ocr_text: int = 0
 
     @classmethod
     def start(cls, cfg: BuildConfig, device_type: str) -> RunStats:

@@ -19,6 +19,7 @@ import numpy as np
 from . import faiss_index, store
 from .errors import InvalidArgumentError
 from .faiss_mapping import MMAP_MIN_BYTES, FaissMapping, plan_mapping
+from .keywords import KeywordIndex
 from .layout import Manifest, read_manifest
 from .rows import Rows, id_array
 
@@ -38,6 +39,8 @@ class Generation:
         rows: its metadata rows.
         mmap: ``mmap`` as the reader asked for it (None: by the plan), kept for the next generation.
         mapping: how the FAISS file was opened, and why (:mod:`retrieval.faiss_mapping`).
+        keywords: its keyword side (:class:`~retrieval.keywords.KeywordIndex`), None in an
+            index built before it.
     """
 
     directory: Path
@@ -46,6 +49,7 @@ class Generation:
     rows: Rows
     mmap: bool | None
     mapping: FaissMapping
+    keywords: KeywordIndex | None = None
 
     @property
     def faiss_mmap(self) -> bool:
@@ -152,6 +156,20 @@ class Generation:
             "created": m.created,
             "tool_version": m.tool_version,
             "skipped_files": [{"path": s.path, "reason": s.reason} for s in self.rows.skipped()],
+            "keywords": self._keywords_info(),
+        }
+
+    def _keywords_info(self) -> dict[str, Any] | None:
+        ref = self.manifest.keywords
+        if ref is None or self.keywords is None:
+            return None
+        counts = self.keywords.counts()
+        return {
+            "sources": list(ref.sources),
+            "with_text": ref.with_text,
+            "by_source": {s: counts[s] for s in ref.sources},
+            "ocr": ref.ocr,
+            "bytes": ref.checksum.size,
         }
 
 
@@ -190,7 +208,10 @@ def _open_files(directory: Path, manifest: Manifest, mmap: bool | None) -> Gener
     skipped = store.open_parquet(directory / manifest.skipped_file, store.rebuild_hint(directory, manifest))
     mapping = mapping_of(directory, manifest, mmap)
     faiss = store.load_faiss(directory, manifest, parts, mmap=mapping.mmap)
-    return Generation(directory, manifest, faiss, Rows.open(directory, manifest, parts, skipped), mmap, mapping)
+    keywords = None
+    if manifest.keywords is not None:
+        keywords = KeywordIndex(directory / manifest.keywords.path, manifest.count, store.rebuild_hint(directory, manifest))
+    return Generation(directory, manifest, faiss, Rows.open(directory, manifest, parts, skipped), mmap, mapping, keywords)
 
 
 def mapping_of(directory: Path, manifest: Manifest, mmap: bool | None = None) -> FaissMapping:

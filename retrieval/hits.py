@@ -9,7 +9,7 @@ first, undated last) and attaches the stored paths and photo facts.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
@@ -29,9 +29,14 @@ class Hit:
     """One search result: ``score`` is the cosine similarity (higher is better).
 
     ``taken`` (ISO 8601), ``camera`` and ``gps`` (``(latitude, longitude)``) are the photo's
-    EXIF facts, None where it has none (or the index predates them). ``caption`` and ``url``
-    came with an image from a WebDataset shard (its ``.txt`` and img2dataset's ``.json``), None
-    for an image from a folder.
+    EXIF facts, None where it has none (or the index predates them).
+
+    A text search in ``hybrid`` or ``keyword`` mode (:mod:`retrieval.hybrid`) also says which
+    query words matched the image's text, by source (``matched``: ``{"ocr": ("4711",)}``;
+    sources in :data:`retrieval.keywords.SOURCES`) and the image's recognised text
+    (``ocr_text``); ``score`` is always the cosine of the vector side, whatever ranked the hit.
+    ``caption`` and ``url`` came with an image from a WebDataset shard (its ``.txt`` and
+    img2dataset's ``.json``), None for an image from a folder.
     """
 
     id: int
@@ -40,15 +45,21 @@ class Hit:
     taken: str | None = None
     camera: str | None = None
     gps: tuple[float, float] | None = None
+    matched: Mapping[str, tuple[str, ...]] | None = None
+    ocr_text: str | None = None
     caption: str | None = None
     url: str | None = None
 
     def to_dict(self, facts: bool = False) -> dict[str, Any]:
-        """``id``, ``path``, ``score``, and the photo facts it has (with ``facts``: all three
-        keys, None where unknown, as ``clipsearch search --json`` prints them); ``caption`` and
-        ``url`` where present."""
+        """``id``, ``path``, ``score``, and the photo facts and text fields it has (with
+        ``facts``: every key, None where unknown, as ``clipsearch search --json`` prints them); ``caption`` and ``url``
+        where present."""
         out: dict[str, Any] = {"id": self.id, "path": self.path, "score": self.score}
-        known = {"taken": self.taken, "camera": self.camera, "gps": list(self.gps) if self.gps is not None else None}
+        known = {
+            "taken": self.taken, "camera": self.camera, "gps": list(self.gps) if self.gps is not None else None,
+            "matched": {k: list(v) for k, v in self.matched.items()} if self.matched is not None else None,
+            "ocr_text": self.ocr_text,
+        }
         out.update(known if facts else {k: v for k, v in known.items() if v is not None})
         out.update({k: v for k, v in (("caption", self.caption), ("url", self.url)) if v is not None})
         return out

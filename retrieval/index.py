@@ -18,11 +18,13 @@ from .errors import InvalidArgumentError
 from .filters import Filter
 from .generation import MMAP_MIN_BYTES, Generation, open_generation
 from .hits import Cut, Hit, check_cut, make_hits
+from .hybrid import resolve_mode, text_search
 from .images import PreprocessConfig
+from .keywords import KeywordIndex, check_query_text
 from .layout import read_manifest
 from .query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from .query_terms import QueryTerm, as_term, embed_terms
-from .rows import SkippedFile, check_id, source_path
+from .rows import Rows, SkippedFile, check_id, source_path
 from .shards import read_member
 
 
@@ -174,11 +176,11 @@ class ImageIndex:
     # -- search ---------------------------------------------------------------------------------
 
     def search(self, query: str, k: int | None = None, where: Filter | None = None, *, min_score: float | None = None,
-               sort: str = "score") -> list[Hit]:
+               sort: str = "score", mode: str | None = None, query_lang: str | None = None) -> list[Hit]:
         """Text-to-image search.
 
         Args:
-            query: the text.
+            query: the text (never syntax: quotes, ``AND``, ``*`` are words or nothing).
             k: number of results (default 10; fewer only when the index or the filter has
                 fewer images). With ``min_score``: at most this many (default: no cap).
             where: only return images that pass this :class:`~retrieval.filters.Filter`.
@@ -186,31 +188,72 @@ class ImageIndex:
                 that is: a range search, exact for flat indexes (see :meth:`search_range`).
             sort: ``score`` (best first) or ``taken`` (newest photo first, undated last; the
                 selected hits reordered).
+            mode: ``hybrid`` (the vector and keyword rankings fused), ``vector`` (the embedding
+                alone) or ``keyword`` (only images whose words match); default ``hybrid`` where
+                the index has a keyword side, else ``vector`` (:mod:`retrieval.hybrid`).
+                ``min_score`` cuts the vector side; keyword matches join whatever their score.
+            query_lang: the query's FLORES-200 code (``zho_Hans``) for a model whose tokenizer
+                must be told it (NLLB-CLIP: :meth:`query_languages`); other models read any
+                language as it is and ignore it.
 
         Raises:
-            InvalidArgumentError: empty query, k < 1, min_score outside [-1, 1], a bad sort.
+            InvalidArgumentError: empty query, k < 1, min_score outside [-1, 1], a bad sort, a
+                bad mode (or ``keyword`` without a keyword side), a query over
+                :data:`~retrieval.keywords.MAX_QUERY_CHARS` characters in hybrid or keyword mode,
+                a missing or unknown query language where the model needs one.
             ModelMismatchError: the query model is not the index's model.
         """
-        return self.search_many([query], k, where=where, min_score=min_score, sort=sort)[0]
+        return self.search_many([query], k, where=where, min_score=min_score, sort=sort, mode=mode,
+                                query_lang=query_lang)[0]
 
     def search_many(self, queries: Sequence[str], k: int | None = None, where: Filter | None = None, *,
-                    min_score: float | None = None, sort: str = "score") -> list[list[Hit]]:
+                    min_score: float | None = None, sort: str = "score", mode: str | None = None,
+                    query_lang: str | None = None) -> list[list[Hit]]:
         """Search several texts at once (encoded and searched in batches); arguments as :meth:`search`."""
         check_cut(k, min_score, sort)
+        run_mode = resolve_mode(mode, self.keywords)
         if isinstance(queries, str):
             raise InvalidArgumentError("search_many takes a list of queries, not a single string")
         for q in queries:
             if not isinstance(q, str) or not q.strip():
                 raise InvalidArgumentError("query must be a non-empty text")
+            if run_mode != "vector":
+                check_query_text(q)
         if not queries:
             return []
-        vectors = self.embed_texts(list(queries))
-        return self.search_vectors(vectors, k, where=where, min_score=min_score, sort=sort)
+        vectors = self.embed_texts(list(queries), query_lang)
+        return self.search_embedded(list(queries), vectors, k, where, min_score=min_score, sort=sort, mode=run_mode)
 
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+    def search_embedded(self, queries: Sequence[str], vectors: np.ndarray, k: int | None = None, where: Filter | None = None,
+                        *, min_score: float | None = None, sort: str = "score", mode: str | None = None) -> list[list[Hit]]:
+        """:meth:`search_many` with the queries' vectors made already (by :meth:`embed_texts`,
+        e.g. under a server's model lock); the keyword side reads ``queries``."""
+        cut = check_cut(k, min_score, sort)
+        run_mode = resolve_mode(mode, self.keywords)
+        if run_mode != "vector":
+            for q in queries:
+                check_query_text(q)
+        return text_search(self, list(queries), self._generation.query_vectors(np.asarray(vectors)), cut, where, run_mode)
+
+    @property
+    def keywords(self) -> KeywordIndex | None:
+        """The keyword side (:class:`~retrieval.keywords.KeywordIndex`), None in an index built before it."""
+        return self._generation.keywords
+
+    @property
+    def hit_source(self) -> Rows:
+        """The rows hits are made from (:func:`retrieval.hits.make_hits`)."""
+        return self._rows
+
+    def embed_texts(self, texts: Sequence[str], query_lang: str | None = None) -> np.ndarray:
         """The query vectors of ``texts`` (``(n, dim)``, L2-normalised) as searches make them:
-        on :attr:`text_encoder`, through the query cache."""
-        return self._queries.embed_texts(texts)
+        on :attr:`text_encoder`, through the query cache; ``query_lang`` as :meth:`search`."""
+        return self._queries.embed_texts(texts, query_lang)
+
+    def query_languages(self) -> tuple[str, ...]:
+        """The FLORES-200 codes a text query must name (NLLB-CLIP's tokenizer), or () for a model
+        that reads any language as it is (CLIP, SigLIP 2, XLM-R)."""
+        return self._queries.query_languages()
 
     def query_cache_info(self) -> dict[str, Any]:
         """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
@@ -233,6 +276,7 @@ class ImageIndex:
         subtract: Sequence[str | os.PathLike[str] | QueryTerm] = (),
         k: int | None = None,
         where: Filter | None = None, *, min_score: float | None = None, sort: str = "score",
+        query_lang: str | None = None,
     ) -> list[Hit]:
         """Query arithmetic: search with ``normalise(sum(w * e(add)) - sum(w * e(subtract)))``.
 
@@ -240,7 +284,8 @@ class ImageIndex:
         :class:`~retrieval.query_terms.QueryTerm` with its own weight (``QueryTerm(3, "id")``:
         image 3 of the index, by its stored vector); every term's embedding
         is L2-normalised before weighting. ``index.search_combined(["a dog", "in the snow"],
-        subtract=["grass"])``. ``k``, ``where``, ``min_score``, ``sort`` as :meth:`search`.
+        subtract=["grass"])``. ``k``, ``where``, ``min_score``, ``sort``, ``query_lang`` (of the
+        text terms) as :meth:`search`.
 
         Raises:
             InvalidArgumentError: no terms, an empty term, terms that cancel out, k < 1.
@@ -255,7 +300,7 @@ class ImageIndex:
                 check_id(t.value, self.count)
         vector = embed_terms(
             terms,
-            lambda texts: self.embed_texts(texts),
+            lambda texts: self.embed_texts(texts, query_lang),
             lambda image: self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
             self.vectors_of,
         )

@@ -24,7 +24,7 @@ from . import store
 from .errors import IndexCorruptError, InvalidArgumentError
 from .filters import Filter
 from .images.exif import iso_taken
-from .layout import PHOTO_COLUMNS, SAMPLE_COLUMNS, Manifest, display_path
+from .layout import PHOTO_COLUMNS, SAMPLE_COLUMNS, TEXT_COLUMNS, Manifest, display_path
 
 # Masks of recent filters, per opened index (a filter is evaluated over whole columns).
 MASK_CACHE_SIZE = 8
@@ -88,8 +88,9 @@ class Rows:
         return self.manifest.dim
 
     def column(self, name: str) -> pa.ChunkedArray:
-        """One whole column in id order (read once, then kept). A photo column
-        (:data:`~retrieval.layout.PHOTO_COLUMNS`) that a part predates reads as nulls there."""
+        """One whole column in id order (read once, then kept). A photo or text column
+        (:data:`~retrieval.layout.PHOTO_COLUMNS`, :data:`~retrieval.layout.TEXT_COLUMNS`, and
+        ``caption``) that a part predates reads as nulls there."""
         with self._lock:
             if name not in self._columns:
                 if name in _PHOTO_TYPES:
@@ -261,9 +262,9 @@ class Rows:
         return [SkippedFile(display_path(rec.path), rec.reason) for rec in store.read_skipped(self._skipped)]
 
 
-# The photo columns' types, by name: readers fill a part's missing one with nulls of its type.
-# The shard columns likewise (null for a folder's images and in parts that predate them).
-_PHOTO_TYPES = {f.name: f.type for f in (*PHOTO_COLUMNS, *SAMPLE_COLUMNS)}
+# The photo, text and shard columns' types, by name: readers fill a part's missing one with
+# nulls of its type (the shard columns, ``caption`` among them, are null for a folder's images).
+_PHOTO_TYPES = {f.name: f.type for f in (*PHOTO_COLUMNS, *TEXT_COLUMNS, *SAMPLE_COLUMNS)}
 
 
 def _has_values(pf: pq.ParquetFile, name: str) -> bool:

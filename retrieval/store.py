@@ -60,7 +60,10 @@ def check_files(index_dir: Path, manifest: Manifest, faiss: bool = True) -> None
     Raises:
         IndexCorruptError: a file is missing or has another size.
     """
-    for rel, recorded in manifest.checksums.items():
+    recorded_files = dict(manifest.checksums)
+    if manifest.keywords is not None:
+        recorded_files[manifest.keywords.path] = manifest.keywords.checksum
+    for rel, recorded in recorded_files.items():
         if not faiss and manifest.faiss is not None and rel == manifest.faiss.path:
             continue
         path = index_dir / rel

@@ -218,10 +218,16 @@ def _check_digests(root: Path, manifest: Manifest, problems: list[Problem]) -> t
     """Each file exists, has its recorded size and digest. Returns the checks and the damaged."""
     files: list[FileCheck] = []
     damaged: set[str] = set()
-    for rel, kind in manifest.files().items():
+    recorded_sums = dict(manifest.checksums)
+    kinds = manifest.files()
+    if manifest.keywords is not None:
+        # The keyword side carries its own checksum (see retrieval.layout.KeywordsRef).
+        kinds[manifest.keywords.path] = "keywords"
+        recorded_sums[manifest.keywords.path] = manifest.keywords.checksum
+    for rel, kind in kinds.items():
         path = root / rel
         fix = store.fix_for(root, manifest, rel)
-        recorded = manifest.checksums.get(rel)
+        recorded = recorded_sums.get(rel)
         if not path.is_file():
             problems.append(Problem(rel, "missing", "missing", fix))
             damaged.add(rel)

@@ -661,6 +661,36 @@ def test_bench_duplicates_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert list(tmp_path.iterdir()) == []
 
 
+def test_bench_keywords_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import bench_keywords
+
+    code = bench_keywords.main(["--images", "600", "--dim", "16", "--queries", "5", "--work-dir", str(tmp_path)])
+    assert code == 0
+    result = _json_line(capsys.readouterr().out)
+    rows = {(r["queries"], r["mode"]): r for r in result["rows"]}
+    assert set(rows) == {(q, m) for q in ("hit", "miss") for m in ("vector", "keyword", "hybrid")}
+    assert all(r["p50_ms"] > 0 for r in rows.values())
+    assert rows[("hit", "keyword")]["keyword_found_share"] > 0 and rows[("miss", "keyword")]["keyword_found_share"] == 0
+    summary = result["summary"]
+    assert summary["keyword_bytes_per_image"] > 0 and summary["rebuild_s"] > 0 and "extend_1pct_s" in summary
+    assert set(summary["hybrid_minus_vector_ms"]) == {"hit", "miss"}
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_bench_ocr_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import bench_ocr
+
+    # One sign per row and no build: OCR is slow on CPU.
+    code = bench_ocr.main(["--signs", "1", "--sizes", "40", "--engines", "rapidocr", "--index", "0", "--work-dir", str(tmp_path)])
+    assert code == 0
+    result = _json_line(capsys.readouterr().out)
+    rows = result["engines"]
+    assert [(r["text_px"], r["jpeg75"]) for r in rows] == [(40, False), (40, True), (0, False)]
+    # Three words per sign; PP-OCR may read an O as a 0 on one of them.
+    assert rows[0]["word_recall"] >= 0.6 and all(r["images_per_s"] > 0 for r in rows)
+    assert bench_ocr.main(["--engines", "nope"]) == 2
+
+
 def test_bench_shards_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("moto.server")
     import bench_shards

@@ -440,6 +440,27 @@ def test_cut_off_sort_and_dates_are_sent_and_kept(page: Any, server: Server) -> 
     assert "min_score" in error.inner_text()
 
 
+def test_mode_switch_is_sent_and_kept_and_matched_words_are_shown(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    page.select_option("select[name=mode]", "keyword")
+    search(page, "Boats")
+    expected = server.get("/api/search", q="Boats", k=PAGE, mode="keyword")
+    assert expected["results"] and all(r["path"].startswith("boats/") for r in expected["results"])
+    assert shown_ids(page, len(expected["results"])) == api_ids(expected)
+    wait_for_url(page, q="Boats", mode="keyword")
+    # Under each thumbnail: the query's words found in its text (here its folder's name).
+    matched = page.locator("[data-testid=results] [data-testid=matched]").first
+    assert matched.inner_text() == "boats" and "file name: boats" in (matched.get_attribute("title") or "")
+    page.reload()
+    page.wait_for_selector("body[data-ready='true']", state="attached")
+    assert page.input_value("select[name=mode]") == "keyword"
+    # The default ("pictures and words") sends no mode: the server's hybrid ranking.
+    page.select_option("select[name=mode]", "")
+    search(page, "Boats")
+    wait_for_url(page, q="Boats")
+    assert shown_ids(page, PAGE) == api_ids(server.get("/api/search", q="Boats", k=PAGE))
+
+
 def test_errors_are_shown_not_a_blank_page(page: Any, server: Server) -> None:
     open_ui(page, server)
     search(page, "   ")

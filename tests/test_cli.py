@@ -59,11 +59,15 @@ def test_search_json(cli_index) -> None:
     assert proc.stderr.strip() == ""  # no load reports or warnings for users
     results = json.loads(proc.stdout)["results"]
     assert len(results) == 5
-    assert all(set(r) == {"id", "path", "score", "taken", "camera", "gps"} for r in results)
-    scores = [r["score"] for r in results]
-    assert scores == sorted(scores, reverse=True)
+    assert all(set(r) == {"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text"} for r in results)
     api = ImageIndex.open(out, device="cpu").search("a dog on a beach", k=5)
     assert [r["id"] for r in results] == [h.id for h in api]
+    # The default mode fuses the words ("dog", "beach") found in file names with the vector
+    # ranking; --mode vector is the cosine order alone.
+    assert any(r["matched"] for r in results)
+    proc = run_cli(["search", out, "a dog on a beach", "-k", "5", "--json", "--device", "cpu", "--mode", "vector"])
+    scores = [r["score"] for r in json.loads(proc.stdout)["results"]]
+    assert scores == sorted(scores, reverse=True)
     assert [r["path"] for r in results] == [h.path for h in api]
 
 

@@ -251,7 +251,7 @@ def test_exact_ranks_agree_with_flat_search_order(index: ImageIndex) -> None:
     queries = [Query(relevant=everything, text=t) for t in TEXTS[:3]]
     report = evaluate(index, queries)
     for q, result in zip(queries, report.results, strict=True):
-        hits = index.search(q.text, k=len(index))  # type: ignore[arg-type]  # text queries: q.text is not None
+        hits = index.search(q.text, k=len(index), mode="vector")  # type: ignore[arg-type]  # text queries: q.text is not None
         assert [int(r) for r in result.ranks] == [[h.id for h in hits].index(i) + 1 for i in result.relevant_ids]
         assert [h.id for h in result.top] == [h.id for h in hits[:10]]
         assert [h.score for h in result.top] == pytest.approx([h.score for h in hits[:10]], abs=1e-6)

@@ -126,7 +126,7 @@ def test_flat_search_equals_brute_force(built_index: Path) -> None:
     queries = ["a dog on a beach", "red", "日本語"]
     q = index.encoder.embed_texts(queries)
     for text, vec in zip(queries, q, strict=True):
-        hits = index.search(text, k=len(index))
+        hits = index.search(text, k=len(index), mode="vector")
         scores = emb @ vec
         expected = sorted(range(len(scores)), key=lambda i: (-scores[i], i))
         assert [h.id for h in hits] == expected

@@ -104,7 +104,7 @@ def test_search_combined_equals_an_independent_ranking(built_index: Path, refere
                             allowed=index.mask(where))
     assert [h.id for h in filtered] == ids and np.allclose([h.score for h in filtered], scores, atol=1e-5)
     # One text term is a plain text search.
-    assert [h.id for h in index.search_combined(["a dog"], k=5)] == [h.id for h in index.search("a dog", k=5)]
+    assert [h.id for h in index.search_combined(["a dog"], k=5)] == [h.id for h in index.search("a dog", k=5, mode="vector")]
 
 
 def test_search_combined_refuses_bad_terms(built_index: Path, tmp_path: Path) -> None:

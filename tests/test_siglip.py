@@ -179,7 +179,7 @@ def test_index_search_and_query_family_check(
         assert float(stored[i] @ encoder.embed_pixels(pixels[None])[0]) >= COS
     # Search ranks by cosine, for a query in any script.
     for query in TEXTS[:5]:
-        hits = index.search(query, k=len(paths))
+        hits = index.search(query, k=len(paths), mode="vector")
         expected = stored @ encoder.embed_texts([query])[0]
         assert [h.score for h in hits] == pytest.approx(sorted(expected, reverse=True), abs=1e-5)
     assert index.text_path().path == "torch"

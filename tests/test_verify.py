@@ -143,6 +143,7 @@ def strip_checksums(index_dir: Path) -> None:
     path = index_dir / MANIFEST_FILE
     data = json.loads(path.read_text())
     data.pop("checksums")
+    data.pop("keywords", None)  # (which came later still)
     data.pop(MANIFEST_DIGEST_KEY)
     path.write_text(json.dumps(data, indent=2))
 
@@ -155,8 +156,9 @@ def test_clean_index_verifies_clean(clean: Path) -> None:
     m = read_manifest(clean)
     assert report.ok and report.problems == () and report.notes == ()
     assert report.checksums and report.count == ROWS and report.generation == m.generation
-    assert [(f.path, f.kind, f.digest) for f in report.files] == [(rel, kind, "ok") for rel, kind in m.files().items()]
-    assert [f.kind for f in report.files] == ["part", "paths", "part", "paths", "faiss", "skipped"]
+    expected = {**m.files(), **({m.keywords.path: "keywords"} if m.keywords is not None else {})}
+    assert [(f.path, f.kind, f.digest) for f in report.files] == [(rel, kind, "ok") for rel, kind in expected.items()]
+    assert [f.kind for f in report.files] == ["part", "paths", "part", "paths", "faiss", "skipped", "keywords"]
     assert report.faiss_sampled == 64
     # The recorded checksums are those of the files.
     for rel, recorded in m.checksums.items():
@@ -170,10 +172,10 @@ def test_cli_verify_clean_exits_0_with_json_report(clean: Path) -> None:
     report = json.loads(proc.stdout)
     assert set(report) == {"index_dir", "ok", "generation", "count", "checksums", "files", "faiss_sampled", "problems", "notes", "seconds"}
     assert report["ok"] is True and report["problems"] == [] and report["count"] == ROWS and report["checksums"] is True
-    assert {f["kind"] for f in report["files"]} == {"part", "paths", "faiss", "skipped"}
+    assert {f["kind"] for f in report["files"]} == {"part", "paths", "faiss", "skipped", "keywords"}
     assert all(set(f) == {"path", "kind", "size", "digest"} and f["digest"] == "ok" for f in report["files"])
     text = run_cli(["verify", clean])
-    assert text.returncode == 0 and text.stdout.startswith(f"{clean}: ok (300 images, 6 files, file checksums verified")
+    assert text.returncode == 0 and text.stdout.startswith(f"{clean}: ok (300 images, 7 files, file checksums verified")
 
 
 def test_parquet_pages_carry_checksums(clean: Path) -> None:

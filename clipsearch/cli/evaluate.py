@@ -7,7 +7,9 @@ import json
 import sys
 from typing import TYPE_CHECKING
 
-from ._common import PROG, add_device_arguments, add_precision_argument, positive_int, print_json
+from retrieval.errors import InvalidArgumentError
+
+from ._common import PROG, add_device_arguments, add_precision_argument, add_query_lang_argument, positive_int, print_json
 
 if TYPE_CHECKING:
     from retrieval.evaluation import EvalReport
@@ -29,6 +31,7 @@ def run(args: argparse.Namespace) -> int:
     ks = parse_ks(args.k)
     if args.queries is not None and args.limit is not None:
         raise InvalidArgumentError("--limit draws from the index's stored captions; it does not apply to a QUERIES.jsonl")
+    modes = _modes(args.mode)
     queries = load_queries(args.queries) if args.queries is not None else None
     index = ImageIndex.open(
         args.index_dir, model=args.model, device=args.device, precision=args.precision,
@@ -36,13 +39,30 @@ def run(args: argparse.Namespace) -> int:
     )
     if queries is None:
         queries = caption_queries(index, args.limit, args.seed)
-    report = evaluate(index, queries, ks=ks, ann=args.ann, batch_size=args.batch_size, per_query_path=args.per_query)
-    _warn_missing(report)
+    reports = {
+        mode: evaluate(index, queries, ks=ks, ann=args.ann, batch_size=args.batch_size, mode=mode, query_lang=args.query_lang,
+                       per_query_path=args.per_query if len(modes) == 1 else None)
+        for mode in modes
+    }
+    _warn_missing(next(iter(reports.values())))
     if args.json:
-        print_json(report.to_dict())
+        print_json(reports[modes[0]].to_dict() if len(modes) == 1 else {"modes": {m: r.to_dict() for m, r in reports.items()}})
     else:
-        _print_eval_table(report, args.per_query)
+        for mode, report in reports.items():
+            if len(modes) > 1:
+                print(f"\n== mode {mode} ==")
+            _print_eval_table(report, args.per_query if len(modes) == 1 else None)
     return 0
+
+
+def _modes(text: str) -> list[str]:
+    """``--mode``'s comma-separated modes, checked (one report each)."""
+    from retrieval.keywords import check_mode
+
+    modes = [check_mode(m.strip()) for m in text.split(",") if m.strip()]
+    if not modes:
+        raise InvalidArgumentError("--mode needs a mode: vector, hybrid or keyword")
+    return list(dict.fromkeys(modes))
 
 
 def _warn_missing(report: EvalReport) -> None:
@@ -64,7 +84,9 @@ def _warn_missing(report: EvalReport) -> None:
 
 
 def _print_eval_table(report: EvalReport, per_query: str | None) -> None:
-    ranking = "exact ranking" if report.ranking == "exact" else f"ANN ranking (top {report.cutoff})"
+    ranking = {"exact": "exact ranking", "ann": f"ANN ranking (top {report.cutoff})"}.get(
+        report.ranking, f"{report.ranking} ranking (top {report.cutoff})"
+    )
     print(
         f"{report.queries} queries, {ranking} of {report.index_size} images "
         f"({report.index_type} index), {report.seconds:.1f} s"
@@ -110,8 +132,14 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="the seed of --limit's draw (default: 0, the same queries every run)")
     p.add_argument("--k", default="1,5,10", help="Recall@K cut-offs, comma-separated (default: 1,5,10)")
     p.add_argument("--ann", action="store_true", help="rank with the FAISS index (top max(K, 10)) instead of exactly")
+    p.add_argument(
+        "--mode", default="vector", metavar="MODES",
+        help="how text queries rank: vector (the papers' ranking), hybrid or keyword, or several comma-separated to "
+        "compare them side by side (hybrid and keyword rank the top max(K, 10), like --ann) (default: vector)",
+    )
     p.add_argument("--per-query", metavar="OUT.jsonl", help="also write one JSON line per evaluated query")
     p.add_argument("--batch-size", type=positive_int, default=256, help="queries encoded and ranked together (default: 256)")
+    add_query_lang_argument(p, "the text queries")
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
     add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")

@@ -34,6 +34,8 @@ def run(args: argparse.Namespace) -> int:
         raise InvalidArgumentError("give either a text query or --image, not both")
     if args.query is not None and not args.query.strip():
         raise InvalidArgumentError("the query is empty")
+    if args.mode == "keyword" and (args.image is not None or combined):
+        raise InvalidArgumentError("--mode keyword takes a text query alone: image queries and query arithmetic are vector-only")
     where = filter_from_args(args)
     # Checked before the index and the model load: a bad cut-off fails at once.
     check_cut(args.k, args.min_score, args.sort)
@@ -45,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
     )
     cut = {"k": args.k, "where": where, "min_score": args.min_score, "sort": args.sort}
     if terms is not None:
-        hits = index.search_combined(terms, **cut)
+        hits = index.search_combined(terms, **cut, query_lang=args.query_lang)
     elif args.image is None:
-        hits = index.search(args.query, **cut)
+        hits = index.search(args.query, mode=args.mode, **cut, query_lang=args.query_lang)
     else:
         hits = index.search_image(args.image, **cut)
     if args.json:
@@ -57,11 +59,14 @@ def run(args: argparse.Namespace) -> int:
             print(_why_none(args, where.active))
         for rank, hit in enumerate(hits, 1):
             taken = f"  {hit.taken or 'undated'}" if args.sort == "taken" else ""
-            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}{taken}")
+            words = "; ".join(f"{source}: {', '.join(found)}" for source, found in (hit.matched or {}).items())
+            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}{taken}{f'  [{words}]' if words else ''}")
     return 0
 
 
 def _why_none(args: argparse.Namespace, filtered: bool) -> str:
+    if args.mode == "keyword":
+        return "no results (no image's text matches the query's words)"
     if args.min_score is not None:
         return f"no results (no image{' passing the filters' if filtered else ''} scores at least {args.min_score})"
     return "no results (no image matches the filters)" if filtered else "no results (the index is empty)"
@@ -91,6 +96,9 @@ def register(subparsers: Subparsers) -> None:
     add_device_arguments(p)
     add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")
     add_filter_arguments(p)
-    p.add_argument("--json", action="store_true", help='print {"results": [{"id", "path", "score", "taken", "camera", "gps", '
-                   '"caption", "url" (images from shards)}, ...]}')
+    p.add_argument(
+        "--json", action="store_true",
+        help='print {"results": [{"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text"; "caption", "url" '
+        '(images from shards)}, ...]}',
+    )
     p.set_defaults(handler=run)

@@ -64,6 +64,7 @@ class KnnQuery:
             offset=0,
             index=self.indice_name,
             where=Filter(),
+            mode="vector",  # clip-back is a k-NN service: its clients get the vector ranking
             text=self.text,
             image=image if image is not None else self.image,
             vector=self.vector,

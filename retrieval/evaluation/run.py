@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..checks import is_positive_int
+from ..encoders.languages import check_language
 from ..errors import (
     EvaluationError,
     ImageDecodeError,
@@ -28,6 +29,7 @@ from ..errors import (
 )
 from ..images import DEFAULT_MAX_PIXELS, load_pixels
 from ..index import Hit
+from ..keywords import check_mode
 from . import metrics
 from .queries import Query
 from .ranking import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_ROWS, TOP_N, exact_ranks
@@ -79,6 +81,9 @@ class EvalOptions:
             embeddings once per batch.
         chunk_rows: stored embeddings scored per step of the exact ranking; with
             ``batch_size`` it bounds memory (``chunk_rows * batch_size`` float32 scores).
+        mode: how text queries rank: ``vector`` (the default: the papers' ranking), or
+            ``hybrid`` / ``keyword`` (:mod:`retrieval.hybrid`, the top ``cutoff`` like ``ann``);
+            image queries rank by vector in every mode.
 
     Raises:
         InvalidArgumentError: empty or bad ``ks``, ``batch_size`` or ``chunk_rows`` < 1.
@@ -88,8 +93,10 @@ class EvalOptions:
     ann: bool = False
     batch_size: int = DEFAULT_BATCH_SIZE
     chunk_rows: int = DEFAULT_CHUNK_ROWS
+    mode: str = "vector"
 
     def __post_init__(self) -> None:
+        check_mode(self.mode)
         object.__setattr__(self, "ks", _check_ks(self.ks))
         for name in ("batch_size", "chunk_rows"):
             value = getattr(self, name)
@@ -97,6 +104,11 @@ class EvalOptions:
                 raise InvalidArgumentError(f"{name} must be an integer >= 1, got {value!r}")
         if not isinstance(self.ann, bool):
             raise InvalidArgumentError(f"ann must be True or False, got {self.ann!r}")
+
+    @property
+    def top_only(self) -> bool:
+        """Whether only the top :attr:`cutoff` is ranked (ANN, or a mode other than vector)."""
+        return self.ann or self.mode != "vector"
 
     @property
     def cutoff(self) -> int:
@@ -115,6 +127,8 @@ def evaluate(
     batch_size: int = DEFAULT_BATCH_SIZE,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     per_query_path: str | os.PathLike[str] | None = None,
+    query_lang: str | None = None,
+    mode: str = "vector",
 ) -> EvalReport:
     """Rank the index for every query and measure where its relevant images land.
 
@@ -134,6 +148,10 @@ def evaluate(
         chunk_rows: stored embeddings scored at a time by the exact ranking.
         per_query_path: also write one JSON line per evaluated query there (written whole
             at the end, replacing the file).
+        query_lang: the texts' FLORES-200 code, for a model whose tokenizer needs one
+            (NLLB-CLIP, see :meth:`ImageIndex.query_languages`); ignored by the others.
+        mode: ``vector`` (default), ``hybrid`` or ``keyword``: how text queries rank (see
+            :class:`EvalOptions`); the metrics are then @``cutoff``, as with ``ann``.
 
     Returns:
         The report; ``report.to_dict()`` is the JSON summary.
@@ -145,7 +163,7 @@ def evaluate(
         EvaluationError: no query has any relevant image in the index.
         ModelMismatchError, ModelLoadError: from loading the index's query encoder.
     """
-    options = EvalOptions(ks=_check_ks(ks), ann=ann, batch_size=batch_size, chunk_rows=chunk_rows)
+    options = EvalOptions(ks=_check_ks(ks), ann=ann, batch_size=batch_size, chunk_rows=chunk_rows, mode=mode)
     queries = list(queries)
     if not queries:
         raise InvalidArgumentError("no queries to evaluate")
@@ -180,11 +198,12 @@ def evaluate(
             "the indexed folder (see `clipsearch search --json`)"
         )
 
-    vectors = _embed_queries(index, [q for q, _, _ in evaluated], options.batch_size)
+    vectors = _embed_queries(index, [q for q, _, _ in evaluated], options.batch_size, query_lang)
     encoded = time.perf_counter()
     relevant = [ids for _, ids, _ in evaluated]
-    if options.ann:
-        ranks, top_ids, top_scores = _rank_ann(index, vectors, relevant, options)
+    if options.top_only:
+        texts = [q.text if q.image is None else None for q, _, _ in evaluated]
+        ranks, top_ids, top_scores = _rank_ann(index, vectors, relevant, options, texts)
     else:
         ranks, top_ids, top_scores = exact_ranks(
             index.iter_embeddings,
@@ -217,15 +236,20 @@ def _check_output_path(path: str | os.PathLike[str]) -> Path:
     return out
 
 
-def _embed_queries(index: ImageIndex, queries: Sequence[Query], batch_size: int) -> np.ndarray:
+def _embed_queries(index: ImageIndex, queries: Sequence[Query], batch_size: int, query_lang: str | None) -> np.ndarray:
     """``(len(queries), dim)`` normalised query vectors, texts and images in batches."""
     encoder = index.encoder
     out = np.empty((len(queries), index.dim), dtype=np.float32)
     texts = [i for i, q in enumerate(queries) if q.text is not None]
     images = [i for i, q in enumerate(queries) if q.image is not None]
+    embed_texts = encoder.embed_texts
+    if texts:
+        language = check_language(encoder.name, getattr(encoder, "query_languages", ()), query_lang)
+        if language is not None:
+            embed_texts = functools.partial(encoder.embed_texts, language=language)  # type: ignore[call-arg]
     for start in range(0, len(texts), batch_size):
         rows = texts[start : start + batch_size]
-        out[rows] = encoder.embed_texts([queries[i].text for i in rows])  # type: ignore[misc]  # rows: the queries with a text
+        out[rows] = embed_texts([queries[i].text for i in rows])  # type: ignore[misc]  # rows: the queries with a text
     cfg = index.preprocess
     for start in range(0, len(images), batch_size):
         rows = images[start : start + batch_size]
@@ -245,15 +269,22 @@ def _embed_queries(index: ImageIndex, queries: Sequence[Query], batch_size: int)
 
 
 def _rank_ann(
-    index: ImageIndex, vectors: np.ndarray, relevant: Sequence[np.ndarray], options: EvalOptions
+    index: ImageIndex, vectors: np.ndarray, relevant: Sequence[np.ndarray], options: EvalOptions,
+    texts: Sequence[str | None] = (),
 ) -> tuple[list[np.ndarray], np.ndarray, np.ndarray]:
-    """Ranks within the FAISS top ``cutoff`` (``inf`` beyond), and the top ``TOP_N``."""
+    """Ranks within the top ``cutoff`` (``inf`` beyond) of the FAISS search, or of
+    ``options.mode`` for the text queries (``texts``, None for an image query), and the top ``TOP_N``."""
     n = len(vectors)
     top_ids = np.full((n, TOP_N), -1, dtype=np.int64)
     top_scores = np.full((n, TOP_N), -np.inf, dtype=np.float32)
     ranks: list[np.ndarray] = []
     for start in range(0, n, options.batch_size):
         hits = index.search_vectors(vectors[start : start + options.batch_size], options.cutoff)
+        if options.mode != "vector":
+            for j in range(len(hits)):
+                text = texts[start + j]
+                if text is not None:
+                    hits[j] = index.search_embedded([text], vectors[start + j][None], options.cutoff, mode=options.mode)[0]
         for j, row in enumerate(hits):
             position = {h.id: r for r, h in enumerate(row, 1)}
             ranks.append(np.array([position.get(int(i), np.inf) for i in relevant[start + j]], dtype=np.float64))
@@ -277,7 +308,7 @@ def _report(
     first = np.array([r.min() for r in ranks], dtype=np.float64)
     ndcg = metrics.ndcg_scores(ranks, NDCG_K)
     n_items = index.count
-    cutoff = options.cutoff if options.ann else None
+    cutoff = options.cutoff if options.top_only else None
     # Chance levels depend only on each query's number of relevant images: one value per count.
     counts = np.array([len(r) for r in ranks], dtype=np.int64)
     distinct = np.unique(counts)
@@ -299,7 +330,7 @@ def _report(
         for (q, ids, missing), rk, nd, tids, tsc in zip(evaluated, ranks, ndcg, top_ids, top_scores, strict=True)
     )
     return EvalReport(
-        ranking="ann" if options.ann else "exact",
+        ranking=options.mode if options.mode != "vector" else "ann" if options.ann else "exact",
         ks=options.ks,
         cutoff=cutoff,
         index_size=n_items,
@@ -310,11 +341,11 @@ def _report(
         mrr=metrics.mrr(first),
         recall={k: metrics.recall_at_k(first, k) for k in options.ks},
         ndcg=float(ndcg.mean()),
-        mean_rank=None if options.ann else metrics.mean_rank(first),
-        median_rank=None if options.ann else metrics.median_rank(first),
+        mean_rank=None if options.top_only else metrics.mean_rank(first),
+        median_rank=None if options.top_only else metrics.median_rank(first),
         chance_mrr=chance(lambda r: metrics.expected_random_mrr(n_items, r, cutoff)),
         chance_recall={k: chance(functools.partial(metrics.expected_random_recall, n_items, k=k)) for k in options.ks},
-        chance_mean_rank=None if options.ann else chance(lambda r: metrics.expected_random_rank(n_items, r)),
+        chance_mean_rank=None if options.top_only else chance(lambda r: metrics.expected_random_rank(n_items, r)),
         seconds=0.0,  # timed by the caller
         encode_seconds=0.0,
         rank_seconds=0.0,

@@ -8,6 +8,7 @@ does not carry, and never the file's modification time. Reading never raises.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 import math
 import warnings
@@ -15,6 +16,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from PIL import ExifTags, Image
+
+from .embedded_text import NO_TEXT, read_embedded_text
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 # EXIF tags (CIPA DC-008): IFD0, the Exif IFD and the GPS IFD.
@@ -39,6 +42,12 @@ class PhotoMeta:
         gps_lon: longitude in degrees, east positive.
         raw_source: for a camera RAW file, which image was embedded: ``preview`` (the
             camera's embedded JPEG/bitmap) or ``demosaic`` (the sensor data); None otherwise.
+        description: the file's own description (EXIF, XMP, IPTC; see
+            :mod:`retrieval.images.embedded_text`).
+        keywords: its keywords, one per line.
+        ocr_text: text recognised in the pixels (``index --ocr``; set by the indexer).
+        note: what of the file's metadata was ignored and why (malformed or huge XMP), or that
+            OCR could not read the image; never stored in a column.
     """
 
     taken_us: int | None = None
@@ -47,6 +56,10 @@ class PhotoMeta:
     gps_lat: float | None = None
     gps_lon: float | None = None
     raw_source: str | None = None
+    description: str | None = None
+    keywords: str | None = None
+    ocr_text: str | None = None
+    note: str | None = None
 
 
 NO_META = PhotoMeta()
@@ -54,12 +67,18 @@ NO_META = PhotoMeta()
 
 def read_meta(img: Image.Image) -> PhotoMeta:
     """The :class:`PhotoMeta` of an opened image (any format whose EXIF PIL exposes; HEIC's once
-    pillow-heif's opener is registered). Never raises: a broken block gives None values."""
+    pillow-heif's opener is registered), with its embedded description and keywords. Never
+    raises: a broken block gives None values."""
+    text = read_embedded_text(img)
     try:
         exif = img.getexif()
     except Exception:  # noqa: BLE001 - a broken EXIF block must not fail the decode
-        return NO_META
-    return meta_of_exif(exif)
+        meta = NO_META
+    else:
+        meta = meta_of_exif(exif)
+    if text == NO_TEXT:
+        return meta
+    return dataclasses.replace(meta, description=text.description, keywords=text.keywords, note=text.note)
 
 
 def read_tiff_meta(data: bytes) -> PhotoMeta:

@@ -193,16 +193,19 @@ def load_photo(
     max_pixels: int = DEFAULT_MAX_PIXELS,
     draft: bool = True,
     name: str | None = None,
+    keep_edge: int | None = None,
 ) -> tuple[torch.Tensor, DecodedImage]:
     """:func:`load_pixels` that also returns the decoded image's facts (its size and
     :class:`~retrieval.images.exif.PhotoMeta`): what the indexer stores in a row.
 
+    ``keep_edge``: decode at least this shorter side (JPEG draft decoding stops there), for a
+    caller that reads the decoded image too (OCR); the model's pixels are the same either way.
+
     Raises:
         ImageDecodeError: see :func:`decode_image`.
     """
-    decoded = decode_image(
-        source, min_edge=cfg.min_decode_edge if draft else None, max_pixels=max_pixels, name=name
-    )
+    min_edge = max(cfg.min_decode_edge, keep_edge or 0) if draft else None
+    decoded = decode_image(source, min_edge=min_edge, max_pixels=max_pixels, name=name)
     image = reduce_for_resize(decoded.image, cfg.min_decode_edge) if draft else decoded.image
     return preprocess_tensor(pil_to_tensor(image), cfg), decoded
 

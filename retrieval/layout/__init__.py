@@ -7,7 +7,8 @@ An index directory holds::
     gen-<generation>/
         embeddings/part-00000.parquet ...
                                   rows id, path, path_bytes, width, height, size, mtime_ns,
-                                  content_hash, embedding; ids run 0..count-1 across the parts
+                                  content_hash, the nullable photo and text columns, embedding;
+                                  ids run 0..count-1 across the parts
         paths/part-00000.paths ...
                                   (format 2) each part's ``path`` column as offsets + UTF-8
                                   bytes and a CRC-32 per path, memory-mapped so that a search
@@ -15,6 +16,10 @@ An index directory holds::
         index.faiss               FAISS index whose row i is id i, over the first ``faiss.rows``
                                   ids (readers add the vectors of later rows on open)
         skipped.parquet           files that could not be decoded: path, path_bytes, reason, ...
+        keywords.sqlite           the keyword side (SQLite FTS5, :mod:`retrieval.keywords`) over
+                                  every id: the path's words, the photo's embedded description and
+                                  keywords, captions, OCR text; named with its checksum under the
+                                  manifest's ``keywords`` (absent in indexes built before it)
 
 A generation never changes once its manifest is written. A writer builds the next generation in
 ``.staging-<generation>/`` (hard-linking the parts and FAISS file it keeps from the previous
@@ -43,6 +48,7 @@ from .filenames import (
     EMBEDDINGS_DIR,
     FAISS_FILE,
     GENERATION_PREFIX,
+    KEYWORDS_FILE,
     LOCK_FILE,
     MANIFEST_FILE,
     PATHS_DIR,
@@ -59,6 +65,7 @@ from .manifest import (
     FORMAT_VERSION,
     MANIFEST_DIGEST_KEY,
     FaissRef,
+    KeywordsRef,
     Manifest,
     PartRef,
     format_version_for,
@@ -67,12 +74,22 @@ from .manifest import (
     write_manifest,
 )
 from .paths_file import PATHS_CRC_MAGIC, PATHS_HEADER, PATHS_MAGIC, paths_file_of, write_paths_file
-from .schemas import FILE_ID_KEY, PHOTO_COLUMNS, SAMPLE_COLUMNS, SKIPPED_SCHEMA, SkipRecord, display_path, embeddings_schema
+from .schemas import (
+    FILE_ID_KEY,
+    PHOTO_COLUMNS,
+    SAMPLE_COLUMNS,
+    SKIPPED_SCHEMA,
+    TEXT_COLUMNS,
+    SkipRecord,
+    display_path,
+    embeddings_schema,
+)
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
     "EMBEDDINGS_DIR",
     "FAISS_FILE",
+    "KEYWORDS_FILE",
     "FILE_ID_KEY",
     "FORMAT_NAME",
     "FORMAT_VERSION",
@@ -87,11 +104,13 @@ __all__ = [
     "PATHS_SUFFIX",
     "PHOTO_COLUMNS",
     "SAMPLE_COLUMNS",
+    "TEXT_COLUMNS",
     "SKIPPED_FILE",
     "SKIPPED_SCHEMA",
     "STAGING_PREFIX",
     "FaissRef",
     "FileChecksum",
+    "KeywordsRef",
     "Manifest",
     "PartRef",
     "SkipRecord",

@@ -92,6 +92,38 @@ class FaissRef:
 
 
 @dataclass(frozen=True)
+class KeywordsRef:
+    """The keyword side of a generation (:mod:`retrieval.keywords`): an SQLite FTS5 file over
+    ``rows`` images (ids ``0 .. rows - 1``, always ``count``), with its own checksum.
+
+    Recorded under ``keywords`` rather than in ``checksums``, so that a reader that does not
+    know the key ignores the whole side (and the file) and still checks every other file.
+    ``sources`` are the sources it indexes, ``with_text`` how many images have text besides
+    their path, ``ocr`` whether the build recognised text in the pixels (``index --ocr``, kept
+    by updates).
+    """
+
+    path: str
+    rows: int
+    checksum: FileChecksum
+    sources: tuple[str, ...] = ()
+    with_text: int = 0
+    ocr: bool = False
+
+    def __post_init__(self) -> None:
+        _check_relative(self.path, "the keywords path")
+        if self.rows < 0 or self.with_text < 0:
+            raise ValueError("keywords rows must be >= 0")
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> KeywordsRef:
+        return cls(
+            path=data["path"], rows=data["rows"], checksum=FileChecksum(**data["checksum"]),
+            sources=tuple(data.get("sources", ())), with_text=int(data.get("with_text", 0)), ocr=bool(data.get("ocr", False)),
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     """The contents of ``manifest.json``.
 
@@ -128,6 +160,8 @@ class Manifest:
         discovery: what the walk of the photos left out (``include_hidden``, the ``exclude``
             patterns); updates keep it. ``{}`` in indexes that do not record it (their walks
             left nothing out; their next update records the defaults).
+        keywords: the keyword side (:class:`KeywordsRef`), None in indexes built before it
+            (their next ``index`` run adds it without embedding again).
     """
 
     model: str
@@ -154,6 +188,7 @@ class Manifest:
     index_tuning: Mapping[str, Any] = field(default_factory=dict)
     checksums: Mapping[str, FileChecksum] = field(default_factory=dict)
     discovery: Mapping[str, Any] = field(default_factory=dict)
+    keywords: KeywordsRef | None = None
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -190,6 +225,8 @@ class Manifest:
             missing = sorted(set(self.files()) - set(self.checksums))
             extra = sorted(set(self.checksums) - set(self.files()))
             raise ValueError(f"checksums do not cover the generation's files (missing {missing}, unknown {extra})")
+        if self.keywords is not None and self.keywords.rows != self.count:
+            raise ValueError(f"the keyword side holds {self.keywords.rows} rows for count {self.count}")
 
     def files(self) -> dict[str, str]:
         """Every data file of this generation: relative path -> kind (``part``, ``paths``,
@@ -213,6 +250,10 @@ class Manifest:
         data["parts"] = [asdict(p) for p in self.parts]
         data["faiss"] = asdict(self.faiss) if self.faiss is not None else None
         data["checksums"] = {path: asdict(c) for path, c in self.checksums.items()}
+        if self.keywords is None:
+            del data["keywords"]  # an index without one is written as before it existed
+        else:
+            data["keywords"]["sources"] = list(self.keywords.sources)
         return data
 
     @classmethod
@@ -248,6 +289,7 @@ class Manifest:
             kwargs["parts"] = tuple(PartRef(**p) for p in data["parts"])
             kwargs["faiss"] = FaissRef(**data["faiss"]) if data.get("faiss") is not None else None
             kwargs["checksums"] = {str(k): FileChecksum(**v) for k, v in (data.get("checksums") or {}).items()}
+            kwargs["keywords"] = KeywordsRef.from_dict(data["keywords"]) if data.get("keywords") is not None else None
             return cls(**kwargs)
         except KeyError as exc:
             raise IndexFormatError(f"{where} is damaged (missing {exc})") from exc

@@ -34,6 +34,7 @@ def embeddings_schema(dim: int) -> pa.Schema:
             pa.field("mtime_ns", pa.int64(), nullable=False),
             pa.field("content_hash", pa.string(), nullable=False),
             *PHOTO_COLUMNS,
+            *TEXT_COLUMNS,
             *SAMPLE_COLUMNS,
             pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False),
         ]
@@ -51,6 +52,16 @@ PHOTO_COLUMNS: tuple[pa.Field, ...] = (
     pa.field("gps_lat", pa.float64()),
     pa.field("gps_lon", pa.float64()),
     pa.field("raw_source", pa.string()),
+)
+
+# Words about the photo, all nullable (None: the file has none, or the index predates them):
+# ``description`` (EXIF ImageDescription, XMP dc:description), ``keywords`` (EXIF XPKeywords,
+# XMP dc:subject, IPTC keywords; one per line) and ``ocr_text`` (text recognised in the pixels,
+# ``index --ocr``). A ``caption`` column, where the input brings captions, is read when present.
+TEXT_COLUMNS: tuple[pa.Field, ...] = (
+    pa.field("description", pa.string()),
+    pa.field("keywords", pa.string()),
+    pa.field("ocr_text", pa.string()),
 )
 
 

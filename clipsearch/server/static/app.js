@@ -21,7 +21,11 @@
     takenAfter: $('input[name="taken_after"]'),
     takenBefore: $('input[name="taken_before"]'),
     minScore: $('input[name="min_score"]'),
+    queryLangLabel: $(".query-lang"),
+    queryLang: $('input[name="query_lang"]'),
+    queryLangs: $("#query-langs"),
     sort: $('select[name="sort"]'),
+    mode: $('select[name="mode"]'),
     file: $('input[name="image"]'),
     hint: $('[data-testid="hint"]'),
     queryImage: $('[data-testid="query-image"]'),
@@ -236,17 +240,31 @@
 
   // ---- the index picker ----------------------------------------------------------------
 
+  // Each served index's query languages (NLLB-CLIP's FLORES-200 codes; none for most models).
+  const queryLanguages = new Map();
+
+  // The language control shows where the chosen index's model needs one, with its codes.
+  function showQueryLanguages() {
+    const codes = queryLanguages.get(el.index.value) || [];
+    el.queryLangLabel.hidden = codes.length === 0;
+    el.queryLangs.replaceChildren(...codes.map((code) => Object.assign(document.createElement("option"), { value: code })));
+    if (codes.length && !el.queryLang.value && codes.includes("eng_Latn")) el.queryLang.placeholder = "eng_Latn";
+  }
+
   async function loadIndexes() {
     const resp = await api("/api/indexes");
     const indexes = await resp.json();
     el.index.replaceChildren();
+    queryLanguages.clear();
     for (const info of indexes) {
+      queryLanguages.set(info.name, Array.isArray(info.query_languages) ? info.query_languages : []);
       const option = document.createElement("option");
       option.value = info.name;
       option.textContent = typeof info.count === "number" ? `${info.name} (${info.count} images)` : info.name;
       el.index.append(option);
     }
     el.indexLabel.hidden = indexes.length <= 1;
+    showQueryLanguages();
   }
 
   function selectIndex(name) {
@@ -314,10 +332,15 @@
 
   // ---- date filters, cut-off, order ------------------------------------------------------
 
-  const REFINE = ["taken_after", "taken_before", "min_score", "sort"];
+  // How the sources of matched words are named in the UI.
+  const SOURCE_NAMES = { path: "file name", embedded: "photo keywords", caption: "caption", ocr: "text in the image" };
+
+  const REFINE = ["taken_after", "taken_before", "min_score", "sort", "mode", "query_lang"];
 
   function refineControls() {
-    return { taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort };
+    return {
+      taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort, mode: el.mode, query_lang: el.queryLang,
+    };
   }
 
   // The refine controls' values that differ from "no condition" (the server checks them).
@@ -359,6 +382,7 @@
       // A cut-off the server cannot read as a number is sent as text: its 4xx says why.
       if (refine.min_score) body.min_score = Number.isFinite(Number(refine.min_score)) ? Number(refine.min_score) : refine.min_score;
       if (refine.sort) body.sort = refine.sort;
+      if (refine.query_lang) body.query_lang = refine.query_lang;
       if (s.add) body.add = [s.add];
       if (s.subtract) body.subtract = [s.subtract];
       return ["/api/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) }];
@@ -371,7 +395,8 @@
     if (s.prefix) form.append("path_prefix", s.prefix);
     if (s.add) form.append("add", s.add);
     if (s.subtract) form.append("subtract", s.subtract);
-    for (const [name, value] of Object.entries(refine)) form.append(name, value);
+    // An image query ranks by the picture alone: the text mode is not sent with it.
+    for (const [name, value] of Object.entries(refine)) if (name !== "mode") form.append(name, value);
     return ["/api/search", { method: "POST", body: form }];
   }
 
@@ -507,7 +532,18 @@
       button.setAttribute("aria-label", `${rank}. ${result.caption} (${result.path}), score ${formatScore(result.score)}; open`);
     }
 
-    button.append(frame, score, path, caption, taken);
+    // The query's words found in the picture's text (file name, keywords, text in the image).
+    const matched = document.createElement("span");
+    matched.className = "matched";
+    matched.dataset.testid = "matched";
+    const found = result.matched && typeof result.matched === "object" ? Object.entries(result.matched) : [];
+    if (found.length) {
+      const words = [...new Set(found.flatMap(([, w]) => (Array.isArray(w) ? w : [])))];
+      matched.textContent = words.join(", ");
+      matched.title = found.map(([source, w]) => `${SOURCE_NAMES[source] || source}: ${w.join(", ")}`).join("\n");
+    }
+
+    button.append(frame, score, path, caption, taken, matched);
     button.addEventListener("click", () => openViewer(result, button));
     item.append(button);
 
@@ -590,6 +626,7 @@
   // A new index applies to the search on screen. An image id belongs to one index, so "more like
   // this" does not carry over; a text query and an uploaded image do.
   el.index.addEventListener("change", () => {
+    showQueryLanguages();
     if (state.mode === "text" || state.mode === "upload") {
       startSearch({ mode: state.mode, q: state.q, file: state.file, index: chosenIndex(), prefix: state.prefix, add: state.add, subtract: state.subtract, k: state.k });
     } else if (state.mode === "similar") {

@@ -1,0 +1,213 @@
+"""OCR for ``index --ocr``: the engines side by side, and what OCR costs a build.
+
+Engines: RapidOCR (``rapidocr-onnxruntime``, PP-OCR models packaged in the wheel; run as
+:mod:`indexer.ocr` runs it: detection on the image downscaled to 960 px, no angle classifier,
+one thread) and Tesseract (Debian's ``tesseract-ocr``, through its command line with its default
+page segmentation; ``--psm 11``, sparse text, found nothing on these signs). Each reads the same
+signs: words drawn with Pillow (DejaVu Sans Bold) on a textured photo-like background at three
+text sizes, as PNG and after JPEG quality 75.
+A word is found when its folded form appears in the engine's folded output with spaces removed,
+as the keyword side matches it (PP-OCR drops spaces, and the keyword side matches inside such
+runs; it reads the digit 0 as the letter o, which OCR confuses). Also timed: each engine on
+photos without text (the common case in a photo library).
+
+``--index N``: ``build_index`` images per second on N photos with text and N without, with and
+without ``ocr=True`` (tiny random model: the model's cost is small, OCR's shows).
+
+Prints one JSON line (machine facts and the rows), then a readable table.
+
+    python benchmarks/bench_ocr.py [--signs 20] [--sizes 16,24,40] [--index 8]
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from _common import ROOT, machine_facts
+
+sys.path.insert(0, str(ROOT))
+
+import numpy as np  # noqa: E402
+from PIL import Image, ImageDraw, ImageFont  # noqa: E402
+
+WORDS = ["INVOICE", "4711", "Tokyo", "Marathon", "2026", "WiFi", "password", "garden42", "Venice", "Gondola", "EXIT",
+         "Platform", "Bakery", "Fresh", "Bread", "Museum", "Open", "Daily", "Parking", "Zone", "Hotel", "Central",
+         "Station", "Coffee", "Receipt", "Total", "Menu", "Pizza", "Harbour", "Lighthouse"]
+
+
+def _font(px: int) -> ImageFont.FreeTypeFont | ImageFont.ImageFont:
+    for name in ("DejaVuSans-Bold.ttf", "/usr/share/fonts/truetype/dejavu/DejaVuSans-Bold.ttf"):
+        try:
+            return ImageFont.truetype(name, px)
+        except OSError:
+            continue
+    return ImageFont.load_default(px)
+
+
+def _background(rng: np.random.Generator, size: tuple[int, int] = (640, 480)) -> Image.Image:
+    w, h = size
+    base = rng.integers(60, 160, 3)
+    noise = rng.integers(-40, 40, (h // 8, w // 8, 3))
+    small = np.clip(base + noise, 0, 255).astype(np.uint8)
+    return Image.fromarray(small).resize(size, Image.Resampling.BILINEAR)
+
+
+def sign(words: list[str], px: int, seed: int, jpeg: bool) -> Image.Image:
+    """A photo-like picture with ``words`` on a light sign, text ``px`` pixels tall."""
+    rng = np.random.default_rng(seed)
+    img = _background(rng)
+    draw = ImageDraw.Draw(img)
+    font = _font(px)
+    text = " ".join(words)
+    box = draw.textbbox((0, 0), text, font=font)
+    x, y = 40, 200
+    draw.rectangle([x - 12, y - 12, x + box[2] + 12, y + box[3] + 12], fill=(240, 238, 228))
+    draw.text((x, y), text, font=font, fill=(15, 15, 15))
+    if jpeg:
+        buf = io.BytesIO()
+        img.save(buf, "JPEG", quality=75)
+        img = Image.open(io.BytesIO(buf.getvalue())).convert("RGB")
+    return img
+
+
+def _rapidocr() -> Callable[[Image.Image], str] | None:
+    try:
+        from indexer import ocr
+
+        ocr.check_engine()
+    except Exception:  # noqa: BLE001 - not installed: a row saying so
+        return None
+    return lambda img: ocr.recognise(img) or ""
+
+
+def _tesseract() -> Callable[[Image.Image], str] | None:
+    exe = shutil.which("tesseract")
+    if exe is None:
+        return None
+
+    def run(img: Image.Image) -> str:
+        buf = io.BytesIO()
+        img.save(buf, "PNG")
+        return subprocess.run([exe, "stdin", "stdout"], input=buf.getvalue(), capture_output=True,
+                              check=False).stdout.decode("utf-8", "replace")
+
+    return run
+
+
+ENGINES: dict[str, Callable[[], Callable[[Image.Image], str] | None]] = {"rapidocr": _rapidocr, "tesseract": _tesseract}
+PACKAGES = {"rapidocr": "pip install 'clipsearch[ocr]'", "tesseract": "apt-get install tesseract-ocr"}
+
+
+def _found(words: list[str], text: str) -> int:
+    from retrieval.keywords import fold
+
+    flat = fold(text).replace(" ", "").replace("\n", "")
+    return sum(fold(w) in flat for w in words)
+
+
+def compare(signs: int, sizes: list[int], engines: list[str]) -> list[dict[str, Any]]:
+    rows: list[dict[str, Any]] = []
+    for name in engines:
+        run = ENGINES[name]()
+        if run is None:
+            rows.append({"engine": name, "installed": False, "install": PACKAGES[name]})
+            continue
+        run(sign(WORDS[:2], 24, 0, False))  # model load, first-call set-up
+        for px in sizes:
+            for jpeg in (False, True):
+                found = total = 0
+                seconds = 0.0
+                for i in range(signs):
+                    words = [WORDS[(i * 3 + j) % len(WORDS)] for j in range(3)]
+                    img = sign(words, px, 1000 + i, jpeg)
+                    t0 = time.perf_counter()
+                    text = run(img)
+                    seconds += time.perf_counter() - t0
+                    found += _found(words, text)
+                    total += len(words)
+                rows.append({"engine": name, "installed": True, "text_px": px, "jpeg75": jpeg,
+                             "word_recall": round(found / total, 3), "images_per_s": round(signs / seconds, 2)})
+        blank = [_background(np.random.default_rng(50 + i)) for i in range(max(3, signs // 2))]
+        t0 = time.perf_counter()
+        for img in blank:
+            run(img)
+        rows.append({"engine": name, "installed": True, "text_px": 0, "jpeg75": False, "word_recall": None,
+                     "images_per_s": round(len(blank) / (time.perf_counter() - t0), 2)})
+    return rows
+
+
+def index_cost(n: int, work: Path) -> list[dict[str, Any]]:
+    """build_index images/s on n photos with text and n without, with and without OCR."""
+    from indexer import build_index
+    from retrieval.random_model import make_random_clip
+
+    model = make_random_clip(work / "model", preset="tiny", seed=0)
+    rows = []
+    for kind in ("with_text", "without_text"):
+        photos = work / kind
+        photos.mkdir()
+        for i in range(n):
+            img = sign([WORDS[i % len(WORDS)], WORDS[(i + 7) % len(WORDS)]], 32, i, False) if kind == "with_text" else \
+                _background(np.random.default_rng(i))
+            img.save(photos / f"{i:04d}.jpg", quality=90)
+        for ocr in (False, True):
+            out = work / f"{kind}-{ocr}.idx"
+            report = build_index(photos, out, model=str(model), device="cpu", precision="fp32", workers=0, ocr=ocr)
+            rows.append({"photos": kind, "ocr": ocr, "images": n, "seconds": report.seconds,
+                         "images_per_s": report.images_per_second, "with_ocr_text": report.with_ocr_text})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--signs", type=int, default=20, help="signs per size and compression (default 20)")
+    p.add_argument("--sizes", default="16,24,40", help="text heights in pixels (default 16,24,40)")
+    p.add_argument("--engines", default="rapidocr,tesseract")
+    p.add_argument("--index", type=int, default=8, metavar="N", help="photos per kind for the build cost (0: skip)")
+    p.add_argument("--work-dir", type=Path, default=None)
+    args = p.parse_args(argv)
+    engines = [e for e in args.engines.split(",") if e]
+    unknown = [e for e in engines if e not in ENGINES]
+    if unknown:
+        print(f"bench_ocr: unknown engine {unknown[0]!r} (known: {', '.join(ENGINES)})", file=sys.stderr)
+        return 2
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    rows = compare(args.signs, [int(s) for s in args.sizes.split(",")], engines)
+    build: list[dict[str, Any]] = []
+    if args.index:
+        work = Path(tempfile.mkdtemp(dir=args.work_dir))
+        try:
+            build = index_cost(args.index, work)
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+    print(json.dumps({"machine": machine_facts(), "engines": rows, "index": build}))
+    print(f"\n{'engine':<10} {'text px':>7} {'jpeg75':>6} {'recall':>7} {'img/s':>7}")
+    for r in rows:
+        if not r["installed"]:
+            print(f"{r['engine']:<10} not installed ({r['install']})")
+            continue
+        recall = "-" if r["word_recall"] is None else f"{r['word_recall']:.3f}"
+        px = "no text" if r["text_px"] == 0 else str(r["text_px"])
+        print(f"{r['engine']:<10} {px:>7} {str(r['jpeg75']):>6} {recall:>7} {r['images_per_s']:>7.2f}")
+    if build:
+        print(f"\n{'photos':<13} {'ocr':<5} {'img/s':>7}  ratio to no OCR")
+        base = {r["photos"]: r["images_per_s"] for r in build if not r["ocr"]}
+        for r in build:
+            ratio = r["images_per_s"] / base[r["photos"]] if base[r["photos"]] else float("nan")
+            print(f"{r['photos']:<13} {str(r['ocr']):<5} {r['images_per_s']:>7.2f}  {ratio:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
