@@ -129,7 +129,7 @@ def make_hits(rows: HitSource, ids: np.ndarray, scores: np.ndarray, cut: Cut) ->
     samples = rows.sample_meta(ids)
     return [
         Hit(int(i), p, float(s), m["taken"], m["camera"], tuple(m["gps"]) if m["gps"] is not None else None,
-            x["caption"], x["url"])
+            caption=x["caption"], url=x["url"])
         for i, s, p, m, x in zip(ids.tolist(), scores.tolist(), paths, metas, samples, strict=True)
     ]
 
