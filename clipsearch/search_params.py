@@ -1,6 +1,6 @@
 """The search parameters beside the query, declared once: how many results, from which rank, in
-which served index, the relevance cut-off, the order, the ranking mode, and the terms of query
-arithmetic.
+which served index, the relevance cut-off, the order, the ranking mode, the text's language, and
+the terms of query arithmetic.
 
 :class:`SearchParams`' fields are the flags of ``clipsearch search`` (where it has them), the
 fields of the search API's GET query, JSON body and multipart form, and the docs' ``search``
@@ -80,6 +80,15 @@ class SearchParams:
             "image queries and query arithmetic are vector-only",
             default_text="hybrid where the index has a keyword side, else vector",
             choices=MODES,
+            http=True,
+        ),
+    )
+    query_lang: str | None = field(
+        default=None,
+        metadata=option(
+            "the text's language as a FLORES-200 code (eng_Latn, zho_Hans, rus_Cyrl...), for a model whose "
+            "tokenizer needs it (NLLB-CLIP); other models read any language as it is and ignore it",
+            metavar="CODE",
             http=True,
         ),
     )

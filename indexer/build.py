@@ -34,8 +34,9 @@ from retrieval.errors import (
 )
 from retrieval.index_types import IndexOptions, parse_memory
 from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
+from retrieval.shards import scheme_of
 
-from . import ann, calibrate, ocr, ray_engine
+from . import ann, calibrate, ocr, ray_engine, shards
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .dataset import content_hash
@@ -46,6 +47,7 @@ from .heap import retained_heap
 from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update
+from .shards import ShardReader, ShardSource, is_shard_spec
 from .stats import RunStats
 
 
@@ -69,6 +71,17 @@ class _Job:
     ray: ray_engine.RayRun | None
     walk: WalkOptions
     stop: Callable[[], bool] | None = None
+    # A build from WebDataset shards (indexer.shards): what they are, and what reads them.
+    shards: ShardSource | None = None
+
+    @property
+    def images(self) -> Path | ShardReader:
+        """Where the decoders read the images: the folder, or the shards."""
+        return self.shards.reader() if self.shards is not None else self.photos
+
+    @property
+    def source_root(self) -> str:
+        return self.shards.root if self.shards is not None else str(self.photos.resolve())
 
 
 @dataclass(frozen=True)
@@ -124,7 +137,7 @@ def build_index(
         ModelMismatchError: the index was built with another model and ``rebuild`` is False.
         ModelLoadError: the model cannot be loaded.
     """
-    return _start(build_config(config, overrides), Path(photos_dir), Path(index_dir), encoder, files)
+    return _start(build_config(config, overrides), os.fspath(photos_dir), Path(index_dir), encoder, files)
 
 
 def update_index(
@@ -140,7 +153,7 @@ def update_index(
     index's recorded precision is kept as when :func:`build_index` loads it). ``stop``, polled
     between batches, ends embedding early: what is embedded is committed. Raises as
     :func:`build_index` does."""
-    return _start(config, Path(photos_dir), Path(index_dir), encoder, None, found=found, own_encoder=True, stop=stop)
+    return _start(config, os.fspath(photos_dir), Path(index_dir), encoder, None, found=found, own_encoder=True, stop=stop)
 
 
 def load_model(config: BuildConfig) -> Encoder:
@@ -149,14 +162,26 @@ def load_model(config: BuildConfig) -> Encoder:
 
 
 def _start(
-    cfg: BuildConfig, photos: Path, out: Path, encoder: Encoder | None, files: Sequence[str | bytes] | None, *,
+    cfg: BuildConfig, source: str, out: Path, encoder: Encoder | None, files: Sequence[str | bytes] | None, *,
     found: Discovery | None = None, own_encoder: bool = False, stop: Callable[[], bool] | None = None,
 ) -> BuildReport:
     start = time.perf_counter()
     cpu.cpu_level()  # a bad CLIPSEARCH_CPU_CAP fails here, before any work
     if encoder is not None and cfg.engine == "ray":
         raise InvalidArgumentError("engine 'ray' loads the model in every actor from model=; it cannot take a loaded encoder")
-    check_photos_dir(photos)
+    shard_source = None
+    if found is None and is_shard_spec(source):
+        if files is not None:
+            raise InvalidArgumentError("files= lists images of a folder; the images of shards are listed from the shards")
+        check_index_dir(out, "index", rebuild=cfg.rebuild)
+        # Listed before the model is loaded: a missing bucket or a damaged tar fails in seconds.
+        shard_source = shards.resolve(source, cfg.storage_options)
+        # Shards a completed run embedded whole and that did not change are not read again.
+        found = shards.list_source(shard_source, known={} if cfg.rebuild else shards.known_shards(out))
+        photos = Path(shard_source.root) if scheme_of(shard_source.root) is None else Path(".")
+    else:
+        photos = Path(source)
+        check_photos_dir(photos)
     check_index_dir(out, "index", rebuild=cfg.rebuild)
     keywords.check_engine()  # this Python's SQLite has FTS5 with trigrams
     if cfg.ocr:
@@ -174,7 +199,7 @@ def _start(
             calibrate.apply_precision(enc, cfg.precision)
         keep = cfg.precision is None and (encoder is None or own_encoder)
         # enc.fingerprint fails on missing weights before anything is written.
-        return _build(_Job(cfg, enc, enc.fingerprint, photos, out, found, start, keep, ray, walk, stop))
+        return _build(_Job(cfg, enc, enc.fingerprint, photos, out, found, start, keep, ray, walk, stop, shard_source))
 
 
 def _build(job: _Job) -> BuildReport:
@@ -258,7 +283,9 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
     base = _open_base(job)
     previous, writer = base.previous, base.writer
     root = os.fsencode(job.photos)
-    plan = plan_update(writer.facts(), base.old_skips, job.found.files, lambda rel: _hash_or_none(root, rel))
+    # A shard member whose shard changed is re-embedded: reading it to compare would cost as much.
+    hash_of = (lambda rel: None) if job.shards is not None else (lambda rel: _hash_or_none(root, rel))
+    plan = plan_update(writer.facts(), base.old_skips, job.found.files, hash_of)
     writer.record_skips(SkipRecord(rel, f"directory not readable: {why}") for rel, why in job.found.unreadable_dirs)
     writer.record_skips(SkipRecord(rel, why) for rel, why in job.found.missing)
     writer.record_skips(plan.carried_skips)
@@ -333,7 +360,7 @@ def _meta(job: _Job, options: IndexOptions, ocr: bool) -> IndexMeta:
         backend=enc.backend,
         dim=enc.dim,
         preprocess={**enc.preprocess.to_dict(), "jpeg_draft": job.cfg.draft},
-        source_root=str(job.photos.resolve()),
+        source_root=job.source_root,
         model_info=dict(enc.info),
         index_options=options.to_dict(),
         discovery=job.walk.to_dict(),
@@ -346,6 +373,7 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
     run's engine; returns the stats and the CPU level the model ran at ("" on GPU)."""
     cfg, enc, ray = job.cfg, job.enc, job.ray
     prev_info = previous.model_info if previous is not None else None
+    images = job.images
     # Activations are freed and allocated again every layer: keep them in the heap (see heap),
     # for the calibration's model calls as for the build's.
     cpu_level = cpu.cpu_level() if enc.device.type == "cpu" else ""
@@ -354,19 +382,19 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
         # to choose is calibrated on the kind of node the actors run on (its CPU features or GPU).
         here = ray is None or ray.calibrates_here(enc)
         calibrate.resolve(
-            enc, prev_info, job.photos, plan.to_embed if here else [], max_pixels=cfg.max_pixels, draft=cfg.draft,
+            enc, prev_info, images, plan.to_embed if here else [], max_pixels=cfg.max_pixels, draft=cfg.draft,
             keep_recorded=job.keep_precision,
         )
         info = enc.info
         if not here and ray is not None and enc.image_precision.mode is None and plan.to_embed:
-            info = ray.resolve_precision(enc, job.photos, prev_info, plan.to_embed, job.keep_precision)
+            info = ray.resolve_precision(enc, images, prev_info, plan.to_embed, job.keep_precision)
             cpu_level = str(info.pop("_cpu_level", ""))
         writer.set_model_info(calibrate.model_info(info, prev_info, bool(plan.to_embed)))
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)
         if ray is not None:
-            return ray.embed(ray.spec(job.photos, info, ocr=writer.meta.ocr), plan, writer), cpu_level
-        return embed_planned(cfg, enc, job.photos, plan, writer, stop=job.stop), cpu_level
+            return ray.embed(ray.spec(images, info, ocr=writer.meta.ocr), plan, writer), cpu_level
+        return embed_planned(cfg, enc, images, plan, writer, stop=job.stop), cpu_level
 
 
 def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats, *, resumed: bool, cpu_level: str) -> BuildReport:

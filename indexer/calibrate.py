@@ -26,6 +26,7 @@ from retrieval.errors import InvalidArgumentError
 
 from .dataset import ImageDataset, collate
 from .discover import ImageFile
+from .shards import ShardReader
 
 # Files tried for a calibration sample: broken files are skipped, a few more are looked at.
 SAMPLE_TRIES = 4 * CALIBRATION_IMAGES
@@ -44,7 +45,7 @@ def apply_precision(enc: Encoder, precision: Precision) -> None:
 def resolve(
     enc: Encoder,
     previous_info: Mapping[str, Any] | None,
-    root: str | os.PathLike[str],
+    root: str | os.PathLike[str] | ShardReader,
     files: Sequence[ImageFile],
     *,
     max_pixels: int,

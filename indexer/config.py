@@ -8,7 +8,9 @@ and ``clipsearch index`` both end in a ``BuildConfig``, validated here once.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any
 
@@ -18,6 +20,7 @@ from retrieval.errors import InvalidArgumentError, UnknownBuildOptionError
 from retrieval.images import DEFAULT_MAX_PIXELS
 from retrieval.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions, parse_memory
 from retrieval.options import option
+from retrieval.shards import parse_storage_options
 
 from .exclusions import check_patterns
 
@@ -69,6 +72,7 @@ def default_threads(device_type: str = "cpu", workers: int = 1) -> int:
 # The CLI lists the Ray options in a section of their own.
 _RAY = "distributed (--engine ray, pip install 'clipsearch[ray]')"
 _WALK = "what is indexed"
+_SHARDS = "WebDataset shards (pip install 'clipsearch[shards]')"
 
 
 @dataclass(frozen=True)
@@ -113,6 +117,16 @@ class BuildConfig:
     commit_seconds: float = field(
         default=300.0,
         metadata=option("publish one also after this many seconds, whichever comes first", cli=False, minimum=0, positive=True),
+    )
+    storage_options: str | None = field(
+        default=None,
+        metadata=option(
+            "WebDataset shards on an object store: fsspec options as a JSON object, e.g. "
+            '\'{"anon": true}\' or \'{"endpoint_url": "http://host:9000"}\' (S3 reads the AWS_* variables too)',
+            default_text="none",
+            metavar="JSON",
+            group=_SHARDS,
+        ),
     )
     precision: Precision | None = field(
         default=None,
@@ -248,6 +262,11 @@ class BuildConfig:
             raise InvalidArgumentError(f"batch size must be an integer >= 1, got {self.batch_size!r}")
         if self.workers is not None and (not is_int(self.workers) or self.workers < 0):
             raise InvalidArgumentError(f"workers must be an integer >= 0, got {self.workers!r}")
+        if isinstance(self.storage_options, Mapping):
+            # A dict from Python: the frozen field holds its JSON text (hashable, recorded as given).
+            object.__setattr__(self, "storage_options", json.dumps(dict(self.storage_options), sort_keys=True))
+        if self.storage_options is not None:
+            parse_storage_options(self.storage_options)
         if self.max_pixels < 1:
             raise InvalidArgumentError(f"max_pixels must be >= 1, got {self.max_pixels}")
         if not is_positive_int(self.commit_every):

@@ -38,6 +38,7 @@ from retrieval.layout import display_path
 
 from . import ocr
 from .discover import ImageFile
+from .shards import ShardReader
 
 if TYPE_CHECKING:
     import torch
@@ -95,11 +96,14 @@ class Batch:
 
 
 class ImageDataset:
-    """Map-style dataset over discovered files: item ``i`` is file ``i`` decoded and preprocessed."""
+    """Map-style dataset over discovered files: item ``i`` is file ``i`` decoded and preprocessed.
+
+    ``root`` is the collection's folder, or a :class:`~indexer.shards.ShardReader` when the
+    files are members of WebDataset shards (read out of their tar, locally or from a store)."""
 
     def __init__(
         self,
-        root: str | os.PathLike[str],
+        root: str | os.PathLike[str] | ShardReader,
         files: Sequence[ImageFile],
         preprocess: PreprocessConfig,
         *,
@@ -116,7 +120,8 @@ class ImageDataset:
         # DataLoader worker process uses one.
         self.threads = threads
         self._pool: ThreadPoolExecutor | None = None
-        self.root = os.fsencode(root)
+        self.shards = root if isinstance(root, ShardReader) else None
+        self.root = b"" if isinstance(root, ShardReader) else os.fsencode(root)
         self.files = list(files)
         self.preprocess = preprocess
         self.max_pixels = max_pixels
@@ -135,6 +140,8 @@ class ImageDataset:
 
     def close(self) -> None:
         """Stop the decode threads (if any were started)."""
+        if self.shards is not None:
+            self.shards.close()
         if self._pool is not None:
             self._pool.shutdown()
             self._pool = None
@@ -144,11 +151,16 @@ class ImageDataset:
         return {**self.__dict__, "_pool": None}
 
     def __getitem__(self, index: int) -> Item:
-        rel = self.files[index].rel
+        file = self.files[index]
+        rel = file.rel
         crash_point("decode")
         start = time.perf_counter()
         try:
-            data, size, mtime_ns = _read_file(os.path.join(self.root, rel))
+            if self.shards is not None:
+                # A shard member's facts are its listing's: its size and the shard's version.
+                data, size, mtime_ns = self.shards.read(file), file.size, file.mtime_ns
+            else:
+                data, size, mtime_ns = _read_file(os.path.join(self.root, rel))
         except OSError as exc:
             return Item(index, None, 0, 0, _read_error(exc), time.perf_counter() - start)
         digest = content_hash(data)
@@ -219,7 +231,7 @@ def _read_error(exc: OSError) -> str:
         return "permission denied"
     if isinstance(exc, IsADirectoryError):
         return "is a directory"
-    return f"unreadable: {exc.strerror or type(exc).__name__}"
+    return f"unreadable: {exc.strerror or str(exc) or type(exc).__name__}"
 
 
 def collate(items: Sequence[Item]) -> Batch:

@@ -17,17 +17,22 @@ from pathlib import Path
 
 from retrieval.errors import PhotosDirError
 from retrieval.images import IMAGE_EXTENSIONS
+from retrieval.shards import SampleMeta
 
 from .exclusions import Exclusions
 
 
 @dataclass(frozen=True)
 class ImageFile:
-    """One candidate image: its path relative to the collection root, as file-system bytes."""
+    """One candidate image: its path relative to the collection root, as file-system bytes.
+
+    An image in a WebDataset shard (:mod:`indexer.shards`) is ``SHARD#MEMBER``, its ``mtime_ns``
+    the shard's version, and ``sample`` what came with it (caption, url, where it starts)."""
 
     rel: bytes
     size: int
     mtime_ns: int
+    sample: SampleMeta | None = None
 
 
 @dataclass(frozen=True)

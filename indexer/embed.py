@@ -23,6 +23,7 @@ from .commit import GenerationWriter
 from .config import BuildConfig, default_threads, default_workers
 from .dataset import Batch, ImageDataset, Item, collate, finish_on_device
 from .plan import UpdatePlan
+from .shards import ShardReader
 from .stats import RunStats
 from .writer import FileRecord
 
@@ -73,7 +74,8 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
             good = batch.good
             if good and batch.vectors is not None:
                 records = [
-                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash, it.meta)
+                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash, it.meta,
+                               files[it.index].sample)
                     for it in good
                 ]
                 writer.append(records, batch.vectors)
@@ -94,7 +96,7 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
         bar.close()
 
 
-def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path, plan: UpdatePlan, writer: GenerationWriter,
+def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path | ShardReader, plan: UpdatePlan, writer: GenerationWriter,
                   stop: Callable[[], bool] | None = None) -> RunStats:
     """Decode and embed ``plan.to_embed`` into ``writer``, committing a generation every
     ``cfg.commit_every`` images or ``cfg.commit_seconds``; returns the run's counters and timings.

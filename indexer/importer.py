@@ -20,6 +20,7 @@ import os
 import shutil
 import sys
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -27,10 +28,13 @@ from typing import Any
 from retrieval.checks import is_positive_int
 from retrieval.encoders import load_encoder
 from retrieval.errors import ImportSourceError, InvalidArgumentError
+from retrieval.index_types import IndexOptions
 from retrieval.layout import MANIFEST_FILE, is_index_dir
+from retrieval.shards import parse_storage_options
 
 from . import ann
 from .commit import GenerationWriter, IndexMeta, remove_stale
+from .import_remote import is_remote, staged
 from .import_sources import LAYOUTS, Source, check_values, inspect_source, read_batches, unit_vectors
 from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
@@ -77,6 +81,7 @@ def import_embeddings(
     target_recall: float | None = None,
     progress: bool = False,
     commit_every: int = DEFAULT_COMMIT_EVERY,
+    storage_options: str | Mapping[str, Any] | None = None,
 ) -> ImportReport:
     """Write a new index at ``index_dir`` from the embeddings in ``source``.
 
@@ -90,6 +95,9 @@ def import_embeddings(
             takes it (None: the defaults).
         progress: progress bars and FAISS steps on stderr.
         commit_every: rows per committed generation (memory holds one commit's rows).
+        storage_options: fsspec options (a JSON object or a mapping) for a ``source`` that is a
+            URL (``s3://bucket/clip-output/``), copied beside ``index_dir`` while it is imported
+            (:mod:`indexer.import_remote`).
 
     Returns:
         An :class:`ImportReport`.
@@ -107,8 +115,17 @@ def import_embeddings(
     if not is_positive_int(commit_every):
         raise InvalidArgumentError(f"commit_every must be an integer >= 1, got {commit_every!r}")
     options = ann.choose_options(None, index_type=index_type, max_memory=max_memory, target_recall=target_recall)
-    src = Path(source)
-    out = Path(index_dir)
+    text = os.fspath(source)
+    if is_remote(text):
+        check_index_dir(Path(index_dir), "import")  # before anything is copied
+        with staged(text, Path(index_dir).absolute(), parse_storage_options(storage_options)) as local:
+            return _import(local, text, Path(index_dir), model, options, progress, commit_every, start)
+    return _import(Path(source), None, Path(index_dir), model, options, progress, commit_every, start)
+
+
+def _import(src: Path, url: str | None, out: Path, model: str, options: IndexOptions, progress: bool, commit_every: int,
+            start: float) -> ImportReport:
+    # ``url``: where a staged copy (``src``) came from, recorded as the source instead of the copy.
     if not src.exists():
         raise ImportSourceError(src, f"no such file or directory; {LAYOUTS}")
     check_index_dir(out, "import")
@@ -126,7 +143,7 @@ def import_embeddings(
         preprocess=enc.preprocess.to_dict(),
         # No folder of originals: ImageIndex.source_file (and serve) refuse every id.
         source_root="",
-        model_info={**enc.info, "imported_from": found.format, "imported_source": str(src.resolve())},
+        model_info={**enc.info, "imported_from": found.format, "imported_source": url or str(src.resolve())},
         index_options=options.to_dict(),
     )
     created = not out.exists()
@@ -152,7 +169,7 @@ def import_embeddings(
     seconds = time.perf_counter() - start
     return ImportReport(
         index_dir=str(out),
-        source=str(src),
+        source=url or str(src),
         source_format=found.format,
         model=enc.name,
         dim=enc.dim,

@@ -23,12 +23,14 @@ import numpy as np
 from retrieval.encoders import Encoder, cpu, load_encoder
 from retrieval.errors import EngineError
 from retrieval.images import PhotoMeta
+from retrieval.shards import MEMBER_SEP, SampleMeta
 
 from . import calibrate
 from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
 from .embed import EmbeddedBatch, embed_batch
 from .heap import retained_heap
+from .shards import ShardReader
 
 
 @dataclass(frozen=True)
@@ -45,6 +47,12 @@ class ActorSpec:
     draft: bool
     threads: int
     ocr: bool = False
+    # WebDataset shards: the actor reads each member straight from the store (no shared disk).
+    shards: ShardReader | None = None
+
+    @property
+    def images(self) -> str | ShardReader:
+        return self.shards if self.shards is not None else os.fsdecode(self.root)
 
 
 def load_actor_encoder(spec: ActorSpec) -> Encoder:
@@ -79,20 +87,28 @@ class EmbedActor:
         self._heap = retained_heap()
         self._heap.__enter__()
         self.enc = load_actor_encoder(spec)
-        self._dataset = ImageDataset(os.fsdecode(spec.root), [], self.enc.preprocess, max_pixels=spec.max_pixels,
+        self._dataset = ImageDataset(spec.images, [], self.enc.preprocess, max_pixels=spec.max_pixels,
                                      draft=spec.draft, threads=spec.threads, ocr=spec.ocr)
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         import torch
 
         # One dataset (and decode thread pool) for the actor's life, its files set per batch.
-        self._dataset.files = [ImageFile(bytes(rel), -1, -1) for rel in batch["rel"]]
+        self._dataset.files = [_file(bytes(rel), batch, j, self.spec.shards is not None) for j, rel in enumerate(batch["rel"])]
         items = self._dataset.__getitems__(range(len(self._dataset.files)))
         # The decode threads set torch to one thread each (dataset._one_torch_thread), which
         # would leave this thread's model calls on fewer cores: the count is set again here.
         torch.set_num_threads(self.spec.threads)
         done = embed_batch(self.enc, collate(items))
         return to_columns(batch["index"], done, self.enc.dim)
+
+
+def _file(rel: bytes, batch: dict[str, np.ndarray], j: int, shard: bool) -> ImageFile:
+    # A folder's file is read and stat'ed by the actor; a shard member is where its listing says.
+    if not shard or "offset" not in batch:
+        return ImageFile(rel, -1, -1)
+    name = rel.partition(MEMBER_SEP.encode())[0].decode("utf-8", "surrogateescape")
+    return ImageFile(rel, int(batch["size"][j]), int(batch["mtime"][j]), SampleMeta(name, "", int(batch["offset"][j])))
 
 
 def to_columns(indices: np.ndarray, done: EmbeddedBatch, dim: int) -> dict[str, np.ndarray]:
@@ -145,7 +161,7 @@ def calibrate_remote(spec: ActorSpec, previous_info: Mapping[str, Any] | None, f
     with the local engine's own calibration."""
     enc = load_actor_encoder(spec)
     with retained_heap():
-        calibrate.resolve(enc, previous_info, os.fsdecode(spec.root), files, max_pixels=spec.max_pixels, draft=spec.draft,
+        calibrate.resolve(enc, previous_info, spec.images, files, max_pixels=spec.max_pixels, draft=spec.draft,
                           keep_recorded=keep_recorded)
     info = dict(enc.info)
     info["_cpu_level"] = cpu.cpu_level() if enc.device.type == "cpu" else ""

@@ -39,6 +39,7 @@ from .discover import ImageFile
 from .embed import EmbeddedBatch, write_batches
 from .plan import UpdatePlan
 from .ray_actor import ActorSpec, EmbedActor, calibrate_remote, from_columns
+from .shards import ShardReader
 from .stats import RunStats
 
 RAY_EXTRA = "pip install 'clipsearch[ray]'"
@@ -234,7 +235,7 @@ class RayRun:
         on the driver encoder's kind of device. Otherwise one Ray task calibrates on a node."""
         return self.this_machine and enc.device.type == self.pool.device
 
-    def spec(self, photos: Path, info: Mapping[str, Any], ocr: bool = False) -> ActorSpec:
+    def spec(self, photos: Path | ShardReader, info: Mapping[str, Any], ocr: bool = False) -> ActorSpec:
         """What an actor embeds with, from an encoder's ``info``: its precision (the mode chosen,
         or the one requested while ``auto`` is unresolved), int8 activation bits, image size."""
         precision = str(info.get("precision") or "fp32")
@@ -243,11 +244,12 @@ class RayRun:
         return ActorSpec(
             model=self.cfg.model, device=self.pool.device, precision=precision,
             image_size=int(size) if size is not None else None, int8_activation_bits=int(bits) if bits is not None else None,
-            root=os.fsencode(photos), max_pixels=self.cfg.max_pixels, draft=self.cfg.draft, threads=self.pool.threads,
+            root=b"" if isinstance(photos, ShardReader) else os.fsencode(photos), max_pixels=self.cfg.max_pixels,
+            draft=self.cfg.draft, threads=self.pool.threads, shards=photos if isinstance(photos, ShardReader) else None,
             ocr=ocr,
         )
 
-    def resolve_precision(self, enc: Encoder, photos: Path, previous_info: Mapping[str, Any] | None,
+    def resolve_precision(self, enc: Encoder, photos: Path | ShardReader, previous_info: Mapping[str, Any] | None,
                           files: Sequence[ImageFile], keep_recorded: bool) -> dict[str, Any]:
         """The model info an actor's encoder reports after the local engine's calibration,
         run as one Ray task with an actor's resources on the first files to embed."""
@@ -277,7 +279,11 @@ class RayRun:
         rows = batch_size * max(1, math.ceil(len(files) / (MAX_BLOCKS * batch_size)))
         blocks = [
             pa.table({"index": pa.array(np.arange(i, min(i + rows, len(files)), dtype=np.int64)),
-                      "rel": pa.array([f.rel for f in files[i: i + rows]], pa.binary())})
+                      "rel": pa.array([f.rel for f in files[i: i + rows]], pa.binary()),
+                      # A shard member's listing: the actor reads its bytes straight from the store.
+                      "size": pa.array([f.size for f in files[i: i + rows]], pa.int64()),
+                      "mtime": pa.array([f.mtime_ns for f in files[i: i + rows]], pa.int64()),
+                      "offset": pa.array([f.sample.offset if f.sample else -1 for f in files[i: i + rows]], pa.int64())})
             for i in range(0, len(files), rows)
         ]
         data = self.ray.data

@@ -18,6 +18,7 @@ import pyarrow.parquet as pq
 from retrieval.images import NO_META, PhotoMeta
 from retrieval.layout import (
     FILE_ID_KEY,
+    SAMPLE_COLUMNS,
     SKIPPED_SCHEMA,
     SkipRecord,
     atomic_write,
@@ -26,6 +27,7 @@ from retrieval.layout import (
     paths_file_of,
     write_paths_file,
 )
+from retrieval.shards import SampleMeta
 
 ROW_GROUP_SIZE = 16_384
 
@@ -41,6 +43,8 @@ class FileRecord:
     mtime_ns: int
     content_hash: str
     meta: PhotoMeta = NO_META
+    # What came with the image from a WebDataset shard (None for a file of a folder).
+    sample: SampleMeta | None = None
 
 
 class PartWriter:
@@ -151,10 +155,25 @@ def records_table(records: Sequence[FileRecord], vectors: np.ndarray, dim: int) 
             "description": pa.array([r.meta.description for r in records], pa.string()),
             "keywords": pa.array([r.meta.keywords for r in records], pa.string()),
             "ocr_text": pa.array([r.meta.ocr_text for r in records], pa.string()),
+            **sample_columns(records),
             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1)), dim),
         },
         schema=embeddings_schema(dim),
     )
+
+
+def sample_columns(records: Sequence[FileRecord]) -> dict[str, pa.Array]:
+    """The shard columns (:data:`~retrieval.layout.SAMPLE_COLUMNS`) of ``records``: nulls for
+    images of a folder."""
+    samples = [r.sample for r in records]
+    return {
+        f.name: pa.array([getattr(s, _SAMPLE_FIELDS.get(f.name, f.name)) if s is not None else None for s in samples], f.type)
+        for f in SAMPLE_COLUMNS
+    }
+
+
+# Column names that differ from SampleMeta's field names.
+_SAMPLE_FIELDS = {"member_offset": "offset"}
 
 
 def write_skipped(path: str | os.PathLike[str], skipped: Sequence[SkipRecord]) -> None:

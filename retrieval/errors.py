@@ -36,6 +36,12 @@ class PhotosDirError(ClipSearchError):
     """The image collection to index is missing, not a directory, or holds no images."""
 
 
+class ShardSourceError(PhotosDirError):
+    """WebDataset shards cannot be read (:mod:`retrieval.shards`): a missing bucket or key, refused
+    credentials, an endpoint that does not answer, a damaged or truncated tar, a malformed brace
+    range, a URL scheme whose fsspec package is not installed (named)."""
+
+
 class IndexDirError(ClipSearchError):
     """INDEX_DIR cannot be used: not an index, or a non-index directory we refuse to overwrite."""
 

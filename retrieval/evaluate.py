@@ -10,10 +10,12 @@ from .evaluation.queries import Query, load_queries
 from .evaluation.ranking import canonical_scores, exact_ranks
 from .evaluation.results import EvalReport, QueryResult, SkippedQuery
 from .evaluation.run import DEFAULT_KS, EvalOptions, evaluate, parse_ks
+from .evaluation.stored_captions import caption_queries
 
 __all__ = [
     "DEFAULT_KS",
     "canonical_scores",
+    "caption_queries",
     "EvalOptions",
     "EvalReport",
     "Query",

@@ -35,6 +35,8 @@ class Hit:
     query words matched the image's text, by source (``matched``: ``{"ocr": ("4711",)}``;
     sources in :data:`retrieval.keywords.SOURCES`) and the image's recognised text
     (``ocr_text``); ``score`` is always the cosine of the vector side, whatever ranked the hit.
+    ``caption`` and ``url`` came with an image from a WebDataset shard (its ``.txt`` and
+    img2dataset's ``.json``), None for an image from a folder.
     """
 
     id: int
@@ -45,10 +47,13 @@ class Hit:
     gps: tuple[float, float] | None = None
     matched: Mapping[str, tuple[str, ...]] | None = None
     ocr_text: str | None = None
+    caption: str | None = None
+    url: str | None = None
 
     def to_dict(self, facts: bool = False) -> dict[str, Any]:
         """``id``, ``path``, ``score``, and the photo facts and text fields it has (with
-        ``facts``: every key, None where unknown, as ``clipsearch search --json`` prints them)."""
+        ``facts``: every key, None where unknown, as ``clipsearch search --json`` prints them); ``caption`` and ``url``
+        where present."""
         out: dict[str, Any] = {"id": self.id, "path": self.path, "score": self.score}
         known = {
             "taken": self.taken, "camera": self.camera, "gps": list(self.gps) if self.gps is not None else None,
@@ -56,6 +61,7 @@ class Hit:
             "ocr_text": self.ocr_text,
         }
         out.update(known if facts else {k: v for k, v in known.items() if v is not None})
+        out.update({k: v for k, v in (("caption", self.caption), ("url", self.url)) if v is not None})
         return out
 
 
@@ -65,6 +71,8 @@ class HitSource(Protocol):
     def paths_of(self, ids: Sequence[int] | np.ndarray) -> list[str]: ...
 
     def photo_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]: ...
+
+    def sample_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]: ...
 
     def taken_us(self) -> np.ndarray: ...
 
@@ -118,9 +126,11 @@ def make_hits(rows: HitSource, ids: np.ndarray, scores: np.ndarray, cut: Cut) ->
         ids, scores = ids[: cut.k], scores[: cut.k]
     paths = rows.paths_of(ids)
     metas = rows.photo_meta(ids)
+    samples = rows.sample_meta(ids)
     return [
-        Hit(int(i), p, float(s), m["taken"], m["camera"], tuple(m["gps"]) if m["gps"] is not None else None)
-        for i, s, p, m in zip(ids.tolist(), scores.tolist(), paths, metas, strict=True)
+        Hit(int(i), p, float(s), m["taken"], m["camera"], tuple(m["gps"]) if m["gps"] is not None else None,
+            caption=x["caption"], url=x["url"])
+        for i, s, p, m, x in zip(ids.tolist(), scores.tolist(), paths, metas, samples, strict=True)
     ]
 
 

@@ -10,6 +10,7 @@ text matched by source, and its recognised text.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
@@ -112,7 +113,8 @@ def _with_text(keywords: KeywordIndex, terms: Terms, hits: list[Hit]) -> list[Hi
     out = []
     for hit, text in zip(hits, texts, strict=True):
         matched = {s: tuple(w) for s in SOURCES if (w := matched_words(terms, text[s]))}
-        out.append(Hit(hit.id, hit.path, hit.score, hit.taken, hit.camera, hit.gps, matched, text["ocr"]))
+        # replace, not a new Hit: the hit keeps every other field (a shard's caption and url).
+        out.append(dataclasses.replace(hit, matched=matched, ocr_text=text["ocr"]))
     return out
 
 

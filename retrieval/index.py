@@ -25,6 +25,7 @@ from .layout import read_manifest
 from .query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from .query_terms import QueryTerm, as_term, embed_terms
 from .rows import Rows, SkippedFile, check_id, source_path
+from .shards import read_member
 
 
 class ImageIndex:
@@ -175,7 +176,7 @@ class ImageIndex:
     # -- search ---------------------------------------------------------------------------------
 
     def search(self, query: str, k: int | None = None, where: Filter | None = None, *, min_score: float | None = None,
-               sort: str = "score", mode: str | None = None) -> list[Hit]:
+               sort: str = "score", mode: str | None = None, query_lang: str | None = None) -> list[Hit]:
         """Text-to-image search.
 
         Args:
@@ -191,17 +192,23 @@ class ImageIndex:
                 alone) or ``keyword`` (only images whose words match); default ``hybrid`` where
                 the index has a keyword side, else ``vector`` (:mod:`retrieval.hybrid`).
                 ``min_score`` cuts the vector side; keyword matches join whatever their score.
+            query_lang: the query's FLORES-200 code (``zho_Hans``) for a model whose tokenizer
+                must be told it (NLLB-CLIP: :meth:`query_languages`); other models read any
+                language as it is and ignore it.
 
         Raises:
             InvalidArgumentError: empty query, k < 1, min_score outside [-1, 1], a bad sort, a
                 bad mode (or ``keyword`` without a keyword side), a query over
-                :data:`~retrieval.keywords.MAX_QUERY_CHARS` characters in hybrid or keyword mode.
+                :data:`~retrieval.keywords.MAX_QUERY_CHARS` characters in hybrid or keyword mode,
+                a missing or unknown query language where the model needs one.
             ModelMismatchError: the query model is not the index's model.
         """
-        return self.search_many([query], k, where=where, min_score=min_score, sort=sort, mode=mode)[0]
+        return self.search_many([query], k, where=where, min_score=min_score, sort=sort, mode=mode,
+                                query_lang=query_lang)[0]
 
     def search_many(self, queries: Sequence[str], k: int | None = None, where: Filter | None = None, *,
-                    min_score: float | None = None, sort: str = "score", mode: str | None = None) -> list[list[Hit]]:
+                    min_score: float | None = None, sort: str = "score", mode: str | None = None,
+                    query_lang: str | None = None) -> list[list[Hit]]:
         """Search several texts at once (encoded and searched in batches); arguments as :meth:`search`."""
         check_cut(k, min_score, sort)
         run_mode = resolve_mode(mode, self.keywords)
@@ -214,8 +221,8 @@ class ImageIndex:
                 check_query_text(q)
         if not queries:
             return []
-        return self.search_embedded(list(queries), self.embed_texts(list(queries)), k, where, min_score=min_score, sort=sort,
-                                    mode=run_mode)
+        vectors = self.embed_texts(list(queries), query_lang)
+        return self.search_embedded(list(queries), vectors, k, where, min_score=min_score, sort=sort, mode=run_mode)
 
     def search_embedded(self, queries: Sequence[str], vectors: np.ndarray, k: int | None = None, where: Filter | None = None,
                         *, min_score: float | None = None, sort: str = "score", mode: str | None = None) -> list[list[Hit]]:
@@ -238,10 +245,15 @@ class ImageIndex:
         """The rows hits are made from (:func:`retrieval.hits.make_hits`)."""
         return self._rows
 
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
+    def embed_texts(self, texts: Sequence[str], query_lang: str | None = None) -> np.ndarray:
         """The query vectors of ``texts`` (``(n, dim)``, L2-normalised) as searches make them:
-        on :attr:`text_encoder`, through the query cache."""
-        return self._queries.embed_texts(texts)
+        on :attr:`text_encoder`, through the query cache; ``query_lang`` as :meth:`search`."""
+        return self._queries.embed_texts(texts, query_lang)
+
+    def query_languages(self) -> tuple[str, ...]:
+        """The FLORES-200 codes a text query must name (NLLB-CLIP's tokenizer), or () for a model
+        that reads any language as it is (CLIP, SigLIP 2, XLM-R)."""
+        return self._queries.query_languages()
 
     def query_cache_info(self) -> dict[str, Any]:
         """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
@@ -264,6 +276,7 @@ class ImageIndex:
         subtract: Sequence[str | os.PathLike[str] | QueryTerm] = (),
         k: int | None = None,
         where: Filter | None = None, *, min_score: float | None = None, sort: str = "score",
+        query_lang: str | None = None,
     ) -> list[Hit]:
         """Query arithmetic: search with ``normalise(sum(w * e(add)) - sum(w * e(subtract)))``.
 
@@ -271,7 +284,8 @@ class ImageIndex:
         :class:`~retrieval.query_terms.QueryTerm` with its own weight (``QueryTerm(3, "id")``:
         image 3 of the index, by its stored vector); every term's embedding
         is L2-normalised before weighting. ``index.search_combined(["a dog", "in the snow"],
-        subtract=["grass"])``. ``k``, ``where``, ``min_score``, ``sort`` as :meth:`search`.
+        subtract=["grass"])``. ``k``, ``where``, ``min_score``, ``sort``, ``query_lang`` (of the
+        text terms) as :meth:`search`.
 
         Raises:
             InvalidArgumentError: no terms, an empty term, terms that cancel out, k < 1.
@@ -286,7 +300,7 @@ class ImageIndex:
                 check_id(t.value, self.count)
         vector = embed_terms(
             terms,
-            lambda texts: self.embed_texts(texts),
+            lambda texts: self.embed_texts(texts, query_lang),
             lambda image: self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
             self.vectors_of,
         )
@@ -323,6 +337,25 @@ class ImageIndex:
         checked = check_id(id, self.count)
         raw = self.rows([checked], columns=("path_bytes",))[0]["path_bytes"]
         return source_path(self.directory, self.manifest, checked, raw)
+
+    def source_bytes(self, id: int) -> bytes | None:
+        """The bytes of image ``id`` read out of its WebDataset shard (under ``source_root``,
+        local or on a store reached with the standard credentials), checked against the recorded
+        content hash; None for an image of a folder (see :meth:`source_file`).
+
+        Raises:
+            InvalidArgumentError: ``id`` is not an id of this index.
+            ShardSourceError: the shard cannot be read, or changed since it was indexed.
+        """
+        row = self.rows([check_id(id, self.count)], columns=("shard", "member_offset", "size", "content_hash"))[0]
+        if row["shard"] is None or row["member_offset"] is None:
+            return None
+        return read_member(self.manifest.source_root, row["shard"], row["member_offset"], row["size"],
+                           content_hash=row["content_hash"])
+
+    def sample_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+        """``caption`` and ``url`` of ``ids`` (what came with images from shards), None where absent."""
+        return self._rows.sample_meta(ids)
 
     def search_vectors(self, vectors: np.ndarray, k: int | None = None, where: Filter | None = None, *,
                        min_score: float | None = None, sort: str = "score") -> list[list[Hit]]:

@@ -41,26 +41,32 @@ class QueryVectorCache:
         self.hits = 0
         self.misses = 0
 
-    def embed(self, texts: Sequence[str], embed: Callable[[list[str]], np.ndarray]) -> np.ndarray:
+    def embed(self, texts: Sequence[str], embed: Callable[[list[str]], np.ndarray], *, namespace: str = "") -> np.ndarray:
         """``(len(texts), dim)`` vectors: cached ones looked up, the others embedded with
-        ``embed`` (one call for all distinct misses, outside the lock) and kept."""
+        ``embed`` (one call for all distinct misses, outside the lock) and kept.
+
+        ``namespace`` keeps apart texts whose vectors differ by something besides the text (the
+        query language a tokenizer is told): the same text in two namespaces is two entries.
+        """
         if self.capacity == 0 or not texts:
             return embed(list(texts))
+        keyed = [f"{namespace}\0{t}" if namespace else t for t in texts]
         found: dict[str, np.ndarray] = {}
         with self._lock:
-            for text in texts:
+            for text in keyed:
                 vector = self._vectors.get(text)
                 if vector is not None:
                     self._vectors.move_to_end(text)
                     found[text] = vector
-        missing = list(dict.fromkeys(t for t in texts if t not in found))
+        missing_texts = list(dict.fromkeys(t for t, key in zip(texts, keyed, strict=True) if key not in found))
+        missing = [f"{namespace}\0{t}" if namespace else t for t in missing_texts]
         missed = set(missing)
         if missing:
-            for text, vector in zip(missing, embed(missing), strict=True):
+            for text, vector in zip(missing, embed(missing_texts), strict=True):
                 found[text] = vector
         with self._lock:
-            misses = sum(1 for t in texts if t in missed)
-            self.hits += len(texts) - misses
+            misses = sum(1 for t in keyed if t in missed)
+            self.hits += len(keyed) - misses
             self.misses += misses
             for text in missing:
                 vector = found[text].copy()
@@ -69,7 +75,7 @@ class QueryVectorCache:
                 self._vectors.move_to_end(text)
             while len(self._vectors) > self.capacity:
                 self._vectors.popitem(last=False)
-        return np.stack([found[t] for t in texts]).astype(np.float32, copy=False)
+        return np.stack([found[t] for t in keyed]).astype(np.float32, copy=False)
 
     def info(self) -> dict[str, Any]:
         """``capacity``, ``size`` (texts held), ``hits`` and ``misses`` so far."""

@@ -24,7 +24,7 @@ from . import store
 from .errors import IndexCorruptError, InvalidArgumentError
 from .filters import Filter
 from .images.exif import iso_taken
-from .layout import PHOTO_COLUMNS, TEXT_COLUMNS, Manifest, display_path
+from .layout import PHOTO_COLUMNS, SAMPLE_COLUMNS, TEXT_COLUMNS, Manifest, display_path
 
 # Masks of recent filters, per opened index (a filter is evaluated over whole columns).
 MASK_CACHE_SIZE = 8
@@ -67,6 +67,7 @@ class Rows:
         self._columns: dict[str, pa.ChunkedArray] = {}
         self._masks: OrderedDict[Filter, np.ndarray] = OrderedDict()
         self._lock = threading.RLock()
+        self._has_samples: bool | None = None
 
     @classmethod
     def open(cls, directory: Path, manifest: Manifest, parts: Sequence[pq.ParquetFile], skipped: pq.ParquetFile) -> Rows:
@@ -117,6 +118,23 @@ class Rows:
                 "gps": [lat, lon] if lat is not None and lon is not None else None,
             })
         return out
+
+    def sample_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
+        """``caption`` and ``url`` of ``ids`` (what came with an image from a WebDataset shard),
+        None where the image (or an older index) has none."""
+        wanted = id_array(ids, self.count)
+        if not self.has_samples:
+            return [{"caption": None, "url": None} for _ in range(len(wanted))]
+        # Only the row groups of these ids: a caption column is too large to keep whole.
+        return self.rows(wanted, columns=("caption", "url"))
+
+    @property
+    def has_samples(self) -> bool:
+        """Whether any row came from a shard (its ``shard`` is set), from the parts' statistics:
+        a folder's index, or one that predates the shard columns, reads no caption."""
+        if self._has_samples is None:
+            self._has_samples = any(_has_values(pf, "shard") for pf in self.parts)
+        return self._has_samples
 
     def taken_us(self) -> np.ndarray:
         """``taken`` of every image as int64 microseconds, with the smallest int64 where a photo
@@ -244,9 +262,22 @@ class Rows:
         return [SkippedFile(display_path(rec.path), rec.reason) for rec in store.read_skipped(self._skipped)]
 
 
-# The photo and text columns' types, by name: readers fill a part's missing one with nulls of
-# its type. ``caption`` is read where the rows have it (captioned inputs such as shards).
-_PHOTO_TYPES = {f.name: f.type for f in (*PHOTO_COLUMNS, *TEXT_COLUMNS)} | {"caption": pa.string()}
+# The photo, text and shard columns' types, by name: readers fill a part's missing one with
+# nulls of its type (the shard columns, ``caption`` among them, are null for a folder's images).
+_PHOTO_TYPES = {f.name: f.type for f in (*PHOTO_COLUMNS, *TEXT_COLUMNS, *SAMPLE_COLUMNS)}
+
+
+def _has_values(pf: pq.ParquetFile, name: str) -> bool:
+    # True when some row group of ``pf`` holds a non-null ``name`` (or says nothing of its nulls).
+    if name not in pf.schema_arrow.names:
+        return False
+    col = pf.schema_arrow.get_field_index(name)
+    for g in range(pf.metadata.num_row_groups):
+        group = pf.metadata.row_group(g)
+        stats = group.column(col).statistics
+        if stats is None or not stats.has_null_count or stats.null_count < group.num_rows:
+            return True
+    return False
 
 
 def _optional_column(parts: Sequence[pq.ParquetFile], name: str, kind: pa.DataType) -> pa.ChunkedArray:

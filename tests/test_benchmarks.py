@@ -689,3 +689,16 @@ def test_bench_ocr_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     # Three words per sign; PP-OCR may read an O as a 0 on one of them.
     assert rows[0]["word_recall"] >= 0.6 and all(r["images_per_s"] > 0 for r in rows)
     assert bench_ocr.main(["--engines", "nope"]) == 2
+
+
+def test_bench_shards_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("moto.server")
+    import bench_shards
+
+    assert bench_shards.main(["--images", "6", "--per-shard", "4", "--size", "48", "--preset", "tiny", "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    result = _json_line(out)
+    assert [r["source"] for r in result["results"]] == ["folder", "local shards", "S3 shards (moto)"]
+    assert all(r["images"] == 6 and r["min_cosine_vs_folder"] >= 0.99999 for r in result["results"])
+    assert [r["captions"] for r in result["results"]] == [0, 6, 6]
+    assert "vs folder" in out and "CPU:" in out

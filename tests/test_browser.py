@@ -554,6 +554,37 @@ def test_token_is_asked_once_then_sent(browser: Any, ui_index: Path, tmp_path: P
         context.close()
 
 
+def test_cards_show_the_captions_of_images_from_shards(browser: Any, tiny_model: Path, tmp_path: Path) -> None:
+    """An index of WebDataset shards: each card shows its caption (text, never HTML) and the
+    viewer the caption and source url; the original is served out of the shard."""
+    import dataclasses
+
+    from shardgen import make_samples, write_shards
+
+    from indexer import build_index
+
+    samples = make_samples(4)
+    samples[0] = dataclasses.replace(samples[0], caption="<b>bold</b> caption")
+    write_shards(tmp_path / "shards", samples, 2)
+    build_index(tmp_path / "shards", tmp_path / "shards.idx", model=str(tiny_model), device="cpu", precision="fp32")
+    with serve([tmp_path / "shards.idx"], tmp_path / "cache") as running:
+        page = browser.new_page(viewport={"width": 1280, "height": 800})
+        try:
+            open_ui(page, running)
+            search(page, "a photo")
+            expected = running.get("/api/search", q="a photo", k=PAGE)
+            assert shown_ids(page, 4) == api_ids(expected)
+            captions = page.locator("[data-testid=results] [data-testid=caption]").all_inner_texts()
+            assert captions == [r["caption"] for r in expected["results"]]
+            assert page.locator("[data-testid=results] b").count() == 0  # a caption's markup is text
+            assert thumbnails_loaded(page) >= 4
+            page.locator("[data-testid=results] [data-result-id]").first.click()
+            first = expected["results"][0]
+            page.wait_for_function("t => document.body.innerText.includes(t)", arg=first["url"])
+        finally:
+            page.close()
+
+
 def test_screenshot_of_the_demo_collection(
     browser: Any, tmp_path: Path, demo_build: tuple[subprocess.Popen[bytes], Path, Path]
 ) -> None:

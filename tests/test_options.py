@@ -114,12 +114,13 @@ def test_search_flags_read_back() -> None:
     names = [f.name for f in dataclasses.fields(SearchParams) if option_of(f).cli]
     # No -k on the CLI: 10 results, or every one at or above --min-score (the library decides).
     assert values_from_args(SearchParams, parse(["search", "i", "q"]), names) == {
-        "k": None, "min_score": None, "sort": "score", "mode": None, "add": (), "subtract": ()
+        "k": None, "min_score": None, "sort": "score", "mode": None, "query_lang": None, "add": (), "subtract": ()
     }
     args = parse(["search", "i", "q", "-k", "3", "--add", "a", "--add", "0.5:b", "--subtract", "c", "--min-score", "0.25",
                   "--sort", "taken", "--mode", "keyword"])
     assert values_from_args(SearchParams, args, names) == {
-        "k": 3, "min_score": 0.25, "sort": "taken", "mode": "keyword", "add": ("a", "0.5:b"), "subtract": ("c",)
+        "k": 3, "min_score": 0.25, "sort": "taken", "mode": "keyword", "query_lang": None, "add": ("a", "0.5:b"),
+        "subtract": ("c",)
     }
     assert parse(["search", "i", "q", "--k", "1001"]).k == 1001  # the server's bound is the server's
 

@@ -92,7 +92,8 @@ def test_health_and_indexes(client: TestClient, built_index: Path) -> None:
     assert [i["name"] for i in listed] == ["photos.idx", "live.idx"]
     info = json.loads((built_index / "manifest.json").read_text())
     first = listed[0]
-    assert set(first) == {"name", "count", "model", "dim", "index_type", "generation"}
+    assert set(first) == {"name", "count", "model", "dim", "index_type", "generation", "query_languages"}
+    assert first["query_languages"] == []  # CLIP reads any language as it is
     assert (first["count"], first["dim"], first["generation"]) == (info["count"], info["dim"], info["generation"])
 
 
@@ -171,7 +172,8 @@ def test_result_fields(client: TestClient, built_index: Path, collection: Collec
     assert len(results) == len(ids)
     for r in results:
         assert set(r) == {
-            "id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text", "width", "height", "image_url", "thumbnail_url"
+            "id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text", "caption", "url", "width", "height",
+            "image_url", "thumbnail_url",
         }
         assert ids[r["path"]] == r["id"]
         assert r["image_url"] == f"/api/images/{r['id']}?index=photos.idx"
@@ -596,11 +598,11 @@ def test_model_calls_do_not_block_the_event_loop(client: TestClient, monkeypatch
     started, release = threading.Event(), threading.Event()
     original = ImageIndex.embed_texts
 
-    def slow(self: ImageIndex, texts: Any) -> Any:
+    def slow(self: ImageIndex, texts: Any, query_lang: str | None = None) -> Any:
         if list(texts) == ["slow one"]:
             started.set()
             assert release.wait(60)
-        return original(self, texts)
+        return original(self, texts, query_lang)
 
     monkeypatch.setattr(ImageIndex, "embed_texts", slow)
     held = threading.Thread(target=lambda: client.get("/api/search", params={"q": "slow one"}))

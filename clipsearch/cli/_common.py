@@ -81,6 +81,17 @@ def add_precision_argument(parser: argparse.ArgumentParser, default: str | None,
     )
 
 
+def add_query_lang_argument(parser: argparse.ArgumentParser, what: str) -> None:
+    """``--query-lang``: the language of ``what``, for a model whose tokenizer must be told it
+    (the same words as ``search``'s flag, which comes from ``SearchParams``)."""
+    parser.add_argument(
+        "--query-lang",
+        metavar="CODE",
+        help=f"the language of {what} as a FLORES-200 code (eng_Latn, zho_Hans...), for a model whose tokenizer "
+        "needs it (NLLB-CLIP); other models ignore it",
+    )
+
+
 def add_filter_arguments(parser: argparse.ArgumentParser) -> None:
     """Metadata filters of ``search``: only images passing all of them are returned (one flag per
     :class:`~retrieval.filters.Filter` field)."""

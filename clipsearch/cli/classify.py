@@ -8,7 +8,15 @@ from typing import TYPE_CHECKING
 
 from retrieval.errors import InvalidArgumentError
 
-from ._common import add_device_arguments, add_filter_arguments, add_precision_argument, filter_from_args, positive_int, print_json
+from ._common import (
+    add_device_arguments,
+    add_filter_arguments,
+    add_precision_argument,
+    add_query_lang_argument,
+    filter_from_args,
+    positive_int,
+    print_json,
+)
 
 if TYPE_CHECKING:
     from retrieval.zeroshot import Prediction
@@ -43,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     batches: Iterator[list[Prediction]]
     if indexed:
         index = ImageIndex.open(args.targets[0], model=args.model, device=args.device, precision=args.precision)
-        classifier = ZeroShotClassifier.build(index.encoder, labels, templates)
+        classifier = ZeroShotClassifier.build(index.encoder, labels, templates, args.query_lang)
         batches = classify_index(index, classifier, where=where)
     else:
         if args.model is None:
@@ -55,7 +63,7 @@ def run(args: argparse.Namespace) -> int:
         tower = getattr(encoder, "text_precision", None)
         if tower is not None:
             tower.request(precision)  # the label prompts'; the image files stay fp32
-        classifier = ZeroShotClassifier.build(encoder, labels, templates)
+        classifier = ZeroShotClassifier.build(encoder, labels, templates, args.query_lang)
         batches = classify_files(encoder, args.targets, classifier)
     top_k = min(args.top_k, len(labels))
     if args.out:
@@ -114,6 +122,7 @@ def register(subparsers: Subparsers) -> None:
         "--templates", metavar="SET|FILE",
         help="ensemble a template set: openai (OpenAI's 80 ImageNet prompts), simple (7) or a file, one template per line",
     )
+    add_query_lang_argument(p, "the labels and template")
     p.add_argument("--top-k", type=positive_int, default=5, help="labels shown per image (default: 5)")
     p.add_argument("--model", help="model for image files; with an index, a query model with the same weights")
     add_device_arguments(p)

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 from typing import TYPE_CHECKING
 
-from ._common import add_device_arguments, positive_int, print_json
+from ._common import add_device_arguments, add_query_lang_argument, positive_int, print_json
 
 if TYPE_CHECKING:
     from ._common import Subparsers
@@ -19,7 +19,7 @@ def run(args: argparse.Namespace) -> int:
     templates = resolve_templates(args.template, args.templates)
     folder = ImageFolder.scan(args.folder)
     encoder = load_encoder(args.model, device=args.device)
-    report = evaluate_folder(encoder, folder, templates, batch_size=args.batch_size)
+    report = evaluate_folder(encoder, folder, templates, batch_size=args.batch_size, query_lang=args.query_lang)
     if args.json:
         print_json({**report.to_dict(), "labels": list(folder.labels)})
         return 0
@@ -50,5 +50,6 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--templates", metavar="SET|FILE", help="openai (80 prompts), simple (7) or a file of templates")
     p.add_argument("--batch-size", type=positive_int, default=32, help="images per model batch (default: 32)")
     add_device_arguments(p)
+    add_query_lang_argument(p, "the class names and templates")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING
 
 from retrieval.errors import InvalidArgumentError
 
-from ._common import PROG, add_device_arguments, add_precision_argument, positive_int, print_json
+from ._common import PROG, add_device_arguments, add_precision_argument, add_query_lang_argument, positive_int, print_json
 
 if TYPE_CHECKING:
     from retrieval.evaluation import EvalReport
@@ -21,19 +21,26 @@ _MAX_LISTED = 20
 
 
 def run(args: argparse.Namespace) -> int:
-    """Evaluate the index on the queries file; print a metrics table, or one JSON object with ``--json``."""
-    from retrieval.evaluation import evaluate, load_queries, parse_ks
+    """Evaluate the index on the queries file (or on its stored captions); print a metrics
+    table, or one JSON object with ``--json``."""
+    from retrieval.errors import InvalidArgumentError
+    from retrieval.evaluation import caption_queries, evaluate, load_queries, parse_ks
     from retrieval.index import ImageIndex
 
     # Inputs are checked before the index and the model are loaded: mistakes fail fast.
     ks = parse_ks(args.k)
+    if args.queries is not None and args.limit is not None:
+        raise InvalidArgumentError("--limit draws from the index's stored captions; it does not apply to a QUERIES.jsonl")
     modes = _modes(args.mode)
-    queries = load_queries(args.queries)
+    queries = load_queries(args.queries) if args.queries is not None else None
     index = ImageIndex.open(
-        args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=len(queries)
+        args.index_dir, model=args.model, device=args.device, precision=args.precision,
+        text_queries=len(queries) if queries is not None else args.limit or 1,
     )
+    if queries is None:
+        queries = caption_queries(index, args.limit, args.seed)
     reports = {
-        mode: evaluate(index, queries, ks=ks, ann=args.ann, batch_size=args.batch_size, mode=mode,
+        mode: evaluate(index, queries, ks=ks, ann=args.ann, batch_size=args.batch_size, mode=mode, query_lang=args.query_lang,
                        per_query_path=args.per_query if len(modes) == 1 else None)
         for mode in modes
     }
@@ -114,11 +121,15 @@ def register(subparsers: Subparsers) -> None:
             "Rank the index for every query of QUERIES.jsonl (lines like "
             '{"query": "a red bus", "relevant": ["town/bus.png"]} or {"image": "q.jpg", "relevant": [...]}; '
             "relevant paths as the index stores them, image paths relative to the queries file) and report "
-            "MRR, Recall@K, nDCG@10 and the rank of the first relevant image, next to chance level."
+            "MRR, Recall@K, nDCG@10 and the rank of the first relevant image, next to chance level. Without "
+            "QUERIES.jsonl, the captions stored with the images (WebDataset shards' .txt) are the queries, each "
+            "relevant to its own image."
         ),
     )
     p.add_argument("index_dir", metavar="INDEX_DIR")
-    p.add_argument("queries", metavar="QUERIES.jsonl")
+    p.add_argument("queries", metavar="QUERIES.jsonl", nargs="?", help="labelled queries (default: the stored captions)")
+    p.add_argument("--limit", type=positive_int, metavar="N", help="draw N of the stored captions (default: all)")
+    p.add_argument("--seed", type=int, default=0, help="the seed of --limit's draw (default: 0, the same queries every run)")
     p.add_argument("--k", default="1,5,10", help="Recall@K cut-offs, comma-separated (default: 1,5,10)")
     p.add_argument("--ann", action="store_true", help="rank with the FAISS index (top max(K, 10)) instead of exactly")
     p.add_argument(
@@ -128,6 +139,7 @@ def register(subparsers: Subparsers) -> None:
     )
     p.add_argument("--per-query", metavar="OUT.jsonl", help="also write one JSON line per evaluated query")
     p.add_argument("--batch-size", type=positive_int, default=256, help="queries encoded and ranked together (default: 256)")
+    add_query_lang_argument(p, "the text queries")
     p.add_argument("--model", help="query model (default: the one recorded in the index; must be the same weights)")
     add_device_arguments(p)
     add_precision_argument(p, "auto", "text query tower precision (image queries use the index's mode)")

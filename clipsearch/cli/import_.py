@@ -25,6 +25,7 @@ def run(args: argparse.Namespace) -> int:
         max_memory=args.max_memory,
         target_recall=args.target_recall,
         progress=not args.no_progress,
+        storage_options=args.storage_options,
         **extra,
     )
     if args.json:
@@ -50,7 +51,7 @@ def register(subparsers: Subparsers) -> None:
         "0..n-1). INDEX_DIR must be new or empty: an existing index is never overwritten. The index has no image files "
         "behind it: `clipsearch index` refuses to update it (--rebuild replaces it) and serve does not serve originals.",
     )
-    p.add_argument("source", metavar="SOURCE")
+    p.add_argument("source", metavar="SOURCE", help="a folder or file, or a URL of an object store (s3://bucket/prefix/)")
     p.add_argument("index_dir", metavar="INDEX_DIR", help="a new or empty directory")
     p.add_argument(
         "--model", required=True,
@@ -61,6 +62,10 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument(
         "--commit-every", type=positive_int, default=None, metavar="N",
         help="rows per committed generation: memory holds one commit's vectors (default: 65536)",
+    )
+    p.add_argument(
+        "--storage-options", metavar="JSON",
+        help="for a SOURCE URL: fsspec options as a JSON object (S3 reads the AWS_* variables too)",
     )
     p.add_argument("--no-progress", action="store_true", help="no progress bars")
     p.add_argument("--json", action="store_true", help="print the summary as one JSON object")

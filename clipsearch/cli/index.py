@@ -91,6 +91,10 @@ def _watch(args: argparse.Namespace, config: BuildConfig) -> int:
 
     if args.files_from:
         raise InvalidArgumentError("--watch watches the whole PHOTOS_DIR; it does not take --files-from")
+    from indexer.shards import is_shard_spec
+
+    if is_shard_spec(args.photos_dir):
+        raise InvalidArgumentError("--watch follows a folder's file events; re-run clipsearch index to add new shards")
     watch = WatchConfig(**values_from_args(WatchConfig, args))
     with _stop_on_signals() as stop:
         done = watch_index(
@@ -106,10 +110,12 @@ def register(subparsers: Subparsers) -> None:
     """Add ``index`` to the ``clipsearch`` sub-parsers."""
     p = subparsers.add_parser(
         "index",
-        help="build an index of a folder of images",
-        description="Embed every image under PHOTOS_DIR with CLIP and write an index to INDEX_DIR.",
+        help="build an index of a folder of images or of WebDataset shards",
+        description="Embed every image under PHOTOS_DIR with CLIP and write an index to INDEX_DIR. PHOTOS_DIR may "
+        "also be WebDataset shards: a .tar, a folder of them, a brace pattern (shards/{00000..00099}.tar), local or "
+        "on an object store (s3://bucket/prefix/; see docs/shards.md).",
     )
-    p.add_argument("photos_dir", metavar="PHOTOS_DIR")
+    p.add_argument("photos_dir", metavar="PHOTOS_DIR", help="a folder of images, or shards (.tar, folder, {A..B} pattern, URL)")
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("--files-from", metavar="LIST", help="index only the paths listed in this file (one per line, relative to PHOTOS_DIR)")
     add_options(p, BuildConfig)

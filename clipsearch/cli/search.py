@@ -47,9 +47,9 @@ def run(args: argparse.Namespace) -> int:
     )
     cut = {"k": args.k, "where": where, "min_score": args.min_score, "sort": args.sort}
     if terms is not None:
-        hits = index.search_combined(terms, **cut)
+        hits = index.search_combined(terms, **cut, query_lang=args.query_lang)
     elif args.image is None:
-        hits = index.search(args.query, mode=args.mode, **cut)
+        hits = index.search(args.query, mode=args.mode, **cut, query_lang=args.query_lang)
     else:
         hits = index.search_image(args.image, **cut)
     if args.json:
@@ -98,6 +98,7 @@ def register(subparsers: Subparsers) -> None:
     add_filter_arguments(p)
     p.add_argument(
         "--json", action="store_true",
-        help='print {"results": [{"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text"}, ...]}',
+        help='print {"results": [{"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text"; "caption", "url" '
+        '(images from shards)}, ...]}',
     )
     p.set_defaults(handler=run)

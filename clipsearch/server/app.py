@@ -28,7 +28,7 @@ from starlette.middleware.cors import CORSMiddleware
 from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
-from retrieval.errors import InvalidArgumentError
+from retrieval.errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
 from retrieval.live import LiveIndex
 from retrieval.query_cache import DEFAULT_CAPACITY
 from retrieval.version import __version__
@@ -78,6 +78,9 @@ class IndexSummary(BaseModel):
     dim: int
     index_type: str
     generation: str | int
+    # The FLORES-200 codes a text query names in query_lang (NLLB-CLIP); empty for models that
+    # read any language as it is.
+    query_languages: list[str]
 
 
 def create_app(
@@ -199,8 +202,9 @@ def _mount_metrics(app: FastAPI, server_metrics: ServerMetrics) -> None:
 
 def _warm(served: ServedIndex) -> None:
     index = served.current()
+    langs = index.query_languages()
     with served.model_call("text"):
-        index.search(_WARM_TEXT, k=1)
+        index.search(_WARM_TEXT, k=1, query_lang=("eng_Latn" if "eng_Latn" in langs else langs[0]) if langs else None)
     with served.model_call("image"):
         # The image tower, and the first pass through it (lazy kernels, preprocessing), which
         # the first uploaded query would otherwise wait for.
@@ -209,6 +213,15 @@ def _warm(served: ServedIndex) -> None:
         # The first metadata read opens the Parquet row groups.
         index.rows([0], columns=("content_hash",))
         index.sizes_of([0])  # the width and height columns, read once for every result page
+
+
+def _query_languages(served: ServedIndex) -> list[str]:
+    # The list loads an open_clip model's tokenizer; a model that cannot load lists none here
+    # and its searches say why.
+    try:
+        return list(served.current().query_languages())
+    except (ModelLoadError, ModelMismatchError):
+        return []
 
 
 def _warm_image() -> io.BytesIO:
@@ -255,7 +268,8 @@ def _api_router() -> APIRouter:
             out = []
             for served in _indexes(request):
                 m = served.current().manifest
-                facts = {"count": m.count, "model": m.model, "dim": m.dim, "index_type": m.index_type, "generation": m.generation}
+                facts = {"count": m.count, "model": m.model, "dim": m.dim, "index_type": m.index_type, "generation": m.generation,
+                         "query_languages": _query_languages(served)}
                 out.append({"name": served.name, **facts})
             return out
 
@@ -288,6 +302,8 @@ def _api_router() -> APIRouter:
         headers = {"ETag": found.etag, "Cache-Control": files.ORIGINAL_CACHE_CONTROL}
         if files.etag_matches(request.headers.get("if-none-match"), found.etag):
             return Response(status_code=304, headers=headers)
+        if found.data is not None or found.path is None:  # an image read out of its shard
+            return Response(found.data, media_type=found.media_type, headers=headers)
         return FileResponse(found.path, media_type=found.media_type, headers=headers)
 
     @api.get("/thumbnails/{image_id}", summary="A JPEG thumbnail, no larger than size on its long side", response_class=FileResponse)

@@ -229,18 +229,24 @@ def near_duplicates(vectors: np.ndarray, threshold: float = DEDUP_THRESHOLD) -> 
 
 
 def metadata_of(index: ImageIndex, ids: Sequence[int], name: str, base_url: str) -> list[dict[str, Any]]:
-    """clip-back's metadata of ``ids``: ``url`` (this server's ``/api/images/{id}``, absolute;
-    none for an index imported from embeddings, which has no files to serve), ``caption`` (the
-    image's relative path: the index stores no captions) and ``path``."""
+    """clip-back's metadata of ``ids``: ``url`` and ``caption`` as clip-retrieval returns them
+    for an image from a WebDataset shard (its source url and its ``.txt`` caption, stored when it
+    was indexed), else ``url`` is this server's ``/api/images/{id}`` (absolute; none for an index
+    imported from embeddings, which has no files to serve) and ``caption`` the image's relative
+    path; and ``path``."""
     paths = index.paths_of(list(ids)) if ids else []
-    if not index.manifest.source_root:
-        return [{"caption": p, "path": p} for p in paths]
+    samples = index.sample_meta(list(ids)) if ids else []
     quoted = quote(name, safe="")
     root = base_url.rstrip("/")
-    return [
-        {"url": f"{root}/api/images/{i}?index={quoted}", "caption": p, "path": p}
-        for i, p in zip(ids, paths, strict=True)
-    ]
+    out = []
+    for i, p, sample in zip(ids, paths, samples, strict=True):
+        meta: dict[str, Any] = {"caption": sample["caption"] if sample["caption"] is not None else p, "path": p}
+        if sample["url"] is not None:
+            meta["url"] = sample["url"]
+        elif index.manifest.source_root:
+            meta["url"] = f"{root}/api/images/{i}?index={quoted}"
+        out.append(meta)
+    return out
 
 
 def knn_answer(index: ImageIndex, hits: list[Hit], query: KnnQuery, base_url: str) -> list[dict[str, Any]]:

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import re
 import tempfile
@@ -11,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from retrieval.errors import ImageDecodeError, IndexCorruptError, InvalidArgumentError
+from retrieval.errors import ImageDecodeError, IndexCorruptError, InvalidArgumentError, ShardSourceError
 from retrieval.images.decode import decode_image
 from retrieval.index import ImageIndex
 
@@ -30,11 +31,13 @@ ORIGINAL_CACHE_CONTROL = "private, max-age=300"
 
 @dataclass(frozen=True)
 class ImageFile:
-    """The original file of an id: where it is, its content type and ETag."""
+    """The original of an id: its file (or, for an image from a WebDataset shard, its bytes read
+    out of the shard), its content type and ETag."""
 
-    path: Path
+    path: Path | None
     media_type: str
     etag: str
+    data: bytes | None = None
 
 
 def parse_id(text: str, index: ImageIndex, name: str) -> int:
@@ -73,8 +76,32 @@ def source_file(index: ImageIndex, image_id: int, name: str) -> Path:
     return Path(full)
 
 
+def shard_bytes(index: ImageIndex, image_id: int, name: str) -> bytes | None:
+    """The bytes of an image from a WebDataset shard (None for an image of a folder).
+
+    Raises:
+        NotFoundError: the shard cannot be read now, or changed since it was indexed.
+    """
+    try:
+        return index.source_bytes(image_id)
+    except InvalidArgumentError:
+        raise NotFoundError(f"no image {image_id} in index {name!r}") from None
+    except ShardSourceError as exc:
+        raise NotFoundError(f"the shard of image {image_id} cannot be read: {exc}") from None
+
+
 def original(index: ImageIndex, image_id: int, name: str) -> ImageFile:
     """The original file of an id, with the content type of its image format (from its header)."""
+    data = shard_bytes(index, image_id, name)
+    if data is not None:
+        try:
+            with Image.open(io.BytesIO(data)) as img:
+                media_type = Image.MIME.get(img.format or "", "application/octet-stream")
+        except (OSError, ValueError, SyntaxError):
+            media_type = "application/octet-stream"
+        # The recorded content hash names these exact bytes (read_member checked them).
+        etag = '"' + hashlib.blake2b(data, digest_size=16).hexdigest() + '"'
+        return ImageFile(None, media_type, etag, data)
     path = source_file(index, image_id, name)
     try:
         with Image.open(path) as img:
@@ -119,9 +146,10 @@ def thumbnail_file(index: ImageIndex, image_id: int, name: str, size: int, key: 
     cached = cache_dir / key[:2] / f"{key}-{size}.jpg"
     if cached.is_file():
         return cached
-    path = source_file(index, image_id, name)
+    data = shard_bytes(index, image_id, name)
+    source: Path | io.BytesIO = io.BytesIO(data) if data is not None else source_file(index, image_id, name)
     try:
-        decoded = decode_image(path, min_edge=size, name=f"image {image_id}")
+        decoded = decode_image(source, min_edge=size, name=f"image {image_id}")
     except ImageDecodeError as exc:
         raise ImageDecodeError(exc.path, f"{exc.reason} (the file changed since it was indexed?)") from None
     img = decoded.image

@@ -106,6 +106,8 @@ class SearchResult(BaseModel):
     taken: str | None = Field(None, description="when the photo was taken (EXIF, ISO 8601), null when it does not say")
     camera: str | None = Field(None, description="camera make and model (EXIF)")
     gps: list[float] | None = Field(None, description="[latitude, longitude] in degrees (EXIF)")
+    caption: str | None = Field(None, description="the caption that came with the image in its WebDataset shard (.txt)")
+    url: str | None = Field(None, description="where the image was downloaded from (img2dataset's .json), for images from shards")
     matched: dict[str, list[str]] | None = Field(
         None, description="hybrid and keyword modes: the query words found in the image's text, by source (path, embedded, "
         "caption, ocr); null in vector mode"
@@ -135,6 +137,7 @@ class SearchRequest:
     where: Filter
     min_score: float | None = None
     sort: str = "score"
+    query_lang: str | None = None
     mode: str | None = None
     text: str | None = None
     image_id: int | None = None
@@ -188,8 +191,10 @@ def make_request(kind: QueryKind, params: Mapping[str, Any], filters: Mapping[st
     mode = check_mode(params["mode"]) if params.get("mode") else None
     if mode == "keyword" and (kind != "text" or terms):
         raise InvalidArgumentError("mode keyword takes a text query alone: image queries and query arithmetic are vector-only")
+    # An empty form field is no language, as for the cut-off.
+    query_lang = params["query_lang"] or None
     return SearchRequest(kind=kind, k=params["k"], offset=params["offset"], index=params["index"], where=where,
-                         min_score=min_score, sort=sort, mode=mode, terms=terms, **query)
+                         min_score=min_score, sort=sort, mode=mode, query_lang=query_lang, terms=terms, **query)
 
 
 def from_body(body: SearchBody) -> SearchRequest:
@@ -226,7 +231,7 @@ def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int
         # Only the encoding runs under the model lock and its timer (the query-encoding metric);
         # the FAISS search is what ImageIndex.search runs after it.
         with served.model_call("text"):
-            vector = index.embed_texts([req.text])
+            vector = index.embed_texts([req.text], query_lang=req.query_lang)
         return index.search_embedded([req.text], vector, mode=req.mode, **cut)[0]
     if req.kind == "image":
         assert req.image is not None
@@ -252,7 +257,7 @@ def _combined(index: ImageIndex, served: ServedIndex, req: SearchRequest, cut: d
             _known_id(index, served, term.value)
     kinds = {t.kind for t in (first, *req.terms)}
     with served.model_call("text" if "text" in kinds else "image"):
-        return index.search_combined([first, *req.terms], **cut)
+        return index.search_combined([first, *req.terms], **cut, query_lang=req.query_lang)
 
 
 def _known_id(index: ImageIndex, served: ServedIndex, image_id: int | None) -> int:
@@ -296,6 +301,8 @@ def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
             "taken": h.taken,
             "camera": h.camera,
             "gps": list(h.gps) if h.gps is not None else None,
+            "caption": h.caption,
+            "url": h.url,
             "matched": {k: list(v) for k, v in h.matched.items()} if h.matched is not None else None,
             "ocr_text": h.ocr_text,
             "width": int(s[0]),

@@ -19,6 +19,7 @@ from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from ..query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from . import load_encoder
 from .base import Encoder, TextEncoder
+from .languages import check_language
 from .numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
 from .precision import Precision, parse_mode
 
@@ -146,9 +147,32 @@ class QueryEncoders:
             return dict(info())
         return {"requested": self.precision, "mode": None if self.precision == "auto" else self.precision}
 
-    def embed_texts(self, texts: Sequence[str]) -> np.ndarray:
-        """The query vectors of ``texts`` (``(n, dim)``, L2-normalised), through the cache."""
-        return self.cache.embed(texts, self.text_encoder.embed_texts)
+    def embed_texts(self, texts: Sequence[str], query_lang: str | None = None) -> np.ndarray:
+        """The query vectors of ``texts`` (``(n, dim)``, L2-normalised), through the cache.
+
+        ``query_lang``: the texts' FLORES-200 code, for a model whose tokenizer must be told
+        the language (NLLB-CLIP); other models read any language as it is and ignore it.
+
+        Raises:
+            InvalidArgumentError: the model needs a language and none (or an unknown one) was given.
+        """
+        encoder = self.text_encoder
+        codes: tuple[str, ...] = getattr(encoder, "query_languages", ())
+        language = check_language(encoder.name, codes, query_lang)
+        if language is None:
+            return self.cache.embed(texts, encoder.embed_texts)
+        embed = encoder.embed_texts
+        return self.cache.embed(texts, lambda batch: embed(batch, language=language), namespace=language)  # type: ignore[call-arg]
+
+    def query_languages(self) -> tuple[str, ...]:
+        """The FLORES-200 codes text queries must name (NLLB-CLIP), or () when any text is read as it is.
+
+        Loads the tokenizer of an open_clip model (not its weights); a model with the numpy
+        text tower or a Hugging Face one takes none.
+        """
+        if self.manifest.backend != "open_clip" and self.given is None:
+            return ()
+        return tuple(getattr(self.text_encoder, "query_languages", ()))
 
     def embed_image(self, image: str | bytes | os.PathLike[str] | BinaryIO) -> np.ndarray:
         """The ``(1, dim)`` query vector of an image file, preprocessed as the index's images were.

@@ -9,6 +9,7 @@ The room for everything ``clipsearch eval`` and the quality benchmarks need:
 * :mod:`.metrics`: the metrics as plain numpy functions of ranks, with chance levels.
 * :mod:`.captioned_set`: :class:`CaptionedSet`, images and their captions, and the image-path rule.
 * :mod:`.dataset_readers`: the Karpathy JSON / caption CSV / caption JSONL readers (``load_dataset``).
+* :mod:`.stored_captions`: queries from an index's own captions (``caption_queries``).
 * :mod:`.split_files`: selecting a split's images with a split file (``apply_split_file``).
 * :mod:`.dataset_writers`: a set's queries file and image list (``write_queries``), for the
   quality benchmarks and tests.
@@ -28,6 +29,7 @@ from .ranking import canonical_scores, exact_ranks
 from .results import EvalReport, QueryResult, SkippedQuery
 from .run import DEFAULT_KS, EvalOptions, evaluate, parse_ks
 from .split_files import apply_split_file
+from .stored_captions import caption_queries
 
 __all__ = [
     "DEFAULT_KS",
@@ -39,6 +41,7 @@ __all__ = [
     "SkippedQuery",
     "apply_split_file",
     "canonical_scores",
+    "caption_queries",
     "evaluate",
     "exact_ranks",
     "load_captions_csv",

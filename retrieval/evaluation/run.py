@@ -20,6 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..checks import is_positive_int
+from ..encoders.languages import check_language
 from ..errors import (
     EvaluationError,
     ImageDecodeError,
@@ -126,6 +127,7 @@ def evaluate(
     batch_size: int = DEFAULT_BATCH_SIZE,
     chunk_rows: int = DEFAULT_CHUNK_ROWS,
     per_query_path: str | os.PathLike[str] | None = None,
+    query_lang: str | None = None,
     mode: str = "vector",
 ) -> EvalReport:
     """Rank the index for every query and measure where its relevant images land.
@@ -146,6 +148,8 @@ def evaluate(
         chunk_rows: stored embeddings scored at a time by the exact ranking.
         per_query_path: also write one JSON line per evaluated query there (written whole
             at the end, replacing the file).
+        query_lang: the texts' FLORES-200 code, for a model whose tokenizer needs one
+            (NLLB-CLIP, see :meth:`ImageIndex.query_languages`); ignored by the others.
         mode: ``vector`` (default), ``hybrid`` or ``keyword``: how text queries rank (see
             :class:`EvalOptions`); the metrics are then @``cutoff``, as with ``ann``.
 
@@ -194,7 +198,7 @@ def evaluate(
             "the indexed folder (see `clipsearch search --json`)"
         )
 
-    vectors = _embed_queries(index, [q for q, _, _ in evaluated], options.batch_size)
+    vectors = _embed_queries(index, [q for q, _, _ in evaluated], options.batch_size, query_lang)
     encoded = time.perf_counter()
     relevant = [ids for _, ids, _ in evaluated]
     if options.top_only:
@@ -232,15 +236,20 @@ def _check_output_path(path: str | os.PathLike[str]) -> Path:
     return out
 
 
-def _embed_queries(index: ImageIndex, queries: Sequence[Query], batch_size: int) -> np.ndarray:
+def _embed_queries(index: ImageIndex, queries: Sequence[Query], batch_size: int, query_lang: str | None) -> np.ndarray:
     """``(len(queries), dim)`` normalised query vectors, texts and images in batches."""
     encoder = index.encoder
     out = np.empty((len(queries), index.dim), dtype=np.float32)
     texts = [i for i, q in enumerate(queries) if q.text is not None]
     images = [i for i, q in enumerate(queries) if q.image is not None]
+    embed_texts = encoder.embed_texts
+    if texts:
+        language = check_language(encoder.name, getattr(encoder, "query_languages", ()), query_lang)
+        if language is not None:
+            embed_texts = functools.partial(encoder.embed_texts, language=language)  # type: ignore[call-arg]
     for start in range(0, len(texts), batch_size):
         rows = texts[start : start + batch_size]
-        out[rows] = encoder.embed_texts([queries[i].text for i in rows])  # type: ignore[misc]  # rows: the queries with a text
+        out[rows] = embed_texts([queries[i].text for i in rows])  # type: ignore[misc]  # rows: the queries with a text
     cfg = index.preprocess
     for start in range(0, len(images), batch_size):
         rows = images[start : start + batch_size]

@@ -74,7 +74,16 @@ from .manifest import (
     write_manifest,
 )
 from .paths_file import PATHS_CRC_MAGIC, PATHS_HEADER, PATHS_MAGIC, paths_file_of, write_paths_file
-from .schemas import FILE_ID_KEY, PHOTO_COLUMNS, SKIPPED_SCHEMA, TEXT_COLUMNS, SkipRecord, display_path, embeddings_schema
+from .schemas import (
+    FILE_ID_KEY,
+    PHOTO_COLUMNS,
+    SAMPLE_COLUMNS,
+    SKIPPED_SCHEMA,
+    TEXT_COLUMNS,
+    SkipRecord,
+    display_path,
+    embeddings_schema,
+)
 
 __all__ = [
     "CHECKSUM_ALGORITHM",
@@ -94,6 +103,7 @@ __all__ = [
     "PATHS_MAGIC",
     "PATHS_SUFFIX",
     "PHOTO_COLUMNS",
+    "SAMPLE_COLUMNS",
     "TEXT_COLUMNS",
     "SKIPPED_FILE",
     "SKIPPED_SCHEMA",

@@ -35,6 +35,7 @@ def embeddings_schema(dim: int) -> pa.Schema:
             pa.field("content_hash", pa.string(), nullable=False),
             *PHOTO_COLUMNS,
             *TEXT_COLUMNS,
+            *SAMPLE_COLUMNS,
             pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False),
         ]
     )
@@ -61,6 +62,23 @@ TEXT_COLUMNS: tuple[pa.Field, ...] = (
     pa.field("description", pa.string()),
     pa.field("keywords", pa.string()),
     pa.field("ocr_text", pa.string()),
+)
+
+
+# What came with an image from a WebDataset shard (retrieval.shards), all nullable and null for
+# an image from a folder: the shard (relative to the manifest's source_root), the sample's key,
+# where the image's bytes start in the tar, the caption (``KEY.txt``) and img2dataset's ``KEY.json``
+# fields (the source url, the size before img2dataset resized it, the sha256 of the download).
+# The image's own width and height are the rows' ``width`` and ``height``, as for every image.
+SAMPLE_COLUMNS: tuple[pa.Field, ...] = (
+    pa.field("shard", pa.string()),
+    pa.field("key", pa.string()),
+    pa.field("member_offset", pa.int64()),
+    pa.field("caption", pa.string()),
+    pa.field("url", pa.string()),
+    pa.field("original_width", pa.int32()),
+    pa.field("original_height", pa.int32()),
+    pa.field("sha256", pa.string()),
 )
 
 

@@ -7,6 +7,7 @@ import sys
 from collections.abc import Sequence
 
 from .checkpoint import make_random_clip
+from .multilingual import MULTILINGUAL_PRESETS, make_random_multilingual
 from .siglip import SIGLIP_PRESETS, make_random_siglip
 from .specs import PRESETS
 
@@ -23,11 +24,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
         prog="python -m retrieval.random_model",
         description="Write a randomly initialised Hugging Face CLIP checkpoint with the real CLIP tokenizer "
-        "(or, with a siglip-* preset, a SigLIP checkpoint laid out like SigLIP 2 FixRes).",
+        "(or, with a siglip-* preset, a SigLIP checkpoint laid out like SigLIP 2 FixRes; with xlm-roberta-tiny or "
+        "nllb-clip-tiny, an open_clip local-dir: folder with that multilingual text tower).",
     )
     parser.add_argument("out_dir", help="directory to write the checkpoint to")
     # No argparse `choices`: its multi-line usage dump is not the one-line error we promise.
-    parser.add_argument("--preset", default="tiny", help=f"one of: {', '.join([*PRESETS, *SIGLIP_PRESETS])} (default: tiny)")
+    names = [*PRESETS, *SIGLIP_PRESETS, *MULTILINGUAL_PRESETS]
+    parser.add_argument("--preset", default="tiny", help=f"one of: {', '.join(names)} (default: tiny)")
     parser.add_argument("--seed", type=int, default=0, help="weight initialisation seed (default: 0)")
     parser.add_argument(
         "--processor-layout",
@@ -36,11 +39,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         "CLIPProcessor.save_pretrained writes it, nested in processor_config.json",
     )
     args = parser.parse_args(argv)
-    if args.preset not in PRESETS and args.preset not in SIGLIP_PRESETS:
-        print(f"error: unknown preset {args.preset!r}; choose one of: {', '.join([*PRESETS, *SIGLIP_PRESETS])}", file=sys.stderr)
+    if args.preset not in names:
+        print(f"error: unknown preset {args.preset!r}; choose one of: {', '.join(names)}", file=sys.stderr)
         return 2
     try:
-        if args.preset in SIGLIP_PRESETS:
+        if args.preset in MULTILINGUAL_PRESETS:
+            path = make_random_multilingual(args.out_dir, preset=args.preset, seed=args.seed)
+        elif args.preset in SIGLIP_PRESETS:
             path = make_random_siglip(args.out_dir, preset=args.preset, seed=args.seed)
         else:
             path = make_random_clip(args.out_dir, preset=args.preset, seed=args.seed, processor_layout=args.processor_layout)

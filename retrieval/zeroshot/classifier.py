@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from ..encoders.languages import check_language
 from ..errors import InvalidArgumentError
 from .templates import check_labels, check_template
 
@@ -33,18 +34,24 @@ class ZeroShotClassifier:
     bias: float | None = None
 
     @classmethod
-    def build(cls, encoder: Encoder, labels: Sequence[str], templates: Sequence[str]) -> ZeroShotClassifier:
+    def build(cls, encoder: Encoder, labels: Sequence[str], templates: Sequence[str], query_lang: str | None = None) -> ZeroShotClassifier:
         """Embed every ``template.format(label)`` with ``encoder``'s text tower and ensemble them.
 
+        ``query_lang``: the prompts' FLORES-200 code, for a model whose tokenizer needs one
+        (NLLB-CLIP); ignored by the others.
+
         Raises:
-            InvalidArgumentError: no labels, an empty or duplicate label, a template without ``{}``.
+            InvalidArgumentError: no labels, an empty or duplicate label, a template without
+                ``{}``, a missing or unknown language where the model needs one.
         """
         names = tuple(check_labels(list(labels)))
         prompts = tuple(check_template(t) for t in templates)
         if not prompts:
             raise InvalidArgumentError("no templates")
         texts = [t.format(label) for label in names for t in prompts]
-        vectors = encoder.embed_texts(texts)  # batched by the encoder itself
+        language = check_language(encoder.name, getattr(encoder, "query_languages", ()), query_lang)
+        # Batched by the encoder itself.
+        vectors = encoder.embed_texts(texts) if language is None else encoder.embed_texts(texts, language=language)  # type: ignore[call-arg]
         scale, bias = encoder.logit_params()
         return cls(names, prompts, ensemble(vectors.reshape(len(names), len(prompts), -1)), scale, bias)
 

@@ -97,8 +97,12 @@ def zero_shot_metrics(scores: np.ndarray, targets: np.ndarray, classes: int) -> 
     return acc1, acc5, float(np.mean(recalls))
 
 
-def evaluate_folder(encoder: Encoder, folder: ImageFolder, templates: tuple[str, ...], batch_size: int = 32) -> ZeroShotReport:
+def evaluate_folder(
+    encoder: Encoder, folder: ImageFolder, templates: tuple[str, ...], batch_size: int = 32, query_lang: str | None = None
+) -> ZeroShotReport:
     """Classify every image of ``folder`` among its class names and score the predictions.
+
+    ``query_lang``: the prompts' language, as :meth:`ZeroShotClassifier.build`.
 
     Files that cannot be decoded are left out and counted in ``skipped``.
 
@@ -107,7 +111,7 @@ def evaluate_folder(encoder: Encoder, folder: ImageFolder, templates: tuple[str,
     """
     import torch
 
-    classifier = ZeroShotClassifier.build(encoder, folder.labels, templates)
+    classifier = ZeroShotClassifier.build(encoder, folder.labels, templates, query_lang)
     all_scores: list[np.ndarray] = []
     targets: list[int] = []
     skipped = 0

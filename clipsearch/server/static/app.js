@@ -21,6 +21,9 @@
     takenAfter: $('input[name="taken_after"]'),
     takenBefore: $('input[name="taken_before"]'),
     minScore: $('input[name="min_score"]'),
+    queryLangLabel: $(".query-lang"),
+    queryLang: $('input[name="query_lang"]'),
+    queryLangs: $("#query-langs"),
     sort: $('select[name="sort"]'),
     mode: $('select[name="mode"]'),
     file: $('input[name="image"]'),
@@ -237,17 +240,31 @@
 
   // ---- the index picker ----------------------------------------------------------------
 
+  // Each served index's query languages (NLLB-CLIP's FLORES-200 codes; none for most models).
+  const queryLanguages = new Map();
+
+  // The language control shows where the chosen index's model needs one, with its codes.
+  function showQueryLanguages() {
+    const codes = queryLanguages.get(el.index.value) || [];
+    el.queryLangLabel.hidden = codes.length === 0;
+    el.queryLangs.replaceChildren(...codes.map((code) => Object.assign(document.createElement("option"), { value: code })));
+    if (codes.length && !el.queryLang.value && codes.includes("eng_Latn")) el.queryLang.placeholder = "eng_Latn";
+  }
+
   async function loadIndexes() {
     const resp = await api("/api/indexes");
     const indexes = await resp.json();
     el.index.replaceChildren();
+    queryLanguages.clear();
     for (const info of indexes) {
+      queryLanguages.set(info.name, Array.isArray(info.query_languages) ? info.query_languages : []);
       const option = document.createElement("option");
       option.value = info.name;
       option.textContent = typeof info.count === "number" ? `${info.name} (${info.count} images)` : info.name;
       el.index.append(option);
     }
     el.indexLabel.hidden = indexes.length <= 1;
+    showQueryLanguages();
   }
 
   function selectIndex(name) {
@@ -318,10 +335,12 @@
   // How the sources of matched words are named in the UI.
   const SOURCE_NAMES = { path: "file name", embedded: "photo keywords", caption: "caption", ocr: "text in the image" };
 
-  const REFINE = ["taken_after", "taken_before", "min_score", "sort", "mode"];
+  const REFINE = ["taken_after", "taken_before", "min_score", "sort", "mode", "query_lang"];
 
   function refineControls() {
-    return { taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort, mode: el.mode };
+    return {
+      taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort, mode: el.mode, query_lang: el.queryLang,
+    };
   }
 
   // The refine controls' values that differ from "no condition" (the server checks them).
@@ -363,6 +382,7 @@
       // A cut-off the server cannot read as a number is sent as text: its 4xx says why.
       if (refine.min_score) body.min_score = Number.isFinite(Number(refine.min_score)) ? Number(refine.min_score) : refine.min_score;
       if (refine.sort) body.sort = refine.sort;
+      if (refine.query_lang) body.query_lang = refine.query_lang;
       if (s.add) body.add = [s.add];
       if (s.subtract) body.subtract = [s.subtract];
       return ["/api/search", { method: "POST", headers: { "Content-Type": "application/json" }, body: JSON.stringify(body) }];
@@ -502,6 +522,16 @@
       taken.title = `Taken ${result.taken}${result.camera ? ` with ${result.camera}` : ""}`;
     }
 
+    const caption = document.createElement("span");
+    caption.className = "caption";
+    caption.dataset.testid = "caption";
+    if (typeof result.caption === "string" && result.caption) {
+      // The caption that came with the image in its WebDataset shard (text only, never HTML).
+      caption.textContent = result.caption;
+      caption.title = result.url ? `${result.caption}\n${result.url}` : result.caption;
+      button.setAttribute("aria-label", `${rank}. ${result.caption} (${result.path}), score ${formatScore(result.score)}; open`);
+    }
+
     // The query's words found in the picture's text (file name, keywords, text in the image).
     const matched = document.createElement("span");
     matched.className = "matched";
@@ -513,7 +543,7 @@
       matched.title = found.map(([source, w]) => `${SOURCE_NAMES[source] || source}: ${w.join(", ")}`).join("\n");
     }
 
-    button.append(frame, score, path, taken, matched);
+    button.append(frame, score, path, caption, taken, matched);
     button.addEventListener("click", () => openViewer(result, button));
     item.append(button);
 
@@ -596,6 +626,7 @@
   // A new index applies to the search on screen. An image id belongs to one index, so "more like
   // this" does not carry over; a text query and an uploaded image do.
   el.index.addEventListener("change", () => {
+    showQueryLanguages();
     if (state.mode === "text" || state.mode === "upload") {
       startSearch({ mode: state.mode, q: state.q, file: state.file, index: chosenIndex(), prefix: state.prefix, add: state.add, subtract: state.subtract, k: state.k });
     } else if (state.mode === "similar") {
@@ -670,7 +701,8 @@
     el.viewerPath.textContent = result.path;
     el.viewerScore.textContent = `Score ${formatScore(result.score)} · image ${result.id}` +
       (result.width && result.height ? ` · ${result.width}×${result.height}` : "") +
-      (result.taken ? ` · taken ${result.taken}` : "") + (result.camera ? ` · ${result.camera}` : "");
+      (result.taken ? ` · taken ${result.taken}` : "") + (result.camera ? ` · ${result.camera}` : "") +
+      (result.caption ? ` · “${result.caption}”` : "") + (result.url ? ` · from ${result.url}` : "");
     el.viewerImage.alt = result.path;
     const url = imageUrl(result);
     el.viewerOriginal.href = url;

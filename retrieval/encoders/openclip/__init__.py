@@ -19,11 +19,34 @@ model is used, never at import):
   when it can be reached;
 - :mod:`.encoder`: :class:`OpenClipEncoder`;
 - :mod:`.quiet`: keeping open_clip's logging off the user's terminal.
+
+:func:`write_random_weights` gives a ``local-dir:`` folder random weights (for the offline
+test checkpoints of :mod:`retrieval.random_model`).
 """
 
 from __future__ import annotations
 
+import os
+from pathlib import Path
+
 from .encoder import OpenClipEncoder
 from .names import PREFIX, OpenClipSpec, is_open_clip_name, parse_spec
+from .quiet import _quiet_open_clip
 
-__all__ = ["OpenClipEncoder", "OpenClipSpec", "PREFIX", "is_open_clip_name", "parse_spec"]
+
+def write_random_weights(folder: str | os.PathLike[str], seed: int = 0) -> Path:
+    """Write randomly initialised weights (``open_clip_pytorch_model.bin``) for the
+    ``open_clip_config.json`` in ``folder``, whose Hugging Face text tower (if any) is read from
+    local files, not fetched. Returns the weights file."""
+    import open_clip
+    import torch
+
+    torch.manual_seed(seed)
+    with _quiet_open_clip():
+        model = open_clip.create_model(f"local-dir:{folder}", load_weights=False, pretrained_text=False)
+    out = Path(folder) / "open_clip_pytorch_model.bin"
+    torch.save(model.state_dict(), out)
+    return out
+
+
+__all__ = ["write_random_weights", "OpenClipEncoder", "OpenClipSpec", "PREFIX", "is_open_clip_name", "parse_spec"]

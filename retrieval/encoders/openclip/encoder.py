@@ -17,6 +17,7 @@ import copy
 import hashlib
 import json
 import logging
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,7 @@ import numpy as np
 from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
 from ..base import file_sha256, first_line, l2_normalize, resolve_device
+from ..languages import check_language, language_codes, set_language
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from .hub import (
     _TOKENIZER_HINT,
@@ -80,6 +82,8 @@ class OpenClipEncoder(PixelPrecisionMixin):
         self._fingerprint: str | None = None
         self._model: Any = None
         self._tokenizer: Any = None
+        # A tokenizer told a query language (NLLB) is shared state: one language per call.
+        self._tokenize_lock = threading.Lock()
         self._registered: str | None = None
         # One module holds both towers: one int8 copy serves both.
         variants: dict[str, Any] = {}
@@ -330,18 +334,31 @@ class OpenClipEncoder(PixelPrecisionMixin):
                 )
         return self._tokenizer
 
+    @property
+    def query_languages(self) -> tuple[str, ...]:
+        """The language codes the text tokenizer must be told (NLLB's FLORES-200 codes); ()
+        for a tokenizer that reads any language as it is (see :mod:`..languages`)."""
+        return language_codes(getattr(self.tokenizer, "tokenizer", None))
+
     # -- embedding ------------------------------------------------------------------------------
 
-    def embed_texts(self, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+    def embed_texts(self, texts: Sequence[str], batch_size: int = 256, *, language: str | None = None) -> np.ndarray:
         """Encode texts to L2-normalised float32 vectors of shape ``(len(texts), dim)``.
 
         Texts longer than the model's context are truncated by open_clip's tokenizer.
+        ``language``: the texts' FLORES-200 code, for a model whose tokenizer needs one
+        (:attr:`query_languages`); ignored by the others.
+
+        Raises:
+            InvalidArgumentError: the model needs a language and none (or an unknown one) was given.
         """
+        lang = check_language(self.name, self.query_languages, language)
+        # The gate's probes are English prompts.
+        probe_lang = "eng_Latn" if lang is not None and "eng_Latn" in self.query_languages else lang
+        mode = self.text_precision.calibrate(lambda m: self._embed_texts(PROBE_TEXTS, batch_size, m, probe_lang))
+        return self._embed_texts(texts, batch_size, mode, lang)
 
-        mode = self.text_precision.calibrate(lambda m: self._embed_texts(PROBE_TEXTS, batch_size, m))
-        return self._embed_texts(texts, batch_size, mode)
-
-    def _embed_texts(self, texts: Sequence[str], batch_size: int, mode: Mode) -> np.ndarray:
+    def _embed_texts(self, texts: Sequence[str], batch_size: int, mode: Mode, language: str | None = None) -> np.ndarray:
         import torch
 
         out = np.empty((len(texts), self.dim), dtype=np.float32)
@@ -349,7 +366,10 @@ class OpenClipEncoder(PixelPrecisionMixin):
         device = torch.device("cpu") if mode == "int8" else self.device
         with torch.inference_mode(), autocast(mode, device):
             for start in range(0, len(texts), batch_size):
-                tokens = tokenizer(list(texts[start : start + batch_size]))
+                with self._tokenize_lock:
+                    if language is not None:
+                        set_language(tokenizer.tokenizer, language)
+                    tokens = tokenizer(list(texts[start : start + batch_size]))
                 emb = model.encode_text(tokens.to(device))
                 out[start : start + len(emb)] = emb.float().cpu().numpy()
         return l2_normalize(out)
