@@ -295,3 +295,12 @@ def test_cli_refuses_watch_and_files_from_on_shards_and_verify_passes(
     assert_one_line_error(1, capsys.readouterr().err, "files")
     assert not out.exists()
     assert main(["verify", str(shard_index)]) == 0, capsys.readouterr().err
+
+
+def test_keyword_search_reads_the_captions(shard_index: Path, samples: list[Sample]) -> None:
+    index = ImageIndex.open(shard_index)
+    by_caption = {s.caption: s for s in samples}
+    hits = index.search("number", k=3, mode="keyword")
+    assert len(hits) == 3
+    assert all(h.matched == {"caption": ("number",)} and by_caption[h.caption].url == h.url for h in hits if h.caption)
+    assert all(h.caption is not None for h in index.search("number", k=3, mode="hybrid"))
