@@ -413,6 +413,43 @@ def test_bench_index_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["baseline_images_per_second"] > 0 and "(default: " in out
 
 
+_PEER_PIPELINES = ["onnxruntime-fp32", "onnxruntime-int8", "openvino-fp32", "openvino-int8"]
+
+
+def test_bench_index_peers_model_only_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--preset", "tiny", "--images", "6", "--batch-size", "4", "--peers", "onnxruntime,openvino", "--skip-builds",
+            "--rounds", "1"]
+    assert bench_index.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {r["pipeline"]: r for r in _json_line(out)["model_only"]["rows"]}
+    assert set(rows) == {"naive", "default", "fp32", "fp32-torch", *_PEER_PIPELINES}
+    for name, row in rows.items():
+        if row.get("skipped"):  # a runtime not installed here: its reason, no figures
+            assert name.startswith(("onnxruntime", "openvino")) and "pip install" in row["skipped"]
+            continue
+        assert row["images_per_second"] > 0 and row["x_naive"] > 0, row
+        assert row["mean_cosine"] >= row["min_cosine"] > 0.99, row
+    assert rows["naive"]["mean_cosine"] == 1.0 and rows["naive"]["x_naive"] == 1.0
+    assert rows["fp32-torch"]["image_runtime"] == "torch" and rows["fp32"]["min_cosine"] >= 0.99999
+    assert "model only, steady state" in out and "onnxruntime-fp32" in out
+
+
+def test_bench_index_peer_not_installed_is_a_skipped_row(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now fails
+    argv = ["--preset", "tiny", "--images", "4", "--batch-size", "4", "--peers", "openvino", "--skip-builds", "--rounds", "1"]
+    assert bench_index.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {r["pipeline"]: r for r in _json_line(out)["model_only"]["rows"]}
+    assert rows["openvino-fp32"]["images_per_second"] is None and "openvino" in rows["openvino-int8"]["skipped"]
+    assert "skipped" in out
+
+
+def test_bench_index_unknown_peer_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench_index.main(["--peers", "tensorrt"])
+    assert "unknown peer 'tensorrt'" in capsys.readouterr().err
+
+
 def test_bench_index_siglip_preset(capsys: pytest.CaptureFixture[str]) -> None:
     # SigLIP 2 NaFlex shapes: ours (the default auto included) beside SigLIP's own processor loop.
     argv = ["--preset", "siglip2-naflex-tiny", "--images", "4", "--batch-size", "4", "--modes", "auto", "--workers", "0"]
