@@ -167,3 +167,70 @@ def describe(peers: list[str]) -> dict[str, str]:
     if "openvino" in peers:
         data["openvino_int8_hint"] = "bf16" if cpu_has_bf16() else "f32"
     return data
+
+
+# -- text towers (bench_search.py --text-precisions onnxruntime,openvino) --------------------------
+
+
+def export_text(model_dir: Path, dest: Path) -> Path:
+    """``CLIPTextModelWithProjection`` of ``model_dir`` as ONNX (``input_ids``, ``attention_mask``
+    -> ``text_embeds``; batch and length dynamic), at ``dest`` (kept if there)."""
+    if dest.is_file():
+        return dest
+    import warnings
+
+    import torch
+    from transformers import CLIPTextModelWithProjection
+
+    tower = CLIPTextModelWithProjection.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    class TextFeatures(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tower = tower
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.tower(input_ids=input_ids, attention_mask=attention_mask).text_embeds
+
+    ids = torch.tensor([[49406, 320, 1929, 49407], [49406, 320, 49407, 49407]], dtype=torch.int64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.int64)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            TextFeatures().eval(), (ids, mask), str(dest), input_names=["input_ids", "attention_mask"],
+            output_names=["text_embeds"], opset_version=17, dynamo=False,
+            dynamic_axes={"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"},
+                          "text_embeds": {0: "batch"}},
+        )
+    return dest
+
+
+def text_embedder(peer: str, model_dir: Path, work_dir: Path, threads: int) -> Callable[[list[str]], np.ndarray]:
+    """``embed(texts) -> normalised vectors`` on ``peer``'s fp32 text tower (the checkpoint's own
+    tokenizer, as the Hugging Face row uses it), or raises ``RuntimeError`` with why it cannot run."""
+    missing = peer_missing(peer)
+    if missing is not None:
+        raise RuntimeError(missing)
+    from transformers import AutoTokenizer
+
+    path = export_text(model_dir, work_dir / "text.onnx")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if peer == "onnxruntime":
+        session = ort_session(path, threads)
+
+        def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            return session.run(None, {"input_ids": ids, "attention_mask": mask})[0]  # type: ignore[no-any-return]
+    else:
+        compiled, _hint = ov_compiled(path, threads, int8=False)
+        request = compiled.create_infer_request()
+
+        def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            return request.infer({"input_ids": ids, "attention_mask": mask})[0]  # type: ignore[no-any-return]
+
+    def embed(texts: list[str]) -> np.ndarray:
+        batch = tokenizer(texts, padding=True, truncation=True, return_tensors="np")
+        ids = batch["input_ids"].astype(np.int64)
+        return _normalise(run(ids, batch["attention_mask"].astype(np.int64)))
+
+    return embed

@@ -194,6 +194,22 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
 
 
 
+def test_bench_search_text_towers_of_the_peers(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "openvino", None)  # one peer not installed: a skipped entry, not a crash
+    code = bench_search.main(
+        ["--preset", "tiny", "--dim", "48", "--sizes", "300", "--text-precisions", "fp32,hf,onnxruntime,openvino",
+         "--types", "flat", "--e2e", "flat", "--queries", "5", "--text-queries", "3", "--warmup", "1", "--work-dir", str(tmp_path)]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    row = _json_line(out)["sizes"][0]["types"][0]
+    if "onnxruntime" in row.get("text_skipped", {}):
+        pytest.skip(f"onnxruntime is not installed: {row['text_skipped']['onnxruntime']}")
+    assert row["end_to_end_ms"]["onnxruntime"]["p50"] > 0 and row["text_cosine_to_fp32"]["onnxruntime"]["min"] >= 0.99999
+    assert "openvino" not in row["end_to_end_ms"] and "pip install" in row["text_skipped"]["openvino"]
+    assert "text path openvino: skipped" in out
+
+
 def test_bench_search_small_budget_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The row at smoke size: auto under a small --max-memory (a re-ranked index, opened
     # mapped), anonymous RSS at open and after queries, and the text paths side by side.
