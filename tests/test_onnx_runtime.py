@@ -93,6 +93,10 @@ def test_update_equals_rebuild_and_the_manifest_names_the_runtime(
     np.testing.assert_array_equal(a.embeddings()[order_a], b.embeddings()[order_b])
     info = json.loads((tmp_path / "r.idx" / "manifest.json").read_text())["model_info"]
     assert info["precision"] == "fp32" and info["image_runtime"] == "onnxruntime"
+    # Image queries run on the runtime the index's vectors came from: an image finds itself.
+    hit = b.search_image(b.source_file(0), k=1)[0]
+    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
+    assert b.encoder.info["image_runtime"] == "onnxruntime"  # type: ignore[attr-defined]
 
 
 def test_the_export_is_made_once_and_kept_in_the_cache(
