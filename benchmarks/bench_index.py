@@ -21,6 +21,15 @@ first N files only (it runs at a small fraction of the speed); its images/s is s
 files and reports the marginal rate, (N - N/2) / (t(N) - t(N/2)): the steady-state speed of a
 long build, without the costs paid once per run (model load, weights fingerprint, ``auto``'s
 calibration, FAISS set-up), which a whole-run figure on a few hundred images still carries.
+
+``--peers onnxruntime,openvino`` (``_peers.py``) adds a model-only table in the same run: our
+pipelines (``default``, ``fp32``, ``fp32-torch``), the naive model call and each peer's fp32 and
+int8 on the same decoded batches, batch size and threads, in steady state, ``--rounds``
+interleaved rounds (``_model_only.py``); ``--peers ""`` gives ours alone. ``--skip-builds`` leaves
+out the end-to-end builds. Each row has ``pipeline``, ``images_per_second``, ``x_naive``,
+``mean_cosine`` and ``min_cosine`` against the naive loop's fp32 vectors; a peer that is not
+installed is a row with ``skipped`` and why. The ONNX export our fp32 path caches is made once, in
+the run's work directory (``CLIPSEARCH_ONNX_CACHE``), before anything is timed.
 """
 
 from __future__ import annotations
@@ -202,17 +211,33 @@ def main(argv: list[str] | None = None) -> int:
                              "(collapsed stacks, sampled every 10 ms)")
     parser.add_argument("--steady", action="store_true",
                         help="also run each pipeline on half the files and report the marginal (steady-state) rate")
+    parser.add_argument("--peers", default=None, metavar="LIST",
+                        help="model-only rows of ours and these runtimes (onnxruntime,openvino; '' for ours alone)")
+    parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the model-only rows (default 3)")
+    parser.add_argument("--skip-builds", action="store_true", help="only the model-only rows (with --peers)")
     args = parser.parse_args(argv)
     if args.steady and args.images < 4:
         parser.error("--steady needs --images >= 4 (it also runs on half of them)")
+    from _model_only import onnx_cache, pre_export, print_model_only
+    from _peers import parse_peers
+
+    try:
+        peers = None if args.peers is None else parse_peers(args.peers)
+    except ValueError as exc:
+        parser.error(str(exc))
+    if args.skip_builds and peers is None:
+        parser.error("--skip-builds needs --peers")
+    if args.rounds < 1:
+        parser.error("--rounds must be >= 1")
 
     from retrieval.encoders.precision import gate
     from retrieval.random_model import make_random_clip
     from retrieval.random_model.siglip import make_random_siglip
 
-    modes = ["fp32"] + [m for m in args.modes.split(",") if m and m != "fp32"]
+    modes = [] if args.skip_builds else ["fp32"] + [m for m in args.modes.split(",") if m and m != "fp32"]
     runs: dict[str, dict] = {}
-    with tempfile.TemporaryDirectory() as tmp:
+    model_rows = None
+    with tempfile.TemporaryDirectory() as tmp, onnx_cache(Path(tmp) / "onnx"):
         tmp_path = Path(tmp)
         make = make_random_siglip if args.preset in SIGLIP_BENCH_PRESETS else make_random_clip
         model_dir = make(tmp_path / "model", preset=args.preset, seed=0)
@@ -223,6 +248,14 @@ def main(argv: list[str] | None = None) -> int:
         for f in files:
             f.read_bytes()
         decode = decode_per_core(files[: min(64, len(files))], model_dir)
+        pre_export(model_dir)
+        if peers is not None:
+            from _model_only import model_only
+
+            threads = args.threads or os.cpu_count() or 1
+            model_rows = model_only(model_dir, files, args.batch_size or 64, threads, peers, args.rounds)
+            if args.skip_builds:
+                return print_model_only(args.preset, len(files), model_rows)
         # Warm-up (imports, first FAISS write, allocator), not timed.
         from indexer import build_index
 
@@ -304,7 +337,13 @@ def main(argv: list[str] | None = None) -> int:
         "machine": machine_facts(),
         "gpu": gpu_facts(args.device),
     }
+    if model_rows is not None:
+        result["model_only"] = model_rows
     print(json.dumps(result))
+    if model_rows is not None:
+        from _model_only import print_rows
+
+        print_rows(model_rows)
     print()
     print(
         f"{'pipeline':<46}{'images/s':>10}{'seconds':>9}{'model img/s':>13}{'GFLOP/s':>9}{'x naive':>9}"

@@ -16,8 +16,9 @@ its own) and measured in this process:
   ViT-B/32-shaped text tower, on the index's own text path at each ``--text-precisions`` value
   (``ImageIndex.open(dir, precision=...)``: tokenise, encode, search, paths of the 10 hits;
   ``default``: ``ImageIndex.open(dir)`` as it comes; ``hf``: the plain Hugging Face
-  ``get_text_features`` call, then the same vector search and paths), and each one's cosine to
-  the fp32 query vectors (``text_cosine_to_fp32``);
+  ``get_text_features`` call, then the same vector search and paths; ``onnxruntime`` and
+  ``openvino``: the peers' fp32 text towers, ``_peers.py``, a skipped entry with its reason where
+  not installed), and each one's cosine to the fp32 query vectors (``text_cosine_to_fp32``);
 * serving memory: RSS growth of opening the index and running the queries, and of anonymous
   memory alone (``anon_open_mb``, ``anon_after_queries_mb``: what a memory budget is about;
   memory-mapped file pages are the kernel's to drop), with how the FAISS file was opened
@@ -397,7 +398,11 @@ def measure_type(
         # The public call, on the index's own text path at this precision (what `search` and
         # `serve` run): tokenise, encode, search, paths.
         gc.collect()
-        index, search = _text_search(ImageIndex, index_dir, model, precision)
+        try:
+            index, search = _text_search(ImageIndex, index_dir, model, precision)
+        except PeerUnavailable as exc:  # a runtime not installed: a skipped row with its reason
+            out.setdefault("text_skipped", {})[precision] = str(exc)
+            continue
         for text in texts[:warmup]:
             search(text)
         e2e = []
@@ -407,7 +412,7 @@ def measure_type(
             e2e.append(time.perf_counter() - t0)
             if len(hits) != 10:
                 raise RuntimeError(f"expected 10 hits, got {len(hits)}")
-        if precision != "hf":
+        if precision not in ("hf", *TEXT_PEERS):
             out.setdefault("text_path", {})[precision] = index.text_path().to_dict()
             out.setdefault("text_precision", {})[precision] = index.info()["text_precision"]
         vectors[precision] = search.embed(texts[warmup:])  # type: ignore[attr-defined]
@@ -432,8 +437,10 @@ def _text_search(image_index: Any, index_dir: Path, model: str | None, precision
     if precision == "default":
         index = image_index.open(index_dir, model=model, device="cpu", query_cache=0)  # the texts repeat
     else:
-        index = image_index.open(index_dir, model=model, device="cpu", precision="fp32" if precision == "hf" else precision,
+        index = image_index.open(index_dir, model=model, device="cpu", precision="fp32" if precision in ("hf", *TEXT_PEERS) else precision,
                                  query_cache=0)
+    if precision in TEXT_PEERS:
+        return index, _peer_text_search(index, Path(model or index.query_model), precision)
     if precision != "hf":
         def search(text: str) -> Any:
             return index.search(text, 10)
@@ -460,6 +467,32 @@ def _text_search(image_index: Any, index_dir: Path, model: str | None, precision
 
     search_hf.embed = lambda texts: np.concatenate([embed([t]) for t in texts])  # type: ignore[attr-defined]
     return index, search_hf
+
+
+TEXT_PEERS = ("onnxruntime", "openvino")
+
+
+class PeerUnavailable(RuntimeError):
+    """A peer runtime's text tower cannot run here (not installed); the message says why."""
+
+
+def _peer_text_search(index: Any, model_dir: Path, peer: str) -> Any:
+    """``search(text)`` on ``peer``'s fp32 text tower (``_peers.text_embedder``: the checkpoint
+    exported once to ONNX beside it), then the same vector search and paths as every row."""
+    import numpy as np
+    import torch
+    from _peers import text_embedder
+
+    try:
+        embed = text_embedder(peer, model_dir, model_dir.parent / "peer-onnx", torch.get_num_threads())
+    except RuntimeError as exc:
+        raise PeerUnavailable(str(exc)) from exc
+
+    def search(text: str) -> Any:
+        return index.search_vectors(embed([text]), 10)[0]
+
+    search.embed = lambda texts: np.concatenate([embed([t]) for t in texts])  # type: ignore[attr-defined]
+    return search
 
 
 def _ids_of(search: Any, index: Any, k: int) -> Any:
@@ -524,6 +557,7 @@ def flat_row(n: int, row: dict[str, Any]) -> dict[str, Any]:
         "bytes_per_vector": row["faiss_bytes_per_vector"],
         "end_to_end_p50_ms": {p: v["p50"] for p, v in row.get("end_to_end_ms", {}).items()},
         "text_cosine_to_fp32": row.get("text_cosine_to_fp32", {}),
+        "text_skipped": row.get("text_skipped", {}),
     }
 
 
@@ -547,7 +581,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--text-precisions", default="default,fp32,hf",
         help="text query paths timed end to end: precisions of the index's own text path, default (ImageIndex.open as it "
-        "comes), hf (the plain Hugging Face call) (default: default,fp32,hf)"
+        "comes), hf (the plain Hugging Face call), onnxruntime and openvino (their fp32 text towers) "
+        "(default: default,fp32,hf)"
     )
     parser.add_argument("--clusters", type=int_at_least(1), default=1000)
     parser.add_argument("--noise", type=float, default=0.8)
@@ -700,6 +735,8 @@ def main(argv: list[str] | None = None) -> int:
             if t.get("text_cosine_to_fp32"):
                 cos = " ".join(f"{p} {c['mean']:.5f}/{c['min']:.5f}" for p, c in t["text_cosine_to_fp32"].items())
                 print(f"{t['type']} text vectors' cosine to fp32 (mean/min): {cos}")
+            for peer, why in t.get("text_skipped", {}).items():
+                print(f"{t['type']} text path {peer}: skipped ({why})")
     if CURRENT in types:
         print(f"{CURRENT}: the index as it stood, not rebuilt: its build is not timed in this run (see its `tuning`)")
     if args.cached:

@@ -42,6 +42,13 @@ def apply_precision(enc: Encoder, precision: Precision) -> None:
         enc.image_precision.request(precision)
 
 
+def _runtime_pending(enc: Encoder) -> bool:
+    """Whether an fp32 tower has still to choose its runtime (torch or ONNX Runtime, on the
+    sample, before the manifest records which): backends without that choice have none."""
+    runtime = getattr(enc, "image_runtime", None)
+    return enc.image_precision.mode == "fp32" and runtime is not None and runtime.name is None and runtime.applies
+
+
 def resolve(
     enc: Encoder,
     previous_info: Mapping[str, Any] | None,
@@ -52,7 +59,8 @@ def resolve(
     draft: bool,
     keep_recorded: bool = False,
 ) -> None:
-    """Resolve an ``auto`` image precision before embedding (no-op for a fixed mode).
+    """Resolve an ``auto`` image precision before embedding, and for fp32 the runtime that
+    runs it (on the same sample); a no-op for any other fixed mode.
 
     With ``keep_recorded`` (no mode asked for) an update of an index asks for the mode its
     manifest records (fp32 for an index from before precision modes), so all its vectors are
@@ -67,14 +75,15 @@ def resolve(
             tower.request(parse_precision(str(prev.get("precision_requested") or prev.get("precision") or "fp32")))
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: the default (auto) decides
-    if tower.mode is not None or not files:
+    if not files or (tower.mode is not None and not _runtime_pending(enc)):
         return
     recorded = prev.get("precision")
-    if prev.get("precision_requested") == "auto" and recorded not in (None, "auto"):
+    if tower.mode is None and prev.get("precision_requested") == "auto" and recorded not in (None, "auto"):
         gate = (prev.get("precision_gate") or {}).get("gate")
         try:
             tower.set(parse_mode(str(recorded)), gate_results_from_info(gate))
-            return
+            if not _runtime_pending(enc):
+                return
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: calibrate anew
     dataset = ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=draft)

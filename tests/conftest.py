@@ -25,6 +25,15 @@ if TYPE_CHECKING:
 # Keep library threads modest: tests run on 2 cores beside DataLoader workers.
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# ONNX exports of the fp32 image tower (retrieval.encoders.runtime) go to one directory per test
+# session, shared with the CLI subprocesses: never the user's cache, and each model is exported once.
+if "CLIPSEARCH_ONNX_CACHE" not in os.environ:
+    import atexit
+    import shutil
+    import tempfile
+
+    os.environ["CLIPSEARCH_ONNX_CACHE"] = tempfile.mkdtemp(prefix="clipsearch-onnx-")
+    atexit.register(shutil.rmtree, os.environ["CLIPSEARCH_ONNX_CACHE"], True)
 
 
 def pytest_report_header(config: pytest.Config) -> str:

@@ -194,6 +194,22 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
 
 
 
+def test_bench_search_text_towers_of_the_peers(tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "openvino", None)  # one peer not installed: a skipped entry, not a crash
+    code = bench_search.main(
+        ["--preset", "tiny", "--dim", "48", "--sizes", "300", "--text-precisions", "fp32,hf,onnxruntime,openvino",
+         "--types", "flat", "--e2e", "flat", "--queries", "5", "--text-queries", "3", "--warmup", "1", "--work-dir", str(tmp_path)]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    row = _json_line(out)["sizes"][0]["types"][0]
+    if "onnxruntime" in row.get("text_skipped", {}):
+        pytest.skip(f"onnxruntime is not installed: {row['text_skipped']['onnxruntime']}")
+    assert row["end_to_end_ms"]["onnxruntime"]["p50"] > 0 and row["text_cosine_to_fp32"]["onnxruntime"]["min"] >= 0.99999
+    assert "openvino" not in row["end_to_end_ms"] and "pip install" in row["text_skipped"]["openvino"]
+    assert "text path openvino: skipped" in out
+
+
 def test_bench_search_small_budget_row(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # The row at smoke size: auto under a small --max-memory (a re-ranked index, opened
     # mapped), anonymous RSS at open and after queries, and the text paths side by side.
@@ -411,6 +427,43 @@ def test_bench_index_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert list(result["modes"]) == ["fp32", "int8", "auto"]
     assert result["modes"]["int8"]["gate"]["passed"] and result["modes"]["fp32"]["gate"] is None
     assert result["baseline_images_per_second"] > 0 and "(default: " in out
+
+
+_PEER_PIPELINES = ["onnxruntime-fp32", "onnxruntime-int8", "openvino-fp32", "openvino-int8"]
+
+
+def test_bench_index_peers_model_only_rows(capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["--preset", "tiny", "--images", "6", "--batch-size", "4", "--peers", "onnxruntime,openvino", "--skip-builds",
+            "--rounds", "1"]
+    assert bench_index.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {r["pipeline"]: r for r in _json_line(out)["model_only"]["rows"]}
+    assert set(rows) == {"naive", "default", "fp32", "fp32-torch", *_PEER_PIPELINES}
+    for name, row in rows.items():
+        if row.get("skipped"):  # a runtime not installed here: its reason, no figures
+            assert name.startswith(("onnxruntime", "openvino")) and "pip install" in row["skipped"]
+            continue
+        assert row["images_per_second"] > 0 and row["x_naive"] > 0, row
+        assert row["mean_cosine"] >= row["min_cosine"] > 0.99, row
+    assert rows["naive"]["mean_cosine"] == 1.0 and rows["naive"]["x_naive"] == 1.0
+    assert rows["fp32-torch"]["image_runtime"] == "torch" and rows["fp32"]["min_cosine"] >= 0.99999
+    assert "model only, steady state" in out and "onnxruntime-fp32" in out
+
+
+def test_bench_index_peer_not_installed_is_a_skipped_row(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setitem(sys.modules, "openvino", None)  # import openvino now fails
+    argv = ["--preset", "tiny", "--images", "4", "--batch-size", "4", "--peers", "openvino", "--skip-builds", "--rounds", "1"]
+    assert bench_index.main(argv) == 0
+    out = capsys.readouterr().out
+    rows = {r["pipeline"]: r for r in _json_line(out)["model_only"]["rows"]}
+    assert rows["openvino-fp32"]["images_per_second"] is None and "openvino" in rows["openvino-int8"]["skipped"]
+    assert "skipped" in out
+
+
+def test_bench_index_unknown_peer_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit):
+        bench_index.main(["--peers", "tensorrt"])
+    assert "unknown peer 'tensorrt'" in capsys.readouterr().err
 
 
 def test_bench_index_siglip_preset(capsys: pytest.CaptureFixture[str]) -> None:

@@ -99,6 +99,7 @@ class QueryEncoders:
                 size = self.manifest.model_info.get("embed_image_size")
                 if size is not None:
                     encoder.set_image_size(int(size))  # image queries at the index's size
+                self._match_image_runtime(encoder)
                 self._encoder = encoder
             if not self._encoder_checked:
                 self._check(self._encoder)
@@ -242,6 +243,13 @@ class QueryEncoders:
             encoder.image_precision.set(mode)
         except InvalidArgumentError:
             encoder.image_precision.set("fp32")
+
+    def _match_image_runtime(self, encoder: Encoder) -> None:
+        # The runtime of the fp32 image tower too (retrieval.encoders.runtime): ONNX Runtime only
+        # where the index's vectors came from it, so an indexed image finds itself bit for bit.
+        runtime = getattr(encoder, "image_runtime", None)
+        if runtime is not None and self.manifest.model_info.get("image_runtime") != "onnxruntime":
+            runtime.applies = False
 
     def _check(self, encoder: TextEncoder) -> None:
         built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"

@@ -21,6 +21,8 @@ from ...images import PreprocessConfig
 from ...images.preprocess import unpack_patches
 from ..base import l2_normalize, quiet_transformers, resolve_device
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
+from ..runtime import ImageRuntime
+from ..runtime.export import cached_vision_export
 from .checkpoint import checkpoint_fingerprint, read_model_type, read_scalar, resolve_checkpoint
 from .family import FAMILIES, Family, check_processor, family_of
 from .processor import ImageProcessorConfig, read_image_processor_config
@@ -76,6 +78,8 @@ class HFClipEncoder(PixelPrecisionMixin):
         # Separate modules, separate int8 copies: each tower resolves its own mode.
         self.image_precision = TowerPrecision(precision, device)
         self.text_precision = TowerPrecision(precision, device)
+        # Which runtime runs the fp32 image tower (torch, or ONNX Runtime on the CPU).
+        self.image_runtime = self._make_runtime()
 
     @classmethod
     def load(cls, model: str = DEFAULT_MODEL, device: str = "auto", precision: str = "fp32") -> HFClipEncoder:
@@ -128,6 +132,7 @@ class HFClipEncoder(PixelPrecisionMixin):
             "embed_image_size": self.embed_image_size,
             **({"max_num_patches": self.preprocess.max_num_patches} if self.family.naflex else {}),
             **self.image_precision.manifest_info(),
+            **(self.image_runtime.info() if self.image_precision.mode == "fp32" else {}),
         }
 
     @property
@@ -160,6 +165,8 @@ class HFClipEncoder(PixelPrecisionMixin):
                 f"(its own size is {self.native_image_size}), got {size!r}"
             )
         self.preprocess = self._native_preprocess.scaled(size, self.native_image_size)
+        if size != self.embed_image_size:
+            self.image_runtime = self._make_runtime(size)
         self.embed_image_size = size
 
     def logit_params(self) -> tuple[float, float | None]:
@@ -258,7 +265,35 @@ class HFClipEncoder(PixelPrecisionMixin):
                 out[start : start + len(emb)] = emb.float().cpu().numpy()
         return l2_normalize(out)
 
+    def calibrate_images(self, pixel_values: torch.Tensor) -> Mode:
+        """Resolve an ``auto`` image precision on this sample now, and for fp32 the runtime
+        (its parity check runs on the sample); returns the mode."""
+        mode = super().calibrate_images(pixel_values)
+        if mode == "fp32":
+            self.image_runtime.tower(pixel_values, lambda sample: self._embed_torch(sample, "fp32"))
+        return mode
+
+    def _make_runtime(self, size: int | None = None) -> ImageRuntime:
+        size = size or self.native_image_size
+
+        def export() -> Path:
+            return cached_vision_export(
+                lambda: self.vision_model, self.family.image_output, self.fingerprint, size, self.name,
+                interpolate=size != self.native_image_size,
+            )
+
+        return ImageRuntime(self.name, export, applies=self.device.type == "cpu" and not self.family.naflex)
+
     def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
+        # Only once fp32 is the resolved mode: auto's calibration compares reduced modes with
+        # torch's fp32 (and need not export a tower it may not use).
+        if mode == "fp32" and self.image_precision.mode == "fp32":
+            tower = self.image_runtime.tower(pixel_values, lambda sample: self._embed_torch(sample, mode))
+            if tower is not None:
+                return tower(pixel_values)
+        return self._embed_torch(pixel_values, mode)
+
+    def _embed_torch(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
         import torch
 
         model = self.image_precision.module(self.vision_model, mode)

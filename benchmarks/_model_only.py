@@ -1,0 +1,177 @@
+"""Model-only rows of ``bench_index.py --peers``: every pipeline on the same pixel batches.
+
+The files are decoded and preprocessed once by our own pipeline (``load_pixels``, JPEG draft as
+a build does) into batches of the build's size; then each pipeline embeds all of them, after
+one untimed batch (sessions, arenas, ``auto``'s calibration, exports: steady state). Rounds
+are interleaved (every pipeline once per round), so a burst of load from other processes
+falls on all of them alike; a row's figure is its best round, every round is recorded.
+Vectors are compared with the naive loop's (Hugging Face ``get_image_features`` in fp32) on
+the same images: mean and min cosine.
+
+Ours: ``default`` (``precision="auto"``, the mode its gate picks on the first batch), ``fp32``
+(``precision="fp32"``: ONNX Runtime where installed, see ``retrieval.encoders.runtime``),
+``fp32-torch`` (the same on torch, ``CLIPSEARCH_IMAGE_RUNTIME=torch``), ``naive``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from _peers import Embed, _normalise, describe, export_vision, vision_pipelines
+
+
+@contextlib.contextmanager
+def env(name: str, value: str) -> Iterator[None]:
+    old = os.environ.get(name)
+    os.environ[name] = value
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = old
+
+
+def decode_batches(files: list[Path], model_dir: Path, batch_size: int) -> list[np.ndarray]:
+    """The files through our decode and preprocessing, stacked in batches."""
+    import torch
+
+    from retrieval.encoders import HFClipEncoder
+    from retrieval.images import load_pixels
+
+    cfg = HFClipEncoder.load(str(model_dir), device="cpu").preprocess
+    pixels = [load_pixels(f, cfg)[0] for f in files]
+    return [torch.stack(pixels[i : i + batch_size]).numpy() for i in range(0, len(pixels), batch_size)]
+
+
+def ours(model_dir: Path, first: np.ndarray) -> dict[str, Embed]:
+    """Our pipelines and the naive one, each ready (loaded, calibrated, exported) on ``first``."""
+    import torch
+    from transformers import AutoModel
+
+    from retrieval.encoders import load_encoder
+    from retrieval.encoders.runtime import RUNTIME_ENV
+
+    hf = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    def naive(x: np.ndarray) -> np.ndarray:
+        with torch.inference_mode():
+            out = hf.get_image_features(pixel_values=torch.from_numpy(x))
+        return _normalise((out.pooler_output if hasattr(out, "pooler_output") else out).numpy())
+
+    out: dict[str, Embed] = {"naive": naive}
+    for name, precision, runtime in (("default", "auto", "auto"), ("fp32", "fp32", "auto"), ("fp32-torch", "fp32", "torch")):
+        enc = load_encoder(str(model_dir), device="cpu", precision=precision)
+        with env(RUNTIME_ENV, runtime):
+            enc.embed_pixels(torch.from_numpy(first))  # calibrates auto, chooses the runtime
+        out[name] = (lambda e: lambda x: e.embed_pixels(torch.from_numpy(x)))(enc)
+        out[name].encoder = enc  # type: ignore[attr-defined]
+    return out
+
+
+def model_only(model_dir: Path, files: list[Path], batch_size: int, threads: int, peers: list[str], rounds: int) -> dict[str, Any]:
+    """Rows for every pipeline (ours, naive, the peers'), and the facts of the run."""
+    import torch
+
+    torch.set_num_threads(threads)
+    batches = decode_batches(files, model_dir, batch_size)
+    pipes: dict[str, Embed | str] = dict(ours(model_dir, batches[0]))
+    skipped: dict[str, str] = {}
+    if peers:
+        pipes.update(vision_pipelines(peers, export_vision(model_dir), threads))
+    runnable: dict[str, Embed] = {}
+    for name, p in pipes.items():
+        if isinstance(p, str):
+            skipped[name] = p
+        else:
+            p(batches[0])  # steady state: the first call pays set-up
+            runnable[name] = p
+    times: dict[str, list[float]] = {name: [] for name in runnable}
+    vectors: dict[str, np.ndarray] = {}
+    for _ in range(rounds):
+        for name, embed in runnable.items():
+            t0 = time.perf_counter()
+            got = [embed(b) for b in batches]
+            times[name].append(time.perf_counter() - t0)
+            vectors[name] = np.concatenate(got)
+    n = sum(len(b) for b in batches)
+    ref = vectors["naive"]
+    naive_ips = n / min(times["naive"])
+    rows = []
+    for name, ts in times.items():
+        ips = n / min(ts)
+        cos = np.sum(vectors[name].astype(np.float64) * ref, axis=1)
+        row: dict[str, Any] = {
+            "pipeline": name, "images_per_second": round(ips, 2), "x_naive": round(ips / naive_ips, 3),
+            "mean_cosine": round(float(cos.mean()), 6), "min_cosine": round(float(cos.min()), 6),
+            "rounds_images_per_second": [round(n / t, 2) for t in ts],
+        }
+        enc = getattr(runnable[name], "encoder", None)
+        if enc is not None:
+            info = enc.info
+            row["precision"] = info.get("precision")
+            row["image_runtime"] = info.get("image_runtime", "torch")
+        rows.append(row)
+    rows += [{"pipeline": name, "skipped": why, "images_per_second": None, "mean_cosine": None} for name, why in skipped.items()]
+    return {"images": n, "batch_size": batch_size, "threads": threads, "rounds": rounds, "rows": rows, "peers": describe(peers)}
+
+
+def print_rows(result: dict[str, Any]) -> None:
+    print()
+    print(f"model only, steady state ({result['images']} images, batch {result['batch_size']}, {result['threads']} threads, "
+          f"best of {result['rounds']} interleaved rounds); cosine to the naive loop's HF fp32 vectors")
+    print(f"{'pipeline':<20}{'images/s':>10}{'x naive':>9}{'mean cos':>11}{'min cos':>11}  rounds / notes")
+    for r in result["rows"]:
+        if r.get("skipped"):
+            print(f"{r['pipeline']:<20}{'skipped':>10}  {r['skipped']}")
+            continue
+        note = " ".join(f"{x:.1f}" for x in r["rounds_images_per_second"])
+        if r.get("precision"):
+            note += f"  ({r['precision']} on {r['image_runtime']})"
+        print(f"{r['pipeline']:<20}{r['images_per_second']:>10.2f}{r['x_naive']:>8.2f}x"
+              f"{r['mean_cosine']:>11.6f}{r['min_cosine']:>11.6f}  {note}")
+
+
+@contextlib.contextmanager
+def onnx_cache(path: Path) -> Iterator[None]:
+    """ONNX exports of this run in its work directory, not the user's cache."""
+    from retrieval.encoders.runtime.export import ONNX_CACHE_ENV
+
+    old = os.environ.get(ONNX_CACHE_ENV)
+    os.environ[ONNX_CACHE_ENV] = str(path)
+    try:
+        yield
+    finally:
+        if old is None:
+            os.environ.pop(ONNX_CACHE_ENV, None)
+        else:
+            os.environ[ONNX_CACHE_ENV] = old
+
+
+def pre_export(model_dir: Path) -> None:
+    """Our fp32 path's ONNX export, made before anything is timed (once per model, like a download)."""
+    import importlib.util
+
+    if importlib.util.find_spec("onnx") is None:
+        return
+    from _peers import export_vision
+
+    export_vision(model_dir)
+
+
+def print_model_only(preset: str, images: int, rows: dict[str, Any]) -> int:
+    """The JSON line and the table of a run with only the model-only rows."""
+    from _common import machine_facts
+
+    print(json.dumps({"bench": "index", "date": time.strftime("%Y-%m-%d"), "preset": preset, "images": images,
+                      "model_only": rows, "machine": machine_facts()}))
+    print_rows(rows)
+    return 0

@@ -1,0 +1,236 @@
+"""Peer runtimes for the benchmarks: ONNX Runtime and OpenVINO running the same towers.
+
+What a user tuning a CPU build would try before writing kernels: the tower exported once with
+``torch.onnx.export`` (retrieval's own export, :mod:`retrieval.encoders.runtime.export`, into the
+run's work directory, never at import), then
+
+* ``onnxruntime-fp32``: ONNX Runtime's CPU provider on the export;
+* ``onnxruntime-int8``: ``onnxruntime.quantization.quantize_dynamic`` of it (int8 weights,
+  activations quantised per call with one scale, ONNX Runtime's defaults);
+* ``openvino-fp32``: OpenVINO's CPU plugin on the export, ``INFERENCE_PRECISION_HINT=f32``;
+* ``openvino-int8``: NNCF weight compression ``int8_asym`` (OpenVINO's recommendation for
+  transformers on CPU; NNCF has no group size for int8, so per output channel) and the bf16
+  inference hint where the CPU has bf16 (``avx512_bf16`` or AMX), f32 elsewhere.
+
+Threads: the run's count for each (intra-op; one inter-op stream). A runtime that is not
+installed is a skipped row with its reason.
+"""
+
+from __future__ import annotations
+
+import importlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+PEERS: tuple[str, ...] = ("onnxruntime", "openvino")
+PIPELINES: dict[str, tuple[str, ...]] = {
+    "onnxruntime": ("onnxruntime-fp32", "onnxruntime-int8"),
+    "openvino": ("openvino-fp32", "openvino-int8"),
+}
+_PACKAGES = {"onnxruntime": ("onnxruntime", "onnx"), "openvino": ("openvino", "nncf", "onnx")}
+INSTALL = "pip install 'clipsearch[peers]'"
+
+Embed = Callable[[np.ndarray], np.ndarray]
+
+
+def parse_peers(text: str) -> list[str]:
+    """``--peers a,b`` checked against :data:`PEERS`.
+
+    Raises:
+        ValueError: an unknown name.
+    """
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    for name in names:
+        if name not in PEERS:
+            raise ValueError(f"unknown peer {name!r}; use one of {', '.join(PEERS)}")
+    return names
+
+
+def peer_missing(peer: str) -> str | None:
+    """Why ``peer`` cannot run here (a package missing or broken), or None."""
+    for package in _PACKAGES[peer]:
+        try:
+            importlib.import_module(package)
+        except ImportError as exc:
+            return f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; {INSTALL}"
+    return None
+
+
+def cpu_has_bf16() -> bool:
+    from retrieval.encoders import cpu
+
+    flags = cpu.cpu_flags()
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def _normalise(v: np.ndarray) -> np.ndarray:
+    v = np.asarray(v, dtype=np.float32)
+    return v / np.maximum(np.linalg.norm(v, axis=1, keepdims=True), 1e-12)
+
+
+def export_vision(model_dir: Path) -> Path:
+    """The image tower of ``model_dir`` (with its projection) as ONNX: the export our own fp32
+    path caches (``CLIPSEARCH_ONNX_CACHE``), so both run the same file."""
+    from retrieval.encoders import HFClipEncoder
+    from retrieval.encoders.runtime.export import cached_vision_export
+
+    enc = HFClipEncoder.load(str(model_dir), device="cpu")
+    return cached_vision_export(
+        lambda: enc.vision_model, enc.family.image_output, enc.fingerprint, enc.native_image_size, str(model_dir)
+    )
+
+
+def ort_session(path: Path, threads: int) -> Any:
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    options.log_severity_level = 3
+    return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+
+
+def ort_int8(path: Path) -> Path:
+    """``quantize_dynamic`` of an export, as ONNX Runtime's docs show it (kept if there)."""
+    import logging
+
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    dest = path.with_name(path.stem + "-int8.onnx")
+    if not dest.is_file():
+        # Its advice to pre-process first goes to the root logger; a new user's call is this one.
+        logging.getLogger().setLevel(max(logging.getLogger().level, logging.ERROR))
+        quantize_dynamic(str(path), str(dest), weight_type=QuantType.QInt8)
+    return dest
+
+
+def ov_compiled(path: Path, threads: int, int8: bool) -> tuple[Any, str]:
+    """OpenVINO's compiled model of an export (NNCF int8_asym weights with ``int8``) and the
+    inference precision it was given."""
+    import openvino as ov
+
+    core = ov.Core()
+    model = core.read_model(str(path))
+    hint = "f32"
+    if int8:
+        import contextlib
+        import io
+        import logging
+
+        import nncf
+
+        nncf.set_log_level(logging.ERROR)
+        # NNCF draws its table and progress bar on stdout, where the benchmark's JSON line goes.
+        with contextlib.redirect_stdout(io.StringIO()):
+            model = nncf.compress_weights(model, mode=nncf.CompressWeightsMode.INT8_ASYM)
+        hint = "bf16" if cpu_has_bf16() else "f32"
+    config = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "INFERENCE_PRECISION_HINT": hint}
+    return core.compile_model(model, "CPU", config), hint
+
+
+def vision_pipelines(peers: list[str], onnx_path: Path, threads: int) -> dict[str, Embed | str]:
+    """``pipeline -> embed(pixel_values) -> normalised vectors``, or the reason it is skipped."""
+    out: dict[str, Embed | str] = {}
+    for peer in peers:
+        missing = peer_missing(peer)
+        if missing is not None:
+            for name in PIPELINES[peer]:
+                out[name] = missing
+            continue
+        if peer == "onnxruntime":
+            for name, path in (("onnxruntime-fp32", onnx_path), ("onnxruntime-int8", ort_int8(onnx_path))):
+                session = ort_session(path, threads)
+                key = session.get_inputs()[0].name
+                out[name] = (lambda s, k: lambda x: _normalise(s.run(None, {k: x})[0]))(session, key)
+        else:
+            for name, int8 in (("openvino-fp32", False), ("openvino-int8", True)):
+                compiled, _hint = ov_compiled(onnx_path, threads, int8)
+                request = compiled.create_infer_request()
+                out[name] = (lambda r: lambda x: _normalise(r.infer([x])[0]))(request)
+    return out
+
+
+def describe(peers: list[str]) -> dict[str, str]:
+    """Versions of the peers' packages, and OpenVINO's int8 inference precision here."""
+    import importlib.metadata as md
+
+    data: dict[str, str] = {}
+    for peer in peers:
+        for package in _PACKAGES[peer]:
+            try:
+                data[package] = md.version(package)
+            except md.PackageNotFoundError:
+                data[package] = "not installed"
+    if "openvino" in peers:
+        data["openvino_int8_hint"] = "bf16" if cpu_has_bf16() else "f32"
+    return data
+
+
+# -- text towers (bench_search.py --text-precisions onnxruntime,openvino) --------------------------
+
+
+def export_text(model_dir: Path, dest: Path) -> Path:
+    """``CLIPTextModelWithProjection`` of ``model_dir`` as ONNX (``input_ids``, ``attention_mask``
+    -> ``text_embeds``; batch and length dynamic), at ``dest`` (kept if there)."""
+    if dest.is_file():
+        return dest
+    import warnings
+
+    import torch
+    from transformers import CLIPTextModelWithProjection
+
+    tower = CLIPTextModelWithProjection.from_pretrained(model_dir, dtype=torch.float32).eval()
+
+    class TextFeatures(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tower = tower
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.tower(input_ids=input_ids, attention_mask=attention_mask).text_embeds
+
+    ids = torch.tensor([[49406, 320, 1929, 49407], [49406, 320, 49407, 49407]], dtype=torch.int64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.int64)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with warnings.catch_warnings(), torch.no_grad():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            TextFeatures().eval(), (ids, mask), str(dest), input_names=["input_ids", "attention_mask"],
+            output_names=["text_embeds"], opset_version=17, dynamo=False,
+            dynamic_axes={"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"},
+                          "text_embeds": {0: "batch"}},
+        )
+    return dest
+
+
+def text_embedder(peer: str, model_dir: Path, work_dir: Path, threads: int) -> Callable[[list[str]], np.ndarray]:
+    """``embed(texts) -> normalised vectors`` on ``peer``'s fp32 text tower (the checkpoint's own
+    tokenizer, as the Hugging Face row uses it), or raises ``RuntimeError`` with why it cannot run."""
+    missing = peer_missing(peer)
+    if missing is not None:
+        raise RuntimeError(missing)
+    from transformers import AutoTokenizer
+
+    path = export_text(model_dir, work_dir / "text.onnx")
+    tokenizer = AutoTokenizer.from_pretrained(model_dir)
+    if peer == "onnxruntime":
+        session = ort_session(path, threads)
+
+        def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            return session.run(None, {"input_ids": ids, "attention_mask": mask})[0]  # type: ignore[no-any-return]
+    else:
+        compiled, _hint = ov_compiled(path, threads, int8=False)
+        request = compiled.create_infer_request()
+
+        def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+            return request.infer({"input_ids": ids, "attention_mask": mask})[0]  # type: ignore[no-any-return]
+
+    def embed(texts: list[str]) -> np.ndarray:
+        batch = tokenizer(texts, padding=True, truncation=True, return_tensors="np")
+        ids = batch["input_ids"].astype(np.int64)
+        return _normalise(run(ids, batch["attention_mask"].astype(np.int64)))
+
+    return embed

@@ -1,0 +1,131 @@
+"""The image tower as an ONNX file, exported once per weights and input size, kept in a cache.
+
+``torch.onnx.export`` of the vision tower with its projection (what ``get_image_features``
+returns, before normalisation), batch as a dynamic axis. The file is derived data: it is keyed
+by the weights' fingerprint, the input size, torch's version and this module's
+:data:`EXPORT_VERSION`, written to a temporary name and renamed, so concurrent builds never read
+half a file and a stale export is never used.
+
+Location: ``$CLIPSEARCH_ONNX_CACHE`` (a directory), else ``$XDG_CACHE_HOME/clipsearch/onnx``,
+else ``~/.cache/clipsearch/onnx``. Not in the index directory: an index is a checksummed,
+versioned contract that readers (``search --image``, ``serve``) never write to, and one export
+serves every index of the same model.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from ...errors import ModelLoadError
+
+ONNX_CACHE_ENV = "CLIPSEARCH_ONNX_CACHE"
+# Bumped when the exported graph changes (inputs, outputs, opset, wrapper).
+EXPORT_VERSION = 1
+OPSET = 17
+
+
+def cache_dir() -> Path:
+    """Where exported towers are kept (created on first export)."""
+    explicit = os.environ.get(ONNX_CACHE_ENV, "").strip()
+    if explicit:
+        return Path(explicit).expanduser()
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "clipsearch" / "onnx"
+
+
+def export_key(fingerprint: str, image_size: int, tower: str = "vision") -> str:
+    """A file name for one export: weights, input size, torch version, export version."""
+    import torch
+
+    raw = f"v{EXPORT_VERSION}|{tower}|{fingerprint}|{image_size}|torch={torch.__version__}|opset={OPSET}"
+    return f"{tower}-{image_size}-{hashlib.sha256(raw.encode()).hexdigest()[:20]}.onnx"
+
+
+def _failed_operator(exc: BaseException) -> str:
+    """The operator an export error names, when it names one (else its first line)."""
+    import re
+
+    text = str(exc)
+    match = re.search(r"(aten::\w+|prim::\w+|Exporting the operator '?[\w:.]+'?)", text)
+    if match:
+        return match.group(1).replace("Exporting the operator ", "").strip("'")
+    lines = text.strip().splitlines()
+    return lines[0] if lines else type(exc).__name__
+
+
+class _ImageFeatures:
+    """Builds the wrapper module lazily (torch is imported only when an export happens)."""
+
+    @staticmethod
+    def wrap(tower: Any, output: str, interpolate: bool) -> Any:
+        import torch
+
+        class ImageFeatures(torch.nn.Module):
+            def __init__(self) -> None:
+                super().__init__()
+                self.tower = tower
+
+            def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+                out = self.tower(pixel_values=pixel_values, interpolate_pos_encoding=interpolate)
+                return getattr(out, output)
+
+        return ImageFeatures().eval()
+
+
+def export_vision(
+    tower: Any, output: str, image_size: int, dest: Path, model_name: str, interpolate: bool = False
+) -> Path:
+    """Export ``tower`` (a transformers vision tower with projection, on the CPU, float32) to
+    ``dest``, atomically; ``output`` is the attribute of its output that holds the embeddings,
+    ``interpolate`` whether ``image_size`` is another size than the checkpoint's own.
+
+    Raises:
+        ModelLoadError: the export failed; the message names the model and the operator.
+    """
+    import torch
+
+    module = _ImageFeatures.wrap(tower, output, interpolate)
+    example = torch.zeros(2, 3, image_size, image_size, dtype=torch.float32)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".export-", suffix=".onnx", dir=dest.parent)
+    os.close(fd)
+    try:
+        import warnings
+
+        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                module, (example,), tmp, input_names=["pixel_values"], output_names=["image_embeds"],
+                dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}},
+                opset_version=OPSET, dynamo=False,
+            )
+        os.replace(tmp, dest)
+    except Exception as exc:  # noqa: BLE001  (any exporter failure becomes one typed error)
+        Path(tmp).unlink(missing_ok=True)
+        raise ModelLoadError(
+            f"cannot export the image tower of {model_name} to ONNX: unsupported operator or "
+            f"construct {_failed_operator(exc)}"
+        ) from exc
+    return dest
+
+
+def cached_vision_export(
+    tower_loader: Any, output: str, fingerprint: str, image_size: int, model_name: str, interpolate: bool = False
+) -> Path:
+    """The cached export for these weights and size, made now (``tower_loader()`` gives the
+    torch tower) if missing.
+
+    Raises:
+        ModelLoadError: the export failed (model and operator named).
+    """
+    dest = cache_dir() / export_key(fingerprint, image_size)
+    if dest.is_file() and dest.stat().st_size > 0:
+        return dest
+    return export_vision(tower_loader(), output, image_size, dest, model_name, interpolate)
+
+
+__all__ = ["EXPORT_VERSION", "ONNX_CACHE_ENV", "OPSET", "cache_dir", "cached_vision_export", "export_key", "export_vision"]

@@ -1,0 +1,50 @@
+"""An exported image tower on ONNX Runtime's CPU provider (the only module that imports it).
+
+One session per tower, made once. Threads: torch's count in this process at creation (what
+``--threads`` sets for a build), one inter-op thread; the session's threads spin only while it
+runs (``allow_spinning`` off), so they do not steal the decode threads' cores between batches.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from ...errors import ModelLoadError
+from ..base import l2_normalize
+
+if TYPE_CHECKING:
+    import torch
+
+
+class OrtImageTower:
+    """``tower(pixel_values) -> L2-normalised float32 vectors`` on ONNX Runtime.
+
+    Raises:
+        ModelLoadError: the file cannot be loaded by ONNX Runtime.
+    """
+
+    def __init__(self, path: Path, threads: int | None = None) -> None:
+        import onnxruntime as ort
+        import torch
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or torch.get_num_threads()
+        options.inter_op_num_threads = 1
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001  (onnxruntime raises its own untyped errors)
+            raise ModelLoadError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0]}") from exc
+        self.path = path
+        self.input_name = self.session.get_inputs()[0].name
+
+    def __call__(self, pixel_values: torch.Tensor) -> np.ndarray:
+        import torch
+
+        values = pixel_values.to("cpu", torch.float32).contiguous().numpy()
+        out = self.session.run(None, {self.input_name: values})[0]
+        return l2_normalize(out)
