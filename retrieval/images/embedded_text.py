@@ -39,7 +39,9 @@ class EmbeddedText:
 NO_TEXT = EmbeddedText()
 
 
-def _clean(value: Any) -> str | None:
+def exif_string(value: Any) -> str | None:
+    """An EXIF string value as text (bytes as UTF-8, NULs as spaces, trimmed); None when empty
+    or not text. Shared with :mod:`.exif`'s date, camera and GPS fields."""
     if isinstance(value, tuple) and all(isinstance(v, int) for v in value):
         value = bytes(value)
     if isinstance(value, bytes):
@@ -56,7 +58,7 @@ def _xp(value: Any) -> str | None:
         value = bytes(value)
     if isinstance(value, bytes):
         value = value.decode("utf-16-le", "replace")
-    text = _clean(value)
+    text = exif_string(value)
     return "\n".join(w.strip() for w in text.split(";") if w.strip()) if text else None
 
 
@@ -108,7 +110,7 @@ def _iptc(img: Image.Image) -> tuple[list[str], list[str]]:
     def texts(key: tuple[int, int]) -> list[str]:
         value = info.get(key)
         values = value if isinstance(value, list) else [value] if value is not None else []
-        return [t for t in (_clean(v) for v in values) if t]
+        return [t for t in (exif_string(v) for v in values) if t]
 
     return texts(_IPTC_CAPTION), texts(_IPTC_KEYWORDS)
 
@@ -123,7 +125,7 @@ def read_embedded_text(img: Image.Image) -> EmbeddedText:
     except Exception:  # noqa: BLE001 - a broken EXIF block: its text is unknown
         exif = None
     if exif is not None:
-        for value, out in ((_clean(exif.get(_IMAGE_DESCRIPTION)), descriptions), (_xp(exif.get(_XP_KEYWORDS)), keywords)):
+        for value, out in ((exif_string(exif.get(_IMAGE_DESCRIPTION)), descriptions), (_xp(exif.get(_XP_KEYWORDS)), keywords)):
             if value:
                 out.append(value)
     try:
@@ -158,4 +160,4 @@ def _dedup(values: list[str], sep: str) -> str | None:
     return sep.join(seen) if seen else None
 
 
-__all__ = ["MAX_TEXT_CHARS", "MAX_XMP_BYTES", "NO_TEXT", "EmbeddedText", "parse_xmp", "read_embedded_text"]
+__all__ = ["MAX_TEXT_CHARS", "MAX_XMP_BYTES", "NO_TEXT", "EmbeddedText", "exif_string", "parse_xmp", "read_embedded_text"]

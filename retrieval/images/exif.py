@@ -18,6 +18,7 @@ from typing import Any
 from PIL import ExifTags, Image
 
 from .embedded_text import NO_TEXT, read_embedded_text
+from .embedded_text import exif_string as _text
 
 _EPOCH = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
 # EXIF tags (CIPA DC-008): IFD0, the Exif IFD and the GPS IFD.
@@ -117,15 +118,6 @@ def _sub_ifd(exif: Image.Exif, ifd: int) -> dict[int, Any]:
         return dict(exif.get_ifd(ifd))
     except Exception:  # noqa: BLE001 - an IFD pointer into nowhere
         return {}
-
-
-def _text(value: Any) -> str | None:
-    if isinstance(value, bytes):
-        value = value.decode("utf-8", "replace")
-    if not isinstance(value, str):
-        return None
-    text = value.replace("\x00", " ").strip()
-    return text or None
 
 
 def parse_exif_time(value: Any, offset: Any = None) -> tuple[int | None, int | None]:
