@@ -400,7 +400,9 @@ def in_process(index: Any, query: Query, k: int) -> list[Any]:
     import numpy as np
 
     if query.text is not None:
-        return index.search(query.text, k)
+        # clip-back's /knn-service is k-NN on the embedding; /api/search ranks as the library's
+        # default does (hybrid where the index has a keyword side).
+        return index.search(query.text, k, mode="vector" if query.knn else None)
     if query.vector is not None:
         return index.search_vectors(np.asarray([query.vector], dtype=np.float32), k)[0]
     if query.image_id is not None:

@@ -680,7 +680,7 @@ def test_bench_serve_verification_reports_answers_unlike_in_process() -> None:
     ]
 
     class Index:
-        def search(self, text: str, k: int) -> list[Hit]:
+        def search(self, text: str, k: int, mode: str | None = None) -> list[Hit]:
             return [Hit(2, "b.png", 0.5), Hit(1, "a.png", 0.25)]
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
