@@ -46,7 +46,7 @@ def _runtime_pending(enc: Encoder) -> bool:
     """Whether an fp32 tower has still to choose its runtime (torch or ONNX Runtime, on the
     sample, before the manifest records which): backends without that choice have none."""
     runtime = getattr(enc, "image_runtime", None)
-    return enc.image_precision.mode == "fp32" and runtime is not None and runtime.name is None and runtime.applies
+    return enc.image_precision.mode == "fp32" and runtime is not None and bool(runtime.pending)
 
 
 def resolve(

@@ -29,6 +29,7 @@ import json
 import os
 import shutil
 import signal
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -62,6 +63,16 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
         photo_like(96, 72, seed=i).save(root / ("sub" if i % 3 else "") / f"p{i:02d}.jpg", quality=90)
     (root / "broken.jpg").write_bytes(b"\xff\xd8 truncated")
     return root
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _torch_image_runtime() -> Iterator[None]:
+    # fp32 on ONNX Runtime first checks parity on a decoded sample: arrivals at "decode" and
+    # "embed" that commit nothing. The crash points are the runtime's business elsewhere
+    # (tests/test_onnx_runtime.py); here every process, the clean reference included, uses torch.
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("CLIPSEARCH_IMAGE_RUNTIME", "torch")
+        yield
 
 
 def _index_cmd(photos: Path, out: Path, model: Path, workers: int) -> list[object]:

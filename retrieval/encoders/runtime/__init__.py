@@ -94,6 +94,12 @@ class ImageRuntime:
         """Forget the choice (the input size changed: another export)."""
         self.name, self.note, self.parity, self._tower = None, None, None, None
 
+    @property
+    def pending(self) -> bool:
+        """Whether the choice is still to be made on a sample of images: not made yet, and not
+        settled without one (torch asked for, or a tower ONNX Runtime does not run)."""
+        return self.name is None and self.applies and runtime_choice() != "torch"
+
     def _fall_back(self, why: str, strict: bool) -> None:
         if strict:
             raise ModelLoadError(f"{RUNTIME_ENV}=onnxruntime: {why}")
