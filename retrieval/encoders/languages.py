@@ -13,7 +13,9 @@ spelling that takes effect in transformers 4 and 5 alike (open_clip's ``set_lang
 
 from __future__ import annotations
 
+import functools
 import re
+from collections.abc import Callable
 from typing import Any
 
 from ..errors import InvalidArgumentError
@@ -61,9 +63,23 @@ def check_language(model: str, codes: tuple[str, ...], language: str | None) -> 
     return language
 
 
+def language_embedder(encoder: Any, query_lang: str | None) -> tuple[str | None, Callable[[list[str]], Any]]:
+    """``(language, embed)``: the checked language of ``query_lang`` for ``encoder`` (None for a
+    model that takes none) and the call that embeds texts in it, ``encoder.embed_texts`` with
+    ``language=`` where the model needs it. The one place callers turn a query language into a call.
+
+    Raises:
+        InvalidArgumentError: see :func:`check_language`.
+    """
+    language = check_language(encoder.name, tuple(getattr(encoder, "query_languages", ())), query_lang)
+    if language is None:
+        return None, encoder.embed_texts
+    return language, functools.partial(encoder.embed_texts, language=language)
+
+
 def set_language(tokenizer: Any, language: str) -> None:
     """Tell a Hugging Face tokenizer the language of the texts it tokenizes next."""
     tokenizer.src_lang = language
 
 
-__all__ = ["EXAMPLES", "FLORES_CODE", "check_language", "language_codes", "set_language"]
+__all__ = ["EXAMPLES", "FLORES_CODE", "check_language", "language_codes", "language_embedder", "set_language"]

@@ -19,7 +19,7 @@ from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from ..query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from . import load_encoder
 from .base import Encoder, TextEncoder
-from .languages import check_language
+from .languages import language_embedder
 from .numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
 from .precision import Precision, parse_mode
 
@@ -157,13 +157,8 @@ class QueryEncoders:
         Raises:
             InvalidArgumentError: the model needs a language and none (or an unknown one) was given.
         """
-        encoder = self.text_encoder
-        codes: tuple[str, ...] = getattr(encoder, "query_languages", ())
-        language = check_language(encoder.name, codes, query_lang)
-        if language is None:
-            return self.cache.embed(texts, encoder.embed_texts)
-        embed = encoder.embed_texts
-        return self.cache.embed(texts, lambda batch: embed(batch, language=language), namespace=language)  # type: ignore[call-arg]
+        language, embed = language_embedder(self.text_encoder, query_lang)
+        return self.cache.embed(texts, embed, namespace=language or "")
 
     def query_languages(self) -> tuple[str, ...]:
         """The FLORES-200 codes text queries must name (NLLB-CLIP), or () when any text is read as it is.

@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from ..checks import is_positive_int
-from ..encoders.languages import check_language
+from ..encoders.languages import language_embedder
 from ..errors import (
     EvaluationError,
     ImageDecodeError,
@@ -242,11 +242,7 @@ def _embed_queries(index: ImageIndex, queries: Sequence[Query], batch_size: int,
     out = np.empty((len(queries), index.dim), dtype=np.float32)
     texts = [i for i, q in enumerate(queries) if q.text is not None]
     images = [i for i, q in enumerate(queries) if q.image is not None]
-    embed_texts = encoder.embed_texts
-    if texts:
-        language = check_language(encoder.name, getattr(encoder, "query_languages", ()), query_lang)
-        if language is not None:
-            embed_texts = functools.partial(encoder.embed_texts, language=language)  # type: ignore[call-arg]
+    embed_texts = language_embedder(encoder, query_lang)[1] if texts else encoder.embed_texts
     for start in range(0, len(texts), batch_size):
         rows = texts[start : start + batch_size]
         out[rows] = embed_texts([queries[i].text for i in rows])  # type: ignore[misc]  # rows: the queries with a text

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..encoders.languages import check_language
+from ..encoders.languages import language_embedder
 from ..errors import InvalidArgumentError
 from .templates import check_labels, check_template
 
@@ -49,9 +49,7 @@ class ZeroShotClassifier:
         if not prompts:
             raise InvalidArgumentError("no templates")
         texts = [t.format(label) for label in names for t in prompts]
-        language = check_language(encoder.name, getattr(encoder, "query_languages", ()), query_lang)
-        # Batched by the encoder itself.
-        vectors = encoder.embed_texts(texts) if language is None else encoder.embed_texts(texts, language=language)  # type: ignore[call-arg]
+        vectors = language_embedder(encoder, query_lang)[1](texts)  # batched by the encoder itself
         scale, bias = encoder.logit_params()
         return cls(names, prompts, ensemble(vectors.reshape(len(names), len(prompts), -1)), scale, bias)
 
