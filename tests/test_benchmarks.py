@@ -545,7 +545,7 @@ def test_stack_sampler_sees_a_thread_where_it_waits(tmp_path: Path) -> None:
     with StackSampler(interval=0.001) as sampler:
         worker.start()
         for _ in range(60_000):  # until the parked thread has been sampled (at most ~60 s)
-            if any(";parked_here:" in stack for stack in list(sampler.counts)):  # list(): one atomic copy
+            if any(":parked_here:" in stack for stack in list(sampler.counts)):  # list(): one atomic copy
                 break
             release.wait(0.001)
         release.set()
