@@ -6,7 +6,8 @@ one untimed batch (sessions, arenas, ``auto``'s calibration, exports: steady sta
 are interleaved (every pipeline once per round), so a burst of load from other processes
 falls on all of them alike; a row's figure is its best round, every round is recorded.
 Vectors are compared with the naive loop's (Hugging Face ``get_image_features`` in fp32) on
-the same images: mean and min cosine.
+the same images: mean and min cosine; and each pipeline's own vector of an image embedded alone
+with the one it gave in its batch (``batch_dependence``, max absolute difference).
 
 Ours: ``default`` (``precision="auto"``, the mode its gate picks on the first batch), ``fp32``
 (``precision="fp32"``: ONNX Runtime where installed, see ``retrieval.encoders.runtime``),
@@ -102,6 +103,10 @@ def model_only(model_dir: Path, files: list[Path], batch_size: int, threads: int
             got = [embed(b) for b in batches]
             times[name].append(time.perf_counter() - t0)
             vectors[name] = np.concatenate(got)
+    # An update equals a rebuild only if an image's vector does not depend on the images batched
+    # with it: the first two images embedded alone against their rows in the full first batch.
+    alone = {name: np.concatenate([embed(batches[0][i : i + 1]) for i in range(min(2, len(batches[0])))])
+             for name, embed in runnable.items()}
     n = sum(len(b) for b in batches)
     ref = vectors["naive"]
     naive_ips = n / min(times["naive"])
@@ -113,6 +118,7 @@ def model_only(model_dir: Path, files: list[Path], batch_size: int, threads: int
             "pipeline": name, "images_per_second": round(ips, 2), "x_naive": round(ips / naive_ips, 3),
             "mean_cosine": round(float(cos.mean()), 6), "min_cosine": round(float(cos.min()), 6),
             "rounds_images_per_second": [round(n / t, 2) for t in ts],
+            "batch_dependence": float(np.abs(alone[name] - vectors[name][: len(alone[name])]).max()),
         }
         enc = getattr(runnable[name], "encoder", None)
         if enc is not None:
@@ -128,7 +134,7 @@ def print_rows(result: dict[str, Any]) -> None:
     print()
     print(f"model only, steady state ({result['images']} images, batch {result['batch_size']}, {result['threads']} threads, "
           f"best of {result['rounds']} interleaved rounds); cosine to the naive loop's HF fp32 vectors")
-    print(f"{'pipeline':<20}{'images/s':>10}{'x naive':>9}{'mean cos':>11}{'min cos':>11}  rounds / notes")
+    print(f"{'pipeline':<20}{'images/s':>10}{'x naive':>9}{'mean cos':>11}{'min cos':>11}{'batch dep':>11}  rounds / notes")
     for r in result["rows"]:
         if r.get("skipped"):
             print(f"{r['pipeline']:<20}{'skipped':>10}  {r['skipped']}")
@@ -137,7 +143,9 @@ def print_rows(result: dict[str, Any]) -> None:
         if r.get("precision"):
             note += f"  ({r['precision']} on {r['image_runtime']})"
         print(f"{r['pipeline']:<20}{r['images_per_second']:>10.2f}{r['x_naive']:>8.2f}x"
-              f"{r['mean_cosine']:>11.6f}{r['min_cosine']:>11.6f}  {note}")
+              f"{r['mean_cosine']:>11.6f}{r['min_cosine']:>11.6f}{r['batch_dependence']:>11.1e}  {note}")
+    print("batch dep: max |difference| of an image's normalised vector embedded alone and in its batch (0: an update "
+          "equals a rebuild)")
 
 
 @contextlib.contextmanager
