@@ -8,6 +8,7 @@ rendered sign. The model is the tiny random one: these tests check what is store
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import signal
@@ -26,7 +27,7 @@ from PIL import Image, ImageDraw, ImageFont
 from indexer import build_index, ocr
 from indexer.config import BuildReport
 from retrieval import ImageIndex
-from retrieval.layout import STAGING_PREFIX, read_manifest
+from retrieval.layout import STAGING_PREFIX, checksum_file, read_manifest, write_manifest
 from retrieval.verify import verify_index
 
 N_IMAGES = 10
@@ -180,6 +181,26 @@ def test_no_ocr_then_ocr_again_reads_only_the_images_embedded_meanwhile(copy: tu
     report = _build(photos, out, tiny_model, ocr=True)
     assert report.text_read == 1 and fake_ocr == [60]
     assert {h.path for h in ImageIndex.open(out, device="cpu").search("4711", mode="keyword")} == {"img_00.png", "while_off.png"}
+
+
+def test_an_index_written_before_the_marker_column(copy: tuple[Path, Path], tiny_model: Path, fake_ocr: list[int]) -> None:
+    """Parts as an earlier release wrote them (no ocr_read): the index opens and searches, and
+    --ocr reads the text of every row."""
+    photos, out = copy
+    before, m = _rows(out), read_manifest(out)
+    for ref in m.parts:
+        path = out / ref.path
+        old = pq.read_table(path)
+        table = old.drop_columns(["ocr_read"]).replace_schema_metadata(old.schema.metadata)
+        pq.write_table(table, path, compression="zstd", write_page_checksum=True)
+        assert "ocr_read" not in pq.read_schema(path).names
+    write_manifest(out, dataclasses.replace(m, checksums={**m.checksums, **{r.path: checksum_file(out / r.path) for r in m.parts}}))
+    assert verify_index(out).ok and len(ImageIndex.open(out, device="cpu").search("noise", k=3)) == 3
+    report = _build(photos, out, tiny_model, ocr=True)
+    assert report.text_read == N_IMAGES and report.embedded == 0
+    after = _rows(out)
+    assert after.same_rows(before) and after.ocr_read == [True] * N_IMAGES and after.ocr_text["img_00.png"] == "INVOICE4711"
+    assert verify_index(out).ok
 
 
 # -- killed mid-way: the CLI in a subprocess, OCR faked there by a wrapper script ---------------------
