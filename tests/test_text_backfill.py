@@ -23,6 +23,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 from PIL import Image, ImageDraw, ImageFont
+from shardgen import make_samples, write_shards
 
 from indexer import build_index, ocr
 from indexer.config import BuildReport
@@ -201,6 +202,19 @@ def test_an_index_written_before_the_marker_column(copy: tuple[Path, Path], tiny
     after = _rows(out)
     assert after.same_rows(before) and after.ocr_read == [True] * N_IMAGES and after.ocr_text["img_00.png"] == "INVOICE4711"
     assert verify_index(out).ok
+
+
+def test_an_index_of_shards_reads_its_members_text(tmp_path: Path, tiny_model: Path, fake_ocr: list[int]) -> None:
+    """Rows from WebDataset shards: each member is read again out of its tar, by its offset."""
+    samples = make_samples(5)
+    write_shards(tmp_path / "shards", samples, 2)
+    out = tmp_path / "s.idx"
+    _build(tmp_path / "shards", out, tiny_model)
+    before = _rows(out)
+    report = _build(tmp_path / "shards", out, tiny_model, ocr=True)
+    assert report.text_read == 5 and report.embedded == 0 and len(fake_ocr) == 5
+    after = _rows(out)
+    assert after.same_rows(before) and after.ocr_read == [True] * 5 and read_manifest(out).keywords.ocr  # type: ignore[union-attr]
 
 
 # -- killed mid-way: the CLI in a subprocess, OCR faked there by a wrapper script ---------------------
