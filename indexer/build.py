@@ -36,7 +36,7 @@ from retrieval.index_types import IndexOptions, parse_memory
 from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 from retrieval.shards import scheme_of
 
-from . import ann, calibrate, ocr, ray_engine, shards
+from . import ann, backfill, calibrate, ocr, ray_engine, shards
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .dataset import content_hash
@@ -337,19 +337,13 @@ def _open_base(job: _Job) -> _Base:
 
 
 def ocr_of(cfg: BuildConfig, previous: Manifest | None) -> bool:
-    """Whether this run recognises text: ``cfg.ocr`` when given, else what the index recorded.
+    """Whether this run recognises text: ``cfg.ocr`` when given, else what the index recorded (on
+    an index embedded without it, :mod:`indexer.backfill` reads the text of its images)."""
+    return cfg.ocr if cfg.ocr is not None else _ocr_recorded(previous)
 
-    Raises:
-        InvalidArgumentError: ``--ocr`` on an index whose images were embedded without it (their
-            text would be missing while the index says OCR ran): that needs ``--rebuild``.
-    """
-    recorded = previous is not None and previous.keywords is not None and previous.keywords.ocr
-    if cfg.ocr and previous is not None and previous.count and not recorded:
-        raise InvalidArgumentError(
-            f"the index holds {previous.count} images embedded without --ocr; pass --rebuild to recognise the text "
-            "in every image (or leave out --ocr)"
-        )
-    return cfg.ocr if cfg.ocr is not None else recorded
+
+def _ocr_recorded(previous: Manifest | None) -> bool:  # OCR has read every row (the manifest says so)
+    return previous is not None and previous.keywords is not None and previous.keywords.ocr
 
 
 def _meta(job: _Job, options: IndexOptions, ocr: bool) -> IndexMeta:
@@ -392,9 +386,14 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
         writer.set_model_info(calibrate.model_info(info, prev_info, bool(plan.to_embed)))
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)
+        # --ocr on an index embedded without it: the text of its rows, read here (also with Ray).
+        text = backfill.read_missing_text(cfg, enc.preprocess, images, writer, recorded=_ocr_recorded(previous), stop=job.stop)
         if ray is not None:
-            return ray.embed(ray.spec(images, info, ocr=writer.meta.ocr), plan, writer), cpu_level
-        return embed_planned(cfg, enc, images, plan, writer, stop=job.stop), cpu_level
+            stats = ray.embed(ray.spec(images, info, ocr=writer.meta.ocr), plan, writer)
+        else:
+            stats = embed_planned(cfg, enc, images, plan, writer, stop=job.stop)
+        stats.add_text(text)
+        return stats, cpu_level
 
 
 def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats, *, resumed: bool, cpu_level: str) -> BuildReport:
@@ -429,6 +428,7 @@ def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunSta
         engine=job.cfg.engine,
         text_notes=stats.text_notes,
         with_ocr_text=stats.with_ocr_text,
+        text_read=stats.text_read,
         actors=ray.pool.actors if ray is not None else 0,
         cluster_resources=dict(ray.resources) if ray is not None else {},
     )

@@ -108,6 +108,9 @@ class GenerationWriter:
         # The skip list every commit writes; callers add to it with record_skips().
         self.skipped: list[SkipRecord] = []
         self.commits = 0
+        # True while rows embedded without OCR still lack their text (indexer.backfill): the
+        # generations committed meanwhile record that OCR has not covered the index.
+        self.text_pending = False
 
     @property
     def count(self) -> int:
@@ -184,6 +187,33 @@ class GenerationWriter:
         if self._rewrite_tail is not None:
             self._committed += self._rewrite_tail.num_rows
 
+    @property
+    def parts(self) -> list[tuple[PartRef, Path]]:
+        """The committed parts (reference, file), in id order (after :meth:`compact`, those kept)."""
+        return list(self._parts)
+
+    def replace_parts(self, start: int, stop: int, parts: Sequence[tuple[PartRef, Path]]) -> None:
+        """Put ``parts`` in place of the committed parts ``start:stop`` at the next commit.
+
+        ``parts`` are files the caller wrote outside any generation (in a staging-named folder,
+        so that a crash leaves nothing a later writer keeps) holding the same ids, in order, with
+        the same vectors: the FAISS file stays valid, the keyword side is rebuilt from them.
+        """
+        old = self._parts[start:stop]
+        if self._records or self._rewrite_tail is not None or not old:
+            raise RuntimeError("replace_parts() takes committed parts, before rows are appended")
+        first, end = old[0][0].first_id, old[-1][0].first_id + old[-1][0].rows
+        next_id = first
+        for ref, _ in parts:
+            if ref.first_id != next_id:
+                raise ValueError(f"replacement parts do not cover ids {first}..{end - 1} in order")
+            next_id += ref.rows
+        if next_id != end:
+            raise ValueError(f"replacement parts hold ids {first}..{next_id - 1}, not {first}..{end - 1}")
+        self._parts[start:stop] = list(parts)
+        if self._keywords is not None:
+            self._keywords = dataclasses.replace(self._keywords, valid_rows=min(self._keywords.valid_rows, first))
+
     def append(self, records: Sequence[FileRecord], vectors: np.ndarray) -> None:
         """Queue new rows for the next commit."""
         self._records.extend(records)
@@ -238,7 +268,7 @@ class GenerationWriter:
                     new_parts.append((ref, self.dir / ref.path))
                 staged.append(staging / name)
             count = new_parts[-1][0].first_id + new_parts[-1][0].rows if new_parts else 0
-            keywords = write_side(staging, gen_rel, count, staged, self._keywords, self.meta.ocr)
+            keywords = write_side(staging, gen_rel, count, staged, self._keywords, self.meta.ocr and not self.text_pending)
             faiss_ref: FaissRef | None = None
             info = FaissInfo()
             if faiss is not None:
@@ -353,7 +383,8 @@ class GenerationWriter:
     def _tail_tables(self) -> list[pa.Table]:
         tables = [] if self._rewrite_tail is None else [self._rewrite_tail]
         if self._records:
-            tables.append(records_table(self._records, np.concatenate(self._vectors), self.meta.dim))
+            ocr_read = True if self.meta.ocr else None
+            tables.append(records_table(self._records, np.concatenate(self._vectors), self.meta.dim, ocr_read))
         return tables
 
     def _groups(self, merge: bool) -> list[list[PartSource]]:

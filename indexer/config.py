@@ -399,9 +399,11 @@ class BuildReport:
     cpu_level: str = ""
     engine: str = "local"
     # Images indexed without some of their text (ignored metadata, an image OCR could not read),
-    # and images in which OCR found text, this run.
+    # and images in which OCR found text, this run; images already indexed whose text this run read
+    # without embedding them again (index --ocr on an index embedded without it).
     text_notes: int = 0
     with_ocr_text: int = 0
+    text_read: int = 0
     # Ray runs only: the encoder actors and the cluster's resources (ray.cluster_resources()).
     actors: int = 0
     cluster_resources: dict[str, float] = field(default_factory=dict)

@@ -8,8 +8,12 @@ run's :class:`~indexer.config.BuildReport`.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from .config import BuildConfig, default_batch_size
+
+if TYPE_CHECKING:
+    from .backfill import TextStats
 
 
 @dataclass
@@ -29,6 +33,8 @@ class RunStats:
         text_notes: images indexed whose embedded metadata was ignored (malformed or huge XMP)
             or that OCR could not read; each is indexed without that text.
         with_ocr_text: images in which OCR found text.
+        text_read: images already in the index whose text was read without embedding them
+            again (``index --ocr`` on an index embedded without it, :mod:`indexer.backfill`).
     """
 
     batch_size: int
@@ -43,11 +49,19 @@ class RunStats:
     write_seconds: float = 0.0
     text_notes: int = 0
     with_ocr_text: int = 0
+    text_read: int = 0
 
     @classmethod
     def start(cls, cfg: BuildConfig, device_type: str) -> RunStats:
         """Empty counters for a run of ``cfg`` on ``device_type``, before any batch."""
         return cls(batch_size=cfg.batch_size or default_batch_size(device_type))
+
+    def add_text(self, text: TextStats) -> None:
+        """Count what :func:`indexer.backfill.read_missing_text` did in this run."""
+        self.text_read += text.read
+        self.with_ocr_text += text.with_text
+        self.text_notes += text.notes
+        self.write_seconds += text.write_seconds
 
     @property
     def embedded(self) -> int:

@@ -134,8 +134,9 @@ def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
     return table.select(schema.names).cast(schema)
 
 
-def records_table(records: Sequence[FileRecord], vectors: np.ndarray, dim: int) -> pa.Table:
-    """Rows of the embeddings schema for ``records`` (ids 0; writers renumber them)."""
+def records_table(records: Sequence[FileRecord], vectors: np.ndarray, dim: int, ocr_read: bool | None = None) -> pa.Table:
+    """Rows of the embeddings schema for ``records`` (ids 0; writers renumber them); ``ocr_read``:
+    True when OCR looked at every one of them (the run recognises text), else None."""
     return pa.table(
         {
             "id": pa.array(np.zeros(len(records), np.int64)),
@@ -155,6 +156,7 @@ def records_table(records: Sequence[FileRecord], vectors: np.ndarray, dim: int) 
             "description": pa.array([r.meta.description for r in records], pa.string()),
             "keywords": pa.array([r.meta.keywords for r in records], pa.string()),
             "ocr_text": pa.array([r.meta.ocr_text for r in records], pa.string()),
+            "ocr_read": pa.array([ocr_read] * len(records), pa.bool_()),
             **sample_columns(records),
             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1)), dim),
         },

@@ -352,15 +352,6 @@ def _has_font() -> bool:
     return True
 
 
-def test_ocr_on_an_index_embedded_without_it_asks_for_rebuild(kw_index: tuple[Path, Path], tmp_path: Path,
-                                                               tiny_model: Path) -> None:
-    out = tmp_path / "no-ocr.idx"
-    shutil.copytree(kw_index[1], out)
-    with pytest.raises(InvalidArgumentError, match="without --ocr; pass --rebuild"):
-        build_index(kw_index[0], out, model=str(tiny_model), device="cpu", ocr=True)
-    assert read_manifest(out) == read_manifest(kw_index[1])  # left as it was
-
-
 def test_missing_ocr_engine_is_one_line(monkeypatch: pytest.MonkeyPatch) -> None:
     import sys
 

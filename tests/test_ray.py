@@ -224,6 +224,27 @@ def test_update_sends_only_new_and_changed_files(tmp_path: Path, tiny_model: Pat
         assert np.abs(by_path_u[path] - vector).max() <= 1e-5, path
 
 
+def test_ocr_on_an_index_embedded_without_it_reads_the_text_on_the_driver(
+    tmp_path: Path, tiny_model: Path, ray_local: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """--ocr with --engine ray on an index embedded without it: the driver reads the text of its
+    rows (indexer.backfill), nothing is embedded again (OCR faked: the mechanics, not the engine)."""
+    from indexer import ocr
+
+    photos = write_photos(tmp_path / "photos", 4, size=_photo_size)
+    out = tmp_path / "ray.idx"
+    build_index(photos, out, model=str(tiny_model), batch_size=4, device="cpu")
+    rows_before, emb_before, _, _ = _contents(out)
+    monkeypatch.setattr(ocr, "check_engine", lambda: None)
+    monkeypatch.setattr(ocr, "recognise", lambda image: "INVOICE4711")
+    report = build_index(photos, out, model=str(tiny_model), engine="ray", batch_size=4, ocr=True)
+    assert (report.engine, report.text_read, report.embedded, report.with_ocr_text) == ("ray", 4, 0, 4)
+    rows_after, emb_after, _, _ = _contents(out)
+    assert rows_after == rows_before and emb_after.tobytes() == emb_before.tobytes()
+    assert json.loads((out / "manifest.json").read_text())["keywords"]["ocr"] is True
+    assert len(ImageIndex.open(out, device="cpu").search("4711", mode="keyword")) == 4
+
+
 def test_killed_actor_is_retried_without_duplicates(
     tmp_path: Path, tiny_model: Path, small_photos: Path, small_local: Path, ray_local: None, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,6 +60,8 @@ def _print_report(args: argparse.Namespace, report: BuildReport) -> None:
         f"in {report.seconds:.1f} s ({report.images_per_second:.1f} images/s) -> {report.index_dir}",
         flush=True,
     )
+    if report.text_read:
+        print(f"{PROG}: text read for {report.text_read} images without re-embedding", file=sys.stderr, flush=True)
     if report.text_notes:
         print(f"{PROG}: {report.text_notes} images indexed without some of their text (metadata ignored as malformed "
               "or too large, or OCR could not read the image)", file=sys.stderr, flush=True)

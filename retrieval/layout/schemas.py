@@ -58,10 +58,15 @@ PHOTO_COLUMNS: tuple[pa.Field, ...] = (
 # ``description`` (EXIF ImageDescription, XMP dc:description), ``keywords`` (EXIF XPKeywords,
 # XMP dc:subject, IPTC keywords; one per line) and ``ocr_text`` (text recognised in the pixels,
 # ``index --ocr``). A ``caption`` column, where the input brings captions, is read when present.
+# ``ocr_read`` is True where OCR has looked at the image (its text, if any, is then ``ocr_text``),
+# null where it has not or the row predates the column: ``index --ocr`` on an index embedded
+# without it reads the text of the rows not marked, so a killed run resumes where it stopped
+# (indexer.backfill). An index whose manifest records ``keywords.ocr`` has read every row.
 TEXT_COLUMNS: tuple[pa.Field, ...] = (
     pa.field("description", pa.string()),
     pa.field("keywords", pa.string()),
     pa.field("ocr_text", pa.string()),
+    pa.field("ocr_read", pa.bool_()),
 )
 
 
