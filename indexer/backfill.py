@@ -40,16 +40,13 @@ from retrieval.shards import SampleMeta
 
 from .commit import GenerationWriter
 from .config import BuildConfig, default_threads
-from .dataset import ImageDataset
+from .dataset import OCR_FAILED_NOTE, ImageDataset
 from .discover import ImageFile
 from .shards import ShardReader
 from .writer import PartWriter, conform
 
 # Images decoded and read per call on the decode threads (the progress bar moves between calls).
 _BATCH = 32
-# How the decode path's note says OCR failed on an image (indexer.dataset._with_ocr); the other
-# notes (malformed XMP) are about text this pass does not read again.
-_OCR_FAILED = "OCR failed"
 
 
 @dataclass
@@ -221,7 +218,8 @@ def _with_text(
                 # the next update, as any deleted file.
                 marked[j] = True
                 stats.read += 1
-                if it.error is not None or _OCR_FAILED in (it.meta.note or ""):
+                # Other notes (malformed XMP) are about text this pass does not read again.
+                if it.error is not None or OCR_FAILED_NOTE in (it.meta.note or ""):
                     stats.notes += 1
                     continue
                 texts[j] = it.meta.ocr_text

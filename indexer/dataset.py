@@ -191,6 +191,10 @@ class ImageDataset:
         return Item(index, None, 0, 0, error, time.perf_counter() - start, size, mtime_ns, digest)
 
 
+# How an image's note starts when OCR could not read it (indexer.backfill counts these).
+OCR_FAILED_NOTE = "OCR failed"
+
+
 def _with_ocr(image: Image.Image, meta: PhotoMeta) -> PhotoMeta:
     """``meta`` with the text OCR reads in ``image``; an image it cannot read keeps no text and
     says so in its note (counted by the run), never fails."""
@@ -199,7 +203,7 @@ def _with_ocr(image: Image.Image, meta: PhotoMeta) -> PhotoMeta:
     except EngineError:
         raise
     except Exception as exc:  # noqa: BLE001 - one image the engine cannot read must not end the run
-        note = f"OCR failed: {type(exc).__name__}"
+        note = f"{OCR_FAILED_NOTE}: {type(exc).__name__}"
         return dataclasses.replace(meta, note=f"{meta.note}; {note}" if meta.note else note)
 
 
