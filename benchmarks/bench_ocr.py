@@ -1,8 +1,8 @@
 """OCR for ``index --ocr``: the engines side by side, and what OCR costs a build.
 
 Engines: RapidOCR (``rapidocr-onnxruntime``, PP-OCR models packaged in the wheel; run as
-:mod:`indexer.ocr` runs it: detection on the image downscaled to 960 px, no angle classifier,
-one thread) and Tesseract (Debian's ``tesseract-ocr``, through its command line with its default
+:mod:`indexer.ocr` runs it: the detector alone on a 640 px copy first, the full pass only where
+it found text, no angle classifier, one thread) and Tesseract (Debian's ``tesseract-ocr``, through its command line with its default
 page segmentation; ``--psm 11``, sparse text, found nothing on these signs). Each reads the same
 signs: words drawn with Pillow (DejaVu Sans Bold) on a textured photo-like background (640x480,
 or ``--photo-side`` on the longer side) at three text sizes, as PNG and after JPEG quality 75.
