@@ -8,8 +8,9 @@ benchmarks/README.md). Runs in the decode workers, on the decoded image, in two 
    full-size detection, no recognition), and :func:`recognise` returns None.
 2. **The full pass**, only where the gate found a box: detection and recognition on the image
    itself (an image over twice :data:`DETECT_MAX_SIDE` is reduced by a whole factor first), so
-   text the gate only just saw is read at full size. An image no larger than the gate's size skips the gate: the full
-   pass's own detection is then no dearer, and a photo without text costs that one pass.
+   text the gate only just saw is read at full size. An image no larger than the gate's size
+   skips the gate: the full pass's own detection is then no dearer, and a photo without text
+   costs that one pass.
 
 The angle classifier is off (photos are EXIF-oriented). The engine is made once per process, on
 first use, with one thread: the decode workers run side by side. An image it cannot read is
