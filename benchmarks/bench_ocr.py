@@ -1,22 +1,23 @@
 """OCR for ``index --ocr``: the engines side by side, and what OCR costs a build.
 
 Engines: RapidOCR (``rapidocr-onnxruntime``, PP-OCR models packaged in the wheel; run as
-:mod:`indexer.ocr` runs it: detection on the image downscaled to 960 px, no angle classifier,
-one thread) and Tesseract (Debian's ``tesseract-ocr``, through its command line with its default
+:mod:`indexer.ocr` runs it: the detector alone on a 640 px copy first, the full pass only where
+it found text, no angle classifier, one thread) and Tesseract (Debian's ``tesseract-ocr``, through its command line with its default
 page segmentation; ``--psm 11``, sparse text, found nothing on these signs). Each reads the same
-signs: words drawn with Pillow (DejaVu Sans Bold) on a textured photo-like background at three
-text sizes, as PNG and after JPEG quality 75.
+signs: words drawn with Pillow (DejaVu Sans Bold) on a textured photo-like background (640x480,
+or ``--photo-side`` on the longer side) at three text sizes, as PNG and after JPEG quality 75.
 A word is found when its folded form appears in the engine's folded output with spaces removed,
 as the keyword side matches it (PP-OCR drops spaces, and the keyword side matches inside such
 runs; it reads the digit 0 as the letter o, which OCR confuses). Also timed: each engine on
-photos without text (the common case in a photo library).
+photos without text (the common case in a photo library; RapidOCR's gate, the detector alone on
+a downscaled copy, is what they cost).
 
 ``--index N``: ``build_index`` images per second on N photos with text and N without, with and
 without ``ocr=True`` (tiny random model: the model's cost is small, OCR's shows).
 
 Prints one JSON line (machine facts and the rows), then a readable table.
 
-    python benchmarks/bench_ocr.py [--signs 20] [--sizes 16,24,40] [--index 8]
+    python benchmarks/bench_ocr.py [--signs 20] [--sizes 16,24,40] [--index 8] [--photo-side 640]
 """
 
 from __future__ import annotations
@@ -63,15 +64,15 @@ def _background(rng: np.random.Generator, size: tuple[int, int] = (640, 480)) ->
     return Image.fromarray(small).resize(size, Image.Resampling.BILINEAR)
 
 
-def sign(words: list[str], px: int, seed: int, jpeg: bool) -> Image.Image:
-    """A photo-like picture with ``words`` on a light sign, text ``px`` pixels tall."""
+def sign(words: list[str], px: int, seed: int, jpeg: bool, side: int = 640) -> Image.Image:
+    """A photo-like picture, ``side`` pixels wide (4:3), with ``words`` on a light sign, text ``px`` pixels tall."""
     rng = np.random.default_rng(seed)
-    img = _background(rng)
+    img = _background(rng, (side, side * 3 // 4))
     draw = ImageDraw.Draw(img)
     font = _font(px)
     text = " ".join(words)
     box = draw.textbbox((0, 0), text, font=font)
-    x, y = 40, 200
+    x, y = 40, side * 5 // 16
     draw.rectangle([x - 12, y - 12, x + box[2] + 12, y + box[3] + 12], fill=(240, 238, 228))
     draw.text((x, y), text, font=font, fill=(15, 15, 15))
     if jpeg:
@@ -116,7 +117,7 @@ def _found(words: list[str], text: str) -> int:
     return sum(fold(w) in flat for w in words)
 
 
-def compare(signs: int, sizes: list[int], engines: list[str]) -> list[dict[str, Any]]:
+def compare(signs: int, sizes: list[int], engines: list[str], side: int = 640) -> list[dict[str, Any]]:
     rows: list[dict[str, Any]] = []
     for name in engines:
         run = ENGINES[name]()
@@ -130,7 +131,7 @@ def compare(signs: int, sizes: list[int], engines: list[str]) -> list[dict[str, 
                 seconds = 0.0
                 for i in range(signs):
                     words = [WORDS[(i * 3 + j) % len(WORDS)] for j in range(3)]
-                    img = sign(words, px, 1000 + i, jpeg)
+                    img = sign(words, px, 1000 + i, jpeg, side)
                     t0 = time.perf_counter()
                     text = run(img)
                     seconds += time.perf_counter() - t0
@@ -138,7 +139,7 @@ def compare(signs: int, sizes: list[int], engines: list[str]) -> list[dict[str, 
                     total += len(words)
                 rows.append({"engine": name, "installed": True, "text_px": px, "jpeg75": jpeg,
                              "word_recall": round(found / total, 3), "images_per_s": round(signs / seconds, 2)})
-        blank = [_background(np.random.default_rng(50 + i)) for i in range(max(3, signs // 2))]
+        blank = [_background(np.random.default_rng(50 + i), (side, side * 3 // 4)) for i in range(max(3, signs // 2))]
         t0 = time.perf_counter()
         for img in blank:
             run(img)
@@ -147,7 +148,7 @@ def compare(signs: int, sizes: list[int], engines: list[str]) -> list[dict[str, 
     return rows
 
 
-def index_cost(n: int, work: Path) -> list[dict[str, Any]]:
+def index_cost(n: int, work: Path, side: int = 640) -> list[dict[str, Any]]:
     """build_index images/s on n photos with text and n without, with and without OCR."""
     from indexer import build_index
     from retrieval.random_model import make_random_clip
@@ -158,8 +159,8 @@ def index_cost(n: int, work: Path) -> list[dict[str, Any]]:
         photos = work / kind
         photos.mkdir()
         for i in range(n):
-            img = sign([WORDS[i % len(WORDS)], WORDS[(i + 7) % len(WORDS)]], 32, i, False) if kind == "with_text" else \
-                _background(np.random.default_rng(i))
+            img = sign([WORDS[i % len(WORDS)], WORDS[(i + 7) % len(WORDS)]], 32, i, False, side) if kind == "with_text" \
+                else _background(np.random.default_rng(i), (side, side * 3 // 4))
             img.save(photos / f"{i:04d}.jpg", quality=90)
         for ocr in (False, True):
             out = work / f"{kind}-{ocr}.idx"
@@ -175,6 +176,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--sizes", default="16,24,40", help="text heights in pixels (default 16,24,40)")
     p.add_argument("--engines", default="rapidocr,tesseract")
     p.add_argument("--index", type=int, default=8, metavar="N", help="photos per kind for the build cost (0: skip)")
+    p.add_argument("--photo-side", type=int, default=640, help="photo width in pixels, 4:3 (default 640)")
     p.add_argument("--work-dir", type=Path, default=None)
     args = p.parse_args(argv)
     engines = [e for e in args.engines.split(",") if e]
@@ -183,15 +185,18 @@ def main(argv: list[str] | None = None) -> int:
         print(f"bench_ocr: unknown engine {unknown[0]!r} (known: {', '.join(ENGINES)})", file=sys.stderr)
         return 2
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    rows = compare(args.signs, [int(s) for s in args.sizes.split(",")], engines)
+    if args.photo_side < 320:
+        print(f"bench_ocr: --photo-side must be at least 320, got {args.photo_side}", file=sys.stderr)
+        return 2
+    rows = compare(args.signs, [int(s) for s in args.sizes.split(",")], engines, args.photo_side)
     build: list[dict[str, Any]] = []
     if args.index:
         work = Path(tempfile.mkdtemp(dir=args.work_dir))
         try:
-            build = index_cost(args.index, work)
+            build = index_cost(args.index, work, args.photo_side)
         finally:
             shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({"machine": machine_facts(), "engines": rows, "index": build}))
+    print(json.dumps({"machine": machine_facts(), "photo_side": args.photo_side, "engines": rows, "index": build}))
     print(f"\n{'engine':<10} {'text px':>7} {'jpeg75':>6} {'recall':>7} {'img/s':>7}")
     for r in rows:
         if not r["installed"]:
