@@ -373,6 +373,21 @@ def test_image_queries_relative_to_queries_file(index: ImageIndex, collection: C
         evaluate(index, load_queries(path))
 
 
+def test_texts_are_embedded_as_searches_embed_them(built_index: Path, index: ImageIndex, monkeypatch: pytest.MonkeyPatch) -> None:
+    # A few queries under the default precision: the one-shot rule keeps the text tower in fp32
+    # (no torch, no gate), as for `search`; so the metrics equal fp32's on every CPU level, and
+    # the texts never go through the torch encoder when the numpy tower applies.
+    queries = _random_queries(index, 4, seed=5)
+    few = ImageIndex.open(built_index, device="cpu", text_queries=len(queries))
+    assert few.text_path().path == "numpy"
+    monkeypatch.setattr(type(few.encoder), "embed_texts", lambda *a, **k: pytest.fail("texts went to the torch encoder"))
+    got = evaluate(few, queries, ks=(1, 3), batch_size=2).to_dict()
+    want = evaluate(index, queries, ks=(1, 3), batch_size=2).to_dict()
+    for key in ("mrr", "recall@1", "recall@3", "ndcg@10", "mean_rank"):
+        assert got[key] == want[key], key
+    assert few.info()["text_precision"]["mode"] == "fp32"
+
+
 # -- command line --------------------------------------------------------------------------------
 
 

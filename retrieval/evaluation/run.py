@@ -238,14 +238,16 @@ def _check_output_path(path: str | os.PathLike[str]) -> Path:
 
 def _embed_queries(index: ImageIndex, queries: Sequence[Query], batch_size: int, query_lang: str | None) -> np.ndarray:
     """``(len(queries), dim)`` normalised query vectors, texts and images in batches."""
-    encoder = index.encoder
     out = np.empty((len(queries), index.dim), dtype=np.float32)
     texts = [i for i, q in enumerate(queries) if q.text is not None]
     images = [i for i, q in enumerate(queries) if q.image is not None]
-    embed_texts = language_embedder(encoder, query_lang)[1] if texts else encoder.embed_texts
-    for start in range(0, len(texts), batch_size):
-        rows = texts[start : start + batch_size]
-        out[rows] = embed_texts([queries[i].text for i in rows])  # type: ignore[misc]  # rows: the queries with a text
+    if texts:
+        # On the index's text encoder, as searches embed them: the numpy tower where it applies,
+        # so the one-shot rule (few texts: fp32, no torch) and the gate hold for eval too.
+        embed_texts = language_embedder(index.text_encoder, query_lang)[1]
+        for start in range(0, len(texts), batch_size):
+            rows = texts[start : start + batch_size]
+            out[rows] = embed_texts([str(queries[i].text) for i in rows])
     cfg = index.preprocess
     for start in range(0, len(images), batch_size):
         rows = images[start : start + batch_size]
@@ -260,7 +262,7 @@ def _embed_queries(index: ImageIndex, queries: Sequence[Query], batch_size: int,
         batch = pixels[0].new_empty((len(pixels), *pixels[0].shape))
         for j, p in enumerate(pixels):
             batch[j] = p
-        out[rows] = encoder.embed_pixels(batch)
+        out[rows] = index.encoder.embed_pixels(batch)
     return out
 
 
