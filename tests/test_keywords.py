@@ -12,6 +12,7 @@ import io
 import json
 import shutil
 import sqlite3
+import struct
 from pathlib import Path
 
 import numpy as np
@@ -131,6 +132,32 @@ def test_xmp_exif_keywords_are_read(tmp_path: Path) -> None:
     with Image.open(io.BytesIO(_with_exif_text(_noise(1)))) as img:
         text = read_embedded_text(img)
     assert text.description == "Sunset over the harbour" and text.keywords == "lighthouse\nPortugal"
+
+
+def _with_iptc(jpeg: bytes, records: list[tuple[int, bytes]]) -> bytes:
+    """``jpeg`` with an APP13 Photoshop block holding IPTC IIM dataset-2 ``records``, laid out as
+    Photoshop and digiKam write it (Pillow cannot write IPTC)."""
+    iim = b"".join(b"\x1c\x02" + bytes([dataset]) + struct.pack(">H", len(data)) + data for dataset, data in records)
+    iim += b"\x00" * (len(iim) % 2)
+    resource = b"8BIM" + struct.pack(">H", 0x0404) + b"\x00\x00" + struct.pack(">I", len(iim)) + iim
+    payload = b"Photoshop 3.0\x00" + resource
+    return jpeg[:2] + b"\xff\xed" + struct.pack(">H", len(payload) + 2) + payload + jpeg[2:]
+
+
+def test_iptc_keywords_and_caption_are_read_utf8_or_latin1(tmp_path: Path) -> None:
+    buf = io.BytesIO()
+    _noise(3).save(buf, "JPEG")
+    records = [(25, "Café".encode()), (25, "Z\xfcrich".encode("latin-1")), (120, b"Old town at dusk")]
+    (tmp_path / "iptc.jpg").write_bytes(_with_iptc(buf.getvalue(), records))
+    with Image.open(tmp_path / "iptc.jpg") as img:
+        text = read_embedded_text(img)
+    assert text.keywords == "Café\nZürich" and text.description == "Old town at dusk" and text.note is None
+    # A block whose record claims more bytes than it holds: that file's note, never an error.
+    broken = _with_iptc(buf.getvalue(), [(25, b"ok")]).replace(b"\x1c\x02\x19\x00\x02ok", b"\x1c\x02\x19\xff\xf0ok")
+    (tmp_path / "bad.jpg").write_bytes(broken)
+    with Image.open(tmp_path / "bad.jpg") as img:
+        text = read_embedded_text(img)
+    assert text.keywords is None and text.note is not None and "IPTC" in text.note
 
 
 @pytest.mark.parametrize(

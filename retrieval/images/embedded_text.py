@@ -102,6 +102,18 @@ def parse_xmp(packet: bytes) -> tuple[list[str], list[str]]:
     return descriptions, subjects
 
 
+def _iptc_decode(value: Any) -> Any:
+    # IIM text is UTF-8 when the writer said so (record 1:90), but older tools (and many cameras'
+    # companions) wrote Latin-1 without saying: bytes that are not valid UTF-8 are read as Latin-1
+    # rather than turned into replacement characters.
+    if isinstance(value, bytes):
+        try:
+            return value.decode("utf-8")
+        except UnicodeDecodeError:
+            return value.decode("latin-1")
+    return value
+
+
 def _iptc(img: Image.Image) -> tuple[list[str], list[str]]:
     from PIL import IptcImagePlugin
 
@@ -110,7 +122,7 @@ def _iptc(img: Image.Image) -> tuple[list[str], list[str]]:
     def texts(key: tuple[int, int]) -> list[str]:
         value = info.get(key)
         values = value if isinstance(value, list) else [value] if value is not None else []
-        return [t for t in (exif_string(v) for v in values) if t]
+        return [t for t in (exif_string(_iptc_decode(v)) for v in values) if t]
 
     return texts(_IPTC_CAPTION), texts(_IPTC_KEYWORDS)
 
