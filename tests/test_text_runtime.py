@@ -210,3 +210,14 @@ def test_a_failed_parity_check_falls_back(tiny_model: Path, monkeypatch: pytest.
     monkeypatch.setenv(R.TEXT_RUNTIME_ENV, "onnxruntime")
     with pytest.raises(ModelLoadError, match="differ from numpy's"):
         NumpyTextEncoder.load(str(tiny_model))
+
+
+def test_the_session_takes_openblas_thread_count(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # serve limits OpenBLAS to --blas-threads (1 by default, for concurrent requests): the
+    # session that replaces the numpy products keeps to the same budget.
+    threadpoolctl = pytest.importorskip("threadpoolctl")
+    if not any(i.get("internal_api") == "openblas" for i in threadpoolctl.threadpool_info()):
+        pytest.skip("numpy is not linked against OpenBLAS here")
+    with threadpoolctl.threadpool_limits(limits=1, user_api="blas"):
+        enc = _load(tiny_model, "onnxruntime", monkeypatch)
+    assert enc._tower.session.get_session_options().intra_op_num_threads == 1  # type: ignore[attr-defined]

@@ -20,7 +20,17 @@ from ..numpy_text.tower import pooled_positions
 
 
 def default_threads() -> int:
-    """The cores this process may run on (what OpenBLAS uses for the numpy tower)."""
+    """The numpy tower's thread budget: OpenBLAS's thread count where threadpoolctl can read it
+    (``serve`` sets it, ``--blas-threads``, 1 by default for concurrent requests), else the cores
+    this process may run on (OpenBLAS's own default)."""
+    try:
+        from threadpoolctl import threadpool_info
+
+        counts = [int(i["num_threads"]) for i in threadpool_info() if i.get("internal_api") == "openblas"]
+        if counts:
+            return max(1, min(counts))
+    except Exception:  # noqa: BLE001, S110  (not installed or unreadable: the cores, below)
+        pass
     try:
         return max(1, len(os.sched_getaffinity(0)))
     except (AttributeError, OSError):
