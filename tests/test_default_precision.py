@@ -31,12 +31,24 @@ def _fp32_vector(built_index: Path) -> np.ndarray:
     return NumpyTextEncoder.load(model).embed_texts([QUERY])[0]
 
 
+def _has_ort() -> bool:
+    import importlib.util
+
+    return importlib.util.find_spec("onnxruntime") is not None
+
+
+def _precision(info: dict[str, object]) -> dict[str, object]:
+    """``text_precision`` without which runtime ran fp32 (``runtime*``: test_text_runtime.py)."""
+    return {k: v for k, v in info.items() if not k.startswith("runtime")}
+
+
 @pytest.mark.parametrize("level", LEVELS)
 def test_the_default_text_path_is_the_gated_one(built_index: Path, level: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cpu.CAP_ENV, level)
     index = ImageIndex.open(built_index, device="cpu")
     planned = index.text_path()
-    assert planned.path == "numpy"
+    # No reduced mode: fp32, on ONNX Runtime in a long-lived process (test_text_runtime.py).
+    assert planned.path == ("onnxruntime" if level == "none" and _has_ort() else "numpy")
     if level == "none":
         assert "auto has no reduced mode here (no fast int8 on this CPU, level none)" in planned.reason
     else:
@@ -46,7 +58,7 @@ def test_the_default_text_path_is_the_gated_one(built_index: Path, level: str, m
     assert info["requested"] == "auto"
     refusal = int8_module.int8_refusal()
     if refusal is not None:  # level none (or no kernel): fp32, and why
-        assert info == {"requested": "auto", "mode": "fp32", "int8": refusal}
+        assert _precision(info) == {"requested": "auto", "mode": "fp32", "int8": refusal}
     else:
         gate = info["gate"][0]
         assert gate["mode"] == "int8" and gate["samples"] == 24
@@ -64,7 +76,7 @@ def test_fp32_gives_exact_scores(built_index: Path) -> None:
     hits = index.search(QUERY, k=len(index))
     scores = index.embeddings() @ _fp32_vector(built_index)
     assert np.allclose([h.score for h in hits], scores[[h.id for h in hits]], rtol=0, atol=1e-6)
-    assert index.info()["text_precision"] == {"requested": "fp32", "mode": "fp32"}
+    assert _precision(index.info()["text_precision"]) == {"requested": "fp32", "mode": "fp32"}
 
 
 def test_the_gate_runs_once_per_model_and_cpu(built_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -110,7 +122,8 @@ def test_a_one_shot_process_keeps_fp32_and_says_why(built_index: Path) -> None:
     hits = index.search(QUERY, k=5)
     info = index.info()["text_precision"]
     assert info["requested"] == "auto" and info["mode"] == "fp32" and "int8 would first import torch" in info["int8"]
-    exact = ImageIndex.open(built_index, device="cpu", precision="fp32").search(QUERY, k=5)
+    # The same numpy fp32 tower (a long-lived fp32 open may run it on ONNX Runtime instead).
+    exact = ImageIndex.open(built_index, device="cpu", precision="fp32", text_queries=1).search(QUERY, k=5)
     assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in exact]
     # Enough texts (or a long-lived process: None) and auto gates as before.
     many = ImageIndex.open(built_index, device="cpu", text_queries=ONE_SHOT_TEXTS)

@@ -39,6 +39,13 @@ TEXTS: tuple[str, ...] = (
 )
 
 
+@pytest.fixture(autouse=True)
+def _numpy_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy tower's own fp32 products (subprocesses inherit it): long-lived fp32 opens
+    would otherwise run ONNX Runtime's (tests/test_text_runtime.py)."""
+    monkeypatch.setenv("CLIPSEARCH_TEXT_RUNTIME", "numpy")
+
+
 def _copy_with_config(src: Path, dst: Path, **text_config: object) -> Path:
     """A copy of checkpoint ``src`` with ``text_config`` keys changed (same weights)."""
     shutil.copytree(src, dst)

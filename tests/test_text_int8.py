@@ -27,6 +27,13 @@ pytestmark = pytest.mark.skipif(
 )
 
 
+@pytest.fixture(autouse=True)
+def _numpy_runtime(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The numpy tower's own fp32 products (subprocesses inherit it): long-lived fp32 opens
+    would otherwise run ONNX Runtime's (tests/test_text_runtime.py)."""
+    monkeypatch.setenv("CLIPSEARCH_TEXT_RUNTIME", "numpy")
+
+
 def test_int8_product_equals_the_dequantised_product() -> None:
     rng = np.random.default_rng(0)
     dense = DenseLinear(rng.standard_normal((64, 48), dtype=np.float32) * 0.1, rng.standard_normal(48, dtype=np.float32))

@@ -235,7 +235,8 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--no-browser-ui", action="store_true", help="serve the API only, not the web UI at /")
     p.add_argument(
         "--blas-threads", type=positive_int, default=1, metavar="N",
-        help="OpenBLAS threads per matrix product (numpy text tower, FAISS batches); 1 (default) suits concurrent requests",
+        help="OpenBLAS threads per matrix product (numpy text tower, FAISS batches; the exact text tower's ONNX Runtime "
+        "session takes the same count); 1 (default) suits concurrent requests",
     )
     p.add_argument(
         "--workers", type=_workers, default="1", metavar="N",

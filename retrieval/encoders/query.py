@@ -22,6 +22,7 @@ from .base import Encoder, TextEncoder
 from .languages import language_embedder
 from .numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
 from .precision import Precision, parse_mode
+from .runtime import RuntimeUnavailable
 
 if TYPE_CHECKING:
     from ..layout import Manifest
@@ -120,18 +121,16 @@ class QueryEncoders:
             return self._text_encoder
 
     def text_path(self) -> TextPath:
-        """Which text tower a text query would run on (``numpy`` or ``torch``), and why.
+        """Which text tower a text query would run on (``numpy``, ``onnxruntime`` or ``torch``), and why.
 
         Reads only the checkpoint's config and file headers; no model is loaded.
         """
         if self.given is not None:
             return TextPath("torch", "the index was opened with an encoder")
         if isinstance(self._text_encoder, NumpyTextEncoder):
-            loaded = self._text_encoder
-            why = f" ({loaded.int8_note})" if loaded.int8_note else ""
-            return TextPath("numpy", f"loaded, {loaded.mode} products{why}")
+            return self._text_encoder.loaded_path()
         planned = text_path(self.query_model, self.manifest.backend, self.precision, self.device, self.text_queries)
-        if self._text_encoder is not None and planned.path == "numpy":
+        if self._text_encoder is not None and planned.path != "torch":
             return TextPath("torch", "the numpy text tower could not load this checkpoint")
         return planned
 
@@ -221,6 +220,8 @@ class QueryEncoders:
             return self.encoder
         try:
             fast = NumpyTextEncoder.load(self.query_model, precision=self.precision, text_queries=self.text_queries)
+        except RuntimeUnavailable:
+            raise  # CLIPSEARCH_TEXT_RUNTIME=onnxruntime asked for this tower: torch is no answer
         except (UnsupportedTextTower, ModelLoadError):
             # The torch path loads (or fails to load, with its own message) what this cannot.
             return self.encoder

@@ -16,6 +16,10 @@ files and needs neither:
   ``eos_token_id == 2``), projection. Each text runs at its own length up to the pooled token:
   the causal mask makes later positions irrelevant to it.
 
+In a long-lived process the float32 forward pass runs on ONNX Runtime instead where it is
+installed and its export of the tower matches these vectors (:mod:`retrieval.encoders.runtime.text`);
+the tokenizer, the truncation and the normalisation stay this package's.
+
 Only checkpoints whose configuration this fully understands take this path (see
 :func:`check_text_config`); everything else keeps the torch path, and :func:`text_path` says
 which one a query would take and why. Vectors agree with the torch fp32 path to ~1e-6.

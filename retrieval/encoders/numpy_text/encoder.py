@@ -17,9 +17,10 @@ from .. import cpu
 from ..base import l2_normalize
 from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
+from ..runtime.text import TextRuntime
 from . import gate_cache
 from .config import UnsupportedTextTower, read_checkpoint_config
-from .path import TEXT_PRECISIONS, local_checkpoint, one_shot_reason
+from .path import TEXT_PRECISIONS, TextPath, local_checkpoint, one_shot_reason
 from .tokenizer import load_clip_tokenizer
 from .tower import NumpyTextTower
 from .weights import SafetensorsReader
@@ -31,7 +32,9 @@ class NumpyTextEncoder:
     Use :meth:`load`. It is a :class:`~retrieval.encoders.TextEncoder` (the text half of
     :class:`~retrieval.encoders.Encoder`): ``name``, ``backend``, ``dim``, ``max_text_length``,
     ``fingerprint``, ``embed_texts``; :attr:`mode` and :meth:`precision_info` say whether its
-    matrix products are float32 (numpy, no torch) or int8 (:mod:`.int8`, torch's kernels).
+    matrix products are float32 (numpy, no torch) or int8 (:mod:`.int8`, torch's kernels),
+    and :attr:`runtime` whether the float32 tower runs on numpy or on ONNX Runtime
+    (:mod:`retrieval.encoders.runtime.text`).
     """
 
     backend = "hf"
@@ -60,6 +63,7 @@ class NumpyTextEncoder:
         self.gate_results: list[GateResult] = []
         self.int8_note: str | None = None
         self.gate_cached = False
+        self.runtime = TextRuntime()
 
     @classmethod
     def load(cls, model: str, precision: str = "fp32", text_queries: int | None = None) -> NumpyTextEncoder:
@@ -74,13 +78,17 @@ class NumpyTextEncoder:
                 CPU setting (:mod:`.gate_cache`), so later loads do not gate again.
             text_queries: how many texts this process will embed, when it knows (a one-shot
                 command); with fewer than :data:`~.path.ONE_SHOT_TEXTS`, ``auto`` stays fp32
-                without importing torch (:func:`~.path.one_shot_reason`). None: a long-lived
-                process, where int8's set-up pays for itself.
+                and fp32 stays on numpy, without importing torch or onnxruntime
+                (:func:`~.path.one_shot_reason`, :func:`~.path.runtime_refusal`). None: a
+                long-lived process, where int8's set-up pays for itself, and so does ONNX
+                Runtime's for fp32 (:mod:`retrieval.encoders.runtime.text`).
 
         Raises:
             UnsupportedTextTower: a checkpoint or precision this does not compute, or ``int8``
                 where this machine has no int8 kernel for it (the torch path will run them).
             ModelLoadError: a local directory that is not a checkpoint.
+            RuntimeUnavailable: ``CLIPSEARCH_TEXT_RUNTIME=onnxruntime`` and ONNX Runtime cannot
+                run the fp32 tower here.
         """
         if precision not in TEXT_PRECISIONS:
             raise UnsupportedTextTower(f"text precision {precision} runs in torch")
@@ -100,7 +108,33 @@ class NumpyTextEncoder:
             encoder.requested, encoder.int8_note = precision, one_shot
         elif precision != "fp32":
             encoder._use_int8(precision)
+        if encoder.mode == "fp32":
+            encoder._use_runtime(text_queries)
         return encoder
+
+    def _use_runtime(self, text_queries: int | None) -> None:
+        from ..runtime.text import choose_text_runtime
+
+        tower, self.runtime = choose_text_runtime(
+            self.name, self.directory, lambda: self.fingerprint, self._tower, self._embed, text_queries
+        )
+        if tower is not None:
+            # The numpy tower's float32 products (151 MB for ViT-B/32) are dropped; ONNX Runtime
+            # holds its own copy of the weights.
+            self._tower, self.text_path = tower, "onnxruntime"
+
+    def loaded_path(self) -> TextPath:
+        """Which runtime runs this encoder's text queries, and why (what ``info`` reports once loaded)."""
+        if self.text_path == "onnxruntime":
+            parity = self.runtime.parity
+            return TextPath(
+                "onnxruntime",
+                f"loaded, fp32 on ONNX Runtime {self.runtime.version} (min cosine {parity['min_cosine']:.7f} "
+                f"to the numpy tower's on {parity['texts']} probe texts)",
+            )
+        notes = [n for n in (self.int8_note, self.runtime.note if self.mode == "fp32" else None) if n]
+        why = f" ({'; '.join(notes)})" if notes else ""
+        return TextPath("numpy", f"loaded, {self.mode} products{why}")
 
     def _use_int8(self, requested: str) -> None:
         from .int8 import activation_bits, int8_refusal, quantize_layer
@@ -153,6 +187,8 @@ class NumpyTextEncoder:
             data["int8"] = self.int8_note
         if self.gate_cached:
             data["gate_cached"] = True
+        if self.mode == "fp32":
+            data.update(self.runtime.record())
         return data
 
     @property
@@ -182,7 +218,7 @@ class NumpyTextEncoder:
         """
         return self._embed(self._tower, texts, batch_size)
 
-    def _embed(self, tower: NumpyTextTower, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+    def _embed(self, tower: Any, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
         out = np.empty((len(texts), self.dim), dtype=np.float32)
         with self._products_context(tower):
             for start in range(0, len(texts), batch_size):
@@ -193,7 +229,7 @@ class NumpyTextEncoder:
         return l2_normalize(out)
 
     @contextlib.contextmanager
-    def _products_context(self, tower: NumpyTextTower) -> Iterator[None]:
+    def _products_context(self, tower: Any) -> Iterator[None]:
         if tower.uses_torch:
             from .int8 import one_torch_thread
 

@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import ModelLoadError
 from .. import cpu
+from ..runtime import ORT_INSTALL, TEXT_RUNTIME_ENV, text_runtime_choice
 from .config import UnsupportedTextTower, read_checkpoint_config
 from .tokenizer import TokenizerSettings
 from .weights import SafetensorsReader
@@ -46,7 +48,9 @@ class TextPath:
     """Which text tower a text query would run on, and why.
 
     Attributes:
-        path: ``numpy`` (this package, no torch) or ``torch`` (the backend's own encoder).
+        path: ``numpy`` (this package, no torch), ``onnxruntime`` (this package's tokenizer and
+            loop, the fp32 tower's forward pass on ONNX Runtime: :mod:`..runtime.text`) or
+            ``torch`` (the backend's own encoder).
         reason: why, in a few words.
     """
 
@@ -73,6 +77,28 @@ def one_shot_reason(precision: str, text_queries: int | None) -> str | None:
         f"{queries} in this process (fewer than {ONE_SHOT_TEXTS}): int8 would first import torch and "
         "quantise the tower, which costs more than it saves on so few"
     )
+
+
+def runtime_refusal(text_queries: int | None, check_package: bool = True) -> str | None:
+    """Why the exact (fp32) text tower would stay on numpy rather than ONNX Runtime, judged
+    without loading anything (None: ONNX Runtime may run it, export and parity check allowing);
+    ``check_package``: also whether onnxruntime is installed (without importing it).
+
+    Raises:
+        InvalidArgumentError: an unknown ``CLIPSEARCH_TEXT_RUNTIME``.
+    """
+    choice = text_runtime_choice()
+    if choice == "numpy":
+        return f"{TEXT_RUNTIME_ENV}=numpy"
+    if choice == "auto" and text_queries is not None and text_queries < ONE_SHOT_TEXTS:
+        queries = "1 text query" if text_queries == 1 else f"{text_queries} text queries"
+        return (
+            f"{queries} in this process (fewer than {ONE_SHOT_TEXTS}): ONNX Runtime would first load "
+            "and check its export, which costs more than it saves on so few"
+        )
+    if check_package and importlib.util.find_spec("onnxruntime") is None:
+        return f"onnxruntime is not installed; for the faster exact path: {ORT_INSTALL}"
+    return None
 
 
 def fast_path_refusal(backend: str, model: str, precision: str, device: str) -> str | None:
@@ -116,14 +142,22 @@ def text_path(
         SafetensorsReader.for_checkpoint(directory)
     except (UnsupportedTextTower, ModelLoadError) as exc:
         return TextPath("torch", str(exc))
-    products = {
-        "fp32": "fp32, no torch",
-        "int8": "int8 products (torch's kernels)",
-        "auto": "int8 products where they pass the quality gate, else fp32",
-    }[precision]
+    tower = f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act})"
+    ort = "fp32 on ONNX Runtime (its export of these weights, cached; numpy where it cannot run or differs from numpy's vectors)"
     one_shot = one_shot_reason(precision, text_queries)
+    fp32_on = runtime_refusal(text_queries)
+    if precision == "int8":
+        return TextPath("numpy", f"{tower} in numpy, int8 products (torch's kernels)")
+    if precision == "auto" and one_shot is None and cpu.has_fast_int8():
+        also = "ONNX Runtime" if fp32_on is None else "numpy"
+        return TextPath("numpy", f"{tower} in numpy, int8 products where they pass the quality gate, else fp32 on {also}")
+    why = ""
     if one_shot is not None:
-        products = f"fp32, no torch: auto runs fp32 here, {one_shot}"
-    elif precision == "auto" and not cpu.has_fast_int8():
-        products = f"fp32, no torch: auto has no reduced mode here (no fast int8 on this CPU, level {cpu.cpu_level()})"
-    return TextPath("numpy", f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act}) in numpy, {products}")
+        why = f": auto runs fp32 here, {one_shot}"
+    elif precision == "auto":
+        why = f": auto has no reduced mode here (no fast int8 on this CPU, level {cpu.cpu_level()})"
+    if fp32_on is None:
+        return TextPath("onnxruntime", f"{tower}, {ort}{why}")
+    if one_shot is not None:
+        return TextPath("numpy", f"{tower} in numpy, fp32, no torch{why}")
+    return TextPath("numpy", f"{tower} in numpy, fp32, no torch{why} (not ONNX Runtime: {fp32_on})")

@@ -34,6 +34,13 @@ def _activation(x: np.ndarray, name: str) -> np.ndarray:
     return (0.5 * x64 * (1.0 + _erf(x64 / math.sqrt(2.0)))).astype(np.float32)
 
 
+def pooled_positions(cfg: TextTowerConfig, ids: np.ndarray) -> np.ndarray:
+    """The token each row of a padded ``(n, L)`` id batch is pooled at, as transformers picks it."""
+    if cfg.legacy_pooling:
+        return ids.astype(np.int32).argmax(axis=1)
+    return (ids == cfg.eos_token_id).astype(np.int32).argmax(axis=1)
+
+
 class NumpyTextTower:
     """``CLIPTextModelWithProjection``'s forward pass for one checkpoint, in numpy float32.
 
@@ -64,9 +71,7 @@ class NumpyTextTower:
 
     def pooled_positions(self, ids: np.ndarray) -> np.ndarray:
         """The token each row of a padded ``(n, L)`` id batch is pooled at, as transformers picks it."""
-        if self.cfg.legacy_pooling:
-            return ids.astype(np.int32).argmax(axis=1)
-        return (ids == self.cfg.eos_token_id).astype(np.int32).argmax(axis=1)
+        return pooled_positions(self.cfg, ids)
 
     def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Projected (not normalised) output at the last position of one sequence.

@@ -20,6 +20,10 @@ the sums they make, so an image's vector is bit-identical whatever its batch (te
 update equals a rebuild. The export is cached in the user's cache directory (:mod:`.export`).
 What ran is recorded in an index's ``model_info`` as ``image_runtime``.
 
+The exact (fp32) text tower has its own choice, :mod:`.text` (``CLIPSEARCH_TEXT_RUNTIME``,
+:data:`TEXT_RUNTIME_ENV`: ``auto``, ``numpy`` or ``onnxruntime``), made when the numpy text
+tower (:mod:`retrieval.encoders.numpy_text`) loads in a long-lived process.
+
 :mod:`.export` makes the ONNX file, :mod:`.ort_tower` runs it; onnxruntime is imported only
 there, and only when a tower is made.
 """
@@ -48,6 +52,15 @@ PARITY_MIN_COSINE = 0.99999
 PARITY_IMAGES = 16
 ORT_INSTALL = "pip install 'clipsearch[onnx]' (or: pip install onnxruntime onnx)"
 
+TEXT_RUNTIME_ENV = "CLIPSEARCH_TEXT_RUNTIME"
+TextRuntimeChoice = Literal["auto", "numpy", "onnxruntime"]
+TEXT_RUNTIME_CHOICES: tuple[TextRuntimeChoice, ...] = ("auto", "numpy", "onnxruntime")
+
+
+class RuntimeUnavailable(ModelLoadError):
+    """A runtime the environment insists on (``...=onnxruntime``) cannot be used here; unlike
+    other load errors of the numpy text tower, this one is not answered by the torch path."""
+
 
 def runtime_choice() -> RuntimeChoice:
     """``CLIPSEARCH_IMAGE_RUNTIME``, checked (``auto`` when unset).
@@ -60,6 +73,21 @@ def runtime_choice() -> RuntimeChoice:
         if value == known:
             return known
     raise InvalidArgumentError(f"{RUNTIME_ENV}={value!r} is not a runtime; use one of {', '.join(RUNTIME_CHOICES)}")
+
+
+def text_runtime_choice() -> TextRuntimeChoice:
+    """``CLIPSEARCH_TEXT_RUNTIME``, checked (``auto`` when unset).
+
+    Raises:
+        InvalidArgumentError: an unknown value.
+    """
+    value = os.environ.get(TEXT_RUNTIME_ENV, "").strip().lower() or "auto"
+    for known in TEXT_RUNTIME_CHOICES:
+        if value == known:
+            return known
+    raise InvalidArgumentError(
+        f"{TEXT_RUNTIME_ENV}={value!r} is not a text runtime; use one of {', '.join(TEXT_RUNTIME_CHOICES)}"
+    )
 
 
 def onnxruntime_missing() -> str | None:
@@ -177,8 +205,13 @@ __all__ = [
     "PARITY_MIN_COSINE",
     "RUNTIME_CHOICES",
     "RUNTIME_ENV",
+    "TEXT_RUNTIME_CHOICES",
+    "TEXT_RUNTIME_ENV",
     "ImageRuntime",
     "RuntimeChoice",
+    "RuntimeUnavailable",
+    "TextRuntimeChoice",
     "onnxruntime_missing",
     "runtime_choice",
+    "text_runtime_choice",
 ]

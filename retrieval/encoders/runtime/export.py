@@ -128,4 +128,106 @@ def cached_vision_export(
     return export_vision(tower_loader(), output, image_size, dest, model_name, interpolate)
 
 
-__all__ = ["EXPORT_VERSION", "ONNX_CACHE_ENV", "OPSET", "cache_dir", "cached_vision_export", "export_key", "export_vision"]
+# -- the text tower ------------------------------------------------------------------------------
+
+# Bumped when the exported text graph changes.
+TEXT_EXPORT_VERSION = 1
+
+
+def text_export_key(fingerprint: str, max_positions: int) -> str:
+    """A file name for one text-tower export: weights, context length, export version.
+
+    Unlike the image key, not torch's version: the key must be computable without importing
+    torch (a process that finds the export needs neither torch nor transformers), and every load
+    checks the export's vectors against the numpy tower's anyway (:mod:`.text`).
+    """
+    raw = f"v{TEXT_EXPORT_VERSION}|text|{fingerprint}|{max_positions}|opset={OPSET}"
+    return f"text-{max_positions}-{hashlib.sha256(raw.encode()).hexdigest()[:20]}.onnx"
+
+
+def export_text(directory: Path, dest: Path, model_name: str, eos_token_id: int) -> Path:
+    """Export ``CLIPTextModelWithProjection`` of the checkpoint in ``directory`` to ``dest``,
+    atomically: inputs ``input_ids`` and ``attention_mask`` (int64, batch and length dynamic),
+    output ``text_embeds`` (projected, not normalised).
+
+    Raises:
+        ModelLoadError: torch or transformers is missing, or the export failed (the message
+            names the model and the operator).
+    """
+    try:
+        import torch
+        from transformers import CLIPTextModelWithProjection
+        from transformers.utils import logging as hf_logging
+    except ImportError as exc:
+        raise ModelLoadError(f"exporting the text tower to ONNX needs torch and transformers ({exc})") from exc
+
+    # Quiet: a CLIPModel checkpoint's image weights are "unused" here, and the loading bar would
+    # land on a server's stderr in the middle of a query.
+    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+    try:
+        tower = CLIPTextModelWithProjection.from_pretrained(directory, dtype=torch.float32).eval()
+    except Exception as exc:  # noqa: BLE001  (transformers raises many types)
+        raise ModelLoadError(f"cannot load the text tower of {model_name} with transformers: {exc}") from exc
+    finally:
+        hf_logging.set_verbosity(verbosity)
+        if bar:
+            hf_logging.enable_progress_bar()
+
+    class TextFeatures(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tower = tower
+
+        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+            return self.tower(input_ids=input_ids, attention_mask=attention_mask).text_embeds
+
+    # Two rows of different lengths (one padded) so that nothing shape- or mask-dependent is
+    # traced as a constant; the pooled token is found from the ids at run time.
+    ids = torch.tensor([[1, 3, 4, eos_token_id], [1, 3, eos_token_id, eos_token_id]], dtype=torch.int64)
+    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.int64)
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=".export-", suffix=".onnx", dir=dest.parent)
+    os.close(fd)
+    try:
+        import warnings
+
+        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
+            warnings.simplefilter("ignore")
+            torch.onnx.export(
+                TextFeatures().eval(), (ids, mask), tmp, input_names=["input_ids", "attention_mask"],
+                output_names=["text_embeds"], opset_version=OPSET, dynamo=False,
+                dynamic_axes={"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"},
+                              "text_embeds": {0: "batch"}},
+            )
+        os.replace(tmp, dest)
+    except Exception as exc:  # noqa: BLE001  (any exporter failure becomes one typed error)
+        Path(tmp).unlink(missing_ok=True)
+        raise ModelLoadError(
+            f"cannot export the text tower of {model_name} to ONNX: unsupported operator or "
+            f"construct {_failed_operator(exc)}"
+        ) from exc
+    return dest
+
+
+def cached_text_export(directory: Path, fingerprint: str, max_positions: int, model_name: str, eos_token_id: int) -> Path:
+    """The cached text-tower export for these weights, made now (torch and transformers
+    imported) if missing.
+
+    Raises:
+        ModelLoadError: no export is cached and one cannot be made (torch or transformers
+            missing, or the export failed: model and operator named).
+    """
+    dest = cache_dir() / text_export_key(fingerprint, max_positions)
+    if dest.is_file() and dest.stat().st_size > 0:
+        return dest
+    return export_text(directory, dest, model_name, eos_token_id)
+
+
+__all__ = [
+    "TEXT_EXPORT_VERSION",
+    "cached_text_export",
+    "export_text",
+    "text_export_key",
+    "EXPORT_VERSION", "ONNX_CACHE_ENV", "OPSET", "cache_dir", "cached_vision_export", "export_key", "export_vision"]

@@ -1,4 +1,4 @@
-"""An exported image tower on ONNX Runtime's CPU provider (the only module that imports it).
+"""An exported image tower on ONNX Runtime's CPU provider (with :mod:`.ort_text`, the only modules that import it).
 
 One session per tower, made once. Threads: torch's count in this process at creation (what
 ``--threads`` sets for a build), one inter-op thread; the session's threads spin only while it

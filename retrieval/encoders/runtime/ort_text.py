@@ -1,0 +1,82 @@
+"""An exported text tower on ONNX Runtime's CPU provider, in the numpy text tower's shape.
+
+:class:`OrtTextTower` has what :class:`~retrieval.encoders.numpy_text.encoder.NumpyTextEncoder`
+calls on a tower (``cfg``, ``uses_torch``, ``pooled_positions``, ``forward``), so the encoder
+tokenizes, truncates at the pooled token and normalises exactly as it does for numpy; only the
+forward pass changes runtime. Each text is one run of one row at its own length, with no padding:
+its vector cannot depend on the other texts of a call.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import numpy as np
+
+from ...errors import ModelLoadError
+from ..numpy_text.config import TextTowerConfig
+from ..numpy_text.tower import pooled_positions
+
+
+def default_threads() -> int:
+    """The numpy tower's thread budget: OpenBLAS's thread count where threadpoolctl can read it
+    (``serve`` sets it, ``--blas-threads``, 1 by default for concurrent requests), else the cores
+    this process may run on (OpenBLAS's own default)."""
+    try:
+        from threadpoolctl import threadpool_info
+
+        counts = [int(i["num_threads"]) for i in threadpool_info() if i.get("internal_api") == "openblas"]
+        if counts:
+            return max(1, min(counts))
+    except Exception:  # noqa: BLE001, S110  (not installed or unreadable: the cores, below)
+        pass
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):
+        return max(1, os.cpu_count() or 1)
+
+
+class OrtTextTower:
+    """``forward(ids, mask) -> projected vector`` of one sequence on ONNX Runtime.
+
+    Args:
+        path: the export (:func:`~.export.cached_text_export`).
+        cfg: the checkpoint's text configuration (for the pooled token).
+        threads: intra-op threads (default: :func:`default_threads`).
+
+    Raises:
+        ModelLoadError: ONNX Runtime cannot load the file, or it is not a text-tower export.
+    """
+
+    uses_torch = False
+
+    def __init__(self, path: Path, cfg: TextTowerConfig, threads: int | None = None) -> None:
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads = threads or default_threads()
+        options.inter_op_num_threads = 1
+        # Between queries the pool's threads sleep instead of spinning on the server's cores.
+        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+        options.log_severity_level = 3
+        try:
+            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+        except Exception as exc:  # noqa: BLE001  (onnxruntime raises its own untyped errors)
+            raise ModelLoadError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0]}") from exc
+        names = sorted(i.name for i in self.session.get_inputs())
+        if names != ["attention_mask", "input_ids"]:
+            raise ModelLoadError(f"{path} is not a text-tower export (inputs {names})")
+        self.path = path
+        self.cfg = cfg
+
+    def pooled_positions(self, ids: np.ndarray) -> np.ndarray:
+        """The token each row of a padded ``(n, L)`` id batch is pooled at, as transformers picks it."""
+        return pooled_positions(self.cfg, ids)
+
+    def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        """Projected (not normalised) output of one sequence ``ids`` (``(L,)``, up to and
+        including its pooled token) with its attention ``mask``."""
+        feeds = {"input_ids": ids.astype(np.int64)[None], "attention_mask": mask.astype(np.int64)[None]}
+        out = self.session.run(None, feeds)[0]
+        return np.asarray(out[0], dtype=np.float32)
