@@ -55,9 +55,13 @@ serve: $(STAMP)
 
 # scripts/ensure-chromium finds a Chromium or gets one (Debian's package, else Playwright's installer)
 # and says which on stderr; with none, the browser tests fail unless CLIPSEARCH_SKIP_BROWSER=1.
+# Two pytest-xdist workers, each test file on one worker (its module fixtures built once): much of
+# the suite waits on subprocesses, servers and disk, so two workers on two cores halve its time.
+# TEST_WORKERS=0 runs it in one process (e.g. to debug with -x -s).
+TEST_WORKERS ?= 2
 test: $(STAMP)
 	@chromium=$$(PYTHON=$(BIN)/python scripts/ensure-chromium) && \
-	  CLIPSEARCH_CHROMIUM="$$chromium" $(BIN)/python -m pytest -q
+	  CLIPSEARCH_CHROMIUM="$$chromium" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
 
 # The manual under docs/, built by MkDocs; --strict turns a broken link, a bad anchor or a page left
 # out of the navigation into a failure (.ci/run runs it).
