@@ -174,36 +174,18 @@ def describe(peers: list[str]) -> dict[str, str]:
 
 def export_text(model_dir: Path, dest: Path) -> Path:
     """``CLIPTextModelWithProjection`` of ``model_dir`` as ONNX (``input_ids``, ``attention_mask``
-    -> ``text_embeds``; batch and length dynamic), at ``dest`` (kept if there)."""
+    -> ``text_embeds``; batch and length dynamic), at ``dest`` (kept if there): retrieval's own
+    export (:func:`retrieval.encoders.runtime.export.export_text`), so the peers run the graph
+    our exact text path runs."""
     if dest.is_file():
         return dest
-    import warnings
+    import json
 
-    import torch
-    from transformers import CLIPTextModelWithProjection
+    from retrieval.encoders.runtime.export import export_text as export
 
-    tower = CLIPTextModelWithProjection.from_pretrained(model_dir, dtype=torch.float32).eval()
-
-    class TextFeatures(torch.nn.Module):
-        def __init__(self) -> None:
-            super().__init__()
-            self.tower = tower
-
-        def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
-            return self.tower(input_ids=input_ids, attention_mask=attention_mask).text_embeds
-
-    ids = torch.tensor([[49406, 320, 1929, 49407], [49406, 320, 49407, 49407]], dtype=torch.int64)
-    mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.int64)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    with warnings.catch_warnings(), torch.no_grad():
-        warnings.simplefilter("ignore")
-        torch.onnx.export(
-            TextFeatures().eval(), (ids, mask), str(dest), input_names=["input_ids", "attention_mask"],
-            output_names=["text_embeds"], opset_version=17, dynamo=False,
-            dynamic_axes={"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"},
-                          "text_embeds": {0: "batch"}},
-        )
-    return dest
+    config = json.loads((model_dir / "config.json").read_text())
+    eos = config.get("text_config", config).get("eos_token_id", 49407)
+    return export(model_dir, dest, str(model_dir), int(eos))
 
 
 def text_embedder(peer: str, model_dir: Path, work_dir: Path, threads: int) -> Callable[[list[str]], np.ndarray]:

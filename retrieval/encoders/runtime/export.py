@@ -90,26 +90,34 @@ def export_vision(
 
     module = _ImageFeatures.wrap(tower, output, interpolate)
     example = torch.zeros(2, 3, image_size, image_size, dtype=torch.float32)
+    return _export_atomically(
+        module, (example,), dest, f"the image tower of {model_name}", input_names=["pixel_values"],
+        output_names=["image_embeds"], dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}},
+    )
+
+
+def _export_atomically(module: Any, args: tuple[Any, ...], dest: Path, what: str, **options: Any) -> Path:
+    """``torch.onnx.export`` of ``module`` to ``dest`` through a temporary name in the same folder,
+    so that a reader never finds half a file; ``options`` are the graph's names and dynamic axes.
+
+    Raises:
+        ModelLoadError: the export failed (``what`` and the operator named).
+    """
+    import warnings
+
+    import torch
+
     dest.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".export-", suffix=".onnx", dir=dest.parent)
     os.close(fd)
     try:
-        import warnings
-
         with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
             warnings.simplefilter("ignore")
-            torch.onnx.export(
-                module, (example,), tmp, input_names=["pixel_values"], output_names=["image_embeds"],
-                dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}},
-                opset_version=OPSET, dynamo=False,
-            )
+            torch.onnx.export(module, args, tmp, opset_version=OPSET, dynamo=False, **options)
         os.replace(tmp, dest)
     except Exception as exc:  # noqa: BLE001  (any exporter failure becomes one typed error)
         Path(tmp).unlink(missing_ok=True)
-        raise ModelLoadError(
-            f"cannot export the image tower of {model_name} to ONNX: unsupported operator or "
-            f"construct {_failed_operator(exc)}"
-        ) from exc
+        raise ModelLoadError(f"cannot export {what} to ONNX: unsupported operator or construct {_failed_operator(exc)}") from exc
     return dest
 
 
@@ -187,28 +195,12 @@ def export_text(directory: Path, dest: Path, model_name: str, eos_token_id: int)
     # traced as a constant; the pooled token is found from the ids at run time.
     ids = torch.tensor([[1, 3, 4, eos_token_id], [1, 3, eos_token_id, eos_token_id]], dtype=torch.int64)
     mask = torch.tensor([[1, 1, 1, 1], [1, 1, 1, 0]], dtype=torch.int64)
-    dest.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".export-", suffix=".onnx", dir=dest.parent)
-    os.close(fd)
-    try:
-        import warnings
-
-        with warnings.catch_warnings(), torch.inference_mode(False), torch.no_grad():
-            warnings.simplefilter("ignore")
-            torch.onnx.export(
-                TextFeatures().eval(), (ids, mask), tmp, input_names=["input_ids", "attention_mask"],
-                output_names=["text_embeds"], opset_version=OPSET, dynamo=False,
-                dynamic_axes={"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"},
-                              "text_embeds": {0: "batch"}},
-            )
-        os.replace(tmp, dest)
-    except Exception as exc:  # noqa: BLE001  (any exporter failure becomes one typed error)
-        Path(tmp).unlink(missing_ok=True)
-        raise ModelLoadError(
-            f"cannot export the text tower of {model_name} to ONNX: unsupported operator or "
-            f"construct {_failed_operator(exc)}"
-        ) from exc
-    return dest
+    return _export_atomically(
+        TextFeatures().eval(), (ids, mask), dest, f"the text tower of {model_name}",
+        input_names=["input_ids", "attention_mask"], output_names=["text_embeds"],
+        dynamic_axes={"input_ids": {0: "batch", 1: "length"}, "attention_mask": {0: "batch", 1: "length"},
+                      "text_embeds": {0: "batch"}},
+    )
 
 
 def cached_text_export(directory: Path, fingerprint: str, max_positions: int, model_name: str, eos_token_id: int) -> Path:
