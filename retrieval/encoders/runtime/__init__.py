@@ -34,7 +34,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
@@ -68,11 +68,7 @@ def runtime_choice() -> RuntimeChoice:
     Raises:
         InvalidArgumentError: an unknown value.
     """
-    value = os.environ.get(RUNTIME_ENV, "").strip().lower() or "auto"
-    for known in RUNTIME_CHOICES:
-        if value == known:
-            return known
-    raise InvalidArgumentError(f"{RUNTIME_ENV}={value!r} is not a runtime; use one of {', '.join(RUNTIME_CHOICES)}")
+    return _env_choice(RUNTIME_ENV, RUNTIME_CHOICES, "a runtime")
 
 
 def text_runtime_choice() -> TextRuntimeChoice:
@@ -81,13 +77,18 @@ def text_runtime_choice() -> TextRuntimeChoice:
     Raises:
         InvalidArgumentError: an unknown value.
     """
-    value = os.environ.get(TEXT_RUNTIME_ENV, "").strip().lower() or "auto"
-    for known in TEXT_RUNTIME_CHOICES:
+    return _env_choice(TEXT_RUNTIME_ENV, TEXT_RUNTIME_CHOICES, "a text runtime")
+
+
+_Choice = TypeVar("_Choice", bound=str)
+
+
+def _env_choice(name: str, choices: tuple[_Choice, ...], what: str) -> _Choice:
+    value = os.environ.get(name, "").strip().lower() or "auto"
+    for known in choices:
         if value == known:
             return known
-    raise InvalidArgumentError(
-        f"{TEXT_RUNTIME_ENV}={value!r} is not a text runtime; use one of {', '.join(TEXT_RUNTIME_CHOICES)}"
-    )
+    raise InvalidArgumentError(f"{name}={value!r} is not {what}; use one of {', '.join(choices)}")
 
 
 def onnxruntime_missing() -> str | None:

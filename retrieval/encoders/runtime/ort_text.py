@@ -17,6 +17,7 @@ import numpy as np
 from ...errors import ModelLoadError
 from ..numpy_text.config import TextTowerConfig
 from ..numpy_text.tower import pooled_positions
+from .ort_tower import cpu_session
 
 
 def default_threads() -> int:
@@ -52,18 +53,7 @@ class OrtTextTower:
     uses_torch = False
 
     def __init__(self, path: Path, cfg: TextTowerConfig, threads: int | None = None) -> None:
-        import onnxruntime as ort
-
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or default_threads()
-        options.inter_op_num_threads = 1
-        # Between queries the pool's threads sleep instead of spinning on the server's cores.
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        try:
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # noqa: BLE001  (onnxruntime raises its own untyped errors)
-            raise ModelLoadError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0]}") from exc
+        self.session = cpu_session(path, threads or default_threads())
         names = sorted(i.name for i in self.session.get_inputs())
         if names != ["attention_mask", "input_ids"]:
             raise ModelLoadError(f"{path} is not a text-tower export (inputs {names})")

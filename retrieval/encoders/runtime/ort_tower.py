@@ -8,7 +8,7 @@ runs (``allow_spinning`` off), so they do not steal the decode threads' cores be
 from __future__ import annotations
 
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -19,6 +19,27 @@ if TYPE_CHECKING:
     import torch
 
 
+def cpu_session(path: Path, threads: int) -> Any:
+    """An ONNX Runtime CPU session of ``path`` on ``threads`` intra-op threads, one inter-op.
+
+    Raises:
+        ModelLoadError: ONNX Runtime cannot load the file.
+    """
+    import onnxruntime as ort
+
+    options = ort.SessionOptions()
+    options.intra_op_num_threads = threads
+    options.inter_op_num_threads = 1
+    # Between calls the pool's threads sleep instead of spinning on cores the decoders, the
+    # server or another tower need.
+    options.add_session_config_entry("session.intra_op.allow_spinning", "0")
+    options.log_severity_level = 3
+    try:
+        return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
+    except Exception as exc:  # noqa: BLE001  (onnxruntime raises its own untyped errors)
+        raise ModelLoadError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0]}") from exc
+
+
 class OrtImageTower:
     """``tower(pixel_values) -> L2-normalised float32 vectors`` on ONNX Runtime.
 
@@ -27,18 +48,9 @@ class OrtImageTower:
     """
 
     def __init__(self, path: Path, threads: int | None = None) -> None:
-        import onnxruntime as ort
         import torch
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads = threads or torch.get_num_threads()
-        options.inter_op_num_threads = 1
-        options.add_session_config_entry("session.intra_op.allow_spinning", "0")
-        options.log_severity_level = 3
-        try:
-            self.session = ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
-        except Exception as exc:  # noqa: BLE001  (onnxruntime raises its own untyped errors)
-            raise ModelLoadError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0]}") from exc
+        self.session = cpu_session(path, threads or torch.get_num_threads())
         self.path = path
         self.input_name = self.session.get_inputs()[0].name
 
