@@ -754,6 +754,20 @@ def test_bench_ocr_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert bench_ocr.main(["--engines", "nope"]) == 2
 
 
+def test_bench_ocr_build_rows_add_ocr_without_embedding_again(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import bench_ocr
+
+    code = bench_ocr.main(["--signs", "1", "--sizes", "40", "--engines", "rapidocr", "--index", "1", "--work-dir", str(tmp_path)])
+    assert code == 0
+    rows = {(r["photos"], r["ocr"]): r for r in _json_line(capsys.readouterr().out)["index"]}
+    assert set(rows) == {(kind, ocr) for kind in ("with_text", "without_text") for ocr in ("off", "on", "added later")}
+    for kind in ("with_text", "without_text"):
+        assert rows[(kind, "off")]["embedded"] == rows[(kind, "on")]["embedded"] == 1 and rows[(kind, "off")]["text_read"] == 0
+        later = rows[(kind, "added later")]
+        assert later["embedded"] == 0 and later["text_read"] == 1 and later["images_per_s"] > 0
+    assert rows[("with_text", "added later")]["with_ocr_text"] == rows[("with_text", "on")]["with_ocr_text"] == 1
+
+
 def test_bench_shards_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("moto.server")
     import bench_shards
