@@ -42,6 +42,7 @@ from .commit import GenerationWriter
 from .config import BuildConfig, default_threads
 from .dataset import OCR_FAILED_NOTE, ImageDataset
 from .discover import ImageFile
+from .embed import ChunkCommits
 from .shards import ShardReader
 from .writer import PartWriter, conform
 
@@ -134,7 +135,7 @@ def read_missing_text(
     chunk = min(cfg.commit_every, 16_384)
     scratch = _Scratch(writer.dir, writer.meta.dim)
     threads = cfg.threads or default_threads("cpu")
-    since, last = 0, time.monotonic()
+    commits = ChunkCommits(cfg, writer)
     from tqdm import tqdm
 
     bar = tqdm(total=total, unit="img", desc="reading text", disable=not cfg.progress or not total, dynamic_ncols=True)
@@ -155,12 +156,8 @@ def read_missing_text(
             table = _with_text(_read_part(path), unread, images, preprocess, cfg, threads, stats, bar)
             writer.replace_parts(i, i + 1, [scratch.write(ref.first_id, [table])])
             i += 1
-            since += int(unread.sum())
-            if stats.read < total and (since >= cfg.commit_every or time.monotonic() - last >= cfg.commit_seconds):
-                t0 = time.perf_counter()
-                writer.commit(complete=False)
-                stats.write_seconds += time.perf_counter() - t0
-                since, last = 0, time.monotonic()
+            if stats.read < total:  # the last chunk is the build's own final commit
+                stats.write_seconds += commits.after(int(unread.sum()))
     finally:
         bar.close()
     writer.text_pending = False

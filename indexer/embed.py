@@ -49,6 +49,25 @@ class EmbeddedBatch:
         return [it for it in self.items if it.error is None]
 
 
+class ChunkCommits:
+    """A run's chunk commits: a generation every ``cfg.commit_every`` images or
+    ``cfg.commit_seconds``, whichever comes first, so a killed run loses at most one chunk."""
+
+    def __init__(self, cfg: BuildConfig, writer: GenerationWriter) -> None:
+        self._cfg, self._writer = cfg, writer
+        self._since, self._last = 0, time.monotonic()
+
+    def after(self, images: int) -> float:
+        """Count ``images`` more done; commit when a chunk is due. Returns the seconds spent writing."""
+        self._since += images
+        if self._since < self._cfg.commit_every and time.monotonic() - self._last < self._cfg.commit_seconds:
+            return 0.0
+        t0 = time.perf_counter()
+        self._writer.commit(complete=False)
+        self._since, self._last = 0, time.monotonic()
+        return time.perf_counter() - t0
+
+
 def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, batches: Iterable[EmbeddedBatch],
                   stats: RunStats) -> None:
     """Append embedded batches (in the order of ``plan.to_embed``) to ``writer``: rows for the
@@ -57,7 +76,7 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
     from tqdm import tqdm
 
     files = plan.to_embed
-    since_commit, last_commit = 0, time.monotonic()
+    commits = ChunkCommits(cfg, writer)
     bar = tqdm(total=len(files), unit="img", desc="indexing", disable=not cfg.progress, dynamic_ncols=True)
     try:
         for batch in batches:
@@ -84,14 +103,9 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
                 updated = sum(rec.path in plan.updated_paths for rec in records)
                 stats.updated += updated
                 stats.added += len(records) - updated
-            since_commit += len(batch.items)
             bar.update(len(batch.items))
             bar.set_postfix(skipped=stats.newly_skipped, refresh=False)
-            if since_commit >= cfg.commit_every or time.monotonic() - last_commit >= cfg.commit_seconds:
-                t0 = time.perf_counter()
-                writer.commit(complete=False)
-                stats.write_seconds += time.perf_counter() - t0
-                since_commit, last_commit = 0, time.monotonic()
+            stats.write_seconds += commits.after(len(batch.items))
     finally:
         bar.close()
 
