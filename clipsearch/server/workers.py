@@ -37,10 +37,9 @@ START_TIMEOUT_S = 600.0
 
 def cpu_count() -> int:
     """The cores this process may run on (``--workers auto``)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except AttributeError:  # not on Linux
-        return os.cpu_count() or 1
+    from retrieval.encoders.cpu import usable_cores
+
+    return usable_cores()
 
 
 def worker_app() -> FastAPI:

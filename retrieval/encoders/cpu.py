@@ -186,6 +186,14 @@ def describe() -> dict[str, str]:
     return data
 
 
+def usable_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the OS has one, else all)."""
+    try:
+        return max(1, len(os.sched_getaffinity(0)))
+    except (AttributeError, OSError):  # not on Linux
+        return max(1, os.cpu_count() or 1)
+
+
 __all__ = [
     "CAP_ENV",
     "FBGEMM_ENV",
@@ -198,6 +206,7 @@ __all__ = [
     "has_amx",
     "has_fast_int8",
     "has_int8_dot",
+    "usable_cores",
     "kernel_level",
     "level_of_flags",
     "rank",

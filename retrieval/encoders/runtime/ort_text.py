@@ -9,12 +9,12 @@ its vector cannot depend on the other texts of a call.
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import numpy as np
 
 from ...errors import ModelLoadError
+from ..cpu import usable_cores
 from ..numpy_text.config import TextTowerConfig
 from ..numpy_text.tower import pooled_positions
 from .ort_tower import cpu_session
@@ -32,10 +32,7 @@ def default_threads() -> int:
             return max(1, min(counts))
     except Exception:  # noqa: BLE001, S110  (not installed or unreadable: the cores, below)
         pass
-    try:
-        return max(1, len(os.sched_getaffinity(0)))
-    except (AttributeError, OSError):
-        return max(1, os.cpu_count() or 1)
+    return usable_cores()
 
 
 class OrtTextTower:
