@@ -256,6 +256,48 @@ def test_tiny_clip_in_int8_is_close_to_fp32_and_batch_invariant(tiny_model: Path
         np.testing.assert_allclose(enc.embed_texts([text]), together[i : i + 1], rtol=0, atol=1e-4)
 
 
+def test_cpu_batches_run_in_calls_that_keep_activations_small(
+    tiny_model: Path, photos: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A batch is split into calls of images_per_call images (even sizes), and the int8 vectors
+    are the ones one call gives, bit for bit."""
+    from retrieval.encoders import chunking
+    from retrieval.encoders.hf import encoder as hf_encoder
+
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="int8")
+    pixels = torch.stack([load_pixels(p, enc.preprocess)[0] for p in sorted(photos.iterdir())])[:10]
+    whole = enc.embed_pixels(pixels)
+    vision = enc.config.vision_config
+    tokens = (pixels.shape[-1] // vision.patch_size) ** 2 + 1
+    assert enc._images_per_call(pixels) == chunking.images_per_call(tokens, vision.intermediate_size)
+    calls: list[int] = []
+    real = hf_encoder.HFClipEncoder._embed_torch
+
+    def counted(self: HFClipEncoder, values: torch.Tensor, mode: P.Mode) -> np.ndarray:
+        calls.append(len(values))
+        return real(self, values, mode)
+
+    monkeypatch.setattr(hf_encoder.HFClipEncoder, "_embed_torch", counted)
+    # Room for 4 images' widest activation per call: 10 images are 3 calls of 4, 3 and 3.
+    monkeypatch.setattr(hf_encoder, "images_per_call", lambda t, w: chunking.images_per_call(t, w, limit=4 * t * w * 4))
+    np.testing.assert_array_equal(enc.embed_pixels(pixels), whole)
+    assert calls == [10, 4, 3, 3]
+
+
+def test_images_per_call_bounds_the_widest_activation() -> None:
+    from retrieval.encoders.chunking import CPU_CALL_BYTES, images_per_call, in_calls
+
+    # ViT-B/32 (50 tokens, MLP 3072) and ViT-L/14 (257 tokens, MLP 4096) at 224 pixels.
+    assert images_per_call(50, 3072) == CPU_CALL_BYTES // (50 * 3072 * 4) == 27
+    assert images_per_call(257, 4096) == 3
+    assert images_per_call(10_000, 10_000) == 1
+    with pytest.raises(ValueError):
+        images_per_call(0, 3072)
+    seen: list[int] = []
+    out = in_calls(torch.arange(64).reshape(64, 1), 27, lambda x: (seen.append(len(x)), x.numpy())[1])
+    assert seen == [22, 21, 21] and out.ravel().tolist() == list(range(64))
+
+
 def test_int8_update_equals_int8_rebuild_bit_for_bit(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
     files = sorted(p.name for p in photos.iterdir())
     common = dict(model=str(tiny_model), workers=0, device="cpu", precision="int8")

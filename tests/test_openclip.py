@@ -292,6 +292,27 @@ def test_image_parity_with_open_clip(encoder: OpenClipEncoder, reference, tmp_pa
     assert cos >= 0.9999, cos
 
 
+def test_cpu_batches_run_in_calls_sized_by_the_patch_grid(encoder: OpenClipEncoder, monkeypatch: pytest.MonkeyPatch) -> None:
+    from retrieval.encoders import chunking
+    from retrieval.encoders.openclip import encoder as oc_encoder
+
+    visual = encoder.model.visual
+    pixels = torch.rand(5, 3, *visual.image_size)
+    tokens = (visual.image_size[0] // visual.patch_size[0]) * (visual.image_size[1] // visual.patch_size[1]) + 1
+    width = visual.transformer.resblocks[0].mlp.c_fc.out_features
+    assert encoder._images_per_call(pixels) == chunking.images_per_call(tokens, width)
+    whole = encoder.embed_pixels(pixels)
+    # Two images' activations per call: 5 images in calls of 2, 2 and 1, vectors as in one call
+    # (fp32: the batch size moves only the last bits, as in open_clip).
+    monkeypatch.setattr(oc_encoder, "images_per_call", lambda t, w: 2)
+    sizes: list[int] = []
+    model = encoder.model
+    real = model.encode_image
+    monkeypatch.setattr(model, "encode_image", lambda x, **kw: (sizes.append(len(x)), real(x, **kw))[1])
+    np.testing.assert_allclose(encoder.embed_pixels(pixels), whole, rtol=0, atol=1e-6)
+    assert sizes == [2, 2, 1]
+
+
 def test_transparent_png_is_composited_on_white(encoder: OpenClipEncoder, reference, tmp_path: Path) -> None:
     # open_clip's preprocess ends in convert("RGB"), which drops alpha and shows whatever colour
     # the transparent pixels hold; we composite transparency onto white for every backend (what

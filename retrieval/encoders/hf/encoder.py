@@ -20,6 +20,7 @@ from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
 from ...images.preprocess import unpack_patches
 from ..base import l2_normalize, quiet_transformers, resolve_device
+from ..chunking import images_per_call, in_calls
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from ..runtime import ImageRuntime
 from ..runtime.export import cached_vision_export
@@ -284,6 +285,17 @@ class HFClipEncoder(PixelPrecisionMixin):
 
         return ImageRuntime(self.name, export, applies=self.device.type == "cpu" and not self.family.naflex)
 
+    def _images_per_call(self, pixel_values: torch.Tensor) -> int:
+        """Images per CPU forward pass (:mod:`..chunking`): tokens from the input's patch grid
+        (NaFlex: its packed patch count), width the MLP's."""
+        vision = self.config.vision_config
+        if self.family.naflex:
+            tokens = int(pixel_values.shape[-2])
+        else:
+            patch = int(vision.patch_size)
+            tokens = (int(pixel_values.shape[-2]) // patch) * (int(pixel_values.shape[-1]) // patch) + 1
+        return images_per_call(tokens, int(vision.intermediate_size))
+
     def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
         # Only once fp32 is the resolved mode: auto's calibration compares reduced modes with
         # torch's fp32 (and need not export a tower it may not use).
@@ -296,8 +308,12 @@ class HFClipEncoder(PixelPrecisionMixin):
     def _embed_torch(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
         import torch
 
-        model = self.image_precision.module(self.vision_model, mode)
         device = torch.device("cpu") if mode == "int8" else self.device
+        if device.type == "cpu":
+            per_call = self._images_per_call(pixel_values)
+            if len(pixel_values) > per_call:
+                return in_calls(pixel_values, per_call, lambda part: self._embed_torch(part, mode))
+        model = self.image_precision.module(self.vision_model, mode)
         with torch.inference_mode(), autocast(mode, device):
             if self.family.naflex:
                 values, mask, shapes = unpack_patches(pixel_values.to(device, torch.float32, non_blocking=True))

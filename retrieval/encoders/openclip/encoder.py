@@ -27,6 +27,7 @@ import numpy as np
 from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
 from ..base import file_sha256, first_line, l2_normalize, resolve_device
+from ..chunking import images_per_call, in_calls
 from ..languages import check_language, language_codes, set_language
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from .hub import (
@@ -377,11 +378,28 @@ class OpenClipEncoder(PixelPrecisionMixin):
     def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
         import torch
 
-        model = self.image_precision.module(self.model, mode)
         device = torch.device("cpu") if mode == "int8" else self.device
+        per_call = self._images_per_call(pixel_values) if device.type == "cpu" else None
+        if per_call is not None and len(pixel_values) > per_call:
+            return in_calls(pixel_values, per_call, lambda part: self._embed_pixels(part, mode))
+        model = self.image_precision.module(self.model, mode)
         with torch.inference_mode(), autocast(mode, device):
             emb = model.encode_image(pixel_values.to(device, torch.float32, non_blocking=True))
             return l2_normalize(emb.float().cpu().numpy())
+
+
+    def _images_per_call(self, pixel_values: torch.Tensor) -> int | None:
+        """Images per CPU forward pass (:mod:`..chunking`) of a ViT tower; None (one call) for a
+        tower without a patch grid and MLP width to read (e.g. a ResNet)."""
+        visual = self.model.visual
+        patch = getattr(visual, "patch_size", None)
+        blocks = getattr(getattr(visual, "transformer", None), "resblocks", None)
+        fc = getattr(getattr(blocks[0], "mlp", None), "c_fc", None) if blocks else None
+        width = getattr(fc, "out_features", None)
+        if not isinstance(patch, tuple) or not isinstance(width, int):
+            return None
+        tokens = (int(pixel_values.shape[-2]) // patch[0]) * (int(pixel_values.shape[-1]) // patch[1]) + 1
+        return images_per_call(tokens, width)
 
 
 def _tags_preprocess_differently(architecture: str) -> bool:
