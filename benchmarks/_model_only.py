@@ -96,12 +96,15 @@ def model_only(model_dir: Path, files: list[Path], batch_size: int, threads: int
             p(batches[0])  # steady state: the first call pays set-up
             runnable[name] = p
     times: dict[str, list[float]] = {name: [] for name in runnable}
+    faults: dict[str, list[int]] = {name: [] for name in runnable}
     vectors: dict[str, np.ndarray] = {}
     for _ in range(rounds):
         for name, embed in runnable.items():
+            f0 = minor_faults()
             t0 = time.perf_counter()
             got = [embed(b) for b in batches]
             times[name].append(time.perf_counter() - t0)
+            faults[name].append(minor_faults() - f0)
             vectors[name] = np.concatenate(got)
     # An update equals a rebuild only if an image's vector does not depend on the images batched
     # with it: the first two images embedded alone against their rows in the full first batch.
@@ -119,6 +122,9 @@ def model_only(model_dir: Path, files: list[Path], batch_size: int, threads: int
             "mean_cosine": round(float(cos.mean()), 6), "min_cosine": round(float(cos.min()), 6),
             "rounds_images_per_second": [round(n / t, 2) for t in ts],
             "batch_dependence": float(np.abs(alone[name] - vectors[name][: len(alone[name])]).max()),
+            # Fresh pages the kernel zeroed for it, per image (fewest of the rounds): a count, so it
+            # does not move with the load from other processes as times do.
+            "page_faults_per_image": round(min(faults[name]) / n, 1),
         }
         enc = getattr(runnable[name], "encoder", None)
         if enc is not None:
@@ -130,11 +136,20 @@ def model_only(model_dir: Path, files: list[Path], batch_size: int, threads: int
     return {"images": n, "batch_size": batch_size, "threads": threads, "rounds": rounds, "rows": rows, "peers": describe(peers)}
 
 
+def minor_faults() -> int:
+    """Minor page faults of this process so far (every thread's): pages the kernel mapped
+    and zeroed on first touch."""
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+
+
 def print_rows(result: dict[str, Any]) -> None:
     print()
     print(f"model only, steady state ({result['images']} images, batch {result['batch_size']}, {result['threads']} threads, "
           f"best of {result['rounds']} interleaved rounds); cosine to the naive loop's HF fp32 vectors")
-    print(f"{'pipeline':<20}{'images/s':>10}{'x naive':>9}{'mean cos':>11}{'min cos':>11}{'batch dep':>11}  rounds / notes")
+    print(f"{'pipeline':<20}{'images/s':>10}{'x naive':>9}{'mean cos':>11}{'min cos':>11}{'batch dep':>11}{'faults/img':>11}"
+          "  rounds / notes")
     for r in result["rows"]:
         if r.get("skipped"):
             print(f"{r['pipeline']:<20}{'skipped':>10}  {r['skipped']}")
@@ -143,9 +158,10 @@ def print_rows(result: dict[str, Any]) -> None:
         if r.get("precision"):
             note += f"  ({r['precision']} on {r['image_runtime']})"
         print(f"{r['pipeline']:<20}{r['images_per_second']:>10.2f}{r['x_naive']:>8.2f}x"
-              f"{r['mean_cosine']:>11.6f}{r['min_cosine']:>11.6f}{r['batch_dependence']:>11.1e}  {note}")
+              f"{r['mean_cosine']:>11.6f}{r['min_cosine']:>11.6f}{r['batch_dependence']:>11.1e}"
+              f"{r['page_faults_per_image']:>11.1f}  {note}")
     print("batch dep: max |difference| of an image's normalised vector embedded alone and in its batch (0: an update "
-          "equals a rebuild)")
+          "equals a rebuild); faults/img: minor page faults per image (fresh pages zeroed by the kernel)")
 
 
 @contextlib.contextmanager

@@ -450,6 +450,7 @@ def test_bench_index_peers_model_only_rows() -> None:
             continue
         assert row["images_per_second"] > 0 and row["x_naive"] > 0, row
         assert row["mean_cosine"] >= row["min_cosine"] > 0.99, row
+        assert row["page_faults_per_image"] >= 0, row
     assert rows["naive"]["mean_cosine"] == 1.0 and rows["naive"]["x_naive"] == 1.0
     assert rows["fp32-torch"]["image_runtime"] == "torch" and rows["fp32"]["min_cosine"] >= 0.99999
     # Ours never depends on the batch (int8 quantises each row on its own); ONNX Runtime's
@@ -457,7 +458,7 @@ def test_bench_index_peers_model_only_rows() -> None:
     assert rows["default"]["batch_dependence"] < 1e-6 and rows["fp32"]["batch_dependence"] < 1e-6
     if not rows["onnxruntime-int8"].get("skipped"):
         assert rows["onnxruntime-int8"]["batch_dependence"] > 1e-5
-    assert "model only, steady state" in out and "onnxruntime-fp32" in out and "batch dep" in out
+    assert "model only, steady state" in out and "onnxruntime-fp32" in out and "batch dep" in out and "faults/img" in out
 
 
 def test_bench_index_peer_not_installed_is_a_skipped_row(capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
