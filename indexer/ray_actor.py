@@ -30,7 +30,7 @@ from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
 from .embed import EmbeddedBatch, embed_batch
 from .heap import retained_heap
-from .ray_parts import StageRef, part_columns, part_of, write_part
+from .ray_parts import UNREACHED_COLUMN, StageRef, part_columns, part_of, write_part
 from .shards import ShardReader
 from .writer import FileRecord
 
@@ -96,15 +96,18 @@ class EmbedActor:
         self.enc = load_actor_encoder(spec)
         self._dataset = ImageDataset(spec.images, [], self.enc.preprocess, max_pixels=spec.max_pixels,
                                      draft=spec.draft, threads=spec.threads, ocr=spec.ocr)
-        # Checked once per actor: its node sees the index's staging folder (or fails, if required).
-        self.writes = spec.stage is not None and spec.stage.check()
+        # Whether its node sees the index's staging folder (the same file system as the driver).
+        self.writes = spec.stage is not None and spec.stage.reachable()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
         files = [_file(bytes(rel), batch, j, self.spec.shards is not None) for j, rel in enumerate(batch["rel"])]
         step = self.spec.model_batch or len(files) or 1
         done = concat([self._embed(files[i: i + step]) for i in range(0, len(files), step)])
-        if not self.writes or self.spec.stage is None:
+        if self.spec.stage is None:
             return to_columns(batch["index"], done, self.enc.dim)
+        if not self.writes:
+            # The driver writes these rows as a part (or fails the run: --ray-write actors).
+            return {**to_columns(batch["index"], done, self.enc.dim), UNREACHED_COLUMN: np.full(len(files), socket.gethostname(), object)}
         part = None
         if done.vectors is not None and len(done.vectors):
             good = [(f, it) for f, it in zip(files, done.items, strict=True) if it.error is None]

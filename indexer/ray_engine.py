@@ -344,17 +344,19 @@ class RayRun:
                 # default); broken images are skip records inside a batch and never fail it.
                 runtime_env=_runtime_env(),
             )
-            batches = self._in_order(ds)
+            batches = self._in_order(ds, stage)
             if stage is not None:
                 batches = stage.link(batches, files, spec.ocr, writer.meta.dim)
             write_batches(self.cfg, plan, writer, batches, stats)
         finally:
             ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
 
-    def _in_order(self, ds: Any) -> Iterator[EmbeddedBatch]:
+    def _in_order(self, ds: Any, stage: Stage | None) -> Iterator[EmbeddedBatch]:
         expected = 0
         try:
             for block in ds.iter_batches(batch_size=None, batch_format="numpy"):
+                if stage is not None:
+                    stage.check_answer(block)
                 for cols in by_part(block):
                     batch = from_columns(cols)
                     first = batch.items[0].index if batch.items else expected

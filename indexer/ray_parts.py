@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import shutil
-import socket
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -42,6 +41,8 @@ STAGE_PREFIX = f"{STAGING_PREFIX}ray-"
 PROBE_FILE = "probe"
 # Columns an actor's answer carries when it wrote its part (besides every file's facts).
 PART_COLUMN, PART_ROWS_COLUMN, FILE_ID_COLUMN = "part", "part_rows", "file_id"
+# The column of an answer whose actor could not reach the folder: its node's name.
+UNREACHED_COLUMN = "unreached"
 
 
 @dataclass(frozen=True)
@@ -51,8 +52,6 @@ class StageRef:
 
     path: bytes
     token: str
-    # "actors": an actor that cannot reach the folder fails the run instead of sending rows back.
-    required: bool = False
 
     def reachable(self) -> bool:
         """Whether this process sees the folder the driver made (the probe file, with its token)."""
@@ -62,20 +61,6 @@ class StageRef:
         except OSError:
             return False
 
-    def check(self) -> bool:
-        """:meth:`reachable`; raises where the run requires it.
-
-        Raises:
-            EngineError: the folder is not reachable and ``required``.
-        """
-        if self.reachable():
-            return True
-        if self.required:
-            raise EngineError(
-                f"node {socket.gethostname()} cannot reach the index directory ({os.fsdecode(self.path)}) to write its "
-                "parts; use --ray-write auto (the driver writes those) or driver"
-            )
-        return False
 
 
 class Stage:
@@ -89,7 +74,10 @@ class Stage:
         (self.dir / EMBEDDINGS_DIR).mkdir(parents=True)
         token = uuid.uuid4().hex
         (self.dir / PROBE_FILE).write_bytes(token.encode())
-        self.ref = StageRef(os.fsencode(self.dir.resolve()), token, required)
+        self.ref = StageRef(os.fsencode(self.dir.resolve()), token)
+        # ray_write "actors": an actor that cannot reach the folder fails the run (the driver
+        # raises: an actor's own exception reaches the driver only as Ray's traceback text).
+        self.required = required
         writer.live_staging.add(self.name)
         self.by_actors = 0
         self.by_driver = 0
@@ -110,6 +98,19 @@ class Stage:
         if self.by_actors and self.by_driver:
             return "actors+driver"
         return "actors" if self.by_actors else ("driver" if self.by_driver else "")
+
+    def check_answer(self, cols: Mapping[str, np.ndarray]) -> None:
+        """Fail the run at an answer sent back by an actor that could not reach the folder, where
+        the run requires the actors to write.
+
+        Raises:
+            EngineError: naming the node.
+        """
+        if self.required and UNREACHED_COLUMN in cols and len(cols[UNREACHED_COLUMN]):
+            raise EngineError(
+                f"node {cols[UNREACHED_COLUMN][0]} cannot reach the index directory {self.writer.dir} to write its parts; "
+                "use --ray-write auto (the driver writes those) or driver"
+            )
 
     def link(self, batches: Iterable[EmbeddedBatch], files: list[ImageFile], ocr: bool, dim: int) -> Iterator[EmbeddedBatch]:
         """``batches`` with their rows linked into the writer as parts (in order), written here
