@@ -11,6 +11,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import logging
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -253,7 +254,7 @@ def test_unreachable_index_dir_falls_back_to_the_driver(tmp_path: Path, tiny_mod
     assert report.ray_write == "driver"
     _assert_same(driver_written, out)
     strict = tmp_path / "strict.idx"
-    with pytest.raises(EngineError, match=r"^node \S+ cannot reach the index directory \S+strict.idx to write its parts; use --ray-write auto"):
+    with pytest.raises(EngineError, match=r"^node \S+ cannot reach the index directory \S+strict.idx to write its parts; use --ray-write"):
         build_index(photos, strict, model=str(tiny_model), engine="ray", actors=2, cpus_per_actor=1, batch_size=4,
                     ray_write="actors")
     assert not strict.exists()  # a new index that failed leaves nothing
@@ -264,8 +265,9 @@ def test_driver_killed_between_an_actor_write_and_its_link(tmp_path: Path, tiny_
     """SIGKILL at the second part's link: the first is committed, the second is left in the
     staging folder; the next run removes it and embeds only what was not committed."""
     out = tmp_path / "killed.idx"
-    args = ["index", photos, out, "--model", tiny_model, "--engine", "ray", "--ray-address", ray_local, "--actors", "2",
-            "--cpus-per-actor", "1", "--batch-size", "4", "--commit-every", "8", "--no-progress", "--json"]
+    args: list[str | os.PathLike[str]] = [
+        "index", photos, out, "--model", tiny_model, "--engine", "ray", "--ray-address", ray_local, "--actors", "2",
+        "--cpus-per-actor", "1", "--batch-size", "4", "--commit-every", "8", "--no-progress", "--json"]
     killed = run_cli(args, env={"CLIPSEARCH_CRASH_AT": "adopt:2"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
     staged = [p for p in out.iterdir() if p.name.startswith(f"{STAGING_PREFIX}ray-")]
