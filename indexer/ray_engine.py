@@ -42,7 +42,7 @@ from .discover import ImageFile
 from .embed import EmbeddedBatch, write_batches
 from .plan import UpdatePlan
 from .ray_actor import ActorSpec, EmbedActor, calibrate_remote, from_columns
-from .ray_parts import Stage, by_part
+from .ray_parts import Stage, by_part, part_rows
 from .shards import ShardReader
 from .stats import RunStats
 
@@ -287,22 +287,15 @@ class RayRun:
         stage = Stage(writer, required=self.cfg.ray_write == "actors")
         try:
             self._run(dataclasses.replace(spec, stage=stage.ref, model_batch=stats.batch_size),
-                      self.part_rows(stats.batch_size, len(files)), plan, writer, stats, stage)
+                      part_rows(stats.batch_size, len(files), self.pool.actors, self.cfg.commit_every), plan, writer, stats, stage)
         except BaseException:
             stage.discard()
             raise
         stage.release()
         stats.ray_write = stage.written_by
         if stage.by_driver and self.cfg.progress:
-            print(f"clipsearch: the driver wrote {stage.by_driver} of {stage.by_driver + stage.by_actors} parts: "
-                  "the index directory is not reachable from some actors", file=sys.stderr, flush=True)
+            print(f"clipsearch: {stage.fallback_note()}", file=sys.stderr, flush=True)
         return stats
-
-    def part_rows(self, batch_size: int, files: int) -> int:
-        """Images per actor-written part (a Ray batch of whole model batches): as many as a chunk
-        commit (parts as many as the driver would write), fewer where that would leave actors idle."""
-        per_actor = math.ceil(files / (self.pool.actors * batch_size))
-        return batch_size * max(1, min(self.cfg.commit_every // batch_size, per_actor))
 
     def _run(self, spec: ActorSpec, batch_size: int, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats,
              stage: Stage | None) -> None:

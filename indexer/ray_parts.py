@@ -20,6 +20,7 @@ Nothing here imports ray.
 
 from __future__ import annotations
 
+import math
 import os
 import shutil
 import uuid
@@ -92,6 +93,11 @@ class Stage:
         self.release()
         shutil.rmtree(self.dir, ignore_errors=True)
 
+    def fallback_note(self) -> str:
+        """The line that says the driver wrote some parts, and why."""
+        return (f"the driver wrote {self.by_driver} of {self.by_driver + self.by_actors} parts: the index directory is "
+                "not reachable from some actors")
+
     @property
     def written_by(self) -> str:
         """Who wrote the parts: ``actors``, ``driver`` or ``actors+driver``; "" for none."""
@@ -138,6 +144,13 @@ class Stage:
                 crash_point("adopt")
                 self.writer.adopt_part(self.dir / part.name, part.rows, part.file_id)
             yield EmbeddedBatch(batch.items, None, batch.decode_seconds, batch.encode_seconds, linked=part is not None)
+
+
+def part_rows(batch_size: int, files: int, actors: int, commit_every: int) -> int:
+    """Images per actor-written part (a Ray batch of whole model batches): a chunk commit's worth
+    (as many parts as the driver would write), fewer where that would leave actors idle."""
+    per_actor = math.ceil(files / (actors * batch_size))
+    return batch_size * max(1, min(commit_every // batch_size, per_actor))
 
 
 @dataclass(frozen=True)
@@ -189,4 +202,5 @@ def part_of(cols: Mapping[str, np.ndarray]) -> WrittenPart | None:
     return WrittenPart(str(cols[PART_COLUMN][0]), int(cols[PART_ROWS_COLUMN][0]), str(cols[FILE_ID_COLUMN][0]))
 
 
-__all__ = ["PROBE_FILE", "STAGE_PREFIX", "Stage", "StageRef", "WrittenPart", "by_part", "part_columns", "part_of", "write_part"]
+__all__ = ["PROBE_FILE", "STAGE_PREFIX", "Stage", "StageRef", "WrittenPart", "by_part", "part_columns", "part_of", "part_rows",
+           "write_part"]
