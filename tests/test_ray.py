@@ -412,6 +412,6 @@ def test_only_the_ray_engine_imports_ray_and_only_when_it_runs() -> None:
 
 def test_docs_document_the_engine() -> None:
     page = (ROOT / "docs" / "ray.md").read_text(encoding="utf-8")
-    for needle in ("--engine ray", "--ray-address", "--gpus-per-actor", "clipsearch[ray]", "shared file system"):
+    for needle in ("--engine ray", "--ray-address", "--gpus-per-actor", "clipsearch[ray]", "shared file system", "--ray-write"):
         assert needle in page, needle
 
