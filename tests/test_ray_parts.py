@@ -102,6 +102,32 @@ def test_merging_linked_parts_renumbers_them(tmp_path: Path) -> None:
     assert verify_index(tmp_path / "m.idx").ok
 
 
+def test_a_linked_index_is_updated_and_reindexed(tmp_path: Path) -> None:
+    """An update that drops a row rewrites the parts from it on with absolute ids; reindex keeps
+    the linked parts (and their offsets) as they are."""
+    from indexer.reindex import reindex
+
+    vectors = clustered(ROWS, DIM, seed=8)
+    out = tmp_path / "u.idx"
+    first = _linked_index(out, vectors, chunk=20)
+    reindex(out, index_type="hnsw")
+    again = read_manifest(out)
+    assert [(p.first_id, p.id_offset) for p in again.parts] == [(p.first_id, p.id_offset) for p in first.parts]
+    assert again.generation != first.generation and again.format_version == 4 and verify_index(out).ok
+    keep = np.array([i for i in range(ROWS) if i != 25], np.int64)
+    with IndexLock(out):
+        writer = GenerationWriter(out, dataclasses.replace(_meta(), index_options=dict(again.index_options)), again)
+        writer.compact(keep, {})
+        writer.finish()
+    updated = read_manifest(out)
+    # The first part (ids 0..19) is kept; the rest is rewritten as one part of absolute ids.
+    assert [(p.first_id, p.rows, p.id_offset) for p in updated.parts] == [(0, 20, 0), (20, 39, 0)]
+    assert updated.format_version == 2 and verify_index(out).ok
+    index = ImageIndex.open(out)
+    assert index.embeddings().tobytes() == vectors[keep].tobytes()
+    assert index.paths_of([24, 25]) == [records(24, 1)[0].path.decode(), records(26, 1)[0].path.decode()]
+
+
 def test_a_linked_part_with_other_ids_is_refused(tmp_path: Path) -> None:
     """Open and verify check the stored ids against first_id - id_offset."""
     out = tmp_path / "bad.idx"
