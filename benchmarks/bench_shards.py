@@ -9,7 +9,13 @@ figures are about reading, not quality) on the CPU, ``--rounds`` times; the tabl
 best build's images/s, the ratio to the folder, the share of the build spent listing shards, and
 checks that every source gave the folder's vectors (min cosine) and the shards' captions.
 
+Then Ray's write path (``--engine ray``): ``--ray-write-rows`` rows of precomputed 512-d vectors
+through 1 and 2 actors, written by the driver (``--ray-write driver``) and by the actors into
+the index's staging folder (``--ray-write actors``): rows/s, the driver's CPU per row (the
+ceiling at many GPUs) and the finishing commit (see ``_ray_write.py``).
+
     python benchmarks/bench_shards.py [--images 512] [--per-shard 128] [--size 384] [--preset vit-b-32]
+        [--ray-write-rows 131072] [--ray-write-only]
 """
 
 from __future__ import annotations
@@ -75,9 +81,26 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--preset", default="vit-b-32", help="random CLIP preset (retrieval.random_model; default vit-b-32)")
     parser.add_argument("--rounds", type=int, default=2, help="builds per source, the best is kept (default 2)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per model call (default 64)")
+    parser.add_argument("--ray-write-rows", type=int, default=131072, help="rows of Ray's write measurement (0: none)")
+    parser.add_argument("--ray-commit-every", type=int, default=4096, help="chunk commits of that measurement (default 4096)")
+    parser.add_argument("--ray-write-only", action="store_true", help="only Ray's write measurement, not the sources")
     args = parser.parse_args(argv)
-    if min(args.images, args.per_shard, args.size, args.rounds) < 1:
-        parser.error("--images, --per-shard, --size and --rounds must be >= 1")
+    if min(args.images, args.per_shard, args.size, args.rounds, args.ray_commit_every) < 1 or args.ray_write_rows < 0:
+        parser.error("--images, --per-shard, --size, --rounds and --ray-commit-every must be >= 1, --ray-write-rows >= 0")
+    ray_rows: list[dict[str, object]] = []
+    if args.ray_write_rows:
+        import _ray_write
+
+        with tempfile.TemporaryDirectory() as tmp:
+            ray_rows = _ray_write.run_all(args.ray_write_rows, args.rounds, args.batch_size, args.ray_commit_every, Path(tmp))
+    if args.ray_write_only:
+        result = {"benchmark": "shards", "ray_write": ray_rows, "ray_write_rows": args.ray_write_rows,
+                  "batch_size": args.batch_size, "ray_commit_every": args.ray_commit_every, "rounds": args.rounds,
+                  "machine": machine_facts()}
+        print(json.dumps(result))
+        _ray_write.print_table(ray_rows, args.ray_write_rows)
+        print(f"\nCPU: {result['machine']['cpu']}")  # type: ignore[index]  # machine_facts is a dict
+        return 0
 
     from shardgen import make_samples, write_folder, write_shards
 
@@ -131,6 +154,7 @@ def main(argv: list[str] | None = None) -> int:
         row["vs_folder"] = round(float(row["images_per_s"]) / float(folder_rate), 3) if folder_rate else None  # type: ignore[arg-type]
     result = {"benchmark": "shards", "images": args.images, "per_shard": args.per_shard, "size": args.size,
               "preset": args.preset, "batch_size": args.batch_size, "rounds": args.rounds, "results": rows,
+              "ray_write": ray_rows, "ray_write_rows": args.ray_write_rows, "ray_commit_every": args.ray_commit_every,
               "machine": machine_facts()}
     print(json.dumps(result))
     print(f"\n{args.images} JPEGs at {args.size} px, {args.per_shard} per shard, random {args.preset}, fp32 on CPU, best of {args.rounds}")
@@ -138,6 +162,10 @@ def main(argv: list[str] | None = None) -> int:
     for row in rows:
         print(f"{row['source']:<18} {row['images_per_s']:>9.1f} {row['vs_folder']:>8.2f}x {row['list_seconds']:>9.3f} "
               f"{row['min_cosine_vs_folder']:>10.7f} {row['captions']:>8}")
+    if ray_rows:
+        import _ray_write
+
+        _ray_write.print_table(ray_rows, args.ray_write_rows)
     print(f"\nCPU: {result['machine']['cpu']}")  # type: ignore[index]  # machine_facts is a dict
     return 0
 

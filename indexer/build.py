@@ -431,6 +431,7 @@ def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunSta
         text_read=stats.text_read,
         actors=ray.pool.actors if ray is not None else 0,
         cluster_resources=dict(ray.resources) if ray is not None else {},
+        ray_write=stats.ray_write,
     )
 
 

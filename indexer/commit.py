@@ -111,6 +111,8 @@ class GenerationWriter:
         # True while rows embedded without OCR still lack their text (indexer.backfill): the
         # generations committed meanwhile record that OCR has not covered the index.
         self.text_pending = False
+        # Staging folders a run is still writing parts into (indexer.ray_parts): kept by commits.
+        self.live_staging: set[str] = set()
 
     @property
     def count(self) -> int:
@@ -219,6 +221,24 @@ class GenerationWriter:
         self._records.extend(records)
         self._vectors.append(np.asarray(vectors, dtype=np.float32))
 
+    @property
+    def tail_pending(self) -> bool:
+        """Rows queued as tables (appended, or kept by :meth:`compact`) for the next commit."""
+        return bool(self._records) or self._rewrite_tail is not None
+
+    def adopt_part(self, path: Path, rows: int, file_id: str) -> PartRef:
+        """Make the part file ``path`` (written in a staging-named folder under the index, with
+        stored ids ``0 .. rows - 1``) the next ``rows`` ids, linked by the next commit with
+        ``id_offset`` = its first id (format 4): its rows are not read or written again here."""
+        if self.tail_pending:
+            raise RuntimeError("adopt_part() needs the queued rows committed first")
+        first = self._committed
+        rel = path.relative_to(self.dir).as_posix()
+        ref = PartRef(rel, rows, first, file_id, paths_file_of(rel), id_offset=first)
+        self._parts.append((ref, path))
+        self._committed += rows
+        return ref
+
     def record_skips(self, records: Iterable[SkipRecord]) -> None:
         """Add files to the skip list that the next commit writes (files with no row)."""
         self.skipped.extend(records)
@@ -312,7 +332,7 @@ class GenerationWriter:
                 checksums=sums,
                 discovery=dict(self.meta.discovery),
                 keywords=keywords,
-                format_version=format_version_for(info.factory),
+                format_version=format_version_for(info.factory, [ref for ref, _ in new_parts]),
             )
             crash_point("staged")
             publish_generation(self.dir, staging, generation)
@@ -335,7 +355,7 @@ class GenerationWriter:
         self.current = manifest
         self.commits += 1
         crash_point("commit")
-        remove_stale(self.dir, keep=generation)
+        remove_stale(self.dir, keep=generation, live=self.live_staging)
         return manifest
 
     def finish(self, progress: ann.Progress | None = None) -> Manifest:
@@ -409,7 +429,7 @@ class GenerationWriter:
             with store.reading(pf):
                 chunks = pf.read(columns=["path"]).column("path").chunks
             write_paths_column(staging / paths_name, ref.file_id, chunks)
-        new_ref = PartRef(f"{gen_rel}/{name}", ref.rows, ref.first_id, ref.file_id, f"{gen_rel}/{paths_name}")
+        new_ref = PartRef(f"{gen_rel}/{name}", ref.rows, ref.first_id, ref.file_id, f"{gen_rel}/{paths_name}", ref.id_offset)
         return new_ref, self.dir / gen_rel / name
 
     def _write_part(self, path: Path, rel: str, first_id: int, sources: Sequence[PartSource]) -> PartRef:
@@ -428,14 +448,15 @@ class GenerationWriter:
         return PartRef(rel, rows, first_id, file_id, paths_file_of(rel))
 
 
-def remove_stale(index_dir: Path, keep: str | None) -> None:
-    """Remove generations other than ``keep`` and leftover staging directories.
+def remove_stale(index_dir: Path, keep: str | None, live: Iterable[str] = ()) -> None:
+    """Remove generations other than ``keep`` and leftover staging directories (but the
+    ``live`` ones, which the running writer still fills).
 
     Only the lock holder calls this; readers of a removed generation keep their open files.
     """
     for path in index_dir.iterdir():
         name = path.name
-        if not path.is_dir():
+        if not path.is_dir() or name in live:
             continue
         if name.startswith(STAGING_PREFIX) or (name.startswith(GENERATION_PREFIX) and name != GENERATION_PREFIX + (keep or "")):
             shutil.rmtree(path, ignore_errors=True)

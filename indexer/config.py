@@ -31,6 +31,9 @@ DEFAULT_PRECISION = "auto"
 
 # Where decoding and embedding run: this process, or a Ray Data actor pool (indexer.ray_engine).
 ENGINES = ("local", "ray")
+# Who writes a Ray build's Parquet parts (indexer.ray_parts): the actors where they reach the
+# index directory (auto), the driver alone, or the actors, failing where one cannot.
+RAY_WRITES = ("auto", "driver", "actors")
 
 
 def _is_number(value: object) -> bool:
@@ -246,6 +249,15 @@ class BuildConfig:
             group=_RAY,
         ),
     )
+    ray_write: str = field(
+        default="auto",
+        metadata=option(
+            "who writes the Parquet parts: the actors, into the index's staging folder, where they reach it "
+            "(auto: else the driver); driver; actors (fail where one cannot)",
+            choices=RAY_WRITES,
+            group=_RAY,
+        ),
+    )
 
     def __post_init__(self) -> None:
         # Checked up front: a bad --index-type must fail before hours of embedding.
@@ -297,10 +309,13 @@ class BuildConfig:
             raise InvalidArgumentError(f"gpus per actor must be a number >= 0, got {self.gpus_per_actor!r}")
         if self.cpus_per_actor is not None and (not _is_number(self.cpus_per_actor) or self.cpus_per_actor <= 0):
             raise InvalidArgumentError(f"cpus per actor must be a number > 0, got {self.cpus_per_actor!r}")
+        if self.ray_write not in RAY_WRITES:
+            raise InvalidArgumentError(f"ray_write must be one of {', '.join(RAY_WRITES)}, got {self.ray_write!r}")
         if self.engine != "ray":
             given = [name for name, value, default in (
                 ("ray_address", self.ray_address, None), ("actors", self.actors, None),
                 ("gpus_per_actor", self.gpus_per_actor, 0.0), ("cpus_per_actor", self.cpus_per_actor, None),
+                ("ray_write", self.ray_write, "auto"),
             ) if value != default]
             if given:
                 raise InvalidArgumentError(f"{', '.join(given)} only apply to engine 'ray' (--engine ray)")
@@ -407,18 +422,22 @@ class BuildReport:
     # Ray runs only: the encoder actors and the cluster's resources (ray.cluster_resources()).
     actors: int = 0
     cluster_resources: dict[str, float] = field(default_factory=dict)
+    # Who wrote the Parquet parts: "actors", "driver", or "actors+driver" (some actors could not
+    # reach the index directory); "" when nothing was embedded.
+    ray_write: str = ""
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
         if self.engine != "ray":
             # The Ray fields mean nothing for a local run: its summary leaves them out.
-            del data["actors"], data["cluster_resources"]
+            del data["actors"], data["cluster_resources"], data["ray_write"]
         return data
 
 
 __all__ = [
     "DEFAULT_PRECISION",
     "ENGINES",
+    "RAY_WRITES",
     "BuildConfig",
     "BuildReport",
     "WatchConfig",

@@ -11,6 +11,7 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -26,6 +27,9 @@ from .plan import UpdatePlan
 from .shards import ShardReader
 from .stats import RunStats
 from .writer import FileRecord
+
+if TYPE_CHECKING:
+    from .ray_parts import WrittenPart
 
 
 def _file_facts(item: Item) -> tuple[int | None, int | None, str | None]:
@@ -43,6 +47,10 @@ class EmbeddedBatch:
     vectors: np.ndarray | None  # (n_good, dim), rows in the order of the items without an error
     decode_seconds: float
     encode_seconds: float
+    # A Ray build whose actor wrote the good rows as a part (indexer.ray_parts): its name there.
+    part: WrittenPart | None = None
+    # The good rows are already linked into the writer as a part (vectors is then None).
+    linked: bool = False
 
     @property
     def good(self) -> list[Item]:
@@ -91,13 +99,14 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
                 # A changed file that no longer decodes loses its row.
                 stats.lost += rel in plan.updated_paths
             good = batch.good
-            if good and batch.vectors is not None:
+            if good and (batch.vectors is not None or batch.linked):
                 records = [
                     FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash, it.meta,
                                files[it.index].sample)
                     for it in good
                 ]
-                writer.append(records, batch.vectors)
+                if batch.vectors is not None:
+                    writer.append(records, batch.vectors)
                 stats.text_notes += sum(it.meta.note is not None for it in good)
                 stats.with_ocr_text += sum(it.meta.ocr_text is not None for it in good)
                 updated = sum(rec.path in plan.updated_paths for rec in records)

@@ -30,7 +30,9 @@ from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
 from .embed import EmbeddedBatch, embed_batch
 from .heap import retained_heap
+from .ray_parts import UNREACHED_COLUMN, StageRef, part_columns, part_of, write_part
 from .shards import ShardReader
+from .writer import FileRecord
 
 
 @dataclass(frozen=True)
@@ -49,6 +51,11 @@ class ActorSpec:
     ocr: bool = False
     # WebDataset shards: the actor reads each member straight from the store (no shared disk).
     shards: ShardReader | None = None
+    # Where the actor writes its batches' rows as parts (indexer.ray_parts), when it reaches it;
+    # None: the rows travel back to the driver, which writes them.
+    stage: StageRef | None = None
+    # Images per model call when a batch is larger (an actor-written part spans several calls).
+    model_batch: int = 0
 
     @property
     def images(self) -> str | ShardReader:
@@ -89,38 +96,68 @@ class EmbedActor:
         self.enc = load_actor_encoder(spec)
         self._dataset = ImageDataset(spec.images, [], self.enc.preprocess, max_pixels=spec.max_pixels,
                                      draft=spec.draft, threads=spec.threads, ocr=spec.ocr)
+        # Whether its node sees the index's staging folder (the same file system as the driver).
+        self.writes = spec.stage is not None and spec.stage.reachable()
 
     def __call__(self, batch: dict[str, np.ndarray]) -> dict[str, np.ndarray]:
+        files = [_file(bytes(rel), batch, j, self.spec.shards is not None) for j, rel in enumerate(batch["rel"])]
+        step = self.spec.model_batch or len(files) or 1
+        done = concat([self._embed(files[i: i + step]) for i in range(0, len(files), step)])
+        if self.spec.stage is None:
+            return to_columns(batch["index"], done, self.enc.dim)
+        if not self.writes:
+            # The driver writes these rows as a part (or fails the run: --ray-write actors).
+            return {**to_columns(batch["index"], done, self.enc.dim), UNREACHED_COLUMN: np.full(len(files), socket.gethostname(), object)}
+        part = None
+        if done.vectors is not None and len(done.vectors):
+            good = [(f, it) for f, it in zip(files, done.items, strict=True) if it.error is None]
+            records = [FileRecord(f.rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash, it.meta, f.sample)
+                       for f, it in good]
+            part = write_part(self.spec.stage.path, records, done.vectors, self.enc.dim, self.spec.ocr)
+        # Only the files' facts travel back, and the part's name: the vectors stay in the part.
+        return {**to_columns(batch["index"], done, self.enc.dim, vectors=False), **part_columns(part, len(files))}
+
+    def _embed(self, files: list[ImageFile]) -> EmbeddedBatch:
         import torch
 
         # One dataset (and decode thread pool) for the actor's life, its files set per batch.
-        self._dataset.files = [_file(bytes(rel), batch, j, self.spec.shards is not None) for j, rel in enumerate(batch["rel"])]
-        items = self._dataset.__getitems__(range(len(self._dataset.files)))
+        self._dataset.files = files
+        items = self._dataset.__getitems__(range(len(files)))
         # The decode threads set torch to one thread each (dataset._one_torch_thread), which
         # would leave this thread's model calls on fewer cores: the count is set again here.
         torch.set_num_threads(self.spec.threads)
-        done = embed_batch(self.enc, collate(items))
-        return to_columns(batch["index"], done, self.enc.dim)
+        return embed_batch(self.enc, collate(items))
+
+
+def concat(batches: Sequence[EmbeddedBatch]) -> EmbeddedBatch:
+    """One batch of several model calls' (items in order, vectors of the good ones in order)."""
+    if len(batches) == 1:
+        return batches[0]
+    vectors = [b.vectors for b in batches if b.vectors is not None]
+    return EmbeddedBatch([it for b in batches for it in b.items], np.concatenate(vectors) if vectors else None,
+                         sum(b.decode_seconds for b in batches), sum(b.encode_seconds for b in batches))
 
 
 def _file(rel: bytes, batch: dict[str, np.ndarray], j: int, shard: bool) -> ImageFile:
-    # A folder's file is read and stat'ed by the actor; a shard member is where its listing says.
+    # A folder's file is read and stat'ed by the actor; a shard member is where its listing says
+    # (with all it came with, where the actor writes the part: "sample", as JSON).
     if not shard or "offset" not in batch:
         return ImageFile(rel, -1, -1)
-    name = rel.partition(MEMBER_SEP.encode())[0].decode("utf-8", "surrogateescape")
-    return ImageFile(rel, int(batch["size"][j]), int(batch["mtime"][j]), SampleMeta(name, "", int(batch["offset"][j])))
+    if "sample" in batch and str(batch["sample"][j]):
+        sample = SampleMeta(**json.loads(str(batch["sample"][j])))
+    else:
+        name = rel.partition(MEMBER_SEP.encode())[0].decode("utf-8", "surrogateescape")
+        sample = SampleMeta(name, "", int(batch["offset"][j]))
+    return ImageFile(rel, int(batch["size"][j]), int(batch["mtime"][j]), sample)
 
 
-def to_columns(indices: np.ndarray, done: EmbeddedBatch, dim: int) -> dict[str, np.ndarray]:
+def to_columns(indices: np.ndarray, done: EmbeddedBatch, dim: int, vectors: bool = True) -> dict[str, np.ndarray]:
     """An embedded batch as Arrow-friendly columns; failed rows carry a zero vector, dropped
-    by the driver (:func:`from_columns`)."""
+    by the driver (:func:`from_columns`); without ``vectors`` (written to a part), no vectors."""
     n = len(done.items)
     ok = np.array([it.error is None for it in done.items], dtype=bool)
-    vectors = np.zeros((n, dim), np.float32)
-    if done.vectors is not None:
-        vectors[ok] = done.vectors
     per_file_encode = done.encode_seconds / n if n else 0.0
-    return {
+    cols = {
         "index": np.asarray(indices, np.int64),
         "ok": ok,
         "width": np.array([it.width for it in done.items], np.int32),
@@ -133,8 +170,12 @@ def to_columns(indices: np.ndarray, done: EmbeddedBatch, dim: int) -> dict[str, 
         "meta": np.array([json.dumps(dataclasses.asdict(it.meta)) for it in done.items], dtype=object),
         "decode_s": np.array([it.seconds for it in done.items], np.float64),
         "encode_s": np.full(n, per_file_encode, np.float64),
-        "embedding": vectors,
     }
+    if vectors:
+        cols["embedding"] = np.zeros((n, dim), np.float32)
+        if done.vectors is not None:
+            cols["embedding"][ok] = done.vectors
+    return cols
 
 
 def from_columns(cols: Mapping[str, np.ndarray]) -> EmbeddedBatch:
@@ -150,8 +191,8 @@ def from_columns(cols: Mapping[str, np.ndarray]) -> EmbeddedBatch:
     if "meta" in cols:
         for it, text in zip(items, cols["meta"], strict=True):
             it.meta = PhotoMeta(**json.loads(str(text)))
-    vectors = np.asarray(cols["embedding"], np.float32)[ok] if ok.any() else None
-    return EmbeddedBatch(items, vectors, float(np.sum(cols["decode_s"])), float(np.sum(cols["encode_s"])))
+    vectors = np.asarray(cols["embedding"], np.float32)[ok] if ok.any() and "embedding" in cols else None
+    return EmbeddedBatch(items, vectors, float(np.sum(cols["decode_s"])), float(np.sum(cols["encode_s"])), part=part_of(cols))
 
 
 def calibrate_remote(spec: ActorSpec, previous_info: Mapping[str, Any] | None, files: Sequence[ImageFile],
@@ -168,4 +209,4 @@ def calibrate_remote(spec: ActorSpec, previous_info: Mapping[str, Any] | None, f
     return info
 
 
-__all__ = ["ActorSpec", "EmbedActor", "calibrate_remote", "from_columns", "load_actor_encoder", "to_columns"]
+__all__ = ["ActorSpec", "EmbedActor", "calibrate_remote", "concat", "from_columns", "load_actor_encoder", "to_columns"]

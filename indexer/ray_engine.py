@@ -15,10 +15,13 @@ the model installed at the same place. Nothing here imports ray until a Ray buil
 from __future__ import annotations
 
 import contextlib
+import dataclasses
+import json
 import logging
 import math
 import os
 import socket
+import sys
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass
@@ -39,6 +42,7 @@ from .discover import ImageFile
 from .embed import EmbeddedBatch, write_batches
 from .plan import UpdatePlan
 from .ray_actor import ActorSpec, EmbedActor, calibrate_remote, from_columns
+from .ray_parts import Stage, by_part, part_rows
 from .shards import ShardReader
 from .stats import RunStats
 
@@ -265,25 +269,52 @@ class RayRun:
         return info
 
     def embed(self, spec: ActorSpec, plan: UpdatePlan, writer: GenerationWriter) -> RunStats:
-        """Embed ``plan.to_embed`` on the actor pool into ``writer`` (same stats as the local engine)."""
-        import pyarrow as pa
+        """Embed ``plan.to_embed`` on the actor pool into ``writer`` (same stats as the local engine).
 
+        With ``ray_write`` auto or actors the actors write the rows as parts into a staging
+        folder of the index and the driver links them (:mod:`indexer.ray_parts`); with driver
+        the rows travel back and the driver writes them."""
         stats = RunStats.start(self.cfg, self.pool.device)
         files = plan.to_embed
         stats.workers = self.pool.actors
         stats.threads = self.pool.threads
         if not files:
             return stats
-        batch_size = stats.batch_size
+        if self.cfg.ray_write == "driver":
+            stats.ray_write = "driver"
+            self._run(spec, stats.batch_size, plan, writer, stats, None)
+            return stats
+        stage = Stage(writer, required=self.cfg.ray_write == "actors")
+        try:
+            self._run(dataclasses.replace(spec, stage=stage.ref, model_batch=stats.batch_size),
+                      part_rows(stats.batch_size, len(files), self.pool.actors, self.cfg.commit_every), plan, writer, stats, stage)
+        except BaseException:
+            stage.discard()
+            raise
+        stage.release()
+        stats.ray_write = stage.written_by
+        if stage.by_driver and self.cfg.progress:
+            print(f"clipsearch: {stage.fallback_note()}", file=sys.stderr, flush=True)
+        return stats
+
+    def _run(self, spec: ActorSpec, batch_size: int, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats,
+             stage: Stage | None) -> None:
+        import pyarrow as pa
+
+        files = plan.to_embed
         # Blocks of whole batches, so that a batch never spans two blocks (two model calls).
         rows = batch_size * max(1, math.ceil(len(files) / (MAX_BLOCKS * batch_size)))
+        # A shard member's listing, so that an actor reads its bytes straight from the store; and,
+        # where the actor writes the part, all the member came with.
+        samples = stage is not None and spec.shards is not None
         blocks = [
             pa.table({"index": pa.array(np.arange(i, min(i + rows, len(files)), dtype=np.int64)),
                       "rel": pa.array([f.rel for f in files[i: i + rows]], pa.binary()),
-                      # A shard member's listing: the actor reads its bytes straight from the store.
                       "size": pa.array([f.size for f in files[i: i + rows]], pa.int64()),
                       "mtime": pa.array([f.mtime_ns for f in files[i: i + rows]], pa.int64()),
-                      "offset": pa.array([f.sample.offset if f.sample else -1 for f in files[i: i + rows]], pa.int64())})
+                      "offset": pa.array([f.sample.offset if f.sample else -1 for f in files[i: i + rows]], pa.int64()),
+                      **({"sample": pa.array([json.dumps(dataclasses.asdict(f.sample)) if f.sample else ""
+                                              for f in files[i: i + rows]], pa.string())} if samples else {})})
             for i in range(0, len(files), rows)
         ]
         data = self.ray.data
@@ -306,23 +337,28 @@ class RayRun:
                 # default); broken images are skip records inside a batch and never fail it.
                 runtime_env=_runtime_env(),
             )
-            write_batches(self.cfg, plan, writer, self._in_order(ds), stats)
+            batches = self._in_order(ds, stage)
+            if stage is not None:
+                batches = stage.link(batches, files, spec.ocr, writer.meta.dim)
+            write_batches(self.cfg, plan, writer, batches, stats)
         finally:
             ctx.execution_options.preserve_order, ctx.enable_progress_bars = saved
-        return stats
 
-    def _in_order(self, ds: Any) -> Iterator[EmbeddedBatch]:
+    def _in_order(self, ds: Any, stage: Stage | None) -> Iterator[EmbeddedBatch]:
         expected = 0
         try:
-            for cols in ds.iter_batches(batch_size=None, batch_format="numpy"):
-                batch = from_columns(cols)
-                first = batch.items[0].index if batch.items else expected
-                if first != expected:
-                    # ids follow arrival order: anything but the plan's order would not be a
-                    # local build's index, so stop before committing it.
-                    raise EngineError(f"Ray returned file {first} where file {expected} was due; nothing of it was committed")
-                expected += len(batch.items)
-                yield batch
+            for block in ds.iter_batches(batch_size=None, batch_format="numpy"):
+                if stage is not None:
+                    stage.check_answer(block)
+                for cols in by_part(block):
+                    batch = from_columns(cols)
+                    first = batch.items[0].index if batch.items else expected
+                    if first != expected:
+                        # ids follow arrival order: anything but the plan's order would not be a
+                        # local build's index, so stop before committing it.
+                        raise EngineError(f"Ray returned file {first} where file {expected} was due; nothing of it was committed")
+                    expected += len(batch.items)
+                    yield batch
         except ClipSearchError:
             raise
         except Exception as exc:  # noqa: BLE001 - Ray wraps an actor's error in its own types

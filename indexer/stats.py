@@ -50,6 +50,8 @@ class RunStats:
     text_notes: int = 0
     with_ocr_text: int = 0
     text_read: int = 0
+    # Ray runs: who wrote the Parquet parts (indexer.ray_parts): actors, driver or actors+driver.
+    ray_write: str = ""
 
     @classmethod
     def start(cls, cfg: BuildConfig, device_type: str) -> RunStats:

@@ -224,7 +224,9 @@ class Rows:
                 with self._lock, store.reading(pf):
                     table = pf.read_row_group(int(g), columns=cols)
                 for row in table.take(pa.array(local[groups == g] - starts[g])).to_pylist():
-                    out[int(row["id"])] = {k: row.get(k) for k in columns}
+                    # The stored id plus the part's id_offset (format 4; 0 for other parts).
+                    row["id"] = int(row["id"]) + ref.id_offset
+                    out[row["id"]] = {k: row.get(k) for k in columns}
         return [out[int(i)] for i in wanted]
 
     def vectors_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:

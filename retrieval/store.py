@@ -157,8 +157,9 @@ def open_part(index_dir: Path, ref: PartRef, fix: str = REBUILD_HINT) -> pq.Parq
 def _check_ids(path: Path, pf: pq.ParquetFile, ref: PartRef, fix: str) -> None:
     # The id range from the row groups' statistics (the footer alone): opening an index costs
     # O(parts), not O(rows). Ids are written consecutively, so first/last/count pin them down.
+    # A part linked with an id_offset (format 4) stores its ids less that offset.
     meta = pf.metadata
-    expected = ref.first_id
+    expected = ref.stored_first_id
     col = pf.schema_arrow.get_field_index("id")
     for i in range(meta.num_row_groups):
         rg = meta.row_group(i)
@@ -170,7 +171,8 @@ def _check_ids(path: Path, pf: pq.ParquetFile, ref: PartRef, fix: str) -> None:
         else:
             ok = stats.min == expected and stats.max == expected + rg.num_rows - 1
         if not ok:
-            raise IndexCorruptError(path, f"ids are not {ref.first_id}..{ref.first_id + ref.rows - 1} in row order", fix)
+            first = ref.stored_first_id
+            raise IndexCorruptError(path, f"ids are not {first}..{first + ref.rows - 1} in row order", fix)
         expected += rg.num_rows
 
 

@@ -274,8 +274,10 @@ def _check_part(
             for g in range(pf.metadata.num_row_groups):
                 table = pf.read_row_group(g)  # every column: every page's CRC is checked
                 n = table.num_rows
-                if not np.array_equal(table.column("id").to_numpy(), np.arange(first, first + n, dtype=np.int64)):
-                    return Problem(ref.path, "ids", f"ids of row group {g} are not {first}..{first + n - 1}", fix)
+                # A part linked with an id_offset (format 4) stores its ids less that offset.
+                stored = first - ref.id_offset
+                if not np.array_equal(table.column("id").to_numpy(), np.arange(stored, stored + n, dtype=np.int64)):
+                    return Problem(ref.path, "ids", f"ids of row group {g} are not {stored}..{stored + n - 1}", fix)
                 vecs = store.vectors_of(table.column("embedding"), manifest.dim)
                 with np.errstate(over="ignore", invalid="ignore"):
                     norms = np.linalg.norm(vecs, axis=1)

@@ -773,10 +773,29 @@ def test_bench_shards_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("moto.server")
     import bench_shards
 
-    assert bench_shards.main(["--images", "6", "--per-shard", "4", "--size", "48", "--preset", "tiny", "--rounds", "1"]) == 0
+    assert bench_shards.main(["--images", "6", "--per-shard", "4", "--size", "48", "--preset", "tiny", "--rounds", "1",
+                              "--ray-write-rows", "0"]) == 0
     out = capsys.readouterr().out
     result = _json_line(out)
     assert [r["source"] for r in result["results"]] == ["folder", "local shards", "S3 shards (moto)"]
     assert all(r["images"] == 6 and r["min_cosine_vs_folder"] >= 0.99999 for r in result["results"])
     assert [r["captions"] for r in result["results"]] == [0, 6, 6]
-    assert "vs folder" in out and "CPU:" in out
+    assert "vs folder" in out and "CPU:" in out and result["ray_write"] == []
+
+
+def test_bench_shards_ray_write_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    """Ray's write path, driver-written against actor-written (the same index, checked inside)."""
+    pytest.importorskip("ray.data")
+    import bench_shards
+
+    assert bench_shards.main(["--ray-write-only", "--ray-write-rows", "200", "--ray-commit-every", "64", "--batch-size", "16",
+                              "--rounds", "1"]) == 0
+    out = capsys.readouterr().out
+    rows = _json_line(out)["ray_write"]
+    assert [(r["actors"], r["mode"], r["written_by"]) for r in rows] == [
+        (1, "driver", "driver"), (1, "driver", "driver"), (1, "actors", "actors"),
+        (2, "driver", "driver"), (2, "driver", "driver"), (2, "actors", "actors")]
+    # 200 rows in parts of 64: four parts, three linked after the first (format 4), no merge.
+    assert [r["ray_batch"] for r in rows] == [16, 64, 64, 16, 64, 64]
+    assert [r["format_version"] for r in rows] == [2, 2, 4, 2, 2, 4] and all(r["parts_before_finish"] == 4 for r in rows)
+    assert all(r["stream_rows_per_s"] > 0 for r in rows) and "driver CPU us/row" in out

@@ -369,6 +369,7 @@ def test_ray_not_installed_names_the_extra(tmp_path: Path, tiny_model: Path, sma
     [
         (["--actors", "2"], "actors only apply to engine 'ray' (--engine ray)"),
         (["--ray-address", "auto", "--cpus-per-actor", "2"], "ray_address, cpus_per_actor only apply to engine 'ray' (--engine ray)"),
+        (["--ray-write", "actors"], "ray_write only apply to engine 'ray' (--engine ray)"),
     ],
 )
 def test_ray_options_need_the_ray_engine(tmp_path: Path, tiny_model: Path, small_photos: Path, args: list[str], message: str,
@@ -379,7 +380,8 @@ def test_ray_options_need_the_ray_engine(tmp_path: Path, tiny_model: Path, small
     assert not out.exists()
 
 
-@pytest.mark.parametrize("args", [["--gpus-per-actor", "-1"], ["--cpus-per-actor", "0"], ["--actors", "0"], ["--engine", "spark"]])
+@pytest.mark.parametrize("args", [["--gpus-per-actor", "-1"], ["--cpus-per-actor", "0"], ["--actors", "0"], ["--engine", "spark"],
+                                  ["--ray-write", "nfs"]])
 def test_bad_engine_arguments_exit_2(tmp_path: Path, args: list[str], capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exc:
         main(["index", str(tmp_path), str(tmp_path / "x.idx"), "--engine", "ray", *args])
@@ -390,6 +392,8 @@ def test_bad_engine_arguments_exit_2(tmp_path: Path, args: list[str], capsys: py
 def test_config_validation() -> None:
     with pytest.raises(InvalidArgumentError, match="engine must be one of local, ray"):
         BuildConfig(engine="spark")
+    with pytest.raises(InvalidArgumentError, match="ray_write must be one of auto, driver, actors, got 'nfs'"):
+        BuildConfig(engine="ray", ray_write="nfs")
     with pytest.raises(InvalidArgumentError, match="gpus per actor must be a number >= 0"):
         BuildConfig(engine="ray", gpus_per_actor=float("nan"))
     with pytest.raises(InvalidArgumentError, match="cannot take a loaded encoder"):
@@ -412,6 +416,6 @@ def test_only_the_ray_engine_imports_ray_and_only_when_it_runs() -> None:
 
 def test_docs_document_the_engine() -> None:
     page = (ROOT / "docs" / "ray.md").read_text(encoding="utf-8")
-    for needle in ("--engine ray", "--ray-address", "--gpus-per-actor", "clipsearch[ray]", "shared file system"):
+    for needle in ("--engine ray", "--ray-address", "--gpus-per-actor", "clipsearch[ray]", "shared file system", "--ray-write"):
         assert needle in page, needle
 

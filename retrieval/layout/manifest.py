@@ -14,6 +14,10 @@ filters that FAISS ignores there. Writers record the lowest version that describ
 (:func:`format_version_for`): 3 only for such a file, so that every other index stays readable
 by version-2 readers. An index is upgraded (re-planned as ``auto`` chooses today) by its next
 ``reindex``, or by the next update whose options no longer choose its FAISS type.
+4 = parts whose ids were assigned when they were linked into the index (``PartRef.id_offset``:
+a part written by a Ray actor before its first id was known stores ids ``0 .. rows - 1``,
+readers add the offset); written only when a part has one, so that other indexes stay readable
+by version-2 and -3 readers, which would take the stored ids for the index's.
 
 Integrity, within version 2 (every addition is optional and ignored by readers that do not know
 it, who read such an index correctly, only without the checks): ``checksums`` records the size
@@ -29,7 +33,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
@@ -40,13 +44,16 @@ from .checksums import CHECKSUM_ALGORITHM, FileChecksum
 from .durable import atomic_write
 from .filenames import MANIFEST_FILE
 
-FORMAT_VERSION = 3
+FORMAT_VERSION = 4
 FORMAT_NAME = "clipsearch-index"
 MANIFEST_DIGEST_KEY = "manifest_digest"
 
 
-def format_version_for(index_type: str) -> int:
-    """The format version a manifest of this FAISS type is written with (see the module docstring)."""
+def format_version_for(index_type: str, parts: Sequence[PartRef] = ()) -> int:
+    """The format version a manifest of this FAISS type and these parts is written with: the
+    lowest that describes them (see the module docstring)."""
+    if any(p.id_offset for p in parts):
+        return 4
     return 3 if "Refine(" in index_type else 2
 
 
@@ -61,7 +68,10 @@ def _check_relative(path: Any, what: str) -> None:
 class PartRef:
     """One Parquet part: ``rows`` rows with ids ``first_id .. first_id + rows - 1``.
 
-    ``paths`` names its path side file (format 2); None in version-1 indexes.
+    ``paths`` names its path side file (format 2); None in version-1 indexes. ``id_offset``
+    (format 4) is added to the part's stored ``id`` column to give the index's ids: a part
+    written before its first id was known (by a Ray actor) stores ``0 .. rows - 1`` and is
+    linked with ``id_offset == first_id``; 0 (and left out of the manifest) for every other part.
     """
 
     path: str
@@ -69,6 +79,12 @@ class PartRef:
     first_id: int
     file_id: str
     paths: str | None = None
+    id_offset: int = 0
+
+    @property
+    def stored_first_id(self) -> int:
+        """The first value of the part's stored ``id`` column."""
+        return self.first_id - self.id_offset
 
     def __post_init__(self) -> None:
         _check_relative(self.path, "a part path")
@@ -76,6 +92,8 @@ class PartRef:
             _check_relative(self.paths, "a part's paths file")
         if self.rows < 1 or self.first_id < 0:
             raise ValueError(f"part {self.path}: rows must be >= 1 and first_id >= 0")
+        if isinstance(self.id_offset, bool) or not isinstance(self.id_offset, int) or not 0 <= self.id_offset <= self.first_id:
+            raise ValueError(f"part {self.path}: id_offset must be an integer in 0..first_id, got {self.id_offset!r}")
 
 
 @dataclass(frozen=True)
@@ -208,6 +226,8 @@ class Manifest:
                 raise ValueError(f"unknown search parameter {key}={value!r}")
         if format_version_for(self.index_type) == 3 and self.format_version < 3:
             raise ValueError(f"index type {self.index_type!r} needs format version 3, got {self.format_version}")
+        if self.format_version < 4 and any(p.id_offset for p in self.parts):
+            raise ValueError(f"parts with an id_offset need format version 4, got {self.format_version}")
         _check_relative(self.skipped_file, "skipped_file")
         next_id = 0
         for part in self.parts:
@@ -247,7 +267,8 @@ class Manifest:
         data["preprocess"] = dict(self.preprocess)
         for name in ("model_info", "index_options", "search_params", "index_tuning", "discovery"):
             data[name] = dict(getattr(self, name))
-        data["parts"] = [asdict(p) for p in self.parts]
+        # id_offset only where set: a manifest without such parts is written as before version 4.
+        data["parts"] = [{k: v for k, v in asdict(p).items() if k != "id_offset" or v} for p in self.parts]
         data["faiss"] = asdict(self.faiss) if self.faiss is not None else None
         data["checksums"] = {path: asdict(c) for path, c in self.checksums.items()}
         if self.keywords is None:
