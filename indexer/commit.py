@@ -48,15 +48,12 @@ from retrieval.version import __version__
 from . import ann
 from .ann import FaissInfo
 from .keywords import PreviousKeywords, write_side
-from .parts import PartSource, group_parts
+from .parts import PartSource, group_parts, link_part, write_part
 from .plan import IndexedFacts
 from .writer import (
-    ROW_GROUP_SIZE,
     FileRecord,
-    PartWriter,
     SkipRecord,
     records_table,
-    write_paths_column,
     write_skipped,
 )
 
@@ -277,12 +274,12 @@ class GenerationWriter:
                 name = f"{EMBEDDINGS_DIR}/{part_name(len(new_parts))}"
                 if len(group) == 1 and not isinstance(group[0], pa.Table):
                     ref, src = group[0]
-                    new_ref, new_path = self._link_part(ref, src, staging, gen_rel, name)
+                    new_ref, new_path = link_part(self.dir, ref, src, staging, gen_rel, name)
                     sums[new_ref.path] = self._carried(ref.path, staging / name)
                     sums[str(new_ref.paths)] = self._carried(ref.paths, staging / paths_file_of(name))
                     new_parts.append((new_ref, new_path))
                 else:
-                    ref = self._write_part(staging / name, f"{gen_rel}/{name}", first_id, group)
+                    ref = write_part(staging / name, f"{gen_rel}/{name}", self.meta.dim, first_id, group)
                     sums[ref.path] = checksum_file(staging / name)
                     sums[str(ref.paths)] = checksum_file(staging / paths_file_of(name))
                     new_parts.append((ref, self.dir / ref.path))
@@ -416,36 +413,6 @@ class GenerationWriter:
         generation recorded none (written before checksums, or a version-1 part's new paths)."""
         recorded = self._sums.get(rel) if rel is not None else None
         return recorded if recorded is not None else checksum_file(linked)
-
-    def _link_part(self, ref: PartRef, src: Path, staging: Path, gen_rel: str, name: str) -> tuple[PartRef, Path]:
-        os.link(src, staging / name)
-        paths_name = paths_file_of(name)
-        (staging / paths_name).parent.mkdir(exist_ok=True)
-        if ref.paths is not None:
-            os.link(self.dir / ref.paths, staging / paths_name)
-        else:
-            # A version-1 part: give it the path side file that version 2 readers use.
-            pf = store.open_parquet(src)
-            with store.reading(pf):
-                chunks = pf.read(columns=["path"]).column("path").chunks
-            write_paths_column(staging / paths_name, ref.file_id, chunks)
-        new_ref = PartRef(f"{gen_rel}/{name}", ref.rows, ref.first_id, ref.file_id, f"{gen_rel}/{paths_name}", ref.id_offset)
-        return new_ref, self.dir / gen_rel / name
-
-    def _write_part(self, path: Path, rel: str, first_id: int, sources: Sequence[PartSource]) -> PartRef:
-        file_id = uuid.uuid4().hex
-        part = PartWriter(path, self.meta.dim, file_id, first_id=first_id)
-        for src in sources:
-            if isinstance(src, pa.Table):
-                part.write_table(src)
-            else:
-                # Streamed a row group at a time: merging never holds a whole part in memory.
-                pf = store.open_parquet(src[1])
-                with store.reading(pf):
-                    for batch in pf.iter_batches(batch_size=ROW_GROUP_SIZE):
-                        part.write_table(pa.Table.from_batches([batch]))
-        rows = part.close()
-        return PartRef(rel, rows, first_id, file_id, paths_file_of(rel))
 
 
 def remove_stale(index_dir: Path, keep: str | None, live: Iterable[str] = ()) -> None:
