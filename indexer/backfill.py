@@ -35,7 +35,7 @@ import pyarrow as pa
 
 from retrieval import store
 from retrieval.images import PreprocessConfig
-from retrieval.layout import EMBEDDINGS_DIR, STAGING_PREFIX, PartRef, embeddings_schema, part_name, paths_file_of
+from retrieval.layout import EMBEDDINGS_DIR, STAGING_PREFIX, PartRef, embeddings_schema, part_name
 from retrieval.shards import SampleMeta
 
 from .commit import GenerationWriter
@@ -43,8 +43,9 @@ from .config import BuildConfig, default_threads
 from .dataset import OCR_FAILED_NOTE, ImageDataset
 from .discover import ImageFile
 from .embed import ChunkCommits
+from .parts import write_part
 from .shards import ShardReader
-from .writer import PartWriter, conform
+from .writer import conform
 
 # Images decoded and read per call on the decode threads (the progress bar moves between calls).
 _BATCH = 32
@@ -77,11 +78,7 @@ class _Scratch:
         path = self.dir / rel
         # Made again after each commit, whose remove_stale takes the folder once it is linked.
         path.parent.mkdir(parents=True, exist_ok=True)
-        file_id = uuid.uuid4().hex
-        part = PartWriter(path, self.dim, file_id, first_id=first_id)
-        for table in tables:
-            part.write_table(table)
-        return PartRef(rel, part.close(), first_id, file_id, paths_file_of(rel)), path
+        return write_part(path, rel, self.dim, first_id, list(tables)), path
 
 
 def unread_rows(path: Path) -> np.ndarray:
@@ -123,7 +120,7 @@ def read_missing_text(
     if not writer.meta.ocr or recorded or not writer.count:
         return stats
     writer.text_pending = True
-    if sum(ref.rows for ref, _ in writer.parts) < writer.count:
+    if writer.tail_pending:
         # Rows kept by compact() wait in memory as a table: published first, as a part like the rest.
         t0 = time.perf_counter()
         writer.commit(complete=False)

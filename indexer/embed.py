@@ -23,6 +23,7 @@ from .ahead import Ahead
 from .commit import GenerationWriter
 from .config import BuildConfig, default_threads, default_workers
 from .dataset import Batch, ImageDataset, Item, collate, finish_on_device
+from .discover import ImageFile
 from .plan import UpdatePlan
 from .shards import ShardReader
 from .stats import RunStats
@@ -55,6 +56,11 @@ class EmbeddedBatch:
     @property
     def good(self) -> list[Item]:
         return [it for it in self.items if it.error is None]
+
+
+def file_record(file: ImageFile, item: Item) -> FileRecord:
+    """The row a decoded ``item`` of ``file`` becomes (its facts as read when it was decoded)."""
+    return FileRecord(file.rel, item.width, item.height, item.size, item.mtime_ns, item.content_hash, item.meta, file.sample)
 
 
 class ChunkCommits:
@@ -100,11 +106,7 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
                 stats.lost += rel in plan.updated_paths
             good = batch.good
             if good and (batch.vectors is not None or batch.linked):
-                records = [
-                    FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash, it.meta,
-                               files[it.index].sample)
-                    for it in good
-                ]
+                records = [file_record(files[it.index], it) for it in good]
                 if batch.vectors is not None:
                     writer.append(records, batch.vectors)
                 stats.text_notes += sum(it.meta.note is not None for it in good)

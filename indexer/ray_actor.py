@@ -28,11 +28,10 @@ from retrieval.shards import MEMBER_SEP, SampleMeta
 from . import calibrate
 from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
-from .embed import EmbeddedBatch, embed_batch
+from .embed import EmbeddedBatch, embed_batch, file_record
 from .heap import retained_heap
 from .ray_parts import UNREACHED_COLUMN, StageRef, part_columns, part_of, write_part
 from .shards import ShardReader
-from .writer import FileRecord
 
 
 @dataclass(frozen=True)
@@ -110,9 +109,7 @@ class EmbedActor:
             return {**to_columns(batch["index"], done, self.enc.dim), UNREACHED_COLUMN: np.full(len(files), socket.gethostname(), object)}
         part = None
         if done.vectors is not None and len(done.vectors):
-            good = [(f, it) for f, it in zip(files, done.items, strict=True) if it.error is None]
-            records = [FileRecord(f.rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash, it.meta, f.sample)
-                       for f, it in good]
+            records = [file_record(f, it) for f, it in zip(files, done.items, strict=True) if it.error is None]
             part = write_part(self.spec.stage.path, records, done.vectors, self.enc.dim, self.spec.ocr)
         # Only the files' facts travel back, and the part's name: the vectors stay in the part.
         return {**to_columns(batch["index"], done, self.enc.dim, vectors=False), **part_columns(part, len(files))}

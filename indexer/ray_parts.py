@@ -26,6 +26,7 @@ import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 
@@ -33,10 +34,11 @@ from retrieval.errors import EngineError
 from retrieval.faults import crash_point
 from retrieval.layout import EMBEDDINGS_DIR, STAGING_PREFIX
 
+from . import parts
 from .commit import GenerationWriter
 from .discover import ImageFile
-from .embed import EmbeddedBatch
-from .writer import FileRecord, PartWriter, records_table
+from .embed import EmbeddedBatch, file_record
+from .writer import FileRecord, records_table
 
 STAGE_PREFIX = f"{STAGING_PREFIX}ray-"
 PROBE_FILE = "probe"
@@ -126,8 +128,7 @@ class Stage:
         for batch in batches:
             part = batch.part
             if part is None and batch.vectors is not None and len(batch.vectors):
-                records = [FileRecord(files[it.index].rel, it.width, it.height, it.size, it.mtime_ns, it.content_hash,
-                                      it.meta, files[it.index].sample) for it in batch.good]
+                records = [file_record(files[it.index], it) for it in batch.good]
                 part = write_part(self.dir, records, batch.vectors, dim, ocr)
                 self.by_driver += 1
             elif part is not None and part.name == last:
@@ -165,13 +166,11 @@ class WrittenPart:
 def write_part(stage: str | bytes | os.PathLike[str], records: list[FileRecord], vectors: np.ndarray, dim: int,
                ocr: bool) -> WrittenPart:
     """Write ``records`` and their vectors as a part (stored ids ``0 .. n - 1``) in ``stage``."""
-    file_id = uuid.uuid4().hex
-    name = f"{EMBEDDINGS_DIR}/{file_id}.parquet"
-    path = os.path.join(os.fsdecode(stage), name)
-    part = PartWriter(path, dim, file_id)
+    name = f"{EMBEDDINGS_DIR}/{uuid.uuid4().hex}.parquet"
     # ocr_read as GenerationWriter writes queued rows: True when the run recognises text.
-    part.write_table(records_table(records, vectors, dim, True if ocr else None))
-    return WrittenPart(name, part.close(), file_id)
+    table = records_table(records, vectors, dim, True if ocr else None)
+    ref = parts.write_part(Path(os.fsdecode(stage)) / name, name, dim, 0, [table])
+    return WrittenPart(name, ref.rows, ref.file_id)
 
 
 def part_columns(part: WrittenPart | None, n: int) -> dict[str, np.ndarray]:
