@@ -39,6 +39,11 @@ def images_per_call(tokens: int, width: int, limit: int = CPU_CALL_BYTES) -> int
     return max(1, limit // (tokens * width * 4))
 
 
+def grid_tokens(pixel_values: torch.Tensor, patch: tuple[int, int]) -> int:
+    """Tokens per image of a ViT on ``pixel_values``: its patch grid plus the class token."""
+    return (int(pixel_values.shape[-2]) // patch[0]) * (int(pixel_values.shape[-1]) // patch[1]) + 1
+
+
 def in_calls(pixel_values: torch.Tensor, per_call: int, embed: Callable[[torch.Tensor], np.ndarray]) -> np.ndarray:
     """``embed`` over ``pixel_values`` in calls of at most ``per_call`` images (as even as the
     count allows: 64 at 27 per call is 22 + 21 + 21, not 27 + 27 + 10), rows in order."""
@@ -50,4 +55,4 @@ def in_calls(pixel_values: torch.Tensor, per_call: int, embed: Callable[[torch.T
     return np.concatenate([embed(part) for part in torch.tensor_split(pixel_values, -(-n // per_call))])
 
 
-__all__ = ["CPU_CALL_BYTES", "images_per_call", "in_calls"]
+__all__ = ["CPU_CALL_BYTES", "grid_tokens", "images_per_call", "in_calls"]

@@ -20,7 +20,7 @@ from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
 from ...images.preprocess import unpack_patches
 from ..base import l2_normalize, quiet_transformers, resolve_device
-from ..chunking import images_per_call, in_calls
+from ..chunking import grid_tokens, images_per_call, in_calls
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from ..runtime import ImageRuntime
 from ..runtime.export import cached_vision_export
@@ -289,11 +289,8 @@ class HFClipEncoder(PixelPrecisionMixin):
         """Images per CPU forward pass (:mod:`..chunking`): tokens from the input's patch grid
         (NaFlex: its packed patch count), width the MLP's."""
         vision = self.config.vision_config
-        if self.family.naflex:
-            tokens = int(pixel_values.shape[-2])
-        else:
-            patch = int(vision.patch_size)
-            tokens = (int(pixel_values.shape[-2]) // patch) * (int(pixel_values.shape[-1]) // patch) + 1
+        patch = int(vision.patch_size)
+        tokens = int(pixel_values.shape[-2]) if self.family.naflex else grid_tokens(pixel_values, (patch, patch))
         return images_per_call(tokens, int(vision.intermediate_size))
 
     def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:

@@ -27,7 +27,7 @@ import numpy as np
 from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
 from ..base import file_sha256, first_line, l2_normalize, resolve_device
-from ..chunking import images_per_call, in_calls
+from ..chunking import grid_tokens, images_per_call, in_calls
 from ..languages import check_language, language_codes, set_language
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from .hub import (
@@ -387,7 +387,6 @@ class OpenClipEncoder(PixelPrecisionMixin):
             emb = model.encode_image(pixel_values.to(device, torch.float32, non_blocking=True))
             return l2_normalize(emb.float().cpu().numpy())
 
-
     def _images_per_call(self, pixel_values: torch.Tensor) -> int | None:
         """Images per CPU forward pass (:mod:`..chunking`) of a ViT tower; None (one call) for a
         tower without a patch grid and MLP width to read (e.g. a ResNet)."""
@@ -398,8 +397,7 @@ class OpenClipEncoder(PixelPrecisionMixin):
         width = getattr(fc, "out_features", None)
         if not isinstance(patch, tuple) or not isinstance(width, int):
             return None
-        tokens = (int(pixel_values.shape[-2]) // patch[0]) * (int(pixel_values.shape[-1]) // patch[1]) + 1
-        return images_per_call(tokens, width)
+        return images_per_call(grid_tokens(pixel_values, patch), width)
 
 
 def _tags_preprocess_differently(architecture: str) -> bool:

@@ -39,6 +39,7 @@ from typing import TYPE_CHECKING, Any, Literal, TypeVar
 import numpy as np
 
 from ...errors import InvalidArgumentError, ModelLoadError
+from ..base import first_line
 
 if TYPE_CHECKING:
     import torch
@@ -97,7 +98,7 @@ def onnxruntime_missing() -> str | None:
         import onnx  # noqa: F401  (the exporter writes through it)
         import onnxruntime  # noqa: F401
     except ImportError as exc:
-        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
+        return first_line(exc)
     return None
 
 

@@ -218,8 +218,15 @@ def cached_text_export(directory: Path, fingerprint: str, max_positions: int, mo
 
 
 __all__ = [
+    "EXPORT_VERSION",
+    "ONNX_CACHE_ENV",
+    "OPSET",
     "TEXT_EXPORT_VERSION",
+    "cache_dir",
     "cached_text_export",
+    "cached_vision_export",
+    "export_key",
     "export_text",
+    "export_vision",
     "text_export_key",
-    "EXPORT_VERSION", "ONNX_CACHE_ENV", "OPSET", "cache_dir", "cached_vision_export", "export_key", "export_vision"]
+]

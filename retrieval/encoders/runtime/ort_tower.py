@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from ...errors import ModelLoadError
-from ..base import l2_normalize
+from ..base import first_line, l2_normalize
 
 if TYPE_CHECKING:
     import torch
@@ -37,7 +37,7 @@ def cpu_session(path: Path, threads: int) -> Any:
     try:
         return ort.InferenceSession(str(path), options, providers=["CPUExecutionProvider"])
     except Exception as exc:  # noqa: BLE001  (onnxruntime raises its own untyped errors)
-        raise ModelLoadError(f"ONNX Runtime cannot load {path}: {str(exc).splitlines()[0]}") from exc
+        raise ModelLoadError(f"ONNX Runtime cannot load {path}: {first_line(exc)}") from exc
 
 
 class OrtImageTower:

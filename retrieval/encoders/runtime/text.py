@@ -36,6 +36,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import ModelLoadError
+from ..base import first_line
 from ..numpy_text.path import runtime_refusal
 from ..precision import PROBE_TEXTS
 from . import ORT_INSTALL, PARITY_MIN_COSINE, TEXT_RUNTIME_ENV, RuntimeUnavailable, text_runtime_choice
@@ -117,8 +118,7 @@ def choose_text_runtime(
     try:
         import onnxruntime
     except ImportError as exc:
-        first = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        return fall_back(f"{first}; for the faster exact path: {ORT_INSTALL}")
+        return fall_back(f"{first_line(exc)}; for the faster exact path: {ORT_INSTALL}")
     from .export import cached_text_export
     from .ort_text import OrtTextTower
 
@@ -139,7 +139,7 @@ def choose_text_runtime(
     try:
         candidate = embed(tower, PROBE_TEXTS)
     except Exception as exc:  # noqa: BLE001  (onnxruntime raises its own untyped errors)
-        return fall_back(f"ONNX Runtime failed on the probe texts: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}")
+        return fall_back(f"ONNX Runtime failed on the probe texts: {first_line(exc)}")
     t2 = time.perf_counter()
     cos = np.sum(reference.astype(np.float64) * candidate.astype(np.float64), axis=1)
     parity = {
