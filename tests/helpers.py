@@ -16,6 +16,21 @@ if TYPE_CHECKING:
     import torch
 
 
+# Captions for the text towers' parity tests (numpy tower, exact text runtime): short, long
+# (truncated at the context length), odd whitespace, case, accents, CJK, digits, contractions,
+# literal special tokens, punctuation runs and one character.
+TEXTS: tuple[str, ...] = (
+    "a banana",
+    "A black CAT  sleeping\ton a sofa!!",
+    "a photo of " + "very " * 120 + "long text",
+    "naïve café — 東京の夜景 🍌",
+    "it's 12345 o'clock, they're here",
+    "<|startoftext|> inside <|endoftext|> the text",
+    "?!?!... ((( ))) ---",
+    "x",
+)
+
+
 def assert_one_line_error(
     code: int,
     stderr: str,

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from helpers import cosines
+from helpers import TEXTS, cosines
 
 from retrieval import ImageIndex
 from retrieval.encoders import HFClipEncoder
@@ -23,19 +23,6 @@ from retrieval.encoders.numpy_text import (
     UnsupportedTextTower,
     check_text_config,
     text_path,
-)
-
-# Short, long (truncated at the context length), odd whitespace, case, accents, CJK, digits,
-# contractions, literal special tokens, punctuation runs and one character.
-TEXTS: tuple[str, ...] = (
-    "a banana",
-    "A black CAT  sleeping\ton a sofa!!",
-    "a photo of " + "very " * 120 + "long text",
-    "naïve café — 東京の夜景 🍌",
-    "it's 12345 o'clock, they're here",
-    "<|startoftext|> inside <|endoftext|> the text",
-    "?!?!... ((( ))) ---",
-    "x",
 )
 
 
