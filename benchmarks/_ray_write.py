@@ -111,7 +111,7 @@ def run_all(rows: int, rounds: int, batch_size: int, commit_every: int, base: Pa
     # Local workers inherit this environment: they import this module (VectorActor) from here.
     here = str(Path(__file__).resolve().parent)
     os.environ["PYTHONPATH"] = os.pathsep.join([here, *sys.path[1:3], os.environ.get("PYTHONPATH", "")])
-    ray.init(num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     results: list[dict[str, Any]] = []
     try:
         for actors in (1, 2):

@@ -128,7 +128,7 @@ def main(argv: list[str] | None = None) -> int:
         for f in files:
             f.read_bytes()  # every run reads from the page cache alike
         t0 = time.perf_counter()
-        ray.init(num_cpus=cores, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+        ray.init(address="local", num_cpus=cores, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
         ray_init_s = time.perf_counter() - t0
         # Warm-up, not timed: imports and first writes in this process.
         build_index(tmp_path / "photos", tmp_path / "warm", model=str(model), files=[f.name for f in files[:8]], device="cpu")

@@ -6,7 +6,9 @@ functions, imported as ``from helpers import ...`` (pytest puts ``tests/`` on ``
 
 from __future__ import annotations
 
-from collections.abc import Container
+import contextlib
+import logging
+from collections.abc import Container, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -71,3 +73,21 @@ def normalised(t: torch.Tensor) -> np.ndarray:
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise dot products of two stacks of unit vectors, in float64."""
     return (a.astype(np.float64) * b.astype(np.float64)).sum(axis=1)
+
+
+@contextlib.contextmanager
+def local_ray(num_cpus: int = 2) -> Iterator[str]:
+    """A Ray of this process's own on ``num_cpus`` CPUs (yields its GCS address), shut down after.
+
+    ``address="local"``: a plain ``ray.init()`` joins the latest Ray started on the machine, and
+    the suite's two workers may each be running one (a second ``ray.init(num_cpus=...)`` then
+    fails: "When connecting to an existing cluster, num_cpus and num_gpus must not be provided").
+    """
+    import ray
+
+    ray.init(address="local", num_cpus=num_cpus, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
+    try:
+        yield ray.get_runtime_context().gcs_address
+    finally:
+        ray.shutdown()
+

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import ast
 import json
-import logging
 import os
 import signal
 import threading
@@ -20,6 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
+from helpers import local_ray
 from imagegen import Collection, photo_like, write_photos
 
 from clipsearch.cli import main
@@ -172,13 +172,8 @@ def test_an_address_that_is_not_a_ray_head_fails_in_bounded_time() -> None:
 
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[None]:
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    try:
+    with local_ray():
         yield
-    finally:
-        ray.shutdown()
 
 
 def test_collection_equals_local_build(

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import logging
 import os
 import signal
 from collections.abc import Iterator
@@ -19,6 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
+from helpers import local_ray
 from imagegen import write_photos
 from vector_indexes import DIM, clustered, records, write_vectors_index
 
@@ -216,13 +216,8 @@ def test_by_part_splits_a_block_of_two_answers() -> None:
 
 @pytest.fixture(scope="module")
 def ray_local() -> Iterator[str]:
-    import ray
-
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    try:
-        yield ray.get_runtime_context().gcs_address
-    finally:
-        ray.shutdown()
+    with local_ray() as address:
+        yield address
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
-from helpers import assert_one_line_error
+from helpers import assert_one_line_error, local_ray
 from shardgen import Sample, make_samples, write_shards
 from test_shards import by_key
 
@@ -215,13 +215,10 @@ def test_import_reads_clip_retrieval_output_from_the_bucket(tmp_path: Path, tiny
 
 
 def test_ray_actors_read_the_shards_straight_from_the_store(tmp_path: Path, tiny_model: Path, s3_index: Path) -> None:
-    ray = pytest.importorskip("ray")
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    try:
-        out = tmp_path / "ray.idx"
+    pytest.importorskip("ray")
+    out = tmp_path / "ray.idx"
+    with local_ray():
         report = build_index(f"s3://{BUCKET}/data/", out, **_opts(tiny_model), engine="ray", actors=1, cpus_per_actor=1)
-    finally:
-        ray.shutdown()
     # The actor wrote the part itself, with every shard column the driver would have written.
     assert report.engine == "ray" and report.added == N and report.ray_write == "actors"
     want, got = ImageIndex.open(s3_index), ImageIndex.open(out)

@@ -5,13 +5,13 @@ to left) and emoji reaching the model intact."""
 from __future__ import annotations
 
 import json
-import logging
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
 from conftest import run_cli
+from helpers import local_ray
 from imagegen import photo_like
 
 from retrieval.index import ImageIndex
@@ -130,16 +130,11 @@ def test_http_api_passes_every_script_intact(client: object, index_dir: Path) ->
 
 
 def test_ray_engine_builds_the_same_siglip_index(siglip_dir: Path, photos: Path, index_dir: Path, tmp_path: Path) -> None:
-    import ray
-
     from indexer import build_index
 
-    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
-    try:
-        out = tmp_path / "ray.idx"
+    out = tmp_path / "ray.idx"
+    with local_ray():
         build_index(photos, out, model=str(siglip_dir), engine="ray", batch_size=4, device="cpu", precision="fp32")
-    finally:
-        ray.shutdown()
     local, remote = ImageIndex.open(index_dir, device="cpu"), ImageIndex.open(out, device="cpu")
     assert remote.manifest.model_info["model_type"] == "siglip"
     order = {p: i for i, p in enumerate(remote.paths())}
