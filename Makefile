@@ -24,7 +24,7 @@ install: $(STAMP)
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,server,ray,docs,heic,raw,ocr,shards,onnx]'
+	$(BIN)/pip install --quiet -e '.[test,server,ray,docs,heic,raw,ocr,shards,onnx,openvino]'
 	$(BIN)/pip install --quiet --no-deps '$(CLIP_RETRIEVAL)'
 	touch $(STAMP)
 

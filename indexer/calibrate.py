@@ -43,8 +43,8 @@ def apply_precision(enc: Encoder, precision: Precision) -> None:
 
 
 def _runtime_pending(enc: Encoder) -> bool:
-    """Whether an fp32 tower has still to choose its runtime (torch or ONNX Runtime, on the
-    sample, before the manifest records which): backends without that choice have none."""
+    """Whether an fp32 tower has still to choose its runtime (torch, OpenVINO or ONNX Runtime,
+    on the sample, before the manifest records which): backends without that choice have none."""
     runtime = getattr(enc, "image_runtime", None)
     return enc.image_precision.mode == "fp32" and runtime is not None and bool(runtime.pending)
 
@@ -64,12 +64,16 @@ def resolve(
 
     With ``keep_recorded`` (no mode asked for) an update of an index asks for the mode its
     manifest records (fp32 for an index from before precision modes), so all its vectors are
-    made alike. An update reuses the mode a previous ``auto`` run chose; otherwise the first
-    decodable images of ``files`` (up to 16) calibrate it. With nothing to embed it stays
-    unresolved.
+    made alike, and asks first for the fp32 runtime it records. An update reuses the mode a
+    previous ``auto`` run chose; otherwise the first decodable images of ``files`` (up to 16)
+    calibrate it. With nothing to embed it stays unresolved.
     """
     tower = enc.image_precision
     prev = previous_info or {}
+    runtime = getattr(enc, "image_runtime", None)
+    if runtime is not None:
+        # New vectors from the runtime the index's came from, so that the index stays uniform.
+        runtime.follow(str(prev["image_runtime"]) if prev.get("image_runtime") else None)
     if keep_recorded and previous_info is not None:
         try:
             tower.request(parse_precision(str(prev.get("precision_requested") or prev.get("precision") or "fp32")))

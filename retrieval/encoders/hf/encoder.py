@@ -22,8 +22,8 @@ from ...images.preprocess import unpack_patches
 from ..base import l2_normalize, quiet_transformers, resolve_device
 from ..chunking import grid_tokens, images_per_call, in_calls
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
-from ..runtime import ImageRuntime
 from ..runtime.export import cached_vision_export
+from ..runtime.image import ImageRuntime
 from .checkpoint import checkpoint_fingerprint, read_model_type, read_scalar, resolve_checkpoint
 from .family import FAMILIES, Family, check_processor, family_of
 from .processor import ImageProcessorConfig, read_image_processor_config
@@ -167,7 +167,9 @@ class HFClipEncoder(PixelPrecisionMixin):
             )
         self.preprocess = self._native_preprocess.scaled(size, self.native_image_size)
         if size != self.embed_image_size:
+            recorded = self.image_runtime.recorded
             self.image_runtime = self._make_runtime(size)
+            self.image_runtime.follow(recorded)
         self.embed_image_size = size
 
     def logit_params(self) -> tuple[float, float | None]:

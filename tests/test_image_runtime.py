@@ -1,0 +1,205 @@
+"""Which runtime runs the fp32 image tower (retrieval.encoders.runtime.image): OpenVINO first,
+ONNX Runtime where OpenVINO is missing or fails a check, torch where neither runs; updates and
+image queries follow the runtime an index records."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import logging
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed")
+pytest.importorskip("openvino", reason="the [openvino] extra is not installed")
+
+from imagegen import make_jpegs  # noqa: E402
+
+from indexer import build_index  # noqa: E402
+from retrieval import ImageIndex  # noqa: E402
+from retrieval.encoders import HFClipEncoder  # noqa: E402
+from retrieval.encoders import runtime as R  # noqa: E402
+from retrieval.encoders.runtime import export as E  # noqa: E402
+from retrieval.encoders.runtime import image as IR  # noqa: E402
+from retrieval.errors import ModelLoadError  # noqa: E402
+from retrieval.images import load_pixels  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("runtime") / "photos"
+    make_jpegs(root, 8, size=(160, 120))
+    return root
+
+
+@pytest.fixture(scope="module")
+def pixels(tiny_model: Path, photos: Path) -> torch.Tensor:
+    cfg = HFClipEncoder.load(str(tiny_model), device="cpu").preprocess
+    return torch.stack([load_pixels(p, cfg)[0] for p in sorted(photos.iterdir())])
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(E.ONNX_CACHE_ENV, str(tmp_path_factory.getbasetemp() / "onnx-cache-test"))
+    monkeypatch.delenv(R.RUNTIME_ENV, raising=False)
+
+
+def _batch_dependent(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Make ``name``'s tower give vectors that move with the batch size, as OpenVINO's fp32
+    did on an AVX2 host (~4e-6 between batch 1 and 8)."""
+    real = IR.RUNTIMES[name]
+
+    def load(path: Path) -> IR.Tower:
+        tower = real.load(path)
+        return lambda x: tower(x) + np.float32(1e-6 * len(x))
+
+    monkeypatch.setitem(IR.RUNTIMES, name, dataclasses.replace(real, load=load))
+
+
+def _chosen(model: Path, pixels: torch.Tensor) -> HFClipEncoder:
+    enc = HFClipEncoder.load(str(model), device="cpu", precision="fp32")
+    enc.embed_pixels(pixels[:4])
+    return enc
+
+
+def test_batch_drift_finds_a_tower_that_depends_on_the_batch(pixels: torch.Tensor) -> None:
+    def per_image(x: torch.Tensor) -> np.ndarray:
+        return x.flatten(1)[:, :8].numpy().copy()
+
+    def per_batch(x: torch.Tensor) -> np.ndarray:
+        return per_image(x) + np.float32(len(x))
+
+    for n in (1, 2, 5):
+        sample = pixels[:n]
+        assert IR.batch_drift(per_image, sample, per_image(sample)) == 0.0
+        assert IR.batch_drift(per_batch, sample, per_batch(sample)) > 0.0
+
+
+def test_auto_tries_openvino_first(tiny_model: Path, pixels: torch.Tensor, caplog: pytest.LogCaptureFixture) -> None:
+    with caplog.at_level(logging.INFO, logger="retrieval.encoders.runtime"):
+        enc = _chosen(tiny_model, pixels)
+    assert enc.info["image_runtime"] == "openvino" and "image_runtime_note" not in enc.info
+    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
+
+
+def test_a_runtime_whose_vectors_move_with_the_batch_is_passed_over(
+    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _batch_dependent(monkeypatch, "openvino")
+    enc = _chosen(tiny_model, pixels)
+    assert enc.info["image_runtime"] == "onnxruntime"
+    assert "OpenVINO's vectors change with the batch" in enc.info["image_runtime_note"]
+    monkeypatch.setenv(R.RUNTIME_ENV, "openvino")
+    with pytest.raises(ModelLoadError, match=r"CLIPSEARCH_IMAGE_RUNTIME=openvino: OpenVINO's vectors change with the batch"):
+        _chosen(tiny_model, pixels)
+    # Both fail the check: torch, and the note says why for each.
+    _batch_dependent(monkeypatch, "onnxruntime")
+    monkeypatch.delenv(R.RUNTIME_ENV)
+    enc = _chosen(tiny_model, pixels)
+    assert enc.info["image_runtime"] == "torch"
+    assert "OpenVINO's vectors" in enc.info["image_runtime_note"] and "ONNX Runtime's vectors" in enc.info["image_runtime_note"]
+
+
+def test_without_openvino_onnxruntime_runs_without_a_notice(
+    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    with caplog.at_level(logging.INFO, logger="retrieval.encoders.runtime"):
+        enc = _chosen(tiny_model, pixels)
+    assert enc.info["image_runtime"] == "onnxruntime" and "image_runtime_note" not in enc.info
+    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
+
+
+def _vectors_by_path(index: ImageIndex) -> np.ndarray:
+    order = np.argsort([r["path"] for r in index.rows(range(len(index)))])
+    return index.embeddings()[order]
+
+
+def test_an_update_and_image_queries_follow_the_recorded_runtime(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    files = sorted(p.name for p in photos.iterdir())
+    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="fp32")
+    monkeypatch.setenv(R.RUNTIME_ENV, "onnxruntime")
+    build_index(photos, tmp_path / "u.idx", files=files[:3], batch_size=2, **common)
+    build_index(photos, tmp_path / "r.idx", batch_size=8, **common)
+    monkeypatch.delenv(R.RUNTIME_ENV)  # auto would pick OpenVINO for a new index
+    build_index(photos, tmp_path / "u.idx", batch_size=3, **common)
+    info = json.loads((tmp_path / "u.idx" / "manifest.json").read_text())["model_info"]
+    assert info["image_runtime"] == "onnxruntime" and "image_runtime_note" not in info
+    u, r = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
+    np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
+    hit = u.search_image(u.source_file(0), k=1)[0]
+    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
+    assert u.encoder.info["image_runtime"] == "onnxruntime"  # type: ignore[attr-defined]
+
+
+def test_an_index_made_on_torch_is_queried_on_torch(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
+    build_index(photos, tmp_path / "t.idx", model=str(tiny_model), workers=0, device="cpu", precision="fp32")
+    monkeypatch.delenv(R.RUNTIME_ENV)
+    index = ImageIndex.open(tmp_path / "t.idx")
+    hit = index.search_image(index.source_file(2), k=1)[0]
+    assert hit.id == 2 and hit.score == pytest.approx(1.0, abs=1e-6)
+    assert index.encoder.info["image_runtime"] == "torch"  # type: ignore[attr-defined]
+
+
+def test_a_recorded_runtime_that_cannot_run_is_named_in_one_notice(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = sorted(p.name for p in photos.iterdir())
+    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="fp32")
+    build_index(photos, tmp_path / "o.idx", files=files[:3], **common)
+    assert ImageIndex.open(tmp_path / "o.idx").manifest.model_info["image_runtime"] == "openvino"
+    monkeypatch.setitem(sys.modules, "openvino", None)
+    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
+        build_index(photos, tmp_path / "o.idx", **common)
+    notices = [r.getMessage() for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
+    assert len(notices) == 1 and "the index's vectors came from openvino, which cannot run here" in notices[0]
+    assert R.OV_INSTALL in notices[0]
+    info = ImageIndex.open(tmp_path / "o.idx").manifest.model_info
+    assert info["image_runtime"] == "onnxruntime" and "came from openvino" in info["image_runtime_note"]
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="sigaltstack through the C library")
+def test_openvino_leaves_the_signal_stack_as_it_found_it(tiny_model: Path, pixels: torch.Tensor) -> None:
+    """compile_model sets a signal stack of its own and puts back the one it found when the
+    model is freed: freed in creation order, that left the stack of a freed model in place
+    (a later signal crashed the process)."""
+    import ctypes
+    import gc
+    import os
+    import signal
+
+    from retrieval.encoders.runtime import ov_tower
+
+    libc = ctypes.CDLL(None)
+
+    def current() -> tuple[int, int, int]:
+        stack = ov_tower._StackT()
+        assert libc.sigaltstack(None, ctypes.byref(stack)) == 0
+        return (stack.ss_sp or 0, stack.ss_flags, stack.ss_size)
+
+    enc = _chosen(tiny_model, pixels)
+    path = enc.image_runtime._export()
+    before = current()
+    first, second = ov_tower.compile_tower(path, 1), ov_tower.compile_tower(path, 1)
+    assert current() == before
+    del first
+    gc.collect()
+    del second
+    gc.collect()
+    assert current() == before
+    seen: list[int] = []
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: seen.append(signum))
+    try:
+        os.kill(os.getpid(), signal.SIGUSR1)
+    finally:
+        signal.signal(signal.SIGUSR1, previous)
+    assert seen == [signal.SIGUSR1]
