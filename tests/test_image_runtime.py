@@ -203,3 +203,20 @@ def test_openvino_leaves_the_signal_stack_as_it_found_it(tiny_model: Path, pixel
     finally:
         signal.signal(signal.SIGUSR1, previous)
     assert seen == [signal.SIGUSR1]
+
+
+def test_openvino_serves_concurrent_callers(tiny_model: Path, pixels: torch.Tensor) -> None:
+    """Image queries in the server call one tower from several threads: each call gets an infer
+    request of its own, and requests are reused afterwards."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    enc = _chosen(tiny_model, pixels)
+    tower = enc.image_runtime._tower
+    assert enc.info["image_runtime"] == "openvino" and tower is not None
+    slices = [(lo, lo + size) for lo in range(len(pixels)) for size in (1, 2) if lo + size <= len(pixels)] * 4
+    expected = {s: tower(pixels[s[0]:s[1]]) for s in set(slices)}
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda s: (s, tower(pixels[s[0]:s[1]])), slices))
+    for s, vectors in results:
+        np.testing.assert_array_equal(vectors, expected[s])
+    assert 1 <= len(tower._idle) <= 4  # type: ignore[attr-defined]
