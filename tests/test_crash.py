@@ -69,7 +69,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _torch_image_runtime() -> Iterator[None]:
     # fp32 on ONNX Runtime first checks parity on a decoded sample: arrivals at "decode" and
     # "embed" that commit nothing. The crash points are the runtime's business elsewhere
-    # (tests/test_onnx_runtime.py); here every process, the clean reference included, uses torch.
+    # (tests/test_image_runtime.py); here every process, the clean reference included, uses torch.
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("CLIPSEARCH_IMAGE_RUNTIME", "torch")
         yield
