@@ -359,3 +359,25 @@ def test_openvino_serves_concurrent_callers(tiny_model: Path, pixels: torch.Tens
     for s, vectors in results:
         np.testing.assert_array_equal(vectors, expected[s])
     assert 1 <= len(tower._idle) <= 4  # type: ignore[attr-defined]
+
+
+@needs_openvino
+def test_ray_actors_ask_for_the_runtime_the_run_records(tiny_model: Path, photos: Path, pixels: torch.Tensor) -> None:
+    """A Ray actor embeds on the runtime the driver's choice (or the index) records, not on
+    whichever its node would pick first, so that all nodes' vectors are alike."""
+    import types
+
+    from indexer.ray_actor import ActorSpec, load_actor_encoder
+    from indexer.ray_engine import RayRun
+
+    fake = types.SimpleNamespace(
+        cfg=types.SimpleNamespace(model=str(tiny_model), max_pixels=10**8, draft=False),
+        pool=types.SimpleNamespace(device="cpu", threads=1),
+    )
+    info = {"precision": "fp32", "image_runtime": "onnxruntime"}
+    spec = RayRun.spec(fake, photos, info)  # type: ignore[arg-type]
+    assert isinstance(spec, ActorSpec) and spec.image_runtime == "onnxruntime"
+    assert RayRun.spec(fake, photos, {"precision": "int8", "image_runtime": "onnxruntime"}).image_runtime is None  # type: ignore[arg-type]
+    enc = load_actor_encoder(spec)
+    enc.embed_pixels(pixels[:4])
+    assert enc.info["image_runtime"] == "onnxruntime"  # OpenVINO would be this node's first pick
