@@ -18,7 +18,6 @@ installed is a skipped row with its reason.
 
 from __future__ import annotations
 
-import importlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -51,12 +50,10 @@ def parse_peers(text: str) -> list[str]:
 
 def peer_missing(peer: str) -> str | None:
     """Why ``peer`` cannot run here (a package missing or broken), or None."""
-    for package in _PACKAGES[peer]:
-        try:
-            importlib.import_module(package)
-        except ImportError as exc:
-            return f"{str(exc).splitlines()[0] if str(exc) else type(exc).__name__}; {INSTALL}"
-    return None
+    from retrieval.encoders.runtime import packages_missing
+
+    why = packages_missing(*_PACKAGES[peer])
+    return f"{why}; {INSTALL}" if why is not None else None
 
 
 def cpu_has_bf16() -> bool:

@@ -30,6 +30,7 @@ onnxruntime are imported only there, and only when a tower is made.
 
 from __future__ import annotations
 
+import importlib
 import os
 from typing import Literal, TypeVar
 
@@ -83,24 +84,25 @@ def _env_choice(name: str, choices: tuple[_Choice, ...], what: str) -> _Choice:
     raise InvalidArgumentError(f"{name}={value!r} is not {what}; use one of {', '.join(choices)}")
 
 
-def onnxruntime_missing() -> str | None:
-    """Why ONNX Runtime cannot be used here (a package missing or broken), or None."""
-    try:
-        import onnx  # noqa: F401  (the exporter writes through it)
-        import onnxruntime  # noqa: F401
-    except ImportError as exc:
-        return first_line(exc)
+def packages_missing(*packages: str) -> str | None:
+    """Why one of ``packages`` cannot be imported here (missing or broken): the first line of
+    its ImportError; None when all import."""
+    for package in packages:
+        try:
+            importlib.import_module(package)
+        except ImportError as exc:
+            return first_line(exc)
     return None
+
+
+def onnxruntime_missing() -> str | None:
+    """Why ONNX Runtime cannot be used here (onnx writes the export), or None."""
+    return packages_missing("onnx", "onnxruntime")
 
 
 def openvino_missing() -> str | None:
-    """Why OpenVINO cannot be used here (a package missing or broken), or None."""
-    try:
-        import onnx  # noqa: F401  (the exporter writes through it)
-        import openvino  # noqa: F401
-    except ImportError as exc:
-        return first_line(exc)
-    return None
+    """Why OpenVINO cannot be used here (onnx writes the export), or None."""
+    return packages_missing("onnx", "openvino")
 
 
 __all__ = [
@@ -117,6 +119,7 @@ __all__ = [
     "TextRuntimeChoice",
     "onnxruntime_missing",
     "openvino_missing",
+    "packages_missing",
     "runtime_choice",
     "text_runtime_choice",
 ]
