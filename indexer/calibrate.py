@@ -22,6 +22,7 @@ from retrieval.encoders.precision import (
     parse_mode,
     parse_precision,
 )
+from retrieval.encoders.runtime.image import RUNTIME_KEYS
 from retrieval.errors import InvalidArgumentError
 
 from .dataset import ImageDataset, collate
@@ -43,10 +44,11 @@ def apply_precision(enc: Encoder, precision: Precision) -> None:
 
 
 def _runtime_pending(enc: Encoder) -> bool:
-    """Whether an fp32 tower has still to choose its runtime (torch, OpenVINO or ONNX Runtime,
-    on the sample, before the manifest records which): backends without that choice have none."""
-    runtime = getattr(enc, "image_runtime", None)
-    return enc.image_precision.mode == "fp32" and runtime is not None and bool(runtime.pending)
+    """Whether the fp32 or int8 tower has still to choose its runtime (torch, OpenVINO or ONNX
+    Runtime, on the sample, before the manifest records which): backends without that choice
+    have none."""
+    runtimes = getattr(enc, "image_runtimes", None)
+    return runtimes is not None and bool(runtimes.pending(enc.image_precision.mode))
 
 
 def resolve(
@@ -59,21 +61,23 @@ def resolve(
     draft: bool,
     keep_recorded: bool = False,
 ) -> None:
-    """Resolve an ``auto`` image precision before embedding, and for fp32 the runtime that
-    runs it (on the same sample); a no-op for any other fixed mode.
+    """Resolve an ``auto`` image precision before embedding, and for fp32 and int8 the runtime
+    that runs it (on the same sample); a no-op for any other fixed mode.
 
     With ``keep_recorded`` (no mode asked for) an update of an index asks for the mode its
     manifest records (fp32 for an index from before precision modes), so all its vectors are
-    made alike, and asks first for the fp32 runtime it records. An update reuses the mode a
+    made alike, and asks first for the runtime it records (torch for an int8 index from before
+    runtimes were recorded for int8). An update reuses the mode a
     previous ``auto`` run chose; otherwise the first decodable images of ``files`` (up to 16)
     calibrate it. With nothing to embed it stays unresolved.
     """
     tower = enc.image_precision
     prev = previous_info or {}
-    runtime = getattr(enc, "image_runtime", None)
-    if runtime is not None:
+    runtimes = getattr(enc, "image_runtimes", None)
+    if runtimes is not None:
         # New vectors from the runtime the index's came from, so that the index stays uniform.
-        runtime.follow(str(prev["image_runtime"]) if prev.get("image_runtime") else None)
+        recorded = prev.get("image_runtime") or ("torch" if prev.get("precision") == "int8" else None)
+        runtimes.follow(str(recorded) if recorded else None, str(prev["precision"]) if prev.get("precision") else None)
     if keep_recorded and previous_info is not None:
         try:
             tower.request(parse_precision(str(prev.get("precision_requested") or prev.get("precision") or "fp32")))
@@ -121,7 +125,7 @@ def model_info(enc_info: Mapping[str, Any], previous_info: Mapping[str, Any] | N
             before = [str(previous_info.get("precision", "fp32"))]
         if not embedded and previous_info.get("precision") not in (None, "auto"):
             # Nothing embedded now: the index's precision is still the recorded one.
-            for key in ("precision", "precision_requested", "precision_gate", "int8_activation_bits"):
+            for key in ("precision", "precision_requested", "precision_gate", "int8_activation_bits", *RUNTIME_KEYS):
                 if key in previous_info:
                     info[key] = previous_info[key]
                 else:

@@ -55,7 +55,7 @@ class ActorSpec:
     stage: StageRef | None = None
     # Images per model call when a batch is larger (an actor-written part spans several calls).
     model_batch: int = 0
-    # The runtime the run's fp32 vectors come from (retrieval.encoders.runtime): asked for first,
+    # The runtime the run's fp32 or int8 vectors come from (retrieval.encoders.runtime): asked for first,
     # so that every node embeds as the driver's choice says and the index stays uniform.
     image_runtime: str | None = None
 
@@ -77,9 +77,9 @@ def load_actor_encoder(spec: ActorSpec) -> Encoder:
     enc = load_encoder(spec.model, device=spec.device, precision=spec.precision)
     if spec.image_size is not None:
         enc.set_image_size(spec.image_size)
-    runtime = getattr(enc, "image_runtime", None)
-    if runtime is not None and spec.image_runtime:
-        runtime.follow(spec.image_runtime)
+    runtimes = getattr(enc, "image_runtimes", None)
+    if runtimes is not None and spec.image_runtime:
+        runtimes.follow(spec.image_runtime, spec.precision)
     bits = enc.info.get("int8_activation_bits")
     if spec.int8_activation_bits is not None and bits is not None and int(bits) != spec.int8_activation_bits:
         raise EngineError(

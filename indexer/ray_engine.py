@@ -242,7 +242,7 @@ class RayRun:
     def spec(self, photos: Path | ShardReader, info: Mapping[str, Any], ocr: bool = False) -> ActorSpec:
         """What an actor embeds with, from an encoder's ``info``: its precision (the mode chosen,
         or the one requested while ``auto`` is unresolved), int8 activation bits, image size, and
-        for fp32 the runtime chosen."""
+        the runtime chosen (fp32 and int8)."""
         precision = str(info.get("precision") or "fp32")
         size = info.get("embed_image_size")
         bits = info.get("int8_activation_bits") if precision == "int8" else None
@@ -251,7 +251,7 @@ class RayRun:
             image_size=int(size) if size is not None else None, int8_activation_bits=int(bits) if bits is not None else None,
             root=b"" if isinstance(photos, ShardReader) else os.fsencode(photos), max_pixels=self.cfg.max_pixels,
             draft=self.cfg.draft, threads=self.pool.threads, shards=photos if isinstance(photos, ShardReader) else None,
-            ocr=ocr, image_runtime=str(info["image_runtime"]) if precision == "fp32" and info.get("image_runtime") else None,
+            ocr=ocr, image_runtime=str(info["image_runtime"]) if info.get("image_runtime") else None,
         )
 
     def resolve_precision(self, enc: Encoder, photos: Path | ShardReader, previous_info: Mapping[str, Any] | None,

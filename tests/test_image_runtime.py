@@ -2,7 +2,8 @@
 torch and HF, vectors independent of the batch (an update equals a rebuild), the cached export,
 the missing package and the failed export; the order they are tried in (OpenVINO first, ONNX
 Runtime where OpenVINO is missing or fails a check, torch where neither runs), and updates and
-image queries following the runtime an index records."""
+image queries following the runtime an index records. Then the int8 tower on OpenVINO: agreement
+with torch's int8, the gate, the batch check, and int8 indexes made on torch staying there."""
 
 from __future__ import annotations
 
@@ -23,7 +24,7 @@ from imagegen import make_jpegs  # noqa: E402
 
 from indexer import build_index  # noqa: E402
 from retrieval import ImageIndex  # noqa: E402
-from retrieval.encoders import HFClipEncoder  # noqa: E402
+from retrieval.encoders import HFClipEncoder, cpu  # noqa: E402
 from retrieval.encoders import runtime as R  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
 from retrieval.encoders.runtime import image as IR  # noqa: E402
@@ -205,9 +206,9 @@ def test_a_failed_export_names_the_model_and_the_operator(
 
 
 def test_reduced_modes_and_an_unknown_runtime(tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None:
-    enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="int8")
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="bf16")
     enc.embed_pixels(pixels[:2])
-    assert "image_runtime" not in enc.info  # int8 runs on torch; the record is about fp32
+    assert "image_runtime" not in enc.info  # bf16 runs on torch only; the record is about fp32 and int8
     monkeypatch.setenv(R.RUNTIME_ENV, "tensorrt")
     with pytest.raises(InvalidArgumentError, match="CLIPSEARCH_IMAGE_RUNTIME"):
         HFClipEncoder.load(str(tiny_model), device="cpu", precision="fp32").embed_pixels(pixels[:2])
@@ -262,16 +263,16 @@ def test_a_runtime_whose_vectors_move_with_the_batch_is_passed_over(
     _batch_dependent(monkeypatch, "openvino")
     enc = _chosen(tiny_model, pixels)
     assert enc.info["image_runtime"] == "onnxruntime"
-    assert "OpenVINO's vectors change with the batch" in enc.info["image_runtime_note"]
+    assert "OpenVINO's fp32 vectors change with the batch" in enc.info["image_runtime_note"]
     monkeypatch.setenv(R.RUNTIME_ENV, "openvino")
-    with pytest.raises(ModelLoadError, match=r"CLIPSEARCH_IMAGE_RUNTIME=openvino: OpenVINO's vectors change with the batch"):
+    with pytest.raises(ModelLoadError, match=r"CLIPSEARCH_IMAGE_RUNTIME=openvino: OpenVINO's fp32 vectors change with the batch"):
         _chosen(tiny_model, pixels)
     # Both fail the check: torch, and the note says why for each.
     _batch_dependent(monkeypatch, "onnxruntime")
     monkeypatch.delenv(R.RUNTIME_ENV)
     enc = _chosen(tiny_model, pixels)
     assert enc.info["image_runtime"] == "torch"
-    assert "OpenVINO's vectors" in enc.info["image_runtime_note"] and "ONNX Runtime's vectors" in enc.info["image_runtime_note"]
+    assert "OpenVINO's fp32 vectors" in enc.info["image_runtime_note"] and "ONNX Runtime's fp32 vectors" in enc.info["image_runtime_note"]
 
 
 def test_without_openvino_onnxruntime_runs_without_a_notice(
@@ -361,7 +362,7 @@ def test_openvino_leaves_the_signal_stack_as_it_found_it(tiny_model: Path, pixel
         return (stack.ss_sp or 0, stack.ss_flags, stack.ss_size)
 
     enc = _chosen(tiny_model, pixels)
-    path = enc.image_runtime._export()
+    path = enc.image_runtimes.export()
     before = current()
     first, second = ov_tower.compile_tower(path, 1), ov_tower.compile_tower(path, 1)
     assert current() == before
@@ -388,7 +389,7 @@ def test_openvino_serves_concurrent_callers(tiny_model: Path, pixels: torch.Tens
     from retrieval.encoders.runtime.ov_tower import OvImageTower
 
     # The tower itself, whether or not this CPU passes its batch check.
-    tower = OvImageTower(_chosen(tiny_model, pixels).image_runtime._export(), 2)
+    tower = OvImageTower(_chosen(tiny_model, pixels).image_runtimes.export(), 2)
     slices = [(lo, lo + size) for lo in range(len(pixels)) for size in (1, 2) if lo + size <= len(pixels)] * 4
     expected = {s: tower(pixels[s[0]:s[1]]) for s in set(slices)}
     with ThreadPoolExecutor(4) as pool:
@@ -414,7 +415,135 @@ def test_ray_actors_ask_for_the_runtime_the_run_records(tiny_model: Path, photos
     info = {"precision": "fp32", "image_runtime": "onnxruntime"}
     spec = RayRun.spec(fake, photos, info)  # type: ignore[arg-type]
     assert isinstance(spec, ActorSpec) and spec.image_runtime == "onnxruntime"
-    assert RayRun.spec(fake, photos, {"precision": "int8", "image_runtime": "onnxruntime"}).image_runtime is None  # type: ignore[arg-type]
+    assert RayRun.spec(fake, photos, {"precision": "int8", "image_runtime": "openvino"}).image_runtime == "openvino"  # type: ignore[arg-type]
     enc = load_actor_encoder(spec)
     enc.embed_pixels(pixels[:4])
     assert enc.info["image_runtime"] == "onnxruntime"  # OpenVINO would be this node's first pick
+
+
+# -- the int8 tower on OpenVINO ------------------------------------------------------------------
+
+needs_ov_int8 = pytest.mark.skipif(
+    bool(R.openvino_int8_missing()) or not cpu.has_int8_dot(),
+    reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU with int8 dot products",
+)
+
+
+def _int8(model: Path, runtime: str, monkeypatch: pytest.MonkeyPatch, pixels: torch.Tensor) -> HFClipEncoder:
+    monkeypatch.setenv(R.RUNTIME_ENV, runtime)
+    enc = HFClipEncoder.load(str(model), device="cpu", precision="int8")
+    enc.embed_pixels(pixels[:4])  # the runtime is chosen here
+    return enc
+
+
+@needs_ov_int8
+def test_int8_on_openvino_agrees_with_torch_int8_and_does_not_depend_on_the_batch(
+    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    ov8 = _int8(tiny_model, "openvino", monkeypatch, pixels)
+    assert ov8.info["image_runtime"] == "openvino" and ov8.info["int8_activation_bits"] == 8
+    assert ov8.info["image_runtime_parity"]["min_cosine"] >= IR.INT8_PARITY_MIN_COSINE
+    assert "int8" not in ov8.image_precision.variants  # torch's int8 copy served the check only
+    tch = _int8(tiny_model, "torch", monkeypatch, pixels)
+    assert tch.info["image_runtime"] == "torch"
+    a, b = ov8.embed_pixels(pixels), tch.embed_pixels(pixels)
+    assert float(np.min(np.sum(a * b, axis=1))) >= IR.INT8_PARITY_MIN_COSINE
+    assert not np.array_equal(a, b)  # another tower indeed
+    for lo, hi in ((0, 1), (5, 6), (3, 10), (11, 12)):
+        np.testing.assert_array_equal(ov8.embed_pixels(pixels[lo:hi]), a[lo:hi])
+    # The int8 model is made once from the export and kept beside it.
+    assert len(list(ov8.image_runtimes.export().parent.glob("*-ov-int8-*.xml"))) == 1
+
+
+@needs_ov_int8
+def test_auto_gates_the_int8_tower_that_will_run_and_an_update_equals_a_rebuild(
+    tiny_model: Path, photos: Path, tmp_path: Path
+) -> None:
+    files = sorted(p.name for p in photos.iterdir())
+    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="auto")
+    build_index(photos, tmp_path / "u.idx", files=files[:5], batch_size=3, **common)
+    build_index(photos, tmp_path / "u.idx", batch_size=4, **common)
+    build_index(photos, tmp_path / "r.idx", batch_size=16, **common)
+    u, r = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
+    np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
+    info = r.manifest.model_info
+    assert info["precision"] == "int8" and info["image_runtime"] == "openvino"
+    assert info["precision_gate"]["gate"][0]["passed"]
+    hit = r.search_image(r.source_file(0), k=1)[0]
+    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
+    assert r.encoder.info["image_runtime"] == "openvino"  # type: ignore[attr-defined]
+
+
+def test_an_int8_index_made_on_torch_stays_on_torch(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Updates and image queries of an int8 index made on torch, or made before int8 runtimes
+    were recorded (no ``image_runtime``), stay on torch: OpenVINO's int8 vectors are close to
+    torch's, not equal, and an index holds vectors of one tower."""
+    from indexer.calibrate import resolve
+
+    files = sorted(p.name for p in photos.iterdir())
+    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="int8")
+    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
+    build_index(photos, tmp_path / "u.idx", files=files[:5], batch_size=3, **common)
+    build_index(photos, tmp_path / "r.idx", batch_size=16, **common)
+    monkeypatch.delenv(R.RUNTIME_ENV)
+    build_index(photos, tmp_path / "u.idx", batch_size=4, **common)
+    u, r = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
+    assert u.manifest.model_info["image_runtime"] == "torch"
+    np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
+    hit = u.search_image(u.source_file(0), k=1)[0]
+    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
+    assert u.encoder.info["image_runtime"] == "torch"  # type: ignore[attr-defined]
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="int8")
+    resolve(enc, {"precision": "int8", "precision_requested": "int8"}, photos, [], max_pixels=10**8, draft=False)
+    assert enc.image_runtimes.get("int8").recorded == "torch"  # type: ignore[union-attr]
+    assert enc.image_runtimes.get("fp32").recorded is None  # type: ignore[union-attr]
+
+
+@needs_ov_int8
+def test_an_int8_tower_whose_vectors_move_with_the_batch_is_passed_over(
+    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    real = IR.RUNTIMES["openvino"]
+    assert real.load_int8 is not None
+    load_int8 = real.load_int8
+
+    def load(path: Path, group: int) -> IR.Tower:
+        tower = load_int8(path, group)
+        return lambda x: tower(x) + np.float32(1e-6 * len(x))
+
+    monkeypatch.setitem(IR.RUNTIMES, "openvino", dataclasses.replace(real, load_int8=load))
+    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
+        enc = _int8(tiny_model, "auto", monkeypatch, pixels)
+    assert enc.info["image_runtime"] == "torch"
+    assert "OpenVINO's int8 vectors change with the batch" in enc.info["image_runtime_note"]
+    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]  # torch's int8 is no fallback to warn of
+    with pytest.raises(ModelLoadError, match="OpenVINO's int8 vectors change with the batch"):
+        _int8(tiny_model, "openvino", monkeypatch, pixels)
+
+
+def test_int8_runs_on_torch_without_nncf_or_where_onnxruntime_is_named(
+    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    # ONNX Runtime's int8 quantises a whole batch with one scale: it never runs the int8 tower.
+    enc = _int8(tiny_model, "onnxruntime", monkeypatch, pixels)
+    assert enc.info["image_runtime"] == "torch" and "image_runtime_note" not in enc.info
+    monkeypatch.setitem(sys.modules, "nncf", None)
+    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
+        enc = _int8(tiny_model, "auto", monkeypatch, pixels)
+    assert enc.info["image_runtime"] == "torch"
+    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
+    if cpu.has_int8_dot():
+        assert R.OV_INSTALL in enc.info["image_runtime_note"]
+        with pytest.raises(ModelLoadError, match=re.escape(R.OV_INSTALL)):
+            _int8(tiny_model, "openvino", monkeypatch, pixels)
+
+
+def test_int8_without_int8_dot_products_stays_on_torch(
+    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Where the CPU lacks VNNI and AMX, auto leaves int8 to the torch path (its 7-bit codes)."""
+    monkeypatch.setenv(cpu.CAP_ENV, "avx2")
+    enc = _int8(tiny_model, "auto", monkeypatch, pixels)
+    assert enc.info["image_runtime"] == "torch" and enc.info["int8_activation_bits"] == 7

@@ -30,6 +30,12 @@ from retrieval.errors import InvalidArgumentError
 from retrieval.images import load_pixels
 
 
+@pytest.fixture(autouse=True)
+def _torch_int8(monkeypatch: pytest.MonkeyPatch) -> None:
+    """These tests are about the torch int8 path; OpenVINO's int8 tower, which runs it first
+    where installed, has its own (tests/test_image_runtime.py)."""
+    monkeypatch.setenv("CLIPSEARCH_IMAGE_RUNTIME", "torch")
+
 def test_row_quantisation_error_is_half_a_step() -> None:
     g = torch.Generator().manual_seed(0)
     x = torch.randn(64, 40, generator=g) * torch.logspace(-3, 2, 64)[:, None]

@@ -169,6 +169,13 @@ def has_fast_int8() -> bool:
     return rank(cpu_level()) >= rank("avx2")
 
 
+def has_bf16() -> bool:
+    """bf16 instructions (AVX-512 BF16 or AMX) on this CPU, unless a cap below ``avx512_vnni``
+    rules them out (OpenVINO's int8 tower runs its other layers in bf16 where this holds)."""
+    flags = cpu_flags()
+    return bool({"avx512_bf16", "amx_bf16"} & flags) and rank(cpu_level()) >= rank("avx512_vnni")
+
+
 def has_amx() -> bool:
     """AMX tiles (bf16 products faster than fp32), after the caps."""
     return cpu_level() == "amx"
@@ -204,6 +211,7 @@ __all__ = [
     "detected_level",
     "fbgemm_has_int8_dot",
     "has_amx",
+    "has_bf16",
     "has_fast_int8",
     "has_int8_dot",
     "usable_cores",

@@ -241,12 +241,13 @@ class QueryEncoders:
             encoder.image_precision.set("fp32")
 
     def _match_image_runtime(self, encoder: Encoder) -> None:
-        # The runtime of the fp32 image tower too (retrieval.encoders.runtime): the one the
-        # index's vectors came from (torch before runtimes were recorded), so an indexed image
-        # finds itself bit for bit.
-        runtime = getattr(encoder, "image_runtime", None)
-        if runtime is not None:
-            runtime.follow(str(self.manifest.model_info.get("image_runtime") or "torch"))
+        # The runtime of the image tower too (retrieval.encoders.runtime): the one the index's
+        # vectors came from (torch before runtimes were recorded), so an indexed image finds
+        # itself bit for bit.
+        runtimes = getattr(encoder, "image_runtimes", None)
+        if runtimes is not None:
+            info = self.manifest.model_info
+            runtimes.follow(str(info.get("image_runtime") or "torch"), str(info["precision"]) if info.get("precision") else None)
 
     def _check(self, encoder: TextEncoder) -> None:
         built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"

@@ -23,7 +23,7 @@ from ..base import l2_normalize, quiet_transformers, resolve_device
 from ..chunking import grid_tokens, images_per_call, in_calls
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from ..runtime.export import cached_vision_export
-from ..runtime.image import ImageRuntime
+from ..runtime.image import ImageRuntimes
 from .checkpoint import checkpoint_fingerprint, read_model_type, read_scalar, resolve_checkpoint
 from .family import FAMILIES, Family, check_processor, family_of
 from .processor import ImageProcessorConfig, read_image_processor_config
@@ -79,8 +79,8 @@ class HFClipEncoder(PixelPrecisionMixin):
         # Separate modules, separate int8 copies: each tower resolves its own mode.
         self.image_precision = TowerPrecision(precision, device)
         self.text_precision = TowerPrecision(precision, device)
-        # Which runtime runs the fp32 image tower (torch, or ONNX Runtime on the CPU).
-        self.image_runtime = self._make_runtime()
+        # Which runtime runs the fp32 and the int8 image tower (torch, OpenVINO, ONNX Runtime).
+        self.image_runtimes = self._make_runtimes()
 
     @classmethod
     def load(cls, model: str = DEFAULT_MODEL, device: str = "auto", precision: str = "fp32") -> HFClipEncoder:
@@ -121,7 +121,7 @@ class HFClipEncoder(PixelPrecisionMixin):
     def info(self) -> dict[str, Any]:
         """What the index manifest records about the model (``model_info``)."""
         vision = self.config.vision_config
-        return {
+        info = {
             "backend": self.backend,
             "checkpoint": self.name,
             # The family: a query model of another family is refused by it (QueryEncoders).
@@ -133,8 +133,11 @@ class HFClipEncoder(PixelPrecisionMixin):
             "embed_image_size": self.embed_image_size,
             **({"max_num_patches": self.preprocess.max_num_patches} if self.family.naflex else {}),
             **self.image_precision.manifest_info(),
-            **(self.image_runtime.info() if self.image_precision.mode == "fp32" else {}),
+            **self.image_runtimes.info(self.image_precision.mode),
         }
+        if info.get("precision") == "int8" and info.get("image_runtime") not in (None, "torch"):
+            info["int8_activation_bits"] = 8  # the runtime's own codes, whatever torch's kernel would use
+        return info
 
     @property
     def fingerprint(self) -> str:
@@ -167,9 +170,9 @@ class HFClipEncoder(PixelPrecisionMixin):
             )
         self.preprocess = self._native_preprocess.scaled(size, self.native_image_size)
         if size != self.embed_image_size:
-            recorded = self.image_runtime.recorded
-            self.image_runtime = self._make_runtime(size)
-            self.image_runtime.follow(recorded)
+            recorded = self.image_runtimes.recorded
+            self.image_runtimes = self._make_runtimes(size)
+            self.image_runtimes.follow(*recorded)
         self.embed_image_size = size
 
     def logit_params(self) -> tuple[float, float | None]:
@@ -269,15 +272,17 @@ class HFClipEncoder(PixelPrecisionMixin):
         return l2_normalize(out)
 
     def calibrate_images(self, pixel_values: torch.Tensor) -> Mode:
-        """Resolve an ``auto`` image precision on this sample now, and for fp32 the runtime
-        (its parity check runs on the sample); returns the mode."""
+        """Resolve an ``auto`` image precision on this sample now, and for fp32 and int8 the
+        runtime (its checks run on the sample); returns the mode."""
         mode = super().calibrate_images(pixel_values)
-        if mode == "fp32":
-            self.image_runtime.tower(pixel_values, lambda sample: self._embed_torch(sample, "fp32"))
+        self._runtime_tower(pixel_values, mode)
         return mode
 
-    def _make_runtime(self, size: int | None = None) -> ImageRuntime:
+    def _make_runtimes(self, size: int | None = None) -> ImageRuntimes:
         size = size or self.native_image_size
+        vision = self.config.vision_config
+        # One activation scale per row and model width (its MLP's width is a multiple of it).
+        group = math.gcd(int(vision.hidden_size), int(vision.intermediate_size))
 
         def export() -> Path:
             return cached_vision_export(
@@ -285,7 +290,7 @@ class HFClipEncoder(PixelPrecisionMixin):
                 interpolate=size != self.native_image_size,
             )
 
-        return ImageRuntime(self.name, export, applies=self.device.type == "cpu" and not self.family.naflex)
+        return ImageRuntimes(self.name, export, self.device.type == "cpu" and not self.family.naflex, group)
 
     def _images_per_call(self, pixel_values: torch.Tensor) -> int:
         """Images per CPU forward pass (:mod:`..chunking`): tokens from the input's patch grid
@@ -295,13 +300,25 @@ class HFClipEncoder(PixelPrecisionMixin):
         tokens = int(pixel_values.shape[-2]) if self.family.naflex else grid_tokens(pixel_values, (patch, patch))
         return images_per_call(tokens, int(vision.intermediate_size))
 
+    def _runtime_tower(self, pixel_values: torch.Tensor, mode: Mode) -> Any:
+        """The runtime's tower for ``mode``, chosen now on ``pixel_values`` if not yet; None: torch.
+
+        fp32 only once it is the resolved mode: auto's calibration compares reduced modes with
+        torch's fp32 (and need not export a tower it may not use). int8 also while auto
+        calibrates, so that the gate judges the int8 tower that will run.
+        """
+        runtime = self.image_runtimes.get(mode)
+        if runtime is None or (mode == "fp32" and self.image_precision.mode != "fp32"):
+            return None
+        tower = runtime.tower(pixel_values, lambda sample: self._embed_torch(sample, mode))
+        if tower is not None and mode == "int8":
+            self.image_precision.variants.pop("int8", None)  # torch's int8 copy was for the check only
+        return tower
+
     def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
-        # Only once fp32 is the resolved mode: auto's calibration compares reduced modes with
-        # torch's fp32 (and need not export a tower it may not use).
-        if mode == "fp32" and self.image_precision.mode == "fp32":
-            tower = self.image_runtime.tower(pixel_values, lambda sample: self._embed_torch(sample, mode))
-            if tower is not None:
-                return tower(pixel_values)
+        tower = self._runtime_tower(pixel_values, mode)
+        if tower is not None:
+            return tower(pixel_values)
         return self._embed_torch(pixel_values, mode)
 
     def _embed_torch(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:

@@ -43,7 +43,7 @@ RUNTIME_CHOICES: tuple[RuntimeChoice, ...] = ("auto", "torch", "onnxruntime", "o
 PARITY_MIN_COSINE = 0.99999
 PARITY_IMAGES = 16
 ORT_INSTALL = "pip install 'clipsearch[onnx]' (or: pip install onnxruntime onnx)"
-OV_INSTALL = "pip install 'clipsearch[openvino]' (or: pip install openvino onnx)"
+OV_INSTALL = "pip install 'clipsearch[openvino]' (or: pip install openvino nncf onnx)"
 
 TEXT_RUNTIME_ENV = "CLIPSEARCH_TEXT_RUNTIME"
 TextRuntimeChoice = Literal["auto", "numpy", "onnxruntime"]
@@ -105,6 +105,11 @@ def openvino_missing() -> str | None:
     return packages_missing("onnx", "openvino")
 
 
+def openvino_int8_missing() -> str | None:
+    """Why OpenVINO's int8 image tower cannot be made here (NNCF makes its weights), or None."""
+    return packages_missing("onnx", "openvino", "nncf")
+
+
 __all__ = [
     "ORT_INSTALL",
     "OV_INSTALL",
@@ -118,6 +123,7 @@ __all__ = [
     "RuntimeUnavailable",
     "TextRuntimeChoice",
     "onnxruntime_missing",
+    "openvino_int8_missing",
     "openvino_missing",
     "packages_missing",
     "runtime_choice",

@@ -1,15 +1,23 @@
-"""One encoder's choice of runtime for its fp32 image tower: OpenVINO, ONNX Runtime or torch.
+"""One encoder's choice of runtime for its image tower on the CPU: OpenVINO, ONNX Runtime or torch.
 
-Tried in order (:data:`AUTO_ORDER`), on the first images the tower sees; the first that
-installs, loads, matches torch (:data:`~. PARITY_MIN_COSINE`) and gives every image the same
-vector whatever its batch (:func:`batch_drift`) runs the tower. OpenVINO comes first: its fp32
-tower ran faster than ONNX Runtime's at ViT-B/32 and ViT-L/14 on the CPUs where it passed the
-batch check (``benchmarks/README.md``, issue 39); on the AVX2 host measured its vectors moved
-with the batch, so there the check hands the tower to ONNX Runtime.
+Per mode. The exact tower (``fp32``): tried in order (:data:`AUTO_ORDER`), on the first images
+the tower sees; the first that installs, loads, matches torch (:data:`~. PARITY_MIN_COSINE`)
+and gives every image the same vector whatever its batch (:func:`batch_drift`) runs the tower.
+OpenVINO comes first: its fp32 tower ran faster than ONNX Runtime's at ViT-B/32 and ViT-L/14
+on the CPUs where it passed the batch check (``benchmarks/README.md``, issue 39); on the AVX2
+host measured its vectors moved with the batch, so there the check hands the tower to ONNX
+Runtime.
+
+The ``int8`` tower (:data:`INT8_ORDER`): OpenVINO's (NNCF int8 weights, activations quantised
+per row by the plugin, :mod:`.ov_tower`) on CPUs with int8 dot products (VNNI or AMX), where it
+ran faster than the torch int8 path; it must agree with the torch int8 tower's vectors
+(:data:`INT8_PARITY_MIN_COSINE`) and pass the same batch check. ONNX Runtime's int8 quantises a
+whole batch with one scale, so its vectors move with the batch: it never runs the int8 tower.
+Elsewhere the torch int8 path (:mod:`retrieval.encoders.int8`) runs it.
 
 An index records what ran (``image_runtime``); a run that adds to it, and image queries
-against it, ask for the same runtime first (:meth:`ImageRuntime.follow`), so an update equals a
-rebuild and an indexed image finds itself bit for bit.
+against it, ask for the same runtime first (:meth:`ImageRuntimes.follow`), so an index stays
+uniform and an indexed image finds itself bit for bit.
 """
 
 from __future__ import annotations
@@ -23,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ...errors import ModelLoadError
+from ...errors import InvalidArgumentError, ModelLoadError
+from .. import cpu
 from . import (
     ORT_INSTALL,
     OV_INSTALL,
@@ -31,6 +40,7 @@ from . import (
     PARITY_MIN_COSINE,
     RUNTIME_ENV,
     onnxruntime_missing,
+    openvino_int8_missing,
     openvino_missing,
     runtime_choice,
 )
@@ -43,9 +53,14 @@ LOG = logging.getLogger(__package__)
 Tower = Callable[["torch.Tensor"], np.ndarray]
 
 
+# An int8 tower must agree this closely with the torch int8 tower, image by image (both are
+# approximations of fp32; measured 0.9998 between them at ViT-B/32 and ViT-L/14).
+INT8_PARITY_MIN_COSINE = 0.999
+
+
 @dataclass(frozen=True)
 class Runtime:
-    """A runtime that can run an exported fp32 image tower."""
+    """A runtime that can run an exported fp32 image tower, and maybe an int8 one made from it."""
 
     name: str
     label: str
@@ -53,6 +68,9 @@ class Runtime:
     missing: Callable[[], str | None]
     load: Callable[[Path], Tower]
     version: Callable[[], str]
+    # (export, activation group) -> the int8 tower; None where the runtime has no batch-independent int8.
+    load_int8: Callable[[Path, int], Tower] | None = None
+    int8_missing: Callable[[], str | None] | None = None
 
 
 def _ort_tower(path: Path) -> Tower:
@@ -73,6 +91,12 @@ def _ov_tower(path: Path) -> Tower:
     return OvImageTower(path)
 
 
+def _ov_int8_tower(path: Path, group: int) -> Tower:
+    from .ov_tower import OvImageTower, int8_model
+
+    return OvImageTower(int8_model(path), int8_group=group)
+
+
 def _ov_version() -> str:
     from .ov_tower import openvino_version
 
@@ -80,10 +104,17 @@ def _ov_version() -> str:
 
 
 RUNTIMES: dict[str, Runtime] = {
-    "openvino": Runtime("openvino", "OpenVINO", OV_INSTALL, openvino_missing, _ov_tower, _ov_version),
+    "openvino": Runtime(
+        "openvino", "OpenVINO", OV_INSTALL, openvino_missing, _ov_tower, _ov_version, _ov_int8_tower, openvino_int8_missing,
+    ),
     "onnxruntime": Runtime("onnxruntime", "ONNX Runtime", ORT_INSTALL, onnxruntime_missing, _ort_tower, _ort_version),
 }
 AUTO_ORDER: tuple[str, ...] = ("openvino", "onnxruntime")
+INT8_ORDER: tuple[str, ...] = ("openvino",)
+# The modes a runtime other than torch may run.
+RUNTIME_MODES: tuple[str, ...] = ("fp32", "int8")
+# What an index records of the choice (ImageRuntime.info).
+RUNTIME_KEYS: tuple[str, ...] = ("image_runtime", "image_runtime_version", "image_runtime_parity", "image_runtime_note")
 
 
 def batch_drift(tower: Tower, sample: torch.Tensor, together: np.ndarray) -> float:
@@ -100,18 +131,23 @@ def batch_drift(tower: Tower, sample: torch.Tensor, together: np.ndarray) -> flo
 
 
 class ImageRuntime:
-    """One encoder's choice of runtime for its fp32 image tower, made on first use.
+    """One encoder's choice of runtime for one mode of its image tower, made on first use.
 
     Args:
         model_name: the model's name (for messages).
         export: ``() -> Path`` of the cached ONNX export (made on first call).
         applies: False where only torch can run the tower (CUDA, NaFlex, another backend).
+        mode: ``fp32`` or ``int8``.
+        int8_group: input features per activation scale of an int8 tower (the model's width).
     """
 
-    def __init__(self, model_name: str, export: Callable[[], Any], applies: bool) -> None:
+    def __init__(self, model_name: str, export: Callable[[], Any], applies: bool, mode: str = "fp32",
+                 int8_group: int = 0) -> None:
         self.model_name = model_name
         self._export = export
         self.applies = applies
+        self.mode = mode
+        self.int8_group = int8_group
         self.name: str | None = None  # "torch", "openvino" or "onnxruntime" once chosen
         self.note: str | None = None
         self.parity: dict[str, float] | None = None
@@ -130,23 +166,31 @@ class ImageRuntime:
             self.recorded = recorded
             self.reset()
 
+    @property
+    def _order(self) -> tuple[str, ...]:
+        return INT8_ORDER if self.mode == "int8" else AUTO_ORDER
+
     def _plan(self) -> tuple[list[str], bool]:
         """The runtimes to try, in order (none: torch), and whether a failure is an error."""
         choice = runtime_choice()
         if choice == "torch":
             return [], False
         if choice != "auto":
+            if choice not in self._order:
+                return [], False  # ONNX Runtime named: it runs the fp32 tower only, int8 stays on torch
             if not self.applies:
                 raise ModelLoadError(
-                    f"{RUNTIME_ENV}={choice}: {RUNTIMES[choice].label} runs only the fp32 image tower of a Hugging "
+                    f"{RUNTIME_ENV}={choice}: {RUNTIMES[choice].label} runs only the image tower of a Hugging "
                     f"Face CLIP or SigLIP FixRes model on the CPU ({self.model_name} here is not one)"
                 )
             return [choice], True
         if not self.applies or self.recorded == "torch":
             return [], False
-        if self.recorded in RUNTIMES:
-            return [self.recorded, *(name for name in AUTO_ORDER if name != self.recorded)], False
-        return list(AUTO_ORDER), False
+        if self.mode == "int8" and not cpu.has_int8_dot():
+            return [], False  # no int8 dot products: the torch path's 7-bit codes are the fast int8 here
+        if self.recorded in self._order:
+            return [self.recorded, *(name for name in self._order if name != self.recorded)], False
+        return list(self._order), False
 
     @property
     def pending(self) -> bool:
@@ -155,9 +199,9 @@ class ImageRuntime:
         return self.name is None and self.applies and bool(self._plan()[0])
 
     def tower(self, pixel_values: torch.Tensor, torch_embed: Callable[[torch.Tensor], np.ndarray]) -> Tower | None:
-        """The tower to run fp32 batches on, or None for torch; chosen on the first call, with
-        ``pixel_values`` (its first images) for the checks against ``torch_embed`` (the torch
-        tower's normalised vectors).
+        """The tower to run batches of this mode on, or None for torch; chosen on the first
+        call, with ``pixel_values`` (its first images) for the checks against ``torch_embed``
+        (the torch tower's normalised vectors in this mode).
 
         Raises:
             ModelLoadError: with ``CLIPSEARCH_IMAGE_RUNTIME`` naming a runtime, that runtime
@@ -190,26 +234,33 @@ class ImageRuntime:
             if self.recorded is not None and self.recorded != name:
                 why = "; ".join(reasons) if self.recorded in RUNTIMES else "this version does not know it"
                 self.note = f"the index's vectors came from {self.recorded}, which cannot run here: {why}"
-                LOG.warning("image tower of %s runs on %s: %s", self.model_name, runtime.label, self.note)
+                LOG.warning("%s image tower of %s runs on %s: %s", self.mode, self.model_name, runtime.label, self.note)
             else:
                 failed = [r for r in reasons if " is not installed" not in r]
                 self.note = "; ".join(failed) or None
                 if failed:
-                    LOG.info("image tower of %s runs on %s: %s", self.model_name, runtime.label, self.note)
+                    LOG.info("%s image tower of %s runs on %s: %s", self.mode, self.model_name, runtime.label, self.note)
             return outcome
         self.name = "torch"
         if reasons:
             self.note = "; ".join(reasons)
-            LOG.warning("image tower of %s runs on torch: %s", self.model_name, self.note)
+            # torch's int8 tower is a fast path of its own: a missing OpenVINO is no cause for alarm there.
+            level = logging.WARNING if self.mode == "fp32" else logging.INFO
+            LOG.log(level, "%s image tower of %s runs on torch: %s", self.mode, self.model_name, self.note)
         return None
 
     def _try(self, runtime: Runtime, sample: torch.Tensor, torch_vectors: Callable[[], tuple[np.ndarray, float]]) -> Tower | str:
         """``runtime``'s tower where it passes every check, else why not (one line)."""
-        missing = runtime.missing()
+        int8 = self.mode == "int8"
+        missing = (runtime.int8_missing if int8 and runtime.int8_missing else runtime.missing)()
         if missing is not None:
-            return f"{runtime.name} is not installed ({missing}); for the faster fp32 path: {runtime.install}"
+            return f"{runtime.name} is not installed ({missing}); for the faster {self.mode} path: {runtime.install}"
         try:
-            tower = runtime.load(self._export())
+            if int8:
+                assert runtime.load_int8 is not None  # _plan offers only runtimes with an int8 tower
+                tower = runtime.load_int8(self._export(), self.int8_group)
+            else:
+                tower = runtime.load(self._export())
         except ModelLoadError as exc:
             return str(exc)
         reference, torch_seconds = torch_vectors()
@@ -217,12 +268,13 @@ class ImageRuntime:
         candidate = tower(sample)
         seconds = time.perf_counter() - t0
         cos = np.sum(reference.astype(np.float64) * candidate.astype(np.float64), axis=1)
-        if float(cos.min()) < PARITY_MIN_COSINE:
-            return f"{runtime.label}'s vectors differ from torch's (min cosine {cos.min():.7f} < {PARITY_MIN_COSINE})"
+        floor = INT8_PARITY_MIN_COSINE if int8 else PARITY_MIN_COSINE
+        if float(cos.min()) < floor:
+            return f"{runtime.label}'s {self.mode} vectors differ from torch's (min cosine {cos.min():.7f} < {floor})"
         drift = batch_drift(tower, sample, candidate)
         if drift:
             return (
-                f"{runtime.label}'s vectors change with the batch on this CPU (by up to {drift:.1e}), "
+                f"{runtime.label}'s {self.mode} vectors change with the batch on this CPU (by up to {drift:.1e}), "
                 "so an update would not equal a rebuild"
             )
         self.parity = {
@@ -232,9 +284,14 @@ class ImageRuntime:
         return tower
 
     def info(self) -> dict[str, Any]:
-        """What an index records (``image_runtime`` and its details), once chosen."""
+        """What an index records (``image_runtime`` and its details), once chosen, or where
+        nothing is left to choose (torch asked for, or a tower only torch runs)."""
         if self.name is None:
-            return {}
+            try:
+                settled = not self._plan()[0]
+            except (InvalidArgumentError, ModelLoadError):
+                return {}  # the choice will raise when the tower runs, and say why
+            return {"image_runtime": "torch"} if settled else {}
         data: dict[str, Any] = {"image_runtime": self.name}
         if self.name in RUNTIMES:
             data["image_runtime_version"] = RUNTIMES[self.name].version()
@@ -245,4 +302,44 @@ class ImageRuntime:
         return data
 
 
-__all__ = ["AUTO_ORDER", "RUNTIMES", "ImageRuntime", "Runtime", "batch_drift"]
+class ImageRuntimes:
+    """An encoder's runtime choices, one per mode a runtime may run (:data:`RUNTIME_MODES`).
+
+    Args: as :class:`ImageRuntime`'s, less the mode.
+    """
+
+    def __init__(self, model_name: str, export: Callable[[], Any], applies: bool, int8_group: int = 0) -> None:
+        self._export = export
+        self.by_mode = {mode: ImageRuntime(model_name, export, applies, mode, int8_group) for mode in RUNTIME_MODES}
+        self.recorded: tuple[str | None, str | None] = (None, None)
+
+    def export(self) -> Path:
+        """The cached ONNX export every runtime's tower is made from (made on first call)."""
+        return Path(self._export())
+
+    def get(self, mode: str | None) -> ImageRuntime | None:
+        """The choice for ``mode``; None for a mode only torch runs (bf16, fp16)."""
+        return self.by_mode.get(mode or "")
+
+    def follow(self, recorded: str | None, precision: str | None = None) -> None:
+        """Ask first for the runtime an index's vectors came from, for the mode they were made
+        in (``precision``; None: every mode); the other modes keep the usual order."""
+        self.recorded = (recorded, precision)
+        for mode, runtime in self.by_mode.items():
+            runtime.follow(recorded if precision in (None, mode) else None)
+
+    def pending(self, mode: str | None) -> bool:
+        """Whether ``mode``'s choice is still to be made on a sample of images."""
+        runtime = self.get(mode)
+        return runtime is not None and runtime.pending
+
+    def info(self, mode: str | None) -> dict[str, Any]:
+        """What an index of ``mode`` records (``image_runtime`` and its details), once chosen."""
+        runtime = self.get(mode)
+        return runtime.info() if runtime is not None else {}
+
+
+__all__ = [
+    "AUTO_ORDER", "INT8_ORDER", "INT8_PARITY_MIN_COSINE", "RUNTIMES", "RUNTIME_KEYS", "RUNTIME_MODES", "ImageRuntime", "ImageRuntimes",
+    "Runtime", "batch_drift",
+]

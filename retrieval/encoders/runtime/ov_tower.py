@@ -1,12 +1,21 @@
-"""An exported image tower on OpenVINO's CPU plugin (the only module that imports openvino).
+"""An exported image tower on OpenVINO's CPU plugin (the only module that imports openvino
+and nncf).
 
 The same ONNX file :mod:`.export` makes for ONNX Runtime, compiled once per tower. Settings
-that keep it the exact path:
+that keep it the exact path (``fp32``):
 
 - ``INFERENCE_PRECISION_HINT=f32`` and ``EXECUTION_MODE_HINT=ACCURACY``: on CPUs with bf16
   (AVX-512 BF16, AMX) the plugin otherwise runs in bf16 by default;
 - ``INFERENCE_NUM_THREADS``: torch's count in this process (what ``--threads`` sets), one
   stream, and no CPU pinning, so it does not claim the cores the decode workers run on.
+
+The ``int8`` tower (:func:`int8_model`) is the export with NNCF's ``int8_asym`` weights (per
+output channel), OpenVINO's recommendation for transformers on the CPU, run with the plugin's
+dynamic quantisation of activations: each row of a linear layer's input is quantised on its
+own in groups of ``group`` input features (``DYNAMIC_QUANTIZATION_GROUP_SIZE``), so a vector
+depends on its image alone, as in the torch int8 path. The plugin's default group (32) is
+the slow end; one group per model width (768 at ViT-B/32, 1,024 at ViT-L/14) ran fastest
+(``benchmarks/README.md``). The rest of the tower runs in bf16 where the CPU has it.
 """
 
 from __future__ import annotations
@@ -14,6 +23,9 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import functools
+import io
+import logging
+import os
 import sys
 import threading
 from collections.abc import Iterator
@@ -29,26 +41,72 @@ if TYPE_CHECKING:
     import torch
 
 
-def compile_tower(path: Path, threads: int) -> Any:
-    """OpenVINO's compiled model of ``path`` for the CPU, in float32 on ``threads`` threads.
+# Bumped when the int8 model made from an export changes (NNCF's mode, the saved form).
+INT8_VERSION = 1
+
+
+def compile_tower(path: Path, threads: int, int8_group: int = 0) -> Any:
+    """OpenVINO's compiled model of ``path`` for the CPU on ``threads`` threads: float32, or
+    with ``int8_group`` the int8 tower of :func:`int8_model`'s file, its activations quantised
+    per row in groups of that many features.
 
     Raises:
         ModelLoadError: OpenVINO cannot read or compile the file.
     """
     import openvino as ov
 
-    config = {
-        "INFERENCE_PRECISION_HINT": "f32",
-        "EXECUTION_MODE_HINT": "ACCURACY",
-        "INFERENCE_NUM_THREADS": threads,
-        "NUM_STREAMS": 1,
-        "ENABLE_CPU_PINNING": False,
-    }
+    config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "ENABLE_CPU_PINNING": False}
+    if int8_group:
+        from .. import cpu
+
+        config["INFERENCE_PRECISION_HINT"] = "bf16" if cpu.has_bf16() else "f32"
+        config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = int8_group
+    else:
+        config["INFERENCE_PRECISION_HINT"] = "f32"
+        config["EXECUTION_MODE_HINT"] = "ACCURACY"
     with _signal_stack_kept():
         try:
             return ov.Core().compile_model(str(path), "CPU", config)
         except Exception as exc:  # noqa: BLE001  (openvino raises its own untyped errors)
             raise ModelLoadError(f"OpenVINO cannot load {path}: {first_line(exc)}") from exc
+
+
+def int8_model(export: Path) -> Path:
+    """The int8 model of an fp32 export (NNCF ``int8_asym`` weights), saved beside it on first
+    use as OpenVINO's own files (``.xml`` and ``.bin``) and reused after.
+
+    Raises:
+        ModelLoadError: OpenVINO or NNCF cannot read or compress the export.
+    """
+    import openvino as ov
+
+    dest = export.with_name(f"{export.stem}-ov-int8-v{INT8_VERSION}-nncf{_nncf_version()}.xml")
+    if dest.is_file() and dest.with_suffix(".bin").is_file():
+        return dest
+    with contextlib.redirect_stdout(io.StringIO()):  # NNCF draws its table and progress on stdout
+        try:
+            import nncf
+
+            nncf.set_log_level(logging.ERROR)
+            model = nncf.compress_weights(ov.Core().read_model(str(export)), mode=nncf.CompressWeightsMode.INT8_ASYM)
+        except Exception as exc:  # noqa: BLE001  (NNCF and openvino raise their own untyped errors)
+            raise ModelLoadError(f"NNCF cannot make the int8 weights of {export}: {first_line(exc)}") from exc
+    # Written under temporary names and renamed, the .xml last: a reader that finds it finds both.
+    tmp = dest.with_name(f".{dest.stem}-{os.getpid()}-{threading.get_ident()}.xml")
+    try:
+        ov.save_model(model, str(tmp), compress_to_fp16=False)
+        os.replace(tmp.with_suffix(".bin"), dest.with_suffix(".bin"))
+        os.replace(tmp, dest)
+    finally:
+        tmp.unlink(missing_ok=True)
+        tmp.with_suffix(".bin").unlink(missing_ok=True)
+    return dest
+
+
+def _nncf_version() -> str:
+    import nncf
+
+    return str(nncf.__version__)
 
 
 class _StackT(ctypes.Structure):
@@ -93,7 +151,8 @@ def _libc() -> ctypes.CDLL | None:
 
 
 class OvImageTower:
-    """``tower(pixel_values) -> L2-normalised float32 vectors`` on OpenVINO.
+    """``tower(pixel_values) -> L2-normalised float32 vectors`` on OpenVINO (``int8_group``:
+    the int8 tower, ``path`` then :func:`int8_model`'s file).
 
     An infer request holds the memory of every intermediate tensor, so requests are kept and
     reused (a new one per call paid ~150 page faults per image at ViT-B/32); one request serves
@@ -104,10 +163,10 @@ class OvImageTower:
         ModelLoadError: the file cannot be loaded by OpenVINO.
     """
 
-    def __init__(self, path: Path, threads: int | None = None) -> None:
+    def __init__(self, path: Path, threads: int | None = None, int8_group: int = 0) -> None:
         import torch
 
-        self.compiled = compile_tower(path, threads or torch.get_num_threads())
+        self.compiled = compile_tower(path, threads or torch.get_num_threads(), int8_group)
         self.path = path
         self._idle: list[Any] = []
         self._lock = threading.Lock()
