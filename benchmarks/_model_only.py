@@ -9,9 +9,10 @@ Vectors are compared with the naive loop's (Hugging Face ``get_image_features`` 
 the same images: mean and min cosine; and each pipeline's own vector of an image embedded alone
 with the one it gave in its batch (``batch_dependence``, max absolute difference).
 
-Ours: ``default`` (``precision="auto"``, the mode its gate picks on the first batch), ``fp32``
-(``precision="fp32"``: ONNX Runtime where installed, see ``retrieval.encoders.runtime``),
-``fp32-torch`` (the same on torch, ``CLIPSEARCH_IMAGE_RUNTIME=torch``), ``naive``.
+Ours: ``default`` (``precision="auto"``, the mode its gate picks on the first batch, and the
+runtime that runs it), ``fp32`` (``precision="fp32"``: OpenVINO or ONNX Runtime where
+installed, see ``retrieval.encoders.runtime``), ``fp32-torch`` and ``int8-torch`` (those modes on
+torch, ``CLIPSEARCH_IMAGE_RUNTIME=torch``), ``naive``.
 """
 
 from __future__ import annotations
@@ -69,7 +70,10 @@ def ours(model_dir: Path, first: np.ndarray) -> dict[str, Embed]:
         return _normalise((out.pooler_output if hasattr(out, "pooler_output") else out).numpy())
 
     out: dict[str, Embed] = {"naive": naive}
-    for name, precision, runtime in (("default", "auto", "auto"), ("fp32", "fp32", "auto"), ("fp32-torch", "fp32", "torch")):
+    pipelines = (
+        ("default", "auto", "auto"), ("fp32", "fp32", "auto"), ("fp32-torch", "fp32", "torch"), ("int8-torch", "int8", "torch"),
+    )
+    for name, precision, runtime in pipelines:
         enc = load_encoder(str(model_dir), device="cpu", precision=precision)
         with env(RUNTIME_ENV, runtime):
             enc.embed_pixels(torch.from_numpy(first))  # calibrates auto, chooses the runtime

@@ -443,7 +443,7 @@ def test_bench_index_peers_model_only_rows() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     rows = {r["pipeline"]: r for r in _json_line(out)["model_only"]["rows"]}
-    assert set(rows) == {"naive", "default", "fp32", "fp32-torch", *_PEER_PIPELINES}
+    assert set(rows) == {"naive", "default", "fp32", "fp32-torch", "int8-torch", *_PEER_PIPELINES}
     for name, row in rows.items():
         if row.get("skipped"):  # a runtime not installed here: its reason, no figures
             assert name.startswith(("onnxruntime", "openvino")) and "pip install" in row["skipped"]
@@ -453,6 +453,7 @@ def test_bench_index_peers_model_only_rows() -> None:
         assert row["page_faults_per_image"] >= 0, row
     assert rows["naive"]["mean_cosine"] == 1.0 and rows["naive"]["x_naive"] == 1.0
     assert rows["fp32-torch"]["image_runtime"] == "torch" and rows["fp32"]["min_cosine"] >= 0.99999
+    assert rows["int8-torch"]["image_runtime"] == "torch" and rows["int8-torch"]["precision"] == "int8"
     # Ours never depends on the batch (int8 quantises each row on its own); ONNX Runtime's
     # dynamic int8 takes one activation scale per tensor, so it does.
     assert rows["default"]["batch_dependence"] < 1e-6 and rows["fp32"]["batch_dependence"] < 1e-6

@@ -290,6 +290,15 @@ def _vectors_by_path(index: ImageIndex) -> np.ndarray:
     return index.embeddings()[order]
 
 
+def _updated_equals_rebuilt(u: ImageIndex, r: ImageIndex, runtime: str) -> None:
+    """The updated index ``u`` holds the rebuilt ``r``'s vectors, and an image query against it
+    runs on ``runtime`` and finds the image itself."""
+    np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
+    hit = u.search_image(u.source_file(0), k=1)[0]
+    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
+    assert u.encoder.info["image_runtime"] == runtime  # type: ignore[attr-defined]
+
+
 def test_an_update_and_image_queries_follow_the_recorded_runtime(
     tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -302,11 +311,7 @@ def test_an_update_and_image_queries_follow_the_recorded_runtime(
     build_index(photos, tmp_path / "u.idx", batch_size=3, **common)
     info = json.loads((tmp_path / "u.idx" / "manifest.json").read_text())["model_info"]
     assert info["image_runtime"] == "onnxruntime" and "image_runtime_note" not in info
-    u, r = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
-    np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
-    hit = u.search_image(u.source_file(0), k=1)[0]
-    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
-    assert u.encoder.info["image_runtime"] == "onnxruntime"  # type: ignore[attr-defined]
+    _updated_equals_rebuilt(ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx"), "onnxruntime")
 
 
 def test_an_index_made_on_torch_is_queried_on_torch(
@@ -465,13 +470,10 @@ def test_auto_gates_the_int8_tower_that_will_run_and_an_update_equals_a_rebuild(
     build_index(photos, tmp_path / "u.idx", batch_size=4, **common)
     build_index(photos, tmp_path / "r.idx", batch_size=16, **common)
     u, r = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
-    np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
-    info = r.manifest.model_info
+    info = u.manifest.model_info
     assert info["precision"] == "int8" and info["image_runtime"] == "openvino"
     assert info["precision_gate"]["gate"][0]["passed"]
-    hit = r.search_image(r.source_file(0), k=1)[0]
-    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
-    assert r.encoder.info["image_runtime"] == "openvino"  # type: ignore[attr-defined]
+    _updated_equals_rebuilt(u, r, "openvino")
 
 
 def test_an_int8_index_made_on_torch_stays_on_torch(
@@ -491,10 +493,7 @@ def test_an_int8_index_made_on_torch_stays_on_torch(
     build_index(photos, tmp_path / "u.idx", batch_size=4, **common)
     u, r = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
     assert u.manifest.model_info["image_runtime"] == "torch"
-    np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
-    hit = u.search_image(u.source_file(0), k=1)[0]
-    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
-    assert u.encoder.info["image_runtime"] == "torch"  # type: ignore[attr-defined]
+    _updated_equals_rebuilt(u, r, "torch")
     enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="int8")
     resolve(enc, {"precision": "int8", "precision_requested": "int8"}, photos, [], max_pixels=10**8, draft=False)
     assert enc.image_runtimes.get("int8").recorded == "torch"  # type: ignore[union-attr]

@@ -8,7 +8,8 @@ Modes (``--precision``):
   than fp32 (see docs/performance.md), so ``auto`` never picks them there.
 - ``int8``: int8 weights and per-row dynamically quantised activations for every ``nn.Linear``
   and the patch embedding (:mod:`retrieval.encoders.int8`), CPU only; a vector stays a
-  function of its input alone (bit-identical in any batch).
+  function of its input alone (bit-identical in any batch). A Hugging Face image tower may run
+  it on OpenVINO instead (:mod:`retrieval.encoders.runtime.image`), per row too.
 - ``auto``: the fastest mode that passes the gate, else fp32. The candidates, fastest first,
   depend on the device (:func:`auto_candidates`); each is compared with fp32 on a small
   calibration sample (the first images a build embeds; a fixed set of captions for texts).

@@ -1,11 +1,12 @@
-"""Which runtime runs the fp32 image tower on the CPU: OpenVINO, ONNX Runtime or torch.
+"""Which runtime runs the image tower on the CPU: OpenVINO, ONNX Runtime or torch.
 
 The same fp32 model, three runtimes. OpenVINO and ONNX Runtime ran a ViT image tower faster
 than torch's fp32 path on the CPUs measured (``benchmarks/README.md``, "Peers"), with vectors
 equal to torch's within float32 rounding, so where one is installed it serves the ``fp32`` mode
 of a Hugging Face CLIP or SigLIP (FixRes) image tower on the CPU, after its checks
-(:mod:`.image`). Everything else (reduced modes, CUDA, NaFlex, open_clip, text towers) stays on
-torch.
+(:mod:`.image`). The ``int8`` mode of the same towers runs on OpenVINO where the CPU has int8
+dot products (its int8 weights from NNCF, activations quantised per row by the plugin).
+Everything else (bf16 and fp16, CUDA, NaFlex, open_clip, text towers) stays on torch.
 
 ``CLIPSEARCH_IMAGE_RUNTIME`` (:data:`RUNTIME_ENV`):
 
@@ -24,8 +25,8 @@ The exact (fp32) text tower has its own choice, :mod:`.text` (``CLIPSEARCH_TEXT_
 :data:`TEXT_RUNTIME_ENV`: ``auto``, ``numpy`` or ``onnxruntime``), made when the numpy text
 tower (:mod:`retrieval.encoders.numpy_text`) loads in a long-lived process.
 
-:mod:`.export` makes the ONNX file, :mod:`.ov_tower` and :mod:`.ort_tower` run it; openvino and
-onnxruntime are imported only there, and only when a tower is made.
+:mod:`.export` makes the ONNX file, :mod:`.ov_tower` and :mod:`.ort_tower` run it; openvino, nncf
+and onnxruntime are imported only there, and only when a tower is made.
 """
 
 from __future__ import annotations
