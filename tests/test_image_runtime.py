@@ -429,8 +429,8 @@ def test_ray_actors_ask_for_the_runtime_the_run_records(tiny_model: Path, photos
 # -- the int8 tower on OpenVINO ------------------------------------------------------------------
 
 needs_ov_int8 = pytest.mark.skipif(
-    bool(R.openvino_int8_missing()) or not cpu.has_int8_dot(),
-    reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU with int8 dot products",
+    bool(R.openvino_int8_missing()) or not cpu.at_least(IR.INT8_LEVEL),
+    reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU with AVX-512 VNNI or AMX",
 )
 
 
@@ -474,6 +474,22 @@ def test_auto_gates_the_int8_tower_that_will_run_and_an_update_equals_a_rebuild(
     assert info["precision"] == "int8" and info["image_runtime"] == "openvino"
     assert info["precision_gate"]["gate"][0]["passed"]
     _updated_equals_rebuilt(u, r, "openvino")
+
+
+@needs_ov_int8
+def test_an_int8_index_whose_runtime_cannot_run_any_more_says_so(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
+) -> None:
+    files = sorted(p.name for p in photos.iterdir())
+    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="int8")
+    build_index(photos, tmp_path / "o.idx", files=files[:3], **common)
+    monkeypatch.setitem(sys.modules, "nncf", None)
+    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
+        build_index(photos, tmp_path / "o.idx", **common)
+    notices = [r.getMessage() for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
+    assert len(notices) == 1 and "the index's vectors came from openvino, which cannot run here" in notices[0]
+    info = ImageIndex.open(tmp_path / "o.idx").manifest.model_info
+    assert info["image_runtime"] == "torch" and R.OV_INSTALL in info["image_runtime_note"]
 
 
 def test_an_int8_index_made_on_torch_stays_on_torch(
@@ -533,16 +549,35 @@ def test_int8_runs_on_torch_without_nncf_or_where_onnxruntime_is_named(
         enc = _int8(tiny_model, "auto", monkeypatch, pixels)
     assert enc.info["image_runtime"] == "torch"
     assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
-    if cpu.has_int8_dot():
+    if cpu.at_least(IR.INT8_LEVEL):
         assert R.OV_INSTALL in enc.info["image_runtime_note"]
         with pytest.raises(ModelLoadError, match=re.escape(R.OV_INSTALL)):
             _int8(tiny_model, "openvino", monkeypatch, pixels)
 
 
-def test_int8_without_int8_dot_products_stays_on_torch(
-    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Where the CPU lacks VNNI and AMX, auto leaves int8 to the torch path (its 7-bit codes)."""
+def test_int8_below_avx512_vnni_stays_on_torch(tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Below AVX-512 VNNI auto leaves int8 to the torch path (on AVX2 its 7-bit codes)."""
+    monkeypatch.setenv(cpu.CAP_ENV, "avx_vnni")
+    assert _int8(tiny_model, "auto", monkeypatch, pixels).info["image_runtime"] == "torch"
     monkeypatch.setenv(cpu.CAP_ENV, "avx2")
     enc = _int8(tiny_model, "auto", monkeypatch, pixels)
     assert enc.info["image_runtime"] == "torch" and enc.info["int8_activation_bits"] == 7
+
+
+@needs_ov_int8
+def test_an_int8_model_that_cannot_be_saved_is_a_typed_error(
+    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    import openvino as ov
+
+    monkeypatch.setenv(E.ONNX_CACHE_ENV, str(tmp_path / "cache"))
+
+    def refuse(*args: object, **kwargs: object) -> None:
+        raise RuntimeError("No space left on device")
+
+    monkeypatch.setattr(ov, "save_model", refuse)
+    with pytest.raises(ModelLoadError, match="cannot save the int8 model of .*: No space left on device"):
+        _int8(tiny_model, "openvino", monkeypatch, pixels)
+    enc = _int8(tiny_model, "auto", monkeypatch, pixels)
+    assert enc.info["image_runtime"] == "torch" and "No space left on device" in enc.info["image_runtime_note"]
+    assert not list((tmp_path / "cache").glob(".*"))  # no temporary file left behind

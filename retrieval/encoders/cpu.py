@@ -147,6 +147,11 @@ def cpu_level() -> str:
     return _lower(kernel_level(), _check_cap(cap) if cap else None)
 
 
+def at_least(level: str) -> bool:
+    """Whether the CPU's level, after the caps, is ``level`` or higher."""
+    return rank(cpu_level()) >= rank(level)
+
+
 def has_int8_dot() -> bool:
     """Int8 dot products without 16-bit saturation (VNNI or AMX), after the caps."""
     return rank(cpu_level()) >= rank("avx_vnni")
@@ -205,6 +210,7 @@ __all__ = [
     "CAP_ENV",
     "FBGEMM_ENV",
     "LEVELS",
+    "at_least",
     "cpu_flags",
     "cpu_level",
     "describe",

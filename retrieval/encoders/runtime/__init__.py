@@ -32,6 +32,7 @@ and onnxruntime are imported only there, and only when a tower is made.
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import os
 from typing import Literal, TypeVar
 
@@ -107,8 +108,20 @@ def openvino_missing() -> str | None:
 
 
 def openvino_int8_missing() -> str | None:
-    """Why OpenVINO's int8 image tower cannot be made here (NNCF makes its weights), or None."""
-    return packages_missing("onnx", "openvino", "nncf")
+    """Why OpenVINO's int8 image tower cannot be made here (NNCF makes its weights), or None.
+
+    NNCF is looked for, not imported: importing it takes seconds, and it is needed only the
+    first time a model's int8 weights are made (they are cached after)."""
+    return packages_missing("onnx", "openvino") or package_not_found("nncf")
+
+
+def package_not_found(name: str) -> str | None:
+    """Why ``name`` could not be imported, judged without importing it; None where it is there."""
+    try:
+        found = importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError) as exc:
+        return first_line(exc)
+    return None if found else f"No module named '{name}'"
 
 
 __all__ = [
@@ -126,6 +139,7 @@ __all__ = [
     "onnxruntime_missing",
     "openvino_int8_missing",
     "openvino_missing",
+    "package_not_found",
     "packages_missing",
     "runtime_choice",
     "text_runtime_choice",

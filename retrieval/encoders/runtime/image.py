@@ -9,8 +9,8 @@ host measured its vectors moved with the batch, so there the check hands the tow
 Runtime.
 
 The ``int8`` tower (:data:`INT8_ORDER`): OpenVINO's (NNCF int8 weights, activations quantised
-per row by the plugin, :mod:`.ov_tower`) on CPUs with int8 dot products (VNNI or AMX), where it
-ran faster than the torch int8 path; it must agree with the torch int8 tower's vectors
+per row by the plugin, :mod:`.ov_tower`) on CPUs with AVX-512 VNNI or AMX (:data:`INT8_LEVEL`),
+where it ran faster than the torch int8 path; it must agree with the torch int8 tower's vectors
 (:data:`INT8_PARITY_MIN_COSINE`) and pass the same batch check. ONNX Runtime's int8 quantises a
 whole batch with one scale, so its vectors move with the batch: it never runs the int8 tower.
 Elsewhere the torch int8 path (:mod:`retrieval.encoders.int8`) runs it.
@@ -111,6 +111,10 @@ RUNTIMES: dict[str, Runtime] = {
 }
 AUTO_ORDER: tuple[str, ...] = ("openvino", "onnxruntime")
 INT8_ORDER: tuple[str, ...] = ("openvino",)
+# OpenVINO's int8 tower is tried from this CPU level up (AVX-512 VNNI, AMX), where its per-row
+# quantised products were measured faster than torch's int8; below it (AVX-VNNI laptops, AVX2)
+# its kernels were not measured, and torch's int8 path, measured there, runs the tower.
+INT8_LEVEL = "avx512_vnni"
 # The modes a runtime other than torch may run.
 RUNTIME_MODES: tuple[str, ...] = ("fp32", "int8")
 # What an index records of the choice (ImageRuntime.info).
@@ -186,8 +190,8 @@ class ImageRuntime:
             return [choice], True
         if not self.applies or self.recorded == "torch":
             return [], False
-        if self.mode == "int8" and not cpu.has_int8_dot():
-            return [], False  # no int8 dot products: the torch path's 7-bit codes are the fast int8 here
+        if self.mode == "int8" and not cpu.at_least(INT8_LEVEL):
+            return [], False  # not measured below: the torch path runs int8 there
         if self.recorded in self._order:
             return [self.recorded, *(name for name in self._order if name != self.recorded)], False
         return list(self._order), False
@@ -242,7 +246,11 @@ class ImageRuntime:
                     LOG.info("%s image tower of %s runs on %s: %s", self.mode, self.model_name, runtime.label, self.note)
             return outcome
         self.name = "torch"
-        if reasons:
+        if self.recorded in RUNTIMES:
+            # The index's vectors came from another tower: the new ones will differ a little.
+            self.note = f"the index's vectors came from {self.recorded}, which cannot run here: {'; '.join(reasons)}"
+            LOG.warning("%s image tower of %s runs on torch: %s", self.mode, self.model_name, self.note)
+        elif reasons:
             self.note = "; ".join(reasons)
             # torch's int8 tower is a fast path of its own: a missing OpenVINO is no cause for alarm there.
             level = logging.WARNING if self.mode == "fp32" else logging.INFO
@@ -340,6 +348,15 @@ class ImageRuntimes:
 
 
 __all__ = [
-    "AUTO_ORDER", "INT8_ORDER", "INT8_PARITY_MIN_COSINE", "RUNTIMES", "RUNTIME_KEYS", "RUNTIME_MODES", "ImageRuntime", "ImageRuntimes",
-    "Runtime", "batch_drift",
+    "AUTO_ORDER",
+    "INT8_LEVEL",
+    "INT8_ORDER",
+    "INT8_PARITY_MIN_COSINE",
+    "RUNTIMES",
+    "RUNTIME_KEYS",
+    "RUNTIME_MODES",
+    "ImageRuntime",
+    "ImageRuntimes",
+    "Runtime",
+    "batch_drift",
 ]

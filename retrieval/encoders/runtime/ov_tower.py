@@ -97,6 +97,8 @@ def int8_model(export: Path) -> Path:
         ov.save_model(model, str(tmp), compress_to_fp16=False)
         os.replace(tmp.with_suffix(".bin"), dest.with_suffix(".bin"))
         os.replace(tmp, dest)
+    except Exception as exc:  # noqa: BLE001  (a full disk, a read-only cache: one typed error)
+        raise ModelLoadError(f"cannot save the int8 model of {export} beside it: {first_line(exc)}") from exc
     finally:
         tmp.unlink(missing_ok=True)
         tmp.with_suffix(".bin").unlink(missing_ok=True)
@@ -104,9 +106,13 @@ def int8_model(export: Path) -> Path:
 
 
 def _nncf_version() -> str:
-    import nncf
+    # From the package's metadata: importing NNCF takes seconds, and a cached model needs none of it.
+    from importlib.metadata import PackageNotFoundError, version
 
-    return str(nncf.__version__)
+    try:
+        return version("nncf")
+    except PackageNotFoundError:
+        return "none"
 
 
 class _StackT(ctypes.Structure):
