@@ -311,8 +311,11 @@ class HFClipEncoder(PixelPrecisionMixin):
         if runtime is None or (mode == "fp32" and self.image_precision.mode != "fp32"):
             return None
         tower = runtime.tower(pixel_values, lambda sample: self._embed_torch(sample, mode))
-        if tower is not None and mode == "int8":
-            self.image_precision.variants.pop("int8", None)  # torch's int8 copy was for the check only
+        if tower is not None:
+            # torch's towers served the checks only: their memory goes back (loaded again from
+            # the checkpoint should torch be asked to embed again, e.g. for another index).
+            self.image_precision.variants.pop("int8", None)
+            self._vision_model = None
         return tower
 
     def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
