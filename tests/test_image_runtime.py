@@ -96,6 +96,31 @@ def _encoder(model: Path, runtime: str, monkeypatch: pytest.MonkeyPatch, pixels:
     return enc
 
 
+def _vectors_by_path(index: ImageIndex) -> np.ndarray:
+    order = np.argsort([r["path"] for r in index.rows(range(len(index)))])
+    return index.embeddings()[order]
+
+
+def _update_and_rebuild(model: Path, photos: Path, tmp_path: Path, precision: str) -> tuple[ImageIndex, ImageIndex]:
+    """An index of 5 photos updated with the rest (``u.idx``) and one built at once (``r.idx``),
+    in other batch sizes."""
+    files = sorted(p.name for p in photos.iterdir())
+    common = dict(model=str(model), workers=0, device="cpu", precision=precision)
+    build_index(photos, tmp_path / "u.idx", files=files[:5], batch_size=3, **common)
+    build_index(photos, tmp_path / "u.idx", batch_size=4, **common)
+    build_index(photos, tmp_path / "r.idx", batch_size=16, **common)
+    return ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
+
+
+def _updated_equals_rebuilt(u: ImageIndex, r: ImageIndex, runtime: str) -> None:
+    """The updated index ``u`` holds the rebuilt ``r``'s vectors, and an image query against it
+    runs on ``runtime`` and finds the image itself."""
+    np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
+    hit = u.search_image(u.source_file(0), k=1)[0]
+    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
+    assert u.encoder.info["image_runtime"] == runtime  # type: ignore[attr-defined]
+
+
 @pytest.mark.parametrize("runtime", RUNTIMES)
 def test_fp32_on_a_runtime_matches_torch_and_hf(
     runtime: str, tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, refused_here: dict[str, str]
@@ -136,22 +161,12 @@ def test_update_equals_rebuild_and_the_manifest_names_the_runtime(
 ) -> None:
     _usable(runtime, refused_here)
     monkeypatch.setenv(R.RUNTIME_ENV, runtime)
-    files = sorted(p.name for p in photos.iterdir())
-    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="fp32")
-    build_index(photos, tmp_path / "u.idx", files=files[:5], batch_size=3, **common)
-    build_index(photos, tmp_path / "u.idx", batch_size=4, **common)
-    build_index(photos, tmp_path / "r.idx", batch_size=16, **common)
-    a, b = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
-    order_a = np.argsort([r["path"] for r in a.rows(range(len(a)))])
-    order_b = np.argsort([r["path"] for r in b.rows(range(len(b)))])
-    np.testing.assert_array_equal(a.embeddings()[order_a], b.embeddings()[order_b])
+    u, r = _update_and_rebuild(tiny_model, photos, tmp_path, "fp32")
     info = json.loads((tmp_path / "r.idx" / "manifest.json").read_text())["model_info"]
     assert info["precision"] == "fp32" and info["image_runtime"] == runtime
     # Image queries run on the runtime the index's vectors came from: an image finds itself.
     monkeypatch.delenv(R.RUNTIME_ENV)
-    hit = b.search_image(b.source_file(0), k=1)[0]
-    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
-    assert b.encoder.info["image_runtime"] == runtime  # type: ignore[attr-defined]
+    _updated_equals_rebuilt(u, r, runtime)
 
 
 def test_the_export_is_made_once_and_kept_in_the_cache(
@@ -283,20 +298,6 @@ def test_without_openvino_onnxruntime_runs_without_a_notice(
         enc = _chosen(tiny_model, pixels)
     assert enc.info["image_runtime"] == "onnxruntime" and "image_runtime_note" not in enc.info
     assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
-
-
-def _vectors_by_path(index: ImageIndex) -> np.ndarray:
-    order = np.argsort([r["path"] for r in index.rows(range(len(index)))])
-    return index.embeddings()[order]
-
-
-def _updated_equals_rebuilt(u: ImageIndex, r: ImageIndex, runtime: str) -> None:
-    """The updated index ``u`` holds the rebuilt ``r``'s vectors, and an image query against it
-    runs on ``runtime`` and finds the image itself."""
-    np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
-    hit = u.search_image(u.source_file(0), k=1)[0]
-    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
-    assert u.encoder.info["image_runtime"] == runtime  # type: ignore[attr-defined]
 
 
 def test_an_update_and_image_queries_follow_the_recorded_runtime(
@@ -468,12 +469,7 @@ def test_int8_on_openvino_agrees_with_torch_int8_and_does_not_depend_on_the_batc
 def test_auto_gates_the_int8_tower_that_will_run_and_an_update_equals_a_rebuild(
     tiny_model: Path, photos: Path, tmp_path: Path
 ) -> None:
-    files = sorted(p.name for p in photos.iterdir())
-    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="auto")
-    build_index(photos, tmp_path / "u.idx", files=files[:5], batch_size=3, **common)
-    build_index(photos, tmp_path / "u.idx", batch_size=4, **common)
-    build_index(photos, tmp_path / "r.idx", batch_size=16, **common)
-    u, r = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
+    u, r = _update_and_rebuild(tiny_model, photos, tmp_path, "auto")
     info = u.manifest.model_info
     assert info["precision"] == "int8" and info["image_runtime"] == "openvino"
     assert info["precision_gate"]["gate"][0]["passed"]
