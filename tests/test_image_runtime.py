@@ -55,6 +55,10 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
 
 
 needs_openvino = pytest.mark.skipif(bool(IR.RUNTIMES["openvino"].missing()), reason="the [openvino] extra is not installed")
+needs_ov_int8 = pytest.mark.skipif(
+    bool(R.openvino_int8_missing()) or not cpu.at_least(IR.INT8_LEVEL),
+    reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU with AVX-512 VNNI or AMX",
+)
 # Each runtime whose package is installed (make install installs both).
 RUNTIMES = [
     pytest.param(name, marks=pytest.mark.skipif(bool(IR.RUNTIMES[name].missing()), reason=f"{name} is not installed"))
@@ -329,24 +333,30 @@ def test_an_index_made_on_torch_is_queried_on_torch(
     assert index.encoder.info["image_runtime"] == "torch"  # type: ignore[attr-defined]
 
 
-@needs_openvino
+@pytest.mark.parametrize(
+    ("precision", "usable", "removed", "instead"),
+    [
+        pytest.param("fp32", "openvino", "openvino", "onnxruntime", marks=needs_openvino, id="fp32"),
+        pytest.param("int8", "openvino-int8", "nncf", "torch", marks=needs_ov_int8, id="int8"),
+    ],
+)
 def test_a_recorded_runtime_that_cannot_run_is_named_in_one_notice(
-    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-    refused_here: dict[str, str],
+    precision: str, usable: str, removed: str, instead: str, tiny_model: Path, photos: Path, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, refused_here: dict[str, str],
 ) -> None:
-    _usable("openvino", refused_here)
+    _usable(usable, refused_here)
     files = sorted(p.name for p in photos.iterdir())
-    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="fp32")
+    common = dict(model=str(tiny_model), workers=0, device="cpu", precision=precision)
     build_index(photos, tmp_path / "o.idx", files=files[:3], **common)
     assert ImageIndex.open(tmp_path / "o.idx").manifest.model_info["image_runtime"] == "openvino"
-    monkeypatch.setitem(sys.modules, "openvino", None)
+    monkeypatch.setitem(sys.modules, removed, None)
     with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
         build_index(photos, tmp_path / "o.idx", **common)
     notices = [r.getMessage() for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
     assert len(notices) == 1 and "the index's vectors came from openvino, which cannot run here" in notices[0]
     assert R.OV_INSTALL in notices[0]
     info = ImageIndex.open(tmp_path / "o.idx").manifest.model_info
-    assert info["image_runtime"] == "onnxruntime" and "came from openvino" in info["image_runtime_note"]
+    assert info["image_runtime"] == instead and "came from openvino" in info["image_runtime_note"]
 
 
 @needs_openvino
@@ -431,10 +441,6 @@ def test_ray_actors_ask_for_the_runtime_the_run_records(tiny_model: Path, photos
 
 # -- the int8 tower on OpenVINO ------------------------------------------------------------------
 
-needs_ov_int8 = pytest.mark.skipif(
-    bool(R.openvino_int8_missing()) or not cpu.at_least(IR.INT8_LEVEL),
-    reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU with AVX-512 VNNI or AMX",
-)
 
 
 def _int8(model: Path, runtime: str, monkeypatch: pytest.MonkeyPatch, pixels: torch.Tensor) -> HFClipEncoder:
@@ -478,24 +484,6 @@ def test_auto_gates_the_int8_tower_that_will_run_and_an_update_equals_a_rebuild(
     assert info["precision"] == "int8" and info["image_runtime"] == "openvino"
     assert info["precision_gate"]["gate"][0]["passed"]
     _updated_equals_rebuilt(u, r, "openvino")
-
-
-@needs_ov_int8
-def test_an_int8_index_whose_runtime_cannot_run_any_more_says_so(
-    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture,
-    refused_here: dict[str, str],
-) -> None:
-    _usable("openvino-int8", refused_here)
-    files = sorted(p.name for p in photos.iterdir())
-    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="int8")
-    build_index(photos, tmp_path / "o.idx", files=files[:3], **common)
-    monkeypatch.setitem(sys.modules, "nncf", None)
-    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
-        build_index(photos, tmp_path / "o.idx", **common)
-    notices = [r.getMessage() for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
-    assert len(notices) == 1 and "the index's vectors came from openvino, which cannot run here" in notices[0]
-    info = ImageIndex.open(tmp_path / "o.idx").manifest.model_info
-    assert info["image_runtime"] == "torch" and R.OV_INSTALL in info["image_runtime_note"]
 
 
 def test_an_int8_index_made_on_torch_stays_on_torch(
