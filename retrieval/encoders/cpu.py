@@ -154,7 +154,7 @@ def at_least(level: str) -> bool:
 
 def has_int8_dot() -> bool:
     """Int8 dot products without 16-bit saturation (VNNI or AMX), after the caps."""
-    return rank(cpu_level()) >= rank("avx_vnni")
+    return at_least("avx_vnni")
 
 
 # fbgemm's own ISA cap (its AVX2, AVX512 and AVX512_256 kernels sum pairs in 16 bits).
@@ -166,19 +166,19 @@ def fbgemm_has_int8_dot() -> bool:
     this level: AVX-512 VNNI or AMX after the caps. fbgemm has kernels for AVX2, AVX-512 and
     AVX-512 VNNI only, so an AVX-VNNI CPU runs its AVX2 ones, which saturate 16-bit pair sums.
     (Its own cap, :data:`FBGEMM_ENV`, is caught by the text tower's probe of the kernel.)"""
-    return rank(cpu_level()) >= rank("avx512_vnni")
+    return at_least("avx512_vnni")
 
 
 def has_fast_int8() -> bool:
     """Int8 products faster than fp32 (AVX2 and up), after the caps."""
-    return rank(cpu_level()) >= rank("avx2")
+    return at_least("avx2")
 
 
 def has_bf16() -> bool:
     """bf16 instructions (AVX-512 BF16 or AMX) on this CPU, unless a cap below ``avx512_vnni``
     rules them out (OpenVINO's int8 tower runs its other layers in bf16 where this holds)."""
     flags = cpu_flags()
-    return bool({"avx512_bf16", "amx_bf16"} & flags) and rank(cpu_level()) >= rank("avx512_vnni")
+    return bool({"avx512_bf16", "amx_bf16"} & flags) and at_least("avx512_vnni")
 
 
 def has_amx() -> bool:
