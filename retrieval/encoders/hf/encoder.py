@@ -121,7 +121,7 @@ class HFClipEncoder(PixelPrecisionMixin):
     def info(self) -> dict[str, Any]:
         """What the index manifest records about the model (``model_info``)."""
         vision = self.config.vision_config
-        info = {
+        return {
             "backend": self.backend,
             "checkpoint": self.name,
             # The family: a query model of another family is refused by it (QueryEncoders).
@@ -133,11 +133,9 @@ class HFClipEncoder(PixelPrecisionMixin):
             "embed_image_size": self.embed_image_size,
             **({"max_num_patches": self.preprocess.max_num_patches} if self.family.naflex else {}),
             **self.image_precision.manifest_info(),
+            # After the precision's keys: a runtime's int8 tower states its own activation bits.
             **self.image_runtimes.info(self.image_precision.mode),
         }
-        if info.get("precision") == "int8" and info.get("image_runtime") not in (None, "torch"):
-            info["int8_activation_bits"] = 8  # the runtime's own codes, whatever torch's kernel would use
-        return info
 
     @property
     def fingerprint(self) -> str:
@@ -170,9 +168,8 @@ class HFClipEncoder(PixelPrecisionMixin):
             )
         self.preprocess = self._native_preprocess.scaled(size, self.native_image_size)
         if size != self.embed_image_size:
-            recorded = self.image_runtimes.recorded
-            self.image_runtimes = self._make_runtimes(size)
-            self.image_runtimes.follow(*recorded)
+            before, self.image_runtimes = self.image_runtimes, self._make_runtimes(size)
+            self.image_runtimes.follow_as(before)
         self.embed_image_size = size
 
     def logit_params(self) -> tuple[float, float | None]:

@@ -303,6 +303,8 @@ class ImageRuntime:
         data: dict[str, Any] = {"image_runtime": self.name}
         if self.name in RUNTIMES:
             data["image_runtime_version"] = RUNTIMES[self.name].version()
+            if self.mode == "int8":
+                data["int8_activation_bits"] = 8  # the runtime's own codes, whatever torch's kernel would use
         if self.parity is not None:
             data["image_runtime_parity"] = self.parity
         if self.note:
@@ -319,7 +321,6 @@ class ImageRuntimes:
     def __init__(self, model_name: str, export: Callable[[], Any], applies: bool, int8_group: int = 0) -> None:
         self._export = export
         self.by_mode = {mode: ImageRuntime(model_name, export, applies, mode, int8_group) for mode in RUNTIME_MODES}
-        self.recorded: tuple[str | None, str | None] = (None, None)
 
     def export(self) -> Path:
         """The cached ONNX export every runtime's tower is made from (made on first call)."""
@@ -332,9 +333,14 @@ class ImageRuntimes:
     def follow(self, recorded: str | None, precision: str | None = None) -> None:
         """Ask first for the runtime an index's vectors came from, for the mode they were made
         in (``precision``; None: every mode); the other modes keep the usual order."""
-        self.recorded = (recorded, precision)
         for mode, runtime in self.by_mode.items():
             runtime.follow(recorded if precision in (None, mode) else None)
+
+    def follow_as(self, other: ImageRuntimes) -> None:
+        """Ask first, per mode, for what ``other`` was asked to follow (the same encoder's
+        choices for another input size)."""
+        for mode, runtime in self.by_mode.items():
+            runtime.follow(other.by_mode[mode].recorded)
 
     def pending(self, mode: str | None) -> bool:
         """Whether ``mode``'s choice is still to be made on a sample of images."""
