@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import Container, Iterator
+from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -73,6 +73,24 @@ def normalised(t: torch.Tensor) -> np.ndarray:
 def cosines(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Row-wise dot products of two stacks of unit vectors, in float64."""
     return (a.astype(np.float64) * b.astype(np.float64)).sum(axis=1)
+
+
+def folder_pixels(folder: Path, preprocess: Any) -> torch.Tensor:
+    """Every file of ``folder``, in name order, decoded and preprocessed as a build does, stacked."""
+    import torch
+
+    from retrieval.images import load_pixels
+
+    return torch.stack([load_pixels(p, preprocess)[0] for p in sorted(folder.iterdir())])
+
+
+def assert_batch_independent(
+    embed: Callable[[torch.Tensor], np.ndarray], pixels: torch.Tensor, together: np.ndarray, spans: Iterable[tuple[int, int]]
+) -> None:
+    """Each span of ``pixels`` embedded as a batch of its own gives, bit for bit, the rows it
+    had in ``together`` (the whole batch's vectors): an update equals a rebuild."""
+    for lo, hi in spans:
+        np.testing.assert_array_equal(embed(pixels[lo:hi]), together[lo:hi])
 
 
 @contextlib.contextmanager

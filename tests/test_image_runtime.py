@@ -20,6 +20,7 @@ import pytest
 pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed")
 torch = pytest.importorskip("torch")
 
+from helpers import assert_batch_independent, folder_pixels  # noqa: E402
 from imagegen import make_jpegs  # noqa: E402
 
 from indexer import build_index  # noqa: E402
@@ -29,7 +30,6 @@ from retrieval.encoders import runtime as R  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
 from retrieval.encoders.runtime import image as IR  # noqa: E402
 from retrieval.errors import InvalidArgumentError, ModelLoadError  # noqa: E402
-from retrieval.images import load_pixels  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -41,8 +41,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def pixels(tiny_model: Path, photos: Path) -> torch.Tensor:
-    cfg = HFClipEncoder.load(str(tiny_model), device="cpu").preprocess
-    return torch.stack([load_pixels(p, cfg)[0] for p in sorted(photos.iterdir())])
+    return folder_pixels(photos, HFClipEncoder.load(str(tiny_model), device="cpu").preprocess)
 
 
 @pytest.fixture(autouse=True)
@@ -155,9 +154,7 @@ def test_vectors_do_not_depend_on_the_batch(
 ) -> None:
     _usable(runtime, refused_here)
     enc = _encoder(tiny_model, runtime, monkeypatch, pixels)
-    together = enc.embed_pixels(pixels)
-    for lo, hi in ((0, 1), (5, 6), (3, 10), (11, 12)):
-        np.testing.assert_array_equal(enc.embed_pixels(pixels[lo:hi]), together[lo:hi])
+    assert_batch_independent(enc.embed_pixels, pixels, enc.embed_pixels(pixels), ((0, 1), (5, 6), (3, 10), (11, 12)))
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -464,8 +461,7 @@ def test_int8_on_openvino_agrees_with_torch_int8_and_does_not_depend_on_the_batc
     a, b = ov8.embed_pixels(pixels), tch.embed_pixels(pixels)
     assert float(np.min(np.sum(a * b, axis=1))) >= IR.INT8_PARITY_MIN_COSINE
     assert not np.array_equal(a, b)  # another tower indeed
-    for lo, hi in ((0, 1), (5, 6), (3, 10), (11, 12)):
-        np.testing.assert_array_equal(ov8.embed_pixels(pixels[lo:hi]), a[lo:hi])
+    assert_batch_independent(ov8.embed_pixels, pixels, a, ((0, 1), (5, 6), (3, 10), (11, 12)))
     # The int8 model is made once from the export and kept beside it.
     assert len(list(ov8.image_runtimes.export().parent.glob("*-ov-int8-*.xml"))) == 1
     # torch's tower, needed for the checks only, is freed, and loaded again when torch is asked for.

@@ -13,6 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from helpers import assert_batch_independent, folder_pixels
 from imagegen import make_jpegs
 from torch import nn
 
@@ -27,7 +28,6 @@ from retrieval.encoders.int8.convert import fuse_projections
 from retrieval.encoders.int8.kernel import onednn_available
 from retrieval.encoders.numpy_text import int8 as text_int8
 from retrieval.errors import InvalidArgumentError
-from retrieval.images import load_pixels
 
 
 @pytest.fixture(autouse=True)
@@ -248,12 +248,11 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def test_tiny_clip_in_int8_is_close_to_fp32_and_batch_invariant(tiny_model: Path, photos: Path) -> None:
     ref = HFClipEncoder.load(str(tiny_model), device="cpu")
     enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="int8")
-    pixels = torch.stack([load_pixels(p, enc.preprocess)[0] for p in sorted(photos.iterdir())])
+    pixels = folder_pixels(photos, enc.preprocess)
     vectors = enc.embed_pixels(pixels)
     result = P.gate("int8", ref.embed_pixels(pixels), vectors)
     assert result.passed and result.mean_cosine > 0.9999, result
-    for lo, hi in ((0, 1), (7, 8), (3, 11), (19, 20)):
-        np.testing.assert_array_equal(enc.embed_pixels(pixels[lo:hi]), vectors[lo:hi])
+    assert_batch_independent(enc.embed_pixels, pixels, vectors, ((0, 1), (7, 8), (3, 11), (19, 20)))
     # Captions are padded to the batch's longest, and fp32 attention over another length rounds
     # differently (as in fp32 itself): close, not bit-identical.
     texts = ["a dog", "a red race car on a track", "x " * 100]
@@ -271,7 +270,7 @@ def test_cpu_batches_run_in_calls_that_keep_activations_small(
     from retrieval.encoders.hf import encoder as hf_encoder
 
     enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="int8")
-    pixels = torch.stack([load_pixels(p, enc.preprocess)[0] for p in sorted(photos.iterdir())])[:10]
+    pixels = folder_pixels(photos, enc.preprocess)[:10]
     whole = enc.embed_pixels(pixels)
     vision = enc.config.vision_config
     tokens = (pixels.shape[-1] // vision.patch_size) ** 2 + 1
@@ -480,15 +479,14 @@ def test_int8_on_a_capped_cpu_uses_the_reduced_range_and_passes_the_gate(
         pytest.skip(f"this CPU ({cpu.detected_level()}) is below AVX2")
     enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="auto")
     ref = HFClipEncoder.load(str(tiny_model), device="cpu")
-    pixels = torch.stack([load_pixels(p, ref.preprocess)[0] for p in sorted(photos.iterdir())])
+    pixels = folder_pixels(photos, ref.preprocess)
     vectors = enc.embed_pixels(pixels)
     assert enc.info["precision"] == "int8" and enc.info["precision_gate"]["gate"][0]["mode"] == "int8"
     layer = enc.image_precision.variants["int8"].visual_projection
     assert layer.kernel.steps == I8.REDUCED_STEPS and enc.info["int8_activation_bits"] == 7
     result = P.gate("int8", ref.embed_pixels(pixels), vectors)
     assert result.passed and result.mean_cosine > 0.999, result
-    for lo, hi in ((0, 1), (3, 11)):
-        np.testing.assert_array_equal(enc.embed_pixels(pixels[lo:hi]), vectors[lo:hi])
+    assert_batch_independent(enc.embed_pixels, pixels, vectors, ((0, 1), (3, 11)))
 
 
 def test_retained_heap_applies_on_glibc_and_can_be_turned_off(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 from conftest import run_cli
+from helpers import folder_pixels
 from imagegen import make_jpegs
 
 from indexer import build_index
@@ -28,8 +29,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def pixels(tiny_model: Path, photos: Path) -> torch.Tensor:
-    cfg = HFClipEncoder.load(str(tiny_model), device="cpu").preprocess
-    return torch.stack([load_pixels(p, cfg)[0] for p in sorted(photos.iterdir())])
+    return folder_pixels(photos, HFClipEncoder.load(str(tiny_model), device="cpu").preprocess)
 
 
 def test_parse_precision_and_mode() -> None:
