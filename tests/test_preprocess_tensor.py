@@ -59,3 +59,41 @@ def test_gradients_flow(cfg: PreprocessConfig) -> None:
 def test_rejects_non_rgb(cfg: PreprocessConfig) -> None:
     with pytest.raises(ValueError, match="RGB"):
         preprocess_tensor(torch.zeros(1, 4, 8, 8), cfg)
+
+
+@pytest.mark.parametrize("resample", ["bicubic", "bilinear", "nearest"])
+@pytest.mark.parametrize("dtype", [torch.uint8, torch.float32, torch.float64, torch.float16])
+def test_resize_is_torchvisions_bit_for_bit_without_importing_it(resample: str, dtype: torch.dtype) -> None:
+    """``resize`` calls torch as torchvision's v2 resize does: same values, dtype and strides, for
+    a channels-last image, a contiguous one and a batch, up and down in each direction."""
+    from torchvision.transforms import InterpolationMode
+    from torchvision.transforms.v2 import functional as tvF
+
+    from retrieval.images.preprocess import resize
+
+    gen = torch.Generator().manual_seed(7)
+    for (h, w), size in [((37, 53), (224, 224)), ((240, 320), (16, 300)), ((500, 333), (50, 31)), ((7, 9), (600, 401))]:
+        base = torch.randint(0, 256, (h, w, 3), generator=gen, dtype=torch.uint8).to(dtype)
+        hwc = base.permute(2, 0, 1)
+        for images in (hwc, hwc.contiguous(), torch.stack([hwc, hwc.flip(-1)])):
+            want = tvF.resize(images, list(size), interpolation=InterpolationMode(resample), antialias=True)
+            got = resize(images, size, resample)
+            assert got.dtype == want.dtype and got.stride() == want.stride() and torch.equal(got, want), (h, w, size)
+
+
+def test_resize_refuses_what_torch_cannot_run_on_tensors() -> None:
+    from retrieval.images.preprocess import resize
+
+    with pytest.raises(ValueError, match="lanczos"):
+        resize(torch.zeros((3, 8, 8), dtype=torch.uint8), (4, 4), "lanczos")
+
+
+def test_crop_padding_is_torchvisions(cfg: PreprocessConfig) -> None:
+    from torchvision.transforms.v2 import functional as tvF
+
+    from retrieval.images.preprocess import _center_crop
+
+    x = torch.randint(0, 256, (2, 3, 30, 41), dtype=torch.uint8)
+    for fill in (0, 128):
+        want = tvF.pad(x, [11, 17, 12, 17], fill=fill)  # left, top, right, bottom: 64 x 64
+        assert torch.equal(_center_crop(x, (64, 64), fill=fill), want)

@@ -1,6 +1,10 @@
 """CLIP preprocessing in torch: decoded RGB images to ``pixel_values`` (see :mod:`.config`).
 
-torch and torchvision are imported inside the functions, never at import time.
+torch is imported inside the functions, never at import time. torchvision is not imported at
+all: its resize and pad are torch's ``interpolate`` and ``pad`` called as torchvision calls them
+(:func:`resize`, :func:`_center_crop`), bit for bit (``tests/test_preprocess_tensor.py``);
+importing torchvision costs a cold process about 1.5 s (it imports ``torch._dynamo``), which
+an image query that runs on OpenVINO or ONNX Runtime need not pay.
 """
 
 from __future__ import annotations
@@ -61,16 +65,13 @@ def preprocess_tensor(images: torch.Tensor, cfg: PreprocessConfig) -> torch.Tens
         ValueError: not an RGB image tensor.
     """
     import torch
-    from torchvision.transforms import InterpolationMode
-    from torchvision.transforms.v2 import functional as tvF
 
     if images.ndim not in (3, 4) or images.shape[-3] != 3:
         raise ValueError(f"expected (N, 3, H, W) or (3, H, W) RGB tensors, got shape {tuple(images.shape)}")
     height, width = images.shape[-2:]
     new_size = resize_output_size(int(height), int(width), cfg)
     if new_size != (height, width):
-        mode = InterpolationMode(cfg.resample)
-        images = tvF.resize(images, list(new_size), interpolation=mode, antialias=True)
+        images = resize(images, new_size, cfg.resample)
         if images.is_floating_point():
             # The reference's uint8 resize saturates bicubic overshoot at 0 and 255; so do we.
             images = images.clamp(0.0, 255.0)
@@ -133,20 +134,75 @@ def unpack_patches(packed: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, to
     return pixel_values, mask, shapes
 
 
+# The interpolations torch's resize runs on tensors (torchvision refuses the others for tensors).
+TENSOR_RESAMPLES = ("nearest", "bilinear", "bicubic")
+
+
+def resize(images: torch.Tensor, size: tuple[int, int], resample: str) -> torch.Tensor:
+    """``(..., C, H, W)`` resized to ``size`` (height, width), antialiased: what torchvision's
+    ``v2.functional.resize(images, size, InterpolationMode(resample), antialias=True)`` returns,
+    bit for bit, without importing torchvision.
+
+    uint8 stays uint8 where torch has a native uint8 kernel (bicubic; bilinear on AVX2, AVX-512
+    and ARM CPUs; nearest), else it goes through float32, rounded back (bicubic clamped first).
+
+    Raises:
+        ValueError: an interpolation torch does not run on tensors (lanczos, box, hamming).
+    """
+    import platform
+
+    import torch
+    from torch.nn.functional import interpolate
+
+    if resample not in TENSOR_RESAMPLES:
+        raise ValueError(f"resample {resample!r} is not available for tensors (use one of {', '.join(TENSOR_RESAMPLES)})")
+    shape, numel = images.shape, images.numel()
+    channels, height, width = (int(n) for n in shape[-3:])
+    if (height, width) == tuple(size):
+        return images
+    if numel == 0:
+        return images.reshape((*shape[:-3], channels, *size))
+    antialias = resample != "nearest"
+    dtype = images.dtype
+    native = dtype in (torch.float32, torch.float64)
+    if dtype == torch.uint8 and images.device.type == "cpu":
+        native = resample != "bilinear" or torch.backends.cpu.get_cpu_capability() in ("AVX2", "AVX512") or (
+            platform.machine() in ("aarch64", "arm64")
+        )
+    elif dtype == torch.uint8:
+        native = resample == "nearest"
+    batch = images.reshape(-1, channels, height, width)
+    strides = batch.stride()
+    if batch.is_contiguous(memory_format=torch.channels_last) and batch.shape[0] == 1 and numel != strides[0]:
+        # One channels-last image: restrided so that interpolate returns channels last too
+        # (pytorch/pytorch#68430), as torchvision does; the uint8 kernels are faster on it.
+        batch = batch.as_strided((1, channels, height, width), [numel, *strides[1:]])
+    if not native:
+        batch = batch.to(torch.float32)
+    out = interpolate(batch, size=list(size), mode=resample, align_corners=False if antialias else None, antialias=antialias)
+    if not native:
+        if resample == "bicubic" and dtype == torch.uint8:
+            out = out.clamp_(min=0, max=255)
+        if not dtype.is_floating_point:
+            out = out.round_()
+        out = out.to(dtype)
+    return out.reshape((*shape[:-3], channels, *size))
+
+
 def _center_crop(images: torch.Tensor, size: tuple[int, int], rounding: str = "floor", fill: int = 0) -> torch.Tensor:
-    from torchvision.transforms.v2 import functional as tvF
+    from torch.nn.functional import pad
 
     crop_h, crop_w = size
     height, width = images.shape[-2:]
     if crop_w > width or crop_h > height:
         # Pad like the references (transformers and torchvision alike), then crop the center.
-        pad = [
-            (crop_w - width) // 2 if crop_w > width else 0,
-            (crop_h - height) // 2 if crop_h > height else 0,
-            (crop_w - width + 1) // 2 if crop_w > width else 0,
-            (crop_h - height + 1) // 2 if crop_h > height else 0,
-        ]
-        images = tvF.pad(images, pad, fill=fill)
+        left, top = (crop_w - width) // 2 if crop_w > width else 0, (crop_h - height) // 2 if crop_h > height else 0
+        right = (crop_w - width + 1) // 2 if crop_w > width else 0
+        bottom = (crop_h - height + 1) // 2 if crop_h > height else 0
+        lead = images.shape[:-3]
+        flat = images.reshape(-1, *images.shape[-3:])
+        padded = pad(flat, [left, right, top, bottom], mode="constant", value=float(fill))
+        images = padded.reshape(*lead, *padded.shape[-3:])
         height, width = images.shape[-2:]
     if rounding == "round":
         # torchvision's CenterCrop: round half to even, so an odd margin of 3 puts 2 on top.
