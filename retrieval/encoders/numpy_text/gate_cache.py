@@ -15,14 +15,13 @@ Never inside an index directory: readers do not write there.
 
 from __future__ import annotations
 
-import json
 import os
-import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from .. import cpu
+from ..memo import JsonMemo
 from ..precision import GATE_K, GATE_MEAN_COSINE, GATE_MIN_COSINE, GATE_TOPK_OVERLAP, GateResult, gate_results_from_info
 
 GATE_CACHE_ENV = "CLIPSEARCH_GATE_CACHE"
@@ -69,21 +68,13 @@ def gate_key(fingerprint: str) -> str:
     return f"v{_VERSION}|{fingerprint}|{cpu.cpu_level()}|fbgemm={fbgemm}|{thresholds}"
 
 
-def _read(path: Path) -> dict[str, Any]:
-    try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return {}
-    return data if isinstance(data, dict) else {}
+_MEMO = JsonMemo(lambda: cache_file(), _MAX_ENTRIES)
 
 
 def lookup(key: str) -> GateOutcome | None:
     """The outcome recorded under ``key``, or None (no cache, no entry, or an unreadable one)."""
-    path = cache_file()
-    if path is None:
-        return None
-    entry = _read(path).get(key)
-    if not isinstance(entry, dict) or entry.get("mode") not in ("int8", "fp32"):
+    entry = _MEMO.get(key)
+    if entry is None or entry.get("mode") not in ("int8", "fp32"):
         return None
     note = entry.get("note")
     return GateOutcome(str(entry["mode"]), tuple(gate_results_from_info(entry.get("gate"))), note if isinstance(note, str) else None)
@@ -91,26 +82,7 @@ def lookup(key: str) -> GateOutcome | None:
 
 def record(key: str, outcome: GateOutcome) -> None:
     """Keep ``outcome`` under ``key`` (atomically; any failure is ignored: the gate runs next time)."""
-    path = cache_file()
-    if path is None:
-        return
-    try:
-        data = _read(path)
-        data.pop(key, None)
-        data[key] = outcome.to_dict()
-        while len(data) > _MAX_ENTRIES:
-            data.pop(next(iter(data)))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        try:
-            with os.fdopen(fd, "w", encoding="utf-8") as f:
-                json.dump(data, f, indent=1)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
-    except OSError:
-        return
+    _MEMO.put(key, outcome.to_dict())
 
 
 __all__ = ["GATE_CACHE_ENV", "GateOutcome", "cache_file", "gate_key", "lookup", "record"]
