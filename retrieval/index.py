@@ -163,6 +163,11 @@ class ImageIndex:
         """
         return self._queries.text_path()
 
+    def image_path(self) -> dict[str, str | None]:
+        """What ran this index's image queries, once one ran (``tower``, ``runtime``, ``reason``):
+        see :meth:`~retrieval.encoders.query.QueryEncoders.image_path`."""
+        return self._queries.image_path()
+
     @property
     def text_encoder(self) -> TextEncoder:
         """The encoder text queries run on: the numpy text tower where it applies, else :attr:`encoder`.
@@ -250,6 +255,15 @@ class ImageIndex:
         on :attr:`text_encoder`, through the query cache; ``query_lang`` as :meth:`search`."""
         return self._queries.embed_texts(texts, query_lang)
 
+    def embed_image(self, image: str | bytes | os.PathLike[str] | BinaryIO) -> np.ndarray:
+        """The ``(1, dim)`` query vector of an image file as :meth:`search_image` makes it: in the
+        mode and on the runtime the index's images were embedded with (:meth:`image_path`).
+
+        Raises:
+            ImageDecodeError: the image cannot be decoded.
+        """
+        return self._queries.embed_image(image)
+
     def query_languages(self) -> tuple[str, ...]:
         """The FLORES-200 codes a text query must name (NLLB-CLIP's tokenizer), or () for a model
         that reads any language as it is (CLIP, SigLIP 2, XLM-R)."""
@@ -268,7 +282,7 @@ class ImageIndex:
             ImageDecodeError: the query image cannot be decoded.
         """
         check_cut(k, min_score, sort)
-        return self.search_vectors(self._queries.embed_image(image), k, where=where, min_score=min_score, sort=sort)[0]
+        return self.search_vectors(self.embed_image(image), k, where=where, min_score=min_score, sort=sort)[0]
 
     def search_combined(
         self,

@@ -54,6 +54,14 @@ def _gate_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.Mo
     monkeypatch.setenv("CLIPSEARCH_GATE_CACHE", str(tmp_path_factory.mktemp("gate-cache") / "text-precision.json"))
 
 
+@pytest.fixture(autouse=True)
+def _runtime_checks(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each test remembers the image runtimes' checks in its own file (subprocesses inherit it):
+    an image query reopens a recorded tower (retrieval.encoders.recorded_tower) only where the
+    same test checked it, whatever ran before."""
+    monkeypatch.setenv("CLIPSEARCH_RUNTIME_CHECKS", str(tmp_path_factory.mktemp("runtime-checks") / "checks.json"))
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random CLIP checkpoint: 64 px images, 48-d projection, real CLIP tokenizer."""

@@ -120,7 +120,9 @@ def test_bench_cli_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> 
     assert code == 0
     result = _json_line(capsys.readouterr().out)
     assert result["count"] == 3 and result["text_path"]["path"] == "numpy"
-    assert set(result["commands"]) == {"search", "search (int8)", "search (torch)", "search --image", "info", "hf script"}
+    assert set(result["commands"]) == {
+        "search", "search (int8)", "search (torch)", "search --image", "search --image (full)", "info", "hf script"
+    }
     for row in result["commands"].values():
         assert row["runs"] == 1 and row["wall_s"]["median"] > 0 and row["peak_rss_mb"]["median"] > 0
     # The numpy text path imports no torch: it must take less memory than the torch path.

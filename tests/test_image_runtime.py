@@ -123,7 +123,7 @@ def _updated_equals_rebuilt(u: ImageIndex, r: ImageIndex, runtime: str) -> None:
     np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
     hit = u.search_image(u.source_file(0), k=1)[0]
     assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
-    assert u.encoder.info["image_runtime"] == runtime  # type: ignore[attr-defined]
+    assert u.image_path()["runtime"] == runtime
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)

@@ -22,12 +22,15 @@ from .base import Encoder, TextEncoder
 from .languages import language_embedder
 from .numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
 from .precision import Precision, parse_mode
+from .recorded_tower import RecordedTower, open_recorded
 from .runtime import RuntimeUnavailable
 
 if TYPE_CHECKING:
     from ..layout import Manifest
 
 EncoderFactory = Callable[[str, str], Encoder]
+# What makes two generations' image towers the same one.
+_TOWER_KEYS = ("precision", "image_runtime", "embed_image_size")
 
 
 class QueryEncoders:
@@ -73,6 +76,8 @@ class QueryEncoders:
         self._encoder = encoder
         self._encoder_checked = False
         self._text_encoder: TextEncoder | None = None
+        self._image_encoder: Encoder | RecordedTower | None = None
+        self._image_note: str | None = None
         self._lock = threading.RLock()
 
     @property
@@ -176,9 +181,37 @@ class QueryEncoders:
             ModelMismatchError, ModelLoadError: see :attr:`encoder`.
             ImageDecodeError: the image cannot be decoded.
         """
-        encoder = self.encoder
+        encoder = self.image_encoder
         pixels, _, _ = load_pixels(image, PreprocessConfig.from_dict(self.manifest.preprocess), max_pixels=DEFAULT_MAX_PIXELS)
         return encoder.embed_pixels(pixels[None])
+
+    @property
+    def image_encoder(self) -> Encoder | RecordedTower:
+        """What image queries run on: the index's recorded tower reopened on its runtime
+        without torch's model (:mod:`.recorded_tower`) where this machine remembers its checks,
+        else :attr:`encoder`. Both give the same vectors, bit for bit.
+
+        Raises:
+            ModelMismatchError, ModelLoadError: see :attr:`encoder`.
+        """
+        with self._lock:
+            if self._image_encoder is None:
+                self._image_encoder = self._load_image_encoder()
+            return self._image_encoder
+
+    def image_path(self) -> dict[str, str | None]:
+        """What ran image queries, once one ran: ``tower`` (``recorded``: the index's tower
+        reopened without torch's model; ``encoder``: the full encoder), ``runtime`` (``openvino``,
+        ``onnxruntime`` or ``torch``) and ``reason`` (why the recorded tower was not reopened).
+        All None before the first image query."""
+        loaded = self._image_encoder
+        if loaded is None:
+            return {"tower": None, "runtime": None, "reason": None}
+        if isinstance(loaded, RecordedTower):
+            return {"tower": "recorded", "runtime": loaded.runtime, "reason": loaded.describe()}
+        runtimes = getattr(loaded, "image_runtimes", None)
+        chosen = runtimes.get(getattr(getattr(loaded, "image_precision", None), "mode", None)) if runtimes else None
+        return {"tower": "encoder", "runtime": (chosen.name if chosen else None) or "torch", "reason": self._image_note}
 
     def cache_info(self) -> dict[str, Any]:
         """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
@@ -209,7 +242,22 @@ class QueryEncoders:
                 fresh.cache = self.cache
                 if old.model_info.get("precision") == manifest.model_info.get("precision"):
                     fresh._encoder = self._encoder
+                same_tower = all(old.model_info.get(k) == manifest.model_info.get(k) for k in _TOWER_KEYS)
+                if isinstance(self._image_encoder, RecordedTower) and same_tower:
+                    fresh._image_encoder = self._image_encoder
         return fresh
+
+    def _load_image_encoder(self) -> Encoder | RecordedTower:
+        # Decided by the settings and this machine's remembered checks, not by what loaded
+        # before: both paths run the same tower, so a query's vector does not depend on it.
+        if self.given is not None:
+            return self.encoder
+        opened = open_recorded(self.manifest, self.query_model, self.device)
+        if isinstance(opened, str):
+            self._image_note = opened
+            return self.encoder
+        self._check(opened)
+        return opened
 
     def _load_text_encoder(self) -> TextEncoder:
         # Decided by the settings alone, not by whether an image query loaded torch first: a
@@ -249,7 +297,7 @@ class QueryEncoders:
             info = self.manifest.model_info
             runtimes.follow(str(info.get("image_runtime") or "torch"), str(info["precision"]) if info.get("precision") else None)
 
-    def _check(self, encoder: TextEncoder) -> None:
+    def _check(self, encoder: TextEncoder | RecordedTower) -> None:
         built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"
         # A model of another family (CLIP against SigLIP) is refused by name, before the weights.
         # The numpy text tower computes CLIP checkpoints only.

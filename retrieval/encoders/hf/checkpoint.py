@@ -48,6 +48,25 @@ def resolve_checkpoint(model: str) -> tuple[str, Path]:
     return model, _hub_snapshot(model)
 
 
+def cached_checkpoint(model: str) -> tuple[str, Path] | None:
+    """``(name, directory)`` of a checkpoint found without any network access: a local
+    checkpoint directory, or a hub id already in the local Hugging Face cache; None otherwise.
+
+    Raises:
+        ModelLoadError: a path that is not a checkpoint directory.
+    """
+    local = Path(model).expanduser()
+    if local.is_dir() or looks_like_path(model):
+        return resolve_checkpoint(model)
+    try:
+        from huggingface_hub import snapshot_download
+
+        directory = Path(snapshot_download(model, allow_patterns=["*.json", "*.txt", "*.safetensors"], local_files_only=True))
+    except Exception:  # noqa: BLE001 - hub errors come in many types
+        return None
+    return (model, directory) if (directory / "config.json").is_file() else None
+
+
 def _hub_snapshot(model: str) -> Path:
     # The cache first, without network; the hub only when it can be reached (huggingface_hub
     # would otherwise retry for many seconds on a machine without network before failing).

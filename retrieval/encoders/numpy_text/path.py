@@ -27,20 +27,12 @@ def local_checkpoint(model: str) -> tuple[str, Path]:
         UnsupportedTextTower: a hub id that is not in the local cache.
         ModelLoadError: a path that is not a checkpoint directory.
     """
-    from ..hf import looks_like_path, resolve_checkpoint
+    from ..hf.checkpoint import cached_checkpoint
 
-    local = Path(model).expanduser()
-    if local.is_dir() or looks_like_path(model):
-        return resolve_checkpoint(model)
-    try:
-        from huggingface_hub import snapshot_download
-
-        directory = Path(snapshot_download(model, allow_patterns=["*.json", "*.txt", "*.safetensors"], local_files_only=True))
-    except Exception as exc:  # noqa: BLE001 - hub errors come in many types
-        raise UnsupportedTextTower(f"{model} is not in the local Hugging Face cache") from exc
-    if not (directory / "config.json").is_file():
+    found = cached_checkpoint(model)
+    if found is None:
         raise UnsupportedTextTower(f"{model} is not in the local Hugging Face cache")
-    return model, directory
+    return found
 
 
 @dataclass(frozen=True)

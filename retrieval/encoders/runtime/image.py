@@ -71,6 +71,12 @@ class Runtime:
     # (export, activation group) -> the int8 tower; None where the runtime has no batch-independent int8.
     load_int8: Callable[[Path, int], Tower] | None = None
     int8_missing: Callable[[], str | None] | None = None
+    # export -> the file the int8 tower is made from (what its checks are remembered by).
+    int8_file: Callable[[Path], Path] | None = None
+
+    def tower_file(self, export: Path, mode: str) -> Path:
+        """The file ``mode``'s tower runs from: the export, or for int8 the file made from it."""
+        return self.int8_file(export) if mode == "int8" and self.int8_file is not None else export
 
 
 def _ort_tower(path: Path) -> Tower:
@@ -103,9 +109,16 @@ def _ov_version() -> str:
     return openvino_version()
 
 
+def _ov_int8_file(export: Path) -> Path:
+    from .ov_tower import int8_path
+
+    return int8_path(export)
+
+
 RUNTIMES: dict[str, Runtime] = {
     "openvino": Runtime(
         "openvino", "OpenVINO", OV_INSTALL, openvino_missing, _ov_tower, _ov_version, _ov_int8_tower, openvino_int8_missing,
+        _ov_int8_file,
     ),
     "onnxruntime": Runtime("onnxruntime", "ONNX Runtime", ORT_INSTALL, onnxruntime_missing, _ort_tower, _ort_version),
 }
@@ -197,6 +210,12 @@ class ImageRuntime:
         return list(self._order), False
 
     @property
+    def first(self) -> str | None:
+        """The runtime tried first (None: torch, with nothing to try)."""
+        candidates, _ = self._plan()
+        return candidates[0] if candidates and self.applies else None
+
+    @property
     def pending(self) -> bool:
         """Whether the choice is still to be made on a sample of images: not made yet, and not
         settled without one (torch asked for, or a tower no other runtime runs)."""
@@ -264,11 +283,12 @@ class ImageRuntime:
         if missing is not None:
             return f"{runtime.name} is not installed ({missing}); for the faster {self.mode} path: {runtime.install}"
         try:
+            export = Path(self._export())
             if int8:
                 assert runtime.load_int8 is not None  # _plan offers only runtimes with an int8 tower
-                tower = runtime.load_int8(self._export(), self.int8_group)
+                tower = runtime.load_int8(export, self.int8_group)
             else:
-                tower = runtime.load(self._export())
+                tower = runtime.load(export)
         except ModelLoadError as exc:
             return str(exc)
         reference, torch_seconds = torch_vectors()
@@ -289,7 +309,18 @@ class ImageRuntime:
             "images": len(sample), "mean_cosine": round(float(cos.mean()), 7), "min_cosine": round(float(cos.min()), 7),
             "torch_seconds": round(torch_seconds, 3), f"{runtime.name}_seconds": round(seconds, 3),
         }
+        self._remember(runtime, export, tower, int(sample.shape[-1]))
         return tower
+
+    def _remember(self, runtime: Runtime, export: Path, tower: Tower, image_size: int) -> None:
+        """Keep the pass (:mod:`.checks`), so that a query process can reopen this tower without
+        torch's; with the tower's probe vector, which that process must reproduce bit for bit."""
+        from . import checks
+
+        assert self.parity is not None
+        key = checks.check_key(runtime.name, runtime.version(), self.mode, runtime.tower_file(export, self.mode))
+        probe = tower(checks.probe_pixels(image_size))[0]
+        checks.record(key, checks.PassedChecks(dict(self.parity), probe, self.int8_group if self.mode == "int8" else 0))
 
     def info(self) -> dict[str, Any]:
         """What an index records (``image_runtime`` and its details), once chosen, or where

@@ -1,0 +1,149 @@
+"""An index's image tower reopened on the runtime its vectors came from, without torch's model.
+
+An image query must be embedded as the index's images were: the mode (``precision``) and the
+runtime (``image_runtime``) its ``model_info`` records. Where that runtime is OpenVINO or ONNX
+Runtime, the full encoder (:class:`~.hf.HFClipEncoder`) imports transformers, loads torch's tower
+and checks the runtime's tower against it before the first query: several seconds of a
+one-shot ``clipsearch search --image``, for one image. :func:`open_recorded` reopens the tower
+straight from the cached files instead, where this machine remembers that the tower passed those
+checks (:mod:`.runtime.checks`, written by the run that checked it) and the tower reproduces the
+remembered probe vector bit for bit. Anything else (nothing remembered, another query model, a
+tower only torch runs, ``CLIPSEARCH_IMAGE_RUNTIME`` naming another runtime) is answered with the
+reason, and the caller uses the full encoder, which runs the checks and remembers them.
+"""
+
+from __future__ import annotations
+
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+
+from ..errors import ModelLoadError
+from .hf.checkpoint import checkpoint_fingerprint, read_model_type
+from .hf.family import FAMILIES, Family
+from .runtime import runtime_choice
+from .runtime.image import RUNTIME_MODES, RUNTIMES, ImageRuntime, Tower
+
+if TYPE_CHECKING:
+    from pathlib import Path
+
+    import torch
+
+    from ..layout import Manifest
+
+
+@dataclass(frozen=True)
+class RecordedTower:
+    """The image half of an encoder, for queries: the index's recorded tower on its runtime.
+
+    Attributes:
+        name: the query model, as the index names it.
+        family: the checkpoint's family (what :class:`~.query.QueryEncoders` checks).
+        fingerprint: the weights' fingerprint (checked equal to the index's before opening).
+        dim: the vectors' dimension (the probe vector's).
+        runtime: ``openvino`` or ``onnxruntime``.
+        mode: ``fp32`` or ``int8``.
+        tower: ``(N, 3, H, W)`` pixel values -> ``(N, dim)`` normalised vectors.
+    """
+
+    name: str
+    family: Family
+    fingerprint: str
+    dim: int
+    runtime: str
+    mode: str
+    tower: Tower
+    backend: str = "hf"
+
+    def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
+        """``(N, dim)`` L2-normalised float32 vectors of preprocessed images."""
+        return self.tower(pixel_values)
+
+    def describe(self) -> str:
+        """One line for ``info``: what runs image queries."""
+        return f"{self.mode} image tower on {RUNTIMES[self.runtime].label}, reopened from its remembered checks"
+
+
+def open_recorded(manifest: Manifest, model: str, device: str) -> RecordedTower | str:
+    """The index's recorded image tower, reopened without torch's model, or why it cannot be.
+
+    Args:
+        manifest: the index's manifest (``model_info`` says the mode, runtime and input size).
+        model: the query model (the index's unless another was named).
+        device: the device asked for: ``auto`` and ``cpu`` run on the CPU, as the runtimes do.
+
+    Never raises for a tower it cannot reopen: the reason comes back, and the full encoder,
+    which raises with the right message where there is one, takes over.
+    """
+    info: dict[str, Any] = dict(manifest.model_info)
+    runtime, mode = info.get("image_runtime"), info.get("precision")
+    if manifest.backend != "hf" or model.startswith("open_clip:"):
+        return f"{manifest.backend} models embed images with torch"
+    if device not in ("auto", "cpu"):
+        return f"--device {device} runs images with torch"
+    if runtime not in RUNTIMES or mode not in RUNTIME_MODES:
+        return f"the index's images were embedded with {runtime or 'torch'} in {mode or 'fp32'}"
+    if "max_num_patches" in info:
+        return "NaFlex towers run on torch"
+    choice = runtime_choice()
+    if choice not in ("auto", runtime):
+        return f"{choice} asked for (CLIPSEARCH_IMAGE_RUNTIME)"
+    planned = ImageRuntime(model, lambda: None, True, mode)
+    planned.follow(runtime)
+    if planned.first != runtime:
+        return f"{mode} towers do not run on {runtime} on this CPU"
+    spec = RUNTIMES[runtime]
+    missing = (spec.int8_missing if mode == "int8" and spec.int8_missing else spec.missing)()
+    if missing is not None:
+        return f"{runtime} is not installed ({missing})"
+    try:
+        return _reopen(manifest, model, runtime, mode, int(info.get("embed_image_size") or info["image_size"]))
+    except (KeyError, TypeError, ValueError) as exc:
+        return f"the index's model_info lacks what reopening needs ({exc})"
+    except ModelLoadError as exc:
+        return str(exc)
+
+
+def _reopen(manifest: Manifest, model: str, runtime: str, mode: str, image_size: int) -> RecordedTower | str:
+    from .hf.checkpoint import cached_checkpoint
+
+    found = cached_checkpoint(model)
+    if found is None:
+        return f"{model} is not a local checkpoint or in the local Hugging Face cache"
+    name, directory = found
+    family = FAMILIES.get(read_model_type(directory, name) or "")
+    if family is None or family.naflex:
+        return f"{name} is not of a family whose towers the runtimes run"
+    # Hashing the weights releases the GIL: it runs while torch imports.
+    with ThreadPoolExecutor(max_workers=1) as pool:
+        hashing = pool.submit(checkpoint_fingerprint, directory)
+        import torch  # noqa: F401  (the towers and the preprocessing run on it)
+
+        from .runtime import checks
+        from .runtime.export import cache_dir, export_key
+
+        fingerprint = hashing.result()
+    if fingerprint != manifest.model_fingerprint:
+        return "the query model's weights are not the index's"
+    spec = RUNTIMES[runtime]
+    export: Path = cache_dir() / export_key(fingerprint, image_size)
+    tower_file = spec.tower_file(export, mode)
+    if not (export.is_file() and tower_file.is_file()):
+        return f"no cached {mode} tower for {name} at {image_size} px"
+    passed = checks.lookup(checks.check_key(runtime, spec.version(), mode, tower_file))
+    if passed is None:
+        return f"this machine has no remembered checks of the {mode} tower on {spec.label} at these settings"
+    if mode == "int8":
+        assert spec.load_int8 is not None  # RUNTIMES with an int8_file have an int8 tower
+        tower = spec.load_int8(export, passed.int8_group)
+    else:
+        tower = spec.load(export)
+    probe = tower(checks.probe_pixels(image_size))[0]
+    if probe.shape != passed.probe.shape or not np.array_equal(probe, passed.probe):
+        return f"the {mode} tower on {spec.label} no longer gives the remembered probe vector"
+    return RecordedTower(name, family, fingerprint, int(probe.shape[0]), runtime, mode, tower)
+
+
+__all__ = ["RecordedTower", "open_recorded"]

@@ -1,0 +1,221 @@
+"""Image queries on an index's recorded tower, reopened without torch's model
+(retrieval.encoders.recorded_tower): the same vectors bit for bit as the full encoder, a cold
+process that imports neither transformers nor torchvision, and every case where the full
+encoder must take over (nothing remembered, a probe that no longer matches, an unreadable
+memory, the runtime or the model named otherwise)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed")
+pytest.importorskip("torch")
+
+from imagegen import make_jpegs  # noqa: E402
+
+from indexer import build_index  # noqa: E402
+from retrieval import ImageIndex  # noqa: E402
+from retrieval.encoders import cpu  # noqa: E402
+from retrieval.encoders import runtime as R  # noqa: E402
+from retrieval.encoders.recorded_tower import RecordedTower, open_recorded  # noqa: E402
+from retrieval.encoders.runtime import checks as C  # noqa: E402
+from retrieval.encoders.runtime import export as E  # noqa: E402
+from retrieval.encoders.runtime import image as IR  # noqa: E402
+from retrieval.errors import ModelMismatchError  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    root = tmp_path_factory.mktemp("recorded") / "photos"
+    make_jpegs(root, 6, size=(160, 120))
+    return root
+
+
+@pytest.fixture(autouse=True)
+def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(E.ONNX_CACHE_ENV, str(tmp_path_factory.getbasetemp() / "onnx-cache-recorded"))
+    monkeypatch.delenv(R.RUNTIME_ENV, raising=False)
+
+
+def _built(model: Path, photos: Path, dest: Path, precision: str = "fp32") -> ImageIndex:
+    """An index whose images ran on a runtime (its checks remembered); skips where none passed here."""
+    build_index(photos, dest, model=str(model), workers=0, device="cpu", precision=precision)
+    index = ImageIndex.open(dest)
+    runtime = index.manifest.model_info.get("image_runtime")
+    if runtime not in IR.RUNTIMES:
+        pytest.skip(f"no runtime runs the {precision} tower on this CPU ({runtime}: {index.manifest.model_info.get('image_runtime_note')})")
+    return index
+
+
+def _full_path_vector(dest: Path, image: Path, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:
+    with monkeypatch.context() as mp:
+        mp.setenv(C.CHECKS_ENV, "off")
+        index = ImageIndex.open(dest)
+        vector = index.embed_image(image)
+        assert index.image_path()["tower"] == "encoder"
+    return vector
+
+
+def test_an_image_query_reopens_the_recorded_tower_and_matches_the_full_encoder(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = _built(tiny_model, photos, tmp_path / "a.idx")
+    image = index.source_file(2)
+    hit = index.search_image(image, k=1)[0]
+    path = index.image_path()
+    assert path["tower"] == "recorded" and index._queries.loaded_encoder is None, path
+    assert isinstance(index._queries.image_encoder, RecordedTower)
+    assert hit.id == 2 and hit.score == pytest.approx(1.0, abs=1e-6)
+    vector = index.embed_image(image)
+    assert np.array_equal(vector, _full_path_vector(tmp_path / "a.idx", image, monkeypatch))
+    assert np.array_equal(vector[0], index.embeddings()[2])
+
+
+def test_a_cold_process_needs_neither_transformers_nor_torchvision(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = _built(tiny_model, photos, tmp_path / "c.idx")
+    image = index.source_file(1)
+    script = (
+        "import sys, json; from retrieval import ImageIndex; "
+        f"i = ImageIndex.open({str(tmp_path / 'c.idx')!r}); v = i.embed_image({str(image)!r}); "
+        "print(json.dumps({'v': [float(x) for x in v[0]], 'path': i.image_path(), "
+        "'modules': [m for m in ('transformers', 'torchvision', 'torch._dynamo') if m in sys.modules]}))"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    out = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, env=env, check=True, timeout=300)
+    got = json.loads(out.stdout.strip().splitlines()[-1])
+    assert got["path"]["tower"] == "recorded" and got["modules"] == [], got
+    expected = _full_path_vector(tmp_path / "c.idx", image, monkeypatch)[0]
+    assert np.array_equal(np.asarray(got["v"], dtype=np.float32), expected)
+
+
+def test_the_cli_answers_the_same_from_the_recorded_tower(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
+    index = _built(tiny_model, photos, tmp_path / "cli.idx")
+    image = str(index.source_file(3))
+
+    def search(*env: tuple[str, str]) -> list[dict[str, object]]:
+        run_env = {**os.environ, "PYTHONPATH": str(ROOT), **dict(env)}
+        cmd = [sys.executable, "-m", "clipsearch", "search", str(tmp_path / "cli.idx"), "--image", image, "--json"]
+        out = subprocess.run(cmd, capture_output=True, text=True, env=run_env, check=True, timeout=300)
+        return list(json.loads(out.stdout)["results"])
+
+    recorded, full = search(), search((C.CHECKS_ENV, "off"))
+    assert recorded == full and recorded[0]["path"] == Path(image).name
+
+
+def test_without_remembered_checks_the_full_encoder_runs_and_remembers_them(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = _built(tiny_model, photos, tmp_path / "n.idx")
+    image = index.source_file(0)
+    monkeypatch.setenv(C.CHECKS_ENV, str(tmp_path / "fresh.json"))  # another machine's memory: empty
+    first = ImageIndex.open(tmp_path / "n.idx")
+    v1 = first.embed_image(image)
+    assert first.image_path()["tower"] == "encoder"
+    assert "no remembered checks" in str(first.image_path()["reason"])
+    second = ImageIndex.open(tmp_path / "n.idx")  # the full encoder's checks were remembered
+    assert np.array_equal(second.embed_image(image), v1)
+    assert second.image_path()["tower"] == "recorded"
+
+
+def test_a_probe_that_no_longer_matches_or_an_unreadable_memory_sends_it_to_the_full_encoder(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = _built(tiny_model, photos, tmp_path / "p.idx")
+    image = index.source_file(4)
+    expected = _full_path_vector(tmp_path / "p.idx", image, monkeypatch)
+    memory = Path(os.environ[C.CHECKS_ENV])
+    data = json.loads(memory.read_text())
+    for entry in data.values():
+        entry["probe"][0] = float(np.nextafter(np.float32(entry["probe"][0]), np.float32(2)))
+    memory.write_text(json.dumps(data))
+    tampered = ImageIndex.open(tmp_path / "p.idx")
+    assert np.array_equal(tampered.embed_image(image), expected)
+    assert "no longer gives the remembered probe vector" in str(tampered.image_path()["reason"])
+
+    memory.write_text("{not json")
+    broken = ImageIndex.open(tmp_path / "p.idx")
+    assert np.array_equal(broken.embed_image(image), expected)
+    assert broken.image_path()["tower"] == "encoder"
+    assert isinstance(json.loads(memory.read_text()), dict)  # rewritten by the full encoder's checks
+
+
+def test_settings_that_leave_image_queries_to_the_full_encoder(
+    tiny_model: Path, other_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = _built(tiny_model, photos, tmp_path / "s.idx")
+    manifest, model = index.manifest, str(tiny_model)
+    assert isinstance(open_recorded(manifest, model, "cpu"), RecordedTower)
+    assert "runs images with torch" in str(open_recorded(manifest, model, "cuda"))
+    assert "not the index's" in str(open_recorded(manifest, str(other_model), "auto"))
+    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
+    assert "torch asked for" in str(open_recorded(manifest, model, "auto"))
+    # Another model named for queries is still refused by the full encoder, with its message.
+    monkeypatch.delenv(R.RUNTIME_ENV)
+    with pytest.raises(ModelMismatchError, match="model mismatch"):
+        ImageIndex.open(tmp_path / "s.idx", model=str(other_model)).search_image(index.source_file(0), k=1)
+
+
+def test_an_index_embedded_on_torch_is_not_reopened(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
+    build_index(photos, tmp_path / "t.idx", model=str(tiny_model), workers=0, device="cpu", precision="fp32")
+    monkeypatch.delenv(R.RUNTIME_ENV)
+    index = ImageIndex.open(tmp_path / "t.idx")
+    hit = index.search_image(index.source_file(1), k=1)[0]
+    assert hit.id == 1 and index.image_path()["tower"] == "encoder"
+    assert "embedded with torch" in str(index.image_path()["reason"])
+
+
+@pytest.mark.skipif(
+    bool(R.openvino_int8_missing()) or not cpu.at_least(IR.INT8_LEVEL),
+    reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU with AVX-512 VNNI or AMX",
+)
+def test_an_int8_index_on_openvino_is_reopened_bit_for_bit(
+    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    index = _built(tiny_model, photos, tmp_path / "i8.idx", precision="int8")
+    image = index.source_file(5)
+    vector = index.embed_image(image)
+    assert index.image_path()["tower"] == "recorded"
+    assert np.array_equal(vector, _full_path_vector(tmp_path / "i8.idx", image, monkeypatch))
+    assert np.array_equal(vector[0], index.embeddings()[5])
+
+
+def test_an_update_with_the_same_tower_shares_it(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
+    files = sorted(p.name for p in photos.iterdir())
+    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="fp32")
+    build_index(photos, tmp_path / "u.idx", files=files[:3], **common)
+    if ImageIndex.open(tmp_path / "u.idx").manifest.model_info.get("image_runtime") not in IR.RUNTIMES:
+        pytest.skip("no runtime runs the fp32 tower on this CPU")
+    index = ImageIndex.open(tmp_path / "u.idx")
+    index.search_image(index.source_file(0), k=1)
+    build_index(photos, tmp_path / "u.idx", **common)
+    later = index.reopen()
+    assert later is not index and later._queries.image_encoder is index._queries.image_encoder
+    later.search_image(later.source_file(4), k=1)
+    assert later.image_path()["tower"] == "recorded"
+
+
+def test_the_memory_ignores_a_path_it_cannot_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    monkeypatch.setenv(C.CHECKS_ENV, str(blocker / "checks.json"))  # its parent is a file
+    C.record("k", C.PassedChecks({"images": 1.0}, np.ones(3, dtype=np.float32)))
+    assert C.lookup("k") is None
+    monkeypatch.setenv(C.CHECKS_ENV, str(tmp_path / "ok.json"))
+    probe = np.asarray([0.1, -1e-8, 3.4028235e38], dtype=np.float32)
+    C.record("k", C.PassedChecks({"images": 1.0}, probe, 768))
+    got = C.lookup("k")
+    assert got is not None and np.array_equal(got.probe, probe) and got.int8_group == 768
