@@ -11,7 +11,11 @@ A B C D E, ... after one warm-up round, so drift hits all commands alike):
   ``search`` is the set-up that ``retrieval.encoders.numpy_text.path.ONE_SHOT_TEXTS`` weighs;
 * ``search (torch)``: the same with ``CLIPSEARCH_TEXT_PATH=torch --precision fp32``, i.e. the
   transformers text tower every search used before;
-* ``search --image``: an image query (vision tower, torch);
+* ``search --image``: an image query, on the tower the index recorded (OpenVINO, ONNX Runtime
+  or torch), reopened without torch's model where this machine remembers its checks
+  (``retrieval.encoders.recorded_tower``; the build that made the index remembered them);
+* ``search --image (full)``: the same with ``CLIPSEARCH_RUNTIME_CHECKS=off``: the full encoder
+  (transformers, torch's tower, the checks) before the tower runs, as before that;
 * ``info``: ``clipsearch info INDEX``;
 * ``hf script``: the minimal Hugging Face script for the same query (import transformers, load
   ``CLIPTextModelWithProjection`` and the tokenizer, encode the text), the baseline of issue 21.
@@ -45,6 +49,7 @@ from typing import Any
 from _common import ROOT, machine_facts
 
 from clipsearch.cli import int_at_least
+from retrieval.encoders.runtime.checks import CHECKS_ENV
 
 DEMO_MODEL = ROOT / "data" / "models" / "demo-clip"
 DEMO_PHOTOS = ROOT / "data" / "demo"
@@ -175,6 +180,9 @@ def commands_for(index: Path, model: Path, query: str, image: Path) -> list[Comm
         Command("search (int8)", (*cli, "search", str(index), query, "--precision", "int8")),
         Command("search (torch)", (*cli, "search", str(index), query, "--precision", "fp32"), (("CLIPSEARCH_TEXT_PATH", "torch"),)),
         Command("search --image", (*cli, "search", str(index), "--image", str(image))),
+        # The same query with the runtime's checks not remembered: the full encoder (transformers,
+        # torch's tower, the checks) before the tower runs, as every image query did before.
+        Command("search --image (full)", (*cli, "search", str(index), "--image", str(image)), ((CHECKS_ENV, "off"),)),
         Command("info", (*cli, "info", str(index))),
         Command("hf script", (sys.executable, "-c", HF_SCRIPT, str(model), query)),
     ]
