@@ -196,11 +196,11 @@ def print_table(result: dict[str, Any]) -> None:
         f"{result['runs']} runs after {result['warmup']} warm-up, query {result['query']!r}; "
         f"text path: {result['text_path']['path']}"
     )
-    print(f"{'command':<16} {'wall p50 s':>10} {'min':>7} {'max':>7} {'peak MB':>8} {'x HF script':>11}")
+    print(f"{'command':<22} {'wall p50 s':>10} {'min':>7} {'max':>7} {'peak MB':>8} {'x HF script':>11}")
     for name, row in rows.items():
         w = row["wall_s"]
         print(
-            f"{name:<16} {w['median']:>10.3f} {w['min']:>7.3f} {w['max']:>7.3f} "
+            f"{name:<22} {w['median']:>10.3f} {w['min']:>7.3f} {w['max']:>7.3f} "
             f"{row['peak_rss_mb']['median']:>8.0f} {w['median'] / hf:>11.2f}"
         )
     goal = result["goal"]
