@@ -328,6 +328,8 @@ def test_an_index_made_on_torch_is_queried_on_torch(
     hit = index.search_image(index.source_file(2), k=1)[0]
     assert hit.id == 2 and hit.score == pytest.approx(1.0, abs=1e-6)
     assert index.encoder.info["image_runtime"] == "torch"  # type: ignore[attr-defined]
+    # Not reopened as a recorded tower (retrieval.encoders.recorded_tower): the full encoder ran it.
+    assert index.image_path()["tower"] == "encoder" and "embedded with torch" in str(index.image_path()["reason"])
 
 
 @pytest.mark.parametrize(

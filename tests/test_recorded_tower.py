@@ -166,18 +166,6 @@ def test_settings_that_leave_image_queries_to_the_full_encoder(
         ImageIndex.open(tmp_path / "s.idx", model=str(other_model)).search_image(index.source_file(0), k=1)
 
 
-def test_an_index_embedded_on_torch_is_not_reopened(
-    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
-    build_index(photos, tmp_path / "t.idx", model=str(tiny_model), workers=0, device="cpu", precision="fp32")
-    monkeypatch.delenv(R.RUNTIME_ENV)
-    index = ImageIndex.open(tmp_path / "t.idx")
-    hit = index.search_image(index.source_file(1), k=1)[0]
-    assert hit.id == 1 and index.image_path()["tower"] == "encoder"
-    assert "embedded with torch" in str(index.image_path()["reason"])
-
-
 @pytest.mark.skipif(
     bool(R.openvino_int8_missing()) or not cpu.at_least(IR.INT8_LEVEL),
     reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU with AVX-512 VNNI or AMX",

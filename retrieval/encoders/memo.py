@@ -17,6 +17,20 @@ from pathlib import Path
 from typing import Any
 
 
+def memo_file(env: str, default: Path) -> Path | None:
+    """The file ``$env`` names (``off``: none), else ``default``."""
+    explicit = os.environ.get(env, "").strip()
+    if explicit.lower() == "off":
+        return None
+    return Path(explicit).expanduser() if explicit else default
+
+
+def user_cache() -> Path:
+    """clipsearch's folder in the user's cache: ``$XDG_CACHE_HOME/clipsearch``, else ``~/.cache/clipsearch``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "clipsearch"
+
+
 class JsonMemo:
     """Entries (JSON objects) under string keys in the file ``locate()`` names (None: off).
 
@@ -68,4 +82,4 @@ class JsonMemo:
             return
 
 
-__all__ = ["JsonMemo"]
+__all__ = ["JsonMemo", "memo_file", "user_cache"]

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from .. import cpu
-from ..memo import JsonMemo
+from ..memo import JsonMemo, memo_file, user_cache
 from ..precision import GATE_K, GATE_MEAN_COSINE, GATE_MIN_COSINE, GATE_TOPK_OVERLAP, GateResult, gate_results_from_info
 
 GATE_CACHE_ENV = "CLIPSEARCH_GATE_CACHE"
@@ -51,13 +51,7 @@ class GateOutcome:
 
 def cache_file() -> Path | None:
     """Where outcomes are kept (None: the cache is off)."""
-    explicit = os.environ.get(GATE_CACHE_ENV, "").strip()
-    if explicit.lower() == "off":
-        return None
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "clipsearch" / "text-precision.json"
+    return memo_file(GATE_CACHE_ENV, user_cache() / "text-precision.json")
 
 
 def gate_key(fingerprint: str) -> str:

@@ -18,7 +18,6 @@ Never inside an index directory: readers do not write there.
 from __future__ import annotations
 
 import hashlib
-import os
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -26,7 +25,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from .. import cpu
-from ..memo import JsonMemo
+from ..memo import JsonMemo, memo_file
 from .export import cache_dir
 
 if TYPE_CHECKING:
@@ -39,12 +38,7 @@ _VERSION = 1
 
 def checks_file() -> Path | None:
     """Where passed checks are kept (None: not kept)."""
-    explicit = os.environ.get(CHECKS_ENV, "").strip()
-    if explicit.lower() == "off":
-        return None
-    if explicit:
-        return Path(explicit).expanduser()
-    return cache_dir() / "checks.json"
+    return memo_file(CHECKS_ENV, cache_dir() / "checks.json")
 
 
 _MEMO = JsonMemo(checks_file)

@@ -30,11 +30,10 @@ OPSET = 17
 
 def cache_dir() -> Path:
     """Where exported towers are kept (created on first export)."""
+    from ..memo import user_cache
+
     explicit = os.environ.get(ONNX_CACHE_ENV, "").strip()
-    if explicit:
-        return Path(explicit).expanduser()
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "clipsearch" / "onnx"
+    return Path(explicit).expanduser() if explicit else user_cache() / "onnx"
 
 
 def export_key(fingerprint: str, image_size: int, tower: str = "vision") -> str:
