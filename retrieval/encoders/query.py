@@ -182,7 +182,10 @@ class QueryEncoders:
             ImageDecodeError: the image cannot be decoded.
         """
         encoder = self.image_encoder
-        pixels, _, _ = load_pixels(image, PreprocessConfig.from_dict(self.manifest.preprocess), max_pixels=DEFAULT_MAX_PIXELS)
+        cfg = PreprocessConfig.from_dict(self.manifest.preprocess)
+        if isinstance(encoder, RecordedTower):
+            return encoder.embed_image(image, cfg)  # in numpy where that is torch's result: no torch
+        pixels, _, _ = load_pixels(image, cfg, max_pixels=DEFAULT_MAX_PIXELS)
         return encoder.embed_pixels(pixels[None])
 
     @property

@@ -14,16 +14,21 @@ reason, and the caller uses the full encoder, which runs the checks and remember
 
 from __future__ import annotations
 
+import os
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, BinaryIO
 
 import numpy as np
 
 from ..errors import ModelLoadError
+from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
+from ..images.preprocess_numpy import load_pixels_array, numpy_preprocessing
+from . import cpu
 from .hf.checkpoint import checkpoint_fingerprint, read_model_type
 from .hf.family import FAMILIES, Family
-from .runtime import runtime_choice
+from .runtime import checks, runtime_choice
+from .runtime.export import cache_dir, export_key
 from .runtime.image import RUNTIME_MODES, RUNTIMES, ImageRuntime, Tower
 
 if TYPE_CHECKING:
@@ -57,13 +62,38 @@ class RecordedTower:
     tower: Tower
     backend: str = "hf"
 
-    def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
+    def embed_pixels(self, pixel_values: torch.Tensor | np.ndarray) -> np.ndarray:
         """``(N, dim)`` L2-normalised float32 vectors of preprocessed images."""
         return self.tower(pixel_values)
+
+    def embed_image(self, source: str | bytes | os.PathLike[str] | BinaryIO, cfg: PreprocessConfig) -> np.ndarray:
+        """The ``(1, dim)`` vector of an image file, preprocessed by ``cfg`` in numpy where that
+        is torch's result bit for bit (:func:`numpy_pixels`), else in torch.
+
+        Raises:
+            ImageDecodeError: the image cannot be decoded.
+        """
+        if numpy_pixels(cfg):
+            return self.tower(load_pixels_array(source, cfg, max_pixels=DEFAULT_MAX_PIXELS)[None])
+        pixels, _, _ = load_pixels(source, cfg, max_pixels=DEFAULT_MAX_PIXELS)
+        return self.tower(pixels[None])
 
     def describe(self) -> str:
         """One line for ``info``: what runs image queries."""
         return f"{self.mode} image tower on {RUNTIMES[self.runtime].label}, reopened from its remembered checks"
+
+
+def numpy_pixels(cfg: PreprocessConfig) -> bool:
+    """Whether :mod:`retrieval.images.preprocess_numpy` gives torch's pixels for ``cfg`` here:
+    bicubic everywhere torch's uint8 kernels run; bilinear only where torchvision takes torch's
+    native uint8 kernel too (x86 CPUs with AVX2, torch's dispatch not lowered to ``default``),
+    as elsewhere it resizes through float32."""
+    if not numpy_preprocessing(cfg):
+        return False
+    if cfg.resample == "bicubic":
+        return True
+    native = cpu.rank(cpu.level_of_flags(cpu.cpu_flags())) >= cpu.rank("avx2")
+    return native and os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() != "default"
 
 
 def open_recorded(manifest: Manifest, model: str, device: str) -> RecordedTower | str:
@@ -116,23 +146,19 @@ def _reopen(manifest: Manifest, model: str, runtime: str, mode: str, image_size:
     family = FAMILIES.get(read_model_type(directory, name) or "")
     if family is None or family.naflex:
         return f"{name} is not of a family whose towers the runtimes run"
-    # Hashing the weights releases the GIL: it runs while torch imports.
+    # Hashing the weights releases the GIL: it runs while the runtime imports.
     with ThreadPoolExecutor(max_workers=1) as pool:
         hashing = pool.submit(checkpoint_fingerprint, directory)
-        import torch  # noqa: F401  (the towers and the preprocessing run on it)
-
-        from .runtime import checks
-        from .runtime.export import cache_dir, export_key
-
+        spec = RUNTIMES[runtime]
+        version = spec.version()
         fingerprint = hashing.result()
     if fingerprint != manifest.model_fingerprint:
         return "the query model's weights are not the index's"
-    spec = RUNTIMES[runtime]
     export: Path = cache_dir() / export_key(fingerprint, image_size)
     tower_file = spec.tower_file(export, mode)
     if not (export.is_file() and tower_file.is_file()):
         return f"no cached {mode} tower for {name} at {image_size} px"
-    passed = checks.lookup(checks.check_key(runtime, spec.version(), mode, tower_file))
+    passed = checks.lookup(checks.check_key(runtime, version, mode, tower_file))
     if passed is None:
         return f"this machine has no remembered checks of the {mode} tower on {spec.label} at these settings"
     if mode == "int8":
@@ -146,4 +172,4 @@ def _reopen(manifest: Manifest, model: str, runtime: str, mode: str, image_size:
     return RecordedTower(name, family, fingerprint, int(probe.shape[0]), runtime, mode, tower)
 
 
-__all__ = ["RecordedTower", "open_recorded"]
+__all__ = ["RecordedTower", "numpy_pixels", "open_recorded"]

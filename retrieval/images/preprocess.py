@@ -189,27 +189,32 @@ def resize(images: torch.Tensor, size: tuple[int, int], resample: str) -> torch.
     return out.reshape((*shape[:-3], channels, *size))
 
 
+def crop_plan(height: int, width: int, size: tuple[int, int], rounding: str = "floor") -> tuple[tuple[int, int, int, int], int, int]:
+    """Where the center crop to ``size`` (height, width) cuts an image of ``height`` x
+    ``width``: the padding first added around a smaller image (left, top, right, bottom), as
+    the references (transformers and torchvision alike) add it, and the crop's top and left
+    in the padded image."""
+    crop_h, crop_w = size
+    left, top = (crop_w - width) // 2 if crop_w > width else 0, (crop_h - height) // 2 if crop_h > height else 0
+    right = (crop_w - width + 1) // 2 if crop_w > width else 0
+    bottom = (crop_h - height + 1) // 2 if crop_h > height else 0
+    height, width = height + top + bottom, width + left + right
+    if rounding == "round":
+        # torchvision's CenterCrop: round half to even, so an odd margin of 3 puts 2 on top.
+        return (left, top, right, bottom), int(round((height - crop_h) / 2.0)), int(round((width - crop_w) / 2.0))
+    return (left, top, right, bottom), int((height - crop_h) / 2.0), int((width - crop_w) / 2.0)
+
+
 def _center_crop(images: torch.Tensor, size: tuple[int, int], rounding: str = "floor", fill: int = 0) -> torch.Tensor:
     from torch.nn.functional import pad
 
-    crop_h, crop_w = size
-    height, width = images.shape[-2:]
-    if crop_w > width or crop_h > height:
-        # Pad like the references (transformers and torchvision alike), then crop the center.
-        left, top = (crop_w - width) // 2 if crop_w > width else 0, (crop_h - height) // 2 if crop_h > height else 0
-        right = (crop_w - width + 1) // 2 if crop_w > width else 0
-        bottom = (crop_h - height + 1) // 2 if crop_h > height else 0
+    (left, top_pad, right, bottom), top, crop_left = crop_plan(int(images.shape[-2]), int(images.shape[-1]), size, rounding)
+    if left or top_pad or right or bottom:
         lead = images.shape[:-3]
         flat = images.reshape(-1, *images.shape[-3:])
-        padded = pad(flat, [left, right, top, bottom], mode="constant", value=float(fill))
+        padded = pad(flat, [left, right, top_pad, bottom], mode="constant", value=float(fill))
         images = padded.reshape(*lead, *padded.shape[-3:])
-        height, width = images.shape[-2:]
-    if rounding == "round":
-        # torchvision's CenterCrop: round half to even, so an odd margin of 3 puts 2 on top.
-        top, left = int(round((height - crop_h) / 2.0)), int(round((width - crop_w) / 2.0))
-    else:
-        top, left = int((height - crop_h) / 2.0), int((width - crop_w) / 2.0)
-    return images[..., top : top + crop_h, left : left + crop_w]
+    return images[..., top : top + size[0], crop_left : crop_left + size[1]]
 
 
 def pil_to_tensor(img: Image.Image) -> torch.Tensor:

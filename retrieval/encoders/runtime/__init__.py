@@ -34,7 +34,9 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from typing import Literal, TypeVar
+from typing import Any, Literal, TypeVar
+
+import numpy as np
 
 from ...errors import InvalidArgumentError, ModelLoadError
 from ..base import first_line
@@ -84,6 +86,26 @@ def _env_choice(name: str, choices: tuple[_Choice, ...], what: str) -> _Choice:
         if value == known:
             return known
     raise InvalidArgumentError(f"{name}={value!r} is not {what}; use one of {', '.join(choices)}")
+
+
+def tower_threads() -> int:
+    """Threads a runtime's tower runs on when not told: torch's count where torch is imported
+    (what ``--threads`` sets), else the cores this process may use."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        return int(torch.get_num_threads())
+    from ..cpu import usable_cores
+
+    return usable_cores()
+
+
+def as_float32(pixel_values: Any) -> np.ndarray:
+    """Pixel values (a torch tensor on any device, or an array) as a C-contiguous float32 array."""
+    if not isinstance(pixel_values, np.ndarray):
+        pixel_values = pixel_values.detach().float().cpu().numpy()  # float() first: bf16 has no numpy type
+    return np.ascontiguousarray(pixel_values, dtype=np.float32)
 
 
 def packages_missing(*packages: str) -> str | None:

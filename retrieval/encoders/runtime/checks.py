@@ -20,16 +20,13 @@ from __future__ import annotations
 import hashlib
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import numpy as np
 
 from .. import cpu
 from ..memo import JsonMemo, memo_file
 from .export import cache_dir
-
-if TYPE_CHECKING:
-    import torch
 
 CHECKS_ENV = "CLIPSEARCH_RUNTIME_CHECKS"
 # Bumped when what is checked, or the probe, changes.
@@ -67,12 +64,10 @@ def check_key(runtime: str, version: str, mode: str, tower_file: Path) -> str:
     return f"v{_VERSION}|{runtime}={version}|{mode}|{tower_file.name}|level={cpu.cpu_level()}|cpu={_cpu_identity()}"
 
 
-def probe_pixels(image_size: int) -> torch.Tensor:
+def probe_pixels(image_size: int) -> np.ndarray:
     """The fixed probe input: one image of normalised pixels, the same in every process."""
-    import torch
-
     rng = np.random.default_rng(20261205)
-    return torch.from_numpy(rng.standard_normal((1, 3, image_size, image_size)).astype(np.float32))
+    return rng.standard_normal((1, 3, image_size, image_size)).astype(np.float32)
 
 
 @dataclass(frozen=True)

@@ -36,11 +36,34 @@ def cache_dir() -> Path:
     return Path(explicit).expanduser() if explicit else user_cache() / "onnx"
 
 
-def export_key(fingerprint: str, image_size: int, tower: str = "vision") -> str:
-    """A file name for one export: weights, input size, torch version, export version."""
+def torch_version() -> str:
+    """``torch.__version__`` (with its local part, ``+cu130``), read without importing torch
+    where it is not imported yet: a process that finds an export needs no torch."""
+    import sys
+
+    if "torch" in sys.modules:
+        return str(sys.modules["torch"].__version__)
+    import importlib.util
+    import re
+
+    spec = importlib.util.find_spec("torch")
+    locations = list(spec.submodule_search_locations or []) if spec is not None else []
+    for folder in locations:
+        try:
+            text = (Path(folder) / "version.py").read_text(encoding="utf-8")
+        except OSError:
+            continue
+        match = re.search(r"^__version__\s*=\s*['\"]([^'\"]+)['\"]", text, re.MULTILINE)
+        if match:
+            return match.group(1)
     import torch
 
-    raw = f"v{EXPORT_VERSION}|{tower}|{fingerprint}|{image_size}|torch={torch.__version__}|opset={OPSET}"
+    return str(torch.__version__)
+
+
+def export_key(fingerprint: str, image_size: int, tower: str = "vision") -> str:
+    """A file name for one export: weights, input size, torch version, export version."""
+    raw = f"v{EXPORT_VERSION}|{tower}|{fingerprint}|{image_size}|torch={torch_version()}|opset={OPSET}"
     return f"{tower}-{image_size}-{hashlib.sha256(raw.encode()).hexdigest()[:20]}.onnx"
 
 
@@ -228,4 +251,5 @@ __all__ = [
     "export_text",
     "export_vision",
     "text_export_key",
+    "torch_version",
 ]

@@ -50,7 +50,7 @@ if TYPE_CHECKING:
 
 LOG = logging.getLogger(__package__)
 
-Tower = Callable[["torch.Tensor"], np.ndarray]
+Tower = Callable[["torch.Tensor | np.ndarray"], np.ndarray]
 
 
 # An int8 tower must agree this closely with the torch int8 tower, image by image (both are

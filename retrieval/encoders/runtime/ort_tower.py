@@ -14,6 +14,7 @@ import numpy as np
 
 from ...errors import ModelLoadError
 from ..base import first_line, l2_normalize
+from . import as_float32, tower_threads
 
 if TYPE_CHECKING:
     import torch
@@ -48,15 +49,11 @@ class OrtImageTower:
     """
 
     def __init__(self, path: Path, threads: int | None = None) -> None:
-        import torch
-
-        self.session = cpu_session(path, threads or torch.get_num_threads())
+        self.session = cpu_session(path, threads or tower_threads())
         self.path = path
         self.input_name = self.session.get_inputs()[0].name
 
-    def __call__(self, pixel_values: torch.Tensor) -> np.ndarray:
-        import torch
-
-        values = pixel_values.to("cpu", torch.float32).contiguous().numpy()
+    def __call__(self, pixel_values: torch.Tensor | np.ndarray) -> np.ndarray:
+        values = as_float32(pixel_values)
         out = self.session.run(None, {self.input_name: values})[0]
         return l2_normalize(out)

@@ -41,6 +41,7 @@ import numpy as np
 
 from ...errors import ModelLoadError
 from ..base import first_line, l2_normalize
+from . import as_float32, tower_threads
 
 if TYPE_CHECKING:
     import torch
@@ -190,17 +191,13 @@ class OvImageTower:
     """
 
     def __init__(self, path: Path, threads: int | None = None, int8_group: int = 0) -> None:
-        import torch
-
-        self.compiled = compile_tower(path, threads or torch.get_num_threads(), int8_group)
+        self.compiled = compile_tower(path, threads or tower_threads(), int8_group)
         self.path = path
         self._idle: list[Any] = []
         self._lock = threading.Lock()
 
-    def __call__(self, pixel_values: torch.Tensor) -> np.ndarray:
-        import torch
-
-        values = pixel_values.to("cpu", torch.float32).contiguous().numpy()
+    def __call__(self, pixel_values: torch.Tensor | np.ndarray) -> np.ndarray:
+        values = as_float32(pixel_values)
         with self._lock:
             request = self._idle.pop() if self._idle else self.compiled.create_infer_request()
         try:
