@@ -44,7 +44,7 @@ def apply_precision(enc: Encoder, precision: Precision) -> None:
 
 
 def _runtime_pending(enc: Encoder) -> bool:
-    """Whether the fp32 or int8 tower has still to choose its runtime (torch, OpenVINO or ONNX
+    """Whether the fp32, bf16 or int8 tower has still to choose its runtime (torch, OpenVINO or ONNX
     Runtime, on the sample, before the manifest records which): backends without that choice
     have none."""
     runtimes = getattr(enc, "image_runtimes", None)
@@ -61,13 +61,13 @@ def resolve(
     draft: bool,
     keep_recorded: bool = False,
 ) -> None:
-    """Resolve an ``auto`` image precision before embedding, and for fp32 and int8 the runtime
+    """Resolve an ``auto`` image precision before embedding, and for fp32, bf16 and int8 the runtime
     that runs it (on the same sample); a no-op for any other fixed mode.
 
     With ``keep_recorded`` (no mode asked for) an update of an index asks for the mode its
     manifest records (fp32 for an index from before precision modes), so all its vectors are
-    made alike, and asks first for the runtime it records (torch for an int8 index from before
-    runtimes were recorded for int8). An update reuses the mode a
+    made alike, and asks first for the runtime it records (torch for a bf16 or int8 index from
+    before runtimes were recorded for those modes). An update reuses the mode a
     previous ``auto`` run chose; otherwise the first decodable images of ``files`` (up to 16)
     calibrate it. With nothing to embed it stays unresolved.
     """
@@ -76,7 +76,8 @@ def resolve(
     runtimes = getattr(enc, "image_runtimes", None)
     if runtimes is not None:
         # New vectors from the runtime the index's came from, so that the index stays uniform.
-        recorded = prev.get("image_runtime") or ("torch" if prev.get("precision") == "int8" else None)
+        # A reduced-mode index from before its runtime was recorded came from torch's tower.
+        recorded = prev.get("image_runtime") or ("torch" if prev.get("precision") in ("bf16", "int8") else None)
         runtimes.follow(str(recorded) if recorded else None, str(prev["precision"]) if prev.get("precision") else None)
     if keep_recorded and previous_info is not None:
         try:

@@ -19,6 +19,9 @@ sys.path.insert(0, str(Path(__file__).parent))
 
 from imagegen import Collection, make_collection  # noqa: E402
 
+# The image-runtime tests' fixtures (photos, their pixels, the export cache, the batch check's refusals).
+pytest_plugins = ["runtime_fixtures"]
+
 if TYPE_CHECKING:
     import numpy as np
 

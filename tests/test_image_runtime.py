@@ -2,8 +2,8 @@
 torch and HF, vectors independent of the batch (an update equals a rebuild), the cached export,
 the missing package and the failed export; the order they are tried in (OpenVINO first, ONNX
 Runtime where OpenVINO is missing or fails a check, torch where neither runs), and updates and
-image queries following the runtime an index records. Then the int8 tower on OpenVINO: agreement
-with torch's int8, the gate, the batch check, and int8 indexes made on torch staying there."""
+image queries following the runtime an index records. The bf16 and int8 towers on OpenVINO:
+test_image_runtime_reduced.py."""
 
 from __future__ import annotations
 
@@ -20,110 +20,27 @@ import pytest
 pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed")
 torch = pytest.importorskip("torch")
 
-from helpers import assert_batch_independent, folder_pixels  # noqa: E402
-from imagegen import make_jpegs  # noqa: E402
+from helpers import assert_batch_independent  # noqa: E402
+from runtime_fixtures import (  # noqa: E402
+    RUNTIMES,
+    encoder_on,
+    needs_openvino,
+    needs_ov_bf16,
+    needs_ov_int8,
+    update_and_rebuild,
+    updated_equals_rebuilt,
+    usable,
+)
 
 from indexer import build_index  # noqa: E402
 from retrieval import ImageIndex  # noqa: E402
-from retrieval.encoders import HFClipEncoder, cpu  # noqa: E402
+from retrieval.encoders import HFClipEncoder  # noqa: E402
 from retrieval.encoders import runtime as R  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
 from retrieval.encoders.runtime import image as IR  # noqa: E402
 from retrieval.errors import InvalidArgumentError, ModelLoadError  # noqa: E402
 
-
-@pytest.fixture(scope="module")
-def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    root = tmp_path_factory.mktemp("onnx") / "photos"
-    make_jpegs(root, 12, size=(160, 120))
-    return root
-
-
-@pytest.fixture(scope="module")
-def pixels(tiny_model: Path, photos: Path) -> torch.Tensor:
-    return folder_pixels(photos, HFClipEncoder.load(str(tiny_model), device="cpu").preprocess)
-
-
-@pytest.fixture(autouse=True)
-def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> Path:
-    """One export cache for the module (exports are what is slow), never the user's."""
-    path = tmp_path_factory.getbasetemp() / "onnx-cache-test"
-    monkeypatch.setenv(E.ONNX_CACHE_ENV, str(path))
-    monkeypatch.delenv(R.RUNTIME_ENV, raising=False)
-    return path
-
-
-needs_openvino = pytest.mark.skipif(bool(IR.RUNTIMES["openvino"].missing()), reason="the [openvino] extra is not installed")
-needs_ov_int8 = pytest.mark.skipif(
-    bool(R.openvino_int8_missing()) or not cpu.at_least(IR.INT8_LEVEL),
-    reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU with AVX-512 VNNI or AMX",
-)
-# Each runtime whose package is installed (make install installs both).
-RUNTIMES = [
-    pytest.param(name, marks=pytest.mark.skipif(bool(IR.RUNTIMES[name].missing()), reason=f"{name} is not installed"))
-    for name in IR.AUTO_ORDER
-]
-
-
-@pytest.fixture(scope="module")
-def refused_here(tiny_model: Path, pixels: torch.Tensor, tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
-    """The runtimes whose batch check fails on this CPU, with why (``openvino-int8`` for its
-    int8 tower): OpenVINO's fp32 vectors moved with the batch on an AVX2 host, and there auto
-    rightly passes it over. Any other failure to run is not excused: the tests that ask for the
-    runtime fail on it."""
-    refused: dict[str, str] = {}
-    tries = [(name, name, "fp32") for name in IR.AUTO_ORDER if not IR.RUNTIMES[name].missing()]
-    if not R.openvino_int8_missing():
-        tries.append(("openvino-int8", "openvino", "int8"))
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv(E.ONNX_CACHE_ENV, str(tmp_path_factory.getbasetemp() / "onnx-cache-test"))
-        for key, name, precision in tries:
-            mp.setenv(R.RUNTIME_ENV, name)
-            try:
-                HFClipEncoder.load(str(tiny_model), device="cpu", precision=precision).embed_pixels(pixels[:4])
-            except ModelLoadError as exc:
-                if "change with the batch" in str(exc):
-                    refused[key] = str(exc)
-    return refused
-
-
-def _usable(runtime: str, refused: dict[str, str]) -> None:
-    """Skip a test that needs ``runtime`` to run the tower where its batch check refuses it on
-    this CPU (the refusal itself is tested with a simulated drift, on every CPU)."""
-    if runtime in refused:
-        pytest.skip(f"{runtime} does not pass its batch check on this CPU: {refused[runtime]}")
-
-
-def _encoder(model: Path, runtime: str, monkeypatch: pytest.MonkeyPatch, pixels: torch.Tensor) -> HFClipEncoder:
-    monkeypatch.setenv(R.RUNTIME_ENV, runtime)
-    enc = HFClipEncoder.load(str(model), device="cpu", precision="fp32")
-    enc.embed_pixels(pixels[:2])  # the runtime is chosen here
-    return enc
-
-
-def _vectors_by_path(index: ImageIndex) -> np.ndarray:
-    order = np.argsort([r["path"] for r in index.rows(range(len(index)))])
-    return index.embeddings()[order]
-
-
-def _update_and_rebuild(model: Path, photos: Path, tmp_path: Path, precision: str) -> tuple[ImageIndex, ImageIndex]:
-    """An index of 5 photos updated with the rest (``u.idx``) and one built at once (``r.idx``),
-    in other batch sizes."""
-    files = sorted(p.name for p in photos.iterdir())
-    common = dict(model=str(model), workers=0, device="cpu", precision=precision)
-    build_index(photos, tmp_path / "u.idx", files=files[:5], batch_size=3, **common)
-    build_index(photos, tmp_path / "u.idx", batch_size=4, **common)
-    build_index(photos, tmp_path / "r.idx", batch_size=16, **common)
-    return ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
-
-
-def _updated_equals_rebuilt(u: ImageIndex, r: ImageIndex, runtime: str) -> None:
-    """The updated index ``u`` holds the rebuilt ``r``'s vectors, and an image query against it
-    runs on ``runtime`` and finds the image itself."""
-    np.testing.assert_array_equal(_vectors_by_path(u), _vectors_by_path(r))
-    hit = u.search_image(u.source_file(0), k=1)[0]
-    assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
-    assert u.image_path()["runtime"] == runtime
+pytestmark = pytest.mark.usefixtures("runtime_cache")  # one export cache, never the user's
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -132,12 +49,12 @@ def test_fp32_on_a_runtime_matches_torch_and_hf(
 ) -> None:
     from transformers import CLIPModel
 
-    _usable(runtime, refused_here)
-    enc = _encoder(tiny_model, runtime, monkeypatch, pixels)
+    usable(runtime, refused_here)
+    enc = encoder_on(tiny_model, runtime, monkeypatch, pixels)
     assert enc.info["image_runtime"] == runtime and enc.info["image_runtime_version"]
     parity = enc.info["image_runtime_parity"]
     assert parity["min_cosine"] >= R.PARITY_MIN_COSINE and f"{runtime}_seconds" in parity
-    tch = _encoder(tiny_model, "torch", monkeypatch, pixels)
+    tch = encoder_on(tiny_model, "torch", monkeypatch, pixels)
     assert tch.info["image_runtime"] == "torch"
     a, b = enc.embed_pixels(pixels), tch.embed_pixels(pixels)
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
@@ -152,8 +69,8 @@ def test_fp32_on_a_runtime_matches_torch_and_hf(
 def test_vectors_do_not_depend_on_the_batch(
     runtime: str, tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, refused_here: dict[str, str]
 ) -> None:
-    _usable(runtime, refused_here)
-    enc = _encoder(tiny_model, runtime, monkeypatch, pixels)
+    usable(runtime, refused_here)
+    enc = encoder_on(tiny_model, runtime, monkeypatch, pixels)
     assert_batch_independent(enc.embed_pixels, pixels, enc.embed_pixels(pixels), ((0, 1), (5, 6), (3, 10), (11, 12)))
 
 
@@ -162,28 +79,28 @@ def test_update_equals_rebuild_and_the_manifest_names_the_runtime(
     runtime: str, tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     refused_here: dict[str, str],
 ) -> None:
-    _usable(runtime, refused_here)
+    usable(runtime, refused_here)
     monkeypatch.setenv(R.RUNTIME_ENV, runtime)
-    u, r = _update_and_rebuild(tiny_model, photos, tmp_path, "fp32")
+    u, r = update_and_rebuild(tiny_model, photos, tmp_path, "fp32")
     info = json.loads((tmp_path / "r.idx" / "manifest.json").read_text())["model_info"]
     assert info["precision"] == "fp32" and info["image_runtime"] == runtime
     # Image queries run on the runtime the index's vectors came from: an image finds itself.
     monkeypatch.delenv(R.RUNTIME_ENV)
-    _updated_equals_rebuilt(u, r, runtime)
+    updated_equals_rebuilt(u, r, runtime)
 
 
 def test_the_export_is_made_once_and_kept_in_the_cache(
-    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, _cache: Path
+    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, runtime_cache: Path
 ) -> None:
-    _encoder(tiny_model, "onnxruntime", monkeypatch, pixels)
-    files = list(_cache.glob("vision-*.onnx"))
-    assert files and not list(_cache.glob(".export-*"))
+    encoder_on(tiny_model, "onnxruntime", monkeypatch, pixels)
+    files = list(runtime_cache.glob("vision-*.onnx"))
+    assert files and not list(runtime_cache.glob(".export-*"))
 
     def no_export(*args: object, **kwargs: object) -> None:
         raise AssertionError("exported again")
 
     monkeypatch.setattr(E, "export_vision", no_export)
-    assert _encoder(tiny_model, "onnxruntime", monkeypatch, pixels).info["image_runtime"] == "onnxruntime"
+    assert encoder_on(tiny_model, "onnxruntime", monkeypatch, pixels).info["image_runtime"] == "onnxruntime"
 
 
 def test_missing_packages_mean_torch_and_one_notice(
@@ -193,7 +110,7 @@ def test_missing_packages_mean_torch_and_one_notice(
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     monkeypatch.setitem(sys.modules, "openvino", None)
     with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
-        enc = _encoder(tiny_model, "auto", monkeypatch, pixels)
+        enc = encoder_on(tiny_model, "auto", monkeypatch, pixels)
         enc.embed_pixels(pixels)
     assert enc.info["image_runtime"] == "torch"
     notices = [r.getMessage() for r in caplog.records if r.name == "retrieval.encoders.runtime"]
@@ -201,7 +118,7 @@ def test_missing_packages_mean_torch_and_one_notice(
     assert R.ORT_INSTALL in notices[0] and R.OV_INSTALL in notices[0]
     for runtime, install in (("onnxruntime", R.ORT_INSTALL), ("openvino", R.OV_INSTALL)):
         with pytest.raises(ModelLoadError, match=re.escape(install)):
-            _encoder(tiny_model, runtime, monkeypatch, pixels)
+            encoder_on(tiny_model, runtime, monkeypatch, pixels)
 
 
 def test_a_failed_export_names_the_model_and_the_operator(
@@ -215,18 +132,20 @@ def test_a_failed_export_names_the_model_and_the_operator(
 
     monkeypatch.setattr(torch.onnx, "export", refuse)
     with pytest.raises(ModelLoadError) as info:
-        _encoder(tiny_model, "onnxruntime", monkeypatch, pixels)
+        encoder_on(tiny_model, "onnxruntime", monkeypatch, pixels)
     assert str(tiny_model) in str(info.value) and "aten::scaled_dot_product_attention" in str(info.value)
     assert not list((tmp_path / "empty-cache").glob("*"))  # no half-written file left
     with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
-        enc = _encoder(tiny_model, "auto", monkeypatch, pixels)
+        enc = encoder_on(tiny_model, "auto", monkeypatch, pixels)
     assert enc.info["image_runtime"] == "torch" and "aten::scaled_dot_product_attention" in enc.info["image_runtime_note"]
 
 
 def test_reduced_modes_and_an_unknown_runtime(tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None:
-    enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="bf16")
+    enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="fp16")
     enc.embed_pixels(pixels[:2])
-    assert "image_runtime" not in enc.info  # bf16 runs on torch only; the record is about fp32 and int8
+    assert "image_runtime" not in enc.info  # fp16 runs on torch only; the record is about fp32, bf16 and int8
+    assert encoder_on(tiny_model, "torch", monkeypatch, pixels, "bf16").info["image_runtime"] == "torch"
+    monkeypatch.delenv(R.RUNTIME_ENV)
     monkeypatch.setenv(R.RUNTIME_ENV, "tensorrt")
     with pytest.raises(InvalidArgumentError, match="CLIPSEARCH_IMAGE_RUNTIME"):
         HFClipEncoder.load(str(tiny_model), device="cpu", precision="fp32").embed_pixels(pixels[:2])
@@ -237,8 +156,8 @@ def _batch_dependent(monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     did on an AVX2 host (~4e-6 between batch 1 and 8)."""
     real = IR.RUNTIMES[name]
 
-    def load(path: Path) -> IR.Tower:
-        tower = real.load(path)
+    def load(path: Path, mode: str, group: int) -> IR.Tower:
+        tower = real.load(path, mode, group)
         return lambda x: tower(x) + np.float32(1e-6 * len(x))
 
     monkeypatch.setitem(IR.RUNTIMES, name, dataclasses.replace(real, load=load))
@@ -257,17 +176,23 @@ def test_batch_drift_finds_a_tower_that_depends_on_the_batch(pixels: torch.Tenso
     def per_batch(x: torch.Tensor) -> np.ndarray:
         return per_image(x) + np.float32(len(x))
 
-    for n in (1, 2, 5):
+    def small_batches_apart(x: torch.Tensor) -> np.ndarray:
+        # Another kernel for batches of up to 4 images, as OpenVINO's int8 tower has with AMX.
+        return per_image(x) + np.float32(len(x) <= 4)
+
+    for n in (1, 2, 4, 5):
         sample = pixels[:n]
         assert IR.batch_drift(per_image, sample, per_image(sample)) == 0.0
         assert IR.batch_drift(per_batch, sample, per_batch(sample)) > 0.0
+        # A sample that is itself small still meets a batch of another size.
+        assert IR.batch_drift(small_batches_apart, sample, small_batches_apart(sample)) > 0.0
 
 
 @needs_openvino
 def test_auto_tries_openvino_first(
     tiny_model: Path, pixels: torch.Tensor, caplog: pytest.LogCaptureFixture, refused_here: dict[str, str]
 ) -> None:
-    _usable("openvino", refused_here)
+    usable("openvino", refused_here)
     with caplog.at_level(logging.INFO, logger="retrieval.encoders.runtime"):
         enc = _chosen(tiny_model, pixels)
     assert enc.info["image_runtime"] == "openvino" and "image_runtime_note" not in enc.info
@@ -315,7 +240,7 @@ def test_an_update_and_image_queries_follow_the_recorded_runtime(
     build_index(photos, tmp_path / "u.idx", batch_size=3, **common)
     info = json.loads((tmp_path / "u.idx" / "manifest.json").read_text())["model_info"]
     assert info["image_runtime"] == "onnxruntime" and "image_runtime_note" not in info
-    _updated_equals_rebuilt(ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx"), "onnxruntime")
+    updated_equals_rebuilt(ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx"), "onnxruntime")
 
 
 def test_an_index_made_on_torch_is_queried_on_torch(
@@ -333,17 +258,18 @@ def test_an_index_made_on_torch_is_queried_on_torch(
 
 
 @pytest.mark.parametrize(
-    ("precision", "usable", "removed", "instead"),
+    ("precision", "runtime", "removed", "instead"),
     [
         pytest.param("fp32", "openvino", "openvino", "onnxruntime", marks=needs_openvino, id="fp32"),
+        pytest.param("bf16", "openvino-bf16", "openvino", "torch", marks=needs_ov_bf16, id="bf16"),
         pytest.param("int8", "openvino-int8", "nncf", "torch", marks=needs_ov_int8, id="int8"),
     ],
 )
 def test_a_recorded_runtime_that_cannot_run_is_named_in_one_notice(
-    precision: str, usable: str, removed: str, instead: str, tiny_model: Path, photos: Path, tmp_path: Path,
+    precision: str, runtime: str, removed: str, instead: str, tiny_model: Path, photos: Path, tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture, refused_here: dict[str, str],
 ) -> None:
-    _usable(usable, refused_here)
+    usable(runtime, refused_here)
     files = sorted(p.name for p in photos.iterdir())
     common = dict(model=str(tiny_model), workers=0, device="cpu", precision=precision)
     build_index(photos, tmp_path / "o.idx", files=files[:3], **common)
@@ -436,140 +362,3 @@ def test_ray_actors_ask_for_the_runtime_the_run_records(tiny_model: Path, photos
     enc = load_actor_encoder(spec)
     enc.embed_pixels(pixels[:4])
     assert enc.info["image_runtime"] == "onnxruntime"  # OpenVINO would be this node's first pick
-
-
-# -- the int8 tower on OpenVINO ------------------------------------------------------------------
-
-
-
-def _int8(model: Path, runtime: str, monkeypatch: pytest.MonkeyPatch, pixels: torch.Tensor) -> HFClipEncoder:
-    monkeypatch.setenv(R.RUNTIME_ENV, runtime)
-    enc = HFClipEncoder.load(str(model), device="cpu", precision="int8")
-    enc.embed_pixels(pixels[:4])  # the runtime is chosen here
-    return enc
-
-
-@needs_ov_int8
-def test_int8_on_openvino_agrees_with_torch_int8_and_does_not_depend_on_the_batch(
-    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, refused_here: dict[str, str]
-) -> None:
-    _usable("openvino-int8", refused_here)
-    ov8 = _int8(tiny_model, "openvino", monkeypatch, pixels)
-    assert ov8.info["image_runtime"] == "openvino" and ov8.info["int8_activation_bits"] == 8
-    assert ov8.info["image_runtime_parity"]["min_cosine"] >= IR.INT8_PARITY_MIN_COSINE
-    assert "int8" not in ov8.image_precision.variants  # torch's int8 copy served the check only
-    tch = _int8(tiny_model, "torch", monkeypatch, pixels)
-    assert tch.info["image_runtime"] == "torch"
-    a, b = ov8.embed_pixels(pixels), tch.embed_pixels(pixels)
-    assert float(np.min(np.sum(a * b, axis=1))) >= IR.INT8_PARITY_MIN_COSINE
-    assert not np.array_equal(a, b)  # another tower indeed
-    assert_batch_independent(ov8.embed_pixels, pixels, a, ((0, 1), (5, 6), (3, 10), (11, 12)))
-    # The int8 model is made once from the export and kept beside it.
-    assert len(list(ov8.image_runtimes.export().parent.glob("*-ov-int8-*.xml"))) == 1
-    # torch's tower, needed for the checks only, is freed, and loaded again when torch is asked for.
-    assert ov8._vision_model is None
-    ov8.image_runtimes.follow("torch", "int8")
-    np.testing.assert_array_equal(ov8.embed_pixels(pixels), b)
-
-
-@needs_ov_int8
-def test_auto_gates_the_int8_tower_that_will_run_and_an_update_equals_a_rebuild(
-    tiny_model: Path, photos: Path, tmp_path: Path, refused_here: dict[str, str]
-) -> None:
-    _usable("openvino-int8", refused_here)
-    u, r = _update_and_rebuild(tiny_model, photos, tmp_path, "auto")
-    info = u.manifest.model_info
-    assert info["precision"] == "int8" and info["image_runtime"] == "openvino"
-    assert info["precision_gate"]["gate"][0]["passed"]
-    _updated_equals_rebuilt(u, r, "openvino")
-
-
-def test_an_int8_index_made_on_torch_stays_on_torch(
-    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """Updates and image queries of an int8 index made on torch, or made before int8 runtimes
-    were recorded (no ``image_runtime``), stay on torch: OpenVINO's int8 vectors are close to
-    torch's, not equal, and an index holds vectors of one tower."""
-    from indexer.calibrate import resolve
-
-    files = sorted(p.name for p in photos.iterdir())
-    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="int8")
-    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
-    build_index(photos, tmp_path / "u.idx", files=files[:5], batch_size=3, **common)
-    build_index(photos, tmp_path / "r.idx", batch_size=16, **common)
-    monkeypatch.delenv(R.RUNTIME_ENV)
-    build_index(photos, tmp_path / "u.idx", batch_size=4, **common)
-    u, r = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
-    assert u.manifest.model_info["image_runtime"] == "torch"
-    _updated_equals_rebuilt(u, r, "torch")
-    enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="int8")
-    resolve(enc, {"precision": "int8", "precision_requested": "int8"}, photos, [], max_pixels=10**8, draft=False)
-    assert enc.image_runtimes.get("int8").recorded == "torch"  # type: ignore[union-attr]
-    assert enc.image_runtimes.get("fp32").recorded is None  # type: ignore[union-attr]
-
-
-@needs_ov_int8
-def test_an_int8_tower_whose_vectors_move_with_the_batch_is_passed_over(
-    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    real = IR.RUNTIMES["openvino"]
-    assert real.load_int8 is not None
-    load_int8 = real.load_int8
-
-    def load(path: Path, group: int) -> IR.Tower:
-        tower = load_int8(path, group)
-        return lambda x: tower(x) + np.float32(1e-6 * len(x))
-
-    monkeypatch.setitem(IR.RUNTIMES, "openvino", dataclasses.replace(real, load_int8=load))
-    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
-        enc = _int8(tiny_model, "auto", monkeypatch, pixels)
-    assert enc.info["image_runtime"] == "torch"
-    assert "OpenVINO's int8 vectors change with the batch" in enc.info["image_runtime_note"]
-    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]  # torch's int8 is no fallback to warn of
-    with pytest.raises(ModelLoadError, match="OpenVINO's int8 vectors change with the batch"):
-        _int8(tiny_model, "openvino", monkeypatch, pixels)
-
-
-def test_int8_runs_on_torch_without_nncf_or_where_onnxruntime_is_named(
-    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
-) -> None:
-    # ONNX Runtime's int8 quantises a whole batch with one scale: it never runs the int8 tower.
-    enc = _int8(tiny_model, "onnxruntime", monkeypatch, pixels)
-    assert enc.info["image_runtime"] == "torch" and "image_runtime_note" not in enc.info
-    monkeypatch.setitem(sys.modules, "nncf", None)
-    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
-        enc = _int8(tiny_model, "auto", monkeypatch, pixels)
-    assert enc.info["image_runtime"] == "torch"
-    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
-    if cpu.at_least(IR.INT8_LEVEL):
-        assert R.OV_INSTALL in enc.info["image_runtime_note"]
-        with pytest.raises(ModelLoadError, match=re.escape(R.OV_INSTALL)):
-            _int8(tiny_model, "openvino", monkeypatch, pixels)
-
-
-def test_int8_below_avx512_vnni_stays_on_torch(tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Below AVX-512 VNNI auto leaves int8 to the torch path (on AVX2 its 7-bit codes)."""
-    monkeypatch.setenv(cpu.CAP_ENV, "avx_vnni")
-    assert _int8(tiny_model, "auto", monkeypatch, pixels).info["image_runtime"] == "torch"
-    monkeypatch.setenv(cpu.CAP_ENV, "avx2")
-    enc = _int8(tiny_model, "auto", monkeypatch, pixels)
-    assert enc.info["image_runtime"] == "torch" and enc.info["int8_activation_bits"] == 7
-
-
-@needs_ov_int8
-def test_an_int8_model_that_cannot_be_saved_is_a_typed_error(
-    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
-    import openvino as ov
-
-    monkeypatch.setenv(E.ONNX_CACHE_ENV, str(tmp_path / "cache"))
-
-    def refuse(*args: object, **kwargs: object) -> None:
-        raise RuntimeError("No space left on device")
-
-    monkeypatch.setattr(ov, "save_model", refuse)
-    with pytest.raises(ModelLoadError, match="cannot save the int8 model of .*: No space left on device"):
-        _int8(tiny_model, "openvino", monkeypatch, pixels)
-    enc = _int8(tiny_model, "auto", monkeypatch, pixels)
-    assert enc.info["image_runtime"] == "torch" and "No space left on device" in enc.info["image_runtime_note"]
-    assert not list((tmp_path / "cache").glob(".*"))  # no temporary file left behind

@@ -22,7 +22,6 @@ from imagegen import make_jpegs  # noqa: E402
 
 from indexer import build_index  # noqa: E402
 from retrieval import ImageIndex  # noqa: E402
-from retrieval.encoders import cpu  # noqa: E402
 from retrieval.encoders import runtime as R  # noqa: E402
 from retrieval.encoders.recorded_tower import RecordedTower, numpy_pixels, open_recorded  # noqa: E402
 from retrieval.encoders.runtime import checks as C  # noqa: E402
@@ -169,18 +168,28 @@ def test_settings_that_leave_image_queries_to_the_full_encoder(
         ImageIndex.open(tmp_path / "s.idx", model=str(other_model)).search_image(index.source_file(0), k=1)
 
 
-@pytest.mark.skipif(
-    bool(R.openvino_int8_missing()) or not cpu.at_least(IR.INT8_LEVEL),
-    reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU with AVX-512 VNNI or AMX",
+@pytest.mark.parametrize(
+    "precision",
+    [
+        pytest.param("bf16", marks=pytest.mark.skipif(
+            bool(R.openvino_missing()) or not IR.tried_here("bf16"),
+            reason="OpenVINO's bf16 tower needs the [openvino] extra and a CPU with AMX",
+        )),
+        pytest.param("int8", marks=pytest.mark.skipif(
+            bool(R.openvino_int8_missing()) or not IR.tried_here("int8"),
+            reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU at the AVX-512 VNNI level",
+        )),
+    ],
 )
-def test_an_int8_index_on_openvino_is_reopened_bit_for_bit(
-    tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+def test_a_reduced_index_on_openvino_is_reopened_bit_for_bit(
+    precision: str, tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    index = _built(tiny_model, photos, tmp_path / "i8.idx", precision="int8")
+    index = _built(tiny_model, photos, tmp_path / "r.idx", precision=precision)
+    assert index.manifest.model_info["precision"] == precision
     image = index.source_file(5)
     vector = index.embed_image(image)
     assert index.image_path()["tower"] == "recorded"
-    assert np.array_equal(vector, _full_path_vector(tmp_path / "i8.idx", image, monkeypatch))
+    assert np.array_equal(vector, _full_path_vector(tmp_path / "r.idx", image, monkeypatch))
     assert np.array_equal(vector[0], index.embeddings()[5])
 
 

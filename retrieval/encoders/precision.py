@@ -25,7 +25,7 @@ Imports go one way: this module uses :mod:`.int8` (inside the functions that nee
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
@@ -183,16 +183,20 @@ def gate(mode: str, reference: np.ndarray, candidate: np.ndarray, seconds: float
 
 
 def choose(
-    embed: Callable[[Mode], np.ndarray], candidates: Sequence[Mode]
+    embed: Callable[[Mode], np.ndarray], candidates: Sequence[Mode],
+    passes_over: Callable[[Mode], str | None] | None = None,
 ) -> tuple[Mode, list[GateResult]]:
     """Pick the first candidate whose vectors pass the gate against fp32's; fp32 if none does.
 
     Args:
         embed: ``mode -> normalised vectors`` of the same calibration sample.
         candidates: reduced modes, fastest first.
+        passes_over: ``mode -> why it is not to be used here`` (None: it may be), asked just
+            before a candidate is embedded (after fp32's reference): a candidate with a reason
+            is not gated.
 
     Returns:
-        The chosen mode and every candidate's gate figures, in the order tried.
+        The chosen mode and the gate figures of every candidate gated, in the order tried.
     """
     import time
 
@@ -201,6 +205,8 @@ def choose(
     reference = embed("fp32")
     results: list[GateResult] = []
     for mode in candidates:
+        if passes_over is not None and passes_over(mode) is not None:
+            continue
         t0 = time.perf_counter()
         vectors = embed(mode)
         result = gate(mode, reference, vectors, time.perf_counter() - t0)
@@ -210,10 +216,14 @@ def choose(
     return "fp32", results
 
 
-def precision_record(requested: str, mode: str | None, gate_results: Sequence[GateResult] = ()) -> dict[str, Any]:
-    """JSON-able record of a tower's precision: requested and chosen mode, and the gate figures
-    (with the thresholds) when a gate ran."""
+def precision_record(
+    requested: str, mode: str | None, gate_results: Sequence[GateResult] = (), passed_over: Mapping[str, str] | None = None,
+) -> dict[str, Any]:
+    """JSON-able record of a tower's precision: requested and chosen mode, the gate figures
+    (with the thresholds) when a gate ran, and the candidates it passed over, with why."""
     data: dict[str, Any] = {"requested": requested, "mode": mode}
+    if passed_over:
+        data["passed_over"] = dict(passed_over)
     if gate_results:
         data["gate"] = [r.to_dict() for r in gate_results]
         data["thresholds"] = {
@@ -251,6 +261,8 @@ class TowerPrecision:
         self.device = device
         self.mode: Mode | None = None if requested == "auto" else requested
         self.gate_results: list[GateResult] = []
+        # Candidates auto did not gate, with why (e.g. torch's bf16 on the CPU).
+        self.passed_over: dict[str, str] = {}
         self.variants = variants if variants is not None else {}
 
     def request(self, requested: Precision) -> None:
@@ -262,7 +274,7 @@ class TowerPrecision:
         check_device_support(requested, self.device)
         self.requested = requested
         self.mode = None if requested == "auto" else requested
-        self.gate_results = []
+        self.gate_results, self.passed_over = [], {}
 
     def set(self, mode: Mode, gate_results: Sequence[GateResult] = ()) -> None:
         """Fix the mode (e.g. the one an index recorded, through :func:`parse_mode`) without calibrating.
@@ -272,7 +284,7 @@ class TowerPrecision:
         """
         check_device_support(mode, self.device)
         self.mode = mode
-        self.gate_results = list(gate_results)
+        self.gate_results, self.passed_over = list(gate_results), {}
 
     def module(self, fp32_module: Any, mode: Mode) -> Any:
         if mode != "int8":
@@ -283,22 +295,32 @@ class TowerPrecision:
             self.variants["int8"] = quantize_int8(fp32_module)
         return self.variants["int8"]
 
-    def calibrate(self, embed: Callable[[Mode], np.ndarray]) -> Mode:
-        """Resolve ``auto`` by running the gate (no-op once resolved)."""
+    def calibrate(self, embed: Callable[[Mode], np.ndarray], passes_over: Callable[[Mode], str | None] | None = None) -> Mode:
+        """Resolve ``auto`` by running the gate (no-op once resolved); ``passes_over`` as
+        :func:`choose`'s, its reasons kept in :attr:`passed_over`."""
         if self.mode is None:
-            self.mode, self.gate_results = choose(embed, auto_candidates(self.device))
+            passed_over: dict[str, str] = {}
+
+            def why_not(mode: Mode) -> str | None:
+                reason = passes_over(mode) if passes_over is not None else None
+                if reason is not None:
+                    passed_over[mode] = reason
+                return reason
+
+            self.mode, self.gate_results = choose(embed, auto_candidates(self.device), why_not)
+            self.passed_over = passed_over
         return self.mode
 
     def info(self) -> dict[str, Any]:
         """JSON-able record: requested and chosen mode, and the gate figures when ``auto`` ran."""
-        return precision_record(self.requested, self.mode, self.gate_results)
+        return precision_record(self.requested, self.mode, self.gate_results, self.passed_over)
 
     def manifest_info(self) -> dict[str, Any]:
         """What an index records in ``model_info``: ``precision`` (the mode its vectors were
         made with), ``precision_requested``, when ``auto`` calibrated ``precision_gate``, and for
         int8 ``int8_activation_bits``."""
         data: dict[str, Any] = {"precision": self.mode or self.requested, "precision_requested": self.requested}
-        if self.gate_results:
+        if self.gate_results or self.passed_over:
             data["precision_gate"] = self.info()
         if data["precision"] == "int8":
             data["int8_activation_bits"] = self.int8_activation_bits()
@@ -325,18 +347,31 @@ class PixelPrecisionMixin:
     def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
         raise NotImplementedError
 
+    def _auto_passes_over(self, mode: Mode, sample: torch.Tensor) -> str | None:
+        """Why ``auto`` must not use ``mode`` for this image tower (None: it may, if it passes
+        the gate). torch's bf16 on the CPU: its vectors move with the batch (oneDNN's AMX
+        kernels are picked by the batch size; 7e-4 between calls of up to 12 and of 16 images
+        at ViT-B/32), so an update would not equal a rebuild, and torch's int8 ran faster."""
+        if mode == "bf16" and self.image_precision.device.type == "cpu":
+            return "torch's bf16 image tower on the CPU gives vectors that move with the batch"
+        return None
+
     def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
         """Encode a preprocessed ``(N, 3, h, w)`` batch to L2-normalised float32 vectors.
 
         With precision ``auto`` the first call calibrates the mode on up to 16 of its images.
         """
-        sample = pixel_values[:CALIBRATION_IMAGES]
-        mode = self.image_precision.calibrate(lambda m: self._embed_pixels(sample, m))
+        mode = self._calibrate(pixel_values[:CALIBRATION_IMAGES])
         return self._embed_pixels(pixel_values, mode)
 
     def calibrate_images(self, pixel_values: torch.Tensor) -> Mode:
         """Resolve an ``auto`` image precision on this sample now; returns the mode."""
-        return self.image_precision.calibrate(lambda m: self._embed_pixels(pixel_values, m))
+        return self._calibrate(pixel_values)
+
+    def _calibrate(self, sample: torch.Tensor) -> Mode:
+        return self.image_precision.calibrate(
+            lambda m: self._embed_pixels(sample, m), lambda m: self._auto_passes_over(m, sample)
+        )
 
 
 def gate_results_from_info(data: Any) -> list[GateResult]:

@@ -49,7 +49,7 @@ class RecordedTower:
         fingerprint: the weights' fingerprint (checked equal to the index's before opening).
         dim: the vectors' dimension (the probe vector's).
         runtime: ``openvino`` or ``onnxruntime``.
-        mode: ``fp32`` or ``int8``.
+        mode: ``fp32``, ``bf16`` or ``int8``.
         tower: ``(N, 3, H, W)`` pixel values -> ``(N, dim)`` normalised vectors.
     """
 
@@ -125,7 +125,7 @@ def open_recorded(manifest: Manifest, model: str, device: str) -> RecordedTower 
     if planned.first != runtime:
         return f"{mode} towers do not run on {runtime} on this CPU"
     spec = RUNTIMES[runtime]
-    missing = (spec.int8_missing if mode == "int8" and spec.int8_missing else spec.missing)()
+    missing = spec.missing_for(mode)
     if missing is not None:
         return f"{runtime} is not installed ({missing})"
     try:
@@ -161,11 +161,7 @@ def _reopen(manifest: Manifest, model: str, runtime: str, mode: str, image_size:
     passed = checks.lookup(checks.check_key(runtime, version, mode, tower_file))
     if passed is None:
         return f"this machine has no remembered checks of the {mode} tower on {spec.label} at these settings"
-    if mode == "int8":
-        assert spec.load_int8 is not None  # RUNTIMES with an int8_file have an int8 tower
-        tower = spec.load_int8(export, passed.int8_group)
-    else:
-        tower = spec.load(export)
+    tower = spec.load(export, mode, passed.int8_group)
     probe = tower(checks.probe_pixels(image_size))[0]
     if probe.shape != passed.probe.shape or not np.array_equal(probe, passed.probe):
         return f"the {mode} tower on {spec.label} no longer gives the remembered probe vector"

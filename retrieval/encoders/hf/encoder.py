@@ -269,11 +269,22 @@ class HFClipEncoder(PixelPrecisionMixin):
         return l2_normalize(out)
 
     def calibrate_images(self, pixel_values: torch.Tensor) -> Mode:
-        """Resolve an ``auto`` image precision on this sample now, and for fp32 and int8 the
-        runtime (its checks run on the sample); returns the mode."""
+        """Resolve an ``auto`` image precision on this sample now, and for fp32, bf16 and int8
+        the runtime (its checks run on the sample); returns the mode."""
         mode = super().calibrate_images(pixel_values)
         self._runtime_tower(pixel_values, mode)
         return mode
+
+    def _auto_passes_over(self, mode: Mode, sample: torch.Tensor) -> str | None:
+        """bf16 on the CPU only where a runtime runs it with vectors independent of the batch
+        (OpenVINO with AMX, :mod:`..runtime.image`): its choice is made now, on the sample."""
+        if mode == "bf16" and self.device.type == "cpu":
+            if self._runtime_tower(sample, mode) is not None:
+                return None
+            runtime = self.image_runtimes.get(mode)
+            why = runtime.note if runtime is not None and runtime.note else "no runtime runs it here"
+            return f"{super()._auto_passes_over(mode, sample)}, and {why}"
+        return super()._auto_passes_over(mode, sample)
 
     def _make_runtimes(self, size: int | None = None) -> ImageRuntimes:
         size = size or self.native_image_size
@@ -301,8 +312,8 @@ class HFClipEncoder(PixelPrecisionMixin):
         """The runtime's tower for ``mode``, chosen now on ``pixel_values`` if not yet; None: torch.
 
         fp32 only once it is the resolved mode: auto's calibration compares reduced modes with
-        torch's fp32 (and need not export a tower it may not use). int8 also while auto
-        calibrates, so that the gate judges the int8 tower that will run.
+        torch's fp32 (and need not export a tower it may not use). bf16 and int8 also while auto
+        calibrates, so that the gate judges the tower that will run.
         """
         runtime = self.image_runtimes.get(mode)
         if runtime is None or (mode == "fp32" and self.image_precision.mode != "fp32"):

@@ -4,9 +4,10 @@ The same fp32 model, three runtimes. OpenVINO and ONNX Runtime ran a ViT image t
 than torch's fp32 path on the CPUs measured (``benchmarks/README.md``, "Peers"), with vectors
 equal to torch's within float32 rounding, so where one is installed it serves the ``fp32`` mode
 of a Hugging Face CLIP or SigLIP (FixRes) image tower on the CPU, after its checks
-(:mod:`.image`). The ``int8`` mode of the same towers runs on OpenVINO on CPUs with AVX-512
-VNNI or AMX (its int8 weights from NNCF, activations quantised per row by the plugin).
-Everything else (bf16 and fp16, CUDA, NaFlex, open_clip, text towers) stays on torch.
+(:mod:`.image`). The reduced modes of the same towers run on OpenVINO where it was measured
+faster and batch-independent: ``bf16`` on CPUs with AMX (the bf16 inference hint), ``int8`` on
+CPUs with AVX-512 VNNI (its int8 weights from NNCF, activations quantised per row by the
+plugin). Everything else (fp16, CUDA, NaFlex, open_clip, text towers) stays on torch.
 
 ``CLIPSEARCH_IMAGE_RUNTIME`` (:data:`RUNTIME_ENV`):
 

@@ -1,6 +1,6 @@
 """One encoder's choice of runtime for its image tower on the CPU: OpenVINO, ONNX Runtime or torch.
 
-Per mode. The exact tower (``fp32``): tried in order (:data:`AUTO_ORDER`), on the first images
+Per mode. The exact tower (``fp32``): tried in order (:data:`ORDERS`), on the first images
 the tower sees; the first that installs, loads, matches torch (:data:`~. PARITY_MIN_COSINE`)
 and gives every image the same vector whatever its batch (:func:`batch_drift`) runs the tower.
 OpenVINO comes first: its fp32 tower ran faster than ONNX Runtime's at ViT-B/32 and ViT-L/14
@@ -8,12 +8,21 @@ on the CPUs where it passed the batch check (``benchmarks/README.md``, issue 39)
 host measured its vectors moved with the batch, so there the check hands the tower to ONNX
 Runtime.
 
-The ``int8`` tower (:data:`INT8_ORDER`): OpenVINO's (NNCF int8 weights, activations quantised
-per row by the plugin, :mod:`.ov_tower`) on CPUs with AVX-512 VNNI or AMX (:data:`INT8_LEVEL`),
-where it ran faster than the torch int8 path; it must agree with the torch int8 tower's vectors
-(:data:`INT8_PARITY_MIN_COSINE`) and pass the same batch check. ONNX Runtime's int8 quantises a
-whole batch with one scale, so its vectors move with the batch: it never runs the int8 tower.
-Elsewhere the torch int8 path (:mod:`retrieval.encoders.int8`) runs it.
+The reduced modes run on OpenVINO only on the CPU levels where its tower was measured faster
+than torch's and independent of the batch (:data:`LEVELS`):
+
+- ``bf16`` with AMX: the fp32 export compiled with the bf16 inference hint (AMX bf16 products);
+  torch's bf16 (``autocast``) is slower there and its vectors move with the batch, so an
+  ``auto`` build never picks it on the CPU
+  (:meth:`retrieval.encoders.precision.PixelPrecisionMixin._auto_passes_over`);
+- ``int8`` with AVX-512 VNNI: NNCF int8 weights, activations quantised per row by the plugin
+  (:mod:`.ov_tower`). With AMX the same tower's vectors moved with the batch and torch's int8
+  path ran faster, so torch's runs it there, as on every other level
+  (:mod:`retrieval.encoders.int8`).
+
+A reduced tower must agree with torch's tower in the same mode (:data:`REDUCED_PARITY_MIN_COSINE`)
+and pass the same batch check. ONNX Runtime's int8 quantises a whole batch with one scale, so
+its vectors move with the batch: it never runs a reduced mode.
 
 An index records what ran (``image_runtime``); a run that adds to it, and image queries
 against it, ask for the same runtime first (:meth:`ImageRuntimes.follow`), so an index stays
@@ -53,33 +62,38 @@ LOG = logging.getLogger(__package__)
 Tower = Callable[["torch.Tensor | np.ndarray"], np.ndarray]
 
 
-# An int8 tower must agree this closely with the torch int8 tower, image by image (both are
-# approximations of fp32; measured 0.9998 between them at ViT-B/32 and ViT-L/14).
-INT8_PARITY_MIN_COSINE = 0.999
+# A reduced tower must agree this closely with torch's tower in the same mode, image by image
+# (both approximate fp32; measured 0.9998 between the int8 towers at ViT-B/32 and ViT-L/14).
+REDUCED_PARITY_MIN_COSINE = 0.999
 
 
 @dataclass(frozen=True)
 class Runtime:
-    """A runtime that can run an exported fp32 image tower, and maybe an int8 one made from it."""
+    """A runtime that can run an exported image tower in some of the modes."""
 
     name: str
     label: str
     install: str
     missing: Callable[[], str | None]
-    load: Callable[[Path], Tower]
+    # (export, mode, activation group of an int8 tower) -> the tower in that mode.
+    load: Callable[[Path, str, int], Tower]
     version: Callable[[], str]
-    # (export, activation group) -> the int8 tower; None where the runtime has no batch-independent int8.
-    load_int8: Callable[[Path, int], Tower] | None = None
+    modes: tuple[str, ...] = ("fp32",)
+    # Why the int8 tower cannot be made here (its extra packages), where it needs more than ``missing``.
     int8_missing: Callable[[], str | None] | None = None
     # export -> the file the int8 tower is made from (what its checks are remembered by).
     int8_file: Callable[[Path], Path] | None = None
+
+    def missing_for(self, mode: str) -> str | None:
+        """Why this runtime cannot run ``mode``'s tower here (a package missing), or None."""
+        return (self.int8_missing if mode == "int8" and self.int8_missing else self.missing)()
 
     def tower_file(self, export: Path, mode: str) -> Path:
         """The file ``mode``'s tower runs from: the export, or for int8 the file made from it."""
         return self.int8_file(export) if mode == "int8" and self.int8_file is not None else export
 
 
-def _ort_tower(path: Path) -> Tower:
+def _ort_tower(path: Path, mode: str, group: int) -> Tower:
     from .ort_tower import OrtImageTower
 
     return OrtImageTower(path)
@@ -91,16 +105,12 @@ def _ort_version() -> str:
     return str(onnxruntime.__version__)
 
 
-def _ov_tower(path: Path) -> Tower:
-    from .ov_tower import OvImageTower
-
-    return OvImageTower(path)
-
-
-def _ov_int8_tower(path: Path, group: int) -> Tower:
+def _ov_tower(path: Path, mode: str, group: int) -> Tower:
     from .ov_tower import OvImageTower, int8_model
 
-    return OvImageTower(int8_model(path), int8_group=group)
+    if mode == "int8":
+        return OvImageTower(int8_model(path), mode="int8", int8_group=group)
+    return OvImageTower(path, mode=mode)
 
 
 def _ov_version() -> str:
@@ -117,33 +127,44 @@ def _ov_int8_file(export: Path) -> Path:
 
 RUNTIMES: dict[str, Runtime] = {
     "openvino": Runtime(
-        "openvino", "OpenVINO", OV_INSTALL, openvino_missing, _ov_tower, _ov_version, _ov_int8_tower, openvino_int8_missing,
-        _ov_int8_file,
+        "openvino", "OpenVINO", OV_INSTALL, openvino_missing, _ov_tower, _ov_version, ("fp32", "bf16", "int8"),
+        openvino_int8_missing, _ov_int8_file,
     ),
     "onnxruntime": Runtime("onnxruntime", "ONNX Runtime", ORT_INSTALL, onnxruntime_missing, _ort_tower, _ort_version),
 }
-AUTO_ORDER: tuple[str, ...] = ("openvino", "onnxruntime")
-INT8_ORDER: tuple[str, ...] = ("openvino",)
-# OpenVINO's int8 tower is tried from this CPU level up (AVX-512 VNNI, AMX), where its per-row
-# quantised products were measured faster than torch's int8; below it (AVX-VNNI laptops, AVX2)
-# its kernels were not measured, and torch's int8 path, measured there, runs the tower.
-INT8_LEVEL = "avx512_vnni"
+# The runtimes tried for each mode, in order; torch after them.
+ORDERS: dict[str, tuple[str, ...]] = {"fp32": ("openvino", "onnxruntime"), "bf16": ("openvino",), "int8": ("openvino",)}
+AUTO_ORDER = ORDERS["fp32"]
+# The CPU levels (after the caps) where a reduced mode's runtime tower is tried: where it was
+# measured faster than torch's and its vectors did not move with the batch (benchmarks/README.md,
+# issue 39). bf16 needs AMX (with AVX-512 BF16 alone bf16 products ran slower than fp32 in
+# oneDNN); OpenVINO's int8 with AMX moved with the batch, and torch's int8 ran faster there.
+LEVELS: dict[str, tuple[str, ...]] = {"bf16": ("amx",), "int8": ("avx512_vnni",)}
 # The modes a runtime other than torch may run.
-RUNTIME_MODES: tuple[str, ...] = ("fp32", "int8")
+RUNTIME_MODES: tuple[str, ...] = tuple(ORDERS)
 # What an index records of the choice (ImageRuntime.info).
 RUNTIME_KEYS: tuple[str, ...] = ("image_runtime", "image_runtime_version", "image_runtime_parity", "image_runtime_note")
 
 
+def tried_here(mode: str) -> bool:
+    """Whether ``auto`` tries a runtime for ``mode``'s tower on this CPU (after the caps)."""
+    levels = LEVELS.get(mode)
+    return levels is None or cpu.cpu_level() in levels
+
+
 def batch_drift(tower: Tower, sample: torch.Tensor, together: np.ndarray) -> float:
     """The largest change of a vector when its image runs in another batch: the first image
-    alone, and the last three in reverse order (another batch size, other positions); one
-    image is run three times over. 0.0 where the runtime's kernels do not depend on the batch."""
+    alone, the last three in reverse order (another batch size, other positions) and, for a
+    sample of fewer than :data:`~.PARITY_IMAGES` images, the sample repeated to that many
+    (kernels are picked by the batch size: OpenVINO's int8 tower on AMX gave other vectors to
+    batches of up to 4 images than to larger ones). 0.0 where the runtime's kernels do not
+    depend on the batch."""
     n = len(sample)
-    if n == 1:
-        probes = [(sample.repeat(3, 1, 1, 1), np.repeat(together, 3, axis=0))]
-    else:
-        tail = slice(max(0, n - 3), n)
-        probes = [(sample[:1], together[:1]), (sample[tail].flip(0), together[tail][::-1])]
+    tail = slice(max(0, n - 3), n)
+    probes = [(sample[:1], together[:1]), (sample[tail].flip(0), together[tail][::-1])]
+    if n < PARITY_IMAGES:
+        copies = -(-PARITY_IMAGES // n)
+        probes.append((sample.repeat(copies, 1, 1, 1), np.tile(together, (copies, 1))))
     return max(float(np.abs(tower(images) - expected).max()) for images, expected in probes)
 
 
@@ -154,7 +175,7 @@ class ImageRuntime:
         model_name: the model's name (for messages).
         export: ``() -> Path`` of the cached ONNX export (made on first call).
         applies: False where only torch can run the tower (CUDA, NaFlex, another backend).
-        mode: ``fp32`` or ``int8``.
+        mode: ``fp32``, ``bf16`` or ``int8``.
         int8_group: input features per activation scale of an int8 tower (the model's width).
     """
 
@@ -185,7 +206,7 @@ class ImageRuntime:
 
     @property
     def _order(self) -> tuple[str, ...]:
-        return INT8_ORDER if self.mode == "int8" else AUTO_ORDER
+        return ORDERS[self.mode]
 
     def _plan(self) -> tuple[list[str], bool]:
         """The runtimes to try, in order (none: torch), and whether a failure is an error."""
@@ -194,7 +215,7 @@ class ImageRuntime:
             return [], False
         if choice != "auto":
             if choice not in self._order:
-                return [], False  # ONNX Runtime named: it runs the fp32 tower only, int8 stays on torch
+                return [], False  # ONNX Runtime named: it runs the fp32 tower only, reduced modes stay on torch
             if not self.applies:
                 raise ModelLoadError(
                     f"{RUNTIME_ENV}={choice}: {RUNTIMES[choice].label} runs only the image tower of a Hugging "
@@ -203,8 +224,8 @@ class ImageRuntime:
             return [choice], True
         if not self.applies or self.recorded == "torch":
             return [], False
-        if self.mode == "int8" and not cpu.at_least(INT8_LEVEL):
-            return [], False  # not measured below: the torch path runs int8 there
+        if not tried_here(self.mode):
+            return [], False  # not measured faster here, or not batch-independent: torch runs the mode
         if self.recorded in self._order:
             return [self.recorded, *(name for name in self._order if name != self.recorded)], False
         return list(self._order), False
@@ -278,17 +299,12 @@ class ImageRuntime:
 
     def _try(self, runtime: Runtime, sample: torch.Tensor, torch_vectors: Callable[[], tuple[np.ndarray, float]]) -> Tower | str:
         """``runtime``'s tower where it passes every check, else why not (one line)."""
-        int8 = self.mode == "int8"
-        missing = (runtime.int8_missing if int8 and runtime.int8_missing else runtime.missing)()
+        missing = runtime.missing_for(self.mode)
         if missing is not None:
             return f"{runtime.name} is not installed ({missing}); for the faster {self.mode} path: {runtime.install}"
         try:
             export = Path(self._export())
-            if int8:
-                assert runtime.load_int8 is not None  # _plan offers only runtimes with an int8 tower
-                tower = runtime.load_int8(export, self.int8_group)
-            else:
-                tower = runtime.load(export)
+            tower = runtime.load(export, self.mode, self.int8_group)
         except ModelLoadError as exc:
             return str(exc)
         reference, torch_seconds = torch_vectors()
@@ -296,7 +312,7 @@ class ImageRuntime:
         candidate = tower(sample)
         seconds = time.perf_counter() - t0
         cos = np.sum(reference.astype(np.float64) * candidate.astype(np.float64), axis=1)
-        floor = INT8_PARITY_MIN_COSINE if int8 else PARITY_MIN_COSINE
+        floor = PARITY_MIN_COSINE if self.mode == "fp32" else REDUCED_PARITY_MIN_COSINE
         if float(cos.min()) < floor:
             return f"{runtime.label}'s {self.mode} vectors differ from torch's (min cosine {cos.min():.7f} < {floor})"
         drift = batch_drift(tower, sample, candidate)
@@ -358,7 +374,7 @@ class ImageRuntimes:
         return Path(self._export())
 
     def get(self, mode: str | None) -> ImageRuntime | None:
-        """The choice for ``mode``; None for a mode only torch runs (bf16, fp16)."""
+        """The choice for ``mode``; None for a mode only torch runs (fp16)."""
         return self.by_mode.get(mode or "")
 
     def follow(self, recorded: str | None, precision: str | None = None) -> None:
@@ -386,9 +402,9 @@ class ImageRuntimes:
 
 __all__ = [
     "AUTO_ORDER",
-    "INT8_LEVEL",
-    "INT8_ORDER",
-    "INT8_PARITY_MIN_COSINE",
+    "LEVELS",
+    "ORDERS",
+    "REDUCED_PARITY_MIN_COSINE",
     "RUNTIMES",
     "RUNTIME_KEYS",
     "RUNTIME_MODES",
@@ -396,4 +412,5 @@ __all__ = [
     "ImageRuntimes",
     "Runtime",
     "batch_drift",
+    "tried_here",
 ]

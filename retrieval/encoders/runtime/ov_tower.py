@@ -9,6 +9,10 @@ that keep it the exact path (``fp32``):
 - ``INFERENCE_NUM_THREADS``: torch's count in this process (what ``--threads`` sets), one
   stream, and no CPU pinning, so it does not claim the cores the decode workers run on.
 
+The ``bf16`` tower is the same export compiled with ``INFERENCE_PRECISION_HINT=bf16``: on CPUs
+with AMX its products run on the AMX bf16 tiles, with vectors that do not depend on the batch
+or the thread count (measured), unlike torch's bf16 ``autocast`` there.
+
 The ``int8`` tower (:func:`int8_model`) is the export with NNCF's ``int8_asym`` weights (per
 output channel), OpenVINO's recommendation for transformers on the CPU, run with the plugin's
 dynamic quantisation of activations: each row of a linear layer's input is quantised on its
@@ -51,10 +55,11 @@ if TYPE_CHECKING:
 INT8_VERSION = 1
 
 
-def compile_tower(path: Path, threads: int, int8_group: int = 0) -> Any:
-    """OpenVINO's compiled model of ``path`` for the CPU on ``threads`` threads: float32, or
-    with ``int8_group`` the int8 tower of :func:`int8_model`'s file, its activations quantised
-    per row in groups of that many features.
+def compile_tower(path: Path, threads: int, mode: str = "fp32", int8_group: int = 0) -> Any:
+    """OpenVINO's compiled model of ``path`` for the CPU on ``threads`` threads, in ``mode``:
+    ``fp32`` (float32 throughout), ``bf16`` (the bf16 inference hint), or ``int8`` for
+    :func:`int8_model`'s file, its activations quantised per row in groups of ``int8_group``
+    features.
 
     Raises:
         ModelLoadError: OpenVINO cannot read or compile the file.
@@ -62,11 +67,13 @@ def compile_tower(path: Path, threads: int, int8_group: int = 0) -> Any:
     import openvino as ov
 
     config: dict[str, Any] = {"INFERENCE_NUM_THREADS": threads, "NUM_STREAMS": 1, "ENABLE_CPU_PINNING": False}
-    if int8_group:
+    if mode == "int8":
         from .. import cpu
 
         config["INFERENCE_PRECISION_HINT"] = "bf16" if cpu.has_bf16() else "f32"
         config["DYNAMIC_QUANTIZATION_GROUP_SIZE"] = int8_group
+    elif mode == "bf16":
+        config["INFERENCE_PRECISION_HINT"] = "bf16"
     else:
         config["INFERENCE_PRECISION_HINT"] = "f32"
         config["EXECUTION_MODE_HINT"] = "ACCURACY"
@@ -178,8 +185,8 @@ def _libc() -> ctypes.CDLL | None:
 
 
 class OvImageTower:
-    """``tower(pixel_values) -> L2-normalised float32 vectors`` on OpenVINO (``int8_group``:
-    the int8 tower, ``path`` then :func:`int8_model`'s file).
+    """``tower(pixel_values) -> L2-normalised float32 vectors`` on OpenVINO, in ``mode``
+    (:func:`compile_tower`; for ``int8``, ``path`` is :func:`int8_model`'s file).
 
     An infer request holds the memory of every intermediate tensor, so requests are kept and
     reused (a new one per call paid ~150 page faults per image at ViT-B/32); one request serves
@@ -190,8 +197,8 @@ class OvImageTower:
         ModelLoadError: the file cannot be loaded by OpenVINO.
     """
 
-    def __init__(self, path: Path, threads: int | None = None, int8_group: int = 0) -> None:
-        self.compiled = compile_tower(path, threads or tower_threads(), int8_group)
+    def __init__(self, path: Path, threads: int | None = None, mode: str = "fp32", int8_group: int = 0) -> None:
+        self.compiled = compile_tower(path, threads or tower_threads(), mode, int8_group)
         self.path = path
         self._idle: list[Any] = []
         self._lock = threading.Lock()
