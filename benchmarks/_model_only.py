@@ -11,8 +11,9 @@ with the one it gave in its batch (``batch_dependence``, max absolute difference
 
 Ours: ``default`` (``precision="auto"``, the mode its gate picks on the first batch, and the
 runtime that runs it), ``fp32`` (``precision="fp32"``: OpenVINO or ONNX Runtime where
-installed, see ``retrieval.encoders.runtime``), ``fp32-torch`` and ``int8-torch`` (those modes on
-torch, ``CLIPSEARCH_IMAGE_RUNTIME=torch``), ``naive``.
+installed, see ``retrieval.encoders.runtime``), ``fp32-torch``, ``bf16-torch`` and ``int8-torch``
+(those modes on torch, ``CLIPSEARCH_IMAGE_RUNTIME=torch``; ``bf16-torch`` is what ``auto`` ran with
+AMX before the bf16 tower on OpenVINO), ``naive``.
 """
 
 from __future__ import annotations
@@ -71,7 +72,8 @@ def ours(model_dir: Path, first: np.ndarray) -> dict[str, Embed]:
 
     out: dict[str, Embed] = {"naive": naive}
     pipelines = (
-        ("default", "auto", "auto"), ("fp32", "fp32", "auto"), ("fp32-torch", "fp32", "torch"), ("int8-torch", "int8", "torch"),
+        ("default", "auto", "auto"), ("fp32", "fp32", "auto"), ("fp32-torch", "fp32", "torch"), ("bf16-torch", "bf16", "torch"),
+        ("int8-torch", "int8", "torch"),
     )
     for name, precision, runtime in pipelines:
         enc = load_encoder(str(model_dir), device="cpu", precision=precision)

@@ -8,6 +8,8 @@ run's work directory, never at import), then
 * ``onnxruntime-int8``: ``onnxruntime.quantization.quantize_dynamic`` of it (int8 weights,
   activations quantised per call with one scale, ONNX Runtime's defaults);
 * ``openvino-fp32``: OpenVINO's CPU plugin on the export, ``INFERENCE_PRECISION_HINT=f32``;
+* ``openvino-bf16``: the same with ``INFERENCE_PRECISION_HINT=bf16`` (the plugin's own default on
+  CPUs with bf16: AVX-512 BF16 or AMX; elsewhere it runs f32);
 * ``openvino-int8``: NNCF weight compression ``int8_asym`` (OpenVINO's recommendation for
   transformers on CPU; NNCF has no group size for int8, so per output channel) and the bf16
   inference hint where the CPU has bf16 (``avx512_bf16`` or AMX), f32 elsewhere.
@@ -27,7 +29,7 @@ import numpy as np
 PEERS: tuple[str, ...] = ("onnxruntime", "openvino")
 PIPELINES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("onnxruntime-fp32", "onnxruntime-int8"),
-    "openvino": ("openvino-fp32", "openvino-int8"),
+    "openvino": ("openvino-fp32", "openvino-bf16", "openvino-int8"),
 }
 _PACKAGES = {"onnxruntime": ("onnxruntime", "onnx"), "openvino": ("openvino", "nncf", "onnx")}
 INSTALL = "pip install 'clipsearch[peers]'"
@@ -104,15 +106,15 @@ def ort_int8(path: Path) -> Path:
     return dest
 
 
-def ov_compiled(path: Path, threads: int, int8: bool) -> tuple[Any, str]:
-    """OpenVINO's compiled model of an export (NNCF int8_asym weights with ``int8``) and the
-    inference precision it was given."""
+def ov_compiled(path: Path, threads: int, kind: str = "fp32") -> tuple[Any, str]:
+    """OpenVINO's compiled model of an export in ``kind`` (``fp32``; ``bf16``: the bf16 hint;
+    ``int8``: NNCF int8_asym weights) and the inference precision it was given."""
     import openvino as ov
 
     core = ov.Core()
     model = core.read_model(str(path))
-    hint = "f32"
-    if int8:
+    hint = "bf16" if kind == "bf16" else "f32"
+    if kind == "int8":
         import contextlib
         import io
         import logging
@@ -143,8 +145,8 @@ def vision_pipelines(peers: list[str], onnx_path: Path, threads: int) -> dict[st
                 key = session.get_inputs()[0].name
                 out[name] = (lambda s, k: lambda x: _normalise(s.run(None, {k: x})[0]))(session, key)
         else:
-            for name, int8 in (("openvino-fp32", False), ("openvino-int8", True)):
-                compiled, _hint = ov_compiled(onnx_path, threads, int8)
+            for name in PIPELINES["openvino"]:
+                compiled, _hint = ov_compiled(onnx_path, threads, name.removeprefix("openvino-"))
                 request = compiled.create_infer_request()
                 out[name] = (lambda r: lambda x: _normalise(r.infer([x])[0]))(request)
     return out
@@ -201,7 +203,7 @@ def text_embedder(peer: str, model_dir: Path, work_dir: Path, threads: int) -> C
         def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
             return session.run(None, {"input_ids": ids, "attention_mask": mask})[0]  # type: ignore[no-any-return]
     else:
-        compiled, _hint = ov_compiled(path, threads, int8=False)
+        compiled, _hint = ov_compiled(path, threads)
         request = compiled.create_infer_request()
 
         def run(ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -23,8 +23,8 @@ long build, without the costs paid once per run (model load, weights fingerprint
 calibration, FAISS set-up), which a whole-run figure on a few hundred images still carries.
 
 ``--peers onnxruntime,openvino`` (``_peers.py``) adds a model-only table in the same run: our
-pipelines (``default``, ``fp32``, ``fp32-torch``, ``int8-torch``), the naive model call and each peer's fp32 and
-int8 on the same decoded batches, batch size and threads, in steady state, ``--rounds``
+pipelines (``default``, ``fp32``, ``fp32-torch``, ``bf16-torch``, ``int8-torch``), the naive model call and each
+peer's fp32, bf16 (OpenVINO) and int8 on the same decoded batches, batch size and threads, in steady state, ``--rounds``
 interleaved rounds (``_model_only.py``); ``--peers ""`` gives ours alone. ``--skip-builds`` leaves
 out the end-to-end builds. Each row has ``pipeline``, ``images_per_second``, ``x_naive``,
 ``mean_cosine`` and ``min_cosine`` against the naive loop's fp32 vectors; a peer that is not

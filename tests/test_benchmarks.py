@@ -431,7 +431,7 @@ def test_bench_index_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert result["baseline_images_per_second"] > 0 and "(default: " in out
 
 
-_PEER_PIPELINES = ["onnxruntime-fp32", "onnxruntime-int8", "openvino-fp32", "openvino-int8"]
+_PEER_PIPELINES = ["onnxruntime-fp32", "onnxruntime-int8", "openvino-fp32", "openvino-bf16", "openvino-int8"]
 
 
 def test_bench_index_peers_model_only_rows() -> None:
@@ -445,7 +445,7 @@ def test_bench_index_peers_model_only_rows() -> None:
     assert proc.returncode == 0, proc.stderr[-2000:]
     out = proc.stdout
     rows = {r["pipeline"]: r for r in _json_line(out)["model_only"]["rows"]}
-    assert set(rows) == {"naive", "default", "fp32", "fp32-torch", "int8-torch", *_PEER_PIPELINES}
+    assert set(rows) == {"naive", "default", "fp32", "fp32-torch", "bf16-torch", "int8-torch", *_PEER_PIPELINES}
     for name, row in rows.items():
         if row.get("skipped"):  # a runtime not installed here: its reason, no figures
             assert name.startswith(("onnxruntime", "openvino")) and "pip install" in row["skipped"]
@@ -456,6 +456,7 @@ def test_bench_index_peers_model_only_rows() -> None:
     assert rows["naive"]["mean_cosine"] == 1.0 and rows["naive"]["x_naive"] == 1.0
     assert rows["fp32-torch"]["image_runtime"] == "torch" and rows["fp32"]["min_cosine"] >= 0.99999
     assert rows["int8-torch"]["image_runtime"] == "torch" and rows["int8-torch"]["precision"] == "int8"
+    assert rows["bf16-torch"]["image_runtime"] == "torch" and rows["bf16-torch"]["precision"] == "bf16"
     # Ours never depends on the batch (int8 quantises each row on its own); ONNX Runtime's
     # dynamic int8 takes one activation scale per tensor, so it does.
     assert rows["default"]["batch_dependence"] < 1e-6 and rows["fp32"]["batch_dependence"] < 1e-6
