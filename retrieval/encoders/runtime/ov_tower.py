@@ -208,7 +208,8 @@ class OvImageTower:
         with self._lock:
             request = self._idle.pop() if self._idle else self.compiled.create_infer_request()
         try:
-            request.infer({0: values})
+            # The batch is read in place (no copy into the request's tensor): infer returns before it can change.
+            request.infer({0: values}, share_inputs=True)
             # The output is the request's own memory, reused by its next call: normalising copies it.
             return l2_normalize(request.get_output_tensor(0).data)
         finally:
