@@ -2,10 +2,19 @@
 #   make demo   set up .venv, index the bundled data/demo collection, run sample searches
 #   make test   set up .venv, get a Chromium for the browser tests if none is installed, run the
 #               test suite (what .ci/run calls)
+# and one to refresh the pinned versions both install with:
+#   make lock   rewrite requirements/constraints.txt from a fresh venv (docs/development.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.clipsearch-installed
+# Every package of the full environment pinned (name==version), written by `make lock` from a fresh
+# venv with requirements/seed.txt's boto3/botocore pins as the only hand-written ones. Installing
+# with -c gives pip's resolver nothing to search: unpinned, it backtracked ~18 minutes through
+# boto3 releases (s3fs's aiobotocore caps botocore below what the newest boto3 needs; issue 57).
+CONSTRAINTS := requirements/constraints.txt
+# The extras of the full install (make test, lint, docs, serve; .ci/run). peers adds nothing to them.
+EXTRAS := test,server,ray,docs,heic,raw,ocr,shards,onnx,openvino
 # clip-retrieval's ClipClient and clip-front's built page, for the clip-back API tests: its own
 # dependencies (torch pins, faiss, img2dataset...) are not needed for the client, so --no-deps.
 CLIP_RETRIEVAL := clip-retrieval==2.45.0
@@ -17,16 +26,21 @@ DEMO_CLIP := data/models/demo-clip
 # A randomly initialised CLIP (meaningless rankings) for pipeline checks, e.g. in benchmarks/.
 RANDOM_MODEL := models/tiny-random-clip
 
-.PHONY: demo serve test lint docs install clean random-model
+.PHONY: demo serve test lint docs install clean random-model lock
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
-	$(BIN)/pip install --quiet --upgrade pip
-	$(BIN)/pip install --quiet -e '.[test,server,ray,docs,heic,raw,ocr,shards,onnx,openvino]'
-	$(BIN)/pip install --quiet --no-deps '$(CLIP_RETRIEVAL)'
+	$(BIN)/pip install --quiet --upgrade pip -c $(CONSTRAINTS)
+	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]' -c $(CONSTRAINTS)
+	$(BIN)/pip install --quiet --no-deps '$(CLIP_RETRIEVAL)' -c $(CONSTRAINTS)
 	touch $(STAMP)
+
+# Rewrite $(CONSTRAINTS) (2-3 minutes, in a temporary venv; .venv is left alone), then review the
+# changes it prints and commit them; the next make install or make demo installs them.
+lock:
+	$(PYTHON) scripts/lock.py --no-deps '$(CLIP_RETRIEVAL)'
 
 random-model: $(RANDOM_MODEL)/config.json
 
