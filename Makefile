@@ -1,13 +1,16 @@
 # Two commands on a fresh machine:
-#   make demo   set up .venv, index the bundled data/demo collection, run sample searches
-#   make test   set up .venv, get a Chromium for the browser tests if none is installed, run the
-#               test suite (what .ci/run calls)
+#   make demo   set up .venv (base dependencies only), index the bundled data/demo collection, run
+#               sample searches
+#   make test   set up .venv (every extra), get a Chromium for the browser tests if none is
+#               installed, run the test suite (what .ci/run calls)
 # and one to refresh the pinned versions both install with:
 #   make lock   rewrite requirements/constraints.txt from a fresh venv (docs/development.md)
 PYTHON ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
 STAMP := $(VENV)/.clipsearch-installed
+# The demo's lighter install (base dependencies, no extra); the full install touches it too.
+BASE_STAMP := $(VENV)/.clipsearch-base-installed
 # Every package of the full environment pinned (name==version), written by `make lock` from a fresh
 # venv with requirements/seed.txt's boto3/botocore pins as the only hand-written ones. Installing
 # with -c gives pip's resolver nothing to search: unpinned, it backtracked ~18 minutes through
@@ -30,12 +33,21 @@ RANDOM_MODEL := models/tiny-random-clip
 
 install: $(STAMP)
 
+# The full environment. After a demo's base install it adds the extras to the same .venv.
 $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip -c $(CONSTRAINTS)
 	$(BIN)/pip install --quiet -e '.[$(EXTRAS)]' -c $(CONSTRAINTS)
 	$(BIN)/pip install --quiet --no-deps '$(CLIP_RETRIEVAL)' -c $(CONSTRAINTS)
-	touch $(STAMP)
+	touch $(BASE_STAMP) $(STAMP)
+
+# What the demo needs: index and search with the committed model run on the base dependencies
+# (without the openvino extra the int8 image tower runs on torch instead of OpenVINO).
+$(BASE_STAMP): pyproject.toml $(CONSTRAINTS)
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip -c $(CONSTRAINTS)
+	$(BIN)/pip install --quiet -e . -c $(CONSTRAINTS)
+	touch $(BASE_STAMP)
 
 # Rewrite $(CONSTRAINTS) (2-3 minutes, in a temporary venv; .venv is left alone), then review the
 # changes it prints and commit them; the next make install or make demo installs them.
@@ -54,7 +66,7 @@ demo: MODEL := $(DEMO_MODEL)
 endif
 # --rebuild: an index left by an earlier demo with another model is re-embedded, not refused.
 # Sample queries whose answers can be checked by eye (file names say what the stamps show).
-demo: $(STAMP)
+demo: $(BASE_STAMP)
 	$(BIN)/clipsearch index data/demo $(DEMO_INDEX) --model $(MODEL) --rebuild
 	$(BIN)/clipsearch info $(DEMO_INDEX)
 	$(BIN)/clipsearch search $(DEMO_INDEX) "a banana" -k 5
