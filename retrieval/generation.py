@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 from typing import Any
 
@@ -25,6 +26,8 @@ from .rows import Rows, id_array
 
 # More than one retry needs a writer committing faster than an index opens.
 _OPEN_ATTEMPTS = 5
+# Stored vectors a query's cosine distribution is estimated on (hybrid ranking's scale).
+SCALE_SAMPLE = 2048
 
 
 @dataclass(frozen=True)
@@ -109,6 +112,14 @@ class Generation:
             if stored is not None:
                 return stored[0]
         return self.rows.vectors_of(ids)
+
+    @cached_property
+    def scale_sample(self) -> np.ndarray:
+        """Up to :data:`SCALE_SAMPLE` stored vectors, evenly spaced by id, read once: a query's
+        cosines with them stand for its cosines with the whole collection."""
+        count = self.manifest.count
+        ids = np.unique(np.linspace(0, count - 1, min(count, SCALE_SAMPLE)).astype(np.int64)) if count else np.empty(0, np.int64)
+        return self.vectors_of(ids)
 
     def warm(self, vectors: bool | None = None) -> int:
         """Ask the kernel to read the memory-mapped FAISS file ahead (see ``ImageIndex.warm``);

@@ -35,6 +35,9 @@ class Hit:
     query words matched the image's text, by source (``matched``: ``{"ocr": ("4711",)}``;
     sources in :data:`retrieval.keywords.SOURCES`) and the image's recognised text
     (``ocr_text``); ``score`` is always the cosine of the vector side, whatever ranked the hit.
+    Where hybrid ranking fused the two sides, ``fused`` is the score the hits are ordered by
+    (:func:`retrieval.keywords.fuse`), and ``keyword`` the share of the query's words the
+    image's text matches (0 to 1); both are None elsewhere.
     ``caption`` and ``url`` came with an image from a WebDataset shard (its ``.txt`` and
     img2dataset's ``.json``), None for an image from a folder.
     """
@@ -49,6 +52,8 @@ class Hit:
     ocr_text: str | None = None
     caption: str | None = None
     url: str | None = None
+    fused: float | None = None
+    keyword: float | None = None
 
     def to_dict(self, facts: bool = False) -> dict[str, Any]:
         """``id``, ``path``, ``score``, and the photo facts and text fields it has (with
@@ -61,7 +66,8 @@ class Hit:
             "ocr_text": self.ocr_text,
         }
         out.update(known if facts else {k: v for k, v in known.items() if v is not None})
-        out.update({k: v for k, v in (("caption", self.caption), ("url", self.url)) if v is not None})
+        out.update({k: v for k, v in (("caption", self.caption), ("url", self.url), ("fused", self.fused),
+                                      ("keyword", self.keyword)) if v is not None})
         return out
 
 
@@ -90,6 +96,12 @@ class Cut:
     def top_k(self) -> int:
         """The k of a top-k search (without ``min_score``)."""
         return self.k if self.k is not None else DEFAULT_K
+
+    @property
+    def cap(self) -> int | None:
+        """How many hits are returned at most: ``k``; without it :data:`DEFAULT_K`, or no cap
+        with ``min_score``."""
+        return self.k if self.k is not None or self.min_score is not None else DEFAULT_K
 
 
 def check_cut(k: int | None, min_score: float | None, sort: str) -> Cut:
@@ -122,8 +134,8 @@ def make_hits(rows: HitSource, ids: np.ndarray, scores: np.ndarray, cut: Cut) ->
         # Newest first, undated last; equal times keep the score order.
         order = np.lexsort((ids, -scores, -np.where(undated, 0, taken), undated))
         ids, scores = ids[order], scores[order]
-    if cut.k is not None:
-        ids, scores = ids[: cut.k], scores[: cut.k]
+    if cut.cap is not None:
+        ids, scores = ids[: cut.cap], scores[: cut.cap]
     paths = rows.paths_of(ids)
     metas = rows.photo_meta(ids)
     samples = rows.sample_meta(ids)

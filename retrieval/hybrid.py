@@ -1,11 +1,14 @@
 """Text search by mode: ``vector`` (the embedding alone), ``keyword`` (the images whose words
-match), ``hybrid`` (both rankings fused, :func:`retrieval.keywords.fuse`).
+match), ``hybrid`` (both sides fused, :func:`retrieval.keywords.fuse`).
 
 Hybrid takes the vector ranking's first :data:`DEPTH` images (or every image at or above
-``min_score``) and the keyword matches' first :data:`DEPTH`, and ranks their union by reciprocal
-rank fusion. Where no word of the query matches, the result is the vector search's, exactly.
-Filters apply to both sides. Every hit carries its cosine (``score``), the query words its
-text matched by source, and its recognised text.
+``min_score``) and the keyword matches (their best :data:`KEYWORD_DEPTH`), and orders their
+union by the fused score of each image's cosine and keyword coverage. Where no word of the
+query matches, the result is the vector search's, exactly. Keyword mode orders the matches by
+coverage, then cosine. Filters apply to both sides; every mode returns ``k`` hits (default
+:data:`~retrieval.hits.DEFAULT_K`, no cap with ``min_score`` alone). Every hit carries its
+cosine (``score``), the query words its text matched by source and its recognised text; a
+fused hit also its fused score and keyword coverage, so the order can be explained.
 """
 
 from __future__ import annotations
@@ -24,8 +27,10 @@ from .keywords import SOURCES, KeywordIndex, Matches, Terms, check_mode, fuse, m
 if TYPE_CHECKING:
     from .index import ImageIndex
 
-# Candidates each side brings to the fusion (at least k).
+# Candidates the vector side brings to the fusion (at least k).
 DEPTH = 100
+# Keyword matches read for their cosines, best coverage first.
+KEYWORD_DEPTH = 10_000
 
 
 def resolve_mode(mode: str | None, keywords: KeywordIndex | None) -> str:
@@ -79,33 +84,48 @@ def _scores(index: ImageIndex, ids: np.ndarray, vector: np.ndarray, known: dict[
 
 
 def _keyword_hits(index: ImageIndex, matches: Matches, vector: np.ndarray, cut: Cut) -> list[Hit]:
-    ids = matches.ids if cut.k is None else matches.ids[: cut.k]
-    scores = _scores(index, ids, vector, {})
+    ids, coverage = matches.ids[:KEYWORD_DEPTH], matches.scores[:KEYWORD_DEPTH]
+    cosines = _scores(index, ids, vector, {})
     if cut.min_score is not None:
-        keep = scores >= cut.min_score
-        ids, scores = ids[keep], scores[keep]
-    return make_hits(index.hit_source, ids, scores, cut)
+        keep = cosines >= cut.min_score
+        ids, cosines, coverage = ids[keep], cosines[keep], coverage[keep]
+    # Best coverage first; among equal matches, the vector side decides.
+    order = np.lexsort((ids, -cosines, -coverage))[: cut.cap]
+    return _explained(index, ids[order], cosines[order], cut, None, coverage[order])
 
 
 def _fused_hits(index: ImageIndex, matches: Matches, vector: np.ndarray, cut: Cut, where: Filter | None) -> list[Hit]:
-    depth = max(cut.top_k, DEPTH)
     if cut.min_score is not None:
         vids, vscores = index.search_range(vector[None], cut.min_score, where=where)[0]
     else:
-        vscores, vids = index.search_ids(vector[None], depth, where=where)
+        vscores, vids = index.search_ids(vector[None], max(cut.top_k, DEPTH), where=where)
         keep = vids[0] >= 0
         vids, vscores = vids[0][keep], vscores[0][keep]
-    fused = fuse(vids, matches.ids[:depth], matches.ranks[:depth])
-    if cut.k is not None:
-        fused = fused[: cut.k]
-    if cut.sort == "taken" and len(fused):
-        # Newest first, undated last; equal dates keep the fused order.
-        taken = index.hit_source.taken_us()[fused]
+    kids = matches.ids[:KEYWORD_DEPTH]
+    ids = np.union1d(vids, kids)
+    coverage = np.zeros(len(ids))
+    coverage[np.searchsorted(ids, kids)] = matches.scores[:KEYWORD_DEPTH]
+    cosines = _scores(index, ids, vector, dict(zip(vids.tolist(), vscores.tolist(), strict=True)))
+    order, fused = fuse(ids, cosines, coverage, index.cosine_scale(vector))
+    order = order[: cut.cap]
+    return _explained(index, ids[order], cosines[order], cut, fused[order], coverage[order])
+
+
+def _explained(index: ImageIndex, ids: np.ndarray, cosines: np.ndarray, cut: Cut, fused: np.ndarray | None,
+               coverage: np.ndarray) -> list[Hit]:
+    """The hits of ``ids`` in the order given (by date for ``sort="taken"``, equal dates in the
+    order given), each with its keyword coverage and, where given, its fused score."""
+    if cut.sort == "taken" and len(ids):
+        taken = index.hit_source.taken_us()[ids]
         undated = taken == np.iinfo(np.int64).min
-        fused = fused[np.lexsort((np.arange(len(fused)), -np.where(undated, 0, taken), undated))]
-    scores = _scores(index, fused, vector, dict(zip(vids.tolist(), vscores.tolist(), strict=True)))
-    # The fused order as it stands (make_hits reorders only for sort="taken").
-    return make_hits(index.hit_source, fused, scores, Cut(cut.k, None, "score"))
+        by_date = np.lexsort((np.arange(len(ids)), -np.where(undated, 0, taken), undated))
+        ids, cosines, coverage = ids[by_date], cosines[by_date], coverage[by_date]
+        fused = fused[by_date] if fused is not None else None
+    hits = make_hits(index.hit_source, ids, cosines, Cut(len(ids), None, "score"))  # as given, all of them
+    return [
+        dataclasses.replace(h, keyword=float(coverage[n]), fused=float(fused[n]) if fused is not None else None)
+        for n, h in enumerate(hits)
+    ]
 
 
 def _with_text(keywords: KeywordIndex, terms: Terms, hits: list[Hit]) -> list[Hit]:
@@ -118,4 +138,4 @@ def _with_text(keywords: KeywordIndex, terms: Terms, hits: list[Hit]) -> list[Hi
     return out
 
 
-__all__ = ["DEPTH", "resolve_mode", "text_search"]
+__all__ = ["DEPTH", "KEYWORD_DEPTH", "resolve_mode", "text_search"]

@@ -20,7 +20,7 @@ from .generation import MMAP_MIN_BYTES, Generation, open_generation
 from .hits import Cut, Hit, check_cut, make_hits
 from .hybrid import resolve_mode, text_search
 from .images import PreprocessConfig
-from .keywords import KeywordIndex, check_query_text
+from .keywords import CosineScale, KeywordIndex, check_query_text
 from .layout import read_manifest
 from .query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from .query_terms import QueryTerm, as_term, embed_terms
@@ -239,6 +239,12 @@ class ImageIndex:
             for q in queries:
                 check_query_text(q)
         return text_search(self, list(queries), self._generation.query_vectors(np.asarray(vectors)), cut, where, run_mode)
+
+    def cosine_scale(self, vector: np.ndarray) -> CosineScale:
+        """The mean and standard deviation of ``vector``'s cosine over the collection, estimated
+        on a fixed sample of its stored vectors (the scale hybrid ranking fuses on)."""
+        cosines = self._generation.scale_sample @ np.asarray(vector, np.float32)
+        return CosineScale(float(cosines.mean()), float(cosines.std())) if len(cosines) else CosineScale(0.0, 1.0)
 
     @property
     def keywords(self) -> KeywordIndex | None:

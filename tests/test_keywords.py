@@ -25,7 +25,20 @@ from retrieval import ImageIndex
 from retrieval.errors import EngineError, InvalidArgumentError
 from retrieval.filters import Filter
 from retrieval.images.embedded_text import MAX_XMP_BYTES, parse_xmp, read_embedded_text
-from retrieval.keywords import MAX_QUERY_CHARS, fold, fuse, matched_words, query_terms, words_of
+from retrieval.keywords import (
+    EDGE_CREDIT,
+    INSIDE_CREDIT,
+    KEYWORD_WEIGHT,
+    MAX_QUERY_CHARS,
+    Z_FLOOR,
+    CosineScale,
+    fold,
+    fuse,
+    matched_words,
+    query_terms,
+    word_credit,
+    words_of,
+)
 from retrieval.layout import read_manifest, write_manifest
 from retrieval.verify import verify_index
 
@@ -109,16 +122,43 @@ def test_a_query_is_text_never_syntax() -> None:
 def test_matching_rules() -> None:
     terms = query_terms("marathon 4711 cat")
     assert matched_words(terms, "TOKYOMARATHON2026 INVOICE4711") == ["marathon", "4711"]
-    # A short fragment matches whole words only, not inside longer ones.
+    # A short fragment matches whole words, the end of a run and its plural; not the start or the
+    # inside of longer ones.
     assert matched_words(query_terms("cat"), "concatenate") == []
+    assert matched_words(query_terms("cat"), "cathedral") == []
     assert matched_words(query_terms("cat"), "a cat.jpg") == ["cat"]
+    assert matched_words(query_terms("cat"), "blackcat") == ["cat"]
+    assert matched_words(query_terms("cat"), "cats/tiger") == ["cat"]
 
 
-def test_fusion_keeps_vector_order_without_keyword_matches_and_lifts_matches() -> None:
-    vector = np.array([5, 3, 9, 1])
-    assert fuse(vector, np.empty(0, np.int64), np.empty(0, np.int64)).tolist() == [5, 3, 9, 1]
-    fused = fuse(vector, np.array([1, 7]), np.array([1, 2]))
-    assert fused[0] == 1 and set(fused.tolist()) == {5, 3, 9, 1, 7}
+@pytest.mark.parametrize(
+    ("word", "text", "credit"),
+    [
+        ("cat", "cat", 1.0), ("marathon", "TokyoMarathon2026", 1.0), ("black", "rhino_black", 1.0),
+        ("cat", "blackcat", EDGE_CREDIT), ("cat", "cats", EDGE_CREDIT), ("guinea", "guineafowl", EDGE_CREDIT),
+        ("black", "blackbuck", EDGE_CREDIT), ("marathon", "TOKYOMARATHONRUN", INSIDE_CREDIT),
+        ("cat", "concatenate", 0.0), ("car", "cartoon", 0.0), ("cat", None, 0.0), ("dog", "a cat", 0.0),
+    ],
+)
+def test_a_whole_word_counts_more_than_a_part(word: str, text: str | None, credit: float) -> None:
+    assert word_credit(word, text) == credit
+
+
+def test_fusion_weighs_the_keyword_share_against_standard_deviations_of_cosine() -> None:
+    scale = CosineScale(mean=0.1, std=0.2)
+    ids = np.array([1, 3, 5, 9])
+    cosines = np.array([0.1, 0.8, 0.9, -0.9])  # z: 0, 3.5, 4, -5
+    # No words matched: the vector order, exactly.
+    order, score = fuse(ids, cosines, np.zeros(4), scale)
+    assert ids[order].tolist() == [5, 3, 1, 9]
+    # Cosines below the floor count the same: the words decide among them, then the cosine.
+    assert score[0] == score[3] == Z_FLOOR
+    # A full match (8 standard deviations) lifts an image above the vector side's best; a small
+    # share does not.
+    order, score = fuse(ids, cosines, np.array([0.0, 0.0, 0.0, 1.0]), scale)
+    assert ids[order].tolist() == [9, 5, 3, 1] and score[3] == pytest.approx(Z_FLOOR + KEYWORD_WEIGHT)
+    order, _ = fuse(ids, cosines, np.array([0.2, 0.0, 0.0, 0.0]), scale)
+    assert ids[order].tolist() == [5, 3, 1, 9]
 
 
 # -- embedded metadata ------------------------------------------------------------------------------

@@ -12,6 +12,7 @@ from ._common import add_device_arguments, add_filter_arguments, add_precision_a
 from .options import add_options
 
 if TYPE_CHECKING:
+    from retrieval.hits import Hit
     from retrieval.query_terms import QueryTerm
 
     from ._common import Subparsers
@@ -59,9 +60,18 @@ def run(args: argparse.Namespace) -> int:
             print(_why_none(args, where.active))
         for rank, hit in enumerate(hits, 1):
             taken = f"  {hit.taken or 'undated'}" if args.sort == "taken" else ""
-            words = "; ".join(f"{source}: {', '.join(found)}" for source, found in (hit.matched or {}).items())
-            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}{taken}{f'  [{words}]' if words else ''}")
+            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}{taken}{_why(hit)}")
     return 0
+
+
+def _why(hit: Hit) -> str:
+    # What put a hit where it is, beside its cosine: the words its text matched, and in a
+    # fused list the share of the query's words and the fused score it was ordered by.
+    words = "; ".join(f"{source}: {', '.join(found)}" for source, found in (hit.matched or {}).items())
+    parts = [words] if words else []
+    if hit.keyword is not None:
+        parts.append(f"words {hit.keyword:.2f}" + (f", fused {hit.fused:.2f}" if hit.fused is not None else ""))
+    return f"  [{' | '.join(parts)}]" if parts else ""
 
 
 def _why_none(args: argparse.Namespace, filtered: bool) -> str:
@@ -98,7 +108,7 @@ def register(subparsers: Subparsers) -> None:
     add_filter_arguments(p)
     p.add_argument(
         "--json", action="store_true",
-        help='print {"results": [{"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text"; "caption", "url" '
-        '(images from shards)}, ...]}',
+        help='print {"results": [{"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text"; "keyword" and '
+        '"fused" (hybrid and keyword modes); "caption", "url" (images from shards)}, ...]}',
     )
     p.set_defaults(handler=run)

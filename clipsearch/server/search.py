@@ -113,6 +113,14 @@ class SearchResult(BaseModel):
         "caption, ocr); null in vector mode"
     )
     ocr_text: str | None = Field(None, description="text recognised in the image (index --ocr), null when none")
+    keyword: float | None = Field(
+        None, description="hybrid and keyword modes: the share of the query's words the image's text matches (0 to 1, "
+        "rarer words weigh more, whole words more than parts); null in vector mode and where no word matched any image"
+    )
+    fused: float | None = Field(
+        None, description="hybrid mode, where words matched: the score the results are ordered by, "
+        "max(z, 1.5) + 8 * keyword, z being the cosine in standard deviations above the query's mean cosine; null elsewhere"
+    )
     width: int
     height: int
     image_url: str
@@ -305,6 +313,8 @@ def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
             "url": h.url,
             "matched": {k: list(v) for k, v in h.matched.items()} if h.matched is not None else None,
             "ocr_text": h.ocr_text,
+            "keyword": h.keyword,
+            "fused": h.fused,
             "width": int(s[0]),
             "height": int(s[1]),
             "image_url": f"/api/images/{h.id}?index={name}",

@@ -5,14 +5,14 @@ Two full-text tables index the same text of each image, by id (= rowid), one col
 
 - ``words`` (FTS5 ``unicode61``) holds the folded words and the parts of split runs
   (:func:`~retrieval.keywords.text.words_of`): whole-word matches;
-- ``grams`` (FTS5 ``trigram``) holds the folded text itself: matches inside runs, for query words
-  of at least :data:`~retrieval.keywords.text.SUBSTRING_MIN` characters.
+- ``grams`` (FTS5 ``trigram``) holds the folded text itself: the candidates for matches at the
+  edge of or inside runs, graded by :func:`~retrieval.keywords.text.word_credit`.
 
 Both are contentless (the text lives in the Parquet rows and, for the hits' matched words, in the
 plain ``texts`` table). Writers build the file once per generation (:func:`write_keywords`), or
 copy the previous one and append the new ids (:func:`extend_keywords`); readers open it
 read-only and immutable (:class:`KeywordIndex`). A query word that matches more than
-:data:`NOISE_FRACTION` of the images says nothing about which one is meant and is dropped.
+:data:`NOISE_FRACTION` of the images whole says nothing about which one is meant and is dropped.
 """
 
 from __future__ import annotations
@@ -28,12 +28,15 @@ from pathlib import Path
 import numpy as np
 
 from ..errors import IndexCorruptError, IndexFormatError
-from .text import SOURCES, SUBSTRING_MIN, Terms, fold, words_of
+from .text import EDGE_MIN, SOURCES, Terms, fold, word_credit, words_of
 
 KEYWORDS_FORMAT = "clipsearch-keywords-1"
 # A word matching more than this share of the images (and more than NOISE_MIN_ROWS of them) is noise.
 NOISE_FRACTION = 0.2
 NOISE_MIN_ROWS = 50
+# A word found inside more runs than this is graded by its whole matches alone (grading reads
+# each candidate's text).
+PARTIAL_MAX = 20_000
 _BATCH = 2048
 
 
@@ -129,9 +132,11 @@ def _finish(con: sqlite3.Connection, docs: Iterable[tuple[int, Mapping[str, str 
 
 @dataclass(frozen=True)
 class Matches:
-    """The images a query's words match, best first: ``ids``, their ``scores`` (the summed
-    rarity of the words each matches) and ``ranks`` (equal scores share a rank, from 1), and
-    ``words``, the query words that were looked up (noise dropped)."""
+    """The images a query's words match, best first: ``ids``, their ``scores`` (the share of
+    the query's words each matches, each word weighted by its rarity and counted with its
+    match credit, :func:`~retrieval.keywords.text.word_credit`: 1 when an image matches every
+    word whole) and ``ranks`` (equal scores share a rank, from 1), and ``words``, the query
+    words that matched at least one image (noise dropped)."""
 
     ids: np.ndarray
     scores: np.ndarray
@@ -175,29 +180,34 @@ class KeywordIndex:
         return np.fromiter((r[0] for r in rows), np.int64, len(rows))
 
     def match(self, terms: Terms, allowed: np.ndarray | None = None) -> Matches:
-        """The images matching any of ``terms`` (and ``allowed``, a mask over ids, when given)."""
+        """The images matching any of ``terms`` (and ``allowed``, a mask over ids, when given),
+        scored by the share of the query they match (:class:`Matches`)."""
         if not terms or not self.count:
             return NO_MATCHES
         noise = max(NOISE_MIN_ROWS, int(NOISE_FRACTION * self.count))
         found: list[np.ndarray] = []
         weights: list[np.ndarray] = []
         used: list[str] = []
+        total = 0.0
         with self._lock:
             for word in terms.words:
-                # Every whole word is also a part of its text: for a word long enough to match
-                # inside runs, the trigram table's answer holds the word table's.
-                ids = self._ids("grams" if len(word) >= SUBSTRING_MIN else "words", word, noise + 1)
-                if not len(ids) or len(ids) > noise:
-                    continue
-                used.append(word)
-                found.append(ids)
-                # Rarer words weigh more (an IDF): a match on "4711" beats one on "invoice".
-                weights.append(np.full(len(ids), math.log(1 + self.count / len(ids))))
+                ids, credits = self._credits(word, noise)
+                if ids is None:
+                    continue  # noise: it weighs nothing, matched or not
+                # Rarer words weigh more (an IDF): a match on "4711" beats one on "invoice". A
+                # word no image has is as rare as a word can be: the images that match the
+                # rest match less of the query.
+                weight = math.log(1 + self.count / max(len(ids), 1))
+                total += weight
+                if len(ids):
+                    used.append(word)
+                    found.append(ids)
+                    weights.append(credits * weight)
         if not found:
             return Matches(NO_MATCHES.ids, NO_MATCHES.scores, NO_MATCHES.ranks, tuple(used))
         # Work in proportion to the matches, not to the index.
         unique, inverse = np.unique(np.concatenate(found), return_inverse=True)
-        summed = np.bincount(inverse, weights=np.concatenate(weights))
+        summed = np.bincount(inverse, weights=np.concatenate(weights)) / total
         if allowed is not None:
             keep = allowed[unique]
             unique, summed = unique[keep], summed[keep]
@@ -211,16 +221,40 @@ class KeywordIndex:
         ranks = np.maximum.accumulate(np.where(first, np.arange(1, len(ids) + 1), 0))
         return Matches(ids, best, ranks, tuple(used))
 
+    def _credits(self, word: str, noise: int) -> tuple[np.ndarray | None, np.ndarray]:
+        """The ids ``word`` matches and each match's credit; None when the word is noise (it
+        matches more than ``noise`` images whole)."""
+        whole = self._ids("words", word, noise + 1)
+        if len(whole) > noise:
+            return None, np.empty(0)
+        ones = np.ones(len(whole))
+        if len(word) < EDGE_MIN:
+            return whole, ones
+        # Every whole word is also a part of its text: the trigram table's answer holds the
+        # word table's. A word found inside more runs than PARTIAL_MAX says nothing about
+        # which image is meant there: only its whole matches count.
+        inside = np.setdiff1d(self._ids("grams", word, PARTIAL_MAX + 1), whole)
+        if not len(inside) or len(inside) > PARTIAL_MAX:
+            return whole, ones
+        texts = self._texts_locked(inside)
+        credit = np.array([max(word_credit(word, t[s]) for s in SOURCES) for t in texts])
+        keep = credit > 0
+        return np.concatenate([whole, inside[keep]]), np.concatenate([ones, credit[keep]])
+
     def texts(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, str | None]]:
         """Each source's text of ``ids`` (None where it has none), in the given order."""
-        wanted = [int(i) for i in ids]
-        if not wanted:
-            return []
         with self._lock:
+            return self._texts_locked(ids)
+
+    def _texts_locked(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, str | None]]:
+        wanted = [int(i) for i in ids]
+        found: dict[int, dict[str, str | None]] = {}
+        for at in range(0, len(wanted), _BATCH):
+            chunk = wanted[at : at + _BATCH]
             rows = self._con.execute(
-                f"SELECT id, {', '.join(SOURCES)} FROM texts WHERE id IN ({', '.join('?' * len(wanted))})", wanted
+                f"SELECT id, {', '.join(SOURCES)} FROM texts WHERE id IN ({', '.join('?' * len(chunk))})", chunk
             ).fetchall()
-        found = {r[0]: dict(zip(SOURCES, r[1:], strict=True)) for r in rows}
+            found.update((r[0], dict(zip(SOURCES, r[1:], strict=True))) for r in rows)
         return [found.get(i, dict.fromkeys(SOURCES)) for i in wanted]
 
     def counts(self) -> dict[str, int]:
@@ -236,6 +270,7 @@ __all__ = [
     "NOISE_FRACTION",
     "NOISE_MIN_ROWS",
     "NO_MATCHES",
+    "PARTIAL_MAX",
     "KeywordIndex",
     "Matches",
     "check_engine",

@@ -1,19 +1,37 @@
-"""One ranking from two: reciprocal rank fusion (Cormack, Clarke and Büttcher, SIGIR 2009).
+"""One ranking from two: the vector side's cosines and the keyword side's coverage, on one scale.
 
-An image's fused score is ``sum(1 / (RRF_K + rank))`` over the rankings that hold it. Ranks,
-not scores, are fused: a cosine and a keyword score have no common scale, and RRF needs none.
-Images that match the query's words equally well share a keyword rank
-(:class:`~retrieval.keywords.fts.Matches`), so among them the vector ranking decides.
+A hybrid hit's fused score is ``max(z, Z_FLOOR) + KEYWORD_WEIGHT * coverage``:
+
+- ``z`` is the image's cosine in standard deviations above the query's mean cosine over the
+  collection (:class:`CosineScale`), so that one scale serves a model whose cosines crowd near
+  0.3 and one whose cosines spread from -1 to 1;
+- below :data:`Z_FLOOR` a cosine is not evidence the keyword side should be weighed against:
+  every image scoring that low counts the same, and the words decide among them;
+- ``coverage`` is the keyword side's score (:class:`~retrieval.keywords.fts.Matches`): the
+  share of the query's words, weighted by rarity and match credit, that the image's text holds
+  (1 when it holds them all, whole).
+
+So a full match on the query's words counts as much as eight standard deviations of cosine, a
+match on half of them four: an image whose name says what the query says rises above the
+vector side's best guesses, and among images matching equally well, the vector side decides.
+Reciprocal rank fusion (the previous rule) threw the strength of each side away; the weight
+and the floor were chosen by measurement on the demo's two query sets, where the model is weak
+and the names strong and the other way round (``benchmarks/bench_relevance.py``,
+``docs/search.md``).
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
 
-# The constant of the paper (and of Elasticsearch's and OpenSearch's RRF).
-RRF_K = 60
+# A full match on the query's words against standard deviations of cosine.
+KEYWORD_WEIGHT = 8.0
+# Cosines below mean + Z_FLOOR standard deviations all count the same.
+Z_FLOOR = 1.5
 MODES: tuple[str, ...] = ("hybrid", "vector", "keyword")
 
 
@@ -28,26 +46,36 @@ def check_mode(mode: object) -> str:
     return str(mode)
 
 
-def fuse(vector_ids: np.ndarray, keyword_ids: np.ndarray, keyword_ranks: np.ndarray) -> np.ndarray:
-    """The ids of both rankings, best fused score first (ties: the vector ranking's order, then id).
+@dataclass(frozen=True)
+class CosineScale:
+    """The mean and standard deviation of one query's cosine over the collection."""
+
+    mean: float
+    std: float
+
+    def z(self, cosines: np.ndarray) -> np.ndarray:
+        """``cosines`` in standard deviations above the mean."""
+        return (np.asarray(cosines, np.float64) - self.mean) / max(self.std, 1e-6)
+
+
+def fused_scores(cosines: np.ndarray, coverage: np.ndarray, scale: CosineScale) -> np.ndarray:
+    """Each candidate's fused score from its cosine and its keyword coverage (0 for none)."""
+    return np.maximum(scale.z(cosines), Z_FLOOR) + KEYWORD_WEIGHT * np.asarray(coverage, np.float64)
+
+
+def fuse(ids: np.ndarray, cosines: np.ndarray, coverage: np.ndarray, scale: CosineScale) -> tuple[np.ndarray, np.ndarray]:
+    """The fused order of the candidates ``ids`` (positions into them, best first; ties: the
+    higher cosine, then the lower id) and each candidate's fused score, in the given order.
 
     Args:
-        vector_ids: the vector ranking, best first (rank = position + 1).
-        keyword_ids: the keyword matches, best first.
-        keyword_ranks: their ranks (equal for equal matches), from 1.
+        ids: the candidates (the vector side's and the keyword side's, each once).
+        cosines: their cosines with the query.
+        coverage: their keyword scores, 0 where the words do not match.
+        scale: the query's :class:`CosineScale`.
     """
-    vector_ids = np.asarray(vector_ids, np.int64)
-    keyword_ids = np.asarray(keyword_ids, np.int64)
-    ids = np.union1d(vector_ids, keyword_ids)
-    score = np.zeros(len(ids), np.float64)
-    vpos = np.full(len(ids), len(vector_ids), np.int64)
-    at = np.searchsorted(ids, vector_ids)
-    score[at] += 1.0 / (RRF_K + np.arange(1, len(vector_ids) + 1))
-    vpos[at] = np.arange(len(vector_ids))
-    at = np.searchsorted(ids, keyword_ids)
-    score[at] += 1.0 / (RRF_K + np.asarray(keyword_ranks, np.float64))
-    order = np.lexsort((ids, vpos, -score))
-    return ids[order]
+    cosines = np.asarray(cosines, np.float64)
+    score = fused_scores(cosines, coverage, scale)
+    return np.lexsort((np.asarray(ids, np.int64), -cosines, -score)), score
 
 
-__all__ = ["MODES", "RRF_K", "check_mode", "fuse"]
+__all__ = ["KEYWORD_WEIGHT", "MODES", "Z_FLOOR", "CosineScale", "check_mode", "fuse", "fused_scores"]

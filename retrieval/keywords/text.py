@@ -5,10 +5,17 @@ looked up, so ``Café`` and ``CAFE`` are one word. Each run of letters and digit
 where OCR and file names glue words together (``TokyoMarathon2026`` -> ``tokyo marathon 2026``,
 ``INVOICE4711`` -> ``invoice 4711``, ``venice_gondola`` -> ``venice gondola``), so those parts
 are words of their own. A query is plain text, never syntax: it is cut into its words the same
-way; one-letter words and stop words are dropped, and only words of at least
-:data:`SUBSTRING_MIN` characters also match *inside* longer runs (``marathon`` in
-``TOKYOMARATHON``), so that a short fragment (``cat``) does not match every name that contains
-it (``concatenate``).
+way; one-letter words and stop words are dropped.
+
+A word matches an image's text with a *credit* (:func:`word_credit`): a whole word or a part of
+a split run counts fully; a word that ends a run counts :data:`EDGE_CREDIT` (``cat`` in
+``blackcat``: compounds put their head last); a word of at least :data:`SUBSTRING_MIN`
+characters that starts a run counts :data:`EDGE_CREDIT` too (``guinea`` in ``guineafowl``), and
+one inside a run :data:`INSIDE_CREDIT` (``marathon`` in ``TOKYOMARATHONRUN``); a plural
+(``cats`` for ``cat``) counts as an edge. A short word
+never matches at the start or in the middle of a run, so ``cat`` matches neither
+``concatenate`` nor ``cathedral``. The credits were chosen by measurement
+(``benchmarks/bench_relevance.py``).
 """
 
 from __future__ import annotations
@@ -22,8 +29,15 @@ from ..errors import InvalidArgumentError
 
 # A query longer than this is refused (a paste of a whole document is not a search).
 MAX_QUERY_CHARS = 1000
-# A query word this long or longer also matches inside longer runs of letters and digits.
+# A query word this long or longer also matches at the start of, or inside, longer runs.
 SUBSTRING_MIN = 4
+# A query word this long or longer matches at the end of a longer run (the trigram table's minimum).
+EDGE_MIN = 3
+# What a partial match counts for against a whole word's 1.
+EDGE_CREDIT = 0.75
+INSIDE_CREDIT = 0.5
+# A short word followed by these is its plural (``cat`` in ``cats``), which counts as an edge.
+_PLURAL = ("s", "es")
 # The sources of an image's words, in the order results list them.
 SOURCES: tuple[str, ...] = ("path", "embedded", "caption", "ocr")
 
@@ -109,18 +123,34 @@ def query_terms(query: str) -> Terms:
     return Terms(tuple(seen), tuple(seen.values()))
 
 
+def word_credit(word: str, text: str | None) -> float:
+    """How well the folded query ``word`` matches ``text`` (0 to 1, see the module): 1 for a
+    whole word or part, :data:`EDGE_CREDIT` at the end of a run (or at its start, for words of
+    :data:`SUBSTRING_MIN` characters and more), :data:`INSIDE_CREDIT` inside one, else 0."""
+    if not text:
+        return 0.0
+    folded = fold(text)
+    if word not in folded:
+        return 0.0
+    if word in set(words_of(text)):
+        return 1.0
+    best = 0.0
+    for run in _RUN.findall(folded):
+        if word not in run:
+            continue
+        if len(word) >= EDGE_MIN and (run.endswith(word) or run[len(word):] in _PLURAL and run.startswith(word)):
+            return EDGE_CREDIT
+        if len(word) >= SUBSTRING_MIN:
+            best = max(best, EDGE_CREDIT if run.startswith(word) else INSIDE_CREDIT)
+    return best
+
+
 def matched_words(terms: Terms, text: str | None) -> list[str]:
-    """The words of ``terms`` that ``text`` matches, by the same rules as the index (a whole
-    word, or inside a run for words of :data:`SUBSTRING_MIN` characters and more)."""
+    """The words of ``terms`` that ``text`` matches, by the same rules as the index
+    (:func:`word_credit` above 0)."""
     if not text or not terms:
         return []
-    folded = fold(text)
-    # Every word of the text is a part of its folded form: most texts are ruled out here.
-    candidates = [t for t in terms.words if t in folded]
-    if not candidates:
-        return []
-    words = set(words_of(text))
-    return [terms.display(t) for t in candidates if t in words or len(t) >= SUBSTRING_MIN]
+    return [terms.display(t) for t in terms.words if word_credit(t, text) > 0]
 
 
 def joined(values: Iterable[str | None], sep: str = "\n") -> str | None:
@@ -130,6 +160,9 @@ def joined(values: Iterable[str | None], sep: str = "\n") -> str | None:
 
 
 __all__ = [
+    "EDGE_CREDIT",
+    "EDGE_MIN",
+    "INSIDE_CREDIT",
     "MAX_QUERY_CHARS",
     "SOURCES",
     "STOP_WORDS",
@@ -142,5 +175,6 @@ __all__ = [
     "path_text",
     "plain",
     "query_terms",
+    "word_credit",
     "words_of",
 ]

@@ -482,6 +482,15 @@
     return `/api/images/${result.id}${params.size ? `?${params}` : ""}`;
   }
 
+  // Why a hit stands where it does: its similarity and, where the query's words took part,
+  // the share of them its text matched and the fused score the list is ordered by.
+  function whyText(result) {
+    const parts = [`similarity ${formatScore(result.score)}`];
+    if (typeof result.keyword === "number") parts.push(`words ${Math.round(result.keyword * 100)}%`);
+    if (typeof result.fused === "number") parts.push(`fused ${result.fused.toFixed(2)}`);
+    return parts.join(" · ");
+  }
+
   function formatScore(score) {
     return typeof score === "number" ? score.toFixed(3) : "";
   }
@@ -510,6 +519,8 @@
     const score = document.createElement("span");
     score.className = "score";
     score.textContent = formatScore(result.score);
+    score.dataset.testid = "score";
+    score.title = whyText(result);
     const path = document.createElement("span");
     path.className = "path";
     path.textContent = result.path;
@@ -539,8 +550,10 @@
     const found = result.matched && typeof result.matched === "object" ? Object.entries(result.matched) : [];
     if (found.length) {
       const words = [...new Set(found.flatMap(([, w]) => (Array.isArray(w) ? w : [])))];
-      matched.textContent = words.join(", ");
-      matched.title = found.map(([source, w]) => `${SOURCE_NAMES[source] || source}: ${w.join(", ")}`).join("\n");
+      const share = typeof result.keyword === "number" && result.keyword < 1 ? ` (${Math.round(result.keyword * 100)}%)` : "";
+      matched.textContent = words.join(", ") + share;
+      matched.title = found.map(([source, w]) => `${SOURCE_NAMES[source] || source}: ${w.join(", ")}`).join("\n") +
+        `\n${whyText(result)}`;
     }
 
     button.append(frame, score, path, caption, taken, matched);
@@ -699,7 +712,7 @@
     viewerOpener = opener;
     closeViewerImage();
     el.viewerPath.textContent = result.path;
-    el.viewerScore.textContent = `Score ${formatScore(result.score)} · image ${result.id}` +
+    el.viewerScore.textContent = `${whyText(result)} · image ${result.id}` +
       (result.width && result.height ? ` · ${result.width}×${result.height}` : "") +
       (result.taken ? ` · taken ${result.taken}` : "") + (result.camera ? ` · ${result.camera}` : "") +
       (result.caption ? ` · “${result.caption}”` : "") + (result.url ? ` · from ${result.url}` : "");
