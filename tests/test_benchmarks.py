@@ -18,6 +18,7 @@ import bench_duplicates  # noqa: E402
 import bench_index  # noqa: E402
 import bench_int8  # noqa: E402
 import bench_query  # noqa: E402
+import bench_relevance  # noqa: E402
 import bench_search  # noqa: E402
 import bench_serve  # noqa: E402
 import eval_retrieval  # noqa: E402
@@ -803,3 +804,30 @@ def test_bench_shards_ray_write_smoke(capsys: pytest.CaptureFixture[str]) -> Non
     assert [r["ray_batch"] for r in rows] == [16, 64, 64, 16, 64, 64]
     assert [r["format_version"] for r in rows] == [2, 2, 4, 2, 2, 4] and all(r["parts_before_finish"] == 4 for r in rows)
     assert all(r["stream_rows_per_s"] > 0 for r in rows) and "driver CPU us/row" in out
+
+
+def test_bench_relevance_measures_the_three_modes(tmp_path: Path, tiny_model: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from indexer import build_index
+
+    photos = tmp_path / "photos"
+    photos.mkdir()
+    for i, name in enumerate(["harbour_boat", "red_bus", "forest_path", "IMG_0001"]):
+        photo_like(64, 48, seed=i).save(photos / f"{name}.jpg", quality=85)
+    build_index(photos, tmp_path / "p.idx", model=str(tiny_model), workers=0, device="cpu", precision="fp32")
+    queries = tmp_path / "named.jsonl"
+    queries.write_text('{"query": "a boat in the harbour", "relevant": ["harbour_boat.jpg"]}\n'
+                       '{"query": "a red bus", "relevant": ["red_bus.jpg"]}\n')
+    assert bench_relevance.main(["--index", str(tmp_path / "p.idx"), "--queries", str(queries), "--cache", str(tmp_path / "c")]) == 0
+    out = capsys.readouterr().out
+    record = _json_line(out)["results"]["named"]
+    assert set(record) == {"vector", "hybrid", "keyword"}
+    # Every query names its image: the keyword side and the fusion put it first.
+    assert record["keyword"]["mrr@10"] == 1.0 and record["hybrid"]["mrr@10"] == 1.0
+    assert "| named |" in out and "hybrid - best side" in out
+    # The demo's trained set: distinct training captions, each with every image that carries it.
+    trained = [json.loads(line) for line in bench_relevance.trained_queries(tmp_path / "t.jsonl").read_text().splitlines()]
+    train = set((bench_relevance.DEMO / "splits" / "train.txt").read_text().split())
+    assert len(trained) == bench_relevance.TRAINED_QUERIES == len({q["query"] for q in trained})
+    assert all(set(q["relevant"]) <= train for q in trained)
+    with pytest.raises(SystemExit):  # the demo's sets go with the demo's index
+        bench_relevance.main(["--queries", str(queries)])
