@@ -20,6 +20,8 @@ CONSTRAINTS := requirements/constraints.txt
 EXTRAS := test,server,ray,docs,heic,raw,ocr,shards,onnx,openvino
 # clip-retrieval's ClipClient and clip-front's built page, for the clip-back API tests: its own
 # dependencies (torch pins, faiss, img2dataset...) are not needed for the client, so --no-deps.
+# Its package __init__ imports them all (flask-restful, wandb, all_clip...), so the client module is
+# loaded by its file, in the tests and in docs/server.md's example, not from clip_retrieval.
 CLIP_RETRIEVAL := clip-retrieval==2.45.0
 # A model to index the demo with: a hub id or a local checkpoint directory. Empty means the tiny
 # CLIP trained on the demo's 627 training images, committed in data/models/demo-clip (offline).
