@@ -44,7 +44,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	touch $(BASE_STAMP) $(STAMP)
 
 # What the demo needs: index and search with the committed model run on the base dependencies
-# (without the openvino extra the int8 image tower runs on torch instead of OpenVINO).
+# (without the openvino extra the int8 image tower runs on torch instead of OpenVINO: measured, the
+# same results in the same order for every sample query, scores within 0.003).
 $(BASE_STAMP): pyproject.toml $(CONSTRAINTS)
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/pip install --quiet --upgrade pip -c $(CONSTRAINTS)
