@@ -201,7 +201,9 @@ def _with_text(
     rows = np.flatnonzero(unread)
     texts = table.column("ocr_text").to_pylist()
     marked = table.column("ocr_read").to_pylist()
-    dataset = ImageDataset(images, _image_files(table, rows), preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft,
+    # Only the text is read here: the model's pixels are thrown away, so they are decoded the cheap
+    # way (the image OCR reads is the same in either mode: indexer.dataset, load_photo's keep_edge).
+    dataset = ImageDataset(images, _image_files(table, rows), preprocess, max_pixels=cfg.max_pixels, draft=True,
                            threads=threads, ocr=True)
     try:
         for start in range(0, len(rows), _BATCH):

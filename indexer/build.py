@@ -13,6 +13,7 @@ same command again resumes from it without embedding any committed image twice.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import os
 import shutil
 import sys
@@ -328,7 +329,7 @@ def _open_base(job: _Job) -> _Base:
     options = ann.choose_options(previous, index_type=cfg.index_type, max_memory=cfg.max_memory, target_recall=cfg.target_recall)
     # A factory string FAISS rejects fails here, before any image is embedded.
     ann.check_options(options, enc.dim, max(len(job.found.files), previous.count if previous is not None else 0))
-    writer = GenerationWriter(out, _meta(job, options, ocr_of(cfg, previous)), previous)
+    writer = GenerationWriter(out, _meta(job, options, ocr_of(cfg, previous), previous), previous)
     options_changed = previous is not None and dict(previous.index_options) != options.to_dict()
     if options_changed:
         writer.drop_faiss(options.to_dict())
@@ -346,14 +347,31 @@ def _ocr_recorded(previous: Manifest | None) -> bool:  # OCR has read every row 
     return previous is not None and previous.keywords is not None and previous.keywords.ocr
 
 
-def _meta(job: _Job, options: IndexOptions, ocr: bool) -> IndexMeta:
+def _recorded_decode(cfg: BuildConfig, previous: Manifest | None) -> calibrate.DecodeChoice:
+    """The decoding the manifest says until this run decides its own (:func:`_embed`): the
+    index's recorded one when this run asks for the same, else the request, not yet resolved."""
+    recorded = previous.preprocess if previous is not None else None
+    requested = calibrate.decode_request(cfg.decode, recorded)
+    before = calibrate.DecodeChoice.from_record(recorded)
+    if before is not None and before.requested == requested:
+        return before
+    if recorded is not None and before is None and requested != "auto":
+        return calibrate.DecodeChoice(requested, bool(recorded.get("jpeg_draft", True)))
+    return calibrate.DecodeChoice(requested, requested == "draft")
+
+
+def _preprocess_record(job: _Job, decode: calibrate.DecodeChoice) -> dict[str, Any]:
+    return {**job.enc.preprocess.to_dict(), **decode.record()}
+
+
+def _meta(job: _Job, options: IndexOptions, ocr: bool, previous: Manifest | None) -> IndexMeta:
     enc = job.enc
     return IndexMeta(
         model=enc.name,
         model_fingerprint=job.fingerprint,
         backend=enc.backend,
         dim=enc.dim,
-        preprocess={**enc.preprocess.to_dict(), "jpeg_draft": job.cfg.draft},
+        preprocess=_preprocess_record(job, _recorded_decode(job.cfg, previous)),
         source_root=job.source_root,
         model_info=dict(enc.info),
         index_options=options.to_dict(),
@@ -375,23 +393,32 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
         # With Ray on other machines the driver only takes the recorded mode, if any; a mode still
         # to choose is calibrated on the kind of node the actors run on (its CPU features or GPU).
         here = ray is None or ray.calibrates_here(enc)
+        recorded = previous.preprocess if previous is not None else None
+        requested = calibrate.decode_request(cfg.decode, recorded)
         calibrate.resolve(
-            enc, prev_info, images, plan.to_embed if here else [], max_pixels=cfg.max_pixels, draft=cfg.draft,
-            keep_recorded=job.keep_precision,
+            enc, prev_info, images, plan.to_embed if here else [], max_pixels=cfg.max_pixels, keep_recorded=job.keep_precision,
         )
         info = enc.info
         if not here and ray is not None and enc.image_precision.mode is None and plan.to_embed:
-            info = ray.resolve_precision(enc, images, prev_info, plan.to_embed, job.keep_precision)
+            info = ray.resolve_precision(enc, images, prev_info, plan.to_embed, job.keep_precision, requested, recorded)
             cpu_level = str(info.pop("_cpu_level", ""))
+            decode = calibrate.DecodeChoice.from_record(info.pop("_decode", None)) or calibrate.DecodeChoice(requested, False)
+        else:
+            decode = calibrate.resolve_decode(
+                enc, images, plan.to_embed, requested=requested, recorded=recorded, max_pixels=cfg.max_pixels,
+            )
+        if plan.to_embed or previous is None:
+            # The decoding this run's vectors come from; with nothing embedded the recorded one stays.
+            writer.meta = dataclasses.replace(writer.meta, preprocess=_preprocess_record(job, decode))
         writer.set_model_info(calibrate.model_info(info, prev_info, bool(plan.to_embed)))
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)
         # --ocr on an index embedded without it: the text of its rows, read here (also with Ray).
         text = backfill.read_missing_text(cfg, enc.preprocess, images, writer, recorded=_ocr_recorded(previous), stop=job.stop)
         if ray is not None:
-            stats = ray.embed(ray.spec(images, info, ocr=writer.meta.ocr), plan, writer)
+            stats = ray.embed(ray.spec(images, info, ocr=writer.meta.ocr, draft=decode.draft), plan, writer)
         else:
-            stats = embed_planned(cfg, enc, images, plan, writer, stop=job.stop)
+            stats = embed_planned(cfg, enc, images, plan, writer, stop=job.stop, draft=decode.draft)
         stats.add_text(text)
         return stats, cpu_level
 

@@ -1,4 +1,4 @@
-"""Precision of a build: resolve ``auto`` on the collection's own images, record it.
+"""Precision and JPEG decoding of a build: resolve each ``auto`` on the collection's own images, record it.
 
 ``auto`` embeds a small calibration sample (the first images to embed, decoded in-process) in
 fp32 and in each reduced candidate, fastest first, and keeps the first that passes the gate
@@ -6,13 +6,23 @@ fp32 and in each reduced candidate, fastest first, and keeps the first that pass
 chosen by ``auto`` reuses that mode without calibrating again. Another explicit mode on update
 is allowed (its vectors agree with fp32's within the gate) and recorded: ``model_info`` keeps
 ``precision`` (this run's mode) and ``precisions`` (every mode the index's runs embedded with).
+
+Decoding (``decode``, :func:`resolve_decode`): ``full`` decodes JPEGs in full (the reference
+processor's pixels), ``draft`` at a reduced DCT scale, ``auto`` drafts only where the sample's
+draft vectors equal its full-decode vectors within :data:`DECODE_GATE_MIN_COSINE`, and never
+with precision fp32 (exact means exact). The manifest's ``preprocess`` records the choice
+(``decode``), what it decided (``jpeg_draft``) and the gate's figures (``decode_gate``); an
+update keeps them as it keeps the precision.
 """
 
 from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import Any
+
+import numpy as np
 
 from retrieval.encoders import Encoder
 from retrieval.encoders.precision import (
@@ -25,12 +35,20 @@ from retrieval.encoders.precision import (
 from retrieval.encoders.runtime.image import RUNTIME_KEYS
 from retrieval.errors import InvalidArgumentError
 
-from .dataset import ImageDataset, collate
+from .config import DECODES, DEFAULT_DECODE, Decode
+from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
 from .shards import ShardReader
 
 # Files tried for a calibration sample: broken files are skipped, a few more are looked at.
 SAMPLE_TRIES = 4 * CALIBRATION_IMAGES
+
+# decode auto drafts only where every sample image's draft vector has at least this cosine to its
+# full-decode vector. 1e-5 is a hundred times below what the precision gate lets a reduced mode
+# move a vector (mean 1e-3), and a hundred times above float32 rounding: a drafted index then
+# ranks as a fully decoded one does. Small inputs and squashing resizes fail it (the DCT
+# reduction aliases what the antialiased resize would have averaged): those decode in full.
+DECODE_GATE_MIN_COSINE = 0.99999
 
 
 def apply_precision(enc: Encoder, precision: Precision) -> None:
@@ -58,7 +76,7 @@ def resolve(
     files: Sequence[ImageFile],
     *,
     max_pixels: int,
-    draft: bool,
+    draft: bool = False,
     keep_recorded: bool = False,
 ) -> None:
     """Resolve an ``auto`` image precision before embedding, and for fp32, bf16 and int8 the runtime
@@ -68,8 +86,8 @@ def resolve(
     manifest records (fp32 for an index from before precision modes), so all its vectors are
     made alike, and asks first for the runtime it records (torch for a bf16 or int8 index from
     before runtimes were recorded for those modes). An update reuses the mode a
-    previous ``auto`` run chose; otherwise the first decodable images of ``files`` (up to 16)
-    calibrate it. With nothing to embed it stays unresolved.
+    previous ``auto`` run chose; otherwise the first decodable images of ``files`` (up to 16),
+    decoded in full unless ``draft``, calibrate it. With nothing to embed it stays unresolved.
     """
     tower = enc.image_precision
     prev = previous_info or {}
@@ -95,18 +113,127 @@ def resolve(
                 return
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: calibrate anew
-    dataset = ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=draft)
+    good = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=draft))
+    # Every item of ``good`` holds pixels, so they stack whenever there is one.
+    pixels = collate(good).pixels if good else None
+    if pixels is not None:
+        enc.calibrate_images(pixels)
+
+
+def _sample(dataset: ImageDataset, indices: Sequence[int] | None = None) -> list[Item]:
+    """The first decodable items (up to :data:`CALIBRATION_IMAGES`) of ``dataset``, or of ``indices``."""
     good = []
-    for i in range(len(dataset)):
+    for i in indices if indices is not None else range(len(dataset)):
         item = dataset[i]
         if item.pixels is not None:
             good.append(item)
             if len(good) == CALIBRATION_IMAGES:
                 break
-    # Every item of ``good`` holds pixels, so they stack whenever there is one.
-    pixels = collate(good).pixels if good else None
-    if pixels is not None:
-        enc.calibrate_images(pixels)
+    return good
+
+
+@dataclass(frozen=True)
+class DecodeChoice:
+    """How a run decodes JPEGs: what was asked (``requested``), what that decided (``draft``),
+    and for ``auto`` the gate's figures or why no gate ran (``gate``)."""
+
+    requested: Decode
+    draft: bool
+    gate: Mapping[str, Any] = field(default_factory=dict)
+
+    def record(self) -> dict[str, Any]:
+        """What the manifest's ``preprocess`` records (beside the preprocessing settings)."""
+        data: dict[str, Any] = {"jpeg_draft": self.draft, "decode": self.requested}
+        if self.gate:
+            data["decode_gate"] = dict(self.gate)
+        return data
+
+    @classmethod
+    def from_record(cls, data: Mapping[str, Any] | None) -> DecodeChoice | None:
+        """The choice a manifest's ``preprocess`` records; None for one from before ``decode``
+        existed, or junk."""
+        if data is None or data.get("decode") not in DECODES or not isinstance(data.get("jpeg_draft"), bool):
+            return None
+        gate = data.get("decode_gate")
+        return cls(data["decode"], data["jpeg_draft"], dict(gate) if isinstance(gate, Mapping) else {})
+
+
+def decode_request(given: Decode | None, recorded: Mapping[str, Any] | None) -> Decode:
+    """The decoding a run asks for: ``given`` (``BuildConfig.decode``), else what the index
+    records (``preprocess`` of its manifest), else ``auto``. An index from before the choice
+    existed drafted its JPEGs unless it recorded ``"jpeg_draft": false``."""
+    if given is not None:
+        return given
+    if recorded is None:
+        return DEFAULT_DECODE
+    choice = DecodeChoice.from_record(recorded)
+    if choice is not None:
+        return choice.requested
+    return "full" if recorded.get("jpeg_draft") is False else "draft"
+
+
+def resolve_decode(
+    enc: Encoder,
+    root: str | os.PathLike[str] | ShardReader,
+    files: Sequence[ImageFile],
+    *,
+    requested: Decode,
+    recorded: Mapping[str, Any] | None,
+    max_pixels: int,
+) -> DecodeChoice:
+    """Decide whether this run drafts JPEGs. ``full`` and ``draft`` decide alone; ``auto``
+    decodes in full with precision fp32, else reuses an ``auto`` decision the index records for
+    the same precision, else gates: the first decodable images of ``files`` (the precision's
+    calibration sample) are embedded from full and from draft decoding, and draft is used only
+    if every cosine is at least :data:`DECODE_GATE_MIN_COSINE`. Call it after the precision is
+    resolved (:func:`resolve`). With nothing to embed an ``auto`` keeps the recorded decision,
+    else decodes in full.
+    """
+    if requested != "auto":
+        return DecodeChoice(requested, requested == "draft")
+    before = DecodeChoice.from_record(recorded)
+    if before is not None and before.requested != "auto":
+        before = None
+    full: list[Item] = []
+    if enc.image_precision.mode is None and files:
+        # Not calibrated yet (a caller that skipped resolve): the precision decides first.
+        full = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=False))
+        if full:
+            enc.calibrate_images(collate(full).pixels)  # type: ignore[arg-type]  # items with pixels stack
+    mode = enc.image_precision.mode
+    if mode == "fp32":
+        return DecodeChoice("auto", False, {"reason": "precision fp32: exact, so decoded in full"})
+    if before is not None and before.gate.get("precision") == mode and "passed" in before.gate:
+        return before
+    if not files:
+        return before if before is not None else DecodeChoice("auto", False)
+    if not full:
+        full = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=False))
+    if not full:
+        return DecodeChoice("auto", False)
+    sample = files[:SAMPLE_TRIES]
+    drafted = _sample(ImageDataset(root, sample, enc.preprocess, max_pixels=max_pixels, draft=True), [it.index for it in full])
+    if len(drafted) != len(full):  # a file changed under us: no fair comparison, so no draft
+        return DecodeChoice("auto", False, {"reason": "the sample did not decode alike twice"})
+    import torch
+
+    # Images draft leaves alone (small ones, most non-JPEGs) have cosine 1 without a model call.
+    moved = [i for i, (a, b) in enumerate(zip(full, drafted, strict=True)) if not torch.equal(a.pixels, b.pixels)]  # type: ignore[arg-type]  # sampled items hold pixels
+    cos = np.ones(len(full))
+    if moved:
+        reference = enc.embed_pixels(collate([full[i] for i in moved]).pixels)  # type: ignore[arg-type]  # items with pixels stack
+        candidate = enc.embed_pixels(collate([drafted[i] for i in moved]).pixels)  # type: ignore[arg-type]  # as above
+        cos[moved] = np.sum(reference.astype(np.float64) * candidate.astype(np.float64), axis=1)
+    passed = bool(cos.min() >= DECODE_GATE_MIN_COSINE)
+    gate = {
+        "samples": len(full),
+        "mean_cosine": round(float(cos.mean()), 8),
+        "min_cosine": round(float(cos.min()), 8),
+        "min_cosine_threshold": DECODE_GATE_MIN_COSINE,
+        "precision": enc.image_precision.mode,
+        "passed": passed,
+    }
+    return DecodeChoice("auto", passed, gate)
 
 
 def model_info(enc_info: Mapping[str, Any], previous_info: Mapping[str, Any] | None, embedded: bool) -> dict[str, Any]:
@@ -139,4 +266,13 @@ def model_info(enc_info: Mapping[str, Any], previous_info: Mapping[str, Any] | N
     return info
 
 
-__all__ = ["SAMPLE_TRIES", "apply_precision", "model_info", "resolve"]
+__all__ = [
+    "DECODE_GATE_MIN_COSINE",
+    "SAMPLE_TRIES",
+    "DecodeChoice",
+    "apply_precision",
+    "decode_request",
+    "model_info",
+    "resolve",
+    "resolve_decode",
+]

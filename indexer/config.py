@@ -10,9 +10,10 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import warnings
 from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
-from typing import Any
+from typing import Any, Literal, get_args
 
 from retrieval.checks import is_int, is_positive_int
 from retrieval.encoders import DEFAULT_MODEL, Precision, parse_precision
@@ -28,6 +29,13 @@ from .exclusions import check_patterns
 # Every mode keeps a vector a function of its image alone (int8 quantises per row), so an update
 # still equals a rebuild. An update without --precision keeps the index's recorded mode.
 DEFAULT_PRECISION = "auto"
+
+# How JPEGs are decoded (indexer.calibrate.resolve_decode): in full (the reference processor's
+# pixels), in draft (a reduced DCT scale: faster, not the reference's pixels), or auto (draft
+# only where a gate measured it harmless, never with precision fp32). Recorded in the index.
+Decode = Literal["auto", "full", "draft"]
+DECODES: tuple[Decode, ...] = get_args(Decode)
+DEFAULT_DECODE: Decode = "auto"
 
 # Where decoding and embedding run: this process, or a Ray Data actor pool (indexer.ray_engine).
 ENGINES = ("local", "ray")
@@ -103,8 +111,20 @@ class BuildConfig:
     max_pixels: int = field(
         default=DEFAULT_MAX_PIXELS, metadata=option("larger images are skipped as decompression bombs", cli=False, minimum=1)
     )
-    draft: bool = field(
-        default=True, metadata=option("decode JPEGs at a reduced DCT scale when the model needs fewer pixels", cli=False)
+    decode: Decode | None = field(
+        default=None,
+        metadata=option(
+            "how JPEGs are decoded, recorded in the index: full (the reference processor's pixels), draft (at a "
+            "reduced DCT scale, faster, not exact) or auto (draft only where the quality gate measured it harmless "
+            "on the first images; never with --precision fp32)",
+            default_text="auto for a new index, the recorded choice on update",
+            metavar="MODE",
+            choices=DECODES,
+        ),
+    )
+    draft: bool | None = field(
+        default=None,
+        metadata=option("deprecated: decode='draft' for True, decode='full' for False", default_text="", cli=False),
     )
     progress: bool = field(
         default=False,
@@ -268,6 +288,7 @@ class BuildConfig:
         )
         if self.precision is not None:
             parse_precision(self.precision)
+        self._check_decode()
         if self.threads is not None and not is_positive_int(self.threads):
             raise InvalidArgumentError(f"threads must be an integer >= 1, got {self.threads!r}")
         if self.batch_size is not None and not is_positive_int(self.batch_size):
@@ -299,6 +320,19 @@ class BuildConfig:
                 raise InvalidArgumentError(f"exclude must be a sequence of patterns, got {type(self.exclude).__name__}")
             check_patterns(self.exclude)
         self._check_engine()
+
+    def _check_decode(self) -> None:
+        if self.draft is not None:
+            if self.draft not in (True, False):
+                raise InvalidArgumentError(f"draft must be True or False, got {self.draft!r}")
+            warnings.warn("draft= is deprecated; use decode='draft' or decode='full'", DeprecationWarning, stacklevel=4)
+            implied: Decode = "draft" if self.draft else "full"
+            if self.decode is None:
+                object.__setattr__(self, "decode", implied)
+            elif self.decode != implied:
+                raise InvalidArgumentError(f"draft={self.draft} contradicts decode={self.decode!r}; give decode alone")
+        if self.decode is not None and self.decode not in DECODES:
+            raise InvalidArgumentError(f"unknown decode {self.decode!r}; use one of {', '.join(DECODES)}")
 
     def _check_engine(self) -> None:
         if self.engine not in ENGINES:
@@ -435,7 +469,10 @@ class BuildReport:
 
 
 __all__ = [
+    "DECODES",
+    "DEFAULT_DECODE",
     "DEFAULT_PRECISION",
+    "Decode",
     "ENGINES",
     "RAY_WRITES",
     "BuildConfig",

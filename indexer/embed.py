@@ -122,10 +122,11 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
 
 
 def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path | ShardReader, plan: UpdatePlan, writer: GenerationWriter,
-                  stop: Callable[[], bool] | None = None) -> RunStats:
+                  stop: Callable[[], bool] | None = None, *, draft: bool = False) -> RunStats:
     """Decode and embed ``plan.to_embed`` into ``writer``, committing a generation every
     ``cfg.commit_every`` images or ``cfg.commit_seconds``; returns the run's counters and timings.
-    ``stop`` (watch mode's Ctrl-C) is asked before each batch: when True the rest is left."""
+    ``stop`` (watch mode's Ctrl-C) is asked before each batch: when True the rest is left.
+    ``draft``: decode JPEGs in draft mode (the run's resolved ``decode``, :mod:`indexer.calibrate`)."""
     import torch
     from torch.utils.data import DataLoader
 
@@ -142,7 +143,7 @@ def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path | ShardReader, pl
     # On CUDA, workers only read and hash JPEGs; they are decoded and preprocessed on the GPU.
     on_gpu = decodes_on_device(device_type)
     # In-process decoding runs between batches, on as many threads as the model (see default_workers).
-    dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=cfg.draft,
+    dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=draft,
                            device_decode=on_gpu, threads=stats.threads if n_workers == 0 else 1, ocr=writer.meta.ocr)
     # ImageDataset is map-style without torch's Dataset base class (indexer.dataset does not
     # import torch), which DataLoader accepts at run time but its stubs do not.
@@ -160,7 +161,7 @@ def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path | ShardReader, pl
         # The next batches are received, decoded and resized in a helper thread while this
         # one runs the model and writes (see indexer/ahead.py).
         def finish(batch: Batch) -> Batch:
-            return finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=cfg.draft)
+            return finish_on_device(batch, enc.preprocess, enc.device, max_pixels=cfg.max_pixels, draft=draft)
 
         batches = Ahead(loader, finish, depth=2, name="clipsearch-device-decode")
     try:

@@ -26,6 +26,7 @@ from retrieval.images import PhotoMeta
 from retrieval.shards import MEMBER_SEP, SampleMeta
 
 from . import calibrate
+from .config import Decode
 from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
 from .embed import EmbeddedBatch, embed_batch, file_record
@@ -199,16 +200,19 @@ def from_columns(cols: Mapping[str, np.ndarray]) -> EmbeddedBatch:
 
 
 def calibrate_remote(spec: ActorSpec, previous_info: Mapping[str, Any] | None, files: Sequence[ImageFile],
-                     keep_recorded: bool) -> dict[str, Any]:
-    """The encoder info after ``auto`` is calibrated, plus ``_cpu_level``; run as a Ray task with an
-    actor's resources, so the mode is chosen on the kind of node (CPU features, GPU) that embeds,
-    with the local engine's own calibration."""
+                     keep_recorded: bool, decode: Decode = "auto", recorded_decode: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The encoder info after ``auto`` is calibrated, plus ``_cpu_level`` and ``_decode`` (the JPEG
+    decoding, :meth:`indexer.calibrate.DecodeChoice.record`); run as a Ray task with an actor's
+    resources, so the mode is chosen on the kind of node (CPU features, GPU) that embeds, with
+    the local engine's own calibration."""
     enc = load_actor_encoder(spec)
     with retained_heap():
-        calibrate.resolve(enc, previous_info, spec.images, files, max_pixels=spec.max_pixels, draft=spec.draft,
-                          keep_recorded=keep_recorded)
+        calibrate.resolve(enc, previous_info, spec.images, files, max_pixels=spec.max_pixels, keep_recorded=keep_recorded)
+        choice = calibrate.resolve_decode(enc, spec.images, files, requested=decode, recorded=recorded_decode,
+                                          max_pixels=spec.max_pixels)
     info = dict(enc.info)
     info["_cpu_level"] = cpu.cpu_level() if enc.device.type == "cpu" else ""
+    info["_decode"] = choice.record()
     return info
 
 

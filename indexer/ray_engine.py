@@ -37,7 +37,7 @@ from retrieval.errors import ClipSearchError, EngineError
 
 from . import calibrate
 from .commit import GenerationWriter
-from .config import BuildConfig
+from .config import BuildConfig, Decode
 from .discover import ImageFile
 from .embed import EmbeddedBatch, write_batches
 from .plan import UpdatePlan
@@ -239,10 +239,10 @@ class RayRun:
         on the driver encoder's kind of device. Otherwise one Ray task calibrates on a node."""
         return self.this_machine and enc.device.type == self.pool.device
 
-    def spec(self, photos: Path | ShardReader, info: Mapping[str, Any], ocr: bool = False) -> ActorSpec:
+    def spec(self, photos: Path | ShardReader, info: Mapping[str, Any], ocr: bool = False, draft: bool = False) -> ActorSpec:
         """What an actor embeds with, from an encoder's ``info``: its precision (the mode chosen,
-        or the one requested while ``auto`` is unresolved), int8 activation bits, image size, and
-        the runtime chosen (fp32 and int8)."""
+        or the one requested while ``auto`` is unresolved), int8 activation bits, image size, the
+        runtime chosen (fp32 and int8), and the run's JPEG decoding (``draft``)."""
         precision = str(info.get("precision") or "fp32")
         size = info.get("embed_image_size")
         bits = info.get("int8_activation_bits") if precision == "int8" else None
@@ -250,21 +250,25 @@ class RayRun:
             model=self.cfg.model, device=self.pool.device, precision=precision,
             image_size=int(size) if size is not None else None, int8_activation_bits=int(bits) if bits is not None else None,
             root=b"" if isinstance(photos, ShardReader) else os.fsencode(photos), max_pixels=self.cfg.max_pixels,
-            draft=self.cfg.draft, threads=self.pool.threads, shards=photos if isinstance(photos, ShardReader) else None,
+            draft=draft, threads=self.pool.threads, shards=photos if isinstance(photos, ShardReader) else None,
             ocr=ocr, image_runtime=str(info["image_runtime"]) if info.get("image_runtime") else None,
         )
 
     def resolve_precision(self, enc: Encoder, photos: Path | ShardReader, previous_info: Mapping[str, Any] | None,
-                          files: Sequence[ImageFile], keep_recorded: bool) -> dict[str, Any]:
+                          files: Sequence[ImageFile], keep_recorded: bool, decode: Decode = "auto",
+                          recorded_decode: Mapping[str, Any] | None = None) -> dict[str, Any]:
         """The model info an actor's encoder reports after the local engine's calibration,
-        run as one Ray task with an actor's resources on the first files to embed."""
+        run as one Ray task with an actor's resources on the first files to embed; its
+        ``_decode`` is the run's JPEG decoding (:func:`indexer.calibrate.resolve_decode`), decided
+        there too, from ``decode`` and the index's ``recorded_decode``."""
         spec = self.spec(photos, enc.info)  # the requested mode: auto, calibrated in the task
         task = self.ray.remote(num_cpus=self.pool.cpus_per_actor, num_gpus=self.pool.gpus_per_actor,
                                runtime_env=_runtime_env(), max_retries=2)(calibrate_remote)
         sample = list(files[: calibrate.SAMPLE_TRIES])  # what resolve looks at, not every file
         try:
             info: dict[str, Any] = self.ray.get(task.remote(spec, dict(previous_info) if previous_info else None, sample,
-                                                            keep_recorded))
+                                                            keep_recorded, decode,
+                                                            dict(recorded_decode) if recorded_decode else None))
         except Exception as exc:  # noqa: BLE001 - a RayTaskError wraps the actor's own error
             raise _task_error(exc) from exc
         return info

@@ -115,6 +115,7 @@ def decode_image(
     min_edge: int | None = None,
     max_pixels: int = DEFAULT_MAX_PIXELS,
     name: str | None = None,
+    draft: bool = True,
 ) -> DecodedImage:
     """Open and decode one image file to RGB.
 
@@ -127,6 +128,8 @@ def decode_image(
             used when its shorter side is at least this (else the sensor data is demosaiced).
         max_pixels: images with more pixels are refused as decompression bombs.
         name: how to name the file in error messages (defaults to the path).
+        draft: False decodes JPEGs in full whatever ``min_edge`` (which then only picks a
+            RAW file's preview): the pixels a reference processor decodes.
 
     Returns:
         The RGB image with its original (EXIF-oriented) width and height.
@@ -157,7 +160,7 @@ def decode_image(
                     )
                 if getattr(img, "n_frames", 1) > 1:
                     img.seek(0)
-                if min_edge is not None and img.format == "JPEG":
+                if draft and min_edge is not None and img.format == "JPEG":
                     # draft() picks the largest reduction that keeps both sides >= the request.
                     img.draft(img.mode, (min_edge, min_edge))
                 img.load()

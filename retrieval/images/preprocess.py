@@ -9,6 +9,7 @@ an image query that runs on OpenVINO or ONNX Runtime need not pay.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, BinaryIO
@@ -240,6 +241,8 @@ def load_pixels(
 ) -> tuple[torch.Tensor, int, int]:
     """Decode and preprocess one image: returns ``(pixel_values (3,h,w), width, height)``.
 
+    ``draft`` as in :func:`load_photo`.
+
     Raises:
         ImageDecodeError: see :func:`decode_image`.
     """
@@ -259,16 +262,42 @@ def load_photo(
     """:func:`load_pixels` that also returns the decoded image's facts (its size and
     :class:`~retrieval.images.exif.PhotoMeta`): what the indexer stores in a row.
 
-    ``keep_edge``: decode at least this shorter side (JPEG draft decoding stops there), for a
-    caller that reads the decoded image too (OCR); the model's pixels are the same either way.
+    ``draft``: decode JPEGs at the smallest DCT scale that keeps the model's resize target and
+    box-reduce other large images before the resize (:func:`reduce_for_resize`): fast, but not
+    the pixels of the checkpoint's own processor. False decodes in full, so the pixels equal
+    the reference's (what ``--decode full`` and ``--precision fp32`` build with).
+
+    ``keep_edge``: the caller reads ``decoded.image`` too (OCR) and needs at least this shorter
+    side. The returned ``decoded.image`` is then the file decoded as ``decode_image(min_edge=
+    keep_edge)`` decodes it, whatever ``draft`` says, and the model's pixels never depend on
+    ``keep_edge``: a file's vector is the same with or without the caller, and the caller's
+    image the same in either decode mode. Where the model's decode is not that image (a JPEG
+    drafted for the model, or decoded in full and larger than twice ``keep_edge``), the file is
+    decoded a second time.
 
     Raises:
         ImageDecodeError: see :func:`decode_image`.
     """
-    min_edge = max(cfg.min_decode_edge, keep_edge or 0) if draft else None
-    decoded = decode_image(source, min_edge=min_edge, max_pixels=max_pixels, name=name)
+    start = source.tell() if hasattr(source, "tell") else None
+    decoded = decode_image(source, min_edge=cfg.min_decode_edge, max_pixels=max_pixels, name=name, draft=draft)
     image = reduce_for_resize(decoded.image, cfg.min_decode_edge) if draft else decoded.image
-    return preprocess_tensor(pil_to_tensor(image), cfg), decoded
+    pixels = preprocess_tensor(pil_to_tensor(image), cfg)
+    if keep_edge is not None and not _same_as_kept(decoded, keep_edge):
+        if start is not None:
+            source.seek(start)  # type: ignore[union-attr]  # a file object: tell() was there, so is seek()
+        larger = decode_image(source, min_edge=keep_edge, max_pixels=max_pixels, name=name)
+        decoded = dataclasses.replace(decoded, image=larger.image)
+    return pixels, decoded
+
+
+def _same_as_kept(decoded: DecodedImage, keep_edge: int) -> bool:
+    """Whether ``decoded.image`` is what ``decode_image(min_edge=keep_edge)`` gives: a RAW file's
+    image (its preview or demosaic is picked by the model's edge either way), or a full decode
+    that no DCT scale could reduce (PIL drafts only a side at least twice the request)."""
+    if decoded.meta.raw_source is not None:
+        return True
+    full = decoded.image.size == (decoded.width, decoded.height)
+    return full and min(decoded.width, decoded.height) < 2 * keep_edge
 
 
 # Reduced images keep at least this many times the resize target on their shorter side, so the
