@@ -831,3 +831,17 @@ def test_bench_relevance_measures_the_three_modes(tmp_path: Path, tiny_model: Pa
     assert all(set(q["relevant"]) <= train for q in trained)
     with pytest.raises(SystemExit):  # the demo's sets go with the demo's index
         bench_relevance.main(["--queries", str(queries)])
+
+
+def test_bench_decode_smoke(capsys: pytest.CaptureFixture[str]) -> None:
+    import bench_decode
+
+    assert bench_decode.main(["--photos", "2", "--width", "400", "--height", "300", "--rounds", "1", "--models", "clip-tiny-64"]) == 0
+    out = capsys.readouterr().out
+    result = _json_line(out)
+    assert all(result["speed"][d]["images_per_s"] > 0 for d in ("full", "draft"))
+    [row] = result["quality"]
+    assert row["model"] == "clip-tiny-64" and 0.99 < row["min_cosine"] <= row["mean_cosine"] <= 1.000001
+    assert "draft is" in out and "CPU:" in out
+    with pytest.raises(SystemExit):
+        bench_decode.main(["--models", "nope"])
