@@ -63,11 +63,10 @@ class Hit:
         known = {
             "taken": self.taken, "camera": self.camera, "gps": list(self.gps) if self.gps is not None else None,
             "matched": {k: list(v) for k, v in self.matched.items()} if self.matched is not None else None,
-            "ocr_text": self.ocr_text,
+            "ocr_text": self.ocr_text, "keyword": self.keyword, "fused": self.fused,
         }
         out.update(known if facts else {k: v for k, v in known.items() if v is not None})
-        out.update({k: v for k, v in (("caption", self.caption), ("url", self.url), ("fused", self.fused),
-                                      ("keyword", self.keyword)) if v is not None})
+        out.update({k: v for k, v in (("caption", self.caption), ("url", self.url)) if v is not None})
         return out
 
 

@@ -59,7 +59,7 @@ def test_search_json(cli_index) -> None:
     assert proc.stderr.strip() == ""  # no load reports or warnings for users
     results = json.loads(proc.stdout)["results"]
     assert len(results) == 5
-    assert all(set(r) == {"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text"} for r in results)
+    assert all(set(r) == {"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text", "keyword", "fused"} for r in results)
     api = ImageIndex.open(out, device="cpu").search("a dog on a beach", k=5)
     assert [r["id"] for r in results] == [h.id for h in api]
     # The default mode fuses the words ("dog", "beach") found in file names with the vector

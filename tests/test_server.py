@@ -115,12 +115,22 @@ def _ids_by_path(index_dir: Path) -> dict[str, int]:
     return {p: i for i, p in enumerate(ImageIndex.open(index_dir).paths())}
 
 
-def _cli_search(capsys: pytest.CaptureFixture[str], *args: str) -> list[dict[str, Any]]:
-    """``clipsearch search ... --json`` (the command's own main, in this process)."""
+def _server_text_mode(client: TestClient) -> str:
+    """The precision the server's default index runs text queries in (``auto`` chooses per
+    process: a CLI or library call compared with the server must ask for the same)."""
+    served = client.app.state.indexes.get(None).current()  # type: ignore[attr-defined]
+    served.embed_texts(["a photo"])  # the text tower is chosen with the first text
+    return str(getattr(served.text_encoder, "mode", "auto"))
+
+
+def _cli_search(capsys: pytest.CaptureFixture[str], client: TestClient, *args: str) -> list[dict[str, Any]]:
+    """``clipsearch search ... --json`` (the command's own main, in this process), its text
+    tower in the precision the server's default index runs: ``auto`` keeps a one-shot command's
+    text tower in fp32, where a server's may take int8 (docs/server.md)."""
     from clipsearch.cli import main
 
     capsys.readouterr()
-    assert main(["search", *args, "--json", "--device", "cpu"]) == 0
+    assert main(["search", *args, "--json", "--device", "cpu", "--precision", _server_text_mode(client)]) == 0
     return list(json.loads(capsys.readouterr().out)["results"])
 
 
@@ -134,7 +144,7 @@ def _same_ranking(api: list[dict[str, Any]], cli: list[dict[str, Any]]) -> None:
 
 
 def test_search_equals_cli(client: TestClient, built_index: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    cli = _cli_search(capsys, str(built_index), "a dog on a beach", "-k", "8")
+    cli = _cli_search(capsys, client, str(built_index), "a dog on a beach", "-k", "8")
     got = client.get("/api/search", params={"q": "a dog on a beach", "k": 8})
     assert got.status_code == 200
     body = got.json()
@@ -151,7 +161,7 @@ def test_search_equals_cli(client: TestClient, built_index: Path, capsys: pytest
 
 def test_search_with_filters_equals_cli(client: TestClient, built_index: Path, capsys: pytest.CaptureFixture[str]) -> None:
     prefixes = ["--path-prefix", "photos/", "--path-prefix", "formats/"]
-    cli = _cli_search(capsys, str(built_index), "red", "-k", "6", *prefixes, "--min-width", "64")
+    cli = _cli_search(capsys, client, str(built_index), "red", "-k", "6", *prefixes, "--min-width", "64")
     assert cli and all(r["path"].startswith(("photos/", "formats/")) for r in cli)
     params: dict[str, Any] = {"q": "red", "k": 4, "offset": 2, "path_prefix": ["photos/", "formats/"], "min_width": 64}
     got = client.get("/api/search", params=params).json()["results"]
@@ -172,7 +182,7 @@ def test_result_fields(client: TestClient, built_index: Path, collection: Collec
     assert len(results) == len(ids)
     for r in results:
         assert set(r) == {
-            "id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text", "caption", "url", "width", "height",
+            "id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text", "keyword", "fused", "caption", "url", "width", "height",
             "image_url", "thumbnail_url",
         }
         assert ids[r["path"]] == r["id"]
@@ -199,7 +209,7 @@ def test_search_by_image_id_vector_and_upload(
     _same_ranking(by_vector, [h.to_dict() for h in expected])
     # an uploaded file ranks as `clipsearch search --image` does
     photo = collection.root / "formats" / "rgba.png"
-    cli = _cli_search(capsys, str(built_index), "--image", str(photo), "-k", "6")
+    cli = _cli_search(capsys, client, str(built_index), "--image", str(photo), "-k", "6")
     files = {"image": ("q.png", photo.read_bytes(), "image/png")}
     uploaded = client.post("/api/search", files=files, data={"k": "4", "offset": "2"})
     assert uploaded.status_code == 200, uploaded.text
@@ -214,20 +224,20 @@ def test_query_arithmetic_equals_cli(
     from retrieval.index import ImageIndex
     from retrieval.query_terms import QueryTerm
 
-    cli = _cli_search(capsys, str(built_index), "2:a dog", "--add", "in the snow", "--subtract", "0.5:grass", "-k", "6")
+    cli = _cli_search(capsys, client, str(built_index), "2:a dog", "--add", "in the snow", "--subtract", "0.5:grass", "-k", "6")
     got = client.get("/api/search", params={"q": "2:a dog", "add": ["in the snow"], "subtract": ["0.5:grass"], "k": 6})
     assert got.status_code == 200, got.text
     _same_ranking(got.json()["results"], cli)
     posted = client.post("/api/search", json={"text": "2:a dog", "add": ["in the snow"], "subtract": ["0.5:grass"], "k": 6})
     _same_ranking(posted.json()["results"], cli)
     # An image of the index as a term (by id), and an uploaded image as the first term.
-    index = ImageIndex.open(built_index, device="cpu")
+    index = ImageIndex.open(built_index, device="cpu", precision=_server_text_mode(client))
     target = _ids_by_path(built_index)["photos/a.jpg"]
     body = {"image_id": target, "add": [{"text": "at night", "weight": 0.5}], "subtract": [{"image_id": 0, "weight": 0.3}], "k": 5}
     expected = index.search_combined([QueryTerm(target, "id"), QueryTerm("at night", weight=0.5)], subtract=[QueryTerm(0, "id", 0.3)], k=5)
     _same_ranking(client.post("/api/search", json=body).json()["results"], [h.to_dict() for h in expected])
     photo = collection.root / "formats" / "rgba.png"
-    cli = _cli_search(capsys, str(built_index), "--image", str(photo), "--subtract", "grass", "-k", "4")
+    cli = _cli_search(capsys, client, str(built_index), "--image", str(photo), "--subtract", "grass", "-k", "4")
     files = {"image": ("q.png", photo.read_bytes(), "image/png")}
     uploaded = client.post("/api/search", files=files, data={"k": "4", "subtract": ["grass"]})
     assert uploaded.status_code == 200, uploaded.text
@@ -288,6 +298,9 @@ BAD_GETS = [
     ({"q": "x", "min_width": "wide"}, 422, "min_width:"),
     ({"q": "x", "min_width": 100, "max_width": 10}, 400, "nothing can match"),
     ({"q": "x", "modified_after": "last tuesday"}, 400, "cannot read time"),
+    # A misspelt filter is refused, never dropped into unfiltered results (as POST's fields).
+    ({"q": "x", "bogus": "1"}, 422, "bogus: unknown field"),
+    ({"q": "x", "min_widht": "3"}, 422, "min_widht: unknown field"),
 ]
 
 

@@ -8,6 +8,7 @@ thread: model calls and file reads never run on the event loop), and serialise. 
 from __future__ import annotations
 
 import hmac
+import inspect
 import io
 import json
 import os
@@ -60,6 +61,8 @@ STATIC_DIR = Path(__file__).parent / "static"
 # At module level: the route's annotations are strings, resolved in this module's namespace.
 _query_params = query_params()
 _query_filters = query_filters()
+# Every name GET /api/search reads: the two dependencies' parameters and the query itself.
+_GET_SEARCH_NAMES = frozenset([*inspect.signature(_query_params).parameters, *inspect.signature(_query_filters).parameters, "q"])
 # The multipart fields that may repeat: every other one keeps its last value.
 _FORM_LISTS = frozenset(name for name, f in SearchForm.model_fields.items() if typing.get_origin(f.annotation) is list)
 # A text query run once per index at start-up, so that no request pays the model load.
@@ -282,6 +285,10 @@ def _api_router() -> APIRouter:
         filters: Annotated[dict[str, Any], Depends(_query_filters)],
         q: Annotated[str | None, Query(description="the text query")] = None,
     ) -> Response:
+        # A misspelt filter must not return unfiltered results: unknown names are refused, as POST's are.
+        unknown = [name for name in request.query_params if name not in _GET_SEARCH_NAMES]
+        if unknown:
+            raise RequestValidationError([{"type": "extra_forbidden", "loc": ("query", name), "msg": "unknown field"} for name in unknown])
         if q is None or not q.strip():
             raise InvalidArgumentError("give a text query: q=...")
         return await _answer(request, make_request("text", params, filters, text=q))
