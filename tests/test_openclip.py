@@ -446,7 +446,8 @@ def test_cli_index_and_search(cli_index, encoder: OpenClipEncoder, photos: Path)
     index = ImageIndex.open(out, device="cpu")
     same_mode = load_encoder(encoder.name, device="cpu", precision=info["precision"])
     for name in ("0.jpg", "3.jpg"):
-        pixels, _, _ = load_pixels(photos / name, encoder.preprocess)
+        # Decoded as the build decoded (decode auto: drafted only where its gate passed).
+        pixels, _, _ = load_pixels(photos / name, encoder.preprocess, draft=manifest["preprocess"]["jpeg_draft"])
         hit = index.search_vectors(same_mode.embed_pixels(pixels[None]), k=1)[0][0]
         assert hit.path == name and hit.score == pytest.approx(1.0, abs=1e-5)
     proc = run_cli(["search", out, "a dog on a beach", "-k", "3", "--json", "--device", "cpu"])
