@@ -26,7 +26,6 @@ import sys
 import time
 import uuid
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -45,22 +44,11 @@ from .discover import ImageFile
 from .embed import ChunkCommits
 from .parts import write_part
 from .shards import ShardReader
+from .stats import TextStats
 from .writer import conform
 
 # Images decoded and read per call on the decode threads (the progress bar moves between calls).
 _BATCH = 32
-
-
-@dataclass
-class TextStats:
-    """What :func:`read_missing_text` did: images whose text was read (``read``), those with text
-    found (``with_text``), those OCR or the file system could not read (``notes``, indexed
-    without text), and the seconds spent committing generations (``write_seconds``)."""
-
-    read: int = 0
-    with_text: int = 0
-    notes: int = 0
-    write_seconds: float = 0.0
 
 
 class _Scratch:
@@ -227,4 +215,4 @@ def _with_text(
     return table.set_column(table.schema.get_field_index("ocr_read"), "ocr_read", pa.array(marked, pa.bool_()))
 
 
-__all__ = ["TextStats", "read_missing_text", "unread_rows"]
+__all__ = ["read_missing_text", "unread_rows"]

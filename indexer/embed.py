@@ -11,7 +11,6 @@ import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -24,13 +23,11 @@ from .commit import GenerationWriter
 from .config import BuildConfig, default_threads, default_workers
 from .dataset import Batch, ImageDataset, Item, collate, finish_on_device
 from .discover import ImageFile
+from .parts import WrittenPart
 from .plan import UpdatePlan
 from .shards import ShardReader
 from .stats import RunStats
 from .writer import FileRecord
-
-if TYPE_CHECKING:
-    from .ray_parts import WrittenPart
 
 
 def _file_facts(item: Item) -> tuple[int | None, int | None, str | None]:
@@ -48,7 +45,8 @@ class EmbeddedBatch:
     vectors: np.ndarray | None  # (n_good, dim), rows in the order of the items without an error
     decode_seconds: float
     encode_seconds: float
-    # A Ray build whose actor wrote the good rows as a part (indexer.ray_parts): its name there.
+    # The good rows already written as a part of the run's stage (an engine that writes where it
+    # embeds, such as Ray's actors): its name there.
     part: WrittenPart | None = None
     # The good rows are already linked into the writer as a part (vectors is then None).
     linked: bool = False

@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import uuid
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TypeAlias
 
@@ -65,7 +66,7 @@ def group_parts(sources: list[PartSource], merge: bool) -> list[list[PartSource]
     return groups
 
 
-__all__ = ["MERGE_MIN_PARTS", "MERGE_TARGET_ROWS", "PartSource", "group_parts", "rows_of"]
+__all__ = ["MERGE_MIN_PARTS", "MERGE_TARGET_ROWS", "PartSource", "WrittenPart", "group_parts", "rows_of"]
 
 
 def link_part(index_dir: Path, ref: PartRef, src: Path, staging: Path, gen_rel: str, name: str) -> tuple[PartRef, Path]:
@@ -102,3 +103,12 @@ def write_part(path: Path, rel: str, dim: int, first_id: int, sources: Sequence[
                     part.write_table(pa.Table.from_batches([batch]))
     rows = part.close()
     return PartRef(rel, rows, first_id, file_id, paths_file_of(rel))
+
+
+@dataclass(frozen=True)
+class WrittenPart:
+    """A part written into a run's stage ahead of the commit (by a Ray actor or the driver): its name there, rows, file id."""
+
+    name: str
+    rows: int
+    file_id: str

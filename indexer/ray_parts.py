@@ -38,6 +38,7 @@ from . import parts
 from .commit import GenerationWriter
 from .discover import ImageFile
 from .embed import EmbeddedBatch, file_record
+from .parts import WrittenPart
 from .writer import FileRecord, records_table
 
 STAGE_PREFIX = f"{STAGING_PREFIX}ray-"
@@ -154,15 +155,6 @@ def part_rows(batch_size: int, files: int, actors: int, commit_every: int) -> in
     return batch_size * max(1, min(commit_every // batch_size, per_actor))
 
 
-@dataclass(frozen=True)
-class WrittenPart:
-    """A part an actor (or the driver) wrote into the stage: its name there, rows, file id."""
-
-    name: str
-    rows: int
-    file_id: str
-
-
 def write_part(stage: str | bytes | os.PathLike[str], records: list[FileRecord], vectors: np.ndarray, dim: int,
                ocr: bool) -> WrittenPart:
     """Write ``records`` and their vectors as a part (stored ids ``0 .. n - 1``) in ``stage``."""
@@ -201,5 +193,5 @@ def part_of(cols: Mapping[str, np.ndarray]) -> WrittenPart | None:
     return WrittenPart(str(cols[PART_COLUMN][0]), int(cols[PART_ROWS_COLUMN][0]), str(cols[FILE_ID_COLUMN][0]))
 
 
-__all__ = ["PROBE_FILE", "STAGE_PREFIX", "Stage", "StageRef", "WrittenPart", "by_part", "part_columns", "part_of", "part_rows",
+__all__ = ["PROBE_FILE", "STAGE_PREFIX", "Stage", "StageRef", "by_part", "part_columns", "part_of", "part_rows",
            "write_part"]

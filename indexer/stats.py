@@ -1,4 +1,5 @@
-"""``RunStats``: the counters and timings one build's embedding stage accumulates.
+"""``RunStats``: the counters and timings one build's embedding stage accumulates, and
+``TextStats``, those of reading the text of images already indexed.
 
 Both engines (:func:`indexer.embed.embed_planned`, :meth:`indexer.ray_engine.RayRun.embed`)
 fill one through :func:`indexer.embed.write_batches`; :mod:`indexer.build` turns it into the
@@ -8,12 +9,21 @@ run's :class:`~indexer.config.BuildReport`.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from .config import BuildConfig, default_batch_size
 
-if TYPE_CHECKING:
-    from .backfill import TextStats
+
+@dataclass
+class TextStats:
+    """What reading the text of images already indexed did
+    (:func:`indexer.backfill.read_missing_text`): images whose text was read (``read``), those
+    with text found (``with_text``), those OCR or the file system could not read (``notes``,
+    indexed without text), and the seconds spent committing generations (``write_seconds``)."""
+
+    read: int = 0
+    with_text: int = 0
+    notes: int = 0
+    write_seconds: float = 0.0
 
 
 @dataclass
@@ -71,4 +81,4 @@ class RunStats:
         return self.added + self.updated
 
 
-__all__ = ["RunStats"]
+__all__ = ["RunStats", "TextStats"]

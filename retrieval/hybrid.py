@@ -15,17 +15,39 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import numpy as np
 
 from .errors import InvalidArgumentError
 from .filters import Filter
-from .hits import Cut, Hit, make_hits
-from .keywords import SOURCES, KeywordIndex, Matches, Terms, check_mode, fuse, matched_words, query_terms
+from .hits import Cut, Hit, HitSource, make_hits
+from .keywords import SOURCES, CosineScale, KeywordIndex, Matches, Terms, check_mode, fuse, matched_words, query_terms
 
-if TYPE_CHECKING:
-    from .index import ImageIndex
+
+class Searchable(Protocol):
+    """What text search by mode asks of an index (:class:`~retrieval.index.ImageIndex`
+    answers it): its keyword side, its vector searches, its stored vectors and rows."""
+
+    @property
+    def keywords(self) -> KeywordIndex | None: ...
+
+    @property
+    def hit_source(self) -> HitSource: ...
+
+    def mask(self, where: Filter) -> np.ndarray: ...
+
+    def search_vectors(self, vectors: np.ndarray, k: int | None = None, where: Filter | None = None, *,
+                       min_score: float | None = None, sort: str = "score") -> list[list[Hit]]: ...
+
+    def search_range(self, vectors: np.ndarray, min_score: float, where: Filter | None = None) -> list[tuple[np.ndarray, np.ndarray]]: ...
+
+    def search_ids(self, vectors: np.ndarray, k: int = 10, where: Filter | None = None) -> tuple[np.ndarray, np.ndarray]: ...
+
+    def vectors_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray: ...
+
+    def cosine_scale(self, vector: np.ndarray) -> CosineScale: ...
+
 
 # Candidates the vector side brings to the fusion (at least k).
 DEPTH = 100
@@ -52,7 +74,7 @@ def resolve_mode(mode: str | None, keywords: KeywordIndex | None) -> str:
 
 
 def text_search(
-    index: ImageIndex, queries: Sequence[str], vectors: np.ndarray, cut: Cut, where: Filter | None, mode: str
+    index: Searchable, queries: Sequence[str], vectors: np.ndarray, cut: Cut, where: Filter | None, mode: str
 ) -> list[list[Hit]]:
     """The hits of each text query in ``mode`` (``vectors`` are the queries' embeddings)."""
     keywords = index.keywords
@@ -73,7 +95,7 @@ def text_search(
     return out
 
 
-def _scores(index: ImageIndex, ids: np.ndarray, vector: np.ndarray, known: dict[int, float]) -> np.ndarray:
+def _scores(index: Searchable, ids: np.ndarray, vector: np.ndarray, known: dict[int, float]) -> np.ndarray:
     """Cosines of ``ids`` with the query: from the vector side where it ranked them, else from
     the stored vectors."""
     missing = [int(i) for i in ids if int(i) not in known]
@@ -83,7 +105,7 @@ def _scores(index: ImageIndex, ids: np.ndarray, vector: np.ndarray, known: dict[
     return np.array([known[int(i)] for i in ids], np.float32)
 
 
-def _keyword_hits(index: ImageIndex, matches: Matches, vector: np.ndarray, cut: Cut) -> list[Hit]:
+def _keyword_hits(index: Searchable, matches: Matches, vector: np.ndarray, cut: Cut) -> list[Hit]:
     ids, coverage = matches.ids[:KEYWORD_DEPTH], matches.scores[:KEYWORD_DEPTH]
     cosines = _scores(index, ids, vector, {})
     if cut.min_score is not None:
@@ -94,7 +116,7 @@ def _keyword_hits(index: ImageIndex, matches: Matches, vector: np.ndarray, cut: 
     return _explained(index, ids[order], cosines[order], cut, None, coverage[order])
 
 
-def _fused_hits(index: ImageIndex, matches: Matches, vector: np.ndarray, cut: Cut, where: Filter | None) -> list[Hit]:
+def _fused_hits(index: Searchable, matches: Matches, vector: np.ndarray, cut: Cut, where: Filter | None) -> list[Hit]:
     if cut.min_score is not None:
         vids, vscores = index.search_range(vector[None], cut.min_score, where=where)[0]
     else:
@@ -111,7 +133,7 @@ def _fused_hits(index: ImageIndex, matches: Matches, vector: np.ndarray, cut: Cu
     return _explained(index, ids[order], cosines[order], cut, fused[order], coverage[order])
 
 
-def _explained(index: ImageIndex, ids: np.ndarray, cosines: np.ndarray, cut: Cut, fused: np.ndarray | None,
+def _explained(index: Searchable, ids: np.ndarray, cosines: np.ndarray, cut: Cut, fused: np.ndarray | None,
                coverage: np.ndarray) -> list[Hit]:
     """The hits of ``ids`` in the order given (by date for ``sort="taken"``, equal dates in the
     order given), each with its keyword coverage and, where given, its fused score."""
@@ -138,4 +160,4 @@ def _with_text(keywords: KeywordIndex, terms: Terms, hits: list[Hit]) -> list[Hi
     return out
 
 
-__all__ = ["DEPTH", "KEYWORD_DEPTH", "resolve_mode", "text_search"]
+__all__ = ["DEPTH", "KEYWORD_DEPTH", "Searchable", "resolve_mode", "text_search"]

@@ -23,7 +23,7 @@ from retrieval.encoders import HFClipEncoder, cpu
 from retrieval.encoders import int8 as I8
 from retrieval.encoders import precision as P
 from retrieval.encoders.int8 import Int8Linear, Int8PatchEmbedding, quantize_int8, quantize_rows
-from retrieval.encoders.int8 import kernel as int8_kernel
+from retrieval.encoders.int8 import linear as int8_linear
 from retrieval.encoders.int8.convert import fuse_projections
 from retrieval.encoders.int8.kernel import onednn_available
 from retrieval.encoders.numpy_text import int8 as text_int8
@@ -447,10 +447,10 @@ def test_a_kernel_that_saturates_gets_7_bit_codes_whatever_the_level(monkeypatch
     monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
     for name in (cpu.CAP_ENV, "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
         monkeypatch.delenv(name, raising=False)
-    monkeypatch.setattr(int8_kernel, "full_codes_saturate", lambda onednn: True)
+    monkeypatch.setattr(int8_linear, "full_codes_saturate", lambda onednn: True)
     monkeypatch.setattr(text_int8, "full_inputs_saturate", lambda: True)
     assert I8.current_kernel().steps == I8.REDUCED_STEPS and text_int8.activation_bits() == 7
-    monkeypatch.setattr(int8_kernel, "full_codes_saturate", lambda onednn: False)
+    monkeypatch.setattr(int8_linear, "full_codes_saturate", lambda onednn: False)
     monkeypatch.setattr(text_int8, "full_inputs_saturate", lambda: False)
     assert I8.current_kernel().steps == I8.FULL_STEPS and text_int8.activation_bits() == 8
 

@@ -27,7 +27,7 @@ from indexer.commit import GenerationWriter, IndexMeta
 from indexer.dataset import Item
 from indexer.embed import EmbeddedBatch
 from indexer.lock import IndexLock
-from indexer.parts import MERGE_MIN_PARTS
+from indexer.parts import MERGE_MIN_PARTS, WrittenPart
 from indexer.ray_parts import Stage, by_part, part_columns, write_part
 from retrieval import ImageIndex, verify_index
 from retrieval.errors import EngineError, IndexCorruptError, IndexFormatError, UnsupportedFormatError
@@ -202,8 +202,8 @@ def test_stage_links_in_order_and_writes_what_an_actor_sent_back(tmp_path: Path)
 
 
 def test_by_part_splits_a_block_of_two_answers() -> None:
-    a, b = part_columns(ray_parts.WrittenPart("embeddings/a.parquet", 2, "a"), 2), part_columns(None, 1)
-    c = part_columns(ray_parts.WrittenPart("embeddings/c.parquet", 3, "c"), 3)
+    a, b = part_columns(WrittenPart("embeddings/a.parquet", 2, "a"), 2), part_columns(None, 1)
+    c = part_columns(WrittenPart("embeddings/c.parquet", 3, "c"), 3)
     block = {k: np.concatenate([a[k], b[k], c[k]]) for k in a}
     block["index"] = np.arange(6)
     pieces = by_part(block)

@@ -9,8 +9,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
 from typing import TYPE_CHECKING, Any, NoReturn, Protocol
+
+from .options import int_at_least
 
 PROG = "clipsearch"
 EXIT_ERROR = 1
@@ -39,21 +40,6 @@ class Command(Protocol):
     def register(self, subparsers: Subparsers) -> None: ...
 
     def run(self, args: argparse.Namespace) -> int: ...
-
-
-def int_at_least(minimum: int) -> Callable[[str], int]:
-    """argparse type: an integer >= ``minimum``."""
-
-    def parse(text: str) -> int:
-        try:
-            value = int(text)
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
-        if value < minimum:
-            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
-        return value
-
-    return parse
 
 
 positive_int = int_at_least(1)

@@ -14,8 +14,20 @@ from typing import Any
 
 from retrieval.options import Option, flag_of, options_of, value_types
 
-from ._common import int_at_least
 
+def int_at_least(minimum: int) -> Callable[[str], int]:
+    """argparse type: an integer >= ``minimum``."""
+
+    def parse(text: str) -> int:
+        try:
+            value = int(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}") from None
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"must be >= {minimum}, got {value}")
+        return value
+
+    return parse
 
 def add_options(
     parser: argparse.ArgumentParser | argparse._ArgumentGroup,

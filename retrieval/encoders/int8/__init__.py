@@ -44,8 +44,8 @@ from __future__ import annotations
 
 from .codes import FULL_STEPS, REDUCED_STEPS, quantize_rows, quantize_weight
 from .convert import quantize_int8
-from .kernel import Int8Kernel, current_kernel, full_codes_saturate
-from .linear import Int8Linear
+from .kernel import Int8Kernel
+from .linear import Int8Linear, current_kernel, full_codes_saturate
 from .modules import Int8PatchEmbedding, Int8SelfAttention
 
 __all__ = [

@@ -8,8 +8,8 @@ from typing import Any
 import torch
 from torch import nn
 
-from .kernel import Int8Kernel, current_kernel
-from .linear import Int8Linear
+from .kernel import Int8Kernel
+from .linear import Int8Linear, current_kernel
 from .modules import FusedProjections, Int8PatchEmbedding, Int8SelfAttention, ProjectionPart
 
 # Activations CLIP writes as x * sigmoid(1.702 x): transformers' and open_clip's classes.

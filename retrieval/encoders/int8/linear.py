@@ -2,13 +2,14 @@
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import torch
 from torch import nn
 
-from .codes import quantize_weight, shifted_row_codes
-from .kernel import Int8Kernel, current_kernel
+from .codes import FULL_STEPS, REDUCED_STEPS, quantize_weight, shifted_row_codes
+from .kernel import Int8Kernel, onednn_available
 
 
 class _PackedWeight:
@@ -117,3 +118,32 @@ class Int8Linear(nn.Module):
     def extra_repr(self) -> str:
         kernel = "oneDNN" if self.kernel.onednn else "_int_mm"
         return f"in_features={self.in_features}, out_features={self.out_features}, int8 per-row, {self.kernel.steps} steps, {kernel}"
+
+
+def current_kernel() -> Int8Kernel:
+    """The kernel for this CPU (:mod:`retrieval.encoders.cpu`, caps applied): 8-bit activations
+    only where the level has int8 dot products and the kernel, tried once, did not saturate
+    (:func:`full_codes_saturate`)."""
+    from .. import cpu
+
+    onednn = onednn_available()
+    full = cpu.has_int8_dot() and not full_codes_saturate(onednn)
+    return Int8Kernel(onednn=onednn, steps=FULL_STEPS if full else REDUCED_STEPS)
+
+
+@functools.lru_cache(maxsize=2)
+def full_codes_saturate(onednn: bool) -> bool:
+    """Whether this process's int8 product (oneDNN's, else ``torch._int_mm``) saturates with
+    8-bit codes: measured once on a product built to overflow 16-bit pair sums (codes 254,
+    weights 127: pairs of 64,516), so that a kernel without int8 dot products is caught whatever
+    the CPU tables say (a new CPU, a kernel library told to use other instructions)."""
+    # The probe runs the layer the model will run, so it measures exactly that arithmetic.
+    layer = nn.Linear(64, 16, bias=False)
+    with torch.no_grad():
+        layer.weight.fill_(1.0)
+    try:
+        with torch.inference_mode():
+            out = Int8Linear(layer, kernel=Int8Kernel(onednn=onednn, steps=FULL_STEPS))(torch.ones(2, 64))
+    except RuntimeError:
+        return True  # the kernel cannot run at all: never choose it for 8-bit codes
+    return not bool(torch.allclose(out, torch.full_like(out, 64.0), rtol=1e-3))
