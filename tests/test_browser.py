@@ -198,8 +198,35 @@ def boats_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, phot
 
 
 @pytest.fixture(scope="module")
-def server(ui_index: Path, boats_index: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Server]:
-    with serve([ui_index, boats_index], tmp_path_factory.mktemp("ui_cache")) as running:
+def dated_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """Four photos with EXIF dates around Christmas 2023 (one with a camera and GPS) and one
+    undated: for the inclusive end date, the day headings and the viewer's facts."""
+    from imagegen import photo_like
+    from photos import exif_bytes
+
+    from indexer import build_index
+
+    root = tmp_path_factory.mktemp("dated") / "photos"
+    root.mkdir()
+    taken = {
+        "eve.jpg": exif_bytes("2023:12:24 18:30:00", "+01:00", "Apple", "iPhone 13", ((48, 51, 29.0), "N", (2, 17, 40.0), "E")),
+        "christmas.jpg": exif_bytes("2023:12:25 09:00:00", "+01:00"),
+        "before.jpg": exif_bytes("2023:12:23 12:00:00"),
+        "old.jpg": exif_bytes("2019:03:02 10:00:00", make="NIKON", model="D750"),
+        "undated.jpg": None,
+    }
+    for i, (name, exif) in enumerate(taken.items()):
+        photo_like(160, 120, 300 + i).save(root / name, "JPEG", **({"exif": exif} if exif else {}))
+    out = tmp_path_factory.mktemp("ui_index") / "dated.idx"
+    build_index(root, out, model=str(tiny_model), device="cpu")
+    return out
+
+
+@pytest.fixture(scope="module")
+def server(
+    ui_index: Path, boats_index: Path, dated_index: Path, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[Server]:
+    with serve([ui_index, boats_index, dated_index], tmp_path_factory.mktemp("ui_cache")) as running:
         yield running
 
 
@@ -226,6 +253,14 @@ def page(browser: Any) -> Iterator[Any]:
 
 
 # ---- helpers -----------------------------------------------------------------------------
+
+
+def open_filters(page: Any) -> None:
+    """Open the filter panel (closed by default while no filter is set)."""
+    toggle = page.locator("[data-testid=filters-toggle]")
+    if toggle.get_attribute("aria-expanded") != "true":
+        toggle.click()
+    page.locator("[data-testid=filters]").wait_for(state="visible")
 
 
 def open_ui(page: Any, server: Server, query: str = "") -> None:
@@ -295,6 +330,7 @@ def test_text_search_shows_the_api_ranking(page: Any, server: Server) -> None:
 
 def test_query_arithmetic_terms_are_searched_and_kept_in_the_url(page: Any, server: Server) -> None:
     open_ui(page, server)
+    open_filters(page)
     page.fill("input[name=add]", "0.5:at night")
     page.fill("input[name=subtract]", "grass")
     search(page, "a red car")
@@ -363,15 +399,22 @@ def test_back_and_forward_restore_earlier_searches(page: Any, server: Server) ->
     second = api_ids(server.get("/api/search", q="a blue boat", k=PAGE, path_prefix="boats/"))
     search(page, "a red car")
     assert shown_ids(page, PAGE) == first
+    open_filters(page)
     page.locator("input[name=path_prefix]").fill("boats/")
+    # A filter applies at once (after a typing pause): a search of its own, in the history.
+    wait_for_url(page, q="a red car", path_prefix="boats/")
+    assert shown_ids(page, PAGE) == api_ids(server.get("/api/search", q="a red car", k=PAGE, path_prefix="boats/"))
     search(page, "a blue boat")
     wait_for_url(page, q="a blue boat", path_prefix="boats/")
     assert shown_ids(page, PAGE) == second
+    page.go_back()
+    wait_for_url(page, q="a red car", path_prefix="boats/")
     page.go_back()
     wait_for_url(page, q="a red car")
     assert shown_ids(page, PAGE) == first
     assert page.locator("input[name=q]").input_value() == "a red car"
     assert page.locator("input[name=path_prefix]").input_value() == ""
+    page.go_forward()
     page.go_forward()
     wait_for_url(page, q="a blue boat", path_prefix="boats/")
     assert shown_ids(page, PAGE) == second
@@ -381,6 +424,7 @@ def test_back_and_forward_restore_earlier_searches(page: Any, server: Server) ->
 def test_reload_and_a_shared_link_restore_the_search(page: Any, server: Server) -> None:
     expected = api_ids(server.get("/api/search", q="a green field", k=PAGE, path_prefix="cars/"))
     open_ui(page, server)
+    open_filters(page)
     page.locator("input[name=path_prefix]").fill("cars/")
     search(page, "a green field")
     assert shown_ids(page, PAGE) == expected
@@ -414,6 +458,7 @@ def test_cut_off_sort_and_dates_are_sent_and_kept(page: Any, server: Server) -> 
     open_ui(page, server)
     ranked = server.get("/api/search", q="a photo", k=PAGE)["results"]
     cut = f"{(ranked[2]['score'] + ranked[3]['score']) / 2:.6f}"
+    open_filters(page)
     page.fill("input[name=min_score]", cut)
     page.select_option("select[name=sort]", "taken")
     search(page, "a photo")
@@ -425,23 +470,24 @@ def test_cut_off_sort_and_dates_are_sent_and_kept(page: Any, server: Server) -> 
     search(page, "a photo")
     wait_for_url(page, q="a photo", min_score=cut, sort="taken", taken_after="2020-01-01")
     assert shown_ids(page) == []
-    page.locator("[data-testid=status]").filter(has_text="No results").wait_for()
+    # ...and says why: the same search without the date finds photos, none of them dated.
+    page.locator("[data-testid=status]").filter(has_text="none of the images this search finds has a date taken").wait_for()
     # A reload brings the controls back from the address.
     page.reload()
     page.wait_for_selector("body[data-ready='true']", state="attached")
     assert page.input_value("input[name=taken_after]") == "2020-01-01" and page.input_value("select[name=sort]") == "taken"
     assert page.input_value("input[name=min_score]") == cut
-    # A cut-off outside [-1, 1]: the server's reason is shown.
+    # A cut-off outside [-1, 1]: said beside the box, in words.
     page.fill("input[name=taken_after]", "")
     page.fill("input[name=min_score]", "3")
-    search(page, "a photo")
-    error = page.locator("[data-testid=error]")
+    error = page.locator("[data-testid=min_score-error]")
     error.wait_for(state="visible")
-    assert "min_score" in error.inner_text()
+    assert "Min score must be a number from -1 to 1" in error.inner_text()
 
 
 def test_mode_switch_is_sent_and_kept_and_matched_words_are_shown(page: Any, server: Server) -> None:
     open_ui(page, server)
+    open_filters(page)
     page.select_option("select[name=mode]", "keyword")
     search(page, "Boats")
     expected = server.get("/api/search", q="Boats", k=PAGE, mode="keyword")
@@ -480,6 +526,10 @@ def test_errors_are_shown_not_a_blank_page(page: Any, server: Server) -> None:
     )
     error.wait_for(state="visible")
     assert "decode" in error.inner_text()
+    # The error names the user's file, and the "searching by" note and its preview are gone.
+    assert "broken.jpg" in error.inner_text() and "'upload'" not in error.inner_text()
+    assert page.locator("[data-testid=query-image]").is_hidden()
+    assert page.locator("[data-testid=query-image-preview]").get_attribute("src") is None
     assert shown_ids(page) == []
 
 
@@ -506,7 +556,7 @@ def test_keyboard_only_open_and_close(page: Any, server: Server) -> None:
 
 def test_index_picker_searches_the_chosen_index(page: Any, server: Server, boats_index: Path) -> None:
     names = [info["name"] for info in server.get("/api/indexes")]
-    assert names == ["photos.idx", "boats.idx"]
+    assert names == ["photos.idx", "boats.idx", "dated.idx"]
     open_ui(page, server)
     picker = page.locator("select[name=index]")
     assert picker.is_visible()
@@ -583,6 +633,192 @@ def test_cards_show_the_captions_of_images_from_shards(browser: Any, tiny_model:
             page.wait_for_function("t => document.body.innerText.includes(t)", arg=first["url"])
         finally:
             page.close()
+
+
+def header_box(page: Any) -> dict[str, float]:
+    box = page.locator("[data-testid=header]").bounding_box()
+    assert box is not None
+    return box
+
+
+def test_header_is_one_row_on_a_laptop_and_a_phone(browser: Any, server: Server) -> None:
+    """At 1280x800 the header is one row (<= 80 px) with the filters closed; at 390x844 the search
+    row fits the screen, results start below the header, also after "More like this" from far down."""
+    for width, height in ((1280, 800), (390, 844)):
+        context = browser.new_context(viewport={"width": width, "height": height})
+        page = context.new_page()
+        page.set_default_timeout(WAIT_MS)
+        try:
+            page.goto(f"{server.url}/?k=24")
+            page.wait_for_selector("body[data-ready='true']", state="attached")
+            search(page, "a photo")
+            shown_ids(page, 24)
+            header = header_box(page)
+            assert page.locator("[data-testid=filters]").is_hidden()
+            if width == 1280:
+                assert header["height"] <= 80, header
+            for testid in ("search-button", "filters-toggle", "image-picker"):
+                box = page.locator(f"[data-testid={testid}]").bounding_box()
+                assert box and box["x"] >= 0 and box["x"] + box["width"] <= width and box["y"] + box["height"] <= header["height"], testid
+            q = page.locator("input[name=q]").bounding_box()
+            assert q and q["width"] >= 100
+            first = page.locator("[data-testid=results] [data-result-id]").first.bounding_box()
+            assert first and header["y"] + header["height"] <= first["y"] < height
+            # From the bottom of the page, "More like this": its results start in view, below the header.
+            last = page.locator("[data-testid=results] [data-result-id]").last
+            last_id = last.get_attribute("data-result-id") or ""
+            last.scroll_into_view_if_needed()
+            last.click()
+            page.locator("[data-testid=more-like-this]").click()
+            wait_for_url(page, image_id=last_id)
+            shown_ids(page, 24)
+            header = header_box(page)
+            first = page.locator("[data-testid=results] [data-result-id]").first.bounding_box()
+            assert first and header["y"] + header["height"] <= first["y"] < height, (header, first)
+        finally:
+            context.close()
+
+
+def test_filters_apply_at_once_and_the_address_keeps_them_and_the_pages(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    search(page, "a photo")
+    shown_ids(page, PAGE)
+    open_filters(page)
+    page.select_option("select[name=sort]", "taken")  # no Enter: it applies on change
+    wait_for_url(page, q="a photo", sort="taken")
+    assert shown_ids(page, PAGE) == api_ids(server.get("/api/search", q="a photo", k=PAGE, sort="taken"))
+    ranked = server.get("/api/search", q="a photo", k=PAGE)["results"]
+    cut = f"{(ranked[4]['score'] + ranked[5]['score']) / 2:.6f}"
+    page.fill("input[name=min_score]", cut)  # a text box: applies once typing pauses
+    wait_for_url(page, q="a photo", sort="taken", min_score=cut)
+    assert shown_ids(page, 5) == api_ids(server.get("/api/search", q="a photo", k=PAGE, sort="taken", min_score=cut))
+    assert page.locator("[data-testid=filter-count]").inner_text() == "2"
+    # Back walks the filter changes.
+    page.go_back()
+    wait_for_url(page, q="a photo", sort="taken")
+    assert shown_ids(page, PAGE) == api_ids(server.get("/api/search", q="a photo", k=PAGE, sort="taken"))
+    assert page.input_value("input[name=min_score]") == ""
+    # Pages loaded are kept: a reload shows as many.
+    page.locator("[data-testid=load-more]").click()
+    wait_for_url(page, q="a photo", sort="taken", pages="2")
+    both = shown_ids(page, 2 * PAGE)
+    page.reload()
+    page.wait_for_selector("body[data-ready='true']", state="attached")
+    assert shown_ids(page, 2 * PAGE) == both
+
+
+def test_a_bad_value_in_the_address_is_shown_beside_its_control(page: Any, server: Server) -> None:
+    open_ui(page, server, "q=a+red+car&min_score=abc&taken_after=2023-13-45")
+    note = page.locator("[data-testid=min_score-error]")
+    note.wait_for(state="visible")
+    assert "Min score must be a number from -1 to 1" in note.inner_text() and "abc" in note.inner_text()
+    assert page.input_value("input[name=min_score]") == "abc"  # kept, to be corrected
+    assert page.locator("input[name=min_score]").get_attribute("aria-invalid") == "true"
+    assert "2023-13-45" in page.inner_text("[data-testid=taken_after-error]")
+    assert page.input_value("input[name=q]") == "a red car"
+    assert "correct the marked filter" in page.inner_text("[data-testid=status]")
+    assert shown_ids(page) == []  # not searched without the cut-off asked for
+    page.fill("input[name=min_score]", "-1")
+    wait_for_url(page, q="a red car", min_score="-1")
+    assert shown_ids(page, PAGE) == api_ids(server.get("/api/search", q="a red car", k=PAGE, min_score=-1))
+    assert note.is_hidden()
+
+
+def test_reversed_dates_are_said_in_words(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    search(page, "a photo")
+    shown_ids(page, PAGE)
+    open_filters(page)
+    page.fill("input[name=taken_after]", "2025-01-01")
+    page.fill("input[name=taken_to]", "2020-01-01")
+    error = page.locator("[data-testid=taken_to-error]")
+    error.wait_for(state="visible")
+    assert error.inner_text() == "The start date (2025-01-01) is after the end date (2020-01-01)."
+    # Checked on the page: never sent, so never the server's "taken_after (1735689600000000000) is
+    # greater than taken_before (...)".
+    assert page.locator("[data-testid=error]").is_hidden()
+    assert page.locator("input[name=taken_to]").get_attribute("aria-invalid") == "true"
+    assert "greater than" not in page.inner_text("body")
+
+
+def test_the_end_date_is_inclusive_and_days_are_headed(page: Any, server: Server) -> None:
+    open_ui(page, server, "index=dated.idx&q=a+photo&sort=taken&taken_to=2023-12-24")
+    expected = server.get("/api/search", q="a photo", k=PAGE, index="dated.idx", sort="taken", taken_before="2023-12-25")
+    paths = [r["path"] for r in expected["results"]]
+    assert paths == ["eve.jpg", "before.jpg", "old.jpg"]  # the 24th itself is in
+    assert shown_ids(page, 3) == api_ids(expected)
+    assert page.locator("[data-testid=filters]").is_visible()  # a filter is set: the panel is open
+    days = page.locator("[data-testid=results] [data-testid=day]").all_inner_texts()
+    assert len(days) == 3 and "2023" in days[0] and "24" in days[0] and "2019" in days[2]
+    # An older link's exclusive taken_before reads as the day before, included.
+    open_ui(page, server, "index=dated.idx&q=a+photo&sort=taken&taken_before=2023-12-25")
+    assert page.input_value("input[name=taken_to]") == "2023-12-24"
+    assert shown_ids(page, 3) == api_ids(expected)
+
+
+def open_viewer_at(page: Any, rank: int) -> Any:
+    page.locator("[data-testid=results] [data-result-id]").nth(rank).click()
+    viewer = page.locator("[data-testid=viewer]")
+    viewer.wait_for(state="visible")
+    page.wait_for_function("() => { const i = document.querySelector('[data-testid=viewer-image]'); "
+                           "return i.complete && i.naturalWidth > 0 && i.style.width; }")
+    return viewer
+
+
+def test_viewer_steps_with_the_arrow_keys_and_never_upscales_past_twice(page: Any, server: Server) -> None:
+    open_ui(page, server)
+    search(page, "a photo")
+    shown_ids(page, PAGE)
+    results = server.get("/api/search", q="a photo", k=PAGE)["results"]
+    viewer = open_viewer_at(page, 0)
+    name = page.locator("[data-testid=viewer-name]")
+    assert name.inner_text() == results[0]["path"].rsplit("/", 1)[-1]
+    assert page.inner_text("[data-testid=viewer-folder]") == results[0]["path"].rsplit("/", 1)[0] + "/"
+    # The pictures are 160x120 on a 1280x800 screen: shown at most twice their size.
+    size = page.evaluate("() => { const i = document.querySelector('[data-testid=viewer-image]'); "
+                         "return [i.getBoundingClientRect().width, i.naturalWidth]; }")
+    assert 0 < size[0] <= 2 * size[1]
+    first_src = page.get_attribute("[data-testid=viewer-image]", "src")
+    page.keyboard.press("ArrowRight")
+    page.wait_for_function("t => document.querySelector('[data-testid=viewer-name]').textContent === t",
+                           arg=results[1]["path"].rsplit("/", 1)[-1])
+    assert page.get_attribute("[data-testid=viewer-image]", "src") != first_src
+    assert page.inner_text("[data-testid=viewer-position]").startswith("2 of")
+    page.keyboard.press("ArrowLeft")
+    page.wait_for_function("t => document.querySelector('[data-testid=viewer-name]').textContent === t",
+                           arg=results[0]["path"].rsplit("/", 1)[-1])
+    assert page.locator("[data-testid=viewer-prev]").is_disabled()
+    page.locator("[data-testid=viewer-next]").click()
+    page.wait_for_function("t => document.querySelector('[data-testid=viewer-name]').textContent === t",
+                           arg=results[1]["path"].rsplit("/", 1)[-1])
+    assert page.get_attribute("[data-testid=viewer-original]", "download") == results[1]["path"].rsplit("/", 1)[-1]
+    page.keyboard.press("Escape")
+    viewer.wait_for(state="hidden")
+    # Focus is on the card of the picture last shown.
+    assert page.evaluate("() => document.activeElement.dataset.resultId") == str(results[1]["id"])
+
+
+def test_viewer_says_when_where_and_with_what(page: Any, server: Server) -> None:
+    open_ui(page, server, "index=dated.idx&q=a+photo&sort=taken")
+    expected = server.get("/api/search", q="a photo", k=PAGE, index="dated.idx", sort="taken")["results"]
+    assert shown_ids(page, 5) == [r["id"] for r in expected]
+    eve = next(i for i, r in enumerate(expected) if r["path"] == "eve.jpg")
+    assert expected[eve]["gps"] is not None
+    open_viewer_at(page, eve)
+    taken = page.inner_text("[data-testid=viewer-taken]")
+    # The camera's own clock (18:30 at +01:00), in words, whatever the browser's time zone.
+    assert taken.startswith("Taken ") and "2023" in taken and "24" in taken and "with Apple iPhone 13" in taken
+    assert "6:30" in taken or "18:30" in taken
+    lat, lon = expected[eve]["gps"]
+    link = page.locator("[data-testid=viewer-map]")
+    assert link.get_attribute("href") == f"https://www.openstreetmap.org/?mlat={lat}&mlon={lon}#map=16/{lat}/{lon}"
+    assert "48.85" in page.inner_text("[data-testid=viewer-gps]") and "N" in page.inner_text("[data-testid=viewer-gps]")
+    # An undated picture without GPS says neither.
+    undated = next(i for i, r in enumerate(expected) if r["path"] == "undated.jpg")
+    for _ in range(undated - eve):
+        page.keyboard.press("ArrowRight")
+    page.wait_for_function("() => document.querySelector('[data-testid=viewer-name]').textContent === 'undated.jpg'")
+    assert page.locator("[data-testid=viewer-gps]").is_hidden() and page.locator("[data-testid=viewer-taken]").is_hidden()
 
 
 def test_screenshot_of_the_demo_collection(

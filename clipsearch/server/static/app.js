@@ -8,20 +8,27 @@
   const MAX_K = 1000;
   const THUMB_SIZE = 256;
   const TOKEN_KEY = "clipsearch.token";
+  const TYPING_PAUSE_MS = 600; // a text filter applies once typing pauses this long
+  const MAX_UPSCALE = 2; // the viewer never blows a small picture up past twice its own pixels
 
   const $ = (selector) => document.querySelector(selector);
   const el = {
+    header: $('[data-testid="header"]'),
     form: $('[data-testid="search-form"]'),
     q: $('input[name="q"]'),
     indexLabel: $(".index-picker"),
     index: $('select[name="index"]'),
+    filtersToggle: $('[data-testid="filters-toggle"]'),
+    filterCount: $('[data-testid="filter-count"]'),
+    filters: $('[data-testid="filters"]'),
+    clearFilters: $('[data-testid="clear-filters"]'),
     prefix: $('input[name="path_prefix"]'),
     add: $('input[name="add"]'),
     subtract: $('input[name="subtract"]'),
     takenAfter: $('input[name="taken_after"]'),
-    takenBefore: $('input[name="taken_before"]'),
+    takenTo: $('input[name="taken_to"]'),
     minScore: $('input[name="min_score"]'),
-    queryLangLabel: $(".query-lang"),
+    queryLangField: $(".query-lang"),
     queryLang: $('input[name="query_lang"]'),
     queryLangs: $("#query-langs"),
     sort: $('select[name="sort"]'),
@@ -30,16 +37,26 @@
     hint: $('[data-testid="hint"]'),
     queryImage: $('[data-testid="query-image"]'),
     queryPreview: $('[data-testid="query-image-preview"]'),
+    queryImageNote: $('[data-testid="query-image-note"]'),
     similarNote: $('[data-testid="similar-note"]'),
     error: $('[data-testid="error"]'),
     status: $('[data-testid="status"]'),
     results: $('[data-testid="results"]'),
     more: $('[data-testid="load-more"]'),
     viewer: $('[data-testid="viewer"]'),
+    viewerStage: $('[data-testid="viewer-stage"]'),
     viewerImage: $('[data-testid="viewer-image"]'),
-    viewerPath: $('[data-testid="viewer-path"]'),
+    viewerPrev: $('[data-testid="viewer-prev"]'),
+    viewerNext: $('[data-testid="viewer-next"]'),
+    viewerName: $('[data-testid="viewer-name"]'),
+    viewerFolder: $('[data-testid="viewer-folder"]'),
+    viewerTaken: $('[data-testid="viewer-taken"]'),
+    viewerGps: $('[data-testid="viewer-gps"]'),
     viewerScore: $('[data-testid="viewer-score"]'),
+    viewerExtra: $('[data-testid="viewer-extra"]'),
+    viewerPosition: $('[data-testid="viewer-position"]'),
     viewerOriginal: $('[data-testid="viewer-original"]'),
+    copyPath: $('[data-testid="copy-path"]'),
     moreLikeThis: $('[data-testid="more-like-this"]'),
     viewerClose: $('[data-testid="viewer-close"]'),
     tokenDialog: $('[data-testid="token-dialog"]'),
@@ -48,6 +65,11 @@
     tokenError: $('[data-testid="token-error"]'),
     dropOverlay: $('[data-testid="drop-overlay"]'),
   };
+
+  // The filters by their address names. taken_to is the page's own: the last day included
+  // (the API's taken_before is exclusive, so the page sends the next day's start).
+  const REFINE = ["taken_after", "taken_to", "min_score", "sort", "mode", "query_lang"];
+  const TEXT_FILTERS = new Set(["path_prefix", "add", "subtract", "min_score", "query_lang"]);
 
   // The search on screen. mode: "text" (q), "similar" (imageId: more like this) or "upload" (file).
   const state = {
@@ -60,20 +82,24 @@
     add: "", // query arithmetic: a term added to and one subtracted from any query
     subtract: "",
     k: DEFAULT_K,
-    // Date filters, the relevance cut-off and the order, by their API names (from the form).
+    pages: 1, // pages loaded ("Load more"), kept in the address so a reload shows as many
     refine: {},
-    offset: 0,
     done: true,
     generation: 0, // bumped by every new search, so a late answer to an old one is dropped
     results: [],
+    lastDay: null, // the day heading the grid ends with (sorted by date)
   };
   let token = sessionStorage.getItem(TOKEN_KEY);
   let resultUrls = []; // blob: URLs of the thumbnails on screen (token mode), revoked on replace
   let viewerUrl = null; // blob: URL of the original in the viewer (token mode)
-  let viewerResult = null;
+  let viewerPos = -1; // the index in state.results of the picture in the viewer
   let viewerOpener = null;
+  let viewerActual = false; // the viewer shows the picture at its own size (else fitted)
   let previewUrl = null; // blob: URL of the uploaded query image's preview
   let thumbObserver = null;
+  // Problems with the address's own values (a select or date input cannot hold a bad one, so the
+  // note beside it says what was asked and left out), by field; cleared when that field is edited.
+  let addressNotes = {};
   // Uploaded files by history entry: a File cannot go in the URL, but back/forward within this
   // page can still find it here (a reload cannot: the page says so).
   const uploads = new Map();
@@ -100,6 +126,45 @@
 
   function setStatus(message) {
     el.status.textContent = message;
+  }
+
+  // ---- dates in words --------------------------------------------------------------------
+
+  const ISO = /^(\d{4})-(\d{2})-(\d{2})(?:[T ](\d{2}):(\d{2})(?::(\d{2}))?(?:\.\d+)?)?(Z|[+-]\d{2}:?\d{2})?$/;
+
+  // The camera's own wall-clock time as a UTC Date, so formatting in UTC shows exactly what the
+  // camera recorded (no shift into the viewer's time zone). null when not ISO 8601.
+  function wallClock(iso) {
+    const m = typeof iso === "string" ? ISO.exec(iso.trim()) : null;
+    if (!m) return null;
+    const date = new Date(Date.UTC(+m[1], +m[2] - 1, +m[3], +(m[4] || 0), +(m[5] || 0), +(m[6] || 0)));
+    return { date, hasTime: m[4] !== undefined, offset: m[7] || "" };
+  }
+
+  const dayWords = new Intl.DateTimeFormat(undefined, { dateStyle: "full", timeZone: "UTC" });
+  const dateWords = new Intl.DateTimeFormat(undefined, { dateStyle: "long", timeZone: "UTC" });
+  const dateTimeWords = new Intl.DateTimeFormat(undefined, { dateStyle: "long", timeStyle: "short", timeZone: "UTC" });
+
+  function takenWords(iso) {
+    const t = wallClock(iso);
+    if (!t) return iso || "";
+    return (t.hasTime ? dateTimeWords : dateWords).format(t.date);
+  }
+
+  // A YYYY-MM-DD that is a real day (not 2023-02-30).
+  function isDay(text) {
+    const t = /^\d{4}-\d{2}-\d{2}$/.test(text) ? wallClock(text) : null;
+    return Boolean(t) && t.date.toISOString().slice(0, 10) === text;
+  }
+
+  function nextDay(day) {
+    const t = wallClock(day);
+    return new Date(t.date.getTime() + 86400000).toISOString().slice(0, 10);
+  }
+
+  function previousDay(day) {
+    const t = wallClock(day);
+    return new Date(t.date.getTime() - 86400000).toISOString().slice(0, 10);
   }
 
   // ---- the API, with the token when one is needed ---------------------------------------
@@ -246,7 +311,7 @@
   // The language control shows where the chosen index's model needs one, with its codes.
   function showQueryLanguages() {
     const codes = queryLanguages.get(el.index.value) || [];
-    el.queryLangLabel.hidden = codes.length === 0;
+    el.queryLangField.hidden = codes.length === 0;
     el.queryLangs.replaceChildren(...codes.map((code) => Object.assign(document.createElement("option"), { value: code })));
     if (codes.length && !el.queryLang.value && codes.includes("eng_Latn")) el.queryLang.placeholder = "eng_Latn";
   }
@@ -296,26 +361,59 @@
     } else if (s.mode === "similar") {
       params.set("image_id", String(s.imageId));
     }
-    if (s.index) {
-      params.set("index", s.index);
-    }
-    if (s.prefix) {
-      params.set("path_prefix", s.prefix);
-    }
+    if (s.index) params.set("index", s.index);
+    if (s.prefix) params.set("path_prefix", s.prefix);
     if (s.add) params.set("add", s.add);
     if (s.subtract) params.set("subtract", s.subtract);
     for (const [name, value] of Object.entries(s.refine || {})) params.set(name, value);
-    if (s.k !== DEFAULT_K) {
-      params.set("k", String(s.k));
-    }
+    if (s.k !== DEFAULT_K) params.set("k", String(s.k));
+    if (s.mode && s.pages > 1) params.set("pages", String(s.pages));
     const query = params.toString();
     return query ? `${location.pathname}?${query}` : location.pathname;
   }
 
-  // Read a search from the address (page load, reload, back/forward, a shared link).
+  const SORT_WORDS = { score: "best match", taken: "newest photo" };
+  const MODE_WORDS = { "": "pictures and words", vector: "pictures only", keyword: "words only" };
+
+  // Read a search from the address (page load, reload, back/forward, a shared link). What cannot
+  // be used is reported in `notes` (by field, beside its control) or `problems` (the page's error
+  // line), never dropped silently.
   function fromUrl() {
     const params = new URLSearchParams(location.search);
-    const k = Number.parseInt(params.get("k") || "", 10);
+    const notes = {};
+    const problems = [];
+    const whole = (name, low, high, fallback) => {
+      const raw = params.get(name);
+      if (raw === null) return fallback;
+      if (/^\d+$/.test(raw) && Number(raw) >= low && Number(raw) <= high) return Number(raw);
+      problems.push(`The address's ${name}=${raw} is not a whole number from ${low} to ${high}: ${fallback} used instead.`);
+      return fallback;
+    };
+    const refine = {};
+    for (const name of REFINE) {
+      const raw = params.get(name);
+      if (raw !== null && raw !== "") refine[name] = raw;
+    }
+    // An older address's taken_before (exclusive) is the day before, included.
+    const before = params.get("taken_before");
+    if (before && !refine.taken_to) {
+      if (isDay(before)) refine.taken_to = previousDay(before);
+      else refine.taken_to = before;
+    }
+    for (const name of ["taken_after", "taken_to"]) {
+      if (refine[name] !== undefined && !isDay(refine[name])) {
+        notes[name] = `The address's date “${refine[name]}” is not a day like 2023-12-24: left out.`;
+        delete refine[name];
+      }
+    }
+    if (refine.sort !== undefined && !(refine.sort in SORT_WORDS)) {
+      notes.sort = `The address's sort “${refine.sort}” is not one of ${Object.keys(SORT_WORDS).join(", ")}: sorted by best match.`;
+      delete refine.sort;
+    }
+    if (refine.mode !== undefined && !(refine.mode in MODE_WORDS)) {
+      notes.mode = `The address's mode “${refine.mode}” is not one of vector, keyword: pictures and words used.`;
+      delete refine.mode;
+    }
     const imageId = params.get("image_id");
     return {
       q: params.get("q") || "",
@@ -325,25 +423,23 @@
       prefix: params.get("path_prefix") || "",
       add: params.get("add") || "",
       subtract: params.get("subtract") || "",
-      k: Number.isInteger(k) && k >= 1 && k <= MAX_K ? k : DEFAULT_K,
-      refine: Object.fromEntries(REFINE.map((name) => [name, params.get(name) || ""])),
+      k: whole("k", 1, MAX_K, DEFAULT_K),
+      pages: whole("pages", 1, 100, 1),
+      refine,
+      notes,
+      problems,
     };
   }
 
-  // ---- date filters, cut-off, order ------------------------------------------------------
-
-  // How the sources of matched words are named in the UI.
-  const SOURCE_NAMES = { path: "file name", embedded: "photo keywords", caption: "caption", ocr: "text in the image" };
-
-  const REFINE = ["taken_after", "taken_before", "min_score", "sort", "mode", "query_lang"];
+  // ---- filters: read, checked, shown -----------------------------------------------------
 
   function refineControls() {
     return {
-      taken_after: el.takenAfter, taken_before: el.takenBefore, min_score: el.minScore, sort: el.sort, mode: el.mode, query_lang: el.queryLang,
+      taken_after: el.takenAfter, taken_to: el.takenTo, min_score: el.minScore, sort: el.sort, mode: el.mode, query_lang: el.queryLang,
     };
   }
 
-  // The refine controls' values that differ from "no condition" (the server checks them).
+  // The refine controls' values that differ from "no condition".
   function readRefine() {
     const out = {};
     for (const [name, control] of Object.entries(refineControls())) {
@@ -359,15 +455,72 @@
     }
   }
 
+  // What is wrong with the filters as typed, by field, in words; {} when they can be searched.
+  function checkRefine(refine) {
+    const problems = {};
+    for (const name of ["taken_after", "taken_to"]) {
+      if (refine[name] && !isDay(refine[name])) problems[name] = `“${refine[name]}” is not a day like 2023-12-24.`;
+    }
+    if (refine.taken_after && refine.taken_to && !problems.taken_after && !problems.taken_to && refine.taken_after > refine.taken_to) {
+      problems.taken_to = `The start date (${refine.taken_after}) is after the end date (${refine.taken_to}).`;
+    }
+    if (refine.min_score !== undefined) {
+      const value = Number(refine.min_score);
+      if (!/^\s*[-+]?(\d+\.?\d*|\.\d+)\s*$/.test(refine.min_score) || !(value >= -1 && value <= 1)) {
+        problems.min_score = `Min score must be a number from -1 to 1, e.g. 0.25 (not “${refine.min_score}”).`;
+      }
+    }
+    return problems;
+  }
+
+  function showFieldErrors(problems) {
+    for (const name of REFINE) {
+      const box = document.getElementById(`${name}-error`);
+      const control = refineControls()[name];
+      const message = problems[name] || addressNotes[name] || "";
+      if (box) {
+        box.textContent = message;
+        box.hidden = !message;
+      }
+      if (problems[name]) control.setAttribute("aria-invalid", "true");
+      else control.removeAttribute("aria-invalid");
+    }
+  }
+
+  // How many filters are set (on the toggle), and the panel opened where one is set or wrong.
+  function showFilterCount(open) {
+    const set = Object.keys(readRefine()).length + [el.prefix, el.add, el.subtract].filter((c) => c.value.trim()).length;
+    el.filterCount.textContent = set ? String(set) : "";
+    el.filtersToggle.setAttribute("aria-label", set ? `Filters (${set} set)` : "Filters");
+    if (open) setFiltersOpen(true);
+  }
+
+  function setFiltersOpen(open) {
+    el.filters.hidden = !open;
+    el.filtersToggle.setAttribute("aria-expanded", String(open));
+    el.header.classList.toggle("filters-open", open);
+  }
+
+  el.filtersToggle.addEventListener("click", () => {
+    const open = el.filters.hidden;
+    setFiltersOpen(open);
+    if (open) el.takenAfter.focus();
+  });
+
   // ---- searching -------------------------------------------------------------------------
 
-  function request(s) {
-    const refine = s.refine || {};
-    const filters = s.prefix ? { path_prefix: [s.prefix] } : {};
-    if (refine.taken_after) filters.taken_after = refine.taken_after;
-    if (refine.taken_before) filters.taken_before = refine.taken_before;
+  // The API's names for the filters: taken_to (inclusive) becomes taken_before, the next day.
+  function apiRefine(refine) {
+    const out = { ...refine };
+    delete out.taken_to;
+    if (refine.taken_to) out.taken_before = nextDay(refine.taken_to);
+    return out;
+  }
+
+  function request(s, k, offset) {
+    const refine = apiRefine(s.refine || {});
     if (s.mode === "text") {
-      const params = new URLSearchParams({ q: s.q, k: String(s.k), offset: String(s.offset) });
+      const params = new URLSearchParams({ q: s.q, k: String(k), offset: String(offset) });
       if (s.index) params.set("index", s.index);
       if (s.prefix) params.set("path_prefix", s.prefix);
       if (s.add) params.set("add", s.add);
@@ -376,11 +529,13 @@
       return [`/api/search?${params}`, { method: "GET" }];
     }
     if (s.mode === "similar") {
-      const body = { image_id: s.imageId, k: s.k, offset: s.offset };
+      const filters = s.prefix ? { path_prefix: [s.prefix] } : {};
+      if (refine.taken_after) filters.taken_after = refine.taken_after;
+      if (refine.taken_before) filters.taken_before = refine.taken_before;
+      const body = { image_id: s.imageId, k, offset };
       if (s.index) body.index = s.index;
       if (Object.keys(filters).length) body.filters = filters;
-      // A cut-off the server cannot read as a number is sent as text: its 4xx says why.
-      if (refine.min_score) body.min_score = Number.isFinite(Number(refine.min_score)) ? Number(refine.min_score) : refine.min_score;
+      if (refine.min_score) body.min_score = Number(refine.min_score);
       if (refine.sort) body.sort = refine.sort;
       if (refine.query_lang) body.query_lang = refine.query_lang;
       if (s.add) body.add = [s.add];
@@ -389,8 +544,8 @@
     }
     const form = new FormData();
     form.append("image", s.file, s.file.name || "query-image");
-    form.append("k", String(s.k));
-    form.append("offset", String(s.offset));
+    form.append("k", String(k));
+    form.append("offset", String(offset));
     if (s.index) form.append("index", s.index);
     if (s.prefix) form.append("path_prefix", s.prefix);
     if (s.add) form.append("add", s.add);
@@ -403,8 +558,14 @@
   function describe(s) {
     const terms = (s.add ? ` + “${s.add}”` : "") + (s.subtract ? ` − “${s.subtract}”` : "");
     if (s.mode === "text") return `“${s.q}”${terms}`;
-    if (s.mode === "similar") return `images like image ${s.imageId}${terms}`;
-    return `the chosen image${terms}`;
+    if (s.mode === "similar") return `images like ${s.similarPath ? baseName(s.similarPath) : `image ${s.imageId}`}${terms}`;
+    return `${s.file && s.file.name ? `“${s.file.name}”` : "the chosen image"}${terms}`;
+  }
+
+  function dateRangeWords(refine) {
+    if (refine.taken_after && refine.taken_to) return `taken from ${refine.taken_after} to ${refine.taken_to} (inclusive)`;
+    if (refine.taken_after) return `taken on or after ${refine.taken_after}`;
+    return `taken up to ${refine.taken_to} (inclusive)`;
   }
 
   // The arithmetic terms typed in the form (applied to text, image and "more like this" searches).
@@ -412,9 +573,33 @@
     return { add: el.add.value.trim(), subtract: el.subtract.value.trim() };
   }
 
+  // A date filter left nothing: say whether the same search finds any dated photo at all, so
+  // "No results" on an index without dates does not read as "nothing matched the words".
+  async function explainNoDates(generation) {
+    const refine = { ...state.refine, sort: "taken" };
+    delete refine.taken_after;
+    delete refine.taken_to;
+    const [url, options] = request({ ...state, refine }, DEFAULT_K, 0);
+    try {
+      const data = await (await api(url, options)).json();
+      if (generation !== state.generation) return;
+      const results = Array.isArray(data.results) ? data.results : [];
+      if (!results.length) return;
+      const newest = results.find((r) => typeof r.taken === "string" && r.taken);
+      setStatus(newest
+        ? `No results ${dateRangeWords(state.refine)} for ${describe(state)}; the newest photo it finds was taken ${takenWords(newest.taken)}.`
+        : `No results: none of the images this search finds has a date taken (no EXIF date), so a date filter leaves none.`);
+    } catch (_) {
+      // the plain "No results" stays
+    }
+  }
+
   async function fetchPage(append) {
     const generation = append ? state.generation : ++state.generation;
-    const [url, options] = request(state);
+    // A restored address with pages=N asks for all N pages at once.
+    const k = append ? state.k : Math.min(MAX_K, state.k * state.pages);
+    const offset = append ? state.results.length : 0;
+    const [url, options] = request(state, k, offset);
     el.results.setAttribute("aria-busy", "true");
     el.more.disabled = true;
     setStatus(append ? "Loading more…" : `Searching for ${describe(state)}…`);
@@ -424,11 +609,16 @@
       if (generation !== state.generation) return;
       const results = Array.isArray(data.results) ? data.results : [];
       render(results, append);
-      state.done = results.length < state.k;
+      state.done = results.length < k;
+      if (append && results.length) {
+        state.pages += 1;
+        history.replaceState(history.state, "", urlOf(state));
+      }
       const shown = state.results.length;
       const took = typeof data.took_ms === "number" ? ` in ${Math.round(data.took_ms)} ms` : "";
       if (shown === 0) {
         setStatus(`No results for ${describe(state)}.`);
+        if (state.refine.taken_after || state.refine.taken_to) explainNoDates(generation);
       } else if (append && results.length === 0) {
         setStatus(`No more results: ${shown} shown.`);
       } else {
@@ -436,19 +626,31 @@
       }
     } catch (err) {
       if (generation !== state.generation) return;
+      const message = err.message || String(err);
       if (append) {
-        state.offset -= state.k; // the page was not added: "Load more" asks for it again
+        showError(message); // the page was not added: "Load more" asks for it again
       } else {
         render([], false);
         state.done = true;
+        if (state.mode === "upload") {
+          // The search by that file is over: its preview and "searching by" note go, and the
+          // error names the user's file (the server calls every upload "upload").
+          const name = state.file && state.file.name ? state.file.name : "the chosen image";
+          Object.assign(state, { mode: null, file: null });
+          showQueryContext();
+          el.hint.hidden = false;
+          showError(`Could not search by “${name}”: ${message.replace(/image 'upload'/g, "the image").replace(/'upload'/g, `“${name}”`)}`);
+        } else {
+          showError(message);
+        }
       }
       setStatus("");
-      showError(err.message || String(err));
     } finally {
       if (generation === state.generation) {
         el.results.removeAttribute("aria-busy");
         el.more.disabled = false;
         el.more.hidden = state.done;
+        updateViewerNav();
       }
     }
   }
@@ -459,10 +661,28 @@
       if (thumbObserver) thumbObserver.disconnect();
       el.results.replaceChildren();
       state.results = [];
+      state.lastDay = null;
     }
+    const byDay = state.refine.sort === "taken";
     const fragment = document.createDocumentFragment();
     for (const result of results) {
       state.results.push(result);
+      if (byDay) {
+        // Sorted by date: a heading wherever the day changes (undated photos come last).
+        const t = wallClock(result.taken);
+        const day = t ? t.date.toISOString().slice(0, 10) : "undated";
+        if (day !== state.lastDay) {
+          state.lastDay = day;
+          const item = document.createElement("li");
+          item.className = "day";
+          item.dataset.testid = "day";
+          const heading = document.createElement("h2");
+          heading.className = "day-title";
+          heading.textContent = t ? dayWords.format(t.date) : "No date taken";
+          item.append(heading);
+          fragment.append(item);
+        }
+      }
       fragment.append(resultItem(result, state.results.length));
     }
     el.results.append(fragment);
@@ -493,6 +713,16 @@
 
   function formatScore(score) {
     return typeof score === "number" ? score.toFixed(3) : "";
+  }
+
+  function baseName(path) {
+    const parts = String(path).split("/");
+    return parts[parts.length - 1] || String(path);
+  }
+
+  function folderOf(path) {
+    const cut = String(path).lastIndexOf("/");
+    return cut > 0 ? String(path).slice(0, cut + 1) : "";
   }
 
   function resultItem(result, rank) {
@@ -530,7 +760,7 @@
     if (typeof result.taken === "string" && result.taken) {
       // The date and time the camera recorded, as ISO 8601 gives them (no zone conversion).
       taken.textContent = result.taken.slice(0, 16).replace("T", " ");
-      taken.title = `Taken ${result.taken}${result.camera ? ` with ${result.camera}` : ""}`;
+      taken.title = `Taken ${takenWords(result.taken)}${result.camera ? ` with ${result.camera}` : ""}`;
     }
 
     const caption = document.createElement("span");
@@ -557,7 +787,7 @@
     }
 
     button.append(frame, score, path, caption, taken, matched);
-    button.addEventListener("click", () => openViewer(result, button));
+    button.addEventListener("click", () => openViewer(state.results.indexOf(result), button));
     item.append(button);
 
     const url = thumbnailUrl(result);
@@ -570,17 +800,22 @@
     return item;
   }
 
-  // Start a new search from `next` (a partial state); push it to history unless restoring.
-  function startSearch(next, { push = true } = {}) {
+  // How the sources of matched words are named in the UI.
+  const SOURCE_NAMES = { path: "file name", embedded: "photo keywords", caption: "caption", ocr: "text in the image" };
+
+  // Start a new search from `next` (a partial state). how: "push" a history entry, "replace" the
+  // current one (a text filter typed on), or "none" (restoring from the address).
+  function startSearch(next, { how = "push", edit = null } = {}) {
     clearError();
-    Object.assign(state, { q: "", imageId: null, similarPath: null, file: null, add: "", subtract: "" }, next, { offset: 0, done: false });
+    Object.assign(state, { q: "", imageId: null, similarPath: null, file: null, add: "", subtract: "", pages: 1 }, next, { done: false });
     state.refine = readRefine();
     el.q.value = state.mode === "text" ? state.q : "";
     el.prefix.value = state.prefix;
     el.add.value = state.add;
     el.subtract.value = state.subtract;
     showQueryContext();
-    if (push) {
+    showFilterCount(false);
+    if (how !== "none") {
       if (state.mode === "upload") {
         const key = ++uploadSeq;
         uploads.set(key, state.file);
@@ -589,11 +824,28 @@
         // The same search again (Enter pressed twice) replaces its entry instead of adding one.
         const url = urlOf(state);
         const same = url === location.pathname + location.search && !(history.state && history.state.upload);
-        history[same ? "replaceState" : "pushState"]({ search: true }, "", url);
+        history[same || how === "replace" ? "replaceState" : "pushState"]({ search: true, edit }, "", url);
       }
     }
     el.hint.hidden = true;
+    const problems = checkRefine(state.refine);
+    showFieldErrors(problems);
+    if (Object.keys(problems).length) {
+      // Never search with a filter left out unsaid: the marked field says what to correct.
+      ++state.generation;
+      render([], false);
+      state.done = true;
+      el.more.hidden = true;
+      setFiltersOpen(true);
+      setStatus(`Not searched yet: correct the marked filter (${Object.keys(problems).map(fieldName).join(", ")}).`);
+      return Promise.resolve();
+    }
     return fetchPage(false);
+  }
+
+  function fieldName(name) {
+    const label = document.querySelector(`label[for="${name}"]`);
+    return label ? label.textContent.trim() : name;
   }
 
   function showQueryContext() {
@@ -604,18 +856,21 @@
     if (state.mode === "upload") {
       previewUrl = URL.createObjectURL(state.file);
       el.queryPreview.src = previewUrl;
+      el.queryImageNote.textContent = `Searching by the image you chose${state.file.name ? ` (${state.file.name})` : ""}. ` +
+        "An uploaded image cannot be put in the address, so reload or a shared link will not bring this search back.";
       el.queryImage.hidden = false;
     } else {
       el.queryPreview.removeAttribute("src");
+      el.queryImageNote.textContent = "";
       el.queryImage.hidden = true;
     }
     el.similarNote.hidden = state.mode !== "similar";
-    el.similarNote.textContent = state.mode === "similar" ? `Showing images like image ${state.imageId}${state.similarPath ? ` (${state.similarPath})` : ""}.` : "";
+    el.similarNote.textContent = state.mode === "similar" ? `Showing images like ${state.similarPath ? state.similarPath : `image ${state.imageId}`}.` : "";
   }
 
   function clearSearch(message) {
     ++state.generation;
-    Object.assign(state, { mode: null, q: "", imageId: null, file: null, offset: 0, done: true });
+    Object.assign(state, { mode: null, q: "", imageId: null, file: null, pages: 1, done: true });
     render([], false);
     el.q.value = "";
     showQueryContext();
@@ -624,9 +879,63 @@
     setStatus(message || "");
   }
 
+  // The search on screen again, with the filters as they are now.
+  function rerun(how, edit) {
+    startSearch({
+      mode: state.mode, q: state.q, imageId: state.imageId, similarPath: state.similarPath, file: state.file,
+      index: chosenIndex(), prefix: el.prefix.value.trim(), ...terms(), k: state.k,
+    }, { how: state.mode === "upload" ? "push" : how, edit });
+  }
+
+  // A filter changed: it applies at once to the search on screen. Typing on in the same text box
+  // replaces its history entry, so back steps over searches, not keystrokes.
+  function applyFilters(name) {
+    clearTimeout(typingTimer);
+    delete addressNotes[name];
+    const problems = checkRefine(readRefine());
+    showFieldErrors(problems);
+    showFilterCount(false);
+    if (Object.keys(problems).length) {
+      // Leave the results of the last good filters on screen; the field says what is wrong.
+      return;
+    }
+    if (state.mode) {
+      const typingOn = TEXT_FILTERS.has(name) && history.state && history.state.edit === name;
+      rerun(typingOn ? "replace" : "push", TEXT_FILTERS.has(name) ? name : null);
+    } else {
+      // No search yet: the address still keeps the filters, for a reload or a link.
+      history.replaceState({ search: true }, "", urlOf({
+        ...state, index: chosenIndex(), prefix: el.prefix.value.trim(), ...terms(), refine: readRefine(),
+      }));
+    }
+  }
+
+  let typingTimer = 0;
+  for (const control of [el.prefix, el.add, el.subtract, el.minScore, el.queryLang]) {
+    control.addEventListener("input", () => {
+      clearTimeout(typingTimer);
+      typingTimer = setTimeout(() => applyFilters(control.name), TYPING_PAUSE_MS);
+    });
+  }
+  for (const control of [el.takenAfter, el.takenTo, el.sort, el.mode]) {
+    control.addEventListener("change", () => applyFilters(control.name));
+  }
+
+  el.clearFilters.addEventListener("click", () => {
+    showRefine({});
+    el.prefix.value = el.add.value = el.subtract.value = "";
+    addressNotes = {};
+    applyFilters("clear");
+  });
+
   el.form.addEventListener("submit", (event) => {
     event.preventDefault();
+    clearTimeout(typingTimer);
     const q = el.q.value.trim();
+    if (!q && (state.mode === "similar" || state.mode === "upload")) {
+      rerun("push", null); // Enter in a filter box: the image search on screen, filtered anew
+      return;
+    }
     if (!q) {
       setStatus("");
       showError("Type something to search for, or choose an image to search by.");
@@ -648,12 +957,13 @@
     }
   });
 
-  el.more.addEventListener("click", () => {
-    if (state.done || !state.mode) return;
+  function loadMore() {
+    if (state.done || !state.mode) return Promise.resolve();
     clearError();
-    state.offset += state.k;
-    fetchPage(true);
-  });
+    return fetchPage(true);
+  }
+
+  el.more.addEventListener("click", () => loadMore());
 
   function searchByFile(file) {
     if (!file) return;
@@ -697,7 +1007,7 @@
     searchByFile(event.dataTransfer.files[0]);
   });
 
-  // ---- the viewer: one result large, with "more like this" --------------------------------
+  // ---- the viewer: one result on the whole screen, previous/next, "more like this" ---------
 
   function closeViewerImage() {
     if (viewerUrl) {
@@ -705,26 +1015,88 @@
       viewerUrl = null;
     }
     el.viewerImage.removeAttribute("src");
+    el.viewerImage.style.width = "";
+    el.viewerImage.style.height = "";
   }
 
-  async function openViewer(result, opener) {
-    viewerResult = result;
-    viewerOpener = opener;
+  // The picture fitted to the stage, but never past MAX_UPSCALE times its own pixels (a 128-px
+  // original blown up to fill a screen is a blur); or at its own size, to be scrolled.
+  function fitViewerImage() {
+    const img = el.viewerImage;
+    if (!img.naturalWidth) return;
+    const box = el.viewerStage.getBoundingClientRect();
+    const fit = Math.min(MAX_UPSCALE, box.width / img.naturalWidth, box.height / img.naturalHeight);
+    const scale = viewerActual ? 1 : fit;
+    img.style.width = `${Math.floor(img.naturalWidth * scale)}px`;
+    img.style.height = `${Math.floor(img.naturalHeight * scale)}px`;
+    el.viewerStage.classList.toggle("actual", viewerActual);
+  }
+
+  el.viewerImage.addEventListener("load", fitViewerImage);
+  window.addEventListener("resize", () => { if (el.viewer.open) fitViewerImage(); });
+  el.viewerImage.addEventListener("click", () => {
+    viewerActual = !viewerActual;
+    fitViewerImage();
+  });
+
+  function gpsWords(gps) {
+    const [lat, lon] = gps;
+    return `${Math.abs(lat).toFixed(5)}° ${lat >= 0 ? "N" : "S"}, ${Math.abs(lon).toFixed(5)}° ${lon >= 0 ? "E" : "W"}`;
+  }
+
+  function updateViewerNav() {
+    if (!el.viewer.open) return;
+    const total = state.results.length;
+    el.viewerPrev.disabled = viewerPos <= 0;
+    el.viewerNext.disabled = viewerPos >= total - 1 && state.done;
+    el.viewerPosition.textContent = `${viewerPos + 1} of ${total}${state.done ? "" : "+"}`;
+  }
+
+  async function openViewer(pos, opener) {
+    const result = state.results[pos];
+    if (!result) return;
+    viewerPos = pos;
+    if (opener) viewerOpener = opener;
+    viewerActual = false;
     closeViewerImage();
-    el.viewerPath.textContent = result.path;
-    el.viewerScore.textContent = `${whyText(result)} · image ${result.id}` +
-      (result.width && result.height ? ` · ${result.width}×${result.height}` : "") +
-      (result.taken ? ` · taken ${result.taken}` : "") + (result.camera ? ` · ${result.camera}` : "") +
-      (result.caption ? ` · “${result.caption}”` : "") + (result.url ? ` · from ${result.url}` : "");
-    el.viewerImage.alt = result.path;
+    el.viewerName.textContent = baseName(result.path);
+    el.viewerFolder.textContent = folderOf(result.path);
+    const when = typeof result.taken === "string" && result.taken ? `Taken ${takenWords(result.taken)}` : "";
+    el.viewerTaken.textContent = when + (result.camera ? `${when ? " with" : "Taken with"} ${result.camera}` : "");
+    el.viewerTaken.title = result.taken ? `${result.taken} (the camera's clock)` : "";
+    const gps = Array.isArray(result.gps) && result.gps.length === 2 && result.gps.every(Number.isFinite) ? result.gps : null;
+    el.viewerGps.hidden = !gps;
+    el.viewerGps.replaceChildren();
+    if (gps) {
+      const [lat, lon] = gps;
+      const link = document.createElement("a");
+      link.href = `https://www.openstreetmap.org/?mlat=${lat}&mlon=${lon}#map=16/${lat}/${lon}`;
+      link.target = "_blank";
+      link.rel = "noopener";
+      link.dataset.testid = "viewer-map";
+      link.textContent = "show on a map";
+      el.viewerGps.append(`At ${gpsWords(gps)} · `, link);
+    }
+    el.viewerScore.textContent = whyText(result);
+    el.viewerExtra.textContent = [
+      result.width && result.height ? `${result.width} × ${result.height} pixels` : "",
+      result.caption ? `“${result.caption}”` : "",
+      result.url ? `from ${result.url}` : "",
+    ].filter(Boolean).join(" · ");
+    el.viewerImage.alt = result.caption || baseName(result.path);
     const url = imageUrl(result);
     el.viewerOriginal.href = url;
-    if (!el.viewer.open) el.viewer.showModal();
-    el.moreLikeThis.focus();
+    el.viewerOriginal.download = baseName(result.path);
+    el.copyPath.textContent = "Copy path";
+    if (!el.viewer.open) {
+      el.viewer.showModal();
+      el.moreLikeThis.focus();
+    }
+    updateViewerNav();
     if (token) {
       try {
         const objectUrl = await blobUrl(url);
-        if (viewerResult !== result || !el.viewer.open) {
+        if (state.results[viewerPos] !== result || !el.viewer.open) {
           URL.revokeObjectURL(objectUrl);
           return;
         }
@@ -739,24 +1111,102 @@
     }
   }
 
+  // Next past the last result shown loads the next page first, when there is one.
+  async function stepViewer(delta) {
+    let pos = viewerPos + delta;
+    if (pos < 0) return;
+    if (pos >= state.results.length) {
+      if (state.done) return;
+      await loadMore();
+      if (pos >= state.results.length) return;
+    }
+    openViewer(pos, null);
+  }
+
+  el.viewerPrev.addEventListener("click", () => stepViewer(-1));
+  el.viewerNext.addEventListener("click", () => stepViewer(1));
+  el.viewer.addEventListener("keydown", (event) => {
+    if (event.altKey || event.ctrlKey || event.metaKey) return;
+    if (event.key === "ArrowLeft") {
+      event.preventDefault();
+      stepViewer(-1);
+    } else if (event.key === "ArrowRight") {
+      event.preventDefault();
+      stepViewer(1);
+    }
+  });
+
+  // Swipes (touch, pen or a mouse drag): a mostly horizontal move of 50 px or more.
+  let swipeStart = null;
+  el.viewerStage.addEventListener("pointerdown", (event) => {
+    swipeStart = viewerActual ? null : { x: event.clientX, y: event.clientY };
+  });
+  el.viewerStage.addEventListener("pointercancel", () => { swipeStart = null; });
+  el.viewerStage.addEventListener("pointerup", (event) => {
+    if (!swipeStart) return;
+    const dx = event.clientX - swipeStart.x;
+    const dy = event.clientY - swipeStart.y;
+    swipeStart = null;
+    if (Math.abs(dx) >= 50 && Math.abs(dx) > 1.5 * Math.abs(dy)) stepViewer(dx < 0 ? 1 : -1);
+  });
+
+  async function copyText(text) {
+    try {
+      await navigator.clipboard.writeText(text);
+      return true;
+    } catch (_) {
+      // No clipboard API off a secure origin (http:// on a LAN address): the old way.
+      const area = Object.assign(document.createElement("textarea"), { value: text, readOnly: true });
+      area.style.position = "fixed";
+      area.style.opacity = "0";
+      el.viewer.append(area);
+      area.select();
+      let ok = false;
+      try {
+        ok = document.execCommand("copy");
+      } catch (__) {
+        ok = false;
+      }
+      area.remove();
+      return ok;
+    }
+  }
+
+  el.copyPath.addEventListener("click", async () => {
+    const result = state.results[viewerPos];
+    if (!result) return;
+    const ok = await copyText(result.path);
+    el.copyPath.textContent = ok ? "Copied" : "Copy failed";
+    if (!ok) {
+      // Select the path on screen, so Ctrl+C or a long press copies it.
+      const range = document.createRange();
+      range.selectNodeContents(el.viewerFolder.textContent ? el.viewerFolder : el.viewerName);
+      getSelection().removeAllRanges();
+      getSelection().addRange(range);
+    }
+  });
+
   el.viewer.addEventListener("close", () => {
     closeViewerImage();
-    if (viewerOpener && viewerOpener.isConnected) viewerOpener.focus();
+    // Focus returns to the card of the picture last shown (previous/next may have moved on).
+    const shown = state.results[viewerPos];
+    const card = shown ? el.results.querySelector(`[data-result-id="${shown.id}"]`) : null;
+    const target = card || viewerOpener;
+    if (target && target.isConnected) target.focus();
     viewerOpener = null;
   });
   el.viewerClose.addEventListener("click", () => el.viewer.close());
-  // A click on the backdrop (outside the dialog's box) closes it too.
-  el.viewer.addEventListener("click", (event) => {
-    if (event.target === el.viewer) el.viewer.close();
-  });
 
   el.moreLikeThis.addEventListener("click", () => {
-    const result = viewerResult;
+    const result = state.results[viewerPos];
     if (!result) return;
+    viewerPos = -1;
     viewerOpener = null;
     el.viewer.close();
     startSearch({ mode: "similar", imageId: result.id, similarPath: result.path, index: state.index, prefix: state.prefix, ...terms(), k: state.k });
-    el.results.focus();
+    // The new results start at the top of the page, below the header, not scrolled under it.
+    window.scrollTo({ top: 0 });
+    el.results.focus({ preventScroll: true });
   });
 
   // ---- history: back / forward / reload restore the search --------------------------------
@@ -764,24 +1214,15 @@
   function restore(historyState) {
     if (el.viewer.open) {
       viewerOpener = null;
+      viewerPos = -1;
       el.viewer.close();
     }
     clearError();
-    if (historyState && historyState.upload) {
-      const file = uploads.get(historyState.upload);
-      if (file) {
-        const s = fromUrl();
-        selectIndex(s.index);
-        showRefine(s.refine);
-        startSearch({ mode: "upload", file, index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k }, { push: false });
-      } else {
-        clearSearch();
-        showError("This search was by an uploaded image, which the address cannot hold: choose the image again.");
-      }
-      return;
-    }
+    clearTimeout(typingTimer);
     const s = fromUrl();
+    addressNotes = s.notes;
     selectIndex(s.index);
+    showQueryLanguages();
     el.prefix.value = s.prefix;
     el.add.value = s.add;
     el.subtract.value = s.subtract;
@@ -789,16 +1230,33 @@
     state.index = s.index;
     state.prefix = s.prefix;
     state.k = s.k;
+    // Open the panel where a filter is set or an address value was not understood.
+    const anyFilter = Object.keys(s.refine).length || s.prefix || s.add || s.subtract || Object.keys(s.notes).length;
+    setFiltersOpen(Boolean(anyFilter));
+    showFilterCount(false);
+    if (historyState && historyState.upload) {
+      const file = uploads.get(historyState.upload);
+      if (file) {
+        startSearch({ mode: "upload", file, index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k }, { how: "none" });
+      } else {
+        clearSearch();
+        showError("This search was by an uploaded image, which the address cannot hold: choose the image again.");
+      }
+      return;
+    }
     if (s.badImageId) {
       clearSearch();
+      showFieldErrors(checkRefine(s.refine));
       showError("The address names an image id that is not a number.");
     } else if (s.imageId !== null) {
-      startSearch({ mode: "similar", imageId: s.imageId, similarPath: null, index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k }, { push: false });
+      startSearch({ mode: "similar", imageId: s.imageId, similarPath: null, index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k, pages: s.pages }, { how: "none" });
     } else if (s.q.trim()) {
-      startSearch({ mode: "text", q: s.q.trim(), index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k }, { push: false });
+      startSearch({ mode: "text", q: s.q.trim(), index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k, pages: s.pages }, { how: "none" });
     } else {
       clearSearch();
+      showFieldErrors(checkRefine(s.refine));
     }
+    if (s.problems.length) showError(s.problems.join(" "));
   }
 
   window.addEventListener("popstate", (event) => restore(event.state));
