@@ -170,7 +170,7 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
 
     monkeypatch.setattr(bench_search, "measure_type", checking_measure)
     code = bench_search.main(
-        ["--preset", "tiny", "--dim", "48", "--sizes", "2000", "--text-precisions", "fp32", "--types", "flat,hnsw,ivf-sq8", "--e2e", "flat",
+        ["--preset", "tiny", "--dim", "48", "--sizes", "2000", "--text-precisions", "fp32,hf", "--types", "flat,hnsw,ivf-sq8", "--e2e", "flat",
          "--queries", "20", "--text-queries", "3", "--warmup", "1", "--commit-every", "500", "--work-dir", str(tmp_path)]
     )
     assert code == 0
@@ -184,6 +184,9 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
     for row in rows.values():
         assert row["recall_at_10"] == round(recalls[row["factory"]], 4), row["type"]
     assert rows["flat"]["end_to_end_ms"]["fp32"]["p50"] > 0 and "end_to_end_ms" not in rows["hnsw"]
+    timed = rows["flat"]["end_to_end_ms"]
+    assert rows["flat"]["x_hf_p50"] == {"fp32": round(timed["hf"]["p50"] / timed["fp32"]["p50"], 2)}
+    assert "flat end to end against the HF text tower (p50): fp32 " in out
     assert "recall@10" in out and list(tmp_path.iterdir()) == []
     flat = [json.loads(line) for line in out.splitlines()[1:4]]
     assert [f["type"] for f in flat] == ["flat", "hnsw", "ivf-sq8"] and all(f["bench"] == "search-row" for f in flat)
