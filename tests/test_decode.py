@@ -109,6 +109,11 @@ def test_fp32_equals_the_reference_processor(family: str, models: dict[str, Path
     worst = cosines(np.stack([_stored(drafted)[p.name] for p in files]), ref).min()
     assert worst < (EXACT if family != "naflex" else 1 - 1e-8), (family, worst)
     assert read_manifest(drafted).preprocess["jpeg_draft"] is True
+    # An image query decodes as the index's images were: each file finds its own stored vector.
+    for index_dir in (out, drafted):
+        idx, stored_here = ImageIndex.open(index_dir, device="cpu"), _stored(index_dir)
+        for p in files[:2]:
+            np.testing.assert_allclose(idx.embed_image(p)[0], stored_here[p.name], rtol=0, atol=2e-6)
 
 
 def test_auto_gate_decodes_in_full_where_draft_is_not_harmless(models: dict[str, Path], photos: Path, tmp_path: Path) -> None:

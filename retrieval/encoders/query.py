@@ -183,9 +183,11 @@ class QueryEncoders:
         """
         encoder = self.image_encoder
         cfg = PreprocessConfig.from_dict(self.manifest.preprocess)
+        # JPEGs decoded as the index's were (an index from before the choice drafted them).
+        draft = bool(self.manifest.preprocess.get("jpeg_draft", True))
         if isinstance(encoder, RecordedTower):
-            return encoder.embed_image(image, cfg)  # in numpy where that is torch's result: no torch
-        pixels, _, _ = load_pixels(image, cfg, max_pixels=DEFAULT_MAX_PIXELS)
+            return encoder.embed_image(image, cfg, draft)  # in numpy where that is torch's result: no torch
+        pixels, _, _ = load_pixels(image, cfg, max_pixels=DEFAULT_MAX_PIXELS, draft=draft)
         return encoder.embed_pixels(pixels[None])
 
     @property

@@ -66,16 +66,17 @@ class RecordedTower:
         """``(N, dim)`` L2-normalised float32 vectors of preprocessed images."""
         return self.tower(pixel_values)
 
-    def embed_image(self, source: str | bytes | os.PathLike[str] | BinaryIO, cfg: PreprocessConfig) -> np.ndarray:
-        """The ``(1, dim)`` vector of an image file, preprocessed by ``cfg`` in numpy where that
-        is torch's result bit for bit (:func:`numpy_pixels`), else in torch.
+    def embed_image(self, source: str | bytes | os.PathLike[str] | BinaryIO, cfg: PreprocessConfig, draft: bool = True) -> np.ndarray:
+        """The ``(1, dim)`` vector of an image file, decoded as ``draft`` says (as the index's
+        images were) and preprocessed by ``cfg`` in numpy where that is torch's result bit for
+        bit (:func:`numpy_pixels`), else in torch.
 
         Raises:
             ImageDecodeError: the image cannot be decoded.
         """
         if numpy_pixels(cfg):
-            return self.tower(load_pixels_array(source, cfg, max_pixels=DEFAULT_MAX_PIXELS)[None])
-        pixels, _, _ = load_pixels(source, cfg, max_pixels=DEFAULT_MAX_PIXELS)
+            return self.tower(load_pixels_array(source, cfg, max_pixels=DEFAULT_MAX_PIXELS, draft=draft)[None])
+        pixels, _, _ = load_pixels(source, cfg, max_pixels=DEFAULT_MAX_PIXELS, draft=draft)
         return self.tower(pixels[None])
 
     def describe(self) -> str:

@@ -147,16 +147,17 @@ def preprocess_array(image: np.ndarray, cfg: PreprocessConfig) -> np.ndarray:
 
 def load_pixels_array(
     source: str | bytes | os.PathLike[str] | BinaryIO, cfg: PreprocessConfig, *, max_pixels: int = DEFAULT_MAX_PIXELS,
+    draft: bool = True,
 ) -> np.ndarray:
-    """Decode and preprocess one image as :func:`.preprocess.load_pixels` does (draft decoding
-    included), in numpy: float32 ``(3, h, w)``.
+    """Decode and preprocess one image as :func:`.preprocess.load_pixels` does (JPEG draft
+    decoding where ``draft``), in numpy: float32 ``(3, h, w)``.
 
     Raises:
         ImageDecodeError: see :func:`.decode.decode_image`.
         ValueError: settings :func:`numpy_preprocessing` refuses.
     """
-    decoded = decode_image(source, min_edge=cfg.min_decode_edge, max_pixels=max_pixels)
-    image = reduce_for_resize(decoded.image, cfg.min_decode_edge)
+    decoded = decode_image(source, min_edge=cfg.min_decode_edge, max_pixels=max_pixels, draft=draft)
+    image = reduce_for_resize(decoded.image, cfg.min_decode_edge) if draft else decoded.image
     return preprocess_array(np.array(image, dtype=np.uint8, copy=True), cfg)
 
 
