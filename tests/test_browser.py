@@ -7,8 +7,8 @@ query, so the UI is tested for showing the API's ranking, not for a ranking of i
 Chromium comes from ``CLIPSEARCH_CHROMIUM`` (``make test`` sets it from ``scripts/ensure-chromium``,
 which installs one when none is found) or Debian's ``/usr/bin/chromium``. Without one these tests
 FAIL (a browser test that skips silently proves nothing) unless ``CLIPSEARCH_SKIP_BROWSER=1``
-is set, which skips them and says why. ``CLIPSEARCH_UPDATE_SCREENSHOT=1`` makes the screenshot test
-write ``docs/ui.png`` (the README's picture of the UI on the demo collection).
+is set, which skips them and says why. ``scripts/screenshots.py`` writes the README's pictures of
+the UI (``docs/ui.png``, ``docs/ui-phone.png``); the screenshot test here checks the same view.
 """
 
 from __future__ import annotations
@@ -36,7 +36,6 @@ pytestmark = pytest.mark.slow  # a browser, and the server in a subprocess
 REPO = Path(__file__).resolve().parent.parent
 DEMO_PHOTOS = REPO / "data" / "demo"
 DEMO_MODEL = REPO / "data" / "models" / "demo-clip"
-SCREENSHOT = REPO / "docs" / "ui.png"
 PAGE = 8  # results per page in these tests (the UI takes k from the URL)
 SERVE_LINE = re.compile(r"clipsearch: serving (http://\S+?)/?\s*$")
 START_TIMEOUT_S = 90.0
@@ -824,17 +823,14 @@ def test_viewer_says_when_where_and_with_what(page: Any, server: Server) -> None
 def test_screenshot_of_the_demo_collection(
     browser: Any, tmp_path: Path, demo_build: tuple[subprocess.Popen[bytes], Path, Path]
 ) -> None:
-    """The README's screenshot: the demo collection indexed with the demo model, searched for a banana.
-
-    Written to docs/ui.png only with CLIPSEARCH_UPDATE_SCREENSHOT=1 (then commit it); otherwise
-    to a temporary file, checked to be a 1280x800 PNG.
-    """
+    """The README's screenshot's view: the demo collection indexed with the demo model, searched for
+    a banana, written to a temporary file and checked to be a 1280x800 PNG (scripts/screenshots.py
+    writes docs/ui.png from the same view)."""
     from PIL import Image
 
     proc, index, log = demo_build
     assert proc.wait(timeout=600) == 0, log.read_text(errors="replace")[-3000:]
-    update = os.environ.get("CLIPSEARCH_UPDATE_SCREENSHOT") == "1"
-    target = SCREENSHOT if update else tmp_path / "ui.png"
+    target = tmp_path / "ui.png"
     with serve([index], tmp_path / "cache") as server:
         context = browser.new_context(viewport={"width": 1280, "height": 800})
         page = context.new_page()

@@ -582,7 +582,8 @@
     const [url, options] = request({ ...state, refine }, DEFAULT_K, 0);
     try {
       const data = await (await api(url, options)).json();
-      if (generation !== state.generation) return;
+      // Stale (a newer search), or a filter is being corrected meanwhile (its message stays).
+      if (generation !== state.generation || Object.keys(checkRefine(readRefine())).length) return;
       const results = Array.isArray(data.results) ? data.results : [];
       if (!results.length) return;
       const newest = results.find((r) => typeof r.taken === "string" && r.taken);
@@ -897,6 +898,7 @@
     showFilterCount(false);
     if (Object.keys(problems).length) {
       // Leave the results of the last good filters on screen; the field says what is wrong.
+      if (state.mode) setStatus(`Still showing the last search: correct the marked filter (${Object.keys(problems).map(fieldName).join(", ")}) to search again.`);
       return;
     }
     if (state.mode) {
