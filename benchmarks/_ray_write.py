@@ -81,7 +81,7 @@ def measure(rows: int, actors: int, mode: str, base: Path, batch_size: int, comm
         with ray_engine.ray_run(cfg) as run, IndexLock(out):
             writer = GenerationWriter(out, meta, None)
             t0, c0 = time.perf_counter(), time.process_time()
-            stats = run.embed(spec, plan, writer)
+            stats = run.embed_spec(spec, plan, writer)
             stream, cpu = time.perf_counter() - t0, time.process_time() - c0
             parts = len(writer.parts) + (1 if writer.tail_pending else 0)
             t1 = time.perf_counter()
@@ -92,7 +92,7 @@ def measure(rows: int, actors: int, mode: str, base: Path, batch_size: int, comm
     index = ImageIndex.open(out)
     digest = hashlib.sha256(index.embeddings().tobytes() + "\n".join(index.paths()).encode()).hexdigest()
     return {
-        "mode": mode, "actors": actors, "rows": rows, "written_by": stats.ray_write, "commits": writer.commits,
+        "mode": mode, "actors": actors, "rows": rows, "written_by": stats.written_by, "commits": writer.commits,
         "ray_batch": batch_size if mode == "driver" else part_rows(batch_size, rows, actors, commit_every),
         "parts_before_finish": parts, "stream_seconds": round(stream, 3), "stream_rows_per_s": round(rows / stream),
         "driver_cpu_us_per_row": round(cpu / rows * 1e6, 2), "finish_seconds": round(finish, 3),

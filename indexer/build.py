@@ -37,12 +37,12 @@ from retrieval.index_types import IndexOptions, parse_memory
 from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 from retrieval.shards import scheme_of
 
-from . import ann, backfill, calibrate, ocr, ray_engine, shards
+from . import ann, backfill, calibrate, ocr, shards
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .dataset import content_hash
 from .discover import Discovery, check_photos_dir, find_images
-from .embed import embed_planned
+from .engines import LOADS_ITS_OWN_MODEL, Engine, open_engine
 from .exclusions import WalkOptions, load_exclusions, recorded_walk
 from .heap import retained_heap
 from .index_dir import check_index_dir, write_error
@@ -57,8 +57,8 @@ class _Job:
     """One build's inputs and collaborators, settled before the index lock is taken.
 
     ``keep_precision``: no precision was asked for and the model is loaded here, so an update
-    keeps the mode the index records. ``ray``: the connected Ray session of an
-    ``engine="ray"`` build, else None. ``stop``: see :func:`update_index`.
+    keeps the mode the index records. ``engine``: where the embedding runs, opened for this
+    build (:mod:`indexer.engines`). ``stop``: see :func:`update_index`.
     """
 
     cfg: BuildConfig
@@ -69,7 +69,7 @@ class _Job:
     found: Discovery
     start: float
     keep_precision: bool
-    ray: ray_engine.RayRun | None
+    engine: Engine
     walk: WalkOptions
     stop: Callable[[], bool] | None = None
     # A build from WebDataset shards (indexer.shards): what they are, and what reads them.
@@ -168,8 +168,8 @@ def _start(
 ) -> BuildReport:
     start = time.perf_counter()
     cpu.cpu_level()  # a bad CLIPSEARCH_CPU_CAP fails here, before any work
-    if encoder is not None and cfg.engine == "ray":
-        raise InvalidArgumentError("engine 'ray' loads the model in every actor from model=; it cannot take a loaded encoder")
+    if encoder is not None and cfg.engine in LOADS_ITS_OWN_MODEL:
+        raise InvalidArgumentError(f"engine {cfg.engine!r} loads the model in every worker from model=; it cannot take a loaded encoder")
     shard_source = None
     if found is None and is_shard_spec(source):
         if files is not None:
@@ -188,8 +188,8 @@ def _start(
     if cfg.ocr:
         ocr.check_engine()  # a missing engine fails in one line, before any work
     with contextlib.ExitStack() as stack:
-        # Connected before the walk and the model: a cluster that does not answer fails in seconds.
-        ray = stack.enter_context(ray_engine.ray_run(cfg)) if cfg.engine == "ray" else None
+        # Opened before the walk and the model: a cluster that does not answer fails in seconds.
+        engine = stack.enter_context(open_engine(cfg))
         walk = recorded_walk(out, cfg.include_hidden, cfg.exclude)
         if found is None:
             found = find_images(photos, files, None if files is not None else load_exclusions(photos, walk))
@@ -200,7 +200,7 @@ def _start(
             calibrate.apply_precision(enc, cfg.precision)
         keep = cfg.precision is None and (encoder is None or own_encoder)
         # enc.fingerprint fails on missing weights before anything is written.
-        return _build(_Job(cfg, enc, enc.fingerprint, photos, out, found, start, keep, ray, walk, stop, shard_source))
+        return _build(_Job(cfg, enc, enc.fingerprint, photos, out, found, start, keep, engine, walk, stop, shard_source))
 
 
 def _build(job: _Job) -> BuildReport:
@@ -383,24 +383,24 @@ def _meta(job: _Job, options: IndexOptions, ocr: bool, previous: Manifest | None
 def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: GenerationWriter) -> tuple[RunStats, str]:
     """Resolve the precision, apply the plan's row changes and embed its files with the
     run's engine; returns the stats and the CPU level the model ran at ("" on GPU)."""
-    cfg, enc, ray = job.cfg, job.enc, job.ray
+    cfg, enc, engine = job.cfg, job.enc, job.engine
     prev_info = previous.model_info if previous is not None else None
     images = job.images
     # Activations are freed and allocated again every layer: keep them in the heap (see heap),
     # for the calibration's model calls as for the build's.
     cpu_level = cpu.cpu_level() if enc.device.type == "cpu" else ""
     with retained_heap():
-        # With Ray on other machines the driver only takes the recorded mode, if any; a mode still
-        # to choose is calibrated on the kind of node the actors run on (its CPU features or GPU).
-        here = ray is None or ray.calibrates_here(enc)
+        # An engine on other machines (a cluster's workers) only takes the recorded mode here, if any; a
+        # mode still to choose is calibrated on the kind of node it runs on (its CPU or GPU).
+        here = engine.calibrates_here(enc)
         recorded = previous.preprocess if previous is not None else None
         requested = calibrate.decode_request(cfg.decode, recorded)
         calibrate.resolve(
             enc, prev_info, images, plan.to_embed if here else [], max_pixels=cfg.max_pixels, keep_recorded=job.keep_precision,
         )
         info = enc.info
-        if not here and ray is not None and enc.image_precision.mode is None and plan.to_embed:
-            info = ray.resolve_precision(enc, images, prev_info, plan.to_embed, job.keep_precision, requested, recorded)
+        if not here and enc.image_precision.mode is None and plan.to_embed:
+            info = engine.resolve_elsewhere(enc, images, prev_info, plan.to_embed, job.keep_precision, requested, recorded)
             cpu_level = str(info.pop("_cpu_level", ""))
             decode = calibrate.DecodeChoice.from_record(info.pop("_decode", None)) or calibrate.DecodeChoice(requested, False)
         else:
@@ -413,19 +413,16 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
         writer.set_model_info(calibrate.model_info(info, prev_info, bool(plan.to_embed)))
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)
-        # --ocr on an index embedded without it: the text of its rows, read here (also with Ray).
+        # --ocr on an index embedded without it: the text of its rows, read here (on any engine).
         text = backfill.read_missing_text(cfg, enc.preprocess, images, writer, recorded=_ocr_recorded(previous), stop=job.stop)
-        if ray is not None:
-            stats = ray.embed(ray.spec(images, info, ocr=writer.meta.ocr, draft=decode.draft), plan, writer)
-        else:
-            stats = embed_planned(cfg, enc, images, plan, writer, stop=job.stop, draft=decode.draft)
+        stats = engine.embed(enc, images, info, plan, writer, draft=decode.draft, stop=job.stop)
         stats.add_text(text)
         return stats, cpu_level
 
 
 def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats, *, resumed: bool, cpu_level: str) -> BuildReport:
     seconds = time.perf_counter() - job.start
-    ray = job.ray
+    facts = job.engine.facts(job.enc)
     return BuildReport(
         index_dir=str(job.out),
         model=job.enc.name,
@@ -448,17 +445,17 @@ def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunSta
         write_seconds=round(stats.write_seconds, 3),
         workers=stats.workers,
         batch_size=stats.batch_size,
-        device=ray.pool.device if ray is not None else str(job.enc.device),
+        device=facts.device,
         threads=stats.threads,
         precision=str(writer.meta.model_info.get("precision", "fp32")),
-        cpu_level=cpu_level if (ray is None or ray.pool.device == "cpu") else "",
+        cpu_level=cpu_level if facts.device == "cpu" else "",
         engine=job.cfg.engine,
         text_notes=stats.text_notes,
         with_ocr_text=stats.with_ocr_text,
         text_read=stats.text_read,
-        actors=ray.pool.actors if ray is not None else 0,
-        cluster_resources=dict(ray.resources) if ray is not None else {},
-        ray_write=stats.ray_write,
+        actors=facts.actors,
+        cluster_resources=dict(facts.resources),
+        ray_write=stats.written_by,
     )
 
 

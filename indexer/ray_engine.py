@@ -23,7 +23,7 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -40,6 +40,7 @@ from .commit import GenerationWriter
 from .config import BuildConfig, Decode
 from .discover import ImageFile
 from .embed import EmbeddedBatch, write_batches
+from .engines import EngineFacts
 from .plan import UpdatePlan
 from .ray_actor import ActorSpec, EmbedActor, calibrate_remote, from_columns
 from .ray_parts import Stage, by_part, part_rows
@@ -273,7 +274,24 @@ class RayRun:
             raise _task_error(exc) from exc
         return info
 
-    def embed(self, spec: ActorSpec, plan: UpdatePlan, writer: GenerationWriter) -> RunStats:
+    def resolve_elsewhere(self, enc: Encoder, images: Path | ShardReader, previous_info: Mapping[str, Any] | None,
+                          files: Sequence[ImageFile], keep_recorded: bool, decode: Decode,
+                          recorded_decode: Mapping[str, Any] | None) -> dict[str, Any]:
+        """:class:`~indexer.engines.Engine`'s calibration where the actors run: :meth:`resolve_precision`."""
+        return self.resolve_precision(enc, images, previous_info, files, keep_recorded, decode, recorded_decode)
+
+    def embed(self, enc: Encoder, images: Path | ShardReader, info: Mapping[str, Any], plan: UpdatePlan,
+              writer: GenerationWriter, *, draft: bool, stop: Callable[[], bool] | None) -> RunStats:
+        """:class:`~indexer.engines.Engine`'s embedding: the actors embed with ``info``'s model
+        (the driver's encoder only described it); ``stop`` is the local engine's (a Ray job
+        is stopped by its driver's interrupt)."""
+        return self.embed_spec(self.spec(images, info, ocr=writer.meta.ocr, draft=draft), plan, writer)
+
+    def facts(self, enc: Encoder) -> EngineFacts:
+        """The actors' device, their number and the cluster's resources."""
+        return EngineFacts(device=self.pool.device, actors=self.pool.actors, resources=dict(self.resources))
+
+    def embed_spec(self, spec: ActorSpec, plan: UpdatePlan, writer: GenerationWriter) -> RunStats:
         """Embed ``plan.to_embed`` on the actor pool into ``writer`` (same stats as the local engine).
 
         With ``ray_write`` auto or actors the actors write the rows as parts into a staging
@@ -286,7 +304,7 @@ class RayRun:
         if not files:
             return stats
         if self.cfg.ray_write == "driver":
-            stats.ray_write = "driver"
+            stats.written_by = "driver"
             self._run(spec, stats.batch_size, plan, writer, stats, None)
             return stats
         stage = Stage(writer, required=self.cfg.ray_write == "actors")
@@ -297,7 +315,7 @@ class RayRun:
             stage.discard()
             raise
         stage.release()
-        stats.ray_write = stage.written_by
+        stats.written_by = stage.written_by
         if stage.by_driver and self.cfg.progress:
             print(f"clipsearch: {stage.fallback_note()}", file=sys.stderr, flush=True)
         return stats

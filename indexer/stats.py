@@ -60,8 +60,9 @@ class RunStats:
     text_notes: int = 0
     with_ocr_text: int = 0
     text_read: int = 0
-    # Ray runs: who wrote the Parquet parts (indexer.ray_parts): actors, driver or actors+driver.
-    ray_write: str = ""
+    # Who wrote the Parquet parts where the engine offers a choice (Ray: actors, driver or
+    # actors+driver, indexer.ray_parts); empty where it does not.
+    written_by: str = ""
 
     @classmethod
     def start(cls, cfg: BuildConfig, device_type: str) -> RunStats:

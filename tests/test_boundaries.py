@@ -141,3 +141,22 @@ def test_no_import_cycle_at_module_level() -> None:
         if module not in state:
             dfs(module)
     assert cycles == []
+
+
+# The engine-neutral build path: the engines plug in through indexer.engines.
+ENGINE_NEUTRAL = ("indexer.build", "indexer.embed", "indexer.stats", "indexer.commit", "indexer.engines")
+RAY_ROOMS = ("indexer.ray_engine", "indexer.ray_actor", "indexer.ray_parts", "ray")
+
+
+@pytest.mark.parametrize("module", ENGINE_NEUTRAL)
+def test_the_build_path_names_no_engine(module: str) -> None:
+    # engines.py names Ray's module once, inside the function that opens it (imported on demand).
+    imported = _imports(module, top_level_only=module == "indexer.engines")
+    assert sorted(n for n in imported if any(_in(n, r) for r in RAY_ROOMS)) == []
+
+
+def test_the_engines_are_the_options_engines() -> None:
+    from indexer.config import ENGINES as NAMES
+    from indexer.engines import ENGINES, LOADS_ITS_OWN_MODEL
+
+    assert tuple(ENGINES) == NAMES and LOADS_ITS_OWN_MODEL <= set(ENGINES)
