@@ -51,8 +51,12 @@ class Searchable(Protocol):
 
 # Candidates the vector side brings to the fusion (at least k).
 DEPTH = 100
-# Keyword matches read for their cosines, best coverage first.
-KEYWORD_DEPTH = 10_000
+# Keyword matches hybrid brings beside the vector side's candidates, best coverage first (a vector
+# candidate gets its coverage whatever its place among the matches).
+KEYWORD_DEPTH = 1_000
+# Keyword mode reads this many matches' cosines, so that among equal matches the vector side
+# decides over many more than it returns.
+KEYWORD_MODE_DEPTH = 10_000
 
 
 def resolve_mode(mode: str | None, keywords: KeywordIndex | None) -> str:
@@ -106,7 +110,7 @@ def _scores(index: Searchable, ids: np.ndarray, vector: np.ndarray, known: dict[
 
 
 def _keyword_hits(index: Searchable, matches: Matches, vector: np.ndarray, cut: Cut) -> list[Hit]:
-    ids, coverage = matches.ids[:KEYWORD_DEPTH], matches.scores[:KEYWORD_DEPTH]
+    ids, coverage = matches.ids[:KEYWORD_MODE_DEPTH], matches.scores[:KEYWORD_MODE_DEPTH]
     cosines = _scores(index, ids, vector, {})
     if cut.min_score is not None:
         keep = cosines >= cut.min_score
@@ -123,14 +127,21 @@ def _fused_hits(index: Searchable, matches: Matches, vector: np.ndarray, cut: Cu
         vscores, vids = index.search_ids(vector[None], max(cut.top_k, DEPTH), where=where)
         keep = vids[0] >= 0
         vids, vscores = vids[0][keep], vscores[0][keep]
-    kids = matches.ids[:KEYWORD_DEPTH]
-    ids = np.union1d(vids, kids)
-    coverage = np.zeros(len(ids))
-    coverage[np.searchsorted(ids, kids)] = matches.scores[:KEYWORD_DEPTH]
+    ids = np.union1d(vids, matches.ids[:KEYWORD_DEPTH])
+    coverage = _coverage_of(matches, ids)
     cosines = _scores(index, ids, vector, dict(zip(vids.tolist(), vscores.tolist(), strict=True)))
     order, fused = fuse(ids, cosines, coverage, index.cosine_scale(vector))
     order = order[: cut.cap]
     return _explained(index, ids[order], cosines[order], cut, fused[order], coverage[order])
+
+
+def _coverage_of(matches: Matches, ids: np.ndarray) -> np.ndarray:
+    """The keyword score of each of ``ids`` (0 where its words do not match)."""
+    by_id = np.argsort(matches.ids, kind="stable")
+    known = matches.ids[by_id]
+    at = np.minimum(np.searchsorted(known, ids), max(len(known) - 1, 0))
+    hit = known[at] == ids if len(known) else np.zeros(len(ids), bool)
+    return np.where(hit, matches.scores[by_id][at] if len(known) else 0.0, 0.0)
 
 
 def _explained(index: Searchable, ids: np.ndarray, cosines: np.ndarray, cut: Cut, fused: np.ndarray | None,
@@ -160,4 +171,4 @@ def _with_text(keywords: KeywordIndex, terms: Terms, hits: list[Hit]) -> list[Hi
     return out
 
 
-__all__ = ["DEPTH", "KEYWORD_DEPTH", "Searchable", "resolve_mode", "text_search"]
+__all__ = ["DEPTH", "KEYWORD_DEPTH", "KEYWORD_MODE_DEPTH", "Searchable", "resolve_mode", "text_search"]

@@ -130,3 +130,14 @@ def test_http_default_k_in_every_mode(beach_index: Path, tmp_path: Path) -> None
         assert fused[0]["fused"] >= fused[-1]["fused"] and 0 < fused[0]["keyword"] <= 1
         bad = c.get("/api/search", params={"q": "beach", "k": 0})
         assert 400 <= bad.status_code < 500 and "k" in bad.json()["error"]
+
+
+def test_a_vector_candidate_keeps_its_words_beyond_the_keyword_depth(beach_index: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    import retrieval.hybrid as hybrid
+
+    idx = ImageIndex.open(beach_index, device="cpu")
+    whole = idx.search("beach", k=BEACHES + 3)
+    monkeypatch.setattr(hybrid, "KEYWORD_DEPTH", 1)  # one keyword-only candidate; the rest come from the vector side
+    cut = idx.search("beach", k=BEACHES + 3)
+    assert [(h.id, h.keyword, h.fused) for h in cut] == [(h.id, h.keyword, h.fused) for h in whole]
+    assert sum(h.keyword == 1.0 for h in cut) == BEACHES

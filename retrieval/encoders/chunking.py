@@ -5,8 +5,8 @@ and the decoders. On the CPU, one forward pass over all of them allocates activa
 ``images x tokens x width`` floats per layer, afresh for every layer: for ViT-B/32 at 64 images
 the MLP's 3072-wide activations are 39 MB, and glibc serves every block over its mmap threshold
 (at most 32 MB) with fresh pages from the kernel, which zeroes each on first touch and takes them
-back at ``free``. That was ~115,000-130,000 page faults per batch of 64 (``benchmarks/README.md``,
-"Page faults"), time in which no product runs. Below the threshold, freed blocks are reused.
+back at ``free``: page faults, time in which no product runs (measured in ``benchmarks/README.md``,
+"Page faults"). Below the threshold, freed blocks are reused.
 A build also keeps freed memory in the process (:mod:`indexer.heap`); this bound holds for every
 other caller too (the Python API, image queries, the server), without touching malloc's settings.
 

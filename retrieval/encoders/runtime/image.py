@@ -4,7 +4,7 @@ Per mode. The exact tower (``fp32``): tried in order (:data:`ORDERS`), on the fi
 the tower sees; the first that installs, loads, matches torch (:data:`~. PARITY_MIN_COSINE`)
 and gives every image the same vector whatever its batch (:func:`batch_drift`) runs the tower.
 OpenVINO comes first: its fp32 tower ran faster than ONNX Runtime's at ViT-B/32 and ViT-L/14
-on the CPUs where it passed the batch check (``benchmarks/README.md``, issue 39); on the AVX2
+on the CPUs where it passed the batch check (``benchmarks/README.md``); on the AVX2
 host measured its vectors moved with the batch, so there the check hands the tower to ONNX
 Runtime.
 
@@ -136,8 +136,8 @@ RUNTIMES: dict[str, Runtime] = {
 ORDERS: dict[str, tuple[str, ...]] = {"fp32": ("openvino", "onnxruntime"), "bf16": ("openvino",), "int8": ("openvino",)}
 AUTO_ORDER = ORDERS["fp32"]
 # The CPU levels (after the caps) where a reduced mode's runtime tower is tried: where it was
-# measured faster than torch's and its vectors did not move with the batch (benchmarks/README.md,
-# issue 39). bf16 needs AMX (with AVX-512 BF16 alone bf16 products ran slower than fp32 in
+# measured faster than torch's and its vectors did not move with the batch (benchmarks/README.md).
+# bf16 needs AMX (with AVX-512 BF16 alone bf16 products ran slower than fp32 in
 # oneDNN); OpenVINO's int8 with AMX moved with the batch, and torch's int8 ran faster there.
 LEVELS: dict[str, tuple[str, ...]] = {"bf16": ("amx",), "int8": ("avx512_vnni",)}
 # The modes a runtime other than torch may run.

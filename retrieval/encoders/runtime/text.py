@@ -3,7 +3,7 @@
 The same fp32 ``CLIPTextModelWithProjection``, two runtimes. For a ViT-B/32 text tower the
 numpy tower spends most of a query streaming its float32 weights through OpenBLAS's packing
 sgemm; ONNX Runtime's MLAS reads them about twice as fast, and a query takes about half the
-time (``benchmarks/README.md``, issue 39). So in a **long-lived** process (``text_queries``
+time (``benchmarks/README.md``). So in a **long-lived** process (``text_queries``
 unknown or at least :data:`~retrieval.encoders.numpy_text.path.ONE_SHOT_TEXTS`: the rule that
 lets int8 be chosen) the fp32 tower runs on ONNX Runtime where:
 
