@@ -114,12 +114,18 @@ class Generation:
         return self.rows.vectors_of(ids)
 
     @cached_property
-    def scale_sample(self) -> np.ndarray:
-        """Up to :data:`SCALE_SAMPLE` stored vectors, evenly spaced by id, read once: a query's
-        cosines with them stand for its cosines with the whole collection."""
+    def cosine_moments(self) -> tuple[np.ndarray, np.ndarray] | None:
+        """The mean ``(dim,)`` and covariance ``(dim, dim)`` of up to :data:`SCALE_SAMPLE` stored
+        vectors evenly spaced by id, read once (None for an empty index): a query ``q``'s cosines
+        with the collection have mean ``q @ mean`` and variance ``q @ cov @ q``."""
         count = self.manifest.count
-        ids = np.unique(np.linspace(0, count - 1, min(count, SCALE_SAMPLE)).astype(np.int64)) if count else np.empty(0, np.int64)
-        return self.vectors_of(ids)
+        if not count:
+            return None
+        ids = np.unique(np.linspace(0, count - 1, min(count, SCALE_SAMPLE)).astype(np.int64))
+        sample = self.vectors_of(ids).astype(np.float64)
+        mean = sample.mean(axis=0)
+        centred = sample - mean
+        return mean, (centred.T @ centred) / len(sample)
 
     def warm(self, vectors: bool | None = None) -> int:
         """Ask the kernel to read the memory-mapped FAISS file ahead (see ``ImageIndex.warm``);

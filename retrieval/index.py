@@ -243,8 +243,13 @@ class ImageIndex:
     def cosine_scale(self, vector: np.ndarray) -> CosineScale:
         """The mean and standard deviation of ``vector``'s cosine over the collection, estimated
         on a fixed sample of its stored vectors (the scale hybrid ranking fuses on)."""
-        cosines = self._generation.scale_sample @ np.asarray(vector, np.float32)
-        return CosineScale(float(cosines.mean()), float(cosines.std())) if len(cosines) else CosineScale(0.0, 1.0)
+        moments = self._generation.cosine_moments
+        if moments is None:
+            return CosineScale(0.0, 1.0)
+        mean, cov = moments
+        q = np.asarray(vector, np.float64)
+        # einsum, not BLAS: OpenBLAS's threads would spin on after the product, beside FAISS's.
+        return CosineScale(float(np.einsum("i,i->", q, mean)), float(np.sqrt(max(np.einsum("i,ij,j->", q, cov, q), 0.0))))
 
     @property
     def keywords(self) -> KeywordIndex | None:
