@@ -41,6 +41,13 @@ def parse_time(text: str) -> int:
     return (when - epoch) // dt.timedelta(microseconds=1) * 1000
 
 
+def format_time(ns: int) -> str:
+    """ns since the epoch as :func:`parse_time` reads it back: ``2024-05-01`` at midnight UTC,
+    else ``2024-05-01T12:30:00+00:00``."""
+    when = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc) + dt.timedelta(microseconds=ns // 1000)
+    return when.date().isoformat() if when.time() == dt.time(0) else when.isoformat()
+
+
 def _optional_time(text: str) -> int | None:
     # An empty date is no bound, as an empty form field is.
     return parse_time(text) if text else None
@@ -132,6 +139,8 @@ class Filter:
                           ("taken_after", "taken_before")):
             a, b = getattr(self, low), getattr(self, high)
             if a is not None and b is not None and a > b:
+                if low.endswith("_after"):  # times are ns since the epoch: said as the dates they are
+                    raise InvalidArgumentError(f"{low} ({format_time(a)}) is after {high} ({format_time(b)}): nothing can match")
                 raise InvalidArgumentError(f"{low} ({a}) is greater than {high} ({b}): nothing can match")
 
     @property

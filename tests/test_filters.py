@@ -94,3 +94,12 @@ def test_cli_search_filters(built_index: Path) -> None:
     for bad, message in ((["--modified-after", "someday"], "ISO"), (["--min-width", "9", "--max-width", "3"], "nothing can match")):
         proc = run_cli(["search", str(built_index), "a photo", *bad])
         assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_reversed_dates_are_said_as_dates() -> None:
+    from retrieval.filters import format_time
+
+    with pytest.raises(InvalidArgumentError, match=r"^taken_after \(2025-01-01\) is after taken_before \(2020-01-01\): nothing can match$"):
+        Filter(taken_after=parse_time("2025-01-01"), taken_before=parse_time("2020-01-01"))
+    assert format_time(parse_time("2024-05-01T12:30:00+02:00")) == "2024-05-01T10:30:00+00:00"
+    assert parse_time(format_time(parse_time("2024-05-01"))) == parse_time("2024-05-01")

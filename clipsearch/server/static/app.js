@@ -314,6 +314,8 @@
     el.queryLangField.hidden = codes.length === 0;
     el.queryLangs.replaceChildren(...codes.map((code) => Object.assign(document.createElement("option"), { value: code })));
     if (codes.length && !el.queryLang.value && codes.includes("eng_Latn")) el.queryLang.placeholder = "eng_Latn";
+    // A model that must be told the query's language: its control in view until one is given.
+    if (codes.length && !el.queryLang.value) setFiltersOpen(true);
   }
 
   async function loadIndexes() {
@@ -1232,9 +1234,10 @@
     state.index = s.index;
     state.prefix = s.prefix;
     state.k = s.k;
-    // Open the panel where a filter is set or an address value was not understood.
+    // Open the panel where a filter is set or an address value was not understood, or where the
+    // index's model must be told the query's language and none is given.
     const anyFilter = Object.keys(s.refine).length || s.prefix || s.add || s.subtract || Object.keys(s.notes).length;
-    setFiltersOpen(Boolean(anyFilter));
+    setFiltersOpen(Boolean(anyFilter) || (!el.queryLangField.hidden && !el.queryLang.value));
     showFilterCount(false);
     if (historyState && historyState.upload) {
       const file = uploads.get(historyState.upload);
