@@ -25,7 +25,6 @@ python benchmarks/bench_cold.py INDEX_DIR [--queries 300] [--clusters 1000] [--s
 
 from __future__ import annotations
 
-import argparse
 import gc
 import json
 import os
@@ -36,7 +35,8 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _common import latency_summary, machine_facts, read_through  # noqa: E402
+from _common import latency_summary, read_through  # noqa: E402
+from _harness import Bench  # noqa: E402
 from bench_query import SyntheticSpec, synthetic_queries  # noqa: E402
 from bench_search import exact_truth, recall  # noqa: E402
 
@@ -94,22 +94,21 @@ def run_pass(index_dir: Path, name: str, queries: Any, truth: Any, k: int) -> di
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    bench = Bench("bench_cold", __doc__, "seed")
+    parser = bench.parser
     parser.add_argument("index", type=Path, help="an existing index directory (e.g. one bench_search.py kept)")
     parser.add_argument("--queries", type=int_at_least(1), default=300, help="timed queries per pass (default: 300)")
     parser.add_argument("--k", type=int_at_least(1), default=10)
     parser.add_argument("--clusters", type=int_at_least(1), default=1000, help="the clusters the index's vectors were drawn from")
     parser.add_argument("--noise", type=float, default=0.8)
-    parser.add_argument("--seed", type=int, default=0)
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
 
     from retrieval import ImageIndex
 
     try:
         manifest = ImageIndex.open(args.index, mmap=True).manifest
     except Exception as exc:  # noqa: BLE001  # one line for the user, whatever the reason
-        print(f"bench_cold: {args.index}: {exc}", file=sys.stderr)
-        return 1
+        return bench.fail(f"{args.index}: {exc}")
     spec = SyntheticSpec(clusters=args.clusters, noise=args.noise, seed=args.seed)
     queries = synthetic_queries(args.queries * len(PASSES), manifest.dim, spec)
     t0 = time.perf_counter()
@@ -120,9 +119,15 @@ def main(argv: list[str] | None = None) -> int:
         part = slice(i * args.queries, (i + 1) * args.queries)
         rows.append(run_pass(args.index, name, queries[part], truth[part], args.k))
         print(f"# {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
-    report = {
+    table = [f"{manifest.count:,} vectors, {manifest.index_type} {dict(manifest.search_params)}, {args.queries} queries per pass",
+             "| pass | page cache dropped | open s | warm-up read s | first 10 queries ms | p50 / p99 ms | recall@10 |",
+             "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]
+    for r in rows:
+        ms = r["search_ms"]
+        table.append(f"| {r['pass']} | {'yes' if r['dropped'] else 'no'} | {r['open_seconds']} | {r.get('warm_seconds', '')} | "
+                     f"{r['first_10_ms']} | {ms['p50']:.2f} / {ms['p99']:.2f} | {r['recall_at_10']} |")
+    bench.report({
         "bench": "cold",
-        "date": time.strftime("%Y-%m-%d"),
         "vectors": manifest.count,
         "factory": manifest.index_type,
         "search_params": dict(manifest.search_params),
@@ -130,20 +135,8 @@ def main(argv: list[str] | None = None) -> int:
         "queries_per_pass": args.queries,
         "exact_truth_seconds": round(truth_s, 1),
         "passes": rows,
-        "machine": machine_facts(),
-    }
-    print(json.dumps(report))
-    print(f"\n{manifest.count:,} vectors, {manifest.index_type} {dict(manifest.search_params)}, {args.queries} queries per pass")
-    print("| pass | page cache dropped | open s | warm-up read s | first 10 queries ms | p50 / p99 ms | recall@10 |")
-    print("| --- | --- | ---: | ---: | ---: | ---: | ---: |")
-    for r in rows:
-        ms = r["search_ms"]
-        print(
-            f"| {r['pass']} | {'yes' if r['dropped'] else 'no'} | {r['open_seconds']} | {r.get('warm_seconds', '')} | "
-            f"{r['first_10_ms']} | {ms['p50']:.2f} / {ms['p99']:.2f} | {r['recall_at_10']} |"
-        )
+    }, table)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

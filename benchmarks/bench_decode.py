@@ -20,10 +20,7 @@ Prints one JSON line, then a table.
 
 from __future__ import annotations
 
-import argparse
-import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -31,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _common import machine_facts  # noqa: E402
+from _harness import Bench  # noqa: E402
 
 # Model name -> (kind, preset, what it stands for).
 MODELS: dict[str, tuple[str, str, str]] = {
@@ -100,22 +97,21 @@ def draft_cosines(full: Path, draft: Path) -> list[float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = Bench("bench_decode", __doc__, "threads", "work_dir")
+    parser = bench.parser
     parser.add_argument("--photos", type=int, default=16, help="JPEGs to index (default 16)")
     parser.add_argument("--width", type=int, default=4000, help="photo width in pixels (default 4000)")
     parser.add_argument("--height", type=int, default=3000, help="photo height in pixels (default 3000)")
     parser.add_argument("--rounds", type=int, default=2, help="builds per decode mode for the speed figures, best taken (default 2)")
     parser.add_argument("--models", default=",".join(MODELS), help=f"models whose cosines are measured (default {','.join(MODELS)})")
     parser.add_argument("--speed-model", default="clip-tiny-64", help="model of the speed figures (default clip-tiny-64)")
-    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: the build's, every core)")
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
     models = [m for m in args.models.split(",") if m]
     unknown = [m for m in [*models, args.speed_model] if m not in MODELS]
     if unknown or args.photos < 1 or args.rounds < 1 or min(args.width, args.height) < 16:
         parser.error(f"unknown model {unknown[0]!r} (choose from {', '.join(MODELS)})" if unknown else
                      "--photos and --rounds must be >= 1, --width and --height >= 16")
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp)
+    with bench.scratch() as base:
         photos = base / "photos"
         t0 = time.perf_counter()
         write_photos(photos, args.photos, args.width, args.height)
@@ -139,26 +135,22 @@ def main(argv: list[str] | None = None) -> int:
             cos = draft_cosines(base / f"{name}-full", base / f"{name}-draft")
             quality.append({"model": name, "what": MODELS[name][2], "mean_cosine": round(sum(cos) / len(cos), 7),
                             "min_cosine": round(min(cos), 7), "passes_auto_gate": min(cos) >= 0.99999})
-    result = {"benchmark": "decode", "photos": args.photos, "size": [args.width, args.height], "jpeg_quality": 90,
-              "photos_seconds": round(made_s, 1), "speed_model": args.speed_model, "rounds": args.rounds, "speed": speed,
-              "quality": quality, "machine": machine_facts()}
-    print(json.dumps(result))
     mp = args.width * args.height / 1e6
-    print(f"\n{args.photos} JPEGs at {args.width}x{args.height} ({mp:.1f} MP), fp32 build on CPU, {args.speed_model}, "
-          f"best of {args.rounds}")
-    print(f"{'decode':<8} {'build img/s':>12} {'build s':>8} {'decode img/s/thread':>20}")
+    table = [f"{args.photos} JPEGs at {args.width}x{args.height} ({mp:.1f} MP), fp32 build on CPU, {args.speed_model}, "
+             f"best of {args.rounds}",
+             f"{'decode':<8} {'build img/s':>12} {'build s':>8} {'decode img/s/thread':>20}"]
     for decode in ("full", "draft"):
         row = speed[decode]
-        print(f"{decode:<8} {row['images_per_s']:>12.2f} {row['seconds']:>8.2f} {row['decode_images_per_s'] or 0:>20.2f}")
-    print(f"draft is {speed['draft_speedup']['build']:.2f}x full")
-    print(f"\ncosine of each file's draft vector to its full one ({args.photos} files)")
-    print(f"{'model':<20} {'mean':>10} {'min':>10}  gate (min >= 0.99999)  what")
-    for row in quality:
-        print(f"{row['model']:<20} {row['mean_cosine']:>10.7f} {row['min_cosine']:>10.7f}  "
-              f"{'passes' if row['passes_auto_gate'] else 'fails':<21}  {row['what']}")
-    print(f"\nCPU: {result['machine']['cpu']}")
+        table.append(f"{decode:<8} {row['images_per_s']:>12.2f} {row['seconds']:>8.2f} {row['decode_images_per_s'] or 0:>20.2f}")
+    table += [f"draft is {speed['draft_speedup']['build']:.2f}x full", "",
+              f"cosine of each file's draft vector to its full one ({args.photos} files)",
+              f"{'model':<20} {'mean':>10} {'min':>10}  gate (min >= 0.99999)  what"]
+    table += [f"{row['model']:<20} {row['mean_cosine']:>10.7f} {row['min_cosine']:>10.7f}  "
+              f"{'passes' if row['passes_auto_gate'] else 'fails':<21}  {row['what']}" for row in quality]
+    bench.report({"benchmark": "decode", "photos": args.photos, "size": [args.width, args.height], "jpeg_quality": 90,
+                  "photos_seconds": round(made_s, 1), "speed_model": args.speed_model, "rounds": args.rounds, "speed": speed,
+                  "quality": quality}, table)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -19,20 +19,19 @@ Flat search is exact and O(n^2): it is skipped above --flat-max.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _common import ROOT, machine_facts, peak_rss_mb  # noqa: E402
+from _common import ROOT, peak_rss_mb  # noqa: E402
+from _harness import Bench  # noqa: E402
 from bench_query import CHUNK_ROWS, SyntheticSpec, build_synthetic_index, synthetic_chunks  # noqa: E402
 from bench_search import reindex_subprocess  # noqa: E402
 
@@ -93,7 +92,8 @@ def find_subprocess(index_dir: Path, threshold: float, planted: Path) -> dict[st
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    bench = Bench("bench_duplicates", __doc__, "seed", "work_dir")
+    parser = bench.parser
     parser.add_argument("--sizes", default="100000,1000000")
     parser.add_argument("--types", default="flat,ivf-sq8", help="index types to search with (reindex --index-type)")
     parser.add_argument("--flat-max", type=int, default=200_000, help="skip flat above this size (exact search is O(n^2))")
@@ -104,9 +104,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--target-recall", type=float, default=0.95)
     parser.add_argument("--clusters", type=int, default=1000)
     parser.add_argument("--noise", type=float, default=0.8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work-dir", help="where to write indexes (default: a temp dir, removed)")
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
     import numpy as np
 
     sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
@@ -114,8 +112,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = SyntheticSpec(clusters=args.clusters, noise=args.noise, seed=args.seed)
 
     results = []
-    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
-        work = Path(tmp)
+    with bench.scratch() as work:
         encoder = _VectorsOnly(args.dim)
         for n in sizes:
             out = work / f"dup-{n}.idx"
@@ -139,31 +136,25 @@ def main(argv: list[str] | None = None) -> int:
             results.append({"n": n, "write_seconds": round(write_s, 1), "types": rows})
             shutil.rmtree(out, ignore_errors=True)
 
-    report = {
+    head = (f"{'vectors':>10} {'type':<8} {'factory':<22} {'params':<12} {'find s':>8} {'peak MB':>8} {'groups':>7} "
+            f"{'planted recall':>14} {'false':>6}")
+    table = [head, "-" * len(head)]
+    for r in results:
+        for t in r["types"]:
+            params = ",".join(f"{k}={v}" for k, v in t["search_params"].items()) or "-"
+            table.append(f"{r['n']:>10,} {t['type']:<8} {t['factory']:<22} {params:<12} {t['seconds']:>8.1f} {t['peak_rss_mb']:>8.0f} "
+                         f"{t['groups']:>7} {t['recall']:>14.4f} {t['unplanted_in_groups']:>6}")
+    table.append(f"threshold {args.threshold}; {args.fraction:.0%} of rows planted as copies")
+    bench.report({
         "bench": "duplicates",
-        "date": time.strftime("%Y-%m-%d"),
         "dim": args.dim,
         "threshold": args.threshold,
         "planted_fraction": args.fraction,
         "synthetic": {"clusters": spec.clusters, "noise": spec.noise, "seed": spec.seed},
         "sizes": results,
         "peak_rss_mb": round(peak_rss_mb(), 1),
-        "machine": machine_facts(),
-    }
-    print(json.dumps(report))
-    print()
-    head = (f"{'vectors':>10} {'type':<8} {'factory':<22} {'params':<12} {'find s':>8} {'peak MB':>8} {'groups':>7} "
-            f"{'planted recall':>14} {'false':>6}")
-    print(head)
-    print("-" * len(head))
-    for r in results:
-        for t in r["types"]:
-            params = ",".join(f"{k}={v}" for k, v in t["search_params"].items()) or "-"
-            print(f"{r['n']:>10,} {t['type']:<8} {t['factory']:<22} {params:<12} {t['seconds']:>8.1f} {t['peak_rss_mb']:>8.0f} "
-                  f"{t['groups']:>7} {t['recall']:>14.4f} {t['unplanted_in_groups']:>6}")
-    print(f"\n{report['machine']['cpu']}; threshold {args.threshold}; {args.fraction:.0%} of rows planted as copies")
+    }, table)
     return 0
-
 
 class _VectorsOnly:
     """The model facts an index records, for vectors that no model made (the search never encodes)."""

@@ -14,18 +14,15 @@ to JPEG, and the JSON line records the machine.
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _common import machine_facts  # noqa: E402
+from _harness import Bench  # noqa: E402
 
 FORMATS = ("JPEG", "HEIC", "AVIF", "RAW preview", "RAW demosaic")
 SUFFIX = {"JPEG": ".jpg", "HEIC": ".heic", "AVIF": ".avif", "RAW preview": ".dng", "RAW demosaic": ".dng"}
@@ -68,14 +65,14 @@ def measure(files: list[bytes], suffix: str, rounds: int) -> tuple[float, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--size", type=int, default=1024, help="longer side of the photos in pixels (default 1024)")
-    parser.add_argument("--rounds", type=int, default=5, help="passes over the photos per format (default 5)")
-    args = parser.parse_args(argv)
+    bench = Bench("bench_formats", __doc__)
+    bench.parser.add_argument("--size", type=int, default=1024, help="longer side of the photos in pixels (default 1024)")
+    bench.parser.add_argument("--rounds", type=int, default=5, help="passes over the photos per format (default 5)")
+    args = bench.parse(argv)
     if args.size < 232 or args.rounds < 1:
-        parser.error("--size must be >= 232 (the RAW preview must cover the model's 224 px) and --rounds >= 1")
-    with tempfile.TemporaryDirectory() as tmp:
-        files = encode_all(args.size, Path(tmp))
+        bench.parser.error("--size must be >= 232 (the RAW preview must cover the model's 224 px) and --rounds >= 1")
+    with bench.scratch() as tmp:
+        files = encode_all(args.size, tmp)
     rows = []
     for name in FORMATS:
         rate, source = measure(files[name], SUFFIX[name], args.rounds)
@@ -84,17 +81,13 @@ def main(argv: list[str] | None = None) -> int:
     jpeg = rows[0]["images_per_s"]
     for row in rows:
         row["vs_jpeg"] = round(float(row["images_per_s"]) / float(jpeg), 3)  # type: ignore[arg-type]  # numbers above
-    result = {"benchmark": "formats", "size": args.size, "photos": len(files["JPEG"]), "rounds": args.rounds, "threads": 1,
-              "model_input": 224, "results": rows, "machine": machine_facts()}
-    print(json.dumps(result))
-    print(f"\ndecode + preprocess to 224 px, one thread, {len(files['JPEG'])} photos at {args.size} px (longer side)")
-    print(f"{'format':<14} {'images/s':>9} {'vs JPEG':>8} {'file KiB':>9}  source")
-    for row in rows:
-        source = row["raw_source"] or ""
-        print(f"{row['format']:<14} {row['images_per_s']:>9.1f} {row['vs_jpeg']:>7.2f}x {row['mean_file_kb']:>9.1f}  {source}")
-    print(f"\nCPU: {result['machine']['cpu']}")  # type: ignore[index]  # machine_facts is a dict
+    table = [f"decode + preprocess to 224 px, one thread, {len(files['JPEG'])} photos at {args.size} px (longer side)",
+             f"{'format':<14} {'images/s':>9} {'vs JPEG':>8} {'file KiB':>9}  source"]
+    table += [f"{r['format']:<14} {r['images_per_s']:>9.1f} {r['vs_jpeg']:>7.2f}x {r['mean_file_kb']:>9.1f}  {r['raw_source'] or ''}"
+              for r in rows]
+    bench.report({"benchmark": "formats", "size": args.size, "photos": len(files["JPEG"]), "rounds": args.rounds, "threads": 1,
+                  "model_input": 224, "results": rows}, table)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -20,15 +20,13 @@ hybrid's margin over it.
 
 from __future__ import annotations
 
-import argparse
 import json
 import random
-import sys
 import time
 from pathlib import Path
-from typing import Any
 
-from _common import ROOT, machine_facts
+from _common import ROOT
+from _harness import Bench
 
 MODES = ("vector", "hybrid", "keyword")
 DEMO = ROOT / "data" / "demo"
@@ -76,7 +74,7 @@ def measure(index_dir: Path, queries: Path) -> dict[str, dict[str, float]]:
     return out
 
 
-def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
+def table(results: dict[str, dict[str, dict[str, float]]]) -> list[str]:
     lines = ["| queries | vector MRR@10 | keyword MRR@10 | hybrid MRR@10 | hybrid - best side |", "|---|---:|---:|---:|---:|"]
     for name, modes in results.items():
         best = max(modes["vector"]["mrr@10"], modes["keyword"]["mrr@10"])
@@ -84,18 +82,18 @@ def table(results: dict[str, dict[str, dict[str, float]]]) -> str:
             f"| {name} | {modes['vector']['mrr@10']:.3f} | {modes['keyword']['mrr@10']:.3f} | "
             f"{modes['hybrid']['mrr@10']:.3f} | {modes['hybrid']['mrr@10'] - best:+.3f} |"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="bench_relevance", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--index", type=Path, help="an index to measure (default: the demo, indexed here)")
-    parser.add_argument("--queries", type=Path, action="append", help="a labelled queries file (repeatable; default: the demo's two sets)")
-    parser.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "clipsearch" / "relevance")
-    parser.add_argument("--json-out", type=Path, help="also write the JSON record here")
-    args = parser.parse_args(argv)
+    bench = Bench("bench_relevance", __doc__)
+    p = bench.parser
+    p.add_argument("--index", type=Path, help="an index to measure (default: the demo, indexed here)")
+    p.add_argument("--queries", type=Path, action="append", help="a labelled queries file (repeatable; default: the demo's two sets)")
+    p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "clipsearch" / "relevance")
+    args = bench.parse(argv)
     if args.queries and not args.index:
-        parser.error("--queries needs --index (the demo sets go with the demo index)")
+        bench.parser.error("--queries needs --index (the demo sets go with the demo index)")
     args.cache.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     try:
@@ -106,24 +104,13 @@ def main(argv: list[str] | None = None) -> int:
             index_dir = args.index
             sets = {q.stem: q for q in args.queries or []}
             if not sets:
-                parser.error("give --queries with --index")
+                bench.parser.error("give --queries with --index")
         results = {name: measure(index_dir, path) for name, path in sets.items()}
     except Exception as exc:  # a benchmark's errors are one line, like the CLI's
-        print(f"bench_relevance: error: {exc}", file=sys.stderr)
-        return 1
-    record: dict[str, Any] = {
-        "benchmark": "relevance",
-        "index": str(index_dir),
-        "results": results,
-        "seconds": round(time.perf_counter() - started, 1),
-        "machine": machine_facts(),
-    }
-    print(json.dumps(record))
-    if args.json_out:
-        args.json_out.write_text(json.dumps(record, indent=2) + "\n")
-    print(table(results))
+        return bench.fail(exc)
+    bench.report({"benchmark": "relevance", "index": str(index_dir), "results": results,
+                  "seconds": round(time.perf_counter() - started, 1)}, table(results))
     return 0
 
-
 if __name__ == "__main__":
-    sys.exit(main())
+    raise SystemExit(main())

@@ -14,29 +14,27 @@ Prints one JSON line with both times and their ratio, then a table.
 
 from __future__ import annotations
 
-import argparse
-import json
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _common import machine_facts  # noqa: E402
+from _harness import Bench  # noqa: E402
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = Bench("bench_update", __doc__, "work_dir")
+    parser = bench.parser
     parser.add_argument("--images", type=int, default=10_000)
     parser.add_argument("--changes", type=int, default=10)
     parser.add_argument("--pool", type=int, default=200, help="distinct images the collection is copied from")
     parser.add_argument("--preset", default="tiny", choices=["tiny", "vit-b-32"])
     parser.add_argument("--size", default="320x240", help="image size WxH (default 320x240)")
     parser.add_argument("--batch-size", type=int, default=64)
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
     if args.changes < 3 or args.changes > args.images:
         parser.error("--changes must be between 3 and --images")
     width, height = (int(v) for v in args.size.lower().split("x"))
@@ -46,8 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     from indexer import build_index
     from retrieval.random_model import make_random_clip
 
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
+    with bench.scratch() as tmp_path:
         model = make_random_clip(tmp_path / "model", preset=args.preset, seed=0)
         pool = make_jpegs(tmp_path / "pool", args.pool, size=(width, height))
         photos = tmp_path / "photos"
@@ -76,9 +73,8 @@ def main(argv: list[str] | None = None) -> int:
         rebuild = build_index(photos, tmp_path / "rebuilt", model=str(model), batch_size=args.batch_size)
         rebuild_s = time.perf_counter() - t0
 
-    result = {
+    bench.report({
         "bench": "update",
-        "date": time.strftime("%Y-%m-%d"),
         "preset": args.preset,
         "images": args.images,
         "image_size": [width, height],
@@ -91,17 +87,14 @@ def main(argv: list[str] | None = None) -> int:
         "rebuild_embedded": rebuild.embedded,
         "total_after": update.total,
         "first_build_images_per_second": first.images_per_second,
-        "machine": machine_facts(),
-    }
-    print(json.dumps(result))
-    print()
-    print(f"{'run':<34}{'seconds':>10}{'embedded':>10}")
-    print(f"{'first build':<34}{first_s:>10.2f}{first.embedded:>10}")
-    print(f"{'update after ' + str(args.changes) + ' changes':<34}{update_s:>10.2f}{update.embedded:>10}")
-    print(f"{'full rebuild':<34}{rebuild_s:>10.2f}{rebuild.embedded:>10}")
-    print(f"update is {result['rebuild_over_update']}x faster than a rebuild ({args.images} images, {args.preset})")
+    }, [
+        f"{'run':<34}{'seconds':>10}{'embedded':>10}",
+        f"{'first build':<34}{first_s:>10.2f}{first.embedded:>10}",
+        f"{'update after ' + str(args.changes) + ' changes':<34}{update_s:>10.2f}{update.embedded:>10}",
+        f"{'full rebuild':<34}{rebuild_s:>10.2f}{rebuild.embedded:>10}",
+        f"update is {round(rebuild_s / update_s, 1)}x faster than a rebuild ({args.images} images, {args.preset})",
+    ])
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -15,14 +15,11 @@ Prints one JSON line (median, min and max per mode, the machine), then a table.
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import random
 import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
@@ -31,7 +28,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _common import machine_facts  # noqa: E402
+from _harness import Bench  # noqa: E402
 
 POLL = 0.01  # seconds between a reader's looks at the manifest
 
@@ -114,14 +111,15 @@ def run_mode(photos: Path, out: Path, model: Path, label: str, watch: Any, trial
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = Bench("bench_watch", __doc__, "work_dir")
+    parser = bench.parser
     parser.add_argument("--images", type=int, default=200, help="images in the index before the trials")
     parser.add_argument("--trials", type=int, default=20)
     parser.add_argument("--preset", default="vit-b-32", choices=["tiny", "vit-b-32"])
     parser.add_argument("--settle", type=float, nargs="+", default=[2.0, 0.5], help="settle times with file events")
     parser.add_argument("--rescan", type=float, default=2.0, help="rescan period of the mode without events")
     parser.add_argument("--batch-size", type=int, default=64)
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
 
     from imagegen import make_jpegs
 
@@ -131,8 +129,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [(f"events, settle {s:g} s", WatchConfig(settle=s, rescan=60.0)) for s in args.settle]
     modes.append((f"rescans every {args.rescan:g} s, settle 0.5 s", WatchConfig(settle=0.5, rescan=args.rescan, events=False)))
     results = []
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
+    with bench.scratch() as tmp_path:
         model = make_random_clip(tmp_path / "model", preset=args.preset, seed=0)
         photos = tmp_path / "photos"
         pool = make_jpegs(tmp_path / "pool", min(args.images, 100), size=(640, 480))
@@ -145,25 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         for label, watch in modes:
             results.append(run_mode(photos, tmp_path / "idx", model, label, watch, args.trials, args.batch_size))
 
-    machine = machine_facts()
-    print(json.dumps({
-        "bench": "watch",
-        "date": time.strftime("%Y-%m-%d"),
-        "preset": args.preset,
-        "images": args.images,
-        "first_build_seconds": round(first_s, 2),
-        "modes": results,
-        "machine": machine,
-    }))
-    print()
-    print(f"watch delay, file written -> searchable; {args.images} images, {args.preset}, {machine['cpu']}, {machine['cores']} cores")
-    print(f"{'mode':<36}{'median s':>10}{'min s':>8}{'max s':>8}{'first s':>9}{'update s':>10}")
+    table = [f"watch delay, file written -> searchable; {args.images} images, {args.preset}",
+             f"{'mode':<36}{'median s':>10}{'min s':>8}{'max s':>8}{'first s':>9}{'update s':>10}"]
     for r in results:
         update = f"{r['update_median_s']:.2f}" if r["update_median_s"] is not None else "-"
-        first = r["delays_s"][0]
-        print(f"{r['mode']:<36}{r['median_s']:>10.2f}{r['min_s']:>8.2f}{r['max_s']:>8.2f}{first:>9.2f}{update:>10}")
+        table.append(f"{r['mode']:<36}{r['median_s']:>10.2f}{r['min_s']:>8.2f}{r['max_s']:>8.2f}{r['delays_s'][0]:>9.2f}{update:>10}")
+    bench.report({"bench": "watch", "preset": args.preset, "images": args.images, "first_build_seconds": round(first_s, 2),
+                  "modes": results}, table)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -170,8 +170,8 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
 
     monkeypatch.setattr(bench_search, "measure_type", checking_measure)
     code = bench_search.main(
-        ["--preset", "tiny", "--dim", "48", "--sizes", "2000", "--text-precisions", "fp32,hf", "--types", "flat,hnsw,ivf-sq8", "--e2e", "flat",
-         "--queries", "20", "--text-queries", "3", "--warmup", "1", "--commit-every", "500", "--work-dir", str(tmp_path)]
+        ["--preset", "tiny", "--dim", "48", "--sizes", "2000", "--text-precisions", "fp32,hf", "--types", "flat,hnsw,ivf-sq8",
+         "--e2e", "flat", "--queries", "20", "--text-queries", "3", "--warmup", "1", "--commit-every", "500", "--work-dir", str(tmp_path)]
     )
     assert code == 0
     out = capsys.readouterr().out
@@ -260,7 +260,7 @@ def test_bench_cold_on_a_kept_index(tmp_path: Path, capsys: pytest.CaptureFixtur
     assert 0 < passes[2]["warm_bytes"] < report["faiss_bytes"] and passes[3]["warm_bytes"] == report["faiss_bytes"]
     assert "| cached |" in out
     assert bench_cold.main([str(tmp_path / "nothing")]) == 1
-    assert "bench_cold:" in capsys.readouterr().err
+    assert capsys.readouterr().err.startswith(f"bench_cold: error: {tmp_path / 'nothing'}: ")
 
     # The kept index measured again by bench_search --index: as it stands (type current, no
     # rebuild), its file read through first, text search with a model of the same weights.
@@ -848,3 +848,33 @@ def test_bench_decode_smoke(capsys: pytest.CaptureFixture[str]) -> None:
     assert "draft is" in out and "CPU:" in out
     with pytest.raises(SystemExit):
         bench_decode.main(["--models", "nope"])
+
+
+def test_harness_record_first_then_table_and_json_out(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from _harness import Bench
+
+    bench = Bench("bench_x", "Measures x.\n\nMore words.", "seed", "work_dir")
+    bench.parser.add_argument("--rows", type=int, default=1)
+    out_file = tmp_path / "out" / "x.json"
+    args = bench.parse(["--rows", "3", "--work-dir", str(tmp_path), "--json-out", str(out_file)])
+    assert (args.rows, args.seed, args.work_dir) == (3, 0, tmp_path) and bench.parser.description == "Measures x."
+    with bench.scratch() as work:
+        assert work.parent == tmp_path and work.is_dir()
+    assert list(tmp_path.iterdir()) == []
+    record = bench.report({"bench": "x", "rows": [1, 2, 3]}, ["| a | b |", "| 1 | 2 |"])
+    lines = capsys.readouterr().out.splitlines()
+    # The record is the first line, whole; the table follows, the machine in words last.
+    assert json.loads(lines[0]) == record == json.loads(out_file.read_text())
+    assert record["rows"] == [1, 2, 3] and record["machine"]["cores"] and record["date"]
+    assert record["command"].startswith("python benchmarks/bench_x.py --rows 3 --work-dir ")
+    assert lines[1:4] == ["", "| a | b |", "| 1 | 2 |"] and lines[-1].startswith("CPU: ")
+    assert bench.fail("no rows measured") == 1
+    assert capsys.readouterr().err == "bench_x: error: no rows measured\n"
+
+
+def test_harness_shared_options_are_named() -> None:
+    from _harness import parser
+
+    with pytest.raises(KeyError):
+        parser("bench_x", None, "nonsense")
+    assert {"--json-out", "--threads"} <= set(parser("bench_x", None, "threads")._option_string_actions)
