@@ -133,16 +133,17 @@ def run_all(rows: int, rounds: int, batch_size: int, commit_every: int, base: Pa
     return results
 
 
-def print_table(results: list[dict[str, Any]], rows: int) -> None:
-    print(f"\nRay write path, {rows} rows of {DIM}-d float32 (precomputed: nothing embedded), best of rounds by stream time")
-    print("(vs driver: against the driver writing with the same Ray batches)")
-    print(f"{'actors':>6} {'written by':<10} {'ray batch':>9} {'stream rows/s':>13} {'vs driver':>9} {'driver CPU us/row':>17} "
-          f"{'finish s':>8} {'commits':>7} {'parts':>5} {'format':>6}")
+def table(results: list[dict[str, Any]], rows: int) -> list[str]:
+    """The readable table of :func:`run_all`'s rows (for ``Bench.report``)."""
+    lines = [f"Ray write path, {rows} rows of {DIM}-d float32 (precomputed: nothing embedded), best of rounds by stream time",
+             "(vs driver: against the driver writing with the same Ray batches)",
+             f"{'actors':>6} {'written by':<10} {'ray batch':>9} {'stream rows/s':>13} {'vs driver':>9} {'driver CPU us/row':>17} "
+             f"{'finish s':>8} {'commits':>7} {'parts':>5} {'format':>6}"]
     for r in results:
-        print(f"{r['actors']:>6} {r['written_by']:<10} {r['ray_batch']:>9} {r['stream_rows_per_s']:>13,} "
-              f"{r['vs_driver_same_batches']:>8.2f}x "
-              f"{r['driver_cpu_us_per_row']:>17.2f} {r['finish_seconds']:>8.2f} {r['commits']:>7} {r['parts_before_finish']:>5} "
-              f"{r['format_version']:>6}")
+        lines.append(f"{r['actors']:>6} {r['written_by']:<10} {r['ray_batch']:>9} {r['stream_rows_per_s']:>13,} "
+                     f"{r['vs_driver_same_batches']:>8.2f}x "
+                     f"{r['driver_cpu_us_per_row']:>17.2f} {r['finish_seconds']:>8.2f} {r['commits']:>7} {r['parts_before_finish']:>5} "
+                     f"{r['format_version']:>6}")
+    return lines
 
-
-__all__ = ["VectorActor", "measure", "print_table", "run_all"]
+__all__ = ["VectorActor", "measure", "run_all", "table"]

@@ -31,10 +31,7 @@ arena either way).
 
 from __future__ import annotations
 
-import argparse
 import copy
-import json
-import tempfile
 import time
 import warnings
 from collections.abc import Callable
@@ -42,7 +39,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
-from _common import machine_facts
+from _harness import Bench
 
 
 def _timed(run: Callable[[np.ndarray], np.ndarray], x: np.ndarray, reps: int) -> tuple[float, np.ndarray]:
@@ -182,27 +179,27 @@ def _sig(value: float) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = Bench("bench_int8", __doc__, "threads")
+    parser = bench.parser
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "vit-l-14", "tiny"])
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--reps", type=int, default=3)
-    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--system-malloc", action="store_true", help="do not keep freed memory for reuse")
     parser.add_argument("--open-clip", action="store_true",
                         help="also open_clip's ViT-B-32 (random weights) in fp32 and per-row int8 (fp32 is its own reference)")
     parser.add_argument("--products", action="store_true",
                         help="also time each linear layer shape alone: fp32 product, int8 product, whole Int8Linear")
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
 
     import contextlib
 
     from indexer.heap import retained_heap
 
     with contextlib.nullcontext(False) if args.system_malloc else retained_heap() as heap:
-        return _run(args, heap)
+        return _run(bench, heap)
 
 
-def _run(args: argparse.Namespace, heap: bool) -> int:
+def _run(bench: Bench, heap: bool) -> int:
     import torch
     from transformers import CLIPVisionModelWithProjection
 
@@ -210,11 +207,11 @@ def _run(args: argparse.Namespace, heap: bool) -> int:
     from retrieval.encoders.int8 import FULL_STEPS, REDUCED_STEPS, current_kernel, quantize_int8
     from retrieval.random_model import make_random_clip
 
+    args = bench.args
     if args.threads:
         torch.set_num_threads(args.threads)
     threads = torch.get_num_threads()
-    with tempfile.TemporaryDirectory() as tmp_dir:
-        tmp = Path(tmp_dir)
+    with bench.scratch() as tmp:
         model_dir = make_random_clip(tmp / "model", preset=args.preset, seed=0)
         with quiet_transformers():
             model = CLIPVisionModelWithProjection.from_pretrained(model_dir).eval()
@@ -252,27 +249,19 @@ def _run(args: argparse.Namespace, heap: bool) -> int:
     for name, r in results.items():
         r["x_fp32"] = round(r["images_per_second"] / (results["open_clip fp32"]["images_per_second"]
                                                       if name.startswith("open_clip") else base), 2)
-    print(json.dumps({"bench": "int8", "date": time.strftime("%Y-%m-%d"), "preset": args.preset, "batch": args.batch,
-                      "threads": threads, "retained_heap": heap, "results": results, "products": products,
-                      "machine": machine_facts()}))
-    print()
-    print(f"{'vision tower':<28}{'images/s':>10}{'x fp32':>8}{'mean cos':>10}{'min cos':>10}{'moves with batch':>18}")
-    for name, r in results.items():
-        print(f"{name:<28}{r['images_per_second']:>10.1f}{r['x_fp32']:>8.2f}{r['mean_cosine']:>10.6f}"
-              f"{r['min_cosine']:>10.6f}{r['batch_dependence']:>18.2e}")
+    table = [f"{'vision tower':<28}{'images/s':>10}{'x fp32':>8}{'mean cos':>10}{'min cos':>10}{'moves with batch':>18}"]
+    table += [f"{name:<28}{r['images_per_second']:>10.1f}{r['x_fp32']:>8.2f}{r['mean_cosine']:>10.6f}"
+              f"{r['min_cosine']:>10.6f}{r['batch_dependence']:>18.2e}" for name, r in results.items()]
     if products:
-        print()
-        print(f"{'linear layer (rows x in -> out)':<34}{'fp32 GFLOP/s':>14}{'int8 product':>14}{'x fp32':>8}"
-              f"{'int8 layer':>12}{'x fp32':>8}")
-        for p in products:
-            print(f"{p['rows']} x {p['in']} -> {p['out']:<20}{p['fp32_gflops']:>14.1f}{p['int8_product_gops']:>14.1f}"
-                  f"{p['product_x_fp32']:>8.2f}{p['int8_layer_gops']:>12.1f}{p['layer_x_fp32']:>8.2f}")
-    level = machine_facts()["cpu_level"]
-    print(f"({args.preset}, batch {args.batch} of random pixels, {threads} threads, best of {args.reps}, "
-          f"{'freed memory kept for reuse' if heap else 'glibc malloc defaults'}; CPU level {level['level']}, "
-          f"detected {level['detected']}; clipsearch's int8: {kernel.steps} steps)")
+        table += ["", f"{'linear layer (rows x in -> out)':<34}{'fp32 GFLOP/s':>14}{'int8 product':>14}{'x fp32':>8}"
+                      f"{'int8 layer':>12}{'x fp32':>8}"]
+        table += [f"{p['rows']} x {p['in']} -> {p['out']:<20}{p['fp32_gflops']:>14.1f}{p['int8_product_gops']:>14.1f}"
+                  f"{p['product_x_fp32']:>8.2f}{p['int8_layer_gops']:>12.1f}{p['layer_x_fp32']:>8.2f}" for p in products]
+    table.append(f"({args.preset}, batch {args.batch} of random pixels, {threads} threads, best of {args.reps}, "
+                 f"{'freed memory kept for reuse' if heap else 'glibc malloc defaults'}; clipsearch's int8: {kernel.steps} steps)")
+    bench.report({"bench": "int8", "preset": args.preset, "batch": args.batch, "threads": threads, "retained_heap": heap,
+                  "results": results, "products": products}, table)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -21,8 +21,6 @@ Prints one JSON line (machine facts and the rows), then a readable table.
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import sys
@@ -33,7 +31,8 @@ from typing import Any
 
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _common import ROOT, latency_summary, machine_facts  # noqa: E402
+from _common import ROOT, latency_summary  # noqa: E402
+from _harness import Bench  # noqa: E402
 
 sys.path.insert(0, str(ROOT))
 
@@ -152,24 +151,20 @@ def build_costs(out: Path) -> dict[str, float]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = Bench("bench_keywords", __doc__, "seed", "work_dir")
+    p = bench.parser
     p.add_argument("--images", type=int, default=100_000)
     p.add_argument("--dim", type=int, default=512)
     p.add_argument("--ocr-share", type=float, default=0.3, help="share of images with OCR-like text (default 0.3)")
     p.add_argument("--queries", type=int, default=200)
-    p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--work-dir", type=Path, default=None)
-    args = p.parse_args(argv)
-    work = Path(tempfile.mkdtemp(dir=args.work_dir))
-    try:
+    args = bench.parse(argv)
+    with bench.scratch() as work:
         out = work / "kw.idx"
         t0 = time.perf_counter()
         vocab, centres = write_index(out, args.images, args.dim, args.ocr_share, args.seed)
         written = time.perf_counter() - t0
         result = measure(out, vocab, centres, args.queries, args.seed)
         costs = build_costs(out)
-    finally:
-        shutil.rmtree(work, ignore_errors=True)
     p50 = {(r["queries"], r["mode"]): r["p50_ms"] for r in result["rows"]}
     summary = {
         "images": args.images, "dim": args.dim, "ocr_share": args.ocr_share, "index_type": result["index_type"],
@@ -177,16 +172,15 @@ def main(argv: list[str] | None = None) -> int:
         "with_text": result["keywords"]["with_text"], "write_index_s": round(written, 1), **costs,
         "hybrid_minus_vector_ms": {k: round(p50[(k, "hybrid")] - p50[(k, "vector")], 3) for k in ("hit", "miss")},
     }
-    print(json.dumps({"machine": machine_facts(), "summary": summary, "rows": result["rows"]}))
-    print(f"\n{args.images} images, {args.dim}-d {result['index_type']}, OCR-like text on {args.ocr_share:.0%}; "
-          f"keyword side {summary['keyword_bytes_per_image']} bytes/image, rebuild {costs.get('rebuild_s')} s, "
-          f"extend by 1% {costs.get('extend_1pct_s')} s")
-    print(f"{'queries':<7} {'mode':<8} {'p50 ms':>8} {'p99 ms':>8}")
-    for r in result["rows"]:
-        print(f"{r['queries']:<7} {r['mode']:<8} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f}")
-    print(f"hybrid - vector p50: hit {summary['hybrid_minus_vector_ms']['hit']} ms, miss {summary['hybrid_minus_vector_ms']['miss']} ms")
+    table = [f"{args.images} images, {args.dim}-d {result['index_type']}, OCR-like text on {args.ocr_share:.0%}; "
+             f"keyword side {summary['keyword_bytes_per_image']} bytes/image, rebuild {costs.get('rebuild_s')} s, "
+             f"extend by 1% {costs.get('extend_1pct_s')} s",
+             f"{'queries':<7} {'mode':<8} {'p50 ms':>8} {'p99 ms':>8}"]
+    table += [f"{r['queries']:<7} {r['mode']:<8} {r['p50_ms']:>8.3f} {r['p99_ms']:>8.3f}" for r in result["rows"]]
+    gap = summary["hybrid_minus_vector_ms"]
+    table.append(f"hybrid - vector p50: hit {gap['hit']} ms, miss {gap['miss']} ms")
+    bench.report({"bench": "keywords", "summary": summary, "rows": result["rows"]}, table)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

@@ -24,20 +24,18 @@ Prints one JSON line (machine facts and the rows), then a readable table.
 
 from __future__ import annotations
 
-import argparse
 import io
-import json
 import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, machine_facts
+from _common import ROOT
+from _harness import Bench
 
 sys.path.insert(0, str(ROOT))
 
@@ -178,7 +176,8 @@ def index_cost(n: int, work: Path, side: int = 640, preset: str = "tiny") -> lis
 
 
 def main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = Bench("bench_ocr", __doc__, "work_dir")
+    p = bench.parser
     p.add_argument("--signs", type=int, default=20, help="signs per size and compression (default 20)")
     p.add_argument("--sizes", default="16,24,40", help="text heights in pixels (default 16,24,40)")
     p.add_argument("--engines", default="rapidocr,tesseract")
@@ -186,42 +185,36 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index-preset", default="tiny", choices=["tiny", "vit-b-32"],
                    help="the random model of the build rows (default tiny: OCR's share shows; vit-b-32: the embedding's)")
     p.add_argument("--photo-side", type=int, default=640, help="photo width in pixels, 4:3 (default 640)")
-    p.add_argument("--work-dir", type=Path, default=None)
-    args = p.parse_args(argv)
+    args = bench.parse(argv)
     engines = [e for e in args.engines.split(",") if e]
     unknown = [e for e in engines if e not in ENGINES]
     if unknown:
-        print(f"bench_ocr: unknown engine {unknown[0]!r} (known: {', '.join(ENGINES)})", file=sys.stderr)
-        return 2
+        return bench.fail(f"unknown engine {unknown[0]!r} (known: {', '.join(ENGINES)})", status=2)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if args.photo_side < 320:
-        print(f"bench_ocr: --photo-side must be at least 320, got {args.photo_side}", file=sys.stderr)
-        return 2
+        return bench.fail(f"--photo-side must be at least 320, got {args.photo_side}", status=2)
     rows = compare(args.signs, [int(s) for s in args.sizes.split(",")], engines, args.photo_side)
     build: list[dict[str, Any]] = []
     if args.index:
-        work = Path(tempfile.mkdtemp(dir=args.work_dir))
-        try:
+        with bench.scratch() as work:
             build = index_cost(args.index, work, args.photo_side, args.index_preset)
-        finally:
-            shutil.rmtree(work, ignore_errors=True)
-    print(json.dumps({"machine": machine_facts(), "photo_side": args.photo_side, "engines": rows, "index": build}))
-    print(f"\n{'engine':<10} {'text px':>7} {'jpeg75':>6} {'recall':>7} {'img/s':>7}")
+    table = [f"{'engine':<10} {'text px':>7} {'jpeg75':>6} {'recall':>7} {'img/s':>7}"]
     for r in rows:
         if not r["installed"]:
-            print(f"{r['engine']:<10} not installed ({r['install']})")
+            table.append(f"{r['engine']:<10} not installed ({r['install']})")
             continue
         recall = "-" if r["word_recall"] is None else f"{r['word_recall']:.3f}"
         px = "no text" if r["text_px"] == 0 else str(r["text_px"])
-        print(f"{r['engine']:<10} {px:>7} {str(r['jpeg75']):>6} {recall:>7} {r['images_per_s']:>7.2f}")
+        table.append(f"{r['engine']:<10} {px:>7} {str(r['jpeg75']):>6} {recall:>7} {r['images_per_s']:>7.2f}")
     if build:
-        print(f"\n{'photos':<13} {'ocr':<12} {'img/s':>7} {'embedded':>9} {'text read':>10}  ratio to no OCR")
+        table += ["", f"{'photos':<13} {'ocr':<12} {'img/s':>7} {'embedded':>9} {'text read':>10}  ratio to no OCR"]
         base = {r["photos"]: r["images_per_s"] for r in build if r["ocr"] == "off"}
         for r in build:
             ratio = r["images_per_s"] / base[r["photos"]] if base[r["photos"]] and r["images_per_s"] else float("nan")
-            print(f"{r['photos']:<13} {r['ocr']:<12} {r['images_per_s'] or 0:>7.2f} {r['embedded']:>9} {r['text_read']:>10}  {ratio:.2f}")
+            table.append(f"{r['photos']:<13} {r['ocr']:<12} {r['images_per_s'] or 0:>7.2f} {r['embedded']:>9} {r['text_read']:>10}  "
+                         f"{ratio:.2f}")
+    bench.report({"bench": "ocr", "photo_side": args.photo_side, "engines": rows, "index": build}, table)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

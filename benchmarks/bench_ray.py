@@ -14,19 +14,17 @@ largest vector difference against the local index. Prints one JSON line, then a 
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import shutil
 import statistics
 import sys
-import tempfile
 import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
-from _common import ROOT, machine_facts
+from _common import ROOT
+from _harness import Bench
 from bench_index import make_photos
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -103,13 +101,14 @@ def max_difference(a: Path, b: Path) -> float:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = Bench("bench_ray", __doc__, "work_dir")
+    parser = bench.parser
     parser.add_argument("--images", type=int, default=2000)
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"])
     parser.add_argument("--repeat", type=int, default=1, help="runs of each config, interleaved; the median is reported")
     parser.add_argument("--configs", default="local,ray1,ray2")
     parser.add_argument("--precision", default="auto")
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
 
     import logging
 
@@ -121,8 +120,7 @@ def main(argv: list[str] | None = None) -> int:
     cores = os.cpu_count() or 1
     configs = [c for c in args.configs.split(",") if c]
     results: dict[str, list[dict]] = {c: [] for c in configs}
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_path = Path(tmp)
+    with bench.scratch() as tmp_path:
         model = make_random_clip(tmp_path / "model", preset=args.preset, seed=0)
         files = make_photos(tmp_path / "photos", args.images, args.images, (640, 480))
         for f in files:
@@ -164,20 +162,16 @@ def main(argv: list[str] | None = None) -> int:
             row["time_vs_local"] = round(row["seconds"] / summary["local"]["seconds"], 2)
             if config in diffs:
                 row["max_abs_diff_vs_local"] = diffs[config]
-    record = {"benchmark": "bench_ray", "images": args.images, "preset": args.preset, "repeat": args.repeat,
-              "ray": ray.__version__, "ray_init_s": round(ray_init_s, 2), "configs": summary, "machine": machine_facts()}
-    print(json.dumps(record))
-    print()
-    print(f"({args.preset}, {args.images} JPEGs 640x480, {cores} cores, {record['machine']['cpu']}; Ray started once: "
-          f"{ray_init_s:.1f} s, not counted below)")
-    print(f"{'engine':<10} {'actors':>6} {'seconds':>8} {'images/s':>9} {'x local':>8} {'peak RSS MB':>12} {'max |diff|':>11}")
+    table = [f"({args.preset}, {args.images} JPEGs 640x480, {cores} cores; Ray started once: {ray_init_s:.1f} s, not counted below)",
+             f"{'engine':<10} {'actors':>6} {'seconds':>8} {'images/s':>9} {'x local':>8} {'peak RSS MB':>12} {'max |diff|':>11}"]
     for config, row in summary.items():
         diff = row.get("max_abs_diff_vs_local")
-        print(f"{config:<10} {row['actors']:>6} {row['seconds']:>8.1f} {row['images_per_second']:>9.1f} "
-              f"{row.get('time_vs_local', float('nan')):>8.2f} {row['peak_tree_rss_mb']:>12} "
-              f"{'' if diff is None else f'{diff:.1e}':>11}")
+        table.append(f"{config:<10} {row['actors']:>6} {row['seconds']:>8.1f} {row['images_per_second']:>9.1f} "
+                     f"{row.get('time_vs_local', float('nan')):>8.2f} {row['peak_tree_rss_mb']:>12} "
+                     f"{'' if diff is None else f'{diff:.1e}':>11}")
+    bench.report({"benchmark": "bench_ray", "images": args.images, "preset": args.preset, "repeat": args.repeat,
+                  "ray": ray.__version__, "ray_init_s": round(ray_init_s, 2), "configs": summary}, table)
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())

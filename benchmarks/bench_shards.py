@@ -20,18 +20,15 @@ ceiling at many GPUs) and the finishing commit (see ``_ray_write.py``).
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
-from _common import machine_facts  # noqa: E402
+from _harness import Bench  # noqa: E402
 
 BUCKET = "bench"
 _AWS = ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL")
@@ -74,7 +71,8 @@ def _s3(shards: list[Path]) -> tuple[object, str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = Bench("bench_shards", __doc__, "work_dir")
+    parser = bench.parser
     parser.add_argument("--images", type=int, default=512, help="images (default 512)")
     parser.add_argument("--per-shard", type=int, default=128, help="samples per shard (default 128)")
     parser.add_argument("--size", type=int, default=384, help="longer side of the photos in pixels (default 384)")
@@ -84,22 +82,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-write-rows", type=int, default=131072, help="rows of Ray's write measurement (0: none)")
     parser.add_argument("--ray-commit-every", type=int, default=4096, help="chunk commits of that measurement (default 4096)")
     parser.add_argument("--ray-write-only", action="store_true", help="only Ray's write measurement, not the sources")
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
     if min(args.images, args.per_shard, args.size, args.rounds, args.ray_commit_every) < 1 or args.ray_write_rows < 0:
         parser.error("--images, --per-shard, --size, --rounds and --ray-commit-every must be >= 1, --ray-write-rows >= 0")
     ray_rows: list[dict[str, object]] = []
     if args.ray_write_rows:
         import _ray_write
 
-        with tempfile.TemporaryDirectory() as tmp:
-            ray_rows = _ray_write.run_all(args.ray_write_rows, args.rounds, args.batch_size, args.ray_commit_every, Path(tmp))
+        with bench.scratch() as tmp:
+            ray_rows = _ray_write.run_all(args.ray_write_rows, args.rounds, args.batch_size, args.ray_commit_every, tmp)
+    ray_table = _ray_write.table(ray_rows, args.ray_write_rows) if ray_rows else []
     if args.ray_write_only:
-        result = {"benchmark": "shards", "ray_write": ray_rows, "ray_write_rows": args.ray_write_rows,
-                  "batch_size": args.batch_size, "ray_commit_every": args.ray_commit_every, "rounds": args.rounds,
-                  "machine": machine_facts()}
-        print(json.dumps(result))
-        _ray_write.print_table(ray_rows, args.ray_write_rows)
-        print(f"\nCPU: {result['machine']['cpu']}")  # type: ignore[index]  # machine_facts is a dict
+        bench.report({"benchmark": "shards", "ray_write": ray_rows, "ray_write_rows": args.ray_write_rows,
+                      "batch_size": args.batch_size, "ray_commit_every": args.ray_commit_every, "rounds": args.rounds}, ray_table)
         return 0
 
     from shardgen import make_samples, write_folder, write_shards
@@ -108,8 +103,7 @@ def main(argv: list[str] | None = None) -> int:
     from indexer.shards import list_source, resolve
     from retrieval.random_model import make_random_clip
 
-    with tempfile.TemporaryDirectory() as tmp:
-        base = Path(tmp)
+    with bench.scratch() as base:
         samples = make_samples(args.images, size=args.size)
         folder = write_folder(base / "photos", samples, args.per_shard)
         shards = write_shards(base / "shards", samples, args.per_shard)
@@ -152,23 +146,15 @@ def main(argv: list[str] | None = None) -> int:
     folder_rate = rows[0]["images_per_s"]
     for row in rows:
         row["vs_folder"] = round(float(row["images_per_s"]) / float(folder_rate), 3) if folder_rate else None  # type: ignore[arg-type]
-    result = {"benchmark": "shards", "images": args.images, "per_shard": args.per_shard, "size": args.size,
-              "preset": args.preset, "batch_size": args.batch_size, "rounds": args.rounds, "results": rows,
-              "ray_write": ray_rows, "ray_write_rows": args.ray_write_rows, "ray_commit_every": args.ray_commit_every,
-              "machine": machine_facts()}
-    print(json.dumps(result))
-    print(f"\n{args.images} JPEGs at {args.size} px, {args.per_shard} per shard, random {args.preset}, fp32 on CPU, best of {args.rounds}")
-    print(f"{'source':<18} {'images/s':>9} {'vs folder':>9} {'listing s':>9} {'min cos':>10} {'captions':>8}")
-    for row in rows:
-        print(f"{row['source']:<18} {row['images_per_s']:>9.1f} {row['vs_folder']:>8.2f}x {row['list_seconds']:>9.3f} "
-              f"{row['min_cosine_vs_folder']:>10.7f} {row['captions']:>8}")
-    if ray_rows:
-        import _ray_write
-
-        _ray_write.print_table(ray_rows, args.ray_write_rows)
-    print(f"\nCPU: {result['machine']['cpu']}")  # type: ignore[index]  # machine_facts is a dict
+    table = [f"{args.images} JPEGs at {args.size} px, {args.per_shard} per shard, random {args.preset}, fp32 on CPU, best of {args.rounds}",
+             f"{'source':<18} {'images/s':>9} {'vs folder':>9} {'listing s':>9} {'min cos':>10} {'captions':>8}"]
+    table += [f"{row['source']:<18} {row['images_per_s']:>9.1f} {row['vs_folder']:>8.2f}x {row['list_seconds']:>9.3f} "
+              f"{row['min_cosine_vs_folder']:>10.7f} {row['captions']:>8}" for row in rows]
+    bench.report({"benchmark": "shards", "images": args.images, "per_shard": args.per_shard, "size": args.size,
+                  "preset": args.preset, "batch_size": args.batch_size, "rounds": args.rounds, "results": rows,
+                  "ray_write": ray_rows, "ray_write_rows": args.ray_write_rows, "ray_commit_every": args.ray_commit_every},
+                 table + ([""] + ray_table if ray_table else []))
     return 0
-
 
 if __name__ == "__main__":
     raise SystemExit(main())
