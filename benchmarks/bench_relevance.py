@@ -2,14 +2,18 @@
 Recall@1/10) on labelled queries, so a change to ranking is measured, not guessed.
 
 Without arguments it indexes the demo collection with the demo model (``data/demo``,
-``data/models/demo-clip``; the index is kept in ``~/.cache/clipsearch/relevance/``) and runs
-the two query sets built from files in the repository:
+``data/models/demo-clip``; the indexes are kept in ``~/.cache/clipsearch/relevance/``) and runs
+the query sets built from files in the repository:
 
 - ``heldout``: ``data/demo/queries.jsonl``, the 136 captions of test-split stamps the tiny
   model never saw: the names are strong, the model weak;
 - ``trained``: 150 of the captions the model was trained on (``data/demo/captions.jsonl``
   restricted to ``data/demo/splits/train.txt``), each relevant to every training image that
-  carries it, drawn with a fixed seed: the model is strong.
+  carries it, drawn with a fixed seed: the model is strong;
+- ``words``: words in pictures: 40 photo-like JPEGs named like a phone's (``IMG_0000.jpg``), 20
+  of them with a sign rendered on them (DejaVu Sans Bold), indexed with ``--ocr``; each sign's
+  words are a query relevant to its photo: only the text in the pixels names them
+  (``--no-words`` leaves this set out; it needs the ``ocr`` extra).
 
     python benchmarks/bench_relevance.py
     python benchmarks/bench_relevance.py --index photos.idx --queries mine.jsonl --queries other.jsonl
@@ -48,6 +52,42 @@ def trained_queries(out: Path, count: int = TRAINED_QUERIES, seed: int = SEED) -
     random.Random(seed).shuffle(captions)
     out.write_text("".join(json.dumps({"query": c, "relevant": by_caption[c]}) + "\n" for c in captions[:count]))
     return out
+
+
+SIGNS = ("BAKERY 4711", "MUSEUM OPEN", "PLATFORM 9", "HOTEL ASTORIA", "PHARMACY", "INVOICE 0042", "EXIT ONLY",
+         "CAFE ROMA", "TAXI RANK", "GATE B12", "BOOKSHOP", "NO PARKING", "POST OFFICE", "CINEMA PARADISO",
+         "FLOWER MARKET", "CITY LIBRARY", "BUS STOP 24", "FISH AND CHIPS", "HARBOUR VIEW", "TICKET OFFICE")
+WORD_PHOTOS = 40
+
+
+def words_in_pictures(cache: Path) -> tuple[Path, Path]:
+    """The words-in-pictures set: photos named like a phone's, half with a sign, indexed with
+    OCR; returns the index and its queries file."""
+    import numpy as np
+    from PIL import Image, ImageDraw, ImageFont
+
+    from indexer import build_index
+
+    photos, queries = cache / "words" / "photos", cache / "words" / "queries.jsonl"
+    photos.mkdir(parents=True, exist_ok=True)
+    font = ImageFont.truetype("DejaVuSans-Bold.ttf", 40)
+    labelled = []
+    for i in range(WORD_PHOTOS):
+        rng = np.random.default_rng(i)
+        blotches = np.clip(rng.integers(60, 160, 3) + rng.integers(-40, 40, (60, 80, 3)), 0, 255).astype(np.uint8)
+        img = Image.fromarray(blotches).resize((640, 480), Image.Resampling.BILINEAR)
+        name = f"IMG_{i:04d}.jpg"
+        if i < len(SIGNS):
+            draw = ImageDraw.Draw(img)
+            box = draw.textbbox((32, 200), SIGNS[i], font=font)
+            draw.rectangle([box[0] - 10, box[1] - 10, box[2] + 10, box[3] + 10], fill=(240, 238, 228))
+            draw.text((32, 200), SIGNS[i], font=font, fill=(20, 20, 20))
+            labelled.append({"query": SIGNS[i].lower(), "relevant": [name]})
+        img.save(photos / name, quality=90)
+    queries.write_text("".join(json.dumps(q) + "\n" for q in labelled))
+    out = cache / "words" / "words.idx"
+    build_index(photos, out, model=str(DEMO_MODEL), device="cpu", ocr=True)
+    return out, queries
 
 
 def demo_index(cache: Path) -> Path:
@@ -91,6 +131,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--index", type=Path, help="an index to measure (default: the demo, indexed here)")
     p.add_argument("--queries", type=Path, action="append", help="a labelled queries file (repeatable; default: the demo's two sets)")
     p.add_argument("--cache", type=Path, default=Path.home() / ".cache" / "clipsearch" / "relevance")
+    p.add_argument("--no-words", action="store_true", help="leave the words-in-pictures set out (it needs the ocr extra)")
     args = bench.parse(argv)
     if args.queries and not args.index:
         bench.parser.error("--queries needs --index (the demo sets go with the demo index)")
@@ -99,13 +140,15 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.index is None:
             index_dir = demo_index(args.cache)
-            sets = {"heldout": DEMO / "queries.jsonl", "trained": trained_queries(args.cache / "trained.jsonl")}
+            sets = {"heldout": (index_dir, DEMO / "queries.jsonl"), "trained": (index_dir, trained_queries(args.cache / "trained.jsonl"))}
+            if not args.no_words:
+                sets["words"] = words_in_pictures(args.cache)
         else:
             index_dir = args.index
-            sets = {q.stem: q for q in args.queries or []}
+            sets = {q.stem: (index_dir, q) for q in args.queries or []}
             if not sets:
                 bench.parser.error("give --queries with --index")
-        results = {name: measure(index_dir, path) for name, path in sets.items()}
+        results = {name: measure(where, path) for name, (where, path) in sets.items()}
     except Exception as exc:  # a benchmark's errors are one line, like the CLI's
         return bench.fail(exc)
     bench.report({"benchmark": "relevance", "index": str(index_dir), "results": results,
