@@ -42,7 +42,8 @@ from .commit import GenerationWriter, IndexMeta, remove_stale
 from .config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .dataset import content_hash
 from .discover import Discovery, check_photos_dir, find_images
-from .engines import LOADS_ITS_OWN_MODEL, Engine, open_engine
+from .engine import Engine
+from .engines import LOADS_ITS_OWN_MODEL, open_engine
 from .exclusions import WalkOptions, load_exclusions, recorded_walk
 from .heap import retained_heap
 from .index_dir import check_index_dir, write_error

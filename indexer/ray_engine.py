@@ -40,7 +40,7 @@ from .commit import GenerationWriter
 from .config import BuildConfig, Decode
 from .discover import ImageFile
 from .embed import EmbeddedBatch, write_batches
-from .engines import EngineFacts
+from .engine import EngineFacts
 from .plan import UpdatePlan
 from .ray_actor import ActorSpec, EmbedActor, calibrate_remote, from_columns
 from .ray_parts import Stage, by_part, part_rows
@@ -277,12 +277,12 @@ class RayRun:
     def resolve_elsewhere(self, enc: Encoder, images: Path | ShardReader, previous_info: Mapping[str, Any] | None,
                           files: Sequence[ImageFile], keep_recorded: bool, decode: Decode,
                           recorded_decode: Mapping[str, Any] | None) -> dict[str, Any]:
-        """:class:`~indexer.engines.Engine`'s calibration where the actors run: :meth:`resolve_precision`."""
+        """:class:`~indexer.engine.Engine`'s calibration where the actors run: :meth:`resolve_precision`."""
         return self.resolve_precision(enc, images, previous_info, files, keep_recorded, decode, recorded_decode)
 
     def embed(self, enc: Encoder, images: Path | ShardReader, info: Mapping[str, Any], plan: UpdatePlan,
               writer: GenerationWriter, *, draft: bool, stop: Callable[[], bool] | None) -> RunStats:
-        """:class:`~indexer.engines.Engine`'s embedding: the actors embed with ``info``'s model
+        """:class:`~indexer.engine.Engine`'s embedding: the actors embed with ``info``'s model
         (the driver's encoder only described it); ``stop`` is the local engine's (a Ray job
         is stopped by its driver's interrupt)."""
         return self.embed_spec(self.spec(images, info, ocr=writer.meta.ocr, draft=draft), plan, writer)
