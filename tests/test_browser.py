@@ -550,7 +550,7 @@ def test_keyboard_only_open_and_close(page: Any, server: Server) -> None:
     assert page.evaluate("() => document.activeElement.textContent") == "More like this"
     page.keyboard.press("Escape")
     viewer.wait_for(state="hidden")
-    assert page.evaluate("() => document.activeElement.dataset.resultId") == str(ids[0])
+    page.wait_for_function("id => document.activeElement && document.activeElement.dataset.resultId === id", arg=str(ids[0]))
 
 
 def test_index_picker_searches_the_chosen_index(page: Any, server: Server, boats_index: Path) -> None:
@@ -794,7 +794,7 @@ def test_viewer_steps_with_the_arrow_keys_and_never_upscales_past_twice(page: An
     page.keyboard.press("Escape")
     viewer.wait_for(state="hidden")
     # Focus is on the card of the picture last shown.
-    assert page.evaluate("() => document.activeElement.dataset.resultId") == str(results[1]["id"])
+    page.wait_for_function("id => document.activeElement && document.activeElement.dataset.resultId === id", arg=str(results[1]["id"]))
 
 
 def test_viewer_says_when_where_and_with_what(page: Any, server: Server) -> None:

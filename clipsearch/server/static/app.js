@@ -1196,7 +1196,8 @@
     const shown = state.results[viewerPos];
     const card = shown ? el.results.querySelector(`[data-result-id="${shown.id}"]`) : null;
     const target = card || viewerOpener;
-    if (target && target.isConnected) target.focus();
+    // After the dialog's own focus restoration (to the card it was opened from), not before it.
+    if (target) setTimeout(() => target.isConnected && target.focus(), 0);
     viewerOpener = null;
   });
   el.viewerClose.addEventListener("click", () => el.viewer.close());
