@@ -122,27 +122,39 @@ def check_cut(k: int | None, min_score: float | None, sort: str) -> Cut:
     return Cut(k, min_score, sort)
 
 
+def newest_first(taken_us: np.ndarray, *ties: np.ndarray) -> np.ndarray:
+    """The order that puts photos taken at ``taken_us`` newest first, undated last
+    (``HitSource.taken_us``'s int64 minimum); equal times in the order of ``ties`` (lexsort
+    keys, the last one first)."""
+    undated = taken_us == np.iinfo(np.int64).min
+    return np.lexsort((*ties, -np.where(undated, 0, taken_us), undated))
+
+
 def make_hits(rows: HitSource, ids: np.ndarray, scores: np.ndarray, cut: Cut) -> list[Hit]:
     """The hits of one query from its selected ``ids`` and ``scores`` (best first, ties by id):
     ordered by ``cut.sort``, capped at ``cut.k``, with their paths and photo facts."""
     ids = np.asarray(ids, np.int64)
     scores = np.asarray(scores, np.float32)
     if cut.sort == "taken" and len(ids):
-        taken = rows.taken_us()[ids]
-        undated = taken == np.iinfo(np.int64).min
-        # Newest first, undated last; equal times keep the score order.
-        order = np.lexsort((ids, -scores, -np.where(undated, 0, taken), undated))
+        # Equal times keep the score order.
+        order = newest_first(rows.taken_us()[ids], ids, -scores)
         ids, scores = ids[order], scores[order]
     if cut.cap is not None:
         ids, scores = ids[: cut.cap], scores[: cut.cap]
+    return hits_of(rows, ids, scores)
+
+
+def hits_of(rows: HitSource, ids: np.ndarray, scores: np.ndarray) -> list[Hit]:
+    """The hits of ``ids`` with their ``scores``, in the order given, with their paths and photo facts."""
+    ids = np.asarray(ids, np.int64)
     paths = rows.paths_of(ids)
     metas = rows.photo_meta(ids)
     samples = rows.sample_meta(ids)
     return [
         Hit(int(i), p, float(s), m["taken"], m["camera"], tuple(m["gps"]) if m["gps"] is not None else None,
             caption=x["caption"], url=x["url"])
-        for i, s, p, m, x in zip(ids.tolist(), scores.tolist(), paths, metas, samples, strict=True)
+        for i, s, p, m, x in zip(ids.tolist(), np.asarray(scores, np.float32).tolist(), paths, metas, samples, strict=True)
     ]
 
 
-__all__ = ["DEFAULT_K", "SORTS", "Cut", "Hit", "HitSource", "Sort", "check_cut", "make_hits"]
+__all__ = ["DEFAULT_K", "SORTS", "Cut", "Hit", "HitSource", "Sort", "check_cut", "hits_of", "make_hits", "newest_first"]

@@ -21,7 +21,7 @@ import numpy as np
 
 from .errors import InvalidArgumentError
 from .filters import Filter
-from .hits import Cut, Hit, HitSource, make_hits
+from .hits import Cut, Hit, HitSource, hits_of, newest_first
 from .keywords import SOURCES, CosineScale, KeywordIndex, Matches, Terms, check_mode, fuse, matched_words, query_terms
 
 
@@ -139,11 +139,10 @@ def _fused_hits(index: Searchable, matches: Matches, vector: np.ndarray, cut: Cu
 
 def _coverage_of(matches: Matches, ids: np.ndarray) -> np.ndarray:
     """The keyword score of each of ``ids`` (0 where its words do not match)."""
-    by_id = np.argsort(matches.ids, kind="stable")
-    known = matches.ids[by_id]
-    at = np.minimum(np.searchsorted(known, ids), max(len(known) - 1, 0))
-    hit = known[at] == ids if len(known) else np.zeros(len(ids), bool)
-    return np.where(hit, matches.scores[by_id][at] if len(known) else 0.0, 0.0)
+    coverage = np.zeros(len(ids))
+    _, at, found = np.intersect1d(ids, matches.ids, assume_unique=True, return_indices=True)
+    coverage[at] = matches.scores[found]
+    return coverage
 
 
 def _explained(index: Searchable, ids: np.ndarray, cosines: np.ndarray, cut: Cut, fused: np.ndarray | None,
@@ -151,15 +150,12 @@ def _explained(index: Searchable, ids: np.ndarray, cosines: np.ndarray, cut: Cut
     """The hits of ``ids`` in the order given (by date for ``sort="taken"``, equal dates in the
     order given), each with its keyword coverage and, where given, its fused score."""
     if cut.sort == "taken" and len(ids):
-        taken = index.hit_source.taken_us()[ids]
-        undated = taken == np.iinfo(np.int64).min
-        by_date = np.lexsort((np.arange(len(ids)), -np.where(undated, 0, taken), undated))
+        by_date = newest_first(index.hit_source.taken_us()[ids], np.arange(len(ids)))
         ids, cosines, coverage = ids[by_date], cosines[by_date], coverage[by_date]
         fused = fused[by_date] if fused is not None else None
-    hits = make_hits(index.hit_source, ids, cosines, Cut(len(ids), None, "score"))  # as given, all of them
     return [
         dataclasses.replace(h, keyword=float(coverage[n]), fused=float(fused[n]) if fused is not None else None)
-        for n, h in enumerate(hits)
+        for n, h in enumerate(hits_of(index.hit_source, ids, cosines))
     ]
 
 

@@ -17,7 +17,7 @@ vector side's best guesses, and among images matching equally well, the vector s
 Reciprocal rank fusion (the previous rule) threw the strength of each side away; the weight
 and the floor were chosen by measurement on the demo's two query sets, where the model is weak
 and the names strong and the other way round (``benchmarks/bench_relevance.py``,
-``docs/search.md``).
+``docs/keywords.md``).
 """
 
 from __future__ import annotations
