@@ -130,9 +130,13 @@ def word_credit(word: str, text: str | None) -> float:
     if not text:
         return 0.0
     folded = fold(text)
-    if word not in folded:
-        return 0.0
-    if word in set(words_of(text)):
+    return _credit(word, folded, set(words_of(text))) if word in folded else 0.0
+
+
+def _credit(word: str, folded: str, words: set[str]) -> float:
+    # word_credit on a text already folded and cut into its words, so that several query words
+    # are graded against one text without folding it again for each.
+    if word in words:
         return 1.0
     best = 0.0
     for run in _RUN.findall(folded):
@@ -150,7 +154,13 @@ def matched_words(terms: Terms, text: str | None) -> list[str]:
     (:func:`word_credit` above 0)."""
     if not text or not terms:
         return []
-    return [terms.display(t) for t in terms.words if word_credit(t, text) > 0]
+    folded = fold(text)
+    # Every word of the text is a part of its folded form: most texts are ruled out here.
+    candidates = [t for t in terms.words if t in folded]
+    if not candidates:
+        return []
+    words = set(words_of(text))
+    return [terms.display(t) for t in candidates if _credit(t, folded, words) > 0]
 
 
 def joined(values: Iterable[str | None], sep: str = "\n") -> str | None:
