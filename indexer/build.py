@@ -396,7 +396,7 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
         here = engine.calibrates_here(enc)
         recorded = previous.preprocess if previous is not None else None
         requested = calibrate.decode_request(cfg.decode, recorded)
-        calibrate.resolve(
+        sample = calibrate.resolve(
             enc, prev_info, images, plan.to_embed if here else [], max_pixels=cfg.max_pixels, keep_recorded=job.keep_precision,
         )
         info = enc.info
@@ -406,7 +406,7 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
             decode = calibrate.DecodeChoice.from_record(info.pop("_decode", None)) or calibrate.DecodeChoice(requested, False)
         else:
             decode = calibrate.resolve_decode(
-                enc, images, plan.to_embed, requested=requested, recorded=recorded, max_pixels=cfg.max_pixels,
+                enc, images, plan.to_embed, requested=requested, recorded=recorded, max_pixels=cfg.max_pixels, sample=sample,
             )
         if plan.to_embed or previous is None:
             # The decoding this run's vectors come from; with nothing embedded the recorded one stays.

@@ -78,9 +78,11 @@ def resolve(
     max_pixels: int,
     draft: bool = False,
     keep_recorded: bool = False,
-) -> None:
+) -> list[Item]:
     """Resolve an ``auto`` image precision before embedding, and for fp32, bf16 and int8 the runtime
-    that runs it (on the same sample); a no-op for any other fixed mode.
+    that runs it (on the same sample); a no-op for any other fixed mode. Returns the sample it
+    calibrated on (decoded as ``draft`` says; empty where it decoded none), for
+    :func:`resolve_decode` to gate on without decoding it again.
 
     With ``keep_recorded`` (no mode asked for) an update of an index asks for the mode its
     manifest records (fp32 for an index from before precision modes), so all its vectors are
@@ -103,14 +105,14 @@ def resolve(
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: the default (auto) decides
     if not files or (tower.mode is not None and not _runtime_pending(enc)):
-        return
+        return []
     recorded = prev.get("precision")
     if tower.mode is None and prev.get("precision_requested") == "auto" and recorded not in (None, "auto"):
         gate = (prev.get("precision_gate") or {}).get("gate")
         try:
             tower.set(parse_mode(str(recorded)), gate_results_from_info(gate))
             if not _runtime_pending(enc):
-                return
+                return []
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: calibrate anew
     good = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=draft))
@@ -118,6 +120,7 @@ def resolve(
     pixels = collate(good).pixels if good else None
     if pixels is not None:
         enc.calibrate_images(pixels)
+    return good
 
 
 def _sample(dataset: ImageDataset, indices: Sequence[int] | None = None) -> list[Item]:
@@ -180,22 +183,24 @@ def resolve_decode(
     requested: Decode,
     recorded: Mapping[str, Any] | None,
     max_pixels: int,
+    sample: Sequence[Item] = (),
 ) -> DecodeChoice:
     """Decide whether this run drafts JPEGs. ``full`` and ``draft`` decide alone; ``auto``
     decodes in full with precision fp32, else reuses an ``auto`` decision the index records for
     the same precision, else gates: the first decodable images of ``files`` (the precision's
     calibration sample) are embedded from full and from draft decoding, and draft is used only
     if every cosine is at least :data:`DECODE_GATE_MIN_COSINE`. Call it after the precision is
-    resolved (:func:`resolve`). With nothing to embed an ``auto`` keeps the recorded decision,
-    else decodes in full.
+    resolved (:func:`resolve`), passing the ``sample`` it returns (decoded in full): the gate
+    then decodes it in draft only. With nothing to embed an ``auto`` keeps the recorded
+    decision, else decodes in full.
     """
     if requested != "auto":
         return DecodeChoice(requested, requested == "draft")
     before = DecodeChoice.from_record(recorded)
     if before is not None and before.requested != "auto":
         before = None
-    full: list[Item] = []
-    if enc.image_precision.mode is None and files:
+    full = list(sample)
+    if not full and enc.image_precision.mode is None and files:
         # Not calibrated yet (a caller that skipped resolve): the precision decides first.
         full = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=False))
         if full:
@@ -211,8 +216,8 @@ def resolve_decode(
         full = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=False))
     if not full:
         return DecodeChoice("auto", False)
-    sample = files[:SAMPLE_TRIES]
-    drafted = _sample(ImageDataset(root, sample, enc.preprocess, max_pixels=max_pixels, draft=True), [it.index for it in full])
+    drafted = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=True),
+                      [it.index for it in full])
     if len(drafted) != len(full):  # a file changed under us: no fair comparison, so no draft
         return DecodeChoice("auto", False, {"reason": "the sample did not decode alike twice"})
     import torch

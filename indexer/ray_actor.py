@@ -207,9 +207,9 @@ def calibrate_remote(spec: ActorSpec, previous_info: Mapping[str, Any] | None, f
     the local engine's own calibration."""
     enc = load_actor_encoder(spec)
     with retained_heap():
-        calibrate.resolve(enc, previous_info, spec.images, files, max_pixels=spec.max_pixels, keep_recorded=keep_recorded)
+        sample = calibrate.resolve(enc, previous_info, spec.images, files, max_pixels=spec.max_pixels, keep_recorded=keep_recorded)
         choice = calibrate.resolve_decode(enc, spec.images, files, requested=decode, recorded=recorded_decode,
-                                          max_pixels=spec.max_pixels)
+                                          max_pixels=spec.max_pixels, sample=sample)
     info = dict(enc.info)
     info["_cpu_level"] = cpu.cpu_level() if enc.device.type == "cpu" else ""
     info["_decode"] = choice.record()
