@@ -60,7 +60,7 @@ lock:
 random-model: $(RANDOM_MODEL)/config.json
 
 $(RANDOM_MODEL)/config.json: | $(STAMP)
-	$(BIN)/python -m retrieval.random_model $(RANDOM_MODEL) --preset tiny --seed 0
+	$(BIN)/python -m retrieval.tools.random_model $(RANDOM_MODEL) --preset tiny --seed 0
 
 ifeq ($(DEMO_MODEL),)
 demo: MODEL := $(DEMO_CLIP)

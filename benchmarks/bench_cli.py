@@ -27,7 +27,7 @@ HF script's median.
 
 Indexes: ``--preset demo`` indexes ``data/demo`` with the committed demo model
 (``data/models/demo-clip``); ``tiny`` and ``vit-b-32`` write a random checkpoint of those shapes
-(``retrieval.random_model``) and index ``--images`` generated images in fp32. ``--index DIR``
+(``retrieval.tools.random_model``) and index ``--images`` generated images in fp32. ``--index DIR``
 measures an existing index instead (its recorded model). Prints one JSON line, then a table.
 
     python benchmarks/bench_cli.py [--preset demo|tiny|vit-b-32] [--runs 5] [--query "a banana"]
@@ -162,7 +162,7 @@ def prepare(preset: str, images: int, work: Path) -> tuple[Path, Path, Path]:
         if not (model / "config.json").is_file():
             raise SystemExit(f"bench_cli: the demo model is missing ({model})")
     else:
-        from retrieval.random_model import make_random_clip
+        from retrieval.tools.random_model import make_random_clip
 
         model = make_random_clip(work / "model", preset=preset, seed=0)
         photos = work / "photos"

@@ -3,7 +3,7 @@
 scikit-image's bundled photos (astronaut, chelsea, coffee, rocket, motorcycle), cropped to 4:3
 and upscaled to ``--width`` x ``--height`` (default 4000 x 3000, 12 megapixels; each copy
 mirrored or shifted so that no two files are alike), are written as JPEG quality 90. Each model
-(random weights, ``retrieval.random_model`` presets) indexes them twice, ``decode="full"`` and
+(random weights, ``retrieval.tools.random_model`` presets) indexes them twice, ``decode="full"`` and
 ``decode="draft"``, both in fp32, in-process on the CPU:
 
 - speed, for ``--speed-model`` (default the tiny CLIP, so the figure is the decoder's): the
@@ -64,7 +64,7 @@ def write_photos(folder: Path, count: int, width: int, height: int) -> list[Path
 
 
 def make_model(name: str, folder: Path) -> Path:
-    from retrieval.random_model import make_random_clip, make_random_siglip
+    from retrieval.tools.random_model import make_random_clip, make_random_siglip
 
     kind, preset, _ = MODELS[name]
     if kind == "clip":

@@ -46,7 +46,7 @@ from pathlib import Path
 
 from _common import ROOT, StackSampler, machine_facts, peak_rss_mb
 
-# SigLIP shapes (retrieval.random_model.siglip): the naive loop is then the SigLIP model's own
+# SigLIP shapes (retrieval.tools.random_model.siglip): the naive loop is then the SigLIP model's own
 # processor and get_image_features, as for CLIP.
 SIGLIP_BENCH_PRESETS = ("siglip-b-16", "siglip2-naflex-b-16", "siglip-tiny", "siglip2-naflex-tiny")
 
@@ -231,8 +231,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error("--rounds must be >= 1")
 
     from retrieval.encoders.precision import gate
-    from retrieval.random_model import make_random_clip
-    from retrieval.random_model.siglip import make_random_siglip
+    from retrieval.tools.random_model import make_random_clip
+    from retrieval.tools.random_model.siglip import make_random_siglip
 
     modes = [] if args.skip_builds else ["fp32"] + [m for m in args.modes.split(",") if m and m != "fp32"]
     runs: dict[str, dict] = {}

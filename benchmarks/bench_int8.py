@@ -205,7 +205,7 @@ def _run(bench: Bench, heap: bool) -> int:
 
     from retrieval.encoders.base import quiet_transformers
     from retrieval.encoders.int8 import FULL_STEPS, REDUCED_STEPS, current_kernel, quantize_int8
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     args = bench.args
     if args.threads:

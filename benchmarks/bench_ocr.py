@@ -153,7 +153,7 @@ def index_cost(n: int, work: Path, side: int = 640, preset: str = "tiny") -> lis
     it added later to the index built without it (``index --ocr`` again: the text is read, the
     images are not embedded again)."""
     from indexer import build_index
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     model = make_random_clip(work / "model", preset=preset, seed=0)
     rows = []

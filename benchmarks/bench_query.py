@@ -442,7 +442,7 @@ def main(argv: list[str] | None = None) -> int:
     import torch
 
     from retrieval.encoders import load_encoder
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     if args.torch_threads:
         torch.set_num_threads(args.torch_threads)

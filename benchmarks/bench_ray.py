@@ -115,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     import ray
 
     from indexer import build_index
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     cores = os.cpu_count() or 1
     configs = [c for c in args.configs.split(",") if c]

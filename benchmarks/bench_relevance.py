@@ -102,7 +102,7 @@ def demo_index(cache: Path) -> Path:
 def measure(index_dir: Path, queries: Path) -> dict[str, dict[str, float]]:
     """MRR@10, Recall@1 and Recall@10 of each mode on ``queries``."""
     from retrieval import ImageIndex
-    from retrieval.evaluation import evaluate, load_queries
+    from retrieval.tools.evaluation import evaluate, load_queries
 
     index = ImageIndex.open(index_dir, device="cpu")
     labelled = load_queries(queries)

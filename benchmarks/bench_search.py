@@ -135,7 +135,7 @@ def peer_row(
     peer: str, index_dir: Path, work: Path, n: int, queries: Any, truth: Any, args: argparse.Namespace, max_memory_bytes: int
 ) -> dict[str, Any]:
     """Export, build and measure one peer at one size: a row with our rows' keys."""
-    from retrieval.index_types import parse_memory
+    from indexer.index_types import parse_memory
 
     if peer != "autofaiss":
         raise ValueError(f"unknown peer {peer!r}")
@@ -413,8 +413,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--peer-memory-available",
                         help="autofaiss's current_memory_available, e.g. 16GB (default: MemAvailable just before each build)")
     args = parser.parse_args(argv)
+    from indexer.index_types import parse_memory
     from retrieval.errors import InvalidArgumentError
-    from retrieval.index_types import parse_memory
 
     try:
         max_memory_bytes = parse_memory(args.max_memory)
@@ -441,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     spec = SyntheticSpec(clusters=args.clusters, noise=args.noise, seed=args.seed)
 
     from retrieval.encoders import load_encoder
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     results: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:

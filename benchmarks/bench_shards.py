@@ -76,7 +76,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--images", type=int, default=512, help="images (default 512)")
     parser.add_argument("--per-shard", type=int, default=128, help="samples per shard (default 128)")
     parser.add_argument("--size", type=int, default=384, help="longer side of the photos in pixels (default 384)")
-    parser.add_argument("--preset", default="vit-b-32", help="random CLIP preset (retrieval.random_model; default vit-b-32)")
+    parser.add_argument("--preset", default="vit-b-32", help="random CLIP preset (retrieval.tools.random_model; default vit-b-32)")
     parser.add_argument("--rounds", type=int, default=2, help="builds per source, the best is kept (default 2)")
     parser.add_argument("--batch-size", type=int, default=64, help="images per model call (default 64)")
     parser.add_argument("--ray-write-rows", type=int, default=131072, help="rows of Ray's write measurement (0: none)")
@@ -101,7 +101,7 @@ def main(argv: list[str] | None = None) -> int:
 
     from indexer import build_index
     from indexer.shards import list_source, resolve
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     with bench.scratch() as base:
         samples = make_samples(args.images, size=args.size)

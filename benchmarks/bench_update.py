@@ -42,7 +42,7 @@ def main(argv: list[str] | None = None) -> int:
     from imagegen import make_jpegs, photo_like
 
     from indexer import build_index
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     with bench.scratch() as tmp_path:
         model = make_random_clip(tmp_path / "model", preset=args.preset, seed=0)

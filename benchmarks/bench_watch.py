@@ -124,7 +124,7 @@ def main(argv: list[str] | None = None) -> int:
     from imagegen import make_jpegs
 
     from indexer import WatchConfig, build_index
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     modes = [(f"events, settle {s:g} s", WatchConfig(settle=s, rescan=60.0)) for s in args.settle]
     modes.append((f"rescans every {args.rescan:g} s, settle 0.5 s", WatchConfig(settle=0.5, rescan=args.rescan, events=False)))

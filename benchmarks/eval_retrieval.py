@@ -169,15 +169,15 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     from indexer import build_index
     from retrieval import ImageIndex
     from retrieval.encoders import load_encoder
-    from retrieval.evaluation import evaluate, load_queries  # imported late: optional for --help
-    from retrieval.evaluation.dataset_readers import (
+    from retrieval.tools.evaluation import evaluate, load_queries  # imported late: optional for --help
+    from retrieval.tools.evaluation.dataset_readers import (
         KARPATHY_CAPTIONS_PER_IMAGE,
         load_captions_csv,
         load_captions_jsonl,
         load_karpathy,
     )
-    from retrieval.evaluation.dataset_writers import write_queries
-    from retrieval.evaluation.split_files import apply_split_file
+    from retrieval.tools.evaluation.dataset_writers import write_queries
+    from retrieval.tools.evaluation.split_files import apply_split_file
 
     if args.karpathy:
         cap = KARPATHY_CAPTIONS_PER_IMAGE if args.max_captions is None else (args.max_captions or None)

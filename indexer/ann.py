@@ -4,7 +4,7 @@ The vectors are streamed from the Parquet parts in chunks (never all in RAM): on
 gathers a random training sample and held-out query vectors, a second trains nothing and
 adds every chunk to the index while computing the queries' exact top-10 on the same chunks.
 Then the search parameter (``nprobe`` / ``efSearch``) is raised until recall@10 against that
-exact answer reaches the target. The plan itself comes from :func:`retrieval.index_types.plan_index`.
+exact answer reaches the target. The plan itself comes from :func:`indexer.index_types.plan_index`.
 
 :func:`update` is the one place that decides, when a generation is finished, whether the previous
 FAISS file is extended (and maybe re-tuned) or a new one is built.
@@ -21,8 +21,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from indexer.index_types import IndexOptions, IndexPlan, candidate_plans, parse_memory
 from retrieval import faiss_index, store
-from retrieval.index_types import IndexOptions, IndexPlan, candidate_plans, parse_memory
 from retrieval.layout import Manifest
 
 # Held-out collection vectors used as queries when tuning; their own row is excluded from
@@ -112,7 +112,7 @@ def build(
 ) -> FaissBuild:
     """Plan, train, fill and tune a FAISS index over every stored vector.
 
-    ``auto`` may try several plans (:func:`retrieval.index_types.candidate_plans`): the first
+    ``auto`` may try several plans (:func:`indexer.index_types.candidate_plans`): the first
     whose tuned recall reaches the target is kept, else the one with the best recall. The
     training sample, tuning queries and their exact answers are computed once for all.
 

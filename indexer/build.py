@@ -23,6 +23,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from indexer.index_types import IndexOptions, parse_memory
 from retrieval import keywords, store
 from retrieval.encoders import Encoder, cpu, load_encoder
 from retrieval.errors import (
@@ -33,7 +34,6 @@ from retrieval.errors import (
     UnknownBuildOptionError,
     UnsupportedFormatError,
 )
-from retrieval.index_types import IndexOptions, parse_memory
 from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 from retrieval.shards import scheme_of
 

@@ -22,9 +22,9 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from indexer.index_types import IndexOptions
 from retrieval import faiss_index, store
 from retrieval.faults import crash_point
-from retrieval.index_types import IndexOptions
 from retrieval.layout import (
     EMBEDDINGS_DIR,
     FAISS_FILE,

@@ -15,11 +15,11 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Literal, get_args
 
+from indexer.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions, parse_memory
 from retrieval.checks import is_int, is_positive_int
 from retrieval.encoders import DEFAULT_MODEL, Precision, parse_precision
 from retrieval.errors import InvalidArgumentError, UnknownBuildOptionError
 from retrieval.images import DEFAULT_MAX_PIXELS
-from retrieval.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions, parse_memory
 from retrieval.options import option
 from retrieval.shards import parse_storage_options
 

@@ -25,10 +25,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from indexer.index_types import IndexOptions
 from retrieval.checks import is_positive_int
 from retrieval.encoders import load_encoder
 from retrieval.errors import ImportSourceError, InvalidArgumentError
-from retrieval.index_types import IndexOptions
 from retrieval.layout import MANIFEST_FILE, is_index_dir
 from retrieval.shards import parse_storage_options
 

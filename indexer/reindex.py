@@ -14,10 +14,10 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
+from indexer.index_types import parse_memory
 from retrieval import store
 from retrieval.errors import IndexFormatError
 from retrieval.generation import mapping_of
-from retrieval.index_types import parse_memory
 from retrieval.layout import read_manifest
 
 from . import ann

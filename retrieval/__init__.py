@@ -20,7 +20,7 @@ from .errors import (
 )
 from .images import preprocess_tensor
 from .index import Hit, ImageIndex, SkippedFile
-from .verify import VerifyReport, verify_index
+from .tools.verify import VerifyReport, verify_index
 from .version import __version__
 
 __all__ = [

@@ -22,12 +22,21 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from .index_types import format_bytes
 from .layout import Manifest
 
 # Without a recorded budget, FAISS files at least this big are memory-mapped: opening costs no
 # RAM and no read of the whole file; the OS pages in what searches touch.
 MMAP_MIN_BYTES = 1 << 30
+
+
+def format_bytes(n: int) -> str:
+    """1536 -> '1.5 KB' (binary units, as ``--max-memory`` reads them)."""
+    value = float(n)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1024:
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TB"
 
 
 @dataclass(frozen=True)

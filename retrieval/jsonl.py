@@ -2,7 +2,7 @@
 
 The ``{"path": ..., "caption": ...}`` record is read by one parser, :func:`parse_caption_line`,
 for both fine-tuning pairs files and caption datasets
-(``retrieval.evaluation.dataset_readers``), so a file one accepts the other accepts too.
+(``retrieval.tools.evaluation.dataset_readers``), so a file one accepts the other accepts too.
 """
 
 from __future__ import annotations

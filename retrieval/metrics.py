@@ -1,13 +1,13 @@
 """The documented import path of the retrieval metrics (docs/evaluation.md: ``retrieval.metrics``).
 
-The functions live in :mod:`retrieval.evaluation.metrics`; this module only re-exports them so
+The functions live in :mod:`retrieval.tools.evaluation.metrics`; this module only re-exports them so
 that scripts written against those docs keep working. Its ``__all__`` is that module's, so the
 two cannot drift apart.
 """
 
 from __future__ import annotations
 
-from .evaluation import metrics as _metrics
-from .evaluation.metrics import *  # noqa: F403 - the whole public API, by its own __all__
+from .tools.evaluation import metrics as _metrics
+from .tools.evaluation.metrics import *  # noqa: F403 - the whole public API, by its own __all__
 
 __all__ = list(_metrics.__all__)

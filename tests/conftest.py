@@ -68,7 +68,7 @@ def _runtime_checks(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytes
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A tiny random CLIP checkpoint: 64 px images, 48-d projection, real CLIP tokenizer."""
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     return make_random_clip(tmp_path_factory.mktemp("tiny_clip"), preset="tiny", seed=0)
 
@@ -76,7 +76,7 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def other_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """Same shapes as ``tiny_model`` but different weights (seed 1)."""
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     return make_random_clip(tmp_path_factory.mktemp("tiny_clip_other"), preset="tiny", seed=1)
 

@@ -8,8 +8,8 @@ from pathlib import Path
 import numpy as np
 
 from indexer import ann
+from indexer.index_types import IndexOptions
 from retrieval import faiss_index
-from retrieval.index_types import IndexOptions
 
 DIM = 16
 

@@ -66,7 +66,7 @@ def _text_to_image_metrics(index_dir: Path, model: Path, queries: list[dict]) ->
 def test_eval_retrieval_karpathy_build_update_rebuild(
     tmp_path: Path, tiny_model: Path, other_model: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    pytest.importorskip("retrieval.evaluation")
+    pytest.importorskip("retrieval.tools.evaluation")
     karpathy, root = _coco_like(tmp_path)
     index_dir = tmp_path / "eval" / "coco.idx"
     base = ["--karpathy", str(karpathy), "--images", str(root), "--index-dir", str(index_dir), "--device", "cpu", "--workers", "0"]
@@ -404,7 +404,7 @@ def test_bench_int8_products_time_every_linear_shape(capsys: pytest.CaptureFixtu
     assert bench_int8.main(argv) == 0
     out = capsys.readouterr().out
     products = _json_line(out)["products"]
-    from retrieval.random_model import clip_config
+    from retrieval.tools.random_model import clip_config
 
     vision = clip_config("tiny").vision_config
     hidden, inner = vision.hidden_size, vision.intermediate_size

@@ -107,6 +107,22 @@ def test_training_imports_only_retrieval_and_itself() -> None:
     assert bad == []
 
 
+
+# The query layer's re-exports of tools: the documented `retrieval.verify_index` and the old
+# import paths kept for their users (`retrieval.evaluate`, `.metrics`, `.zeroshot`, `.random_model`).
+TOOL_FACADES = ("retrieval", "retrieval.evaluate", "retrieval.metrics", "retrieval.zeroshot", "retrieval.random_model")
+
+
+def test_the_query_layer_never_imports_its_tools() -> None:
+    bad = sorted(
+        f"{m} imports {n}"
+        for m in SOURCES
+        if _in(m, "retrieval") and not _in(m, "retrieval.tools") and m not in TOOL_FACADES
+        for n in _all_imports(m)
+        if _in(n, "retrieval.tools")
+    )
+    assert bad == []
+
 @pytest.mark.parametrize(
     ("library", "allowed"),
     [("faiss", ("retrieval.faiss_index",)), ("open_clip", ("retrieval.encoders.openclip",))],

@@ -23,7 +23,7 @@ from retrieval import ImageIndex
 from retrieval.encoders import HFClipEncoder, read_image_processor_config
 from retrieval.errors import ModelLoadError
 from retrieval.images import PreprocessConfig, pil_to_tensor, preprocess_tensor
-from retrieval.random_model import build_clip_tokenizer, make_random_clip
+from retrieval.tools.random_model import build_clip_tokenizer, make_random_clip
 
 PARITY_ATOL = 1e-5  # as in test_images: the reference rounds in float32
 # Settings far from CLIPImageProcessor's defaults (224, bicubic, OpenAI mean/std), so that a

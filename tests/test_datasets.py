@@ -1,4 +1,4 @@
-"""retrieval.evaluation's dataset readers, split files and writers.
+"""retrieval.tools.evaluation's dataset readers, split files and writers.
 
 Karpathy / CSV / JSONL captions -> images to index and queries.
 """
@@ -11,10 +11,10 @@ from pathlib import Path
 import pytest
 
 from retrieval.errors import ClipSearchError, DatasetError
-from retrieval.evaluation.captioned_set import CaptionedSet, normalize_image_path
-from retrieval.evaluation.dataset_readers import load_captions_csv, load_captions_jsonl, load_dataset, load_karpathy
-from retrieval.evaluation.dataset_writers import queries_of, write_image_list, write_queries
-from retrieval.evaluation.split_files import apply_split_file, read_image_list
+from retrieval.tools.evaluation.captioned_set import CaptionedSet, normalize_image_path
+from retrieval.tools.evaluation.dataset_readers import load_captions_csv, load_captions_jsonl, load_dataset, load_karpathy
+from retrieval.tools.evaluation.dataset_writers import queries_of, write_image_list, write_queries
+from retrieval.tools.evaluation.split_files import apply_split_file, read_image_list
 
 ROOT = Path(__file__).resolve().parent.parent
 

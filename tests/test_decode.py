@@ -30,7 +30,7 @@ from indexer.config import BuildConfig
 from retrieval.errors import InvalidArgumentError
 from retrieval.index import ImageIndex
 from retrieval.layout import read_manifest
-from retrieval.random_model import make_random_clip, make_random_siglip
+from retrieval.tools.random_model import make_random_clip, make_random_siglip
 
 # Real photos (scikit-image's), non-square, each several times the tiny models' 64 px input;
 # one above twice OCR's edge (720 px), which OCR then reads from a JPEG draft of its own.

@@ -18,7 +18,7 @@ from clipsearch.cli import main as cli_main
 from indexer import build_index
 from retrieval import ImageIndex
 from retrieval.errors import EvaluationError, InvalidArgumentError, QueriesFileError
-from retrieval.evaluation import (
+from retrieval.tools.evaluation import (
     Query,
     canonical_scores,
     evaluate,
@@ -468,10 +468,10 @@ def test_cli_eval_errors_in_process(built_index: Path, tmp_path: Path, capsys, c
 
 def test_readme_import_paths_re_export_the_evaluation_package() -> None:
     """README documents ``retrieval.evaluate`` and ``retrieval.metrics``; the code lives in
-    ``retrieval.evaluation``: the old paths must hand out the very same objects."""
+    ``retrieval.tools.evaluation``: the old paths must hand out the very same objects."""
     import retrieval.evaluate as documented
     import retrieval.metrics as documented_metrics
-    from retrieval import evaluation
+    from retrieval.tools import evaluation
 
     for name in documented.__all__:
         assert getattr(documented, name) is getattr(evaluation, name), name

@@ -219,7 +219,7 @@ def test_output_opens_in_transformers_whatever_the_base_layout(layout: str, pair
     from transformers import AutoProcessor, CLIPImageProcessor, CLIPModel, CLIPProcessor
 
     from retrieval.encoders import HFClipEncoder
-    from retrieval.random_model import make_random_clip
+    from retrieval.tools.random_model import make_random_clip
 
     base = make_random_clip(tmp_path / "base", preset="tiny", seed=0, processor_layout=layout)
     assert (base / "preprocessor_config.json").is_file() == (layout == "hub")

@@ -1,4 +1,4 @@
-"""Choosing an index type: ``retrieval.index_types`` plans (size, memory budget, named types), the
+"""Choosing an index type: ``indexer.index_types`` plans (size, memory budget, named types), the
 auto candidates, memory sizes and index options, and ``clipsearch index --index-type``."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from conftest import run_cli
 from imagegen import Collection
 
+from indexer.index_types import IndexOptions, ivf_lists, parse_memory, plan_index
 from retrieval import InvalidArgumentError
-from retrieval.index_types import IndexOptions, ivf_lists, parse_memory, plan_index
 from retrieval.layout import read_manifest
 
 
@@ -41,7 +41,7 @@ def test_auto_plan_follows_size_and_memory() -> None:
 
 
 def test_auto_candidates_within_budget() -> None:
-    from retrieval.index_types import candidate_plans
+    from indexer.index_types import candidate_plans
 
     factories = [p.factory for p in candidate_plans(1_000_000, 512, IndexOptions())]
     refined = ["IVF4096_HNSW32,SQ4,Refine(SQfp16)", "IVF4096_HNSW32,PQ64,Refine(SQfp16)"]

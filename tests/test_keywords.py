@@ -40,7 +40,7 @@ from retrieval.keywords import (
     words_of,
 )
 from retrieval.layout import read_manifest, write_manifest
-from retrieval.verify import verify_index
+from retrieval.tools.verify import verify_index
 
 XMP = (
     '<x:xmpmeta xmlns:x="adobe:ns:meta/"><rdf:RDF xmlns:rdf="http://www.w3.org/1999/02/22-rdf-syntax-ns#">'
@@ -336,7 +336,7 @@ def test_the_keyword_file_is_sqlite_fts5_readable_as_is(kw_index: tuple[Path, Pa
 
 
 def test_eval_mode(kw_index: tuple[Path, Path], tmp_path: Path) -> None:
-    from retrieval.evaluation import Query, evaluate
+    from retrieval.tools.evaluation import Query, evaluate
 
     idx = ImageIndex.open(kw_index[1], device="cpu")
     queries = [

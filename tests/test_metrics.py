@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from retrieval.errors import InvalidArgumentError
-from retrieval.evaluation.metrics import (
+from retrieval.tools.evaluation.metrics import (
     expected_random_mrr,
     expected_random_rank,
     expected_random_recall,

@@ -2,7 +2,7 @@
 and NLLB-CLIP (its tokenizer must be told the query's FLORES-200 language).
 
 Tiny random checkpoints laid out like open_clip's ``xlm-roberta-base-ViT-B-32`` and
-``nllb-clip-base`` (:mod:`retrieval.random_model.multilingual`): the vectors are checked against
+``nllb-clip-base`` (:mod:`retrieval.tools.random_model.multilingual`): the vectors are checked against
 open_clip's own model and the Hugging Face tokenizer on the unchanged text; an NLLB query names
 its language on the CLI (``--query-lang``), in the Python API (``query_lang=``) and over HTTP
 (``query_lang``), and is refused, in one line, without one.
@@ -22,7 +22,7 @@ from imagegen import photo_like
 from retrieval.encoders import load_encoder
 from retrieval.errors import InvalidArgumentError
 from retrieval.index import ImageIndex
-from retrieval.random_model.multilingual import make_random_multilingual
+from retrieval.tools.random_model.multilingual import make_random_multilingual
 
 open_clip = pytest.importorskip("open_clip")
 torch = pytest.importorskip("torch")
@@ -175,7 +175,7 @@ def test_nllb_over_http(client: object, nllb_index: Path) -> None:
 def test_nllb_zero_shot_takes_the_prompts_language(
     nllb_index: Path, models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from retrieval.zeroshot import ZeroShotClassifier
+    from retrieval.tools.zeroshot import ZeroShotClassifier
 
     labels = ["--label", "猫", "--label", "狗"]
     code, _, err = _cli(capsys, "classify", nllb_index, *labels, "--template", "{}", "--json", "--precision", "fp32")

@@ -102,7 +102,7 @@ def test_parity_with_bf16_weights(tiny_model: Path, tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_parity_with_vit_b_32_text_shapes(tmp_path: Path) -> None:
-    from retrieval.random_model import RandomClipSpec, make_random_clip
+    from retrieval.tools.random_model import RandomClipSpec, make_random_clip
 
     spec = RandomClipSpec(
         image_size=32, patch_size=16, vision_hidden=32, vision_layers=1, vision_heads=2, vision_intermediate=64,

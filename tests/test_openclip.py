@@ -92,7 +92,7 @@ def siglip_dir(tmp_path_factory: pytest.TempPathFactory, tiny_oc: dict[str, Path
     """An open_clip directory (``local-dir:``) shaped like SigLIP: squash resize, mean/std 0.5,
     non-causal text tower pooled at the last token, 64 tokens, and a Hugging Face tokenizer
     (SigLIP's own needs the Hub, so the offline CLIP BPE stands in, loaded the same way)."""
-    from retrieval.random_model import build_clip_tokenizer
+    from retrieval.tools.random_model import build_clip_tokenizer
 
     directory = tmp_path_factory.mktemp("siglip_like")
     text_cfg = {
@@ -530,7 +530,7 @@ def test_int8_open_clip_is_close_to_fp32_and_batch_invariant(tiny_spec: str, enc
 def test_zero_shot_classifier_equals_open_clips(encoder: OpenClipEncoder, reference) -> None:
     from open_clip.zero_shot_metadata import SIMPLE_IMAGENET_TEMPLATES
 
-    from retrieval.zeroshot import SIMPLE_TEMPLATES, ZeroShotClassifier
+    from retrieval.tools.zeroshot import SIMPLE_TEMPLATES, ZeroShotClassifier
 
     model, preprocess, tokenizer = reference
     labels = ["dog", "cat", "red car"]
@@ -547,7 +547,7 @@ def test_zero_shot_classifier_equals_open_clips(encoder: OpenClipEncoder, refere
 
 
 def test_siglip_like_scores_are_sigmoids_with_the_logit_bias(siglip_dir: Path) -> None:
-    from retrieval.zeroshot import ZeroShotClassifier
+    from retrieval.tools.zeroshot import ZeroShotClassifier
 
     enc = load_encoder(f"open_clip:local-dir:{siglip_dir}", device="cpu")
     model, _, _ = open_clip.create_model_and_transforms(f"local-dir:{siglip_dir}")

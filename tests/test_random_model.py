@@ -1,4 +1,4 @@
-"""Tests of retrieval.random_model: offline random CLIP checkpoints with the real CLIP tokenizer."""
+"""Tests of retrieval.tools.random_model: offline random CLIP checkpoints with the real CLIP tokenizer."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from retrieval.encoders.base import quiet_transformers
-from retrieval.random_model import (
+from retrieval.tools.random_model import (
     BOS_TOKEN_ID,
     CLIP_VOCAB_SIZE,
     EOS_TOKEN_ID,
@@ -303,7 +303,7 @@ def test_main_bad_preset_exits_2_with_one_line(tmp_path: Path, capsys: pytest.Ca
 
 def test_import_is_cheap() -> None:
     code = (
-        "import sys, retrieval.random_model as m; "
+        "import sys, retrieval.tools.random_model as m; "
         "heavy = [x for x in ('torch', 'transformers', 'open_clip') if x in sys.modules]; "
         "assert not heavy, heavy; assert 'tiny' in m.PRESETS"
     )

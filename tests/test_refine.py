@@ -16,12 +16,12 @@ from vector_indexes import DIM, ROWS, clustered, copy_of, exact_top, records, wr
 
 from indexer import ann
 from indexer.commit import GenerationWriter, IndexMeta
+from indexer.index_types import IndexOptions, plan_index
 from indexer.lock import IndexLock
 from indexer.reindex import reindex
 from retrieval import ImageIndex, faiss_index
 from retrieval.errors import IndexFormatError, UnsupportedFormatError
 from retrieval.filters import Filter
-from retrieval.index_types import IndexOptions, plan_index
 from retrieval.layout import MANIFEST_DIGEST_KEY, read_manifest
 
 FACTORY = "IVF64,PQ4x6,Refine(SQfp16)"

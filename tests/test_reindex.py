@@ -14,10 +14,10 @@ import pytest
 from conftest import run_cli
 from vector_indexes import DIM, ROWS, clustered, copy_of, exact_top
 
+from indexer.index_types import IndexOptions
 from indexer.reindex import reindex
 from retrieval import ImageIndex, InvalidArgumentError, faiss_index
 from retrieval.errors import IndexFormatError
-from retrieval.index_types import IndexOptions
 from retrieval.layout import MANIFEST_DIGEST_KEY, PATHS_DIR, read_manifest
 
 
@@ -25,7 +25,7 @@ def test_auto_candidates_are_tried_until_one_reaches_the_target(
     vec_index: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     import indexer.ann as ann
-    from retrieval.index_types import IndexPlan
+    from indexer.index_types import IndexPlan
 
     plans = [IndexPlan("IVF16,PQ2x4", "ivf", 2000, 0, "too coarse"), IndexPlan("IVF16,Flat", "ivf", 2000, 0, "exact lists")]
     monkeypatch.setattr(ann, "candidate_plans", lambda n, dim, options: plans)

@@ -21,8 +21,8 @@ from retrieval.encoders.numpy_text import text_path
 from retrieval.errors import FinetuneError, ModelLoadError, ModelMismatchError
 from retrieval.images import load_pixels, preprocess_images
 from retrieval.index import ImageIndex
-from retrieval.random_model import make_random_siglip
-from retrieval.zeroshot import ZeroShotClassifier
+from retrieval.tools.random_model import make_random_siglip
+from retrieval.tools.zeroshot import ZeroShotClassifier
 
 TEXTS = ["a photo of a cat", "猫的照片", "фотография кошки", "صورة قطة", "🐱 и 🐶", "Straße café naïve", "a dog"]
 COS = 0.9999
@@ -229,7 +229,7 @@ def test_reduced_precisions_and_another_image_size_cover_siglip(siglip_dir: Path
 
 
 def test_random_model_cli_writes_a_siglip_checkpoint(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    from retrieval.random_model import main
+    from retrieval.tools.random_model import main
 
     assert main([str(tmp_path / "s"), "--preset", "siglip-tiny", "--seed", "3"]) == 0
     assert json.loads((tmp_path / "s" / "config.json").read_text())["model_type"] == "siglip"

@@ -15,8 +15,8 @@ from helpers import local_ray
 from imagegen import photo_like
 
 from retrieval.index import ImageIndex
-from retrieval.random_model import make_random_siglip
-from retrieval.zeroshot import ZeroShotClassifier
+from retrieval.tools.random_model import make_random_siglip
+from retrieval.tools.zeroshot import ZeroShotClassifier
 
 QUERIES = {"chinese": "一只猫在沙发上", "cyrillic": "кошка на диване", "arabic": "قطة على الأريكة", "emoji": "🐱🛋️✨"}
 LABELS = ["cat", "dog", "car"]

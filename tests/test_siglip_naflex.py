@@ -19,8 +19,8 @@ from retrieval.errors import InvalidArgumentError, ModelLoadError
 from retrieval.images import PreprocessConfig, load_pixels, preprocess_images
 from retrieval.images.config import naflex_size
 from retrieval.index import ImageIndex
-from retrieval.random_model import make_random_siglip
-from retrieval.zeroshot import ZeroShotClassifier
+from retrieval.tools.random_model import make_random_siglip
+from retrieval.tools.zeroshot import ZeroShotClassifier
 
 COS = 0.9999
 SIZES = [(120, 80), (64, 64), (50, 140), (333, 211), (20, 300), (301, 7)]

@@ -13,7 +13,7 @@ import pytest
 from imagegen import make_jpegs
 from test_browser import PAGE, Server, api_ids, browser, open_ui, page, search, serve, shown_ids, wait_for_url
 
-from retrieval.random_model import make_random_siglip
+from retrieval.tools.random_model import make_random_siglip
 
 pytestmark = pytest.mark.slow  # a browser, and the server in a subprocess
 

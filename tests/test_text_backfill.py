@@ -29,7 +29,7 @@ from indexer import build_index, ocr
 from indexer.config import BuildReport
 from retrieval import ImageIndex
 from retrieval.layout import STAGING_PREFIX, checksum_file, read_manifest, write_manifest
-from retrieval.verify import verify_index
+from retrieval.tools.verify import verify_index
 
 N_IMAGES = 10
 # The fake OCR's text by image width: the images are N_IMAGES noise pictures 60, 62, ... px wide.

@@ -18,7 +18,7 @@ from retrieval.encoders import HFClipEncoder
 from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter
 from retrieval.index import ImageIndex
-from retrieval.zeroshot import (
+from retrieval.tools.zeroshot import (
     OPENAI_TEMPLATES,
     SIMPLE_TEMPLATES,
     ImageFolder,

@@ -19,7 +19,7 @@ from ._common import (
 )
 
 if TYPE_CHECKING:
-    from retrieval.zeroshot import Prediction
+    from retrieval.tools.zeroshot import Prediction
 
     from ._common import Subparsers
 
@@ -32,7 +32,7 @@ def run(args: argparse.Namespace) -> int:
     from retrieval.encoders.precision import parse_precision
     from retrieval.index import ImageIndex
     from retrieval.layout import is_index_dir
-    from retrieval.zeroshot import (
+    from retrieval.tools.zeroshot import (
         ZeroShotClassifier,
         check_labels,
         classify_files,

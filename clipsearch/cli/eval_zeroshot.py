@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 def run(args: argparse.Namespace) -> int:
     """Evaluate; print a table, or ``{"classes", "images", "skipped", "acc1", "acc5", ...}`` with ``--json``."""
     from retrieval.encoders import load_encoder
-    from retrieval.zeroshot import ImageFolder, evaluate_folder, resolve_templates
+    from retrieval.tools.zeroshot import ImageFolder, evaluate_folder, resolve_templates
 
     templates = resolve_templates(args.template, args.templates)
     folder = ImageFolder.scan(args.folder)

@@ -12,7 +12,7 @@ from retrieval.errors import InvalidArgumentError
 from ._common import PROG, add_device_arguments, add_precision_argument, add_query_lang_argument, positive_int, print_json
 
 if TYPE_CHECKING:
-    from retrieval.evaluation import EvalReport
+    from retrieval.tools.evaluation import EvalReport
 
     from ._common import Subparsers
 
@@ -24,8 +24,8 @@ def run(args: argparse.Namespace) -> int:
     """Evaluate the index on the queries file (or on its stored captions); print a metrics
     table, or one JSON object with ``--json``."""
     from retrieval.errors import InvalidArgumentError
-    from retrieval.evaluation import caption_queries, evaluate, load_queries, parse_ks
     from retrieval.index import ImageIndex
+    from retrieval.tools.evaluation import caption_queries, evaluate, load_queries, parse_ks
 
     # Inputs are checked before the index and the model are loaded: mistakes fail fast.
     ks = parse_ks(args.k)

@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 
 def run(args: argparse.Namespace) -> int:
     """Verify the index; exit 0 when intact, 1 with one stderr line per damaged file."""
-    from retrieval.verify import verify_index
+    from retrieval.tools.verify import verify_index
 
     report = verify_index(args.index_dir)
     if args.json:

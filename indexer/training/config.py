@@ -39,7 +39,7 @@ class FinetuneConfig:
         data: pairs file for training (``{"path", "caption"}`` JSON Lines).
         out: output directory (a Hugging Face checkpoint at the end).
         model: base checkpoint (hub id or directory); exactly one of this and ``from_config``.
-        from_config: train from scratch: a preset of ``retrieval.random_model.PRESETS`` or a
+        from_config: train from scratch: a preset of ``retrieval.tools.random_model.PRESETS`` or a
             JSON file of ``RandomClipSpec`` fields (initialised with ``seed``).
         val: held-out pairs file, evaluated before training and after each epoch.
         images_root: directory image paths are relative to (default: each pairs file's own).

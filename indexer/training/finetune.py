@@ -5,8 +5,8 @@ InfoNCE loss (:mod:`indexer.training.contrastive`), AdamW (no weight decay on bi
 embeddings and the temperature), a linear warm-up then a cosine decay of the learning rate,
 gradient accumulation (GradCache by default, so accumulating equals a big batch) and a mild
 random crop (:mod:`indexer.training.augment`). The starting point is a checkpoint (``model``) or a
-randomly initialised small CLIP (``from_config``: a :data:`retrieval.random_model.PRESETS`
-name or a JSON file of :class:`~retrieval.random_model.RandomClipSpec` fields).
+randomly initialised small CLIP (``from_config``: a :data:`retrieval.tools.random_model.PRESETS`
+name or a JSON file of :class:`~retrieval.tools.random_model.RandomClipSpec` fields).
 
 Before training and after every epoch, text-to-image retrieval on held-out pairs is measured
 with ``clipsearch eval``'s metric code (:mod:`indexer.training.validate`). The run checkpoints every

@@ -24,7 +24,7 @@ def resolve_spec(spec: str) -> Any:
         InvalidArgumentError: unknown preset and no such file, unreadable JSON, unknown or
             missing fields, or invalid values.
     """
-    from retrieval.random_model import PRESETS, RandomClipSpec
+    from retrieval.tools.random_model import PRESETS, RandomClipSpec
 
     if spec in PRESETS:
         return PRESETS[spec]
@@ -56,7 +56,7 @@ def model_source(config: FinetuneConfig, checkpoint: Path | None) -> Iterator[st
     if checkpoint is not None:
         yield str(checkpoint / MODEL_DIR)
     elif config.from_config is not None:
-        from retrieval.random_model import make_random_clip
+        from retrieval.tools.random_model import make_random_clip
 
         spec = resolve_spec(config.from_config)
         with tempfile.TemporaryDirectory(prefix="clipsearch-from-config-") as tmp:

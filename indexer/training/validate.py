@@ -4,8 +4,8 @@ The held-out pairs become an in-memory index and its queries exactly as ``clipse
 would see them with a queries file written for those images: every distinct image once, one
 query per distinct caption (captions equal character for character are merged, like
 ``data/demo/queries.jsonl``), relevant = the images with that caption. Ranks come from
-:func:`retrieval.evaluation.ranking.exact_ranks` over the L2-normalised embeddings, and MRR, Recall@K
-and their chance levels from :mod:`retrieval.evaluation.metrics`, so the numbers printed while training
+:func:`retrieval.tools.evaluation.ranking.exact_ranks` over the L2-normalised embeddings, and MRR, Recall@K
+and their chance levels from :mod:`retrieval.tools.evaluation.metrics`, so the numbers printed while training
 match ``clipsearch eval`` on an index of the same images (up to the last bits of the
 embeddings).
 """
@@ -21,8 +21,8 @@ import numpy as np
 
 from retrieval.encoders import l2_normalize
 from retrieval.errors import InvalidArgumentError
-from retrieval.evaluation import metrics
-from retrieval.evaluation.ranking import exact_ranks
+from retrieval.tools.evaluation import metrics
+from retrieval.tools.evaluation.ranking import exact_ranks
 
 from .contrastive import encode_images, encode_texts
 

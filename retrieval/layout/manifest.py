@@ -24,7 +24,7 @@ it, who read such an index correctly, only without the checks): ``checksums`` re
 and sha256 of every data file of the generation; ``manifest_digest`` is the sha256 of the
 manifest's own canonical JSON (every key but itself, sorted, compact), so that any change to the
 manifest is detected on open; Parquet files carry page CRCs, verified whenever a page is read.
-Manifests without them are read without these checks; :func:`retrieval.verify.verify_index`
+Manifests without them are read without these checks; :func:`retrieval.tools.verify.verify_index`
 reports the missing checksums, and the next writer of a generation records them.
 """
 

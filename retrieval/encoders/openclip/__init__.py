@@ -21,7 +21,7 @@ model is used, never at import):
 - :mod:`.quiet`: keeping open_clip's logging off the user's terminal.
 
 :func:`write_random_weights` gives a ``local-dir:`` folder random weights (for the offline
-test checkpoints of :mod:`retrieval.random_model`).
+test checkpoints of :mod:`retrieval.tools.random_model`).
 """
 
 from __future__ import annotations

@@ -9,12 +9,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..checks import is_positive_int
-from ..errors import EvaluationError, InvalidArgumentError
+from ...checks import is_positive_int
+from ...errors import EvaluationError, InvalidArgumentError
 from .queries import Query
 
 if TYPE_CHECKING:
-    from ..index import ImageIndex
+    from ...index import ImageIndex
 
 # The seed of ``limit``'s draw: the same index and limit give the same queries on every run.
 DEFAULT_SEED = 0

@@ -19,24 +19,24 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..checks import is_positive_int
-from ..encoders.languages import language_embedder
-from ..errors import (
+from ...checks import is_positive_int
+from ...encoders.languages import language_embedder
+from ...errors import (
     EvaluationError,
     ImageDecodeError,
     InvalidArgumentError,
     QueriesFileError,
 )
-from ..images import DEFAULT_MAX_PIXELS, load_pixels
-from ..index import Hit
-from ..keywords import check_mode
+from ...images import DEFAULT_MAX_PIXELS, load_pixels
+from ...index import Hit
+from ...keywords import check_mode
 from . import metrics
 from .queries import Query
 from .ranking import DEFAULT_BATCH_SIZE, DEFAULT_CHUNK_ROWS, TOP_N, exact_ranks
 from .results import NDCG_K, EvalReport, QueryResult, SkippedQuery
 
 if TYPE_CHECKING:
-    from ..index import ImageIndex
+    from ...index import ImageIndex
 
 DEFAULT_KS: tuple[int, ...] = (1, 5, 10)
 

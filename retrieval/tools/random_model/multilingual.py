@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidArgumentError
+from ...errors import InvalidArgumentError
 
 # Pieces in the scripts the tests query in, so that those texts are not all <unk>.
 _PIECES: tuple[str, ...] = (
@@ -59,7 +59,7 @@ def make_random_multilingual(out_dir: str | os.PathLike[str], preset: str = "nll
     """
     if preset not in MULTILINGUAL_PRESETS:
         raise InvalidArgumentError(f"unknown preset {preset!r}; choose one of {', '.join(MULTILINGUAL_PRESETS)}")
-    from ..encoders.openclip import write_random_weights
+    from ...encoders.openclip import write_random_weights
 
     spec = MULTILINGUAL_PRESETS[preset]
     folder = Path(out_dir).resolve()

@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import InvalidArgumentError
-from ..images import DEFAULT_MAX_PIXELS, load_pixels
+from ...errors import InvalidArgumentError
+from ...images import DEFAULT_MAX_PIXELS, load_pixels
 from .classifier import ZeroShotClassifier, top_labels
 
 if TYPE_CHECKING:
-    from ..encoders import Encoder
-    from ..filters import Filter
-    from ..index import ImageIndex
+    from ...encoders import Encoder
+    from ...filters import Filter
+    from ...index import ImageIndex
 
 # Rows of stored vectors scored at a time: bounds memory on a large index.
 DEFAULT_BATCH_ROWS = 65536

@@ -1,4 +1,4 @@
-"""``python -m retrieval.random_model``: write a random checkpoint and print its path."""
+"""``python -m retrieval.tools.random_model``: write a random checkpoint and print its path."""
 
 from __future__ import annotations
 
@@ -22,7 +22,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         0 on success, 2 on a bad argument (one-line message on stderr), 1 if writing failed.
     """
     parser = argparse.ArgumentParser(
-        prog="python -m retrieval.random_model",
+        prog="python -m retrieval.tools.random_model",
         description="Write a randomly initialised Hugging Face CLIP checkpoint with the real CLIP tokenizer "
         "(or, with a siglip-* preset, a SigLIP checkpoint laid out like SigLIP 2 FixRes; with xlm-roberta-tiny or "
         "nllb-clip-tiny, an open_clip local-dir: folder with that multilingual text tower).",

@@ -21,9 +21,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..checks import is_int
-from ..encoders.base import quiet_transformers
-from ..errors import InvalidArgumentError
+from ...checks import is_int
+from ...encoders.base import quiet_transformers
+from ...errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from transformers import Siglip2Config, SiglipConfig

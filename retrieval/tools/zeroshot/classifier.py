@@ -15,12 +15,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from ..encoders.languages import language_embedder
-from ..errors import InvalidArgumentError
+from ...encoders.languages import language_embedder
+from ...errors import InvalidArgumentError
 from .templates import check_labels, check_template
 
 if TYPE_CHECKING:
-    from ..encoders import Encoder
+    from ...encoders import Encoder
 
 
 @dataclass(frozen=True)

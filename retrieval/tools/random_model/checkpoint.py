@@ -6,9 +6,9 @@ import os
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..checks import is_int
-from ..encoders.base import quiet_transformers
-from ..errors import InvalidArgumentError
+from ...checks import is_int
+from ...encoders.base import quiet_transformers
+from ...errors import InvalidArgumentError
 from .specs import RandomClipSpec, resolve_spec
 from .tokenizer import BOS_TOKEN_ID, CLIP_VOCAB_SIZE, EOS_TOKEN_ID, build_clip_tokenizer
 

@@ -12,7 +12,7 @@ import posixpath
 from collections.abc import Iterable
 from dataclasses import dataclass, field
 
-from ..errors import DatasetError, InvalidArgumentError
+from ...errors import DatasetError, InvalidArgumentError
 
 
 @dataclass(frozen=True)

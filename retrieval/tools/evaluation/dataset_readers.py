@@ -33,9 +33,9 @@ from collections.abc import Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..checks import is_positive_int
-from ..errors import DatasetError, InvalidArgumentError
-from ..jsonl import CAPTION_KEYS, PATH_KEYS, caption_pair, parse_caption_line, read_lines
+from ...checks import is_positive_int
+from ...errors import DatasetError, InvalidArgumentError
+from ...jsonl import CAPTION_KEYS, PATH_KEYS, caption_pair, parse_caption_line, read_lines
 from .captioned_set import CaptionedSet, check_prefix, normalize_image_path
 
 #: Sentences kept per image from Karpathy split files (the 5k/25k COCO and 1k/5k Flickr protocol).

@@ -26,7 +26,7 @@ must stay free for code that only wants :data:`PRESETS`.
 
 Command line::
 
-    python -m retrieval.random_model OUT_DIR [--preset tiny|vit-b-32|vit-l-14|siglip-tiny] [--seed 0]
+    python -m retrieval.tools.random_model OUT_DIR [--preset tiny|vit-b-32|vit-l-14|siglip-tiny] [--seed 0]
 """
 
 from __future__ import annotations

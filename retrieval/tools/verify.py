@@ -24,9 +24,9 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 
-from . import faiss_index, store
-from .errors import ClipSearchError, IndexCorruptError, IndexFormatError, NotAnIndexError, UnsupportedFormatError
-from .layout import MANIFEST_FILE, Manifest, PartRef, checksum_file, read_manifest
+from .. import faiss_index, store
+from ..errors import ClipSearchError, IndexCorruptError, IndexFormatError, NotAnIndexError, UnsupportedFormatError
+from ..layout import MANIFEST_FILE, Manifest, PartRef, checksum_file, read_manifest
 
 # Stored embeddings are L2-normalised in float32: their norms are 1 within a few ulps. A flipped
 # exponent bit gives inf or a norm far from 1; a flipped low mantissa bit is left to the digest.

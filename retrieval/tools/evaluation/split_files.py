@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import DatasetError, InvalidArgumentError
+from ...errors import DatasetError, InvalidArgumentError
 from .captioned_set import CaptionedSet, check_prefix, normalize_image_path
 
 

@@ -26,8 +26,8 @@ from collections.abc import Sequence
 import numpy as np
 from numpy.typing import ArrayLike
 
-from ..checks import is_int, is_positive_int
-from ..errors import InvalidArgumentError
+from ...checks import is_int, is_positive_int
+from ...errors import InvalidArgumentError
 
 # Above this many terms a harmonic-number difference is taken from its asymptotic expansion
 # (error < 1e-20) instead of being summed term by term.

@@ -24,8 +24,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..checks import is_positive_int
-from ..errors import InvalidArgumentError
+from ...checks import is_positive_int
+from ...errors import InvalidArgumentError
 
 if TYPE_CHECKING:
     from transformers import CLIPTokenizer

@@ -30,7 +30,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import EvaluationError, InvalidArgumentError
+from ...errors import EvaluationError, InvalidArgumentError
 
 DEFAULT_BATCH_SIZE = 256
 DEFAULT_CHUNK_ROWS = 65_536

@@ -12,7 +12,7 @@ import json
 import os
 from typing import IO, Any
 
-from ..layout import atomic_write
+from ...layout import atomic_write
 from .captioned_set import CaptionedSet
 
 

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from ..checks import is_positive_int
-from ..errors import InvalidArgumentError
+from ...checks import is_positive_int
+from ...errors import InvalidArgumentError
 
 
 @dataclass(frozen=True)

@@ -33,8 +33,9 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from typing import Any
 
-from .checks import is_int, is_positive_int
-from .errors import InvalidArgumentError
+from retrieval.checks import is_int, is_positive_int
+from retrieval.errors import InvalidArgumentError
+from retrieval.faiss_mapping import format_bytes
 
 FLAT_MAX_ROWS = 50_000
 DEFAULT_MAX_MEMORY = 4 * 1024**3
@@ -78,16 +79,6 @@ def parse_memory(text: str | int) -> int:
     if value < 1:
         raise InvalidArgumentError(f"memory size must be > 0, got {text!r}")
     return value
-
-
-def format_bytes(n: int) -> str:
-    """1536 -> '1.5 KB' (binary units, as :func:`parse_memory` reads them)."""
-    value = float(n)
-    for unit in ("B", "KB", "MB", "GB"):
-        if value < 1024:
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TB"
 
 
 @dataclass(frozen=True)

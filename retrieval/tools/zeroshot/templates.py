@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..errors import InvalidArgumentError
+from ...errors import InvalidArgumentError
 
 DEFAULT_TEMPLATE = "a photo of a {}."
 

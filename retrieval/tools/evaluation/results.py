@@ -11,7 +11,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from ..index import Hit
+from ...index import Hit
 from .queries import Query
 
 NDCG_K = 10

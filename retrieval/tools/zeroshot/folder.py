@@ -14,12 +14,12 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from ..errors import ImageDecodeError, InvalidArgumentError
-from ..images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, load_pixels
+from ...errors import ImageDecodeError, InvalidArgumentError
+from ...images import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, load_pixels
 from .classifier import ZeroShotClassifier
 
 if TYPE_CHECKING:
-    from ..encoders import Encoder
+    from ...encoders import Encoder
 
 
 @dataclass(frozen=True)

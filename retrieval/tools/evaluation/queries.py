@@ -17,8 +17,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from ..errors import InvalidArgumentError, QueriesFileError
-from ..jsonl import read_lines
+from ...errors import InvalidArgumentError, QueriesFileError
+from ...jsonl import read_lines
 
 
 @dataclass(frozen=True)
