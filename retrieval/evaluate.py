@@ -6,10 +6,10 @@ scripts written against those docs keep working.
 
 from __future__ import annotations
 
+from .tools.evaluation.driver import DEFAULT_KS, EvalOptions, evaluate, parse_ks
 from .tools.evaluation.queries import Query, load_queries
 from .tools.evaluation.ranking import canonical_scores, exact_ranks
 from .tools.evaluation.results import EvalReport, QueryResult, SkippedQuery
-from .tools.evaluation.run import DEFAULT_KS, EvalOptions, evaluate, parse_ks
 from .tools.evaluation.stored_captions import caption_queries
 
 __all__ = [

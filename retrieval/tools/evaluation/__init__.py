@@ -24,10 +24,10 @@ from . import metrics
 from .captioned_set import CaptionedSet
 from .dataset_readers import load_captions_csv, load_captions_jsonl, load_dataset, load_karpathy
 from .dataset_writers import queries_of, write_image_list, write_queries
+from .driver import DEFAULT_KS, EvalOptions, evaluate, parse_ks
 from .queries import Query, load_queries
 from .ranking import canonical_scores, exact_ranks
 from .results import EvalReport, QueryResult, SkippedQuery
-from .run import DEFAULT_KS, EvalOptions, evaluate, parse_ks
 from .split_files import apply_split_file
 from .stored_captions import caption_queries
 

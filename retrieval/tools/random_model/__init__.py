@@ -31,11 +31,8 @@ Command line::
 
 from __future__ import annotations
 
-from .checkpoint import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PROCESSOR_LAYOUTS, clip_config, make_random_clip
 from .cli import main
-from .siglip import SIGLIP_PRESETS, RandomSiglipSpec, make_random_siglip
-from .specs import PRESETS, RandomClipSpec
-from .tokenizer import (
+from .offline_tokenizer import (
     BOS_TOKEN,
     BOS_TOKEN_ID,
     CLIP_NUM_MERGES,
@@ -45,6 +42,9 @@ from .tokenizer import (
     build_clip_tokenizer,
     clean_text_like_open_clip,
 )
+from .siglip import SIGLIP_PRESETS, RandomSiglipSpec, make_random_siglip
+from .specs import PRESETS, RandomClipSpec
+from .writer import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PROCESSOR_LAYOUTS, clip_config, make_random_clip
 
 __all__ = [
     "BOS_TOKEN",

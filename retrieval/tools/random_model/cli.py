@@ -6,10 +6,10 @@ import argparse
 import sys
 from collections.abc import Sequence
 
-from .checkpoint import make_random_clip
 from .multilingual import MULTILINGUAL_PRESETS, make_random_multilingual
 from .siglip import SIGLIP_PRESETS, make_random_siglip
 from .specs import PRESETS
+from .writer import make_random_clip
 
 
 def main(argv: Sequence[str] | None = None) -> int:

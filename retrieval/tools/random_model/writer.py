@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 from ...checks import is_int
 from ...encoders.base import quiet_transformers
 from ...errors import InvalidArgumentError
+from .offline_tokenizer import BOS_TOKEN_ID, CLIP_VOCAB_SIZE, EOS_TOKEN_ID, build_clip_tokenizer
 from .specs import RandomClipSpec, resolve_spec
-from .tokenizer import BOS_TOKEN_ID, CLIP_VOCAB_SIZE, EOS_TOKEN_ID, build_clip_tokenizer
 
 if TYPE_CHECKING:
     from transformers import CLIPConfig
