@@ -32,7 +32,7 @@ def astronaut() -> Image.Image:
 
 @pytest.fixture(scope="module")
 def finder() -> FaceFinder:
-    return FaceFinder(FaceOptions(min_score=0.3))
+    return FaceFinder()  # the defaults
 
 
 def _inside(box: tuple[float, float, float, float], region: tuple[float, float, float, float]) -> bool:
@@ -44,7 +44,7 @@ def test_finds_the_face_with_box_landmarks_and_descriptor(astronaut: Image.Image
     faces = finder.find(astronaut)
     assert len(faces) == 1
     face = faces[0]
-    assert _inside(face.box, FACE_REGION) and 60 < face.size < 140 and face.score >= 0.3
+    assert _inside(face.box, FACE_REGION) and 60 < face.size < 140 and face.score >= 0.5
     assert face.landmarks.shape == (5, 2) and face.landmarks.dtype == np.float32
     left, top, right, bottom = face.box
     assert ((face.landmarks[:, 0] >= left - 5) & (face.landmarks[:, 0] <= right + 5)).all()
@@ -81,7 +81,7 @@ def test_a_large_photo_is_detected_on_a_copy_and_described_at_full_size(astronau
 def test_no_face_and_too_small_faces_give_nothing(astronaut: Image.Image, finder: FaceFinder) -> None:
     assert finder.find(Image.new("RGB", (640, 480), (128, 128, 128))) == []
     assert finder.find(Image.new("RGB", (1, 1))) == []
-    assert FaceFinder(FaceOptions(min_size=150, min_score=0.3)).find(astronaut) == []
+    assert FaceFinder(FaceOptions(min_size=150)).find(astronaut) == []
 
 
 @pytest.mark.parametrize(

@@ -45,10 +45,10 @@ _RESNET_FILE = "dlib_face_recognition_resnet_model_v1.dat"
 class FaceOptions:
     """What counts as a face worth keeping, and how hard the detector looks."""
 
-    min_size: int = 40
+    min_size: int = 32
     """Smallest face kept, in pixels of the image (the shorter side of its box)."""
-    min_score: float = 0.0
-    """Lowest detector score kept (HOG's margin; below 0 mostly finds faces that are not there)."""
+    min_score: float = 0.5
+    """Lowest detector score kept (HOG's margin; lower finds more faces that are not there)."""
     max_side: int = 1024
     """Longer side of the copy the detector reads (the descriptor reads the image itself)."""
     upsample: int = 1
