@@ -45,6 +45,8 @@ from .discover import Discovery, check_photos_dir, find_images
 from .engine import Engine
 from .engines import LOADS_ITS_OWN_MODEL, open_engine
 from .exclusions import WalkOptions, load_exclusions, recorded_walk
+from .faces import detect as faces_detect
+from .faces import stage as faces_stage
 from .heap import retained_heap
 from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
@@ -188,6 +190,8 @@ def _start(
     keywords.check_engine()  # this Python's SQLite has FTS5 with trigrams
     if cfg.ocr:
         ocr.check_engine()  # a missing engine fails in one line, before any work
+    if cfg.faces:
+        faces_detect.check_engine()
     with contextlib.ExitStack() as stack:
         # Opened before the walk and the model: a cluster that does not answer fails in seconds.
         engine = stack.enter_context(open_engine(cfg))
@@ -292,6 +296,9 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
     writer.record_skips(SkipRecord(rel, why) for rel, why in job.found.missing)
     writer.record_skips(plan.carried_skips)
     stats, cpu_level = _embed(job, previous, plan, writer)
+    t0 = time.perf_counter()
+    face_stats = _find_faces(job, writer)
+    stats.write_seconds += time.perf_counter() - t0 - face_stats.seconds
     up_to_date = (
         previous is not None
         and previous.complete
@@ -302,6 +309,9 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
         # An index without its keyword side (built before it) or another --ocr gets a generation.
         and previous.keywords is not None
         and previous.keywords.ocr == writer.meta.ocr
+        # --faces turned on or off, or faces still to find.
+        and (previous.faces is None) == (writer.meta.faces is None)
+        and (previous.faces is None or previous.faces.complete)
         and sorted((s.path, s.reason) for s in writer.skipped) == sorted((s.path, s.reason) for s in base.old_skips)
     )
     t0 = time.perf_counter()
@@ -309,7 +319,7 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
         writer.finish(progress=(lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if job.cfg.progress else None)
     stats.write_seconds += time.perf_counter() - t0
     resumed = interrupted_before or (previous is not None and not previous.complete)
-    return _report(job, plan, writer, stats, resumed=resumed, cpu_level=cpu_level)
+    return _report(job, plan, writer, stats, face_stats, resumed=resumed, cpu_level=cpu_level)
 
 
 def _open_base(job: _Job) -> _Base:
@@ -330,7 +340,7 @@ def _open_base(job: _Job) -> _Base:
     options = ann.choose_options(previous, index_type=cfg.index_type, max_memory=cfg.max_memory, target_recall=cfg.target_recall)
     # A factory string FAISS rejects fails here, before any image is embedded.
     ann.check_options(options, enc.dim, max(len(job.found.files), previous.count if previous is not None else 0))
-    writer = GenerationWriter(out, _meta(job, options, ocr_of(cfg, previous), previous), previous)
+    writer = GenerationWriter(out, _meta(job, options, ocr_of(cfg, previous), faces_of(cfg, previous), previous), previous)
     options_changed = previous is not None and dict(previous.index_options) != options.to_dict()
     if options_changed:
         writer.drop_faiss(options.to_dict())
@@ -342,6 +352,14 @@ def ocr_of(cfg: BuildConfig, previous: Manifest | None) -> bool:
     """Whether this run recognises text: ``cfg.ocr`` when given, else what the index recorded (on
     an index embedded without it, :mod:`indexer.backfill` reads the text of its images)."""
     return cfg.ocr if cfg.ocr is not None else _ocr_recorded(previous)
+
+
+def faces_of(cfg: BuildConfig, previous: Manifest | None) -> dict[str, Any] | None:
+    """The face settings of this run (None: it finds no faces): ``cfg.faces`` when given, else
+    what the index recorded; an index that recorded settings keeps them."""
+    recorded = previous.faces.options if previous is not None and previous.faces is not None else None
+    wanted = cfg.faces if cfg.faces is not None else recorded is not None
+    return faces_stage.face_options(recorded) if wanted else None
 
 
 def _ocr_recorded(previous: Manifest | None) -> bool:  # OCR has read every row (the manifest says so)
@@ -365,7 +383,7 @@ def _preprocess_record(job: _Job, decode: calibrate.DecodeChoice) -> dict[str, A
     return {**job.enc.preprocess.to_dict(), **decode.record()}
 
 
-def _meta(job: _Job, options: IndexOptions, ocr: bool, previous: Manifest | None) -> IndexMeta:
+def _meta(job: _Job, options: IndexOptions, ocr: bool, faces: dict[str, Any] | None, previous: Manifest | None) -> IndexMeta:
     enc = job.enc
     return IndexMeta(
         model=enc.name,
@@ -378,6 +396,7 @@ def _meta(job: _Job, options: IndexOptions, ocr: bool, previous: Manifest | None
         index_options=options.to_dict(),
         discovery=job.walk.to_dict(),
         ocr=ocr,
+        faces=faces,
     )
 
 
@@ -421,7 +440,20 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
         return stats, cpu_level
 
 
-def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats, *, resumed: bool, cpu_level: str) -> BuildReport:
+def _find_faces(job: _Job, writer: GenerationWriter) -> faces_stage.FaceStats:
+    """--faces: the faces of every row not read yet (rows just embedded, or an index embedded
+    without it), found here whatever the engine."""
+    return faces_stage.read_missing_faces(
+        writer, job.images, workers=os.cpu_count() or 1, commit=lambda: writer.commit(complete=False),
+        chunk=min(job.cfg.commit_every, faces_stage.CHUNK),
+        max_pixels=job.cfg.max_pixels, progress=job.cfg.progress, stop=job.stop,
+    )
+
+
+def _report(
+    job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats, faces: faces_stage.FaceStats, *, resumed: bool,
+    cpu_level: str,
+) -> BuildReport:
     seconds = time.perf_counter() - job.start
     facts = job.engine.facts(job.enc)
     return BuildReport(
@@ -454,6 +486,11 @@ def _report(job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunSta
         text_notes=stats.text_notes,
         with_ocr_text=stats.with_ocr_text,
         text_read=stats.text_read,
+        faces_read=faces.read,
+        faces_found=faces.faces,
+        faces_notes=faces.notes,
+        faces=writer.current.faces.faces if writer.current is not None and writer.current.faces is not None else 0,
+        people=writer.current.faces.people if writer.current is not None and writer.current.faces is not None else 0,
         actors=facts.actors,
         cluster_resources=dict(facts.resources),
         ray_write=stats.written_by,

@@ -47,6 +47,8 @@ from retrieval.version import __version__
 
 from . import ann
 from .ann import FaissInfo
+from .faces.side import FaceTables, PreviousFaces, rekeyed, row_keys
+from .faces.side import write_side as write_faces_side
 from .keywords import PreviousKeywords, write_side
 from .parts import PartSource, group_parts, link_part, write_part
 from .plan import IndexedFacts
@@ -73,6 +75,8 @@ class IndexMeta:
     discovery: Mapping[str, Any] = field(default_factory=dict)
     # Whether this build recognises text in the pixels (index --ocr), recorded with the keyword side.
     ocr: bool = False
+    # The face settings where this build finds faces (index --faces), recorded with the faces side.
+    faces: Mapping[str, Any] | None = None
 
 
 class GenerationWriter:
@@ -94,6 +98,12 @@ class GenerationWriter:
         self._keywords: PreviousKeywords | None = None
         if base is not None and base.keywords is not None:
             self._keywords = PreviousKeywords(base.keywords, index_dir / base.keywords.path, base.keywords.rows)
+        # The last faces side and how many of its first ids still hold (indexer.faces.side), and
+        # the tables the faces stage made for the next commit.
+        self._faces: PreviousFaces | None = None
+        if base is not None and base.faces is not None:
+            self._faces = PreviousFaces(base.faces, index_dir / base.faces.path, index_dir / base.faces.read_path, base.faces.rows)
+        self._new_faces: FaceTables | None = None
         # Checksums of the committed files by path, carried to the next generation with the
         # files it links (a generation of a version-2 index written before checksums has none:
         # its files are hashed when first linked, which is how such an index gets them).
@@ -159,6 +169,8 @@ class GenerationWriter:
             return
         if self._keywords is not None:
             self._keywords = dataclasses.replace(self._keywords, valid_rows=min(self._keywords.valid_rows, first))
+        if self._faces is not None:
+            self._faces = dataclasses.replace(self._faces, valid_rows=min(self._faces.valid_rows, first))
         split = 0
         while split < len(self._parts) and self._parts[split][0].first_id + self._parts[split][0].rows <= first:
             split += 1
@@ -240,6 +252,25 @@ class GenerationWriter:
         """Add files to the skip list that the next commit writes (files with no row)."""
         self.skipped.extend(records)
 
+    def face_tables(self) -> FaceTables:
+        """The faces side over the committed rows, with their current ids (the tables handed to
+        :meth:`set_faces`, else the last side's, matched to the rows again if they moved)."""
+        if self.tail_pending:
+            raise RuntimeError("face_tables() needs the queued rows committed first")
+        options = dict(self.meta.faces or {})
+        if self._new_faces is not None:
+            return self._new_faces
+        if self._faces is None or dict(self._faces.ref.options) != options:
+            return FaceTables.empty(options)
+        tables = self._faces.tables()
+        return tables if self._faces.ids_hold else rekeyed(tables, row_keys([path for _, path in self._parts]))
+
+    def set_faces(self, tables: FaceTables) -> None:
+        """Make ``tables`` (ids of the committed rows) the faces side of the next commit."""
+        if self.tail_pending:
+            raise RuntimeError("set_faces() needs the queued rows committed first")
+        self._new_faces = tables
+
     def set_model_info(self, model_info: Mapping[str, Any]) -> None:
         """Record ``model_info`` (e.g. the precision a run resolved) in every later manifest."""
         self.meta = dataclasses.replace(self.meta, model_info=dict(model_info))
@@ -286,6 +317,7 @@ class GenerationWriter:
                 staged.append(staging / name)
             count = new_parts[-1][0].first_id + new_parts[-1][0].rows if new_parts else 0
             keywords = write_side(staging, gen_rel, count, staged, self._keywords, self.meta.ocr and not self.text_pending)
+            faces = write_faces_side(staging, gen_rel, count, staged, self._faces, self._new_faces, self.meta.faces)
             faiss_ref: FaissRef | None = None
             info = FaissInfo()
             if faiss is not None:
@@ -329,6 +361,7 @@ class GenerationWriter:
                 checksums=sums,
                 discovery=dict(self.meta.discovery),
                 keywords=keywords,
+                faces=faces,
                 format_version=format_version_for(info.factory, [ref for ref, _ in new_parts]),
             )
             crash_point("staged")
@@ -347,6 +380,8 @@ class GenerationWriter:
         self._faiss_info = info
         self._sums = sums
         self._keywords = PreviousKeywords(keywords, self.dir / keywords.path, count)
+        self._faces = None if faces is None else PreviousFaces(faces, self.dir / faces.path, self.dir / faces.read_path, count)
+        self._new_faces = None
         self._committed = count
         self._records, self._vectors, self._rewrite_tail = [], [], None
         self.current = manifest

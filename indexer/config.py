@@ -227,6 +227,15 @@ class BuildConfig:
             group=_WALK,
         ),
     )
+    faces: bool | None = field(
+        default=None,
+        metadata=option(
+            "find the faces in the images and group them into people, with dlib (pip install 'clipsearch[faces]'); "
+            "added to an indexed collection without embedding it again; recorded in the index, --no-faces turns it off",
+            default_text="what the index recorded; off for a new index",
+            group=_WALK,
+        ),
+    )
     engine: str = field(
         default="local",
         metadata=option(
@@ -310,6 +319,8 @@ class BuildConfig:
             raise InvalidArgumentError(f"commit_seconds must be > 0, got {self.commit_seconds}")
         if self.ocr not in (None, True, False):
             raise InvalidArgumentError(f"ocr must be True, False or None, got {self.ocr!r}")
+        if self.faces not in (None, True, False):
+            raise InvalidArgumentError(f"faces must be True, False or None, got {self.faces!r}")
         if self.include_hidden not in (None, True, False):
             raise InvalidArgumentError(f"include_hidden must be True, False or None, got {self.include_hidden!r}")
         if isinstance(self.exclude, (str, list)):
@@ -453,6 +464,13 @@ class BuildReport:
     text_notes: int = 0
     with_ocr_text: int = 0
     text_read: int = 0
+    # index --faces: images the detector read this run, the faces it found in them, the images it
+    # could not read; and, over the whole index, the faces and the people they form.
+    faces_read: int = 0
+    faces_found: int = 0
+    faces_notes: int = 0
+    faces: int = 0
+    people: int = 0
     # Ray runs only: the encoder actors and the cluster's resources (ray.cluster_resources()).
     actors: int = 0
     cluster_resources: dict[str, float] = field(default_factory=dict)

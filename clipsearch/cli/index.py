@@ -62,6 +62,11 @@ def _print_report(args: argparse.Namespace, report: BuildReport) -> None:
     )
     if report.text_read:
         print(f"{PROG}: text read for {report.text_read} images without re-embedding", file=sys.stderr, flush=True)
+    if report.faces_read or report.faces_notes:
+        print(f"{PROG}: faces: {report.faces_found} found in {report.faces_read} images read this run, "
+              f"{report.faces} in the index forming {report.people} people"
+              + (f"; {report.faces_notes} images could not be read for faces" if report.faces_notes else ""),
+              file=sys.stderr, flush=True)
     if report.text_notes:
         print(f"{PROG}: {report.text_notes} images indexed without some of their text (metadata ignored as malformed "
               "or too large, or OCR could not read the image)", file=sys.stderr, flush=True)

@@ -46,6 +46,8 @@ from .checksums import CHECKSUM_ALGORITHM, FileChecksum, checksum_file
 from .durable import atomic_write, fsync_tree, publish_generation
 from .filenames import (
     EMBEDDINGS_DIR,
+    FACES_FILE,
+    FACES_READ_FILE,
     FAISS_FILE,
     GENERATION_PREFIX,
     KEYWORDS_FILE,
@@ -64,6 +66,7 @@ from .manifest import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_DIGEST_KEY,
+    FacesRef,
     FaissRef,
     KeywordsRef,
     Manifest,
@@ -75,6 +78,9 @@ from .manifest import (
 )
 from .paths_file import PATHS_CRC_MAGIC, PATHS_HEADER, PATHS_MAGIC, paths_file_of, write_paths_file
 from .schemas import (
+    FACE_DESCRIPTOR_DIM,
+    FACES_READ_SCHEMA,
+    FACES_SCHEMA,
     FILE_ID_KEY,
     PHOTO_COLUMNS,
     SAMPLE_COLUMNS,
@@ -88,6 +94,12 @@ from .schemas import (
 __all__ = [
     "CHECKSUM_ALGORITHM",
     "EMBEDDINGS_DIR",
+    "FACE_DESCRIPTOR_DIM",
+    "FACES_FILE",
+    "FACES_READ_FILE",
+    "FACES_READ_SCHEMA",
+    "FACES_SCHEMA",
+    "FacesRef",
     "FAISS_FILE",
     "KEYWORDS_FILE",
     "FILE_ID_KEY",

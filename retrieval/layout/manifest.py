@@ -142,6 +142,56 @@ class KeywordsRef:
 
 
 @dataclass(frozen=True)
+class FacesRef:
+    """The faces side of a generation (``index --faces``, :mod:`indexer.faces`): the faces found
+    (``path``, :data:`~retrieval.layout.schemas.FACES_SCHEMA`) and the images read
+    (``read_path``), each file with its own checksum.
+
+    Recorded under ``faces`` rather than in ``checksums``, like the keyword side, so that a
+    reader that does not know the key ignores the whole side. ``read`` of the generation's rows
+    have been read (all of them when ``read == rows``); ``faces`` is the number of faces,
+    ``people`` the number of people they form; ``options`` are the detector's and the grouping's
+    settings, which later runs keep.
+    """
+
+    path: str
+    read_path: str
+    rows: int
+    read: int
+    faces: int
+    people: int
+    checksum: FileChecksum
+    read_checksum: FileChecksum
+    options: Mapping[str, Any] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        _check_relative(self.path, "the faces path")
+        _check_relative(self.read_path, "the faces read path")
+        if min(self.rows, self.read, self.faces, self.people) < 0 or self.read > self.rows:
+            raise ValueError(f"faces counts must be >= 0 and read <= rows (rows {self.rows}, read {self.read})")
+        if not isinstance(self.options, Mapping):
+            raise ValueError("faces options must be a mapping")
+
+    @property
+    def complete(self) -> bool:
+        """Whether every row of the generation has been read."""
+        return self.read == self.rows
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        data["options"] = dict(self.options)
+        return data
+
+    @classmethod
+    def from_dict(cls, data: Mapping[str, Any]) -> FacesRef:
+        return cls(
+            path=data["path"], read_path=data["read_path"], rows=int(data["rows"]), read=int(data["read"]),
+            faces=int(data["faces"]), people=int(data["people"]), checksum=FileChecksum(**data["checksum"]),
+            read_checksum=FileChecksum(**data["read_checksum"]), options=dict(data.get("options") or {}),
+        )
+
+
+@dataclass(frozen=True)
 class Manifest:
     """The contents of ``manifest.json``.
 
@@ -180,6 +230,7 @@ class Manifest:
             left nothing out; their next update records the defaults).
         keywords: the keyword side (:class:`KeywordsRef`), None in indexes built before it
             (their next ``index`` run adds it without embedding again).
+        faces: the faces side (:class:`FacesRef`), None in indexes built without ``--faces``.
     """
 
     model: str
@@ -207,6 +258,7 @@ class Manifest:
     checksums: Mapping[str, FileChecksum] = field(default_factory=dict)
     discovery: Mapping[str, Any] = field(default_factory=dict)
     keywords: KeywordsRef | None = None
+    faces: FacesRef | None = None
     format: str = FORMAT_NAME
     format_version: int = FORMAT_VERSION
 
@@ -247,6 +299,8 @@ class Manifest:
             raise ValueError(f"checksums do not cover the generation's files (missing {missing}, unknown {extra})")
         if self.keywords is not None and self.keywords.rows != self.count:
             raise ValueError(f"the keyword side holds {self.keywords.rows} rows for count {self.count}")
+        if self.faces is not None and self.faces.rows != self.count:
+            raise ValueError(f"the faces side covers {self.faces.rows} rows for count {self.count}")
 
     def files(self) -> dict[str, str]:
         """Every data file of this generation: relative path -> kind (``part``, ``paths``,
@@ -275,6 +329,10 @@ class Manifest:
             del data["keywords"]  # an index without one is written as before it existed
         else:
             data["keywords"]["sources"] = list(self.keywords.sources)
+        if self.faces is None:
+            del data["faces"]
+        else:
+            data["faces"] = self.faces.to_dict()
         return data
 
     @classmethod
@@ -311,6 +369,7 @@ class Manifest:
             kwargs["faiss"] = FaissRef(**data["faiss"]) if data.get("faiss") is not None else None
             kwargs["checksums"] = {str(k): FileChecksum(**v) for k, v in (data.get("checksums") or {}).items()}
             kwargs["keywords"] = KeywordsRef.from_dict(data["keywords"]) if data.get("keywords") is not None else None
+            kwargs["faces"] = FacesRef.from_dict(data["faces"]) if data.get("faces") is not None else None
             return cls(**kwargs)
         except KeyError as exc:
             raise IndexFormatError(f"{where} is damaged (missing {exc})") from exc

@@ -87,6 +87,36 @@ SAMPLE_COLUMNS: tuple[pa.Field, ...] = (
 )
 
 
+# The faces side of a generation (``index --faces``; indexer.faces). Both files name each image
+# by its row ``id`` in this generation and by ``path_bytes`` + ``content_hash``, the key that
+# carries a face across an update that renumbers the rows. ``faces.parquet``: one row per face,
+# its box in the image's pixels (EXIF-oriented), the detector's score, five landmarks (x, y
+# pairs), dlib's 128-d descriptor and its ``person`` (-1: nobody yet). ``faces_read.parquet``: one
+# row per image the detector has read, with the faces it kept (0 included) and a ``note`` where it
+# could not read the image; an image without a row there has not been read yet.
+FACE_KEY_COLUMNS: tuple[pa.Field, ...] = (
+    pa.field("id", pa.int64(), nullable=False),
+    pa.field("path_bytes", pa.binary(), nullable=False),
+    pa.field("content_hash", pa.string(), nullable=False),
+)
+FACE_DESCRIPTOR_DIM = 128
+FACES_SCHEMA = pa.schema(
+    [
+        *FACE_KEY_COLUMNS,
+        pa.field("face", pa.int16(), nullable=False),
+        pa.field("left", pa.float32(), nullable=False),
+        pa.field("top", pa.float32(), nullable=False),
+        pa.field("right", pa.float32(), nullable=False),
+        pa.field("bottom", pa.float32(), nullable=False),
+        pa.field("score", pa.float32(), nullable=False),
+        pa.field("landmarks", pa.list_(pa.float32(), 10), nullable=False),
+        pa.field("descriptor", pa.list_(pa.float32(), FACE_DESCRIPTOR_DIM), nullable=False),
+        pa.field("person", pa.int64(), nullable=False),
+    ]
+)
+FACES_READ_SCHEMA = pa.schema([*FACE_KEY_COLUMNS, pa.field("faces", pa.int16(), nullable=False), pa.field("note", pa.string())])
+
+
 SKIPPED_SCHEMA = pa.schema(
     [
         pa.field("path", pa.string(), nullable=False),

@@ -23,10 +23,11 @@ from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.parquet as pq
 
 from .. import faiss_index, store
 from ..errors import ClipSearchError, IndexCorruptError, IndexFormatError, NotAnIndexError, UnsupportedFormatError
-from ..layout import MANIFEST_FILE, Manifest, PartRef, checksum_file, read_manifest
+from ..layout import FACES_READ_SCHEMA, FACES_SCHEMA, MANIFEST_FILE, Manifest, PartRef, checksum_file, read_manifest
 
 # Stored embeddings are L2-normalised in float32: their norms are 1 within a few ulps. A flipped
 # exponent bit gives inf or a norm far from 1; a flipped low mantissa bit is left to the digest.
@@ -184,6 +185,10 @@ def _verify_once(root: Path, sample: int, start: float) -> VerifyReport:
         problem = _check_skipped(root, manifest)
         if problem is not None:
             problems.append(problem)
+    if manifest.faces is not None and not {manifest.faces.path, manifest.faces.read_path} & damaged:
+        problem = _check_faces(root, manifest)
+        if problem is not None:
+            problems.append(problem)
     sampled = 0
     if manifest.faiss is None:
         notes.append("no FAISS file: readers build the index from the stored vectors on open")
@@ -224,6 +229,12 @@ def _check_digests(root: Path, manifest: Manifest, problems: list[Problem]) -> t
         # The keyword side carries its own checksum (see retrieval.layout.KeywordsRef).
         kinds[manifest.keywords.path] = "keywords"
         recorded_sums[manifest.keywords.path] = manifest.keywords.checksum
+    if manifest.faces is not None:
+        # So does the faces side, one checksum per file (see retrieval.layout.FacesRef).
+        kinds[manifest.faces.path] = "faces"
+        recorded_sums[manifest.faces.path] = manifest.faces.checksum
+        kinds[manifest.faces.read_path] = "faces_read"
+        recorded_sums[manifest.faces.read_path] = manifest.faces.read_checksum
     for rel, kind in kinds.items():
         path = root / rel
         fix = store.fix_for(root, manifest, rel)
@@ -330,6 +341,33 @@ def _first_difference(paths: store.PathTable, chunks: Sequence[pa.Array]) -> int
     byte = np.flatnonzero(stored != expected)
     if len(byte):
         return int(np.searchsorted(offsets, byte[0], side="right") - 1)
+    return None
+
+
+def _check_faces(root: Path, manifest: Manifest) -> Problem | None:
+    """The faces side agrees with its record and the rows: its counts, ids and descriptors."""
+    ref = manifest.faces
+    assert ref is not None
+    fix = store.fix_for(root, manifest, ref.path)
+    try:
+        faces = pq.read_table(root / ref.path)
+        read = pq.read_table(root / ref.read_path)
+        faces.cast(FACES_SCHEMA)
+        read.cast(FACES_READ_SCHEMA)
+    except (OSError, pa.ArrowException) as exc:
+        return Problem(ref.path, "unreadable", f"the faces side cannot be read: {exc}", fix)
+    ids = read.column("id").to_numpy()
+    if read.num_rows != ref.read or faces.num_rows != ref.faces:
+        return Problem(ref.path, "rows", f"{faces.num_rows} faces in {read.num_rows} images read, the manifest records "
+                       f"{ref.faces} in {ref.read}", fix)
+    if len(ids) and (ids.min() < 0 or ids.max() >= manifest.count or len(np.unique(ids)) != len(ids)):
+        return Problem(ref.read_path, "ids", f"image ids outside 0..{manifest.count - 1} or repeated", fix)
+    face_ids = faces.column("id").to_numpy()
+    if not np.isin(face_ids, ids).all():
+        return Problem(ref.path, "ids", "faces of images the side does not record as read", fix)
+    descriptors = np.asarray(faces.column("descriptor").combine_chunks().flatten(), dtype=np.float32)
+    if not np.isfinite(descriptors).all():
+        return Problem(ref.path, "values", "face descriptors that are not finite numbers", fix)
     return None
 
 
