@@ -14,8 +14,9 @@ A benchmark script keeps only what it measures; its ``main`` reads::
 
 :meth:`Bench.report` prints the record as one JSON line first (the line tests and scripts
 read), with the date, the command line and :func:`_common.machine_facts` under ``machine``;
-then the table, ending with the machine in words; and writes the record to ``--json-out``
-when given. ``_common.machine_facts`` stays the one description of the machine.
+then, where a benchmark's rows are read one by one, a JSON line per row; then the table,
+ending with the machine in words; and writes the record to ``--json-out`` when given.
+``_common.machine_facts`` stays the one description of the machine.
 """
 
 from __future__ import annotations
@@ -99,13 +100,16 @@ class Bench:
         print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
         return status
 
-    def report(self, fields: dict[str, Any], table: Iterable[str]) -> dict[str, Any]:
-        """Print the record as one JSON line, then ``table`` and the machine line; write the record
-        to ``--json-out`` if given. Returns the record: ``fields`` with ``date`` (unless given),
-        ``command`` and ``machine`` added."""
+    def report(self, fields: dict[str, Any], table: Iterable[str], rows: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+        """Print the record as one JSON line, then each of ``rows`` as a JSON line of its own (with
+        the record's ``date`` and ``machine``: a line a script can read alone), then ``table`` and
+        the machine line; write the record to ``--json-out`` if given. Returns the record:
+        ``fields`` with ``date`` (unless given), ``command`` and ``machine`` added."""
         record = {**fields, "date": fields.get("date", time.strftime("%Y-%m-%d")), "command": self.command,
                   "machine": machine_facts()}
         print(json.dumps(record, ensure_ascii=False), flush=True)
+        for row in rows:
+            print(json.dumps({**row, "date": record["date"], "machine": record["machine"]}, ensure_ascii=False))
         json_out = getattr(self.args, "json_out", None)
         if json_out is not None:
             json_out.parent.mkdir(parents=True, exist_ok=True)
