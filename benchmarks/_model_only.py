@@ -21,25 +21,17 @@ from __future__ import annotations
 import contextlib
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 from _peers import Embed, _normalise, describe, export_vision, vision_pipelines
 
 
-@contextlib.contextmanager
-def env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
+def env(name: str, value: str) -> contextlib.AbstractContextManager[Any]:
+    """``name=value`` in this process's environment for the block, the environment as it was after."""
+    return mock.patch.dict(os.environ, {name: value})
 
 
 def decode_batches(files: list[Path], model_dir: Path, batch_size: int) -> list[np.ndarray]:
@@ -169,7 +161,7 @@ def table(result: dict[str, Any]) -> list[str]:
     return lines
 
 
-def onnx_cache(path: Path) -> contextlib.AbstractContextManager[None]:
+def onnx_cache(path: Path) -> contextlib.AbstractContextManager[Any]:
     """ONNX exports of this run in its work directory, not the user's cache."""
     from retrieval.encoders.runtime.export import ONNX_CACHE_ENV
 
