@@ -27,7 +27,7 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -58,6 +58,32 @@ def parser(prog: str, doc: str | None, *shared: str) -> argparse.ArgumentParser:
         p.add_argument(flag, **kwargs)
     p.add_argument("--json-out", type=Path, metavar="PATH", help="also write the JSON record here (indented)")
     return p
+
+
+def note(message: str) -> None:
+    """A progress line while a benchmark runs, ``# message`` on stderr (stdout is the report's)."""
+    print(f"# {message}", file=sys.stderr, flush=True)
+
+
+def listed(kind: Callable[[str], Any] = str, choices: Sequence[str] | None = None) -> Callable[[str], list[Any]]:
+    """An argparse type for a comma-separated list (``--sizes 10_000,100_000``): each item through
+    ``kind`` (``int``: a count, at least 1), one of ``choices`` where given; an empty list is wrong."""
+
+    def parse(text: str) -> list[Any]:
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        if choices is not None and any(i not in choices for i in items):
+            raise argparse.ArgumentTypeError(f"choose from {','.join(choices)}, got {text!r}")
+        try:
+            values = [kind(i) for i in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
+        if kind is int and any(v < 1 for v in values):
+            raise argparse.ArgumentTypeError(f"values must be >= 1, got {text!r}")
+        return values
+
+    return parse
 
 
 def machine_line(machine: dict[str, Any]) -> str:

@@ -42,7 +42,7 @@ import time
 from pathlib import Path
 
 from _common import ROOT, StackSampler, peak_rss_mb
-from _harness import Bench
+from _harness import Bench, note
 
 # SigLIP shapes (retrieval.random_model.siglip): the naive loop is then the SigLIP model's own
 # processor and get_image_features, as for CLIP.
@@ -288,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             if sampler is not None:
                 path = sampler.write(args.sample_stacks / f"stacks-{mode}.txt")
                 runs[mode]["stack_samples"] = {"file": str(path), "samples": sampler.samples}
-                print(f"stacks of the {mode} build: {path} ({sampler.samples} samples)", file=sys.stderr)
+                note(f"stacks of the {mode} build: {path} ({sampler.samples} samples)")
         ours_rss = peak_rss_mb()
         base_files = files[: args.baseline_images] if args.baseline_images else files
         # The naive loop at the build's batch size.

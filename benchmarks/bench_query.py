@@ -52,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import latency_summary, peak_rss_mb
-from _harness import Bench
+from _harness import Bench, listed
 
 from clipsearch.cli import int_at_least
 
@@ -387,23 +387,14 @@ def measure_size(
     return result
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(s.replace("_", "")) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"sizes must be comma-separated integers, got {text!r}") from None
-    if not sizes or any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be integers >= 1, got {text!r}")
-    return sizes
-
-
 _positive = int_at_least(1)
 
 
 def main(argv: list[str] | None = None) -> int:
     bench = Bench("bench_query", __doc__, "seed", "work_dir")
     parser = bench.parser
-    parser.add_argument("--sizes", type=_sizes, default=[10_000, 100_000, 1_000_000], help="index sizes (default: 10000,100000,1000000)")
+    parser.add_argument("--sizes", type=listed(int), default=[10_000, 100_000, 1_000_000],
+                        help="index sizes (default: 10000,100000,1000000)")
     parser.add_argument("--queries", type=_positive, default=200, help="timed queries per size (default: 200)")
     parser.add_argument("--warmup", type=int_at_least(0), default=20, help="untimed queries first (default: 20)")
     parser.add_argument("--k", type=_positive, default=10, help="results per query (default: 10)")

@@ -65,7 +65,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from _common import ROOT, latency_summary, peak_rss_mb, read_through  # noqa: E402
-from _harness import Bench  # noqa: E402
+from _harness import Bench, listed, note  # noqa: E402
 from _search_peers import (  # noqa: E402
     AUTOFAISS_INSTALL,
     PEERS,
@@ -146,7 +146,7 @@ def peer_row(
     available = parse_memory(args.peer_memory_available) if args.peer_memory_available else mem_available_bytes()
     index_file = folder / "knn.index"
     log = folder / "autofaiss.log"
-    print(f"# {n:,} {peer}: building, log in {log}", file=sys.stderr, flush=True)
+    note(f"{n:,} {peer}: building, log in {log}")
     built = autofaiss_subprocess(folder / "embeddings", index_file, max_memory_bytes, available, args.k, args.peer_query_time_ms, log)
     shutil.rmtree(folder / "embeddings")  # the export is as large as the vectors: not kept while measuring
     infos = built["infos"]
@@ -375,7 +375,8 @@ def flat_row(n: int, row: dict[str, Any]) -> dict[str, Any]:
 def main(argv: list[str] | None = None) -> int:
     bench = Bench("bench_search", __doc__, "seed", "work_dir")
     parser = bench.parser
-    parser.add_argument("--sizes", default="100000,1000000", help="index sizes, comma-separated (default: 100000,1000000)")
+    parser.add_argument("--sizes", type=listed(int), default=[100_000, 1_000_000],
+                        help="index sizes, comma-separated (default: 100000,1000000)")
     parser.add_argument("--types", default="flat,auto,ivf-sq8", help="index types to build and compare (default: flat,auto,ivf-sq8)")
     parser.add_argument("--e2e", default="flat,auto", help="types that also get the text-query end-to-end timing (default: flat,auto)")
     parser.add_argument("--queries", type=int_at_least(1), default=500, help="timed single queries per type (default: 500)")
@@ -421,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             parse_memory(args.peer_memory_available)
     except InvalidArgumentError as exc:
         parser.error(str(exc))
-    sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
+    sizes = args.sizes
     if args.index is not None:
         if args.keep is not None:
             parser.error("--keep moves an index this script wrote; --index measures one in place")
@@ -483,10 +484,10 @@ def main(argv: list[str] | None = None) -> int:
                              "build_rss_growth_mb": _round(built["peak_rss_mb"] - built["base_rss_mb"]
                                                            if built["peak_rss_mb"] is not None else None),
                              "faiss_bytes_per_vector": round(built["faiss_bytes"] / n, 1), **measured})
-                print(f"# {n:,} {index_type}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+                note(f"{n:,} {index_type}: {json.dumps(rows[-1])}")
             for peer in args.peer:
                 rows.append(peer_row(peer, out, work, n, queries, truth, args, max_memory_bytes))
-                print(f"# {n:,} {peer}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+                note(f"{n:,} {peer}: {json.dumps(rows[-1])}")
             results.append(
                 {"n": n, "write_seconds": write_s, "write": write, "index": None if args.index is None else str(args.index),
                  "exact_truth_seconds": round(truth_s, 1), "types": rows}

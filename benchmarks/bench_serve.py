@@ -64,7 +64,7 @@ from pathlib import Path
 from typing import Any
 
 from _common import ROOT, latency_summary, peak_rss_mb
-from _harness import Bench
+from _harness import Bench, listed, note
 from _load import Connection, LoadResult, Query, Server, per_client, run_load, self_cpu_seconds, tree_memory_mb
 
 from clipsearch.cli import int_at_least
@@ -298,7 +298,7 @@ def _bench_server(
         command += ["--workers", str(workers)]
     if args.token:
         command += ["--token", args.token]
-    print(f"bench_serve: {name}: starting {shlex.join(command)}", file=sys.stderr)
+    note(f"{name}: starting {shlex.join(command)}")
     server = Server(command, args.start_timeout)
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -311,7 +311,7 @@ def _bench_server(
             problems += [f"{name} {kind}: {p}" for p in found]
             base = None
             if kind != "health":
-                print(f"bench_serve: {name}: {kind}, in-process and over HTTP in turns ...", file=sys.stderr)
+                note(f"{name}: {kind}, in-process and over HTTP in turns ...")
                 pair = asyncio.run(
                     paired(server.host, server.port, per_kind[kind], args.token, index, args.k, args.baseline_repeat, args.timeout)
                 )
@@ -319,7 +319,7 @@ def _bench_server(
                 base = pair.summary()
             for clients in args.clients:
                 each = per_client(args.requests, clients)
-                print(f"bench_serve: {name}: {kind}, {clients} clients x {each} requests ...", file=sys.stderr)
+                note(f"{name}: {kind}, {clients} clients x {each} requests ...")
                 load = asyncio.run(run_load(server.host, server.port, raw, clients, each, args.warmup, args.timeout, server.pid))
                 rows.append({**_row(name, index, kind, clients, args, load, base, len(found), build), "workers": workers})
                 if load.errors:
@@ -377,34 +377,16 @@ def _row(
     }
 
 
-def _csv(convert: Any, allowed: Sequence[str] | None = None) -> Any:
-    def parse(text: str) -> list[Any]:
-        items = [s.strip() for s in text.split(",") if s.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("expected a comma-separated list")
-        if allowed is not None and any(i not in allowed for i in items):
-            raise argparse.ArgumentTypeError(f"choose from {','.join(allowed)}, got {text!r}")
-        try:
-            values = [convert(i) for i in items]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
-        if convert is int and any(v < 1 for v in values):
-            raise argparse.ArgumentTypeError(f"values must be >= 1, got {text!r}")
-        return values
-
-    return parse
-
-
 _positive = int_at_least(1)
 
 
 def main(argv: list[str] | None = None) -> int:
     bench = Bench("bench_serve", __doc__, "seed", "work_dir")
     parser = bench.parser
-    parser.add_argument("--indexes", type=_csv(str, ("demo", "synthetic")), default=["demo", "synthetic"], help="default: demo,synthetic")
-    parser.add_argument("--kinds", type=_csv(str, KINDS), default=list(KINDS), help=f"default: {','.join(KINDS)}")
-    parser.add_argument("--clients", type=_csv(int), default=[1, 8, 32], help="concurrent connections, one run each (default: 1,8,32)")
-    parser.add_argument("--workers", type=_csv(int), default=[1], help="server worker processes, one server each (default: 1)")
+    parser.add_argument("--indexes", type=listed(str, ("demo", "synthetic")), default=["demo", "synthetic"], help="default: demo,synthetic")
+    parser.add_argument("--kinds", type=listed(str, KINDS), default=list(KINDS), help=f"default: {','.join(KINDS)}")
+    parser.add_argument("--clients", type=listed(int), default=[1, 8, 32], help="concurrent connections, one run each (default: 1,8,32)")
+    parser.add_argument("--workers", type=listed(int), default=[1], help="server worker processes, one server each (default: 1)")
     parser.add_argument(
         "--requests", type=_positive, default=400, help="timed requests per run, split evenly over its clients, rounded up (default: 400)"
     )
@@ -436,7 +418,7 @@ def main(argv: list[str] | None = None) -> int:
     with bench.scratch() as work:
         for name in args.indexes:
             index_dir = work / f"{name}.idx"
-            print(f"bench_serve: building {name} ...", file=sys.stderr)
+            note(f"building {name} ...")
             if name == "demo":
                 build = build_demo(index_dir, args.demo_limit)
             else:

@@ -30,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _harness import Bench
+from _harness import Bench, listed, note
 
 from clipsearch.cli import int_at_least
 
@@ -102,16 +102,6 @@ def needs_rebuild(index_dir: Path, encoder: Any, images_root: Path) -> str | Non
     return None
 
 
-def _ks(text: str) -> tuple[int, ...]:
-    try:
-        ks = tuple(int(k) for k in text.split(",") if k.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--k takes comma-separated integers, got {text!r}") from None
-    if not ks or any(k < 1 for k in ks):
-        raise argparse.ArgumentTypeError(f"--k values must be >= 1, got {text!r}")
-    return tuple(sorted(set(ks)))
-
-
 _nonnegative = int_at_least(0)
 
 
@@ -144,13 +134,9 @@ def add_options(p: argparse.ArgumentParser) -> None:
     p.add_argument("--batch-size", type=int, default=64, help="images per model call when indexing (default: 64)")
     p.add_argument("--query-batch-size", type=int, default=256, help="queries per model call (default: 256)")
     p.add_argument("--workers", type=_nonnegative, default=None, help="decode workers (default: from the core count)")
-    p.add_argument("--k", type=_ks, default=(1, 5, 10), help="recall cut-offs, comma-separated (default: 1,5,10)")
+    p.add_argument("--k", type=listed(int), default=[1, 5, 10], help="recall cut-offs, comma-separated (default: 1,5,10)")
     p.add_argument("--ann", action="store_true", help="rank with the index's FAISS search (top K) instead of exactly")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while indexing")
-
-
-def _log(message: str) -> None:
-    print(f"eval_retrieval: {message}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -189,7 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     encoder = load_encoder(args.model, device=args.device)
     why = "--rebuild" if args.rebuild else needs_rebuild(index_dir, encoder, images_root)
     action = f"rebuilding ({why})" if why else ("updating" if index_dir.exists() else "building")
-    _log(f"{action} {index_dir}: {dataset.n_images} images of {name}/{dataset.split or 'all'}, model {encoder.name}")
+    note(f"{action} {index_dir}: {dataset.n_images} images of {name}/{dataset.split or 'all'}, model {encoder.name}")
     index_dir.parent.mkdir(parents=True, exist_ok=True)
     # An existing index of the same model is brought up to date in place: unchanged images
     # are neither read nor embedded again, images not in this split are dropped.
@@ -210,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     missing = sorted({s.path for s in index.skipped()} & set(dataset.images))
     if missing:
         # evaluate() skips the captions of these images and counts them in skipped_queries.
-        _log(
+        note(
             f"warning: {len(missing)} of {dataset.n_images} images could not be indexed (e.g. {missing[0]}); "
             "the published protocol needs all of them"
         )
@@ -289,6 +275,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     bench = Bench("eval_retrieval", __doc__)
     add_options(bench.parser)
     args = bench.parse(argv)
+    args.k = tuple(sorted(set(args.k)))
     if args.captions and args.split is not None:
         bench.parser.error("--split selects a Karpathy split; for a caption file use --split-file LIST")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
