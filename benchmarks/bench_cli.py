@@ -149,7 +149,7 @@ def _write_images(folder: Path, count: int) -> None:
     rng = np.random.default_rng(0)
     for i in range(count):
         small = (rng.random((24, 32, 3)) * 255).astype(np.uint8)
-        Image.fromarray(small).resize((320, 240), Image.BICUBIC).save(folder / f"{i:04d}.jpg", quality=85)
+        Image.fromarray(small).resize((320, 240), Image.Resampling.BICUBIC).save(folder / f"{i:04d}.jpg", quality=85)
 
 
 def prepare(preset: str, images: int, work: Path) -> tuple[Path, Path, Path]:

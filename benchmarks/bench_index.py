@@ -340,9 +340,9 @@ def main(argv: list[str] | None = None) -> int:
                       f"(naive loop: {len(base_half)} and {len(base_files)})"]
         for mode, run in runs.items():
             st = run["steady"]
-            rate = "noise" if st["images_per_second"] is None else f"{st['images_per_second']:.2f}"
+            shown = "noise" if st["images_per_second"] is None else f"{st['images_per_second']:.2f}"
             ratio = "" if st["speedup"] is None else f"{st['speedup']:.2f}x"
-            table.append(f"{'build_index --precision ' + mode:<46}{rate:>10}{ratio:>40}")
+            table.append(f"{'build_index --precision ' + mode:<46}{shown:>10}{ratio:>40}")
         table.append(f"{'naive CLIPProcessor loop':<46}{'noise' if base_steady is None else f'{base_steady:.2f}':>10}{'1.00x':>40}")
     if result["gpu"]:
         g = result["gpu"]

@@ -288,7 +288,7 @@ def measure_type(
         if precision not in ("hf", *TEXT_PEERS):
             out.setdefault("text_path", {})[precision] = index.text_path().to_dict()
             out.setdefault("text_precision", {})[precision] = index.info()["text_precision"]
-        vectors[precision] = search.embed(texts[warmup:])  # type: ignore[attr-defined]
+        vectors[precision] = search.embed(texts[warmup:])
         out.setdefault("end_to_end_ms", {})[precision] = latency_summary(e2e)
         del index, search
     timed = out.get("end_to_end_ms", {})
