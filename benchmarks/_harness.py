@@ -14,8 +14,9 @@ A benchmark script keeps only what it measures; its ``main`` reads::
 
 :meth:`Bench.report` prints the record as one JSON line first (the line tests and scripts
 read), with the date, the command line and :func:`_common.machine_facts` under ``machine``;
-then the table, ending with the machine in words; and writes the record to ``--json-out``
-when given. ``_common.machine_facts`` stays the one description of the machine.
+then, where a benchmark's rows are read one by one, a JSON line per row; then the table,
+ending with the machine in words; and writes the record to ``--json-out`` when given.
+``_common.machine_facts`` stays the one description of the machine.
 """
 
 from __future__ import annotations
@@ -26,7 +27,7 @@ import shlex
 import sys
 import tempfile
 import time
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,32 @@ def parser(prog: str, doc: str | None, *shared: str) -> argparse.ArgumentParser:
         p.add_argument(flag, **kwargs)
     p.add_argument("--json-out", type=Path, metavar="PATH", help="also write the JSON record here (indented)")
     return p
+
+
+def note(message: str) -> None:
+    """A progress line while a benchmark runs, ``# message`` on stderr (stdout is the report's)."""
+    print(f"# {message}", file=sys.stderr, flush=True)
+
+
+def listed(kind: Callable[[str], Any] = str, choices: Sequence[str] | None = None) -> Callable[[str], list[Any]]:
+    """An argparse type for a comma-separated list (``--sizes 10_000,100_000``): each item through
+    ``kind`` (``int``: a count, at least 1), one of ``choices`` where given; an empty list is wrong."""
+
+    def parse(text: str) -> list[Any]:
+        items = [s.strip() for s in text.split(",") if s.strip()]
+        if not items:
+            raise argparse.ArgumentTypeError("expected a comma-separated list")
+        if choices is not None and any(i not in choices for i in items):
+            raise argparse.ArgumentTypeError(f"choose from {','.join(choices)}, got {text!r}")
+        try:
+            values = [kind(i) for i in items]
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
+        if kind is int and any(v < 1 for v in values):
+            raise argparse.ArgumentTypeError(f"values must be >= 1, got {text!r}")
+        return values
+
+    return parse
 
 
 def machine_line(machine: dict[str, Any]) -> str:
@@ -99,13 +126,16 @@ class Bench:
         print(f"{self.prog}: error: {message}", file=sys.stderr, flush=True)
         return status
 
-    def report(self, fields: dict[str, Any], table: Iterable[str]) -> dict[str, Any]:
-        """Print the record as one JSON line, then ``table`` and the machine line; write the record
-        to ``--json-out`` if given. Returns the record: ``fields`` with ``date`` (unless given),
-        ``command`` and ``machine`` added."""
+    def report(self, fields: dict[str, Any], table: Iterable[str], rows: Iterable[dict[str, Any]] = ()) -> dict[str, Any]:
+        """Print the record as one JSON line, then each of ``rows`` as a JSON line of its own (with
+        the record's ``date`` and ``machine``: a line a script can read alone), then ``table`` and
+        the machine line; write the record to ``--json-out`` if given. Returns the record:
+        ``fields`` with ``date`` (unless given), ``command`` and ``machine`` added."""
         record = {**fields, "date": fields.get("date", time.strftime("%Y-%m-%d")), "command": self.command,
                   "machine": machine_facts()}
         print(json.dumps(record, ensure_ascii=False), flush=True)
+        for row in rows:
+            print(json.dumps({**row, "date": record["date"], "machine": record["machine"]}, ensure_ascii=False))
         json_out = getattr(self.args, "json_out", None)
         if json_out is not None:
             json_out.parent.mkdir(parents=True, exist_ok=True)

@@ -19,28 +19,19 @@ AMX before the bf16 tower on OpenVINO), ``naive``.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
+from unittest import mock
 
 import numpy as np
 from _peers import Embed, _normalise, describe, export_vision, vision_pipelines
 
 
-@contextlib.contextmanager
-def env(name: str, value: str) -> Iterator[None]:
-    old = os.environ.get(name)
-    os.environ[name] = value
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(name, None)
-        else:
-            os.environ[name] = old
+def env(name: str, value: str) -> contextlib.AbstractContextManager[Any]:
+    """``name=value`` in this process's environment for the block, the environment as it was after."""
+    return mock.patch.dict(os.environ, {name: value})
 
 
 def decode_batches(files: list[Path], model_dir: Path, batch_size: int) -> list[np.ndarray]:
@@ -150,40 +141,31 @@ def minor_faults() -> int:
     return resource.getrusage(resource.RUSAGE_SELF).ru_minflt
 
 
-def print_rows(result: dict[str, Any]) -> None:
-    print()
-    print(f"model only, steady state ({result['images']} images, batch {result['batch_size']}, {result['threads']} threads, "
-          f"best of {result['rounds']} interleaved rounds); cosine to the naive loop's HF fp32 vectors")
-    print(f"{'pipeline':<20}{'images/s':>10}{'x naive':>9}{'mean cos':>11}{'min cos':>11}{'batch dep':>11}{'faults/img':>11}"
-          "  rounds / notes")
+def table(result: dict[str, Any]) -> list[str]:
+    lines = [f"model only, steady state ({result['images']} images, batch {result['batch_size']}, {result['threads']} threads, "
+             f"best of {result['rounds']} interleaved rounds); cosine to the naive loop's HF fp32 vectors",
+             f"{'pipeline':<20}{'images/s':>10}{'x naive':>9}{'mean cos':>11}{'min cos':>11}{'batch dep':>11}{'faults/img':>11}"
+             "  rounds / notes"]
     for r in result["rows"]:
         if r.get("skipped"):
-            print(f"{r['pipeline']:<20}{'skipped':>10}  {r['skipped']}")
+            lines.append(f"{r['pipeline']:<20}{'skipped':>10}  {r['skipped']}")
             continue
         note = " ".join(f"{x:.1f}" for x in r["rounds_images_per_second"])
         if r.get("precision"):
             note += f"  ({r['precision']} on {r['image_runtime']})"
-        print(f"{r['pipeline']:<20}{r['images_per_second']:>10.2f}{r['x_naive']:>8.2f}x"
-              f"{r['mean_cosine']:>11.6f}{r['min_cosine']:>11.6f}{r['batch_dependence']:>11.1e}"
-              f"{r['page_faults_per_image']:>11.1f}  {note}")
-    print("batch dep: max |difference| of an image's normalised vector embedded alone and in its batch (0: an update "
-          "equals a rebuild); faults/img: minor page faults per image (fresh pages zeroed by the kernel)")
+        lines.append(f"{r['pipeline']:<20}{r['images_per_second']:>10.2f}{r['x_naive']:>8.2f}x"
+                     f"{r['mean_cosine']:>11.6f}{r['min_cosine']:>11.6f}{r['batch_dependence']:>11.1e}"
+                     f"{r['page_faults_per_image']:>11.1f}  {note}")
+    lines.append("batch dep: max |difference| of an image's normalised vector embedded alone and in its batch (0: an update "
+                 "equals a rebuild); faults/img: minor page faults per image (fresh pages zeroed by the kernel)")
+    return lines
 
 
-@contextlib.contextmanager
-def onnx_cache(path: Path) -> Iterator[None]:
+def onnx_cache(path: Path) -> contextlib.AbstractContextManager[Any]:
     """ONNX exports of this run in its work directory, not the user's cache."""
     from retrieval.encoders.runtime.export import ONNX_CACHE_ENV
 
-    old = os.environ.get(ONNX_CACHE_ENV)
-    os.environ[ONNX_CACHE_ENV] = str(path)
-    try:
-        yield
-    finally:
-        if old is None:
-            os.environ.pop(ONNX_CACHE_ENV, None)
-        else:
-            os.environ[ONNX_CACHE_ENV] = old
+    return env(ONNX_CACHE_ENV, str(path))
 
 
 def pre_export(model_dir: Path) -> None:
@@ -192,8 +174,6 @@ def pre_export(model_dir: Path) -> None:
 
     if importlib.util.find_spec("onnx") is None:
         return
-    from _peers import export_vision
-
     from retrieval.errors import ModelLoadError
 
     try:
@@ -203,12 +183,3 @@ def pre_export(model_dir: Path) -> None:
         # and shapes): the builds run it on torch, as they would for a user.
         return
 
-
-def print_model_only(preset: str, images: int, rows: dict[str, Any]) -> int:
-    """The JSON line and the table of a run with only the model-only rows."""
-    from _common import machine_facts
-
-    print(json.dumps({"bench": "index", "date": time.strftime("%Y-%m-%d"), "preset": preset, "images": images,
-                      "model_only": rows, "machine": machine_facts()}))
-    print_rows(rows)
-    return 0

@@ -28,7 +28,6 @@ from __future__ import annotations
 import gc
 import json
 import os
-import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -36,7 +35,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from _common import latency_summary, read_through  # noqa: E402
-from _harness import Bench  # noqa: E402
+from _harness import Bench, note  # noqa: E402
 from bench_query import SyntheticSpec, synthetic_queries  # noqa: E402
 from bench_search import exact_truth, recall  # noqa: E402
 
@@ -118,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
     for i, name in enumerate(PASSES):
         part = slice(i * args.queries, (i + 1) * args.queries)
         rows.append(run_pass(args.index, name, queries[part], truth[part], args.k))
-        print(f"# {name}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+        note(f"{name}: {json.dumps(rows[-1])}")
     table = [f"{manifest.count:,} vectors, {manifest.index_type} {dict(manifest.search_params)}, {args.queries} queries per pass",
              "| pass | page cache dropped | open s | warm-up read s | first 10 queries ms | p50 / p99 ms | recall@10 |",
              "| --- | --- | ---: | ---: | ---: | ---: | ---: |"]

@@ -31,7 +31,7 @@ from typing import Any
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
 from _common import ROOT, peak_rss_mb  # noqa: E402
-from _harness import Bench  # noqa: E402
+from _harness import Bench, note  # noqa: E402
 from bench_query import CHUNK_ROWS, SyntheticSpec, build_synthetic_index, synthetic_chunks  # noqa: E402
 from bench_search import reindex_subprocess  # noqa: E402
 
@@ -132,7 +132,7 @@ def main(argv: list[str] | None = None) -> int:
                 found = find_subprocess(out, args.threshold, planted)
                 rows.append({"type": index_type, "factory": built["index_type"], "search_params": built["search_params"],
                              "reindex_seconds": built["seconds"], **found})
-                print(f"# {n:,} {index_type}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+                note(f"{n:,} {index_type}: {json.dumps(rows[-1])}")
             results.append({"n": n, "write_seconds": round(write_s, 1), "types": rows})
             shutil.rmtree(out, ignore_errors=True)
 

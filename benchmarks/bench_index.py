@@ -34,17 +34,15 @@ the run's work directory (``CLIPSEARCH_ONNX_CACHE``), before anything is timed.
 
 from __future__ import annotations
 
-import argparse
 import contextlib
-import json
 import os
 import shutil
 import sys
-import tempfile
 import time
 from pathlib import Path
 
-from _common import ROOT, StackSampler, machine_facts, peak_rss_mb
+from _common import ROOT, StackSampler, peak_rss_mb
+from _harness import Bench, note
 
 # SigLIP shapes (retrieval.tools.random_model.siglip): the naive loop is then the SigLIP model's own
 # processor and get_image_features, as for CLIP.
@@ -195,12 +193,12 @@ def decode_per_core(files: list[Path], model_dir: Path) -> dict:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    bench = Bench("bench_index", __doc__, "threads", "work_dir")
+    parser = bench.parser
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "vit-l-14", "tiny", *SIGLIP_BENCH_PRESETS])
     parser.add_argument("--images", type=int, default=256)
     parser.add_argument("--batch-size", type=int, default=None, help="default: the build's (64 on CPU, 512 on GPU)")
     parser.add_argument("--workers", type=int, default=None)
-    parser.add_argument("--threads", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--unique", type=int, default=None, help="distinct photos (default: all); the rest are copies")
     parser.add_argument("--baseline-images", type=int, default=None, help="time the naive loop on this many files")
@@ -215,10 +213,11 @@ def main(argv: list[str] | None = None) -> int:
                         help="model-only rows of ours and these runtimes (onnxruntime,openvino; '' for ours alone)")
     parser.add_argument("--rounds", type=int, default=3, help="interleaved rounds of the model-only rows (default 3)")
     parser.add_argument("--skip-builds", action="store_true", help="only the model-only rows (with --peers)")
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
     if args.steady and args.images < 4:
         parser.error("--steady needs --images >= 4 (it also runs on half of them)")
-    from _model_only import onnx_cache, pre_export, print_model_only
+    from _model_only import model_only, onnx_cache, pre_export
+    from _model_only import table as model_only_table
     from _peers import parse_peers
 
     try:
@@ -237,8 +236,7 @@ def main(argv: list[str] | None = None) -> int:
     modes = [] if args.skip_builds else ["fp32"] + [m for m in args.modes.split(",") if m and m != "fp32"]
     runs: dict[str, dict] = {}
     model_rows = None
-    with tempfile.TemporaryDirectory() as tmp, onnx_cache(Path(tmp) / "onnx"):
-        tmp_path = Path(tmp)
+    with bench.scratch() as tmp_path, onnx_cache(tmp_path / "onnx"):
         make = make_random_siglip if args.preset in SIGLIP_BENCH_PRESETS else make_random_clip
         model_dir = make(tmp_path / "model", preset=args.preset, seed=0)
         unique = args.unique or args.images
@@ -250,12 +248,12 @@ def main(argv: list[str] | None = None) -> int:
         decode = decode_per_core(files[: min(64, len(files))], model_dir)
         pre_export(model_dir)
         if peers is not None:
-            from _model_only import model_only
-
             threads = args.threads or os.cpu_count() or 1
             model_rows = model_only(model_dir, files, args.batch_size or 64, threads, peers, args.rounds)
             if args.skip_builds:
-                return print_model_only(args.preset, len(files), model_rows)
+                bench.report({"bench": "index", "preset": args.preset, "images": len(files), "model_only": model_rows},
+                             model_only_table(model_rows))
+                return 0
         # Warm-up (imports, first FAISS write, allocator), not timed.
         from indexer import build_index
 
@@ -290,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             if sampler is not None:
                 path = sampler.write(args.sample_stacks / f"stacks-{mode}.txt")
                 runs[mode]["stack_samples"] = {"file": str(path), "samples": sampler.samples}
-                print(f"stacks of the {mode} build: {path} ({sampler.samples} samples)", file=sys.stderr)
+                note(f"stacks of the {mode} build: {path} ({sampler.samples} samples)")
         ours_rss = peak_rss_mb()
         base_files = files[: args.baseline_images] if args.baseline_images else files
         # The naive loop at the build's batch size.
@@ -317,69 +315,44 @@ def main(argv: list[str] | None = None) -> int:
         run["model_gflops"] = round(flops * mips / 1e9, 1) if mips else None
         run["end_to_end_gflops"] = round(flops * run["images_per_second"] / 1e9, 1)
     result = {
-        "bench": "index",
-        "date": time.strftime("%Y-%m-%d"),
-        "preset": args.preset,
-        "images": len(files),
-        "image_size": [640, 480],
-        "batch_size": batch_size,
-        "device": args.device,
-        "modes": runs,
-        "unique_images": unique,
-        "baseline_images": len(base_files),
-        "baseline_images_per_second": round(base_ips, 2),
-        "baseline_seconds": round(base_s, 3),
-        "baseline_steady_images_per_second": base_steady,
-        "gflop_per_image": round(flops / 1e9, 3),
-        "cpu_peak": peak,
-        "decode_images_per_second_per_core": decode,
-        "peak_rss_mb_after_ours": round(ours_rss, 1),
-        "machine": machine_facts(),
-        "gpu": gpu_facts(args.device),
+        "bench": "index", "preset": args.preset, "images": len(files), "image_size": [640, 480], "batch_size": batch_size,
+        "device": args.device, "modes": runs, "unique_images": unique, "baseline_images": len(base_files),
+        "baseline_images_per_second": round(base_ips, 2), "baseline_seconds": round(base_s, 3),
+        "baseline_steady_images_per_second": base_steady, "gflop_per_image": round(flops / 1e9, 3), "cpu_peak": peak,
+        "decode_images_per_second_per_core": decode, "peak_rss_mb_after_ours": round(ours_rss, 1), "gpu": gpu_facts(args.device),
     }
     if model_rows is not None:
         result["model_only"] = model_rows
-    print(json.dumps(result))
-    if model_rows is not None:
-        from _model_only import print_rows
-
-        print_rows(model_rows)
-    print()
-    print(
-        f"{'pipeline':<46}{'images/s':>10}{'seconds':>9}{'model img/s':>13}{'GFLOP/s':>9}{'x naive':>9}"
-        "  gate (mean / min cosine, top-10 overlap)"
-    )
+    table = [*model_only_table(model_rows), ""] if model_rows is not None else []
+    table.append(f"{'pipeline':<46}{'images/s':>10}{'seconds':>9}{'model img/s':>13}{'GFLOP/s':>9}{'x naive':>9}"
+                 "  gate (mean / min cosine, top-10 overlap)")
     for mode, run in runs.items():
         g = run["gate"]
-        gate_text = (
-            "reference"
-            if g is None
-            else f"{g['mean_cosine']:.6f} / {g['min_cosine']:.6f}, {g['topk_overlap']:.3f} {'pass' if g['passed'] else 'FAIL'}"
-        )
+        gate_text = ("reference" if g is None else
+                     f"{g['mean_cosine']:.6f} / {g['min_cosine']:.6f}, {g['topk_overlap']:.3f} {'pass' if g['passed'] else 'FAIL'}")
         label = f"build_index --precision {mode}" + (f" (default: {run['precision']})" if mode == "auto" else "")
-        print(f"{label:<46}{run['images_per_second']:>10.2f}{run['seconds']:>9.2f}{run['model_images_per_second'] or 0:>13.2f}"
-              f"{run['model_gflops'] or 0:>9.1f}{run['speedup']:>8.2f}x  {gate_text}")
-    print(f"{'naive CLIPProcessor loop':<46}{base_ips:>10.2f}{base_s:>9.2f}{'':>13}{'':>9}{1:>8.2f}x"
-          + (f"  ({len(base_files)} images)" if len(base_files) != len(files) else ""))
+        table.append(f"{label:<46}{run['images_per_second']:>10.2f}{run['seconds']:>9.2f}{run['model_images_per_second'] or 0:>13.2f}"
+                     f"{run['model_gflops'] or 0:>9.1f}{run['speedup']:>8.2f}x  {gate_text}")
+    table.append(f"{'naive CLIPProcessor loop':<46}{base_ips:>10.2f}{base_s:>9.2f}{'':>13}{'':>9}{1:>8.2f}x"
+                 + (f"  ({len(base_files)} images)" if len(base_files) != len(files) else ""))
     if args.steady:
-        print()
-        print(f"steady state: marginal rate between {len(files) // 2} and {len(files)} images "
-              f"(naive loop: {len(base_half)} and {len(base_files)})")
+        table += ["", f"steady state: marginal rate between {len(files) // 2} and {len(files)} images "
+                      f"(naive loop: {len(base_half)} and {len(base_files)})"]
         for mode, run in runs.items():
             st = run["steady"]
-            rate = "noise" if st["images_per_second"] is None else f"{st['images_per_second']:.2f}"
+            shown = "noise" if st["images_per_second"] is None else f"{st['images_per_second']:.2f}"
             ratio = "" if st["speedup"] is None else f"{st['speedup']:.2f}x"
-            print(f"{'build_index --precision ' + mode:<46}{rate:>10}{ratio:>40}")
-        rate = "noise" if base_steady is None else f"{base_steady:.2f}"
-        print(f"{'naive CLIPProcessor loop':<46}{rate:>10}{'1.00x':>40}")
+            table.append(f"{'build_index --precision ' + mode:<46}{shown:>10}{ratio:>40}")
+        table.append(f"{'naive CLIPProcessor loop':<46}{'noise' if base_steady is None else f'{base_steady:.2f}':>10}{'1.00x':>40}")
     if result["gpu"]:
         g = result["gpu"]
-        print(f"{flops / 1e9:.2f} GFLOP per image; {g['gpu']} ({g['multiprocessors']} SMs), torch {g['torch']}, CUDA {g['cuda']}")
+        table.append(f"{flops / 1e9:.2f} GFLOP per image; {g['gpu']} ({g['multiprocessors']} SMs), torch {g['torch']}, CUDA {g['cuda']}")
     else:
-        print(f"{flops / 1e9:.2f} GFLOP per image; CPU fp32 peak {peak['fp32_peak_gflops']} GFLOP/s "
-              f"({peak['cores']} cores x {peak['mhz']:.0f} MHz x 64), int8 peak {peak['int8_peak_gops']} GOP/s")
-    print(f"decode + preprocess only, 1 thread: {decode['draft']} img/s with JPEG draft, {decode['full']} img/s without")
-    print(f"({args.preset}, {len(files)} JPEGs 640x480 ({unique} distinct), batch {batch_size}, {args.device})")
+        table.append(f"{flops / 1e9:.2f} GFLOP per image; CPU fp32 peak {peak['fp32_peak_gflops']} GFLOP/s "
+                     f"({peak['cores']} cores x {peak['mhz']:.0f} MHz x 64), int8 peak {peak['int8_peak_gops']} GOP/s")
+    table.append(f"decode + preprocess only, 1 thread: {decode['draft']} img/s with JPEG draft, {decode['full']} img/s without")
+    table.append(f"({args.preset}, {len(files)} JPEGs 640x480 ({unique} distinct), batch {batch_size}, {args.device})")
+    bench.report(result, table)
     return 0
 
 

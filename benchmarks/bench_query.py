@@ -44,23 +44,22 @@ from __future__ import annotations
 
 import argparse
 import gc
-import json
 import shutil
-import tempfile
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from _common import latency_summary, machine_facts, peak_rss_mb
+from _common import latency_summary, peak_rss_mb
+from _harness import Bench, listed
 
 from clipsearch.cli import int_at_least
 
 # Queries per path per round in the text-only comparison (see time_text_paths).
 TEXT_BLOCK = 25
 # Rows generated and written per step: bounds the transient memory (randn + Parquet buffers)
-# to ~100 MB whatever the size; only the FAISS input array grows with the index.
+# whatever the size; only the FAISS input array grows with the index.
 CHUNK_ROWS = 32_768
 
 _SUBJECTS = (
@@ -388,49 +387,30 @@ def measure_size(
     return result
 
 
-def _sizes(text: str) -> list[int]:
-    try:
-        sizes = [int(s.replace("_", "")) for s in text.split(",") if s.strip()]
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"sizes must be comma-separated integers, got {text!r}") from None
-    if not sizes or any(s < 1 for s in sizes):
-        raise argparse.ArgumentTypeError(f"sizes must be integers >= 1, got {text!r}")
-    return sizes
-
-
 _positive = int_at_least(1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", type=_sizes, default=[10_000, 100_000, 1_000_000], help="index sizes (default: 10000,100000,1000000)")
+    bench = Bench("bench_query", __doc__, "seed", "work_dir")
+    parser = bench.parser
+    parser.add_argument("--sizes", type=listed(int), default=[10_000, 100_000, 1_000_000],
+                        help="index sizes (default: 10000,100000,1000000)")
     parser.add_argument("--queries", type=_positive, default=200, help="timed queries per size (default: 200)")
-    parser.add_argument("--warmup", type=int, default=20, help="untimed queries first (default: 20)")
+    parser.add_argument("--warmup", type=int_at_least(0), default=20, help="untimed queries first (default: 20)")
     parser.add_argument("--k", type=_positive, default=10, help="results per query (default: 10)")
     parser.add_argument("--preset", default="vit-b-32", choices=["vit-b-32", "tiny"], help="random model shape (default: vit-b-32)")
     parser.add_argument("--clusters", type=_positive, default=1000, help="Gaussian cluster centres (default: 1000)")
     parser.add_argument("--noise", type=float, default=0.8, help="cluster spread, as a norm (default: 0.8)")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument(
-        "--commit-every",
-        type=_positive,
-        default=None,
-        help="rows per committed Parquet part, as build_index's commit_every (default: the indexer's default)",
-    )
+    parser.add_argument("--commit-every", type=_positive, default=None,
+                        help="rows per committed Parquet part, as build_index's commit_every (default: the indexer's default)")
     parser.add_argument("--device", default="cpu", help="query encoder device (default: cpu)")
-    parser.add_argument(
-        "--text-precision", default="auto", choices=["fp32", "int8", "auto"],
-        help="text tower precision of the timed paths and the indexes' queries (default: auto)",
-    )
-    parser.add_argument(
-        "--text-queries", type=int, default=200, help="timed queries of the text-only comparison; 0 skips it (default: 200)"
-    )
+    parser.add_argument("--text-precision", default="auto", choices=["fp32", "int8", "auto"],
+                        help="text tower precision of the timed paths and the indexes' queries (default: auto)")
+    parser.add_argument("--text-queries", type=int, default=200,
+                        help="timed queries of the text-only comparison; 0 skips it (default: 200)")
     parser.add_argument("--torch-threads", type=_positive, default=None, help="torch intra-op threads (default: torch's choice)")
     parser.add_argument("--faiss-threads", type=_positive, default=None, help="FAISS OpenMP threads (default: FAISS's choice)")
-    parser.add_argument("--work-dir", help="where to write the model and indexes (default: a temp dir, removed)")
-    args = parser.parse_args(argv)
-    if args.warmup < 0:
-        parser.error("--warmup must be >= 0")
+    args = bench.parse(argv)
     spec = SyntheticSpec(clusters=args.clusters, noise=args.noise, seed=args.seed)
     if args.commit_every is None:
         from indexer.build import BuildConfig
@@ -450,8 +430,7 @@ def main(argv: list[str] | None = None) -> int:
         faiss.omp_set_num_threads(args.faiss_threads)
 
     texts = short_query_texts(args.warmup + args.queries)
-    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
-        work = Path(tmp)
+    with bench.scratch() as work:
         t0 = time.perf_counter()
         model_dir = make_random_clip(work / "model", preset=args.preset, seed=0)
         model_s = time.perf_counter() - t0
@@ -464,63 +443,47 @@ def main(argv: list[str] | None = None) -> int:
             measure_size(work, encoder, n, texts, args.warmup, args.k, spec, args.commit_every, args.text_precision)
             for n in args.sizes
         ]
-
-    report = {
-        "bench": "query",
-        "date": time.strftime("%Y-%m-%d"),
-        "preset": args.preset,
-        "dim": encoder.dim,
-        "k": args.k,
-        "queries": args.queries,
-        "warmup": args.warmup,
-        "device": str(encoder.device),
+    bench.report({
+        "bench": "query", "preset": args.preset, "dim": encoder.dim, "k": args.k, "queries": args.queries,
+        "warmup": args.warmup, "device": str(encoder.device),
         "synthetic": {"clusters": spec.clusters, "noise": spec.noise, "seed": spec.seed},
-        "commit_every": args.commit_every,
-        "model_create_seconds": round(model_s, 3),
-        "text_tower_load_seconds": round(load_s, 3),
-        "text_precision": args.text_precision,
-        "text": text,
+        "commit_every": args.commit_every, "model_create_seconds": round(model_s, 3), "text_tower_load_seconds": round(load_s, 3),
+        "text_precision": args.text_precision, "text": text,
         **({k: text[k] for k in ("text_p50_ms", "text_p99_ms", "hf_text_p50_ms", "hf_text_p99_ms")} if text else {}),
-        "sizes": results,
-        "peak_rss_mb": round(peak_rss_mb(), 1),
-        "machine": machine_facts(),
-    }
-    print(json.dumps(report))
-    print()
+        "sizes": results, "peak_rss_mb": round(peak_rss_mb(), 1),
+    }, table(args, text, results, str(encoder.device)))
+    return 0
+
+
+def table(args: argparse.Namespace, text: dict[str, Any] | None, results: list[dict[str, Any]], device: str) -> list[str]:
+    lines = []
     if text:
         gate = text["text_precision"].get("gate") or [{}]
-        print(f"{'text path (one query of 3-8 words)':<36} {'p50 ms':>8} {'p99 ms':>8} {'x hf':>6}")
-        for name, lat in text["latency_ms"].items():
-            print(f"{name:<36} {lat['p50']:>8.2f} {lat['p99']:>8.2f} {text['latency_ms']['hf']['p50'] / lat['p50']:>6.2f}")
-        print(
-            f"numpy {args.text_precision}: mode {text['text_precision']['mode']}"
-            + (f", gate mean cosine {gate[0]['mean_cosine']}" if gate[0] else "")
-            + f"; {text['queries']} queries after {args.warmup} warm-up, rounds of {TEXT_BLOCK} per path"
-        )
-        print()
+        lines.append(f"{'text path (one query of 3-8 words)':<36} {'p50 ms':>8} {'p99 ms':>8} {'x hf':>6}")
+        lines += [f"{name:<36} {lat['p50']:>8.2f} {lat['p99']:>8.2f} {text['latency_ms']['hf']['p50'] / lat['p50']:>6.2f}"
+                  for name, lat in text["latency_ms"].items()]
+        lines += [f"numpy {args.text_precision}: mode {text['text_precision']['mode']}"
+                  + (f", gate mean cosine {gate[0]['mean_cosine']}" if gate[0] else "")
+                  + f"; {text['queries']} queries after {args.warmup} warm-up, rounds of {TEXT_BLOCK} per path", ""]
     head = (
         f"{'vectors':>10} {'encode p50/p99':>16} {'search p50/p99':>16} {'meta p50/p99':>14} {'e2e p50/p99':>16} {'cached':>8}"
         f" {'build s':>8} {'B/vec':>7} {'RSS MB':>7}"
     )
-    print(head)
-    print("-" * len(head))
+    lines += [head, "-" * len(head)]
 
     def pair(lat: dict, stage: str, digits: int = 1) -> str:
         return f"{lat[stage]['p50']:.{digits}f}/{lat[stage]['p99']:.{digits}f}"
 
     for r in results:
         lat = r["latency_ms"]
-        print(
+        lines.append(
             f"{r['n']:>10,} {pair(lat, 'encode'):>16} {pair(lat, 'search', 2):>16} {pair(lat, 'metadata', 3):>14} "
             f"{pair(lat, 'end_to_end'):>16} {lat['end_to_end_cached']['p50']:>8.2f} "
             f"{r['build_seconds']['total']:>8.1f} {r['bytes_per_vector']['total']:>7.0f} {r['peak_rss_mb']:>7.0f}"
         )
-    print(
-        f"latencies in ms over {args.queries} queries after {args.warmup} warm-up, k={args.k}, {args.preset} text tower "
-        f"({args.text_precision}; cached: e2e p50 of repeated queries) "
-        f"on {report['device']}; {report['machine']['cores']} cores, {report['machine']['cpu']}"
-    )
-    return 0
+    lines.append(f"latencies in ms over {args.queries} queries after {args.warmup} warm-up, k={args.k}, {args.preset} text tower "
+                 f"({args.text_precision}; cached: e2e p50 of repeated queries) on {device}")
+    return lines
 
 
 if __name__ == "__main__":

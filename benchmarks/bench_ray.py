@@ -24,7 +24,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from _common import ROOT
-from _harness import Bench
+from _harness import Bench, note
 from bench_index import make_photos
 
 sys.path.insert(0, str(ROOT / "tests"))
@@ -143,7 +143,7 @@ def main(argv: list[str] | None = None) -> int:
         for _ in range(args.repeat):
             for config in configs:
                 results[config].append(timed(lambda c=config: build(c, tmp_path / f"{c}.idx")))
-                print(f"{config}: {results[config][-1]['seconds']:.1f} s", file=sys.stderr, flush=True)
+                note(f"{config}: {results[config][-1]['seconds']:.1f} s")
         diffs = {c: max_difference(tmp_path / "local.idx", tmp_path / f"{c}.idx") for c in configs if c != "local" and "local" in configs}
         ray.shutdown()
 

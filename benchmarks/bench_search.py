@@ -56,7 +56,6 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -65,7 +64,8 @@ from typing import Any
 # latency erratic (benchmarks/README.md); the CLI sets the same default.
 os.environ.setdefault("OMP_WAIT_POLICY", "PASSIVE")
 
-from _common import ROOT, latency_summary, machine_facts, peak_rss_mb, read_through  # noqa: E402
+from _common import ROOT, latency_summary, peak_rss_mb, read_through  # noqa: E402
+from _harness import Bench, listed, note  # noqa: E402
 from _search_peers import (  # noqa: E402
     AUTOFAISS_INSTALL,
     PEERS,
@@ -146,7 +146,7 @@ def peer_row(
     available = parse_memory(args.peer_memory_available) if args.peer_memory_available else mem_available_bytes()
     index_file = folder / "knn.index"
     log = folder / "autofaiss.log"
-    print(f"# {n:,} {peer}: building, log in {log}", file=sys.stderr, flush=True)
+    note(f"{n:,} {peer}: building, log in {log}")
     built = autofaiss_subprocess(folder / "embeddings", index_file, max_memory_bytes, available, args.k, args.peer_query_time_ms, log)
     shutil.rmtree(folder / "embeddings")  # the export is as large as the vectors: not kept while measuring
     infos = built["infos"]
@@ -288,7 +288,7 @@ def measure_type(
         if precision not in ("hf", *TEXT_PEERS):
             out.setdefault("text_path", {})[precision] = index.text_path().to_dict()
             out.setdefault("text_precision", {})[precision] = index.info()["text_precision"]
-        vectors[precision] = search.embed(texts[warmup:])  # type: ignore[attr-defined]
+        vectors[precision] = search.embed(texts[warmup:])
         out.setdefault("end_to_end_ms", {})[precision] = latency_summary(e2e)
         del index, search
     timed = out.get("end_to_end_ms", {})
@@ -373,8 +373,10 @@ def flat_row(n: int, row: dict[str, Any]) -> dict[str, Any]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--sizes", default="100000,1000000", help="index sizes, comma-separated (default: 100000,1000000)")
+    bench = Bench("bench_search", __doc__, "seed", "work_dir")
+    parser = bench.parser
+    parser.add_argument("--sizes", type=listed(int), default=[100_000, 1_000_000],
+                        help="index sizes, comma-separated (default: 100000,1000000)")
     parser.add_argument("--types", default="flat,auto,ivf-sq8", help="index types to build and compare (default: flat,auto,ivf-sq8)")
     parser.add_argument("--e2e", default="flat,auto", help="types that also get the text-query end-to-end timing (default: flat,auto)")
     parser.add_argument("--queries", type=int_at_least(1), default=500, help="timed single queries per type (default: 500)")
@@ -397,8 +399,6 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--clusters", type=int_at_least(1), default=1000)
     parser.add_argument("--noise", type=float, default=0.8)
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--work-dir", help="where to write indexes (default: a temp dir, removed)")
     parser.add_argument("--keep", type=Path, help="move each size's index directory here (as synthetic-N.idx) instead of "
                         "removing it, e.g. for bench_cold.py; on the work dir's file system, or it is copied")
     parser.add_argument("--index", type=Path, help="measure this existing index directory (e.g. one kept by --keep, written "
@@ -412,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
                         help="autofaiss's max_index_query_time_ms: it tunes nprobe/efSearch up to this query time (default: 10.0, its own)")
     parser.add_argument("--peer-memory-available",
                         help="autofaiss's current_memory_available, e.g. 16GB (default: MemAvailable just before each build)")
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
     from indexer.index_types import parse_memory
     from retrieval.errors import InvalidArgumentError
 
@@ -422,7 +422,7 @@ def main(argv: list[str] | None = None) -> int:
             parse_memory(args.peer_memory_available)
     except InvalidArgumentError as exc:
         parser.error(str(exc))
-    sizes = [int(s.replace("_", "")) for s in args.sizes.split(",") if s.strip()]
+    sizes = args.sizes
     if args.index is not None:
         if args.keep is not None:
             parser.error("--keep moves an index this script wrote; --index measures one in place")
@@ -434,8 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     for peer in args.peer:
         why = peer_missing(peer)
         if why is not None:
-            print(f"bench_search: --peer {peer}: cannot import {peer} ({why}); install it with: {AUTOFAISS_INSTALL}", file=sys.stderr)
-            return 1
+            return bench.fail(f"--peer {peer}: cannot import {peer} ({why}); install it with: {AUTOFAISS_INSTALL}")
     types = [t.strip() for t in args.types.split(",") if t.strip()]
     e2e_types = {t.strip() for t in args.e2e.split(",") if t.strip()}
     spec = SyntheticSpec(clusters=args.clusters, noise=args.noise, seed=args.seed)
@@ -444,8 +443,7 @@ def main(argv: list[str] | None = None) -> int:
     from retrieval.tools.random_model import make_random_clip
 
     results: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
-        work = Path(tmp)
+    with bench.scratch() as work:
         model_dir = make_random_clip(work / "model", preset=args.preset, seed=0)
         precisions = [p for p in args.text_precisions.split(",") if p]
         encoder = load_encoder(str(model_dir), device="cpu")  # the model the indexes are written under
@@ -486,10 +484,10 @@ def main(argv: list[str] | None = None) -> int:
                              "build_rss_growth_mb": _round(built["peak_rss_mb"] - built["base_rss_mb"]
                                                            if built["peak_rss_mb"] is not None else None),
                              "faiss_bytes_per_vector": round(built["faiss_bytes"] / n, 1), **measured})
-                print(f"# {n:,} {index_type}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+                note(f"{n:,} {index_type}: {json.dumps(rows[-1])}")
             for peer in args.peer:
                 rows.append(peer_row(peer, out, work, n, queries, truth, args, max_memory_bytes))
-                print(f"# {n:,} {peer}: {json.dumps(rows[-1])}", file=sys.stderr, flush=True)
+                note(f"{n:,} {peer}: {json.dumps(rows[-1])}")
             results.append(
                 {"n": n, "write_seconds": write_s, "write": write, "index": None if args.index is None else str(args.index),
                  "exact_truth_seconds": round(truth_s, 1), "types": rows}
@@ -502,69 +500,50 @@ def main(argv: list[str] | None = None) -> int:
             else:
                 shutil.rmtree(out, ignore_errors=True)
 
-    report = {
-        "bench": "search",
-        "date": time.strftime("%Y-%m-%d"),
-        "dim": args.dim,
-        "k": args.k,
-        "queries": args.queries,
-        "text_queries": args.text_queries,
-        "max_memory": args.max_memory,
-        "target_recall": args.target_recall,
-        "peers": args.peer,
-        "cached": args.cached,
+    bench.report({
+        "bench": "search", "dim": args.dim, "k": args.k, "queries": args.queries, "text_queries": args.text_queries,
+        "max_memory": args.max_memory, "target_recall": args.target_recall, "peers": args.peer, "cached": args.cached,
         "synthetic": {"clusters": spec.clusters, "noise": spec.noise, "seed": spec.seed},
-        "sizes": results,
-        "peak_rss_mb": round(peak_rss_mb(), 1),
-        "machine": machine_facts(),
-    }
-    print(json.dumps(report))
-    for r in results:
-        for t in r["types"]:
-            print(json.dumps(flat_row(r["n"], t)))
-    print()
+        "sizes": results, "peak_rss_mb": round(peak_rss_mb(), 1),
+    }, table(args, results, types), rows=[flat_row(r["n"], t) for r in results for t in r["types"]])
+    return 0
+
+
+def table(args: argparse.Namespace, results: list[dict[str, Any]], types: list[str]) -> list[str]:
     head = (f"{'vectors':>10} {'type':<11} {'factory':<26} {'params':<13} {'build s':>8} {'+MB':>7} {'B/vec':>7} "
             f"{'anon MB open/q':>15} {'search p50/p99 ms':>18} {'recall@10':>9} {'e2e p50/p99 ms by text precision':>34}")
-    print(head)
-    print("-" * len(head))
-    for r in results:
-        for t in r["types"]:
-            params = ",".join(f"{k}={v}" for k, v in t["search_params"].items()) or "-"
-            e2e = t.get("end_to_end_ms", {})
-            e2e_s = " ".join(f"{p} {v['p50']:.1f}/{v['p99']:.1f}" for p, v in e2e.items()) or "-"
-            build_s = "-" if t["build_seconds"] is None else f"{t['build_seconds']:.1f}"
-            growth = "-" if t["build_rss_growth_mb"] is None else f"{t['build_rss_growth_mb']:.0f}"
-            anon = f"{t['anon_open_mb']:.1f}/{t['anon_after_queries_mb']:.1f}" if "anon_open_mb" in t else "-"
-            print(f"{r['n']:>10,} {t['type']:<11} {t['factory']:<26} {params:<13} {build_s:>8} "
-                  f"{growth:>7} "
-                  f"{t['faiss_bytes_per_vector']:>7.0f} {anon:>15} {t['search_ms']['p50']:>8.3f}/{t['search_ms']['p99']:<9.3f} "
-                  f"{t['recall_at_10']:>9.3f} {e2e_s:>34}")
-    print("+MB: peak RSS growth of the build process (reindex, or the peer's) over its RSS after imports; "
-          "anon MB: anonymous RSS growth of the reader at open / after the timed queries")
-    for r in results:
-        for t in r["types"]:
-            if t.get("x_hf_p50"):
-                ratios = " ".join(f"{p} {x:.2f}x" for p, x in t["x_hf_p50"].items())
-                print(f"{t['type']} end to end against the HF text tower (p50): {ratios}")
-            if t.get("text_cosine_to_fp32"):
-                cos = " ".join(f"{p} {c['mean']:.5f}/{c['min']:.5f}" for p, c in t["text_cosine_to_fp32"].items())
-                print(f"{t['type']} text vectors' cosine to fp32 (mean/min): {cos}")
-            for peer, why in t.get("text_skipped", {}).items():
-                print(f"{t['type']} text path {peer}: skipped ({why})")
+    lines = [head, "-" * len(head)]
+    rows = [(r["n"], t) for r in results for t in r["types"]]
+    for n, t in rows:
+        params = ",".join(f"{k}={v}" for k, v in t["search_params"].items()) or "-"
+        e2e = " ".join(f"{p} {v['p50']:.1f}/{v['p99']:.1f}" for p, v in t.get("end_to_end_ms", {}).items()) or "-"
+        build_s = "-" if t["build_seconds"] is None else f"{t['build_seconds']:.1f}"
+        growth = "-" if t["build_rss_growth_mb"] is None else f"{t['build_rss_growth_mb']:.0f}"
+        anon = f"{t['anon_open_mb']:.1f}/{t['anon_after_queries_mb']:.1f}" if "anon_open_mb" in t else "-"
+        lines.append(f"{n:>10,} {t['type']:<11} {t['factory']:<26} {params:<13} {build_s:>8} {growth:>7} "
+                     f"{t['faiss_bytes_per_vector']:>7.0f} {anon:>15} {t['search_ms']['p50']:>8.3f}/{t['search_ms']['p99']:<9.3f} "
+                     f"{t['recall_at_10']:>9.3f} {e2e:>34}")
+    lines.append("+MB: peak RSS growth of the build process (reindex, or the peer's) over its RSS after imports; "
+                 "anon MB: anonymous RSS growth of the reader at open / after the timed queries")
+    for _, t in rows:
+        if t.get("x_hf_p50"):
+            ratios = " ".join(f"{p} {x:.2f}x" for p, x in t["x_hf_p50"].items())
+            lines.append(f"{t['type']} end to end against the HF text tower (p50): {ratios}")
+        if t.get("text_cosine_to_fp32"):
+            cos = " ".join(f"{p} {c['mean']:.5f}/{c['min']:.5f}" for p, c in t["text_cosine_to_fp32"].items())
+            lines.append(f"{t['type']} text vectors' cosine to fp32 (mean/min): {cos}")
+        lines += [f"{t['type']} text path {peer}: skipped ({why})" for peer, why in t.get("text_skipped", {}).items()]
     if CURRENT in types:
-        print(f"{CURRENT}: the index as it stood, not rebuilt: its build is not timed in this run (see its `tuning`)")
+        lines.append(f"{CURRENT}: the index as it stood, not rebuilt: its build is not timed in this run (see its `tuning`)")
     if args.cached:
-        print("--cached: each FAISS file was read through (into the page cache) before its timed queries")
-    for r in results:
-        for t in r["types"]:
-            if t["type"] == "autofaiss":
-                print(f"autofaiss {t['version']} at {r['n']:,}: its own choice of index and search parameters "
-                      f"(max_index_query_time_ms {t['max_index_query_time_ms']}); build s excludes exporting the vectors "
-                      f"to .npy ({t['export_seconds']:.1f} s); same queries, search call and exact truth as ours")
-    print(f"single queries, k={args.k}, {args.queries} held-out in-distribution queries; recall against exact search; "
-          f"--max-memory {args.max_memory}, target recall {args.target_recall}; "
-          f"{report['machine']['cores']} cores, {report['machine']['cpu']}")
-    return 0
+        lines.append("--cached: each FAISS file was read through (into the page cache) before its timed queries")
+    lines += [f"autofaiss {t['version']} at {n:,}: its own choice of index and search parameters "
+              f"(max_index_query_time_ms {t['max_index_query_time_ms']}); build s excludes exporting the vectors "
+              f"to .npy ({t['export_seconds']:.1f} s); same queries, search call and exact truth as ours"
+              for n, t in rows if t["type"] == "autofaiss"]
+    lines.append(f"single queries, k={args.k}, {args.queries} held-out in-distribution queries; recall against exact search; "
+                 f"--max-memory {args.max_memory}, target recall {args.target_recall}")
+    return lines
 
 
 if __name__ == "__main__":

@@ -39,9 +39,10 @@ query once in this process (``ImageIndex.search`` / ``search_vectors`` / ``searc
 the same index, opened with the server's settings) and once over one connection, in turns
 (which goes first alternates), so that both sides see the same machine at the same moment on a
 shared host. The overhead is the server's p50 minus the in-process p50 of these pairs, at one
-client (goal: <= 3 ms); the 1-client load run that follows gives the server's p50 again.
+client (goal: :data:`OVERHEAD_GOAL_MS`); the 1-client load run that follows gives the server's p50 again.
 
-Prints one JSON line per (index, kind, clients), then a readable table.
+Prints the run's record as one JSON line (``bench``: ``serve-run``, its ``rows``), then one JSON
+line per (index, kind, clients) (``bench``: ``serve``), then a readable table.
 
     python benchmarks/bench_serve.py [--indexes demo,synthetic] [--kinds text,vector,image_id,health]
         [--clients 1,8,32] [--requests 400] [--warmup 5] [--synthetic-n 100000] [--workers 1,2]
@@ -55,7 +56,6 @@ import json
 import os
 import shlex
 import sys
-import tempfile
 import time
 import urllib.parse
 from collections.abc import Sequence
@@ -63,7 +63,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from _common import ROOT, latency_summary, machine_facts, peak_rss_mb
+from _common import ROOT, latency_summary, peak_rss_mb
+from _harness import Bench, listed, note
 from _load import Connection, LoadResult, Query, Server, per_client, run_load, self_cpu_seconds, tree_memory_mb
 
 from clipsearch.cli import int_at_least
@@ -78,7 +79,7 @@ DEMO_MODEL = ROOT / "data" / "models" / "demo-clip"
 DEMO_QUERIES = DEMO_IMAGES / "queries.jsonl"
 KINDS = ("text", "vector", "image_id", "health", "knn_text", "knn_vector")
 BLAS_ENV = ("OPENBLAS_NUM_THREADS", "MKL_NUM_THREADS", "OMP_NUM_THREADS")
-# The goal of issue 17: the server's p50 at one client at most this far above in-process.
+# The goal: the server's p50 at one client at most this far above in-process.
 OVERHEAD_GOAL_MS = 3.0
 
 
@@ -297,7 +298,7 @@ def _bench_server(
         command += ["--workers", str(workers)]
     if args.token:
         command += ["--token", args.token]
-    print(f"bench_serve: {name}: starting {shlex.join(command)}", file=sys.stderr)
+    note(f"{name}: starting {shlex.join(command)}")
     server = Server(command, args.start_timeout)
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
@@ -310,7 +311,7 @@ def _bench_server(
             problems += [f"{name} {kind}: {p}" for p in found]
             base = None
             if kind != "health":
-                print(f"bench_serve: {name}: {kind}, in-process and over HTTP in turns ...", file=sys.stderr)
+                note(f"{name}: {kind}, in-process and over HTTP in turns ...")
                 pair = asyncio.run(
                     paired(server.host, server.port, per_kind[kind], args.token, index, args.k, args.baseline_repeat, args.timeout)
                 )
@@ -318,7 +319,7 @@ def _bench_server(
                 base = pair.summary()
             for clients in args.clients:
                 each = per_client(args.requests, clients)
-                print(f"bench_serve: {name}: {kind}, {clients} clients x {each} requests ...", file=sys.stderr)
+                note(f"{name}: {kind}, {clients} clients x {each} requests ...")
                 load = asyncio.run(run_load(server.host, server.port, raw, clients, each, args.warmup, args.timeout, server.pid))
                 rows.append({**_row(name, index, kind, clients, args, load, base, len(found), build), "workers": workers})
                 if load.errors:
@@ -376,33 +377,16 @@ def _row(
     }
 
 
-def _csv(convert: Any, allowed: Sequence[str] | None = None) -> Any:
-    def parse(text: str) -> list[Any]:
-        items = [s.strip() for s in text.split(",") if s.strip()]
-        if not items:
-            raise argparse.ArgumentTypeError("expected a comma-separated list")
-        if allowed is not None and any(i not in allowed for i in items):
-            raise argparse.ArgumentTypeError(f"choose from {','.join(allowed)}, got {text!r}")
-        try:
-            values = [convert(i) for i in items]
-        except ValueError:
-            raise argparse.ArgumentTypeError(f"bad list {text!r}") from None
-        if convert is int and any(v < 1 for v in values):
-            raise argparse.ArgumentTypeError(f"values must be >= 1, got {text!r}")
-        return values
-
-    return parse
-
-
 _positive = int_at_least(1)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--indexes", type=_csv(str, ("demo", "synthetic")), default=["demo", "synthetic"], help="default: demo,synthetic")
-    parser.add_argument("--kinds", type=_csv(str, KINDS), default=list(KINDS), help=f"default: {','.join(KINDS)}")
-    parser.add_argument("--clients", type=_csv(int), default=[1, 8, 32], help="concurrent connections, one run each (default: 1,8,32)")
-    parser.add_argument("--workers", type=_csv(int), default=[1], help="server worker processes, one server each (default: 1)")
+    bench = Bench("bench_serve", __doc__, "seed", "work_dir")
+    parser = bench.parser
+    parser.add_argument("--indexes", type=listed(str, ("demo", "synthetic")), default=["demo", "synthetic"], help="default: demo,synthetic")
+    parser.add_argument("--kinds", type=listed(str, KINDS), default=list(KINDS), help=f"default: {','.join(KINDS)}")
+    parser.add_argument("--clients", type=listed(int), default=[1, 8, 32], help="concurrent connections, one run each (default: 1,8,32)")
+    parser.add_argument("--workers", type=listed(int), default=[1], help="server worker processes, one server each (default: 1)")
     parser.add_argument(
         "--requests", type=_positive, default=400, help="timed requests per run, split evenly over its clients, rounded up (default: 400)"
     )
@@ -415,7 +399,6 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--synthetic-n", type=_positive, default=100_000, help="vectors in the synthetic index (default: 100000)")
     parser.add_argument("--synthetic-type", default="flat", help="its index type (default: flat)")
     parser.add_argument("--demo-limit", type=_positive, default=None, help="index only the first N demo images (tests)")
-    parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--device", default="cpu", help="query model device, here and in the server (default: cpu)")
     parser.add_argument("--precision", default="fp32", help="text tower precision, here and in the server (default: fp32)")
     parser.add_argument("--token", help="serve with --token and send it (default: none)")
@@ -427,16 +410,15 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds per request before it counts as an error (default: 60)")
     parser.add_argument("--start-timeout", type=float, default=180.0, help="seconds to wait for the server's line (default: 180)")
-    parser.add_argument("--work-dir", help="where to build the indexes (default: a temp dir, removed)")
-    args = parser.parse_args(argv)
+    args = bench.parse(argv)
 
     t_start = time.perf_counter()
     rows: list[dict[str, Any]] = []
     problems: list[str] = []
-    with tempfile.TemporaryDirectory(dir=args.work_dir) as tmp:
+    with bench.scratch() as work:
         for name in args.indexes:
-            index_dir = Path(tmp) / f"{name}.idx"
-            print(f"bench_serve: building {name} ...", file=sys.stderr)
+            index_dir = work / f"{name}.idx"
+            note(f"building {name} ...")
             if name == "demo":
                 build = build_demo(index_dir, args.demo_limit)
             else:
@@ -444,34 +426,26 @@ def main(argv: list[str] | None = None) -> int:
             got, found = bench_index(name, index_dir, args, build)
             rows += got
             problems += found
-    machine = machine_facts()
     total_s = round(time.perf_counter() - t_start, 1)
     for row in rows:
-        row.update(
-            date=time.strftime("%Y-%m-%d"),
-            bench_peak_rss_mb=round(peak_rss_mb(), 1),
-            total_seconds=total_s,
-            # The numpy text tower's BLAS threads busy-wait: their count changes text latency on
-            # few cores as much as OpenMP's wait policy does (both reach the server too).
-            blas_env={k: os.environ[k] for k in BLAS_ENV if k in os.environ},
-            machine=machine,
-        )
-        print(json.dumps(row))
-    print()
-    _table(rows, args, machine)
+        # The numpy text tower's BLAS threads busy-wait: their count changes text latency on
+        # few cores as much as OpenMP's wait policy does (both reach the server too).
+        row.update(bench_peak_rss_mb=round(peak_rss_mb(), 1), total_seconds=total_s,
+                   blas_env={k: os.environ[k] for k in BLAS_ENV if k in os.environ})
+    bench.report({"bench": "serve-run", "rows": rows, "problems": problems, "total_seconds": total_s}, table(rows, args),
+                 rows=rows)
     for p in problems:
-        print(f"bench_serve: error: {p}", file=sys.stderr)
+        bench.fail(p)
     return 1 if problems else 0
 
 
-def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[str, Any]) -> None:
+def table(rows: list[dict[str, Any]], args: argparse.Namespace) -> list[str]:
     head = (
         f"{'index':<10} {'kind':<10} {'workers':>7} {'clients':>7} {'req/s':>8} {'p50 ms':>8} {'p99 ms':>8} {'errors':>6}"
         f" {'in-proc p50':>11} {'paired p50':>10} {'overhead p50':>12}"
         f" {'client CPU ms/req':>17} {'server CPU ms/req':>17} {'in-proc CPU ms':>14} {'RSS MB':>14} {'PSS MB':>7}"
     )
-    print(head)
-    print("-" * len(head))
+    lines = [head, "-" * len(head)]
 
     def num(value: float | None, digits: int = 2) -> str:
         return "" if value is None else f"{value:.{digits}f}"
@@ -481,7 +455,7 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[s
         first = r["clients"] == min(args.clients) and r["in_process_ms"] is not None
         local = r["in_process_ms"] if first else None
         remote = r["paired_server_ms"] if first else None
-        print(
+        lines.append(
             f"{r['index']:<10} {r['kind']:<10} {r['workers']:>7} {r['clients']:>7} {num(r['requests_per_s'], 1):>8}"
             f" {num(r['latency_ms']['p50']):>8}"
             f" {num(r['latency_ms']['p99']):>8} {r['errors'] + r['mismatches']:>6} {num(local and local['p50']):>11}"
@@ -491,15 +465,16 @@ def _table(rows: list[dict[str, Any]], args: argparse.Namespace, machine: dict[s
             f" {num(r['server'].get('pss_total_mb'), 0):>7}"
         )
     sizes = ", ".join(sorted({f"{r['index']} {r['count']:,} x {r['dim']}-d {r['index_type']}" for r in rows}))
-    print(
+    lines.append(
         f"~{args.requests} timed requests per run (split over its clients) after {args.warmup} warm-up per client, k={args.k},"
         f" keep-alive HTTP/1.1 on 127.0.0.1, {args.device} {args.precision}; {sizes};"
         " errors = non-200 + exceptions + answers unlike in-process;"
         f" in-proc / paired p50 = {args.baseline_repeat} passes over the distinct queries, in-process and over HTTP in turns,"
         f" overhead = their difference (goal <= {OVERHEAD_GOAL_MS:g} ms);"
-        f" RSS = each server process after the load (supervisor + workers), PSS = their total with shared pages counted once;"
-        f" client and server share {machine['cores']} cores, {machine['cpu']}"
+        " RSS = each server process after the load (supervisor + workers), PSS = their total with shared pages counted once;"
+        " client and server share the machine's cores"
     )
+    return lines
 
 
 if __name__ == "__main__":

@@ -22,7 +22,6 @@ written next to it. Prints one JSON line, then a readable table.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import re
 import sys
@@ -31,7 +30,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _common import machine_facts
+from _harness import Bench, listed, note
 
 from clipsearch.cli import int_at_least
 
@@ -103,23 +102,12 @@ def needs_rebuild(index_dir: Path, encoder: Any, images_root: Path) -> str | Non
     return None
 
 
-def _ks(text: str) -> tuple[int, ...]:
-    try:
-        ks = tuple(int(k) for k in text.split(",") if k.strip())
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"--k takes comma-separated integers, got {text!r}") from None
-    if not ks or any(k < 1 for k in ks):
-        raise argparse.ArgumentTypeError(f"--k values must be >= 1, got {text!r}")
-    return tuple(sorted(set(ks)))
-
-
 _nonnegative = int_at_least(0)
 
 
-def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+def add_options(p: argparse.ArgumentParser) -> None:
     from retrieval.encoders import DEFAULT_MODEL
 
-    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     src = p.add_mutually_exclusive_group(required=True)
     src.add_argument("--karpathy", metavar="JSON", help="Karpathy split file (dataset_coco.json, dataset_flickr30k.json)")
     src.add_argument("--captions", metavar="FILE", help="caption file: .jsonl ({path, caption}) or .csv/.tsv with a header")
@@ -146,17 +134,9 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     p.add_argument("--batch-size", type=int, default=64, help="images per model call when indexing (default: 64)")
     p.add_argument("--query-batch-size", type=int, default=256, help="queries per model call (default: 256)")
     p.add_argument("--workers", type=_nonnegative, default=None, help="decode workers (default: from the core count)")
-    p.add_argument("--k", type=_ks, default=(1, 5, 10), help="recall cut-offs, comma-separated (default: 1,5,10)")
+    p.add_argument("--k", type=listed(int), default=[1, 5, 10], help="recall cut-offs, comma-separated (default: 1,5,10)")
     p.add_argument("--ann", action="store_true", help="rank with the index's FAISS search (top K) instead of exactly")
     p.add_argument("--no-progress", action="store_true", help="no progress bar while indexing")
-    args = p.parse_args(argv)
-    if args.captions and args.split is not None:
-        p.error("--split selects a Karpathy split; for a caption file use --split-file LIST")
-    return args
-
-
-def _log(message: str) -> None:
-    print(f"eval_retrieval: {message}", file=sys.stderr, flush=True)
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
@@ -195,7 +175,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     encoder = load_encoder(args.model, device=args.device)
     why = "--rebuild" if args.rebuild else needs_rebuild(index_dir, encoder, images_root)
     action = f"rebuilding ({why})" if why else ("updating" if index_dir.exists() else "building")
-    _log(f"{action} {index_dir}: {dataset.n_images} images of {name}/{dataset.split or 'all'}, model {encoder.name}")
+    note(f"{action} {index_dir}: {dataset.n_images} images of {name}/{dataset.split or 'all'}, model {encoder.name}")
     index_dir.parent.mkdir(parents=True, exist_ok=True)
     # An existing index of the same model is brought up to date in place: unchanged images
     # are neither read nor embedded again, images not in this split are dropped.
@@ -216,7 +196,7 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
     missing = sorted({s.path for s in index.skipped()} & set(dataset.images))
     if missing:
         # evaluate() skips the captions of these images and counts them in skipped_queries.
-        _log(
+        note(
             f"warning: {len(missing)} of {dataset.n_images} images could not be indexed (e.g. {missing[0]}); "
             "the published protocol needs all of them"
         )
@@ -233,7 +213,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         metrics.pop(key, None)
     return {
         "bench": "eval_retrieval",
-        "date": time.strftime("%Y-%m-%d"),
         "dataset": name,
         "split": dataset.split,
         "model": encoder.name,
@@ -254,7 +233,6 @@ def run(args: argparse.Namespace) -> dict[str, Any]:
         "eval_seconds": round(eval_s, 3),
         "metrics": metrics,
         "reference": reference_for(name, dataset.split, args.model),
-        "machine": machine_facts(),
     }
 
 
@@ -270,48 +248,44 @@ def _fmt(key: str, value: Any) -> str:
     return f"{value:.2f}" if isinstance(value, float) else str(value)
 
 
-def print_table(result: dict[str, Any]) -> None:
+def table(result: dict[str, Any]) -> list[str]:
     """The report as a readable table (recall, MRR and nDCG in percent)."""
     metrics = result["metrics"]
     ref = result["reference"] or {}
-    print(
-        f"{result['dataset']} / {result['split'] or 'all'}: {result['n_images']} images, "
-        f"{metrics['queries']} queries evaluated of {result['n_queries']}, model {result['model']}"
-    )
     head = f"{'metric':<20}{'clipsearch':>12}" + (f"{'published':>12}" if ref else "")
-    print(head)
-    print("-" * len(head))
+    lines = [
+        f"{result['dataset']} / {result['split'] or 'all'}: {result['n_images']} images, "
+        f"{metrics['queries']} queries evaluated of {result['n_queries']}, model {result['model']}",
+        head,
+        "-" * len(head),
+    ]
     for key, value in metrics.items():
-        if not key.startswith(_TABLE_KEYS):
-            continue
-        line = f"{key:<20}{_fmt(key, value):>12}"
-        if ref:
-            line += f"{_fmt(key, ref[key]) if key in ref else '':>12}"
-        print(line)
-    print("recall, mrr, ndcg in %; ranks are 1-based positions of the first relevant image; chance_* = random ranking")
+        if key.startswith(_TABLE_KEYS):
+            lines.append(f"{key:<20}{_fmt(key, value):>12}" + (f"{_fmt(key, ref[key]) if key in ref else '':>12}" if ref else ""))
+    lines.append("recall, mrr, ndcg in %; ranks are 1-based positions of the first relevant image; chance_* = random ranking")
     if ref:
-        print(f"published: {ref['source']}")
+        lines.append(f"published: {ref['source']}")
     idx = result["index"]
-    m = result["machine"]
-    print(
-        f"index: {idx['total']} images ({idx['embedded']} embedded by this run) in {idx['seconds']:.1f} s; "
-        f"evaluated in {result['eval_seconds']:.1f} s; {m['cores']} cores, {m['cpu']}"
-    )
+    lines.append(f"index: {idx['total']} images ({idx['embedded']} embedded by this run) in {idx['seconds']:.1f} s; "
+                 f"evaluated in {result['eval_seconds']:.1f} s")
+    return lines
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    args = parse_args(argv)
+    bench = Bench("eval_retrieval", __doc__)
+    add_options(bench.parser)
+    args = bench.parse(argv)
+    args.k = tuple(sorted(set(args.k)))
+    if args.captions and args.split is not None:
+        bench.parser.error("--split selects a Karpathy split; for a caption file use --split-file LIST")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from retrieval.errors import ClipSearchError
 
     try:
         result = run(args)
     except ClipSearchError as exc:
-        print(f"eval_retrieval: error: {exc}", file=sys.stderr)
-        return 1
-    print(json.dumps(result, ensure_ascii=False))
-    print()
-    print_table(result)
+        return bench.fail(exc)
+    bench.report(result, table(result))
     return 0
 
 

@@ -597,13 +597,21 @@ def test_synthetic_vectors_are_clustered_and_normalised() -> None:
         bench_query.SyntheticSpec(clusters=0)
 
 
+def _serve_rows(out: str) -> list[dict]:
+    """bench_serve's row lines, after its record (which holds the same rows)."""
+    record, *lines = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    assert record["bench"] == "serve-run"
+    assert record["rows"] == [{k: v for k, v in r.items() if k not in ("date", "machine")} for r in lines]
+    return lines
+
+
 def test_bench_serve_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     # Both indexes, every kind, two concurrencies, against real `clipsearch serve` subprocesses.
     args = ["--demo-limit", "24", "--synthetic-n", "3000", "--clients", "1,3", "--requests", "5", "--warmup", "1"]
     code = bench_serve.main([*args, "--distinct", "6", "--baseline-repeat", "1", "--work-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    rows = _serve_rows(out)
     assert [(r["index"], r["kind"], r["clients"]) for r in rows] == [
         (index, kind, clients) for index in ("demo", "synthetic") for kind in bench_serve.KINDS for clients in (1, 3)
     ]
@@ -632,7 +640,7 @@ def test_bench_serve_workers_and_knn_rows(tmp_path: Path, capsys: pytest.Capture
     code = bench_serve.main([*args, "--work-dir", str(tmp_path)])
     out = capsys.readouterr().out
     assert code == 0, out
-    rows = [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+    rows = _serve_rows(out)
     assert [(r["workers"], r["kind"]) for r in rows] == [(w, k) for w in (1, 2) for k in ("knn_text", "knn_vector")]
     for r in rows:
         assert (r["errors"], r["mismatches"], r["completed"]) == (0, 0, 4), r
@@ -878,3 +886,23 @@ def test_harness_shared_options_are_named() -> None:
     with pytest.raises(KeyError):
         parser("bench_x", None, "nonsense")
     assert {"--json-out", "--threads"} <= set(parser("bench_x", None, "threads")._option_string_actions)
+
+
+def test_bench_faces_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("dlib", reason="the faces extra")
+    import bench_faces
+
+    from PIL import Image
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    Image.new("RGB", (200, 150), (90, 90, 90)).save(folder / "nobody1.png")  # no face: a person never found
+    people = len(bench_faces.labelled_photos(None))  # the astronaut, and Grace Hopper where matplotlib is installed
+    code = bench_faces.main(["--photos", str(folder), "--min-sizes", "32", "--min-scores", "0.5", "--distances", "0.5"])
+    assert code == 0
+    result = _json_line(capsys.readouterr().out)
+    (row,) = result["detection"]
+    assert row["views"] == 12 * (people + 1) and row["found"] == 12 * people and row["min_size"] == 32
+    (group,) = result["grouping"]
+    assert group["true_people"] == people and group["people"] == people and group["precision"] == 1.0
+    assert bench_faces.main(["--photos", str(tmp_path / "missing")]) == 1
