@@ -93,6 +93,10 @@ class IndexCorruptError(IndexFormatError):
         self.fix = fix
 
 
+class NoFacesError(ClipSearchError):
+    """The index holds no faces (built without ``--faces``), or no person by that name or number."""
+
+
 class EngineError(ClipSearchError):
     """A distributed build engine (Ray) is missing, unreachable, or cannot run what was asked."""
 

@@ -891,7 +891,6 @@ def test_harness_shared_options_are_named() -> None:
 def test_bench_faces_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     pytest.importorskip("dlib", reason="the faces extra")
     import bench_faces
-
     from PIL import Image
 
     folder = tmp_path / "photos"

@@ -251,6 +251,7 @@ def test_every_command_is_listed_in_help_order() -> None:
         import_,
         index,
         info,
+        people,
         reindex,
         search,
         serve,
@@ -259,10 +260,13 @@ def test_every_command_is_listed_in_help_order() -> None:
 
     proc = run_cli(["no-such-command"])
     listed = (
-        "'index', 'reindex', 'import', 'finetune', 'search', 'classify', 'duplicates', 'info', 'verify', 'eval', 'eval-zeroshot', 'serve'"
+        "'index', 'reindex', 'import', 'finetune', 'search', 'classify', 'duplicates', 'people', 'info', 'verify', 'eval', "
+        "'eval-zeroshot', 'serve'"
     )
     assert f"(choose from {listed})" in proc.stderr
-    assert COMMANDS == (index, reindex, import_, finetune, search, classify, duplicates, info, verify, evaluate, eval_zeroshot, serve)
+    assert COMMANDS == (
+        index, reindex, import_, finetune, search, classify, duplicates, people, info, verify, evaluate, eval_zeroshot, serve
+    )
 
 
 @pytest.mark.parametrize("package", ["retrieval", "indexer"])

@@ -80,7 +80,9 @@ def cluster_all(descriptors: np.ndarray, options: ClusterOptions | None = None) 
     return _dbscan(_descriptors(descriptors), options or ClusterOptions())
 
 
-def assign_new(descriptors: np.ndarray, people: np.ndarray, options: ClusterOptions | None = None) -> np.ndarray:
+def assign_new(
+    descriptors: np.ndarray, people: np.ndarray, options: ClusterOptions | None = None, first_new: int = 0,
+) -> np.ndarray:
     """``people`` with its ``-1`` entries filled where a face joins a person or founds one.
 
     Args:
@@ -88,6 +90,8 @@ def assign_new(descriptors: np.ndarray, people: np.ndarray, options: ClusterOpti
         people: ``(n,)`` person numbers; ``-1`` for faces without a person (new faces and the
             ones still waiting). Numbers already there never change.
         options: the distance and density rule.
+        first_new: the lowest number a new person may get (numbers below it may be taken by
+            people the user made by hand).
     """
     options = options or ClusterOptions()
     arr = _descriptors(descriptors)
@@ -111,7 +115,7 @@ def assign_new(descriptors: np.ndarray, people: np.ndarray, options: ClusterOpti
     still = np.flatnonzero(labels == NOBODY)
     if still.size:
         fresh = _dbscan(arr[still], options)
-        base = int(labels.max()) + 1  # 0 where nobody has a person yet
+        base = max(int(labels.max()) + 1, first_new)  # 0 where nobody has a person yet
         founded = fresh != NOBODY
         labels[still[founded]] = fresh[founded] + base
     return labels

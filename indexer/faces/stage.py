@@ -26,6 +26,7 @@ import numpy as np
 import pyarrow as pa
 
 from retrieval import store
+from retrieval.faces.edits import PeopleEdits, face_key, load_edits
 from retrieval.faults import crash_point
 from retrieval.images import decode_image
 from retrieval.images.decode import DEFAULT_MAX_PIXELS
@@ -144,12 +145,17 @@ def _tables_of(ids: list[int], rows: pa.Table, found: list[tuple[list[Face], str
     return pa.table(face_rows, schema=FACES_SCHEMA), read
 
 
-def _with_people(faces: pa.Table, options: Mapping[str, Any]) -> pa.Table:
+def _with_people(faces: pa.Table, options: Mapping[str, Any], edits: PeopleEdits) -> pa.Table:
+    """``faces`` with every face's person: the user's edits first (merges, faces moved by hand),
+    then new faces joining or founding people; faces moved to nobody by hand stay there."""
     if faces.num_rows == 0:
         return faces
+    keys = [face_key(h, int(n)) for h, n in zip(faces.column("content_hash").to_pylist(), faces.column("face").to_pylist(), strict=True)]
+    people = edits.apply(faces.column("person").to_numpy(), keys)
+    free = np.array([edits.faces.get(k, 0) != NOBODY for k in keys])  # not pinned to nobody
     descriptors = np.asarray(faces.column("descriptor").combine_chunks().flatten(), dtype=np.float32).reshape(faces.num_rows, -1)
-    people = assign_new(descriptors, faces.column("person").to_numpy(),
-                        ClusterOptions(max_distance=float(options["max_distance"]), min_faces=int(options["min_faces"])))
+    people[free] = assign_new(descriptors[free], people[free], ClusterOptions(max_distance=float(options["max_distance"]),
+                              min_faces=int(options["min_faces"])), first_new=edits.next_person)
     return faces.set_column(faces.schema.get_field_index("person"), "person", pa.array(people, pa.int64())).cast(FACES_SCHEMA)
 
 
@@ -204,7 +210,8 @@ def read_missing_faces(
             ids = [int(i) for i in todo[at : at + chunk]]
             found = list(pool.map(_find, [_file(rows, i) for i in ids], chunksize=4))
             new_faces, new_read = _tables_of(ids, rows, found)
-            faces = _with_people(pa.concat_tables([tables.faces, new_faces]).sort_by([("id", "ascending"), ("face", "ascending")]), options)
+            faces = _with_people(pa.concat_tables([tables.faces, new_faces]).sort_by([("id", "ascending"), ("face", "ascending")]),
+                                 options, load_edits(writer.dir))
             read = pa.concat_tables([tables.read, new_read]).sort_by("id")
             tables = FaceTables(faces, read, dict(options))
             writer.set_faces(tables)
