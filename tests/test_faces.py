@@ -15,7 +15,7 @@ from PIL import Image
 
 from indexer.faces import ClusterOptions, FaceFinder, FaceOptions, assign_new, cluster_all
 from indexer.faces.detect import check_engine
-from indexer.faces.people import NOBODY
+from indexer.faces.grouping import NOBODY
 from retrieval.errors import EngineError, InvalidArgumentError
 
 pytest.importorskip("dlib", reason="the faces extra: pip install 'clipsearch[faces]'")

@@ -11,6 +11,6 @@ install when it is missing.
 """
 
 from .detect import FACES_EXTRA, Face, FaceFinder, FaceOptions
-from .people import ClusterOptions, assign_new, cluster_all
+from .grouping import ClusterOptions, assign_new, cluster_all
 
 __all__ = ["FACES_EXTRA", "ClusterOptions", "Face", "FaceFinder", "FaceOptions", "assign_new", "cluster_all"]

@@ -16,7 +16,7 @@ How one image is read:
    full-resolution pixels, so a small face in a large photo is described from all its pixels.
 
 Two descriptors of one person are usually less than 0.6 apart (Euclidean; dlib's own
-threshold) and of two people more; :mod:`indexer.faces.people` groups them.
+threshold) and of two people more; :mod:`indexer.faces.grouping` groups them.
 """
 
 from __future__ import annotations

@@ -30,7 +30,7 @@ import pyarrow.parquet as pq
 from retrieval import store
 from retrieval.layout import FACES_FILE, FACES_READ_FILE, FACES_READ_SCHEMA, FACES_SCHEMA, FacesRef, checksum_file
 
-from .people import NOBODY
+from .grouping import NOBODY
 
 
 @dataclass(frozen=True)

@@ -6,7 +6,7 @@ index embedded without ``--faces`` alike (no image is embedded again). It runs i
 processes of this machine (dlib holds the interpreter while it works), for any engine.
 
 Every ``chunk`` images the faces found join the side (:mod:`indexer.faces.side`), new faces join
-or found people (:func:`indexer.faces.people.assign_new`), and a generation is committed; a
+or found people (:func:`indexer.faces.grouping.assign_new`), and a generation is committed; a
 crash or Ctrl-C loses only the chunk in flight, and the next run reads the rows still unread.
 """
 
@@ -37,7 +37,7 @@ from ..commit import GenerationWriter
 from ..discover import ImageFile
 from ..shards import ShardReader
 from .detect import Face, FaceFinder, FaceOptions
-from .people import NOBODY, ClusterOptions, assign_new
+from .grouping import NOBODY, ClusterOptions, assign_new
 from .side import FaceTables
 
 # Most images read between two commits (a few minutes of detection on one core at most); a

@@ -6,7 +6,7 @@ rebuild of the FAISS file or new grouping of the faces can lose it. The file is 
 (a crash leaves the old file or the new one), and changed under its own lock
 (``people.json.lock``), so a build and a rename never wait for each other.
 
-People are numbered by the grouping (:mod:`indexer.faces.people`); an edit names those numbers
+People are numbered by the grouping (:mod:`indexer.faces.grouping`); an edit names those numbers
 and faces:
 
 - ``names``: a person's name (unique, case-insensitive);
