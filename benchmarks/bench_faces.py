@@ -11,6 +11,9 @@ rotated 8 degrees each way, cropped, grey).
   found (recall: a face within 0.6 of the photo's own face), the other faces found (false
   positives: each photo holds one face), and the
   detector's seconds per view, for ``--max-side`` and ``--upsample``.
+- **The cost on a build** (``--build-images N``, 0 to skip): a build of N photos (scikit-image's,
+  1600 px, one face in five) with a random ViT-B/32 in fp32, without and with ``--faces``, in
+  alternating rounds (``--rounds``); the ratio of the medians is what ``--faces`` adds.
 - **Grouping**, for each ``--distances``: ``cluster_all`` (DBSCAN, ``--min-faces``) over the
   largest face of each view, scored against the people: adjusted Rand index, pairwise precision
   and recall, people found, faces left to nobody; and the largest distance within one person and
@@ -138,8 +141,39 @@ def grouping_rows(faces: list[tuple[str, Any]], distances: list[float], min_face
     return rows, margin
 
 
+def build_cost(work: Path, images: int, rounds: int) -> dict[str, Any]:
+    """Seconds of a build without and with ``--faces`` (median of ``rounds`` alternating pairs)."""
+    import shutil
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
+    from photos import PHOTOS, photo
+
+    from indexer import build_index
+    from retrieval.tools.random_model import make_random_clip
+
+    photos = work / "photos"
+    photos.mkdir()
+    for i in range(images):
+        photo(PHOTOS[i % len(PHOTOS)], max_side=1600).rotate(i % 4).save(photos / f"p{i:03d}.jpg", quality=90)
+    model = make_random_clip(work / "model", preset="vit-b-32", seed=0)
+    seconds: dict[bool, list[float]] = {False: [], True: []}
+    faces_found = 0
+    for _ in range(rounds):
+        for faces in (False, True):
+            out = work / "idx"
+            shutil.rmtree(out, ignore_errors=True)
+            start = time.perf_counter()
+            report = build_index(photos, out, model=str(model), device="cpu", precision="fp32", progress=False, faces=faces)
+            seconds[faces].append(time.perf_counter() - start)
+            faces_found = max(faces_found, report.faces_found)
+    plain, with_faces = float(np.median(seconds[False])), float(np.median(seconds[True]))
+    return {"images": images, "rounds": rounds, "plain_s": round(plain, 2), "faces_s": round(with_faces, 2),
+            "ratio": round(with_faces / plain, 2), "faces_s_per_image": round((with_faces - plain) / images, 3),
+            "faces_found": faces_found}
+
+
 def main(argv: list[str] | None = None) -> int:
-    bench = Bench("bench_faces", __doc__)
+    bench = Bench("bench_faces", __doc__, "work_dir")
     p = bench.parser
     p.add_argument("--photos", type=Path, metavar="DIR", help="more labelled photos: the person is the file name without a trailing number")
     p.add_argument("--min-sizes", type=_ints, default=[24, 32, 40], help="face sizes in px (default: 24,32,40)")
@@ -148,6 +182,8 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upsample", type=int, default=1, help="detector upsampling (default: 1)")
     p.add_argument("--distances", type=_floats, default=[0.35, 0.4, 0.45, 0.5, 0.55, 0.6], help="max_distance values")
     p.add_argument("--min-faces", type=int, default=3, help="faces that found a person (default: 3)")
+    p.add_argument("--build-images", type=int, default=0, help="photos of the build-cost rows (default: 0, skipped)")
+    p.add_argument("--rounds", type=int, default=2, help="build pairs, alternating (default: 2)")
     args = bench.parse(argv)
     try:
         from indexer.faces.detect import check_engine
@@ -160,6 +196,10 @@ def main(argv: list[str] | None = None) -> int:
     labelled = [(person, views(img)) for person, img in labelled_photos(args.photos)]
     detection, largest = detection_rows(labelled, args.min_sizes, args.min_scores, args.max_side, args.upsample)
     grouping, margin = grouping_rows(largest, args.distances, args.min_faces)
+    cost: dict[str, Any] | None = None
+    if args.build_images > 0:
+        with bench.scratch() as work:
+            cost = build_cost(work, args.build_images, max(1, args.rounds))
     table = [f"{len(labelled)} photos x 12 views, {len({p for p, _ in labelled})} people; detector max_side {args.max_side}, "
              f"upsample {args.upsample}, {detection[0]['detect_s_p50']} s per view (median)", "",
              "min_size  min_score  found/views  false_positives"]
@@ -169,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
               "max_distance    ARI  precision  recall  people  nobody"]
     table += [f"{r['max_distance']:>12}  {r['ari']:>5}  {r['precision']:>9}  {r['recall']:>6}  "
               f"{r['people']:>3}/{r['true_people']:<2}  {r['nobody']:>6}" for r in grouping]
-    bench.report({"bench": "faces", "detection": detection, "grouping": grouping, "margin": margin}, table)
+    if cost is not None:
+        table += ["", f"a build of {cost['images']} photos (1600 px, random ViT-B/32, fp32), median of {cost['rounds']}: "
+                  f"{cost['plain_s']} s without --faces, {cost['faces_s']} s with it ({cost['ratio']}x; "
+                  f"{cost['faces_s_per_image']} s more per photo, {cost['faces_found']} faces)"]
+    bench.report({"bench": "faces", "detection": detection, "grouping": grouping, "margin": margin, "build": cost}, table)
     return 0
 
 

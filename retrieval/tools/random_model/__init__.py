@@ -42,9 +42,9 @@ from .offline_tokenizer import (
     build_clip_tokenizer,
     clean_text_like_open_clip,
 )
+from .random_clip import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PROCESSOR_LAYOUTS, clip_config, make_random_clip
 from .siglip import SIGLIP_PRESETS, RandomSiglipSpec, make_random_siglip
 from .specs import PRESETS, RandomClipSpec
-from .writer import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PROCESSOR_LAYOUTS, clip_config, make_random_clip
 
 __all__ = [
     "BOS_TOKEN",

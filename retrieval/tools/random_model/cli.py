@@ -7,9 +7,9 @@ import sys
 from collections.abc import Sequence
 
 from .multilingual import MULTILINGUAL_PRESETS, make_random_multilingual
+from .random_clip import make_random_clip
 from .siglip import SIGLIP_PRESETS, make_random_siglip
 from .specs import PRESETS
-from .writer import make_random_clip
 
 
 def main(argv: Sequence[str] | None = None) -> int:
