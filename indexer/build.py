@@ -1,4 +1,4 @@
-"""``build_index``: create or update an index, committing work in chunks as it goes.
+"""``build_index``: create or update an index, committing in chunks as it goes (``clipsearch index``: :mod:`clipsearch.cli.build`).
 
 discover → plan (what is new, changed, gone) → decode (threads in this process on CPU,
 DataLoader workers on GPU) → embed → append rows → commit a generation every ``commit_every``

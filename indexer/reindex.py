@@ -1,4 +1,4 @@
-"""``reindex``: rebuild only the FAISS index of an index directory from its stored embeddings.
+"""``reindex``: rebuild only the FAISS index of an index directory from its stored embeddings (:mod:`clipsearch.cli.reindex`).
 
 No image is read and no model is loaded: the vectors come from the Parquet parts (streamed in
 chunks). The new FAISS file is published as a new generation (parts hard-linked), so readers

@@ -1,5 +1,6 @@
-"""WebDataset shards as the images of a build: which shards a SOURCE names, what each holds, and
-reading one image's bytes in a decode worker.
+"""WebDataset shards as the images of a build (the query side: :mod:`retrieval.shards`).
+
+Which shards a SOURCE names, what each holds, and reading one image's bytes in a decode worker.
 
 A SOURCE is a shard spec when it is a URL (``s3://bucket/prefix/``), a ``.tar`` file, a brace
 pattern (``shards/{00000..00099}.tar``, expanded by ``braceexpand``, webdataset's own), or a

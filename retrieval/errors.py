@@ -1,4 +1,4 @@
-"""Typed exceptions of clipsearch.
+"""Typed exceptions of clipsearch (over HTTP, statuses: :mod:`clipsearch.server.errors`).
 
 Library code raises these; only the CLI turns them into one-line messages and exit codes.
 Every message is written for the person who ran the command: it says what is wrong and,

@@ -1,4 +1,4 @@
-"""The documented import path of the evaluation API (docs/evaluation.md: ``from retrieval.evaluate import ...``).
+"""The documented import path of the evaluation API that ``clipsearch eval`` (:mod:`clipsearch.cli.evaluate`) runs.
 
 The code lives in :mod:`retrieval.tools.evaluation`; this module only re-exports its names so that
 scripts written against those docs keep working.

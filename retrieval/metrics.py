@@ -1,4 +1,4 @@
-"""The documented import path of the retrieval metrics (docs/evaluation.md: ``retrieval.metrics``).
+"""The documented import path (docs/evaluation.md: ``retrieval.metrics``) of :mod:`retrieval.tools.evaluation.metrics`.
 
 The functions live in :mod:`retrieval.tools.evaluation.metrics`; this module only re-exports them so
 that scripts written against those docs keep working. Its ``__all__`` is that module's, so the

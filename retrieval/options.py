@@ -1,4 +1,4 @@
-"""What an option means to people, declared once beside its dataclass field.
+"""What an option means to people, declared once beside its dataclass field (its CLI flag: :mod:`clipsearch.cli.options`).
 
 A settings dataclass (``indexer.config.BuildConfig``, :class:`retrieval.filters.Filter`,
 ``clipsearch.search_params.SearchParams``) is the one declaration of its options: each field

@@ -1,4 +1,4 @@
-"""WebDataset shards as a collection: names, object-store access and reading one member.
+"""WebDataset shards on the query side: names, object-store access, one member read (the build's side: :mod:`indexer.shards`).
 
 An image that came from a shard is stored as ``SHARD#MEMBER``: ``SHARD`` is the shard's path
 relative to the folder (or bucket prefix) that holds the shards, which the manifest records as

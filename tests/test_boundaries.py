@@ -176,3 +176,26 @@ def test_the_engines_are_the_options_engines() -> None:
     from indexer.engines import ENGINES, LOADS_ITS_OWN_MODEL
 
     assert tuple(ENGINES) == NAMES and LOADS_ITS_OWN_MODEL <= set(ENGINES)
+
+
+def _first_line(module: str) -> str:
+    doc = ast.get_docstring(ast.parse(SOURCES[module].read_text(encoding="utf-8"))) or ""
+    return doc.strip().split("\n\n")[0]
+
+
+def test_modules_share_a_file_name_only_as_one_idea_in_two_layers() -> None:
+    """Two modules with one file name must be the same idea in two layers (a command and the code
+    it calls, the build's side and the query's), and say so: each one's first paragraph names
+    another of them by its dotted path."""
+    by_name: dict[str, list[str]] = {}
+    for module, path in SOURCES.items():
+        if path.name not in ("__init__.py", "__main__.py"):
+            by_name.setdefault(path.name, []).append(module)
+    unsaid = sorted(
+        f"{module} ({name})"
+        for name, modules in by_name.items()
+        if len(modules) > 1
+        for module in modules
+        if not any(other in _first_line(module) for other in modules if other != module)
+    )
+    assert unsaid == []

@@ -243,13 +243,13 @@ def test_python_m_clipsearch_is_the_console_script(args: list[str]) -> None:
 def test_every_command_is_listed_in_help_order() -> None:
     from clipsearch.cli import (
         COMMANDS,
+        build,
         classify,
         duplicates,
         eval_zeroshot,
         evaluate,
         finetune,
         import_,
-        index,
         info,
         people,
         reindex,
@@ -265,7 +265,7 @@ def test_every_command_is_listed_in_help_order() -> None:
     )
     assert f"(choose from {listed})" in proc.stderr
     assert COMMANDS == (
-        index, reindex, import_, finetune, search, classify, duplicates, people, info, verify, evaluate, eval_zeroshot, serve
+        build, reindex, import_, finetune, search, classify, duplicates, people, info, verify, evaluate, eval_zeroshot, serve
     )
 
 

@@ -1,4 +1,4 @@
-"""``clipsearch duplicates``: groups of near-duplicate images in an index, and which one to keep."""
+"""``clipsearch duplicates``, the command over :mod:`retrieval.duplicates`: near-duplicate groups and which one to keep."""
 
 from __future__ import annotations
 

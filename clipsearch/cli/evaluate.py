@@ -1,4 +1,4 @@
-"""``clipsearch eval``: retrieval quality (MRR, Recall@K, nDCG@10) on labelled queries, next to chance."""
+"""``clipsearch eval``, the command over :mod:`retrieval.evaluate`: MRR, Recall@K, nDCG@10 on labelled queries, next to chance."""
 
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ._common import positive_int, print_json
-from .index import add_index_type_arguments, warn_recall
+from .build import add_index_type_arguments, warn_recall
 
 if TYPE_CHECKING:
     from ._common import Subparsers

@@ -1,5 +1,7 @@
-"""CLI flags derived from a settings dataclass's fields (``BuildConfig``, ``Filter``,
-``SearchParams``), and the field values read back from the parsed arguments.
+"""CLI flags derived from a settings dataclass's fields and their :mod:`retrieval.options` metadata.
+
+The dataclasses are ``BuildConfig``, ``Filter`` and ``SearchParams``; the field values are read
+back from the parsed arguments.
 
 Each field's :class:`~retrieval.options.Option` says its help, metavar, bounds and section; the
 field's type and default give the rest. A value below a declared minimum is a usage error

@@ -1,4 +1,4 @@
-"""``clipsearch people``: the people ``index --faces`` found, and the user's edits of them.
+"""``clipsearch people``, the command over :mod:`retrieval.faces.people`: the people ``index --faces`` found, and edits.
 
 ``list``, ``show``, ``name``, ``merge``, ``hide``, ``unhide``, ``move``, ``split``, ``export``
 and ``import``, each a thin call of :mod:`retrieval.faces` (edits under the people file's lock).

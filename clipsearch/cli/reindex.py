@@ -1,4 +1,4 @@
-"""``clipsearch reindex``: rebuild only the FAISS index from the stored embeddings (no image is read)."""
+"""``clipsearch reindex``, the command over :mod:`indexer.reindex`: rebuild only the FAISS index (no image is read)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ import argparse
 from typing import TYPE_CHECKING
 
 from ._common import print_json
-from .index import add_index_type_arguments, warn_recall
+from .build import add_index_type_arguments, warn_recall
 
 if TYPE_CHECKING:
     from ._common import Subparsers

@@ -1,4 +1,4 @@
-"""``clipsearch verify``: read every file of an index and name each damaged one with its repair."""
+"""``clipsearch verify``, the command over :mod:`retrieval.tools.verify`: every file read, each damaged one named with its repair."""
 
 from __future__ import annotations
 

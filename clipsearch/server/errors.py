@@ -1,4 +1,4 @@
-"""One error model for every response: ``{"error": "<one line>"}`` with a 4xx/5xx status.
+"""One error model for every response, :mod:`retrieval.errors` as ``{"error": "<one line>"}`` with a 4xx/5xx status.
 
 Typed library exceptions map to statuses here (the HTTP side of what ``clipsearch.cli.main``
 does for the shell); nothing else in the server builds an error body.

@@ -1,4 +1,4 @@
-"""Contrastive fine-tuning of a Hugging Face CLIP checkpoint on (image, caption) pairs.
+"""Contrastive fine-tuning of a CLIP checkpoint on (image, caption) pairs (``clipsearch finetune``: :mod:`clipsearch.cli.finetune`).
 
 ``clipsearch finetune`` (and :func:`finetune`) train a ``CLIPModel`` with CLIP's symmetric
 InfoNCE loss (:mod:`indexer.training.contrastive`), AdamW (no weight decay on biases, LayerNorm,

@@ -1,4 +1,4 @@
-"""The people of an index: its faces side read with the user's edits applied.
+"""The people of an index, its faces side read with the user's edits (``clipsearch people``: :mod:`clipsearch.cli.people`).
 
 :class:`People` is what the CLI, the HTTP API and a person filter ask: who is there, with how
 many faces in how many images, which faces are a person's, which images hold a set of people.

@@ -1,4 +1,4 @@
-"""``clipsearch verify``: the full integrity check of an index directory.
+"""The full integrity check of an index directory, which ``clipsearch verify`` (:mod:`clipsearch.cli.verify`) prints.
 
 Opening an index checks only what is cheap (the manifest's digest, each file's size, the Parquet
 footers, the path files' headers, the FAISS count); Parquet pages are checked against their CRC

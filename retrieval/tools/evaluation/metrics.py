@@ -1,4 +1,4 @@
-"""Retrieval metrics as pure numpy functions: ranks in, numbers out.
+"""Retrieval metrics as pure numpy functions, ranks in, numbers out (documented as :mod:`retrieval.metrics`).
 
 Conventions shared by every function here:
 

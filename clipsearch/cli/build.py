@@ -1,5 +1,6 @@
-"""``clipsearch index``: embed a folder of images into an index directory (new or updated);
-with ``--watch``, keep it up to date as the folder changes (:mod:`indexer.watch`).
+"""``clipsearch index``, the command over :mod:`indexer.build`: a folder embedded into an index directory.
+
+New or updated; with ``--watch``, kept up to date as the folder changes (:mod:`indexer.watch`).
 
 Also the FAISS options (``--index-type``, ``--max-memory``, ``--target-recall``) and the
 recall warning, which ``reindex`` shares.
