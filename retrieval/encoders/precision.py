@@ -339,10 +339,25 @@ class TowerPrecision:
 
 
 class PixelPrecisionMixin:
-    """``embed_pixels`` and ``calibrate_images`` for any backend: it provides ``image_precision``
-    and ``_embed_pixels(pixel_values, mode)``."""
+    """``embed_pixels`` and ``calibrate_images`` for any backend: it provides ``image_precision``,
+    ``text_precision`` and ``_embed_pixels(pixel_values, mode)``. The image-runtime capabilities
+    of the ``Encoder`` protocol default to torch's tower (a backend with other runtimes overrides them)."""
 
     image_precision: TowerPrecision
+    text_precision: TowerPrecision
+
+    def text_precision_info(self) -> dict[str, Any]:
+        """JSON-able record of the text tower's precision (:meth:`TowerPrecision.info`)."""
+        return self.text_precision.info()
+
+    def follow_image_runtime(self, recorded: str | None, precision: str | None = None) -> None:
+        """Nothing to follow: torch runs every image tower of this backend."""
+
+    def image_runtime_pending(self) -> bool:
+        return False
+
+    def image_runtime_name(self) -> str:
+        return "torch"
 
     def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
         raise NotImplementedError

@@ -62,6 +62,10 @@ class RecordedTower:
     tower: Tower
     backend: str = "hf"
 
+    @property
+    def family_name(self) -> str:
+        return self.family.name
+
     def embed_pixels(self, pixel_values: torch.Tensor | np.ndarray) -> np.ndarray:
         """``(N, dim)`` L2-normalised float32 vectors of preprocessed images."""
         return self.tower(pixel_values)

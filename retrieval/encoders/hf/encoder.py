@@ -138,6 +138,15 @@ class HFClipEncoder(PixelPrecisionMixin):
         }
 
     @property
+    def family_name(self) -> str:
+        return self.family.name
+
+    @property
+    def query_languages(self) -> tuple[str, ...]:
+        """None to name: a Hugging Face CLIP or SigLIP tokenizer reads any text as it is."""
+        return ()
+
+    @property
     def fingerprint(self) -> str:
         """Stable id of the checkpoint's weights (computed once, on first use)."""
         if self._fingerprint is None:
@@ -274,6 +283,17 @@ class HFClipEncoder(PixelPrecisionMixin):
         mode = super().calibrate_images(pixel_values)
         self._runtime_tower(pixel_values, mode)
         return mode
+
+    def follow_image_runtime(self, recorded: str | None, precision: str | None = None) -> None:
+        """Ask first for the runtime an index's vectors came from (:meth:`.ImageRuntimes.follow`)."""
+        self.image_runtimes.follow(recorded, precision)
+
+    def image_runtime_pending(self) -> bool:
+        return self.image_runtimes.pending(self.image_precision.mode)
+
+    def image_runtime_name(self) -> str:
+        chosen = self.image_runtimes.get(self.image_precision.mode)
+        return (chosen.name if chosen is not None else None) or "torch"
 
     def _auto_passes_over(self, mode: Mode, sample: torch.Tensor) -> str | None:
         """bf16 on the CPU only where a runtime runs it with vectors independent of the batch

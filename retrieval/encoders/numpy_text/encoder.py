@@ -39,6 +39,8 @@ class NumpyTextEncoder:
 
     backend = "hf"
     text_path = "numpy"
+    family_name = "clip"  # the only family this tower computes
+    query_languages: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -185,6 +187,9 @@ class NumpyTextEncoder:
             # The float32 products are dropped (151 MB for ViT-B/32), the int8 ones kept (38 MB).
             self._tower, self.mode = int8_tower, "int8"
             self.int8_note = f"{activation_bits()}-bit activations, torch fbgemm"
+
+    def text_precision_info(self) -> dict[str, Any]:
+        return self.precision_info()
 
     def precision_info(self) -> dict[str, Any]:
         """JSON-able record: requested and chosen mode, the gate figures when ``auto`` ran (with
