@@ -8,7 +8,7 @@ A B C D E, ... after one warm-up round, so drift hits all commands alike):
   search is the fp32 numpy text path where the checkpoint allows it, see ``text_path``);
 * ``search (int8)``: the same with ``--precision int8``: what a one-shot search would pay if
   ``auto`` took int8 products (importing torch, quantising the tower); its difference to
-  ``search`` is the set-up that ``retrieval.encoders.numpy_text.path.ONE_SHOT_TEXTS`` weighs;
+  ``search`` is the set-up that ``retrieval.encoders.chooser.ONE_SHOT_TEXTS`` weighs;
 * ``search (torch)``: the same with ``CLIPSEARCH_TEXT_PATH=torch --precision fp32``, i.e. the
   transformers text tower every search used before;
 * ``search --image``: an image query, on the tower the index recorded (OpenVINO, ONNX Runtime
@@ -49,7 +49,7 @@ from typing import Any
 from _common import ROOT, machine_facts
 
 from clipsearch.cli import int_at_least
-from retrieval.encoders.runtime.checks import CHECKS_ENV
+from retrieval.encoders.memo import CHECKS_ENV
 
 DEMO_MODEL = ROOT / "data" / "models" / "demo-clip"
 DEMO_PHOTOS = ROOT / "data" / "demo"

@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.encoders import Encoder
+from retrieval.encoders.chooser import RUNTIME_KEYS
 from retrieval.encoders.precision import (
     CALIBRATION_IMAGES,
     Precision,
@@ -32,7 +33,6 @@ from retrieval.encoders.precision import (
     parse_mode,
     parse_precision,
 )
-from retrieval.encoders.runtime.image import RUNTIME_KEYS
 from retrieval.errors import InvalidArgumentError
 
 from .config import DECODES, DEFAULT_DECODE, Decode

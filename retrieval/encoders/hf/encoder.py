@@ -20,10 +20,10 @@ from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
 from ...images.preprocess import unpack_patches
 from ..base import l2_normalize, quiet_transformers, resolve_device
+from ..chooser import ImageRuntimes
 from ..chunking import grid_tokens, images_per_call, in_calls
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from ..runtime.export import cached_vision_export
-from ..runtime.image import ImageRuntimes
 from .checkpoint import checkpoint_fingerprint, read_model_type, read_scalar, resolve_checkpoint
 from .family import FAMILIES, Family, check_processor, family_of
 from .processor import ImageProcessorConfig, read_image_processor_config
@@ -297,7 +297,7 @@ class HFClipEncoder(PixelPrecisionMixin):
 
     def _auto_passes_over(self, mode: Mode, sample: torch.Tensor) -> str | None:
         """bf16 on the CPU only where a runtime runs it with vectors independent of the batch
-        (OpenVINO with AMX, :mod:`..runtime.image`): its choice is made now, on the sample."""
+        (OpenVINO with AMX, :mod:`..chooser`): its choice is made now, on the sample."""
         if mode == "bf16" and self.device.type == "cpu":
             if self._runtime_tower(sample, mode) is not None:
                 return None

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib.util
 import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import ModelLoadError
 from .. import cpu
-from ..runtime import ORT_INSTALL, TEXT_RUNTIME_ENV, text_runtime_choice
+from ..chooser import one_shot_reason, text_runtime_refusal
 from .config import UnsupportedTextTower, read_checkpoint_config
 from .tokenizer import TokenizerSettings
 from .weights import SafetensorsReader
@@ -41,7 +40,7 @@ class TextPath:
 
     Attributes:
         path: ``numpy`` (this package, no torch), ``onnxruntime`` (this package's tokenizer and
-            loop, the fp32 tower's forward pass on ONNX Runtime: :mod:`..runtime.text`) or
+            loop, the fp32 tower's forward pass on ONNX Runtime, :func:`..chooser.choose_text_runtime`) or
             ``torch`` (the backend's own encoder).
         reason: why, in a few words.
     """
@@ -51,46 +50,6 @@ class TextPath:
 
     def to_dict(self) -> dict[str, str]:
         return {"path": self.path, "reason": self.reason}
-
-
-# Below this many text queries in a process (a one-shot command), ``auto`` keeps the text tower in
-# fp32: int8 products need torch imported and the tower quantised first, which costs more than the
-# int8 products save on so few texts (the break-even is measured in benchmarks/README.md).
-ONE_SHOT_TEXTS = 256
-
-
-def one_shot_reason(precision: str, text_queries: int | None) -> str | None:
-    """Why ``auto`` stays fp32 in a process that will run only ``text_queries`` texts (None: the
-    rule does not apply: another precision, a long-lived process, or enough texts)."""
-    if precision != "auto" or text_queries is None or text_queries >= ONE_SHOT_TEXTS:
-        return None
-    queries = "1 text query" if text_queries == 1 else f"{text_queries} text queries"
-    return (
-        f"{queries} in this process (fewer than {ONE_SHOT_TEXTS}): int8 would first import torch and "
-        "quantise the tower, which costs more than it saves on so few"
-    )
-
-
-def runtime_refusal(text_queries: int | None, check_package: bool = True) -> str | None:
-    """Why the exact (fp32) text tower would stay on numpy rather than ONNX Runtime, judged
-    without loading anything (None: ONNX Runtime may run it, export and parity check allowing);
-    ``check_package``: also whether onnxruntime is installed (without importing it).
-
-    Raises:
-        InvalidArgumentError: an unknown ``CLIPSEARCH_TEXT_RUNTIME``.
-    """
-    choice = text_runtime_choice()
-    if choice == "numpy":
-        return f"{TEXT_RUNTIME_ENV}=numpy"
-    if choice == "auto" and text_queries is not None and text_queries < ONE_SHOT_TEXTS:
-        queries = "1 text query" if text_queries == 1 else f"{text_queries} text queries"
-        return (
-            f"{queries} in this process (fewer than {ONE_SHOT_TEXTS}): ONNX Runtime would first load "
-            "and check its export, which costs more than it saves on so few"
-        )
-    if check_package and importlib.util.find_spec("onnxruntime") is None:
-        return f"onnxruntime is not installed; for the faster exact path: {ORT_INSTALL}"
-    return None
 
 
 def fast_path_refusal(backend: str, model: str, precision: str, device: str) -> str | None:
@@ -120,7 +79,7 @@ def text_path(
         precision: the text precision asked for.
         device: the device asked for.
         text_queries: how many text queries the process will run, when it knows (see
-            :func:`one_shot_reason`); None for a long-lived process.
+            :func:`~..chooser.one_shot_reason`); None for a long-lived process.
     """
     refusal = fast_path_refusal(backend, model, precision, device)
     if refusal is not None:
@@ -137,7 +96,7 @@ def text_path(
     tower = f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act})"
     ort = "fp32 on ONNX Runtime (its export of these weights, cached; numpy where it cannot run or differs from numpy's vectors)"
     one_shot = one_shot_reason(precision, text_queries)
-    fp32_on = runtime_refusal(text_queries)
+    fp32_on = text_runtime_refusal(text_queries)
     if precision == "int8":
         return TextPath("numpy", f"{tower} in numpy, int8 products (torch's kernels)")
     if precision == "auto" and one_shot is None and cpu.has_fast_int8():
