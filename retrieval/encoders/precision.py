@@ -105,10 +105,10 @@ def check_device_support(precision: Precision, device: torch.device) -> None:
 def auto_candidates(device: torch.device) -> tuple[Mode, ...]:
     """Reduced modes ``auto`` tries on ``device``, fastest first (measured; see docs/performance.md).
 
-    CPU, by :func:`retrieval.encoders.cpu.cpu_level`: int8 from AVX2 up (with VNNI 3x fp32;
-    on AVX2, 7-bit activations, ~2x fp32 in the products); bf16 first only with AMX, since with
-    AVX-512 BF16 alone oneDNN's bf16 products ran at 0.6x fp32. Elsewhere (no AVX2, other
-    architectures) none: fp32. CUDA: fp16, then bf16 (tensor cores).
+    CPU, by :func:`retrieval.encoders.cpu.cpu_level`: int8 from AVX2 up (7-bit activations on
+    AVX2); bf16 first only with AMX, since with AVX-512 BF16 alone oneDNN's bf16 products ran
+    slower than fp32. Elsewhere (no AVX2, other architectures) none: fp32. CUDA: fp16, then
+    bf16 (tensor cores).
     """
     from . import cpu
 
@@ -365,8 +365,8 @@ class PixelPrecisionMixin:
     def _auto_passes_over(self, mode: Mode, sample: torch.Tensor) -> str | None:
         """Why ``auto`` must not use ``mode`` for this image tower (None: it may, if it passes
         the gate). torch's bf16 on the CPU: its vectors move with the batch (oneDNN's AMX
-        kernels are picked by the batch size; 7e-4 between calls of up to 12 and of 16 images
-        at ViT-B/32), so an update would not equal a rebuild, and torch's int8 ran faster."""
+        kernels are picked by the batch size), so an update would not equal a rebuild, and
+        torch's int8 ran faster."""
         if mode == "bf16" and self.image_precision.device.type == "cpu":
             return "torch's bf16 image tower on the CPU gives vectors that move with the batch"
         return None
