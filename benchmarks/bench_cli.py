@@ -9,7 +9,7 @@ A B C D E, ... after one warm-up round, so drift hits all commands alike):
 * ``search (int8)``: the same with ``--precision int8``: what a one-shot search would pay if
   ``auto`` took int8 products (importing torch, quantising the tower); its difference to
   ``search`` is the set-up that ``retrieval.encoders.chooser.ONE_SHOT_TEXTS`` weighs;
-* ``search (torch)``: the same with ``CLIPSEARCH_TEXT_PATH=torch --precision fp32``, i.e. the
+* ``search (torch)``: the same with ``CLIPSEARCH_TEXT_RUNTIME=torch --precision fp32``, i.e. the
   transformers text tower every search used before;
 * ``search --image``: an image query, on the tower the index recorded (OpenVINO, ONNX Runtime
   or torch), reopened without torch's model where this machine remembers its checks
@@ -178,7 +178,7 @@ def commands_for(index: Path, model: Path, query: str, image: Path) -> list[Comm
     return [
         Command("search", (*cli, "search", str(index), query)),
         Command("search (int8)", (*cli, "search", str(index), query, "--precision", "int8")),
-        Command("search (torch)", (*cli, "search", str(index), query, "--precision", "fp32"), (("CLIPSEARCH_TEXT_PATH", "torch"),)),
+        Command("search (torch)", (*cli, "search", str(index), query, "--precision", "fp32"), (("CLIPSEARCH_TEXT_RUNTIME", "torch"),)),
         Command("search --image", (*cli, "search", str(index), "--image", str(image))),
         # The same query with the runtime's checks not remembered: the full encoder (transformers,
         # torch's tower, the checks) before the tower runs, as every image query did before.

@@ -14,8 +14,10 @@ image mode of an encoder) and :func:`choose_text_runtime`.
 The runtime asked for, :func:`requested_runtime`: the user's setting, ``CLIPSEARCH_IMAGE_RUNTIME``
 or ``CLIPSEARCH_TEXT_RUNTIME`` (docs/performance.md): ``auto`` (the default) walks the rows; the
 reference's name runs the reference; a runtime's name runs that runtime where it can, and makes
-a failure an error. A caller that must force a path (a benchmark, a test) passes it as the
-``requested`` argument instead.
+a failure an error; for texts, ``torch`` sends queries to the backend's own torch tower. A
+caller that must force a path (a benchmark, a test) passes it as the ``requested`` argument
+instead. ``CLIPSEARCH_TEXT_PATH=torch``, the older name of ``CLIPSEARCH_TEXT_RUNTIME=torch``,
+still works with a warning.
 
 For text queries the size of the process decides too: a one-shot command (fewer than
 :data:`ONE_SHOT_TEXTS` texts) keeps ``auto`` in fp32 and fp32 on numpy, without importing torch
@@ -32,6 +34,7 @@ import importlib.util
 import logging
 import os
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -101,6 +104,10 @@ REFERENCE: dict[TowerKind, str] = {"image": "torch", "text": "numpy"}
 SETTINGS: dict[TowerKind, str] = {"image": "CLIPSEARCH_IMAGE_RUNTIME", "text": "CLIPSEARCH_TEXT_RUNTIME"}
 RUNTIME_ENV = SETTINGS["image"]
 TEXT_RUNTIME_ENV = SETTINGS["text"]
+# What may be asked for beside the rows' runtimes and the reference: texts on the backend's torch tower.
+ALSO: dict[TowerKind, tuple[str, ...]] = {"image": (), "text": ("torch",)}
+# The older setting of CLIPSEARCH_TEXT_RUNTIME=torch, still read (with a warning).
+TEXT_PATH_ENV = "CLIPSEARCH_TEXT_PATH"
 # What an index records of the image tower's choice (ImageRuntime.info).
 RUNTIME_KEYS: tuple[str, ...] = ("image_runtime", "image_runtime_version", "image_runtime_parity", "image_runtime_note")
 
@@ -117,7 +124,7 @@ def runtime_modes(tower: TowerKind) -> tuple[str, ...]:
 
 def choices(tower: TowerKind) -> tuple[str, ...]:
     """What may be asked for: ``auto``, the reference, or a runtime of some row."""
-    return ("auto", REFERENCE[tower], *dict.fromkeys(c.runtime for c in CANDIDATES if c.tower == tower))
+    return ("auto", REFERENCE[tower], *dict.fromkeys(c.runtime for c in CANDIDATES if c.tower == tower), *ALSO[tower])
 
 
 def tried_here(mode: str) -> bool:
@@ -135,6 +142,9 @@ def requested_runtime(tower: TowerKind, requested: str | None = None) -> str:
     """
     setting = SETTINGS[tower]
     value = (requested if requested is not None else os.environ.get(setting, "")).strip().lower() or "auto"
+    if tower == "text" and requested is None and value == "auto" and os.environ.get(TEXT_PATH_ENV, "").strip().lower() == "torch":
+        warnings.warn(f"{TEXT_PATH_ENV}=torch is deprecated; set {TEXT_RUNTIME_ENV}=torch instead", FutureWarning, stacklevel=2)
+        return "torch"
     known = choices(tower)
     if value not in known:
         what = "a runtime" if tower == "image" else "a text runtime"
@@ -572,6 +582,7 @@ __all__ = [
     "RUNTIME_ENV",
     "RUNTIME_KEYS",
     "SETTINGS",
+    "TEXT_PATH_ENV",
     "TEXT_RUNTIME_ENV",
     "Agreement",
     "Candidate",

@@ -38,9 +38,10 @@ made; ``tokenizers`` and ``huggingface_hub`` only when a checkpoint is opened):
 
 from __future__ import annotations
 
+from ..chooser import TEXT_PATH_ENV
 from .config import ACTIVATIONS, TextTowerConfig, UnsupportedTextTower, check_text_config
 from .encoder import NumpyTextEncoder
-from .path import TEXT_PATH_ENV, TextPath, fast_path_refusal, local_checkpoint, text_path
+from .path import TextPath, fast_path_refusal, local_checkpoint, text_path
 from .tokenizer import load_clip_tokenizer
 from .tower import NumpyTextTower
 from .weights import SafetensorsReader

@@ -67,7 +67,9 @@ class NumpyTextEncoder:
         self.runtime = TextRuntime()
 
     @classmethod
-    def load(cls, model: str, precision: str = "fp32", text_queries: int | None = None) -> NumpyTextEncoder:
+    def load(
+        cls, model: str, precision: str = "fp32", text_queries: int | None = None, runtime: str | None = None
+    ) -> NumpyTextEncoder:
         """Open the text tower of a Hugging Face CLIP checkpoint (hub id or directory).
 
         Args:
@@ -83,13 +85,15 @@ class NumpyTextEncoder:
                 (:func:`~..chooser.one_shot_reason`, :func:`~..chooser.text_runtime_refusal`).
                 None: a long-lived process, where int8's set-up pays for itself, and so does
                 ONNX Runtime's for fp32 (:func:`~..chooser.choose_text_runtime`).
+            runtime: the runtime asked for the fp32 tower (``numpy``, ``onnxruntime``); None:
+                the user's setting (:func:`~..chooser.requested_runtime`).
 
         Raises:
             UnsupportedTextTower: a checkpoint or precision this does not compute, or ``int8``
                 where this machine has no int8 kernel for it (the torch path will run them).
             ModelLoadError: a local directory that is not a checkpoint.
-            RuntimeUnavailable: ``CLIPSEARCH_TEXT_RUNTIME=onnxruntime`` and ONNX Runtime cannot
-                run the fp32 tower here.
+            RuntimeUnavailable: ``onnxruntime`` asked for and ONNX Runtime cannot run the fp32
+                tower here.
         """
         if precision not in TEXT_PRECISIONS:
             raise UnsupportedTextTower(f"text precision {precision} runs in torch")
@@ -110,12 +114,12 @@ class NumpyTextEncoder:
         elif precision != "fp32":
             encoder._use_int8(precision)
         if encoder.mode == "fp32":
-            encoder._use_runtime(text_queries)
+            encoder._use_runtime(text_queries, runtime)
         return encoder
 
-    def _use_runtime(self, text_queries: int | None) -> None:
+    def _use_runtime(self, text_queries: int | None, requested: str | None) -> None:
         tower, self.runtime = choose_text_runtime(
-            self.name, self.directory, lambda: self.fingerprint, self._tower, self._embed, text_queries
+            self.name, self.directory, lambda: self.fingerprint, self._tower, self._embed, text_queries, requested
         )
         if tower is not None:
             # The numpy tower's float32 products are dropped; ONNX Runtime

@@ -2,19 +2,16 @@
 
 from __future__ import annotations
 
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import ModelLoadError
 from .. import cpu
-from ..chooser import one_shot_reason, text_runtime_refusal
+from ..chooser import TEXT_RUNTIME_ENV, one_shot_reason, requested_runtime, text_runtime_refusal
 from .config import UnsupportedTextTower, read_checkpoint_config
 from .tokenizer import TokenizerSettings
 from .weights import SafetensorsReader
 
-# Set to "torch" to send text queries to the torch path (e.g. to compare the two).
-TEXT_PATH_ENV = "CLIPSEARCH_TEXT_PATH"
 # Text precisions this path computes; the others (bf16, fp16) run in torch.
 TEXT_PRECISIONS: tuple[str, ...] = ("fp32", "int8", "auto")
 
@@ -52,13 +49,16 @@ class TextPath:
         return {"path": self.path, "reason": self.reason}
 
 
-def fast_path_refusal(backend: str, model: str, precision: str, device: str) -> str | None:
+def fast_path_refusal(backend: str, model: str, precision: str, device: str, runtime: str | None = None) -> str | None:
     """Why a query with these settings cannot take the numpy path (None: it may, checkpoint allowing).
 
-    ``CLIPSEARCH_TEXT_PATH=torch`` in the environment sends every text query to torch.
+    ``torch`` asked for (``runtime``, else ``CLIPSEARCH_TEXT_RUNTIME``) sends every text query to torch.
+
+    Raises:
+        InvalidArgumentError: an unknown runtime asked for.
     """
-    if os.environ.get(TEXT_PATH_ENV, "").strip().lower() == "torch":
-        return f"{TEXT_PATH_ENV}=torch"
+    if requested_runtime("text", runtime) == "torch":
+        return f"{TEXT_RUNTIME_ENV}=torch"
     if backend != "hf" or model.startswith("open_clip:"):
         return f"{backend} models use their own text tower"
     if precision not in TEXT_PRECISIONS:
@@ -69,7 +69,8 @@ def fast_path_refusal(backend: str, model: str, precision: str, device: str) -> 
 
 
 def text_path(
-    model: str, backend: str = "hf", precision: str = "fp32", device: str = "auto", text_queries: int | None = None
+    model: str, backend: str = "hf", precision: str = "fp32", device: str = "auto", text_queries: int | None = None,
+    runtime: str | None = None,
 ) -> TextPath:
     """Which path :class:`~retrieval.index.ImageIndex` would take for a text query (cheap: no weights read).
 
@@ -80,8 +81,9 @@ def text_path(
         device: the device asked for.
         text_queries: how many text queries the process will run, when it knows (see
             :func:`~..chooser.one_shot_reason`); None for a long-lived process.
+        runtime: the text runtime asked for (:func:`~..chooser.requested_runtime`); None: the user's setting.
     """
-    refusal = fast_path_refusal(backend, model, precision, device)
+    refusal = fast_path_refusal(backend, model, precision, device, runtime)
     if refusal is not None:
         return TextPath("torch", refusal)
     try:
@@ -96,7 +98,7 @@ def text_path(
     tower = f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act})"
     ort = "fp32 on ONNX Runtime (its export of these weights, cached; numpy where it cannot run or differs from numpy's vectors)"
     one_shot = one_shot_reason(precision, text_queries)
-    fp32_on = text_runtime_refusal(text_queries)
+    fp32_on = text_runtime_refusal(text_queries, requested=runtime)
     if precision == "int8":
         return TextPath("numpy", f"{tower} in numpy, int8 products (torch's kernels)")
     if precision == "auto" and one_shot is None and cpu.has_fast_int8():
