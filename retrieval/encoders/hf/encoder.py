@@ -27,7 +27,7 @@ from ..runtime.export import cached_vision_export
 from .checkpoint import checkpoint_fingerprint, read_model_type, read_scalar, resolve_checkpoint
 from .family import FAMILIES, Family, check_processor, family_of
 from .processor import ImageProcessorConfig, read_image_processor_config
-from .text import warn_truncated
+from .query_text import warn_truncated
 
 if TYPE_CHECKING:
     import torch

@@ -18,10 +18,10 @@ from ..base import l2_normalize
 from ..chooser import TextRuntime, choose_text_runtime, one_shot_reason
 from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
-from .config import UnsupportedTextTower, read_checkpoint_config
+from .clip_tokenizer import load_clip_tokenizer
 from .path import TEXT_PRECISIONS, TextPath, local_checkpoint
-from .tokenizer import load_clip_tokenizer
 from .tower import NumpyTextTower
+from .tower_config import UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
 
 

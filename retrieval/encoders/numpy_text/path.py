@@ -8,8 +8,8 @@ from pathlib import Path
 from ...errors import ModelLoadError
 from .. import cpu
 from ..chooser import TEXT_RUNTIME_ENV, one_shot_reason, requested_runtime, text_runtime_refusal
-from .config import UnsupportedTextTower, read_checkpoint_config
-from .tokenizer import TokenizerSettings
+from .clip_tokenizer import TokenizerSettings
+from .tower_config import UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
 
 # Text precisions this path computes; the others (bf16, fp16) run in torch.
