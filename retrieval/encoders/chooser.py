@@ -66,25 +66,15 @@ PARITY_IMAGES = 16
 
 @dataclass(frozen=True)
 class Candidate:
-    """One row of :data:`CANDIDATES`: a runtime that may run a tower's mode.
-
-    Attributes:
-        tower: ``image`` or ``text``.
-        mode: the mode the row runs (``fp32``, ``bf16``, ``int8``).
-        runtime: the runtime's name (a key of :data:`~.runtime.image.RUNTIMES` for images).
-        levels: the CPU levels (after the caps) where the row is tried; None: every level.
-        min_cosine: the floor of :func:`agreement` against the reference.
-    """
+    """One row of :data:`CANDIDATES`: ``runtime`` may run ``tower``'s ``mode`` on the CPU
+    ``levels`` (after the caps; None: every level) where its vectors pass :func:`agreement` at
+    ``min_cosine``."""
 
     tower: TowerKind
     mode: str
     runtime: str
     levels: tuple[str, ...] | None = None
     min_cosine: float = PARITY_MIN_COSINE
-
-    def tried_here(self) -> bool:
-        """Whether ``auto`` tries this row on this CPU."""
-        return self.levels is None or cpu.cpu_level() in self.levels
 
 
 # The reduced image modes run on OpenVINO only on the levels where its tower was measured faster
@@ -129,8 +119,7 @@ def choices(tower: TowerKind) -> tuple[str, ...]:
 
 def tried_here(mode: str) -> bool:
     """Whether ``auto`` tries a runtime for ``mode``'s image tower on this CPU (after the caps)."""
-    rows = candidates("image", mode)
-    return not rows or any(c.tried_here() for c in rows)
+    return any(c.levels is None or cpu.cpu_level() in c.levels for c in candidates("image", mode))
 
 
 def requested_runtime(tower: TowerKind, requested: str | None = None) -> str:
@@ -258,12 +247,6 @@ class ImageRuntime:
         if self.recorded in order:
             return [self.recorded, *(name for name in order if name != self.recorded)], False
         return order, False
-
-    @property
-    def first(self) -> str | None:
-        """The runtime tried first (None: torch, with nothing to try)."""
-        planned, _ = self._plan()
-        return planned[0] if planned and self.applies else None
 
     @property
     def pending(self) -> bool:

@@ -25,7 +25,7 @@ from ..errors import ModelLoadError
 from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from ..images.preprocess_numpy import load_pixels_array, numpy_preprocessing
 from . import cpu, memo
-from .chooser import RUNTIME_ENV, ImageRuntime, requested_runtime, runtime_modes
+from .chooser import RUNTIME_ENV, candidates, requested_runtime, runtime_modes, tried_here
 from .hf.checkpoint import checkpoint_fingerprint, read_model_type
 from .hf.family import FAMILIES, Family
 from .runtime.export import cache_dir, export_key
@@ -125,9 +125,7 @@ def open_recorded(manifest: Manifest, model: str, device: str) -> RecordedTower 
     choice = requested_runtime("image")
     if choice not in ("auto", runtime):
         return f"{choice} asked for ({RUNTIME_ENV})"
-    planned = ImageRuntime(model, lambda: None, True, mode)
-    planned.follow(runtime)
-    if planned.first != runtime:
+    if runtime not in [c.runtime for c in candidates("image", mode)] or (choice == "auto" and not tried_here(mode)):
         return f"{mode} towers do not run on {runtime} on this CPU"
     spec = RUNTIMES[runtime]
     missing = spec.missing_for(mode)
