@@ -155,6 +155,12 @@ def file_sha256(path: Path) -> str:
     return cached
 
 
+def user_cache() -> Path:
+    """clipsearch's folder in the user's cache: ``$XDG_CACHE_HOME/clipsearch``, else ``~/.cache/clipsearch``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "clipsearch"
+
+
 def offline_requested() -> bool:
     """True when the user asked for offline mode (``HF_HUB_OFFLINE`` or ``TRANSFORMERS_OFFLINE``)."""
     flags = (os.environ.get("HF_HUB_OFFLINE", ""), os.environ.get("TRANSFORMERS_OFFLINE", ""))

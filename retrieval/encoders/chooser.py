@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from ..errors import InvalidArgumentError, ModelLoadError
-from . import cpu
+from . import cpu, memo
 from .base import first_line
 from .precision import PROBE_TEXTS
 from .runtime import ORT_INSTALL, RuntimeUnavailable
@@ -337,8 +337,6 @@ class ImageRuntime:
     def _remember(self, runtime: Runtime, export: Path, tower: Tower, image_size: int) -> None:
         """Keep the pass (:mod:`.memo`), so that a query process can reopen this tower without
         torch's; with the tower's probe vector, which that process must reproduce bit for bit."""
-        from . import memo
-
         assert self.parity is not None
         key = memo.check_key(runtime.name, runtime.version(), self.mode, runtime.tower_file(export, self.mode))
         probe = tower(memo.probe_pixels(image_size))[0]

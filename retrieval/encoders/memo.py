@@ -33,7 +33,9 @@ from typing import Any
 import numpy as np
 
 from . import cpu
+from .base import user_cache
 from .precision import GATE_K, GATE_MEAN_COSINE, GATE_MIN_COSINE, GATE_TOPK_OVERLAP, GateResult, gate_results_from_info
+from .runtime.export import cache_dir
 
 CHECKS_ENV = "CLIPSEARCH_RUNTIME_CHECKS"
 GATE_CACHE_ENV = "CLIPSEARCH_GATE_CACHE"
@@ -48,12 +50,6 @@ def memo_file(env: str, default: Path) -> Path | None:
     if explicit.lower() == "off":
         return None
     return Path(explicit).expanduser() if explicit else default
-
-
-def user_cache() -> Path:
-    """clipsearch's folder in the user's cache: ``$XDG_CACHE_HOME/clipsearch``, else ``~/.cache/clipsearch``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "clipsearch"
 
 
 class JsonMemo:
@@ -112,8 +108,6 @@ class JsonMemo:
 
 def checks_file() -> Path | None:
     """Where passed checks are kept (None: not kept)."""
-    from .runtime.export import cache_dir
-
     return memo_file(CHECKS_ENV, cache_dir() / "checks.json")
 
 
@@ -254,5 +248,4 @@ __all__ = [
     "probe_pixels",
     "record_check",
     "record_gate",
-    "user_cache",
 ]

@@ -13,11 +13,11 @@ from typing import Any
 
 import numpy as np
 
-from .. import cpu, memo
+from .. import memo
 from ..base import l2_normalize
 from ..chooser import TextRuntime, choose_text_runtime, one_shot_reason
 from ..hf import checkpoint_fingerprint
-from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
+from ..precision import PROBE_TEXTS, GateResult, Mode, auto_modes, choose, precision_record
 from .clip_tokenizer import load_clip_tokenizer
 from .path import TEXT_PRECISIONS, TextPath, local_checkpoint
 from .tower import NumpyTextTower
@@ -145,7 +145,7 @@ class NumpyTextEncoder:
         self.requested = requested
         key: str | None = None
         known: memo.GateOutcome | None = None
-        if requested == "auto" and cpu.has_fast_int8():
+        if requested == "auto" and auto_modes("cpu", ("int8",)):
             key = memo.gate_key(self.fingerprint)
             known = memo.lookup_gate(key)
             if known is not None and known.mode == "fp32":

@@ -8,6 +8,7 @@ from pathlib import Path
 from ...errors import ModelLoadError
 from .. import cpu
 from ..chooser import TEXT_RUNTIME_ENV, one_shot_reason, requested_runtime, text_runtime_refusal
+from ..precision import auto_modes
 from .clip_tokenizer import TokenizerSettings
 from .tower_config import UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
@@ -101,7 +102,7 @@ def text_path(
     fp32_on = text_runtime_refusal(text_queries, requested=runtime)
     if precision == "int8":
         return TextPath("numpy", f"{tower} in numpy, int8 products (torch's kernels)")
-    if precision == "auto" and one_shot is None and cpu.has_fast_int8():
+    if precision == "auto" and one_shot is None and auto_modes("cpu", ("int8",)):
         also = "ONNX Runtime" if fp32_on is None else "numpy"
         return TextPath("numpy", f"{tower} in numpy, int8 products where they pass the quality gate, else fp32 on {also}")
     why = ""

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ModelLoadError
+from ..base import user_cache
 
 ONNX_CACHE_ENV = "CLIPSEARCH_ONNX_CACHE"
 # Bumped when the exported graph changes (inputs, outputs, opset, wrapper).
@@ -30,8 +31,6 @@ OPSET = 17
 
 def cache_dir() -> Path:
     """Where exported towers are kept (created on first export)."""
-    from ..memo import user_cache
-
     explicit = os.environ.get(ONNX_CACHE_ENV, "").strip()
     return Path(explicit).expanduser() if explicit else user_cache() / "onnx"
 
