@@ -52,7 +52,7 @@ def ours(model_dir: Path, first: np.ndarray) -> dict[str, Embed]:
     from transformers import AutoModel
 
     from retrieval.encoders import load_encoder
-    from retrieval.encoders.runtime import RUNTIME_ENV
+    from retrieval.encoders.chooser import RUNTIME_ENV
 
     hf = AutoModel.from_pretrained(model_dir, dtype=torch.float32).eval()
 

@@ -8,8 +8,8 @@ A B C D E, ... after one warm-up round, so drift hits all commands alike):
   search is the fp32 numpy text path where the checkpoint allows it, see ``text_path``);
 * ``search (int8)``: the same with ``--precision int8``: what a one-shot search would pay if
   ``auto`` took int8 products (importing torch, quantising the tower); its difference to
-  ``search`` is the set-up that ``retrieval.encoders.numpy_text.path.ONE_SHOT_TEXTS`` weighs;
-* ``search (torch)``: the same with ``CLIPSEARCH_TEXT_PATH=torch --precision fp32``, i.e. the
+  ``search`` is the set-up that ``retrieval.encoders.chooser.ONE_SHOT_TEXTS`` weighs;
+* ``search (torch)``: the same with ``CLIPSEARCH_TEXT_RUNTIME=torch --precision fp32``, i.e. the
   transformers text tower every search used before;
 * ``search --image``: an image query, on the tower the index recorded (OpenVINO, ONNX Runtime
   or torch), reopened without torch's model where this machine remembers its checks
@@ -48,7 +48,7 @@ from _common import ROOT
 from _harness import Bench
 
 from clipsearch.cli import int_at_least
-from retrieval.encoders.runtime.checks import CHECKS_ENV
+from retrieval.encoders.memo import CHECKS_ENV
 
 DEMO_MODEL = ROOT / "data" / "models" / "demo-clip"
 DEMO_PHOTOS = ROOT / "data" / "demo"
@@ -177,7 +177,7 @@ def commands_for(index: Path, model: Path, query: str, image: Path) -> list[Comm
     return [
         Command("search", (*cli, "search", str(index), query)),
         Command("search (int8)", (*cli, "search", str(index), query, "--precision", "int8")),
-        Command("search (torch)", (*cli, "search", str(index), query, "--precision", "fp32"), (("CLIPSEARCH_TEXT_PATH", "torch"),)),
+        Command("search (torch)", (*cli, "search", str(index), query, "--precision", "fp32"), (("CLIPSEARCH_TEXT_RUNTIME", "torch"),)),
         Command("search --image", (*cli, "search", str(index), "--image", str(image))),
         # The same query with the runtime's checks not remembered: the full encoder (transformers,
         # torch's tower, the checks) before the tower runs, as every image query did before.

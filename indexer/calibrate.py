@@ -25,6 +25,7 @@ from typing import Any
 import numpy as np
 
 from retrieval.encoders import Encoder
+from retrieval.encoders.chooser import RUNTIME_KEYS
 from retrieval.encoders.precision import (
     CALIBRATION_IMAGES,
     Precision,
@@ -32,7 +33,6 @@ from retrieval.encoders.precision import (
     parse_mode,
     parse_precision,
 )
-from retrieval.encoders.runtime.image import RUNTIME_KEYS
 from retrieval.errors import InvalidArgumentError
 
 from .config import DECODES, DEFAULT_DECODE, Decode
@@ -61,14 +61,6 @@ def apply_precision(enc: Encoder, precision: Precision) -> None:
         enc.image_precision.request(precision)
 
 
-def _runtime_pending(enc: Encoder) -> bool:
-    """Whether the fp32, bf16 or int8 tower has still to choose its runtime (torch, OpenVINO or ONNX
-    Runtime, on the sample, before the manifest records which): backends without that choice
-    have none."""
-    runtimes = getattr(enc, "image_runtimes", None)
-    return runtimes is not None and bool(runtimes.pending(enc.image_precision.mode))
-
-
 def resolve(
     enc: Encoder,
     previous_info: Mapping[str, Any] | None,
@@ -93,25 +85,23 @@ def resolve(
     """
     tower = enc.image_precision
     prev = previous_info or {}
-    runtimes = getattr(enc, "image_runtimes", None)
-    if runtimes is not None:
-        # New vectors from the runtime the index's came from, so that the index stays uniform.
-        # A reduced-mode index from before its runtime was recorded came from torch's tower.
-        recorded = prev.get("image_runtime") or ("torch" if prev.get("precision") in ("bf16", "int8") else None)
-        runtimes.follow(str(recorded) if recorded else None, str(prev["precision"]) if prev.get("precision") else None)
+    # New vectors from the runtime the index's came from, so that the index stays uniform.
+    # A reduced-mode index from before its runtime was recorded came from torch's tower.
+    recorded = prev.get("image_runtime") or ("torch" if prev.get("precision") in ("bf16", "int8") else None)
+    enc.follow_image_runtime(str(recorded) if recorded else None, str(prev["precision"]) if prev.get("precision") else None)
     if keep_recorded and previous_info is not None:
         try:
             tower.request(parse_precision(str(prev.get("precision_requested") or prev.get("precision") or "fp32")))
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: the default (auto) decides
-    if not files or (tower.mode is not None and not _runtime_pending(enc)):
+    if not files or (tower.mode is not None and not enc.image_runtime_pending()):
         return []
     recorded = prev.get("precision")
     if tower.mode is None and prev.get("precision_requested") == "auto" and recorded not in (None, "auto"):
         gate = (prev.get("precision_gate") or {}).get("gate")
         try:
             tower.set(parse_mode(str(recorded)), gate_results_from_info(gate))
-            if not _runtime_pending(enc):
+            if not enc.image_runtime_pending():
                 return []
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: calibrate anew

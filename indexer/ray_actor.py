@@ -78,9 +78,8 @@ def load_actor_encoder(spec: ActorSpec) -> Encoder:
     enc = load_encoder(spec.model, device=spec.device, precision=spec.precision)
     if spec.image_size is not None:
         enc.set_image_size(spec.image_size)
-    runtimes = getattr(enc, "image_runtimes", None)
-    if runtimes is not None and spec.image_runtime:
-        runtimes.follow(spec.image_runtime, spec.precision)
+    if spec.image_runtime:
+        enc.follow_image_runtime(spec.image_runtime, spec.precision)
     bits = enc.info.get("int8_activation_bits")
     if spec.int8_activation_bits is not None and bits is not None and int(bits) != spec.int8_activation_bits:
         raise EngineError(

@@ -90,7 +90,7 @@ class ImageIndex:
                 (:mod:`retrieval.query_cache`; :meth:`query_cache_info` counts hits).
             text_queries: how many text queries this process will run, when it knows (a
                 one-shot command); ``auto`` then keeps fp32 where int8's set-up would cost more
-                than it saves on them (:func:`retrieval.encoders.numpy_text.path.one_shot_reason`).
+                than it saves on them (:func:`retrieval.encoders.chooser.one_shot_reason`).
 
         Raises:
             InvalidArgumentError: a bad precision or query cache size.

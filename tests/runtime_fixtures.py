@@ -17,6 +17,7 @@ from imagegen import make_jpegs
 from indexer import build_index
 from retrieval import ImageIndex
 from retrieval.encoders import HFClipEncoder
+from retrieval.encoders import chooser as CH
 from retrieval.encoders import runtime as R
 from retrieval.encoders.runtime import export as E
 from retrieval.encoders.runtime import image as IR
@@ -27,18 +28,18 @@ if TYPE_CHECKING:
 
 needs_openvino = pytest.mark.skipif(bool(IR.RUNTIMES["openvino"].missing()), reason="the [openvino] extra is not installed")
 needs_ov_int8 = pytest.mark.skipif(
-    bool(R.openvino_int8_missing()) or not IR.tried_here("int8"),
+    bool(R.openvino_int8_missing()) or not CH.tried_here("int8"),
     reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU at the AVX-512 VNNI level "
     "(with AMX torch's int8 runs: OpenVINO's moved with the batch there)",
 )
 needs_ov_bf16 = pytest.mark.skipif(
-    bool(R.openvino_missing()) or not IR.tried_here("bf16"),
+    bool(R.openvino_missing()) or not CH.tried_here("bf16"),
     reason="OpenVINO's bf16 tower needs the [openvino] extra and a CPU with AMX",
 )
 # Each runtime whose package is installed (make install installs both).
 RUNTIMES = [
     pytest.param(name, marks=pytest.mark.skipif(bool(IR.RUNTIMES[name].missing()), reason=f"{name} is not installed"))
-    for name in IR.AUTO_ORDER
+    for name in [c.runtime for c in CH.candidates("image", "fp32")]
 ]
 
 
@@ -59,7 +60,7 @@ def runtime_cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.
     """One export cache for the session's worker (exports are what is slow), never the user's."""
     path = tmp_path_factory.getbasetemp() / "onnx-cache-test"
     monkeypatch.setenv(E.ONNX_CACHE_ENV, str(path))
-    monkeypatch.delenv(R.RUNTIME_ENV, raising=False)
+    monkeypatch.delenv(CH.RUNTIME_ENV, raising=False)
     return path
 
 
@@ -70,7 +71,7 @@ def refused_here(tiny_model: Path, pixels: torch.Tensor, tmp_path_factory: pytes
     AVX2 host, its int8 ones with AMX, and there auto rightly passes them over. Any other failure
     to run is not excused: the tests that ask for the runtime fail on it."""
     refused: dict[str, str] = {}
-    tries = [(name, name, "fp32") for name in IR.AUTO_ORDER if not IR.RUNTIMES[name].missing()]
+    tries = [(name, name, "fp32") for name in [c.runtime for c in CH.candidates("image", "fp32")] if not IR.RUNTIMES[name].missing()]
     if not R.openvino_int8_missing():
         tries.append(("openvino-int8", "openvino", "int8"))
     if not R.openvino_missing():
@@ -78,7 +79,7 @@ def refused_here(tiny_model: Path, pixels: torch.Tensor, tmp_path_factory: pytes
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(E.ONNX_CACHE_ENV, str(tmp_path_factory.getbasetemp() / "onnx-cache-test"))
         for key, name, precision in tries:
-            mp.setenv(R.RUNTIME_ENV, name)
+            mp.setenv(CH.RUNTIME_ENV, name)
             try:
                 HFClipEncoder.load(str(tiny_model), device="cpu", precision=precision).embed_pixels(pixels[:4])
             except ModelLoadError as exc:
@@ -99,7 +100,7 @@ def encoder_on(
 ) -> HFClipEncoder:
     """An encoder of ``model`` in ``precision`` whose tower's runtime was chosen with
     ``CLIPSEARCH_IMAGE_RUNTIME=runtime`` (on the first 4 images)."""
-    monkeypatch.setenv(R.RUNTIME_ENV, runtime)
+    monkeypatch.setenv(CH.RUNTIME_ENV, runtime)
     enc = HFClipEncoder.load(str(model), device="cpu", precision=precision)
     enc.embed_pixels(pixels[:4])  # the runtime is chosen here
     return enc

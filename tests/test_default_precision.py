@@ -1,7 +1,7 @@
 """Text queries default to ``auto``: int8 products where they pass the quality gate (scores within
 the gate's cosine of fp32), fp32 with a stated reason where the CPU has no reduced mode;
 ``precision="fp32"`` (``--precision fp32``) gives exact scores. The gate's outcome is remembered
-per weights and CPU setting (retrieval.encoders.numpy_text.gate_cache)."""
+per weights and CPU setting (retrieval.encoders.memo)."""
 
 from __future__ import annotations
 
@@ -15,10 +15,10 @@ import pytest
 
 from clipsearch.cli import build_parser
 from retrieval import ImageIndex
-from retrieval.encoders import cpu
-from retrieval.encoders.numpy_text import NumpyTextEncoder, gate_cache
+from retrieval.encoders import cpu, memo
+from retrieval.encoders.chooser import ONE_SHOT_TEXTS, one_shot_reason
+from retrieval.encoders.numpy_text import NumpyTextEncoder
 from retrieval.encoders.numpy_text import int8 as int8_module
-from retrieval.encoders.numpy_text.path import ONE_SHOT_TEXTS, one_shot_reason
 from retrieval.encoders.precision import GATE_MIN_COSINE
 
 QUERY = "a red square"
@@ -84,7 +84,7 @@ def test_the_gate_runs_once_per_model_and_cpu(built_index: Path, tmp_path: Path,
         pytest.skip(f"no int8 text kernel here: {int8_module.int8_refusal()}")
     first = ImageIndex.open(built_index, device="cpu")
     first.search(QUERY)
-    recorded = json.loads(gate_cache.cache_file().read_text())  # type: ignore[union-attr]
+    recorded = json.loads(memo.gate_file().read_text())  # type: ignore[union-attr]
     assert len(recorded) == 1 and next(iter(recorded)).endswith(f"|{cpu.cpu_level()}|fbgemm=-|0.999/0.99/0.9/10")
     second = ImageIndex.open(built_index, device="cpu")
     second.search(QUERY)
@@ -95,14 +95,14 @@ def test_the_gate_runs_once_per_model_and_cpu(built_index: Path, tmp_path: Path,
     monkeypatch.setenv(cpu.CAP_ENV, "avx2")
     blocked = tmp_path / "a-file"
     blocked.write_text("")
-    monkeypatch.setenv(gate_cache.GATE_CACHE_ENV, str(blocked / "text-precision.json"))
+    monkeypatch.setenv(memo.GATE_CACHE_ENV, str(blocked / "text-precision.json"))
     third = ImageIndex.open(built_index, device="cpu")
     third.search(QUERY)
     assert "gate_cached" not in third.info()["text_precision"]
     # A damaged file is ignored and replaced.
     damaged = tmp_path / "damaged.json"
     damaged.write_text("{not json")
-    monkeypatch.setenv(gate_cache.GATE_CACHE_ENV, str(damaged))
+    monkeypatch.setenv(memo.GATE_CACHE_ENV, str(damaged))
     ImageIndex.open(built_index, device="cpu").search(QUERY)
     assert len(json.loads(damaged.read_text())) == 1
 

@@ -35,6 +35,7 @@ from runtime_fixtures import (  # noqa: E402
 from indexer import build_index  # noqa: E402
 from retrieval import ImageIndex  # noqa: E402
 from retrieval.encoders import HFClipEncoder  # noqa: E402
+from retrieval.encoders import chooser as CH  # noqa: E402
 from retrieval.encoders import runtime as R  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
 from retrieval.encoders.runtime import image as IR  # noqa: E402
@@ -53,7 +54,7 @@ def test_fp32_on_a_runtime_matches_torch_and_hf(
     enc = encoder_on(tiny_model, runtime, monkeypatch, pixels)
     assert enc.info["image_runtime"] == runtime and enc.info["image_runtime_version"]
     parity = enc.info["image_runtime_parity"]
-    assert parity["min_cosine"] >= R.PARITY_MIN_COSINE and f"{runtime}_seconds" in parity
+    assert parity["min_cosine"] >= CH.PARITY_MIN_COSINE and f"{runtime}_seconds" in parity
     tch = encoder_on(tiny_model, "torch", monkeypatch, pixels)
     assert tch.info["image_runtime"] == "torch"
     a, b = enc.embed_pixels(pixels), tch.embed_pixels(pixels)
@@ -62,7 +63,7 @@ def test_fp32_on_a_runtime_matches_torch_and_hf(
         hf = CLIPModel.from_pretrained(tiny_model).eval().get_image_features(pixel_values=pixels)
     hf = getattr(hf, "pooler_output", hf).numpy()
     hf /= np.linalg.norm(hf, axis=1, keepdims=True)
-    assert float(np.min(np.sum(a * hf, axis=1))) >= R.PARITY_MIN_COSINE
+    assert float(np.min(np.sum(a * hf, axis=1))) >= CH.PARITY_MIN_COSINE
 
 
 @pytest.mark.parametrize("runtime", RUNTIMES)
@@ -80,12 +81,12 @@ def test_update_equals_rebuild_and_the_manifest_names_the_runtime(
     refused_here: dict[str, str],
 ) -> None:
     usable(runtime, refused_here)
-    monkeypatch.setenv(R.RUNTIME_ENV, runtime)
+    monkeypatch.setenv(CH.RUNTIME_ENV, runtime)
     u, r = update_and_rebuild(tiny_model, photos, tmp_path, "fp32")
     info = json.loads((tmp_path / "r.idx" / "manifest.json").read_text())["model_info"]
     assert info["precision"] == "fp32" and info["image_runtime"] == runtime
     # Image queries run on the runtime the index's vectors came from: an image finds itself.
-    monkeypatch.delenv(R.RUNTIME_ENV)
+    monkeypatch.delenv(CH.RUNTIME_ENV)
     updated_equals_rebuilt(u, r, runtime)
 
 
@@ -109,11 +110,11 @@ def test_missing_packages_mean_torch_and_one_notice(
     # import onnxruntime / openvino now raise ImportError
     monkeypatch.setitem(sys.modules, "onnxruntime", None)
     monkeypatch.setitem(sys.modules, "openvino", None)
-    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
+    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.chooser"):
         enc = encoder_on(tiny_model, "auto", monkeypatch, pixels)
         enc.embed_pixels(pixels)
     assert enc.info["image_runtime"] == "torch"
-    notices = [r.getMessage() for r in caplog.records if r.name == "retrieval.encoders.runtime"]
+    notices = [r.getMessage() for r in caplog.records if r.name == "retrieval.encoders.chooser"]
     assert len(notices) == 1 and "\n" not in notices[0]
     assert R.ORT_INSTALL in notices[0] and R.OV_INSTALL in notices[0]
     for runtime, install in (("onnxruntime", R.ORT_INSTALL), ("openvino", R.OV_INSTALL)):
@@ -135,7 +136,7 @@ def test_a_failed_export_names_the_model_and_the_operator(
         encoder_on(tiny_model, "onnxruntime", monkeypatch, pixels)
     assert str(tiny_model) in str(info.value) and "aten::scaled_dot_product_attention" in str(info.value)
     assert not list((tmp_path / "empty-cache").glob("*"))  # no half-written file left
-    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
+    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.chooser"):
         enc = encoder_on(tiny_model, "auto", monkeypatch, pixels)
     assert enc.info["image_runtime"] == "torch" and "aten::scaled_dot_product_attention" in enc.info["image_runtime_note"]
 
@@ -145,8 +146,8 @@ def test_reduced_modes_and_an_unknown_runtime(tiny_model: Path, pixels: torch.Te
     enc.embed_pixels(pixels[:2])
     assert "image_runtime" not in enc.info  # fp16 runs on torch only; the record is about fp32, bf16 and int8
     assert encoder_on(tiny_model, "torch", monkeypatch, pixels, "bf16").info["image_runtime"] == "torch"
-    monkeypatch.delenv(R.RUNTIME_ENV)
-    monkeypatch.setenv(R.RUNTIME_ENV, "tensorrt")
+    monkeypatch.delenv(CH.RUNTIME_ENV)
+    monkeypatch.setenv(CH.RUNTIME_ENV, "tensorrt")
     with pytest.raises(InvalidArgumentError, match="CLIPSEARCH_IMAGE_RUNTIME"):
         HFClipEncoder.load(str(tiny_model), device="cpu", precision="fp32").embed_pixels(pixels[:2])
 
@@ -182,10 +183,10 @@ def test_batch_drift_finds_a_tower_that_depends_on_the_batch(pixels: torch.Tenso
 
     for n in (1, 2, 4, 5):
         sample = pixels[:n]
-        assert IR.batch_drift(per_image, sample, per_image(sample)) == 0.0
-        assert IR.batch_drift(per_batch, sample, per_batch(sample)) > 0.0
+        assert CH.batch_drift(per_image, sample, per_image(sample)) == 0.0
+        assert CH.batch_drift(per_batch, sample, per_batch(sample)) > 0.0
         # A sample that is itself small still meets a batch of another size.
-        assert IR.batch_drift(small_batches_apart, sample, small_batches_apart(sample)) > 0.0
+        assert CH.batch_drift(small_batches_apart, sample, small_batches_apart(sample)) > 0.0
 
 
 @needs_openvino
@@ -193,10 +194,10 @@ def test_auto_tries_openvino_first(
     tiny_model: Path, pixels: torch.Tensor, caplog: pytest.LogCaptureFixture, refused_here: dict[str, str]
 ) -> None:
     usable("openvino", refused_here)
-    with caplog.at_level(logging.INFO, logger="retrieval.encoders.runtime"):
+    with caplog.at_level(logging.INFO, logger="retrieval.encoders.chooser"):
         enc = _chosen(tiny_model, pixels)
     assert enc.info["image_runtime"] == "openvino" and "image_runtime_note" not in enc.info
-    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
+    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.chooser")]
 
 
 @needs_openvino
@@ -207,12 +208,12 @@ def test_a_runtime_whose_vectors_move_with_the_batch_is_passed_over(
     enc = _chosen(tiny_model, pixels)
     assert enc.info["image_runtime"] == "onnxruntime"
     assert "OpenVINO's fp32 vectors change with the batch" in enc.info["image_runtime_note"]
-    monkeypatch.setenv(R.RUNTIME_ENV, "openvino")
+    monkeypatch.setenv(CH.RUNTIME_ENV, "openvino")
     with pytest.raises(ModelLoadError, match=r"CLIPSEARCH_IMAGE_RUNTIME=openvino: OpenVINO's fp32 vectors change with the batch"):
         _chosen(tiny_model, pixels)
     # Both fail the check: torch, and the note says why for each.
     _batch_dependent(monkeypatch, "onnxruntime")
-    monkeypatch.delenv(R.RUNTIME_ENV)
+    monkeypatch.delenv(CH.RUNTIME_ENV)
     enc = _chosen(tiny_model, pixels)
     assert enc.info["image_runtime"] == "torch"
     assert "OpenVINO's fp32 vectors" in enc.info["image_runtime_note"] and "ONNX Runtime's fp32 vectors" in enc.info["image_runtime_note"]
@@ -222,10 +223,10 @@ def test_without_openvino_onnxruntime_runs_without_a_notice(
     tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:
     monkeypatch.setitem(sys.modules, "openvino", None)
-    with caplog.at_level(logging.INFO, logger="retrieval.encoders.runtime"):
+    with caplog.at_level(logging.INFO, logger="retrieval.encoders.chooser"):
         enc = _chosen(tiny_model, pixels)
     assert enc.info["image_runtime"] == "onnxruntime" and "image_runtime_note" not in enc.info
-    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
+    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.chooser")]
 
 
 def test_an_update_and_image_queries_follow_the_recorded_runtime(
@@ -233,10 +234,10 @@ def test_an_update_and_image_queries_follow_the_recorded_runtime(
 ) -> None:
     files = sorted(p.name for p in photos.iterdir())
     common = dict(model=str(tiny_model), workers=0, device="cpu", precision="fp32")
-    monkeypatch.setenv(R.RUNTIME_ENV, "onnxruntime")
+    monkeypatch.setenv(CH.RUNTIME_ENV, "onnxruntime")
     build_index(photos, tmp_path / "u.idx", files=files[:3], batch_size=2, **common)
     build_index(photos, tmp_path / "r.idx", batch_size=8, **common)
-    monkeypatch.delenv(R.RUNTIME_ENV)  # auto would pick OpenVINO for a new index
+    monkeypatch.delenv(CH.RUNTIME_ENV)  # auto would pick OpenVINO for a new index
     build_index(photos, tmp_path / "u.idx", batch_size=3, **common)
     info = json.loads((tmp_path / "u.idx" / "manifest.json").read_text())["model_info"]
     assert info["image_runtime"] == "onnxruntime" and "image_runtime_note" not in info
@@ -246,9 +247,9 @@ def test_an_update_and_image_queries_follow_the_recorded_runtime(
 def test_an_index_made_on_torch_is_queried_on_torch(
     tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
+    monkeypatch.setenv(CH.RUNTIME_ENV, "torch")
     build_index(photos, tmp_path / "t.idx", model=str(tiny_model), workers=0, device="cpu", precision="fp32")
-    monkeypatch.delenv(R.RUNTIME_ENV)
+    monkeypatch.delenv(CH.RUNTIME_ENV)
     index = ImageIndex.open(tmp_path / "t.idx")
     hit = index.search_image(index.source_file(2), k=1)[0]
     assert hit.id == 2 and hit.score == pytest.approx(1.0, abs=1e-6)
@@ -275,9 +276,9 @@ def test_a_recorded_runtime_that_cannot_run_is_named_in_one_notice(
     build_index(photos, tmp_path / "o.idx", files=files[:3], **common)
     assert ImageIndex.open(tmp_path / "o.idx").manifest.model_info["image_runtime"] == "openvino"
     monkeypatch.setitem(sys.modules, removed, None)
-    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
+    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.chooser"):
         build_index(photos, tmp_path / "o.idx", **common)
-    notices = [r.getMessage() for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
+    notices = [r.getMessage() for r in caplog.records if r.name.startswith("retrieval.encoders.chooser")]
     assert len(notices) == 1 and "the index's vectors came from openvino, which cannot run here" in notices[0]
     assert R.OV_INSTALL in notices[0]
     info = ImageIndex.open(tmp_path / "o.idx").manifest.model_info

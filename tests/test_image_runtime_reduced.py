@@ -31,6 +31,7 @@ from runtime_fixtures import (  # noqa: E402
 from indexer import build_index  # noqa: E402
 from retrieval import ImageIndex  # noqa: E402
 from retrieval.encoders import HFClipEncoder, cpu  # noqa: E402
+from retrieval.encoders import chooser as CH  # noqa: E402
 from retrieval.encoders import precision as P  # noqa: E402
 from retrieval.encoders import runtime as R  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
@@ -51,7 +52,7 @@ def test_bf16_on_openvino_agrees_with_torch_and_does_not_depend_on_the_batch(
     usable("openvino-bf16", refused_here)
     ov16 = encoder_on(tiny_model, "openvino", monkeypatch, pixels, "bf16")
     assert ov16.info["image_runtime"] == "openvino" and "int8_activation_bits" not in ov16.info
-    assert ov16.info["image_runtime_parity"]["min_cosine"] >= IR.REDUCED_PARITY_MIN_COSINE
+    assert ov16.info["image_runtime_parity"]["min_cosine"] >= CH.REDUCED_PARITY_MIN_COSINE
     a = ov16.embed_pixels(pixels)
     exact = encoder_on(tiny_model, "torch", monkeypatch, pixels).embed_pixels(pixels)
     assert float(cosines(a, exact).min()) >= P.GATE_MEAN_COSINE
@@ -79,7 +80,7 @@ def test_auto_never_takes_torchs_bf16_on_the_cpu(
     """On any CPU: with bf16 offered first (as with AMX) and only torch to run it, auto passes it
     over (torch's bf16 vectors move with the batch) and says why in the manifest."""
     monkeypatch.setattr(P, "auto_candidates", lambda device: ("bf16",))
-    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
+    monkeypatch.setenv(CH.RUNTIME_ENV, "torch")
     build_index(photos, tmp_path / "t.idx", model=str(tiny_model), workers=0, device="cpu", precision="auto")
     info = ImageIndex.open(tmp_path / "t.idx").manifest.model_info
     assert info["precision"] == "fp32" and info["image_runtime"] == "torch"
@@ -98,9 +99,9 @@ def test_a_bf16_index_made_on_torch_stays_on_torch(
 
     files = sorted(p.name for p in photos.iterdir())
     common = dict(model=str(tiny_model), workers=0, device="cpu", precision="bf16")
-    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
+    monkeypatch.setenv(CH.RUNTIME_ENV, "torch")
     build_index(photos, tmp_path / "u.idx", files=files[:5], **common)
-    monkeypatch.delenv(R.RUNTIME_ENV)
+    monkeypatch.delenv(CH.RUNTIME_ENV)
     build_index(photos, tmp_path / "u.idx", **common)
     assert ImageIndex.open(tmp_path / "u.idx").manifest.model_info["image_runtime"] == "torch"
     enc = HFClipEncoder.load(str(tiny_model), device="cpu", precision="bf16")
@@ -112,9 +113,9 @@ def test_a_bf16_index_made_on_torch_stays_on_torch(
 def test_bf16_on_openvino_is_tried_with_amx_only(monkeypatch: pytest.MonkeyPatch) -> None:
     for level, tried in (("amx", True), ("avx512_vnni", False), ("avx2", False)):
         monkeypatch.setattr(cpu, "cpu_level", lambda level=level: level)
-        assert IR.tried_here("bf16") is tried
-        assert (IR.ImageRuntime("m", lambda: None, True, "bf16").first == "openvino") is tried
-    assert IR.tried_here("fp32")
+        assert CH.tried_here("bf16") is tried
+        assert CH.ImageRuntime("m", lambda: None, True, "bf16").pending is tried
+    assert CH.tried_here("fp32")
 
 
 # -- int8 ---------------------------------------------------------------------------------------
@@ -127,12 +128,12 @@ def test_int8_on_openvino_agrees_with_torch_int8_and_does_not_depend_on_the_batc
     usable("openvino-int8", refused_here)
     ov8 = encoder_on(tiny_model, "openvino", monkeypatch, pixels, "int8")
     assert ov8.info["image_runtime"] == "openvino" and ov8.info["int8_activation_bits"] == 8
-    assert ov8.info["image_runtime_parity"]["min_cosine"] >= IR.REDUCED_PARITY_MIN_COSINE
+    assert ov8.info["image_runtime_parity"]["min_cosine"] >= CH.REDUCED_PARITY_MIN_COSINE
     assert "int8" not in ov8.image_precision.variants  # torch's int8 copy served the check only
     tch = encoder_on(tiny_model, "torch", monkeypatch, pixels, "int8")
     assert tch.info["image_runtime"] == "torch"
     a, b = ov8.embed_pixels(pixels), tch.embed_pixels(pixels)
-    assert float(np.min(np.sum(a * b, axis=1))) >= IR.REDUCED_PARITY_MIN_COSINE
+    assert float(np.min(np.sum(a * b, axis=1))) >= CH.REDUCED_PARITY_MIN_COSINE
     assert not np.array_equal(a, b)  # another tower indeed
     assert_batch_independent(ov8.embed_pixels, pixels, a, ((0, 1), (5, 6), (3, 10), (11, 12)))
     # The int8 model is made once from the export and kept beside it.
@@ -165,10 +166,10 @@ def test_an_int8_index_made_on_torch_stays_on_torch(
 
     files = sorted(p.name for p in photos.iterdir())
     common = dict(model=str(tiny_model), workers=0, device="cpu", precision="int8")
-    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
+    monkeypatch.setenv(CH.RUNTIME_ENV, "torch")
     build_index(photos, tmp_path / "u.idx", files=files[:5], batch_size=3, **common)
     build_index(photos, tmp_path / "r.idx", batch_size=16, **common)
-    monkeypatch.delenv(R.RUNTIME_ENV)
+    monkeypatch.delenv(CH.RUNTIME_ENV)
     build_index(photos, tmp_path / "u.idx", batch_size=4, **common)
     u, r = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
     assert u.manifest.model_info["image_runtime"] == "torch"
@@ -190,11 +191,11 @@ def test_an_int8_tower_whose_vectors_move_with_the_batch_is_passed_over(
         return lambda x: tower(x) + np.float32(1e-6 * len(x))
 
     monkeypatch.setitem(IR.RUNTIMES, "openvino", dataclasses.replace(real, load=load))
-    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
+    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.chooser"):
         enc = encoder_on(tiny_model, "auto", monkeypatch, pixels, "int8")
     assert enc.info["image_runtime"] == "torch"
     assert "OpenVINO's int8 vectors change with the batch" in enc.info["image_runtime_note"]
-    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]  # torch's int8 is no fallback to warn of
+    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.chooser")]  # torch's int8 is no fallback to warn of
     with pytest.raises(ModelLoadError, match="OpenVINO's int8 vectors change with the batch"):
         encoder_on(tiny_model, "openvino", monkeypatch, pixels, "int8")
 
@@ -206,11 +207,11 @@ def test_int8_runs_on_torch_without_nncf_or_where_onnxruntime_is_named(
     enc = encoder_on(tiny_model, "onnxruntime", monkeypatch, pixels, "int8")
     assert enc.info["image_runtime"] == "torch" and "image_runtime_note" not in enc.info
     monkeypatch.setitem(sys.modules, "nncf", None)
-    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.runtime"):
+    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.chooser"):
         enc = encoder_on(tiny_model, "auto", monkeypatch, pixels, "int8")
     assert enc.info["image_runtime"] == "torch"
-    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.runtime")]
-    if IR.tried_here("int8"):
+    assert not [r for r in caplog.records if r.name.startswith("retrieval.encoders.chooser")]
+    if CH.tried_here("int8"):
         assert R.OV_INSTALL in enc.info["image_runtime_note"]
         with pytest.raises(ModelLoadError, match=re.escape(R.OV_INSTALL)):
             encoder_on(tiny_model, "openvino", monkeypatch, pixels, "int8")

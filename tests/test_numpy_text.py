@@ -17,6 +17,7 @@ from helpers import TEXTS, cosines
 
 from retrieval import ImageIndex
 from retrieval.encoders import HFClipEncoder
+from retrieval.encoders.chooser import TEXT_RUNTIME_ENV
 from retrieval.encoders.numpy_text import (
     TEXT_PATH_ENV,
     NumpyTextEncoder,
@@ -131,12 +132,22 @@ def test_unsupported_configs_fall_back(tiny_model: Path, tmp_path: Path) -> None
     assert text_path("open_clip:ViT-B-32", backend="open_clip").path == "torch"
 
 
+def test_the_older_text_path_setting_still_sends_queries_to_torch(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(TEXT_RUNTIME_ENV)
+    monkeypatch.setenv(TEXT_PATH_ENV, "torch")
+    with pytest.warns(FutureWarning, match=f"{TEXT_RUNTIME_ENV}=torch"):
+        assert text_path(str(tiny_model)) == text_path(str(tiny_model), runtime="torch")
+    monkeypatch.delenv(TEXT_PATH_ENV)
+    assert text_path(str(tiny_model), runtime="torch").reason == f"{TEXT_RUNTIME_ENV}=torch"
+    assert text_path(str(tiny_model), runtime="numpy").path == "numpy"
+
+
 def test_index_uses_numpy_path_and_matches_fp32(built_index: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fast = ImageIndex.open(built_index, device="cpu", precision="fp32")  # exact fp32 parity
     assert fast.text_path().path == "numpy" and fast.info()["text_path"]["path"] == "numpy"
     hits = fast.search("a red square", k=8)
     assert isinstance(fast.text_encoder, NumpyTextEncoder) and fast._queries.loaded_encoder is None  # no torch model loaded
-    monkeypatch.setenv(TEXT_PATH_ENV, "torch")
+    monkeypatch.setenv(TEXT_RUNTIME_ENV, "torch")
     slow = ImageIndex.open(built_index, device="cpu", precision="fp32")
     assert slow.text_path().path == "torch"
     expected = slow.search("a red square", k=8)
@@ -217,7 +228,7 @@ def test_cli_text_search_without_torch_equals_fp32_transformers(built_index: Pat
         assert proc.returncode == 0, proc.stderr
         assert heavy == []
         ref, ref_heavy = _run_cli(
-            ["search", str(built_index), query, "-k", "10", "--json", "--precision", "fp32"], **{TEXT_PATH_ENV: "torch"}
+            ["search", str(built_index), query, "-k", "10", "--json", "--precision", "fp32"], **{TEXT_RUNTIME_ENV: "torch"}
         )
         assert ref.returncode == 0, ref.stderr
         assert "torch" in ref_heavy
@@ -231,5 +242,5 @@ def test_cli_text_search_without_torch_equals_fp32_transformers(built_index: Pat
 def test_cli_info_names_the_text_path(built_index: Path) -> None:
     proc, _ = _run_cli(["info", str(built_index), "--json"])
     assert json.loads(proc.stdout)["text_path"]["path"] == "numpy"
-    proc, _ = _run_cli(["info", str(built_index), "--json"], **{TEXT_PATH_ENV: "torch"})
-    assert json.loads(proc.stdout)["text_path"] == {"path": "torch", "reason": f"{TEXT_PATH_ENV}=torch"}
+    proc, _ = _run_cli(["info", str(built_index), "--json"], **{TEXT_RUNTIME_ENV: "torch"})
+    assert json.loads(proc.stdout)["text_path"] == {"path": "torch", "reason": f"{TEXT_RUNTIME_ENV}=torch"}

@@ -22,9 +22,10 @@ from imagegen import make_jpegs  # noqa: E402
 
 from indexer import build_index  # noqa: E402
 from retrieval import ImageIndex  # noqa: E402
+from retrieval.encoders import chooser as CH  # noqa: E402
+from retrieval.encoders import memo as M  # noqa: E402
 from retrieval.encoders import runtime as R  # noqa: E402
 from retrieval.encoders.recorded_tower import RecordedTower, numpy_pixels, open_recorded  # noqa: E402
-from retrieval.encoders.runtime import checks as C  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
 from retrieval.encoders.runtime import image as IR  # noqa: E402
 from retrieval.errors import ModelMismatchError  # noqa: E402
@@ -43,7 +44,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(autouse=True)
 def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(E.ONNX_CACHE_ENV, str(tmp_path_factory.getbasetemp() / "onnx-cache-recorded"))
-    monkeypatch.delenv(R.RUNTIME_ENV, raising=False)
+    monkeypatch.delenv(CH.RUNTIME_ENV, raising=False)
 
 
 def _built(model: Path, photos: Path, dest: Path, precision: str = "fp32") -> ImageIndex:
@@ -58,7 +59,7 @@ def _built(model: Path, photos: Path, dest: Path, precision: str = "fp32") -> Im
 
 def _full_path_vector(dest: Path, image: Path, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:
     with monkeypatch.context() as mp:
-        mp.setenv(C.CHECKS_ENV, "off")
+        mp.setenv(M.CHECKS_ENV, "off")
         index = ImageIndex.open(dest)
         vector = index.embed_image(image)
         assert index.image_path()["tower"] == "encoder"
@@ -111,7 +112,7 @@ def test_the_cli_answers_the_same_from_the_recorded_tower(tiny_model: Path, phot
         out = subprocess.run(cmd, capture_output=True, text=True, env=run_env, check=True, timeout=300)
         return list(json.loads(out.stdout)["results"])
 
-    recorded, full = search(), search((C.CHECKS_ENV, "off"))
+    recorded, full = search(), search((M.CHECKS_ENV, "off"))
     assert recorded == full and recorded[0]["path"] == Path(image).name
 
 
@@ -120,7 +121,7 @@ def test_without_remembered_checks_the_full_encoder_runs_and_remembers_them(
 ) -> None:
     index = _built(tiny_model, photos, tmp_path / "n.idx")
     image = index.source_file(0)
-    monkeypatch.setenv(C.CHECKS_ENV, str(tmp_path / "fresh.json"))  # another machine's memory: empty
+    monkeypatch.setenv(M.CHECKS_ENV, str(tmp_path / "fresh.json"))  # another machine's memory: empty
     first = ImageIndex.open(tmp_path / "n.idx")
     v1 = first.embed_image(image)
     assert first.image_path()["tower"] == "encoder"
@@ -136,7 +137,7 @@ def test_a_probe_that_no_longer_matches_or_an_unreadable_memory_sends_it_to_the_
     index = _built(tiny_model, photos, tmp_path / "p.idx")
     image = index.source_file(4)
     expected = _full_path_vector(tmp_path / "p.idx", image, monkeypatch)
-    memory = Path(os.environ[C.CHECKS_ENV])
+    memory = Path(os.environ[M.CHECKS_ENV])
     data = json.loads(memory.read_text())
     for entry in data.values():
         entry["probe"][0] = float(np.nextafter(np.float32(entry["probe"][0]), np.float32(2)))
@@ -160,10 +161,10 @@ def test_settings_that_leave_image_queries_to_the_full_encoder(
     assert isinstance(open_recorded(manifest, model, "cpu"), RecordedTower)
     assert "runs images with torch" in str(open_recorded(manifest, model, "cuda"))
     assert "not the index's" in str(open_recorded(manifest, str(other_model), "auto"))
-    monkeypatch.setenv(R.RUNTIME_ENV, "torch")
+    monkeypatch.setenv(CH.RUNTIME_ENV, "torch")
     assert "torch asked for" in str(open_recorded(manifest, model, "auto"))
     # Another model named for queries is still refused by the full encoder, with its message.
-    monkeypatch.delenv(R.RUNTIME_ENV)
+    monkeypatch.delenv(CH.RUNTIME_ENV)
     with pytest.raises(ModelMismatchError, match="model mismatch"):
         ImageIndex.open(tmp_path / "s.idx", model=str(other_model)).search_image(index.source_file(0), k=1)
 
@@ -172,11 +173,11 @@ def test_settings_that_leave_image_queries_to_the_full_encoder(
     "precision",
     [
         pytest.param("bf16", marks=pytest.mark.skipif(
-            bool(R.openvino_missing()) or not IR.tried_here("bf16"),
+            bool(R.openvino_missing()) or not CH.tried_here("bf16"),
             reason="OpenVINO's bf16 tower needs the [openvino] extra and a CPU with AMX",
         )),
         pytest.param("int8", marks=pytest.mark.skipif(
-            bool(R.openvino_int8_missing()) or not IR.tried_here("int8"),
+            bool(R.openvino_int8_missing()) or not CH.tried_here("int8"),
             reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU at the AVX-512 VNNI level",
         )),
     ],
@@ -211,11 +212,11 @@ def test_an_update_with_the_same_tower_shares_it(tiny_model: Path, photos: Path,
 def test_the_memory_ignores_a_path_it_cannot_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    monkeypatch.setenv(C.CHECKS_ENV, str(blocker / "checks.json"))  # its parent is a file
-    C.record("k", C.PassedChecks({"images": 1.0}, np.ones(3, dtype=np.float32)))
-    assert C.lookup("k") is None
-    monkeypatch.setenv(C.CHECKS_ENV, str(tmp_path / "ok.json"))
+    monkeypatch.setenv(M.CHECKS_ENV, str(blocker / "checks.json"))  # its parent is a file
+    M.record_check("k", M.PassedChecks({"images": 1.0}, np.ones(3, dtype=np.float32)))
+    assert M.lookup_check("k") is None
+    monkeypatch.setenv(M.CHECKS_ENV, str(tmp_path / "ok.json"))
     probe = np.asarray([0.1, -1e-8, 3.4028235e38], dtype=np.float32)
-    C.record("k", C.PassedChecks({"images": 1.0}, probe, 768))
-    got = C.lookup("k")
+    M.record_check("k", M.PassedChecks({"images": 1.0}, probe, 768))
+    got = M.lookup_check("k")
     assert got is not None and np.array_equal(got.probe, probe) and got.int8_group == 768

@@ -1,4 +1,4 @@
-"""The exact (fp32) text tower on ONNX Runtime (retrieval.encoders.runtime.text): parity with the
+"""The exact (fp32) text tower on ONNX Runtime (retrieval.encoders.chooser): parity with the
 numpy tower and Hugging Face, vectors independent of the batch, which processes choose it (long-
 lived ones; a one-shot search stays on numpy without importing torch), the environment override,
 and the fallbacks to numpy: the package missing, torch missing, a damaged cached export, a failed
@@ -6,6 +6,7 @@ parity check."""
 
 from __future__ import annotations
 
+import dataclasses
 import subprocess
 import sys
 from pathlib import Path
@@ -17,11 +18,11 @@ from helpers import TEXTS, cosines
 pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed")
 
 from retrieval import ImageIndex  # noqa: E402
+from retrieval.encoders import chooser as CH  # noqa: E402
 from retrieval.encoders import runtime as R  # noqa: E402
+from retrieval.encoders.chooser import ONE_SHOT_TEXTS  # noqa: E402
 from retrieval.encoders.numpy_text import NumpyTextEncoder, text_path  # noqa: E402
-from retrieval.encoders.numpy_text.path import ONE_SHOT_TEXTS  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
-from retrieval.encoders.runtime import text as T  # noqa: E402
 from retrieval.errors import InvalidArgumentError, ModelLoadError  # noqa: E402
 
 
@@ -31,12 +32,12 @@ def _cache(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyP
     runtime left to choose."""
     path = tmp_path_factory.getbasetemp() / "onnx-text-cache-test"
     monkeypatch.setenv(E.ONNX_CACHE_ENV, str(path))
-    monkeypatch.delenv(R.TEXT_RUNTIME_ENV, raising=False)
+    monkeypatch.delenv(CH.TEXT_RUNTIME_ENV, raising=False)
     return path
 
 
 def _load(model: Path, runtime: str, monkeypatch: pytest.MonkeyPatch, **kwargs: object) -> NumpyTextEncoder:
-    monkeypatch.setenv(R.TEXT_RUNTIME_ENV, runtime)
+    monkeypatch.setenv(CH.TEXT_RUNTIME_ENV, runtime)
     return NumpyTextEncoder.load(str(model), **kwargs)  # type: ignore[arg-type]
 
 
@@ -48,9 +49,9 @@ def test_onnxruntime_vectors_equal_numpy_and_hf(tiny_model: Path, monkeypatch: p
     assert ort.runtime.name == "onnxruntime" and ort.loaded_path().path == "onnxruntime"
     info = ort.precision_info()
     assert info["mode"] == "fp32" and info["runtime"] == "onnxruntime"
-    assert info["runtime_parity"]["min_cosine"] >= R.PARITY_MIN_COSINE and info["runtime_parity"]["texts"] > 0
+    assert info["runtime_parity"]["min_cosine"] >= CH.PARITY_MIN_COSINE and info["runtime_parity"]["texts"] > 0
     numpy = _load(tiny_model, "numpy", monkeypatch)
-    assert numpy.runtime.name == "numpy" and numpy.runtime.note == f"{R.TEXT_RUNTIME_ENV}=numpy"
+    assert numpy.runtime.name == "numpy" and numpy.runtime.note == f"{CH.TEXT_RUNTIME_ENV}=numpy"
     a, b = ort.embed_texts(list(TEXTS)), numpy.embed_texts(list(TEXTS))
     np.testing.assert_allclose(a, b, rtol=0, atol=1e-5)
     model = CLIPModel.from_pretrained(tiny_model).eval()
@@ -60,7 +61,7 @@ def test_onnxruntime_vectors_equal_numpy_and_hf(tiny_model: Path, monkeypatch: p
     hf = getattr(hf, "pooler_output", hf).numpy()
     hf /= np.linalg.norm(hf, axis=1, keepdims=True)
     np.testing.assert_allclose(a, hf, rtol=0, atol=1e-5)
-    assert cosines(a, hf).min() >= R.PARITY_MIN_COSINE
+    assert cosines(a, hf).min() >= CH.PARITY_MIN_COSINE
 
 
 def test_vectors_do_not_depend_on_the_batch(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -113,13 +114,13 @@ def test_a_one_shot_search_stays_on_numpy_without_torch(built_index: Path) -> No
 def test_the_environment_overrides_the_choice(built_index: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     numpy = _load(tiny_model, "numpy", monkeypatch)
     assert numpy.runtime.name == "numpy"
-    assert text_path(str(tiny_model)).path == "numpy" and f"{R.TEXT_RUNTIME_ENV}=numpy" in text_path(str(tiny_model)).reason
+    assert text_path(str(tiny_model)).path == "numpy" and f"{CH.TEXT_RUNTIME_ENV}=numpy" in text_path(str(tiny_model)).reason
     # onnxruntime: even for one query.
     forced = _load(tiny_model, "onnxruntime", monkeypatch, text_queries=1)
     assert forced.runtime.name == "onnxruntime"
     assert text_path(str(tiny_model), text_queries=1).path == "onnxruntime"
-    monkeypatch.setenv(R.TEXT_RUNTIME_ENV, "tensorrt")
-    with pytest.raises(InvalidArgumentError, match=R.TEXT_RUNTIME_ENV):
+    monkeypatch.setenv(CH.TEXT_RUNTIME_ENV, "tensorrt")
+    with pytest.raises(InvalidArgumentError, match=CH.TEXT_RUNTIME_ENV):
         NumpyTextEncoder.load(str(tiny_model))
 
 
@@ -148,7 +149,7 @@ def test_missing_onnxruntime_stays_on_numpy_and_says_why(
     assert index.text_path().path == "numpy" and R.ORT_INSTALL in index.text_path().reason
     assert index.info()["text_precision"]["runtime"] == "numpy"
     # Asked for by name: an error that names the package, not a silent fall-back to torch.
-    monkeypatch.setenv(R.TEXT_RUNTIME_ENV, "onnxruntime")
+    monkeypatch.setenv(CH.TEXT_RUNTIME_ENV, "onnxruntime")
     with pytest.raises(R.RuntimeUnavailable, match="onnxruntime"):
         ImageIndex.open(built_index, device="cpu", precision="fp32").search("a red square", k=3)
 
@@ -193,11 +194,11 @@ def test_a_damaged_cached_export_falls_back_and_is_made_again(
 
 
 def test_a_failed_parity_check_falls_back(tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(T, "PARITY_MIN_COSINE", 1.5)  # no vectors pass
+    monkeypatch.setattr(CH, "CANDIDATES", tuple(dataclasses.replace(c, min_cosine=1.5) for c in CH.CANDIDATES))  # none passes
     enc = _load(tiny_model, "auto", monkeypatch)
     assert enc.runtime.name == "numpy" and "differ from numpy's" in (enc.runtime.note or "")
     assert enc.precision_info()["runtime_parity"]["min_cosine"] > 0.999
-    monkeypatch.setenv(R.TEXT_RUNTIME_ENV, "onnxruntime")
+    monkeypatch.setenv(CH.TEXT_RUNTIME_ENV, "onnxruntime")
     with pytest.raises(ModelLoadError, match="differ from numpy's"):
         NumpyTextEncoder.load(str(tiny_model))
 

@@ -32,7 +32,12 @@ _FILE_HASH_CACHE: dict[tuple[str, int, int], str] = {}
 
 class TextEncoder(Protocol):
     """What a text query needs from a model: the torch encoders below, and the numpy text tower
-    (:class:`~retrieval.encoders.numpy_text.NumpyTextEncoder`), which has no image half."""
+    (:class:`~retrieval.encoders.numpy_text.NumpyTextEncoder`), which has no image half.
+
+    Capabilities are declared here, not probed: ``family_name`` (None where the backend has no
+    families), ``query_languages`` (() where any text is read as it is) and
+    ``text_precision_info`` exist on every text encoder.
+    """
 
     name: str
     backend: str
@@ -42,7 +47,21 @@ class TextEncoder(Protocol):
     @property
     def fingerprint(self) -> str: ...
 
+    @property
+    def family_name(self) -> str | None:
+        """The checkpoint's family (``clip``, ``siglip``, ...), what a query model is matched by; None: no families."""
+        ...
+
+    @property
+    def query_languages(self) -> tuple[str, ...]:
+        """The language codes texts must name (NLLB's FLORES-200 codes); () when any text is read as it is."""
+        ...
+
     def embed_texts(self, texts: Sequence[str]) -> np.ndarray: ...
+
+    def text_precision_info(self) -> dict[str, Any]:
+        """JSON-able record of the text tower's precision: requested and chosen mode, the gate's figures."""
+        ...
 
 
 class Encoder(TextEncoder, Protocol):
@@ -73,6 +92,20 @@ class Encoder(TextEncoder, Protocol):
 
     def calibrate_images(self, pixel_values: torch.Tensor) -> Mode:
         """Resolve an ``auto`` image precision on this sample now; returns the mode."""
+        ...
+
+    def follow_image_runtime(self, recorded: str | None, precision: str | None = None) -> None:
+        """Ask first for the runtime an index's vectors came from (its ``image_runtime``), for
+        the mode they were made in (``precision``; None: every mode). A no-op where torch runs
+        every image tower."""
+        ...
+
+    def image_runtime_pending(self) -> bool:
+        """Whether the current mode's runtime is still to be chosen on a sample of images."""
+        ...
+
+    def image_runtime_name(self) -> str:
+        """What runs the current mode's image tower: ``torch``, ``openvino`` or ``onnxruntime``."""
         ...
 
 
@@ -120,6 +153,12 @@ def file_sha256(path: Path) -> str:
                 h.update(chunk)
         cached = _FILE_HASH_CACHE[key] = h.hexdigest()
     return cached
+
+
+def user_cache() -> Path:
+    """clipsearch's folder in the user's cache: ``$XDG_CACHE_HOME/clipsearch``, else ``~/.cache/clipsearch``."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(base) / "clipsearch"
 
 
 def offline_requested() -> bool:

@@ -2,8 +2,8 @@
 
 A build hands the encoder batches of ``--batch-size`` images (64 by default), which suits a GPU
 and the decoders. On the CPU, one forward pass over all of them allocates activations of
-``images x tokens x width`` floats per layer, afresh for every layer: for ViT-B/32 at 64 images
-the MLP's 3072-wide activations are 39 MB, and glibc serves every block over its mmap threshold
+``images x tokens x width`` floats per layer, afresh for every layer: a ViT's MLP activations
+at that batch size run to tens of megabytes, and glibc serves every block over its mmap threshold
 (at most 32 MB) with fresh pages from the kernel, which zeroes each on first touch and takes them
 back at ``free``: page faults, time in which no product runs (measured in ``benchmarks/README.md``,
 "Page faults"). Below the threshold, freed blocks are reused.

@@ -71,7 +71,7 @@ def language_embedder(encoder: Any, query_lang: str | None) -> tuple[str | None,
     Raises:
         InvalidArgumentError: see :func:`check_language`.
     """
-    language = check_language(encoder.name, tuple(getattr(encoder, "query_languages", ())), query_lang)
+    language = check_language(encoder.name, tuple(encoder.query_languages), query_lang)
     if language is None:
         return None, encoder.embed_texts
     return language, functools.partial(encoder.embed_texts, language=language)

@@ -1,20 +1,47 @@
-"""A small JSON file of remembered outcomes, keyed by strings, in the user's cache directory.
+"""What a process learnt about how a tower runs, remembered for the next: one small JSON memo type
+in the user's cache, and its two books.
 
-What a process may learn once and reuse in the next: ``auto``'s text precision
-(:mod:`.numpy_text.gate_cache`), the checks an image tower's runtime passed
-(:mod:`.runtime.checks`). The file is derived data: written atomically (a temporary file
-renamed), bounded (the oldest entries go first), and any failure to read or write it is ignored,
-so the work it saves simply runs again.
+- **passed checks** (:func:`lookup_check`, :func:`record_check`): what an image tower's runtime
+  passed (:func:`retrieval.encoders.chooser.agreement`), keyed by the tower's file, the runtime
+  and its version, the mode and the CPU (:func:`check_key`), with the tower's vector of a fixed
+  probe input (:func:`probe_pixels`). A query process reopens the tower from the entry
+  (:mod:`.recorded_tower`) only where the probe gives the same vector bit for bit, so a changed
+  kernel, another thread count that changes the sums, a stale compiled-model cache or an edited
+  entry sends it back to the full checks. File: ``$CLIPSEARCH_RUNTIME_CHECKS`` (a path; ``off``
+  disables it), else ``checks.json`` in the export cache, beside the files it speaks of.
+- **auto's text precision** (:func:`lookup_gate`, :func:`record_gate`): the quality gate's
+  outcome for the numpy text tower (mode, figures, note), which depends only on the weights and
+  the products this CPU runs (:func:`gate_key`). File: ``$CLIPSEARCH_GATE_CACHE`` (``off``
+  disables it), else ``text-precision.json`` in clipsearch's user cache folder.
+
+Both files are derived data, never inside an index directory (readers do not write there):
+written atomically (a temporary file renamed), bounded (the oldest entries go first), and any
+failure to read or write them is ignored, so the work they save simply runs again.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+
+import numpy as np
+
+from . import cpu
+from .base import user_cache
+from .precision import GATE_K, GATE_MEAN_COSINE, GATE_MIN_COSINE, GATE_TOPK_OVERLAP, GateResult, gate_results_from_info
+from .runtime.export import cache_dir
+
+CHECKS_ENV = "CLIPSEARCH_RUNTIME_CHECKS"
+GATE_CACHE_ENV = "CLIPSEARCH_GATE_CACHE"
+# Bumped when what is checked or gated (the probe, the thresholds' meaning, the products) changes.
+_CHECKS_VERSION = 1
+_GATE_VERSION = 1
 
 
 def memo_file(env: str, default: Path) -> Path | None:
@@ -23,12 +50,6 @@ def memo_file(env: str, default: Path) -> Path | None:
     if explicit.lower() == "off":
         return None
     return Path(explicit).expanduser() if explicit else default
-
-
-def user_cache() -> Path:
-    """clipsearch's folder in the user's cache: ``$XDG_CACHE_HOME/clipsearch``, else ``~/.cache/clipsearch``."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(base) / "clipsearch"
 
 
 class JsonMemo:
@@ -82,4 +103,149 @@ class JsonMemo:
             return
 
 
-__all__ = ["JsonMemo", "memo_file", "user_cache"]
+# -- passed checks of a runtime's image tower --------------------------------------------------
+
+
+def checks_file() -> Path | None:
+    """Where passed checks are kept (None: not kept)."""
+    return memo_file(CHECKS_ENV, cache_dir() / "checks.json")
+
+
+def gate_file() -> Path | None:
+    """Where ``auto``'s text precision outcomes are kept (None: not kept)."""
+    return memo_file(GATE_CACHE_ENV, user_cache() / "text-precision.json")
+
+
+_CHECKS = JsonMemo(lambda: checks_file())
+_GATES = JsonMemo(lambda: gate_file())
+
+
+def _cpu_identity() -> str:
+    """The CPU's model name and flags, hashed: kernels are picked from them, caps or not."""
+    name = ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
+            if line.startswith("model name"):
+                name = line.partition(":")[2].strip()
+                break
+    except OSError:
+        pass
+    raw = f"{name}|{' '.join(sorted(cpu.cpu_flags()))}"
+    return hashlib.sha256(raw.encode()).hexdigest()[:16]
+
+
+def check_key(runtime: str, version: str, mode: str, tower_file: Path) -> str:
+    """The key of one passed check: the runtime and its version, the mode, the tower's file
+    (its name holds the weights' fingerprint, the input size and what made it) and the CPU (its
+    level after the caps, and its identity). Not the thread count: a build and a query may run
+    on different counts, and the probe vector, which a reopened tower must reproduce bit for
+    bit, tells whether the count changes the vectors."""
+    return f"v{_CHECKS_VERSION}|{runtime}={version}|{mode}|{tower_file.name}|level={cpu.cpu_level()}|cpu={_cpu_identity()}"
+
+
+def probe_pixels(image_size: int) -> np.ndarray:
+    """The fixed probe input: one image of normalised pixels, the same in every process."""
+    rng = np.random.default_rng(20261205)
+    return rng.standard_normal((1, 3, image_size, image_size)).astype(np.float32)
+
+
+@dataclass(frozen=True)
+class PassedChecks:
+    """A remembered pass: the figures of the checks and the tower's probe vector.
+
+    Attributes:
+        parity: what the index records as ``image_runtime_parity``.
+        probe: the tower's normalised vector of :func:`probe_pixels`.
+        int8_group: the int8 tower's activation group (0 for fp32).
+    """
+
+    parity: dict[str, float]
+    probe: np.ndarray
+    int8_group: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        # float32 -> Python float -> JSON round-trips exactly.
+        return {"parity": self.parity, "probe": [float(v) for v in self.probe], "int8_group": self.int8_group}
+
+
+def lookup_check(key: str) -> PassedChecks | None:
+    """The pass remembered under ``key``, or None (none, off, or an unreadable entry)."""
+    entry = _CHECKS.get(key)
+    if entry is None:
+        return None
+    try:
+        parity = {str(k): float(v) for k, v in dict(entry["parity"]).items()}
+        probe = np.asarray(entry["probe"], dtype=np.float64).astype(np.float32)
+        group = int(entry.get("int8_group", 0))
+    except (KeyError, TypeError, ValueError):
+        return None
+    if probe.ndim != 1 or not probe.size:
+        return None
+    return PassedChecks(parity, probe, group)
+
+
+def record_check(key: str, passed: PassedChecks) -> None:
+    """Remember ``passed`` under ``key`` (atomically; a failure is ignored: the checks run next time)."""
+    _CHECKS.put(key, passed.to_dict())
+
+
+# -- auto's text precision ---------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class GateOutcome:
+    """What ``auto`` chose for one text tower on one CPU setting.
+
+    Attributes:
+        mode: ``int8`` or ``fp32``.
+        gate: the gate's figures.
+        note: why int8 was not kept although it passed (it ran no faster), or None.
+    """
+
+    mode: str
+    gate: tuple[GateResult, ...]
+    note: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"mode": self.mode, "gate": [g.to_dict() for g in self.gate], "note": self.note}
+
+
+def gate_key(fingerprint: str) -> str:
+    """The key of an outcome: the weights, the CPU level and fbgemm's setting after the caps, the
+    gate's thresholds (what makes the int8 products and the verdict differ)."""
+    fbgemm = os.environ.get(cpu.FBGEMM_ENV, "").strip().upper() or "-"
+    thresholds = f"{GATE_MEAN_COSINE}/{GATE_MIN_COSINE}/{GATE_TOPK_OVERLAP}/{GATE_K}"
+    return f"v{_GATE_VERSION}|{fingerprint}|{cpu.cpu_level()}|fbgemm={fbgemm}|{thresholds}"
+
+
+def lookup_gate(key: str) -> GateOutcome | None:
+    """The outcome recorded under ``key``, or None (off, no entry, or an unreadable one)."""
+    entry = _GATES.get(key)
+    if entry is None or entry.get("mode") not in ("int8", "fp32"):
+        return None
+    note = entry.get("note")
+    return GateOutcome(str(entry["mode"]), tuple(gate_results_from_info(entry.get("gate"))), note if isinstance(note, str) else None)
+
+
+def record_gate(key: str, outcome: GateOutcome) -> None:
+    """Keep ``outcome`` under ``key`` (atomically; any failure is ignored: the gate runs next time)."""
+    _GATES.put(key, outcome.to_dict())
+
+
+__all__ = [
+    "CHECKS_ENV",
+    "GATE_CACHE_ENV",
+    "GateOutcome",
+    "JsonMemo",
+    "PassedChecks",
+    "check_key",
+    "checks_file",
+    "gate_file",
+    "gate_key",
+    "lookup_check",
+    "lookup_gate",
+    "memo_file",
+    "probe_pixels",
+    "record_check",
+    "record_gate",
+]

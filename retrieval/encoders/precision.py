@@ -102,21 +102,28 @@ def check_device_support(precision: Precision, device: torch.device) -> None:
         raise InvalidArgumentError("precision int8 runs on the CPU only; on CUDA use bf16, fp16 or auto")
 
 
-def auto_candidates(device: torch.device) -> tuple[Mode, ...]:
-    """Reduced modes ``auto`` tries on ``device``, fastest first (measured; see docs/performance.md).
+# The reduced modes ``auto`` gates against fp32, fastest first: per device type, each from a CPU
+# level up (after the caps, :mod:`.cpu`; None: any). On the CPU, bf16 only with AMX (with AVX-512
+# BF16 alone oneDNN's bf16 products ran slower than fp32) and int8 from AVX2 up (7-bit activations
+# below VNNI); none below AVX2. On CUDA the tensor cores' fp16, then bf16 (docs/performance.md).
+# Which runtime runs a mode is :data:`retrieval.encoders.chooser.CANDIDATES`'s.
+AUTO_MODES: tuple[tuple[str, Mode, str | None], ...] = (
+    ("cuda", "fp16", None), ("cuda", "bf16", None), ("cpu", "bf16", "amx"), ("cpu", "int8", "avx2"),
+)
 
-    CPU, by :func:`retrieval.encoders.cpu.cpu_level`: int8 from AVX2 up (with VNNI 3x fp32;
-    on AVX2, 7-bit activations, ~2x fp32 in the products); bf16 first only with AMX, since with
-    AVX-512 BF16 alone oneDNN's bf16 products ran at 0.6x fp32. Elsewhere (no AVX2, other
-    architectures) none: fp32. CUDA: fp16, then bf16 (tensor cores).
-    """
+
+def auto_modes(device_type: str, computes: Sequence[str] = REDUCED) -> tuple[Mode, ...]:
+    """The rows of :data:`AUTO_MODES` for a ``device_type`` (``cuda``; anything else is the CPU)
+    on this CPU, of the modes a tower ``computes`` (the numpy text tower: int8 only)."""
     from . import cpu
 
-    if device.type == "cuda":
-        return ("fp16", "bf16")
-    bf16: tuple[Mode, ...] = ("bf16",) if cpu.has_amx() else ()
-    int8: tuple[Mode, ...] = ("int8",) if cpu.has_fast_int8() else ()
-    return bf16 + int8
+    device = "cuda" if device_type == "cuda" else "cpu"
+    return tuple(m for d, m, level in AUTO_MODES if d == device and m in computes and (level is None or cpu.at_least(level)))
+
+
+def auto_candidates(device: torch.device) -> tuple[Mode, ...]:
+    """Reduced modes ``auto`` tries on ``device``, fastest first (:data:`AUTO_MODES`)."""
+    return auto_modes(device.type)
 
 
 @dataclass(frozen=True)
@@ -339,10 +346,25 @@ class TowerPrecision:
 
 
 class PixelPrecisionMixin:
-    """``embed_pixels`` and ``calibrate_images`` for any backend: it provides ``image_precision``
-    and ``_embed_pixels(pixel_values, mode)``."""
+    """``embed_pixels`` and ``calibrate_images`` for any backend: it provides ``image_precision``,
+    ``text_precision`` and ``_embed_pixels(pixel_values, mode)``. The image-runtime capabilities
+    of the ``Encoder`` protocol default to torch's tower (a backend with other runtimes overrides them)."""
 
     image_precision: TowerPrecision
+    text_precision: TowerPrecision
+
+    def text_precision_info(self) -> dict[str, Any]:
+        """JSON-able record of the text tower's precision (:meth:`TowerPrecision.info`)."""
+        return self.text_precision.info()
+
+    def follow_image_runtime(self, recorded: str | None, precision: str | None = None) -> None:
+        """Nothing to follow: torch runs every image tower of this backend."""
+
+    def image_runtime_pending(self) -> bool:
+        return False
+
+    def image_runtime_name(self) -> str:
+        return "torch"
 
     def _embed_pixels(self, pixel_values: torch.Tensor, mode: Mode) -> np.ndarray:
         raise NotImplementedError
@@ -350,8 +372,8 @@ class PixelPrecisionMixin:
     def _auto_passes_over(self, mode: Mode, sample: torch.Tensor) -> str | None:
         """Why ``auto`` must not use ``mode`` for this image tower (None: it may, if it passes
         the gate). torch's bf16 on the CPU: its vectors move with the batch (oneDNN's AMX
-        kernels are picked by the batch size; 7e-4 between calls of up to 12 and of 16 images
-        at ViT-B/32), so an update would not equal a rebuild, and torch's int8 ran faster."""
+        kernels are picked by the batch size), so an update would not equal a rebuild, and
+        torch's int8 ran faster."""
         if mode == "bf16" and self.image_precision.device.type == "cpu":
             return "torch's bf16 image tower on the CPU gives vectors that move with the batch"
         return None
@@ -405,7 +427,9 @@ __all__ = [
     "Mode",
     "Precision",
     "TowerPrecision",
+    "AUTO_MODES",
     "auto_candidates",
+    "auto_modes",
     "choose",
     "gate",
     "parse_mode",

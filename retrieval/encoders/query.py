@@ -144,12 +144,8 @@ class QueryEncoders:
         ``mode`` it chose with the gate's figures (``gate_cached`` when they were remembered from
         an earlier run) and, for int8, how it runs or why it is not used. No model is loaded."""
         loaded = self._text_encoder
-        if isinstance(loaded, NumpyTextEncoder):
-            return loaded.precision_info()
-        tower = getattr(loaded, "text_precision", None) if loaded is not None else None
-        info = getattr(tower, "info", None)
-        if callable(info):
-            return dict(info())
+        if loaded is not None:
+            return dict(loaded.text_precision_info())
         return {"requested": self.precision, "mode": None if self.precision == "auto" else self.precision}
 
     def embed_texts(self, texts: Sequence[str], query_lang: str | None = None) -> np.ndarray:
@@ -172,7 +168,7 @@ class QueryEncoders:
         """
         if self.manifest.backend != "open_clip" and self.given is None:
             return ()
-        return tuple(getattr(self.text_encoder, "query_languages", ()))
+        return tuple(self.text_encoder.query_languages)
 
     def embed_image(self, image: str | bytes | os.PathLike[str] | BinaryIO) -> np.ndarray:
         """The ``(1, dim)`` query vector of an image file, preprocessed as the index's images were.
@@ -214,9 +210,7 @@ class QueryEncoders:
             return {"tower": None, "runtime": None, "reason": None}
         if isinstance(loaded, RecordedTower):
             return {"tower": "recorded", "runtime": loaded.runtime, "reason": loaded.describe()}
-        runtimes = getattr(loaded, "image_runtimes", None)
-        chosen = runtimes.get(getattr(getattr(loaded, "image_precision", None), "mode", None)) if runtimes else None
-        return {"tower": "encoder", "runtime": (chosen.name if chosen else None) or "torch", "reason": self._image_note}
+        return {"tower": "encoder", "runtime": loaded.image_runtime_name(), "reason": self._image_note}
 
     def cache_info(self) -> dict[str, Any]:
         """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
@@ -297,18 +291,16 @@ class QueryEncoders:
         # The runtime of the image tower too (retrieval.encoders.runtime): the one the index's
         # vectors came from (torch before runtimes were recorded), so an indexed image finds
         # itself bit for bit.
-        runtimes = getattr(encoder, "image_runtimes", None)
-        if runtimes is not None:
-            info = self.manifest.model_info
-            runtimes.follow(str(info.get("image_runtime") or "torch"), str(info["precision"]) if info.get("precision") else None)
+        info = self.manifest.model_info
+        encoder.follow_image_runtime(str(info.get("image_runtime") or "torch"), str(info["precision"]) if info.get("precision") else None)
 
     def _check(self, encoder: TextEncoder | RecordedTower) -> None:
         built = f"{self.manifest.model} ({self.manifest.model_fingerprint[:19]})"
         # A model of another family (CLIP against SigLIP) is refused by name, before the weights.
         # The numpy text tower computes CLIP checkpoints only.
-        theirs = "clip" if isinstance(encoder, NumpyTextEncoder) else getattr(getattr(encoder, "family", None), "name", None)
+        theirs = encoder.family_name
         family = self.manifest.model_info.get("model_type")
-        if self.manifest.backend == "hf" and family and isinstance(theirs, str) and theirs != family:
+        if self.manifest.backend == "hf" and family and theirs is not None and theirs != family:
             raise ModelMismatchError(
                 f"model family mismatch: the index was built with a {family} model, {built}; the query model "
                 f"{encoder.name} is a {theirs} model; query with the index's model or rebuild the index"

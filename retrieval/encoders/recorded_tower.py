@@ -6,9 +6,9 @@ Runtime, the full encoder (:class:`~.hf.HFClipEncoder`) imports transformers, lo
 and checks the runtime's tower against it before the first query: several seconds of a
 one-shot ``clipsearch search --image``, for one image. :func:`open_recorded` reopens the tower
 straight from the cached files instead, where this machine remembers that the tower passed those
-checks (:mod:`.runtime.checks`, written by the run that checked it) and the tower reproduces the
+checks (:mod:`.memo`, written by the run that checked it) and the tower reproduces the
 remembered probe vector bit for bit. Anything else (nothing remembered, another query model, a
-tower only torch runs, ``CLIPSEARCH_IMAGE_RUNTIME`` naming another runtime) is answered with the
+tower only torch runs, another runtime asked for: :func:`.chooser.requested_runtime`) is answered with the
 reason, and the caller uses the full encoder, which runs the checks and remembers them.
 """
 
@@ -24,12 +24,12 @@ import numpy as np
 from ..errors import ModelLoadError
 from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from ..images.preprocess_numpy import load_pixels_array, numpy_preprocessing
-from . import cpu
+from . import cpu, memo
+from .chooser import RUNTIME_ENV, candidates, requested_runtime, runtime_modes, tried_here
 from .hf.checkpoint import checkpoint_fingerprint, read_model_type
 from .hf.family import FAMILIES, Family
-from .runtime import checks, runtime_choice
 from .runtime.export import cache_dir, export_key
-from .runtime.image import RUNTIME_MODES, RUNTIMES, ImageRuntime, Tower
+from .runtime.image import RUNTIMES, Tower
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -61,6 +61,10 @@ class RecordedTower:
     mode: str
     tower: Tower
     backend: str = "hf"
+
+    @property
+    def family_name(self) -> str:
+        return self.family.name
 
     def embed_pixels(self, pixel_values: torch.Tensor | np.ndarray) -> np.ndarray:
         """``(N, dim)`` L2-normalised float32 vectors of preprocessed images."""
@@ -114,16 +118,14 @@ def open_recorded(manifest: Manifest, model: str, device: str) -> RecordedTower 
         return f"{manifest.backend} models embed images with torch"
     if device not in ("auto", "cpu"):
         return f"--device {device} runs images with torch"
-    if runtime not in RUNTIMES or mode not in RUNTIME_MODES:
+    if runtime not in RUNTIMES or mode not in runtime_modes("image"):
         return f"the index's images were embedded with {runtime or 'torch'} in {mode or 'fp32'}"
     if "max_num_patches" in info:
         return "NaFlex towers run on torch"
-    choice = runtime_choice()
+    choice = requested_runtime("image")
     if choice not in ("auto", runtime):
-        return f"{choice} asked for (CLIPSEARCH_IMAGE_RUNTIME)"
-    planned = ImageRuntime(model, lambda: None, True, mode)
-    planned.follow(runtime)
-    if planned.first != runtime:
+        return f"{choice} asked for ({RUNTIME_ENV})"
+    if runtime not in [c.runtime for c in candidates("image", mode)] or (choice == "auto" and not tried_here(mode)):
         return f"{mode} towers do not run on {runtime} on this CPU"
     spec = RUNTIMES[runtime]
     missing = spec.missing_for(mode)
@@ -159,11 +161,11 @@ def _reopen(manifest: Manifest, model: str, runtime: str, mode: str, image_size:
     tower_file = spec.tower_file(export, mode)
     if not (export.is_file() and tower_file.is_file()):
         return f"no cached {mode} tower for {name} at {image_size} px"
-    passed = checks.lookup(checks.check_key(runtime, version, mode, tower_file))
+    passed = memo.lookup_check(memo.check_key(runtime, version, mode, tower_file))
     if passed is None:
         return f"this machine has no remembered checks of the {mode} tower on {spec.label} at these settings"
     tower = spec.load(export, mode, passed.int8_group)
-    probe = tower(checks.probe_pixels(image_size))[0]
+    probe = tower(memo.probe_pixels(image_size))[0]
     if probe.shape != passed.probe.shape or not np.array_equal(probe, passed.probe):
         return f"the {mode} tower on {spec.label} no longer gives the remembered probe vector"
     return RecordedTower(name, family, fingerprint, int(probe.shape[0]), runtime, mode, tower)

@@ -7,7 +7,7 @@ The package's modules:
 - :mod:`.family`: the model families (CLIP, SigLIP, SigLIP 2 NaFlex) as data: tower classes, text padding,
   scores; the refusal, naming the supported ones, of any other;
 - :mod:`.processor`: its image processor settings, from either file layout;
-- :mod:`.text`: text into the tokenizer unchanged, and the notice where the window cuts it;
+- :mod:`.query_text`: text into the tokenizer unchanged, and the notice where the window cuts it;
 - :mod:`.encoder`: :class:`HFClipEncoder`, whose towers load on first use.
 """
 

@@ -134,7 +134,7 @@ def read_scalar(directory: Path, name: str, default: float) -> float:
     Read without loading the model: safetensors headers are read and the value memory-mapped;
     torch ``.bin`` files are mapped by ``torch.load(mmap=True)``.
     """
-    from ..numpy_text.config import UnsupportedTextTower
+    from ..numpy_text.tower_config import UnsupportedTextTower
     from ..numpy_text.weights import SafetensorsReader
 
     try:

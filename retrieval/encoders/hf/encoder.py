@@ -20,14 +20,14 @@ from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
 from ...images.preprocess import unpack_patches
 from ..base import l2_normalize, quiet_transformers, resolve_device
+from ..chooser import ImageRuntimes
 from ..chunking import grid_tokens, images_per_call, in_calls
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from ..runtime.export import cached_vision_export
-from ..runtime.image import ImageRuntimes
 from .checkpoint import checkpoint_fingerprint, read_model_type, read_scalar, resolve_checkpoint
 from .family import FAMILIES, Family, check_processor, family_of
 from .processor import ImageProcessorConfig, read_image_processor_config
-from .text import warn_truncated
+from .query_text import warn_truncated
 
 if TYPE_CHECKING:
     import torch
@@ -136,6 +136,15 @@ class HFClipEncoder(PixelPrecisionMixin):
             # After the precision's keys: a runtime's int8 tower states its own activation bits.
             **self.image_runtimes.info(self.image_precision.mode),
         }
+
+    @property
+    def family_name(self) -> str:
+        return self.family.name
+
+    @property
+    def query_languages(self) -> tuple[str, ...]:
+        """None to name: a Hugging Face CLIP or SigLIP tokenizer reads any text as it is."""
+        return ()
 
     @property
     def fingerprint(self) -> str:
@@ -275,9 +284,20 @@ class HFClipEncoder(PixelPrecisionMixin):
         self._runtime_tower(pixel_values, mode)
         return mode
 
+    def follow_image_runtime(self, recorded: str | None, precision: str | None = None) -> None:
+        """Ask first for the runtime an index's vectors came from (:meth:`.ImageRuntimes.follow`)."""
+        self.image_runtimes.follow(recorded, precision)
+
+    def image_runtime_pending(self) -> bool:
+        return self.image_runtimes.pending(self.image_precision.mode)
+
+    def image_runtime_name(self) -> str:
+        chosen = self.image_runtimes.get(self.image_precision.mode)
+        return (chosen.name if chosen is not None else None) or "torch"
+
     def _auto_passes_over(self, mode: Mode, sample: torch.Tensor) -> str | None:
         """bf16 on the CPU only where a runtime runs it with vectors independent of the batch
-        (OpenVINO with AMX, :mod:`..runtime.image`): its choice is made now, on the sample."""
+        (OpenVINO with AMX, :mod:`..chooser`): its choice is made now, on the sample."""
         if mode == "bf16" and self.device.type == "cpu":
             if self._runtime_tower(sample, mode) is not None:
                 return None

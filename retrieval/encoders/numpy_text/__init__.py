@@ -17,7 +17,7 @@ files and needs neither:
   the causal mask makes later positions irrelevant to it.
 
 In a long-lived process the float32 forward pass runs on ONNX Runtime instead where it is
-installed and its export of the tower matches these vectors (:mod:`retrieval.encoders.runtime.text`);
+installed and its export of the tower matches these vectors (:func:`retrieval.encoders.chooser.choose_text_runtime`);
 the tokenizer, the truncation and the normalisation stay this package's.
 
 Only checkpoints whose configuration this fully understands take this path (see
@@ -27,9 +27,9 @@ which one a query would take and why. Vectors agree with the torch fp32 path to 
 The package's modules (none imports torch but :mod:`.int8`, and it only when an int8 tower is
 made; ``tokenizers`` and ``huggingface_hub`` only when a checkpoint is opened):
 
-- :mod:`.config`: :class:`TextTowerConfig`, :func:`check_text_config`, :class:`UnsupportedTextTower`;
+- :mod:`.tower_config`: :class:`TextTowerConfig`, :func:`check_text_config`, :class:`UnsupportedTextTower`;
 - :mod:`.weights`: :class:`SafetensorsReader` and loading the tower's tensors;
-- :mod:`.tokenizer`: :func:`load_clip_tokenizer`, CLIP's tokenizer rebuilt from ``tokenizer.json``;
+- :mod:`.clip_tokenizer`: :func:`load_clip_tokenizer`, CLIP's tokenizer rebuilt from ``tokenizer.json``;
 - :mod:`.tower`: :class:`NumpyTextTower`, the forward pass;
 - :mod:`.int8`: the int8 matrix products (torch's dynamic int8 linear), one query at a time;
 - :mod:`.encoder`: :class:`NumpyTextEncoder`, what a text query runs;
@@ -38,11 +38,12 @@ made; ``tokenizers`` and ``huggingface_hub`` only when a checkpoint is opened):
 
 from __future__ import annotations
 
-from .config import ACTIVATIONS, TextTowerConfig, UnsupportedTextTower, check_text_config
+from ..chooser import TEXT_PATH_ENV
+from .clip_tokenizer import load_clip_tokenizer
 from .encoder import NumpyTextEncoder
-from .path import TEXT_PATH_ENV, TextPath, fast_path_refusal, local_checkpoint, text_path
-from .tokenizer import load_clip_tokenizer
+from .path import TextPath, fast_path_refusal, local_checkpoint, text_path
 from .tower import NumpyTextTower
+from .tower_config import ACTIVATIONS, TextTowerConfig, UnsupportedTextTower, check_text_config
 from .weights import SafetensorsReader
 
 __all__ = [

@@ -13,16 +13,15 @@ from typing import Any
 
 import numpy as np
 
-from .. import cpu
+from .. import memo
 from ..base import l2_normalize
+from ..chooser import TextRuntime, choose_text_runtime, one_shot_reason
 from ..hf import checkpoint_fingerprint
-from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
-from ..runtime.text import TextRuntime
-from . import gate_cache
-from .config import UnsupportedTextTower, read_checkpoint_config
-from .path import TEXT_PRECISIONS, TextPath, local_checkpoint, one_shot_reason
-from .tokenizer import load_clip_tokenizer
+from ..precision import PROBE_TEXTS, GateResult, Mode, auto_modes, choose, precision_record
+from .clip_tokenizer import load_clip_tokenizer
+from .path import TEXT_PRECISIONS, TextPath, local_checkpoint
 from .tower import NumpyTextTower
+from .tower_config import UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
 
 
@@ -34,11 +33,13 @@ class NumpyTextEncoder:
     ``fingerprint``, ``embed_texts``; :attr:`mode` and :meth:`precision_info` say whether its
     matrix products are float32 (numpy, no torch) or int8 (:mod:`.int8`, torch's kernels),
     and :attr:`runtime` whether the float32 tower runs on numpy or on ONNX Runtime
-    (:mod:`retrieval.encoders.runtime.text`).
+    (:func:`retrieval.encoders.chooser.choose_text_runtime`).
     """
 
     backend = "hf"
     text_path = "numpy"
+    family_name = "clip"  # the only family this tower computes
+    query_languages: tuple[str, ...] = ()
 
     def __init__(
         self,
@@ -66,7 +67,9 @@ class NumpyTextEncoder:
         self.runtime = TextRuntime()
 
     @classmethod
-    def load(cls, model: str, precision: str = "fp32", text_queries: int | None = None) -> NumpyTextEncoder:
+    def load(
+        cls, model: str, precision: str = "fp32", text_queries: int | None = None, runtime: str | None = None
+    ) -> NumpyTextEncoder:
         """Open the text tower of a Hugging Face CLIP checkpoint (hub id or directory).
 
         Args:
@@ -75,20 +78,22 @@ class NumpyTextEncoder:
                 or ``auto``: int8 where this CPU has a fast int8 kernel and the int8 vectors of
                 :data:`~retrieval.encoders.precision.PROBE_TEXTS` pass the quality gate against
                 fp32's (the image tower's gate), else fp32. The outcome is kept per weights and
-                CPU setting (:mod:`.gate_cache`), so later loads do not gate again.
+                CPU setting (:mod:`..memo`), so later loads do not gate again.
             text_queries: how many texts this process will embed, when it knows (a one-shot
-                command); with fewer than :data:`~.path.ONE_SHOT_TEXTS`, ``auto`` stays fp32
+                command); with fewer than :data:`~..chooser.ONE_SHOT_TEXTS`, ``auto`` stays fp32
                 and fp32 stays on numpy, without importing torch or onnxruntime
-                (:func:`~.path.one_shot_reason`, :func:`~.path.runtime_refusal`). None: a
-                long-lived process, where int8's set-up pays for itself, and so does ONNX
-                Runtime's for fp32 (:mod:`retrieval.encoders.runtime.text`).
+                (:func:`~..chooser.one_shot_reason`, :func:`~..chooser.text_runtime_refusal`).
+                None: a long-lived process, where int8's set-up pays for itself, and so does
+                ONNX Runtime's for fp32 (:func:`~..chooser.choose_text_runtime`).
+            runtime: the runtime asked for the fp32 tower (``numpy``, ``onnxruntime``); None:
+                the user's setting (:func:`~..chooser.requested_runtime`).
 
         Raises:
             UnsupportedTextTower: a checkpoint or precision this does not compute, or ``int8``
                 where this machine has no int8 kernel for it (the torch path will run them).
             ModelLoadError: a local directory that is not a checkpoint.
-            RuntimeUnavailable: ``CLIPSEARCH_TEXT_RUNTIME=onnxruntime`` and ONNX Runtime cannot
-                run the fp32 tower here.
+            RuntimeUnavailable: ``onnxruntime`` asked for and ONNX Runtime cannot run the fp32
+                tower here.
         """
         if precision not in TEXT_PRECISIONS:
             raise UnsupportedTextTower(f"text precision {precision} runs in torch")
@@ -109,17 +114,15 @@ class NumpyTextEncoder:
         elif precision != "fp32":
             encoder._use_int8(precision)
         if encoder.mode == "fp32":
-            encoder._use_runtime(text_queries)
+            encoder._use_runtime(text_queries, runtime)
         return encoder
 
-    def _use_runtime(self, text_queries: int | None) -> None:
-        from ..runtime.text import choose_text_runtime
-
+    def _use_runtime(self, text_queries: int | None, requested: str | None) -> None:
         tower, self.runtime = choose_text_runtime(
-            self.name, self.directory, lambda: self.fingerprint, self._tower, self._embed, text_queries
+            self.name, self.directory, lambda: self.fingerprint, self._tower, self._embed, text_queries, requested
         )
         if tower is not None:
-            # The numpy tower's float32 products (151 MB for ViT-B/32) are dropped; ONNX Runtime
+            # The numpy tower's float32 products are dropped; ONNX Runtime
             # holds its own copy of the weights.
             self._tower, self.text_path = tower, "onnxruntime"
 
@@ -141,10 +144,10 @@ class NumpyTextEncoder:
 
         self.requested = requested
         key: str | None = None
-        known: gate_cache.GateOutcome | None = None
-        if requested == "auto" and cpu.has_fast_int8():
-            key = gate_cache.gate_key(self.fingerprint)
-            known = gate_cache.lookup(key)
+        known: memo.GateOutcome | None = None
+        if requested == "auto" and auto_modes("cpu", ("int8",)):
+            key = memo.gate_key(self.fingerprint)
+            known = memo.lookup_gate(key)
             if known is not None and known.mode == "fp32":
                 # Decided before: fp32 products, and torch is not even imported.
                 self.gate_results, self.int8_note, self.gate_cached = list(known.gate), known.note, True
@@ -180,15 +183,18 @@ class NumpyTextEncoder:
                     seconds[m] = min(seconds[m], cold[m])
             mode, self.int8_note = keep_if_faster(gated, seconds)
             if key is not None:
-                gate_cache.record(key, gate_cache.GateOutcome(mode, tuple(self.gate_results), self.int8_note))
+                memo.record_gate(key, memo.GateOutcome(mode, tuple(self.gate_results), self.int8_note))
         if mode == "int8":
-            # The float32 products are dropped (151 MB for ViT-B/32), the int8 ones kept (38 MB).
+            # The float32 products are dropped, the int8 ones (a quarter of their size) kept.
             self._tower, self.mode = int8_tower, "int8"
             self.int8_note = f"{activation_bits()}-bit activations, torch fbgemm"
 
+    def text_precision_info(self) -> dict[str, Any]:
+        return self.precision_info()
+
     def precision_info(self) -> dict[str, Any]:
         """JSON-able record: requested and chosen mode, the gate figures when ``auto`` ran (with
-        ``gate_cached`` when they were read from :mod:`.gate_cache`), and why int8 was not used
+        ``gate_cached`` when they were read from :mod:`..memo`), and why int8 was not used
         or how it runs (``int8``)."""
         data = precision_record(self.requested, self.mode, self.gate_results)
         if self.int8_note:

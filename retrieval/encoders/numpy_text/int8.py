@@ -1,7 +1,7 @@
 """int8 matrix products for the numpy text tower: torch's dynamic int8 linear, one query at a time.
 
-A short query's text tower is bound by its 48 matrix products (ViT-B/32 shapes: 38M weights),
-and by their float32 arithmetic more than by reading the weights. Here each becomes
+A short query's text tower is bound by its matrix products, and by their float32 arithmetic
+more than by reading the weights. Here each becomes
 ``torch.ops.quantized.linear_dynamic`` (fbgemm): int8 weights, one symmetric scale per output
 channel, quantised once; the input quantised to uint8 on every call with one scale for the
 whole input, the product dequantised and the bias added in the kernel.
@@ -10,8 +10,9 @@ Everything else in the tower stays float32 numpy.
 One scale per input is per *query* here: :meth:`~.encoder.NumpyTextEncoder.embed_texts` runs
 each text alone, so a text's vector is a function of that text only, whatever it is batched
 with (tested), as per-row scales give the image tower. Per-row scales on this kernel (rows
-divided by their own maximum first) measured slower and no closer to fp32 on ViT-B/32 shapes;
-:mod:`retrieval.encoders.int8` (oneDNN, per row) measured ~1.5x slower for inputs of ~10 rows.
+divided by their own maximum first) ran slower and no closer to fp32, and
+:mod:`retrieval.encoders.int8` (oneDNN, per row) slower for inputs of a few rows
+(``benchmarks/README.md``).
 
 Activations: 8-bit where fbgemm's kernels have int8 dot products (AVX-512 VNNI, AMX); 7-bit
 elsewhere (fbgemm's ``reduce_range``), since AVX2's ``vpmaddubsw`` sums pairs in 16 bits and
@@ -93,7 +94,7 @@ def one_torch_thread() -> Iterator[None]:
     """Run the products on the calling thread alone.
 
     A query's products are too small to split: waking two threads per product (the CLI's
-    passive OpenMP waiting) made a ViT-B/32 query slower than one thread does.
+    passive OpenMP waiting) made a query slower than one thread does.
     torch's thread count is the calling thread's own (OpenMP), so other threads keep theirs.
     """
     import torch

@@ -2,20 +2,17 @@
 
 from __future__ import annotations
 
-import importlib.util
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
 from ...errors import ModelLoadError
 from .. import cpu
-from ..runtime import ORT_INSTALL, TEXT_RUNTIME_ENV, text_runtime_choice
-from .config import UnsupportedTextTower, read_checkpoint_config
-from .tokenizer import TokenizerSettings
+from ..chooser import TEXT_RUNTIME_ENV, one_shot_reason, requested_runtime, text_runtime_refusal
+from ..precision import auto_modes
+from .clip_tokenizer import TokenizerSettings
+from .tower_config import UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
 
-# Set to "torch" to send text queries to the torch path (e.g. to compare the two).
-TEXT_PATH_ENV = "CLIPSEARCH_TEXT_PATH"
 # Text precisions this path computes; the others (bf16, fp16) run in torch.
 TEXT_PRECISIONS: tuple[str, ...] = ("fp32", "int8", "auto")
 
@@ -41,7 +38,7 @@ class TextPath:
 
     Attributes:
         path: ``numpy`` (this package, no torch), ``onnxruntime`` (this package's tokenizer and
-            loop, the fp32 tower's forward pass on ONNX Runtime: :mod:`..runtime.text`) or
+            loop, the fp32 tower's forward pass on ONNX Runtime, :func:`..chooser.choose_text_runtime`) or
             ``torch`` (the backend's own encoder).
         reason: why, in a few words.
     """
@@ -53,53 +50,16 @@ class TextPath:
         return {"path": self.path, "reason": self.reason}
 
 
-# Below this many text queries in a process (a one-shot command), ``auto`` keeps the text tower in
-# fp32: int8 products need torch imported and the tower quantised first, which costs more than the
-# int8 products save on so few texts (the break-even is measured in benchmarks/README.md).
-ONE_SHOT_TEXTS = 256
-
-
-def one_shot_reason(precision: str, text_queries: int | None) -> str | None:
-    """Why ``auto`` stays fp32 in a process that will run only ``text_queries`` texts (None: the
-    rule does not apply: another precision, a long-lived process, or enough texts)."""
-    if precision != "auto" or text_queries is None or text_queries >= ONE_SHOT_TEXTS:
-        return None
-    queries = "1 text query" if text_queries == 1 else f"{text_queries} text queries"
-    return (
-        f"{queries} in this process (fewer than {ONE_SHOT_TEXTS}): int8 would first import torch and "
-        "quantise the tower, which costs more than it saves on so few"
-    )
-
-
-def runtime_refusal(text_queries: int | None, check_package: bool = True) -> str | None:
-    """Why the exact (fp32) text tower would stay on numpy rather than ONNX Runtime, judged
-    without loading anything (None: ONNX Runtime may run it, export and parity check allowing);
-    ``check_package``: also whether onnxruntime is installed (without importing it).
-
-    Raises:
-        InvalidArgumentError: an unknown ``CLIPSEARCH_TEXT_RUNTIME``.
-    """
-    choice = text_runtime_choice()
-    if choice == "numpy":
-        return f"{TEXT_RUNTIME_ENV}=numpy"
-    if choice == "auto" and text_queries is not None and text_queries < ONE_SHOT_TEXTS:
-        queries = "1 text query" if text_queries == 1 else f"{text_queries} text queries"
-        return (
-            f"{queries} in this process (fewer than {ONE_SHOT_TEXTS}): ONNX Runtime would first load "
-            "and check its export, which costs more than it saves on so few"
-        )
-    if check_package and importlib.util.find_spec("onnxruntime") is None:
-        return f"onnxruntime is not installed; for the faster exact path: {ORT_INSTALL}"
-    return None
-
-
-def fast_path_refusal(backend: str, model: str, precision: str, device: str) -> str | None:
+def fast_path_refusal(backend: str, model: str, precision: str, device: str, runtime: str | None = None) -> str | None:
     """Why a query with these settings cannot take the numpy path (None: it may, checkpoint allowing).
 
-    ``CLIPSEARCH_TEXT_PATH=torch`` in the environment sends every text query to torch.
+    ``torch`` asked for (``runtime``, else ``CLIPSEARCH_TEXT_RUNTIME``) sends every text query to torch.
+
+    Raises:
+        InvalidArgumentError: an unknown runtime asked for.
     """
-    if os.environ.get(TEXT_PATH_ENV, "").strip().lower() == "torch":
-        return f"{TEXT_PATH_ENV}=torch"
+    if requested_runtime("text", runtime) == "torch":
+        return f"{TEXT_RUNTIME_ENV}=torch"
     if backend != "hf" or model.startswith("open_clip:"):
         return f"{backend} models use their own text tower"
     if precision not in TEXT_PRECISIONS:
@@ -110,7 +70,8 @@ def fast_path_refusal(backend: str, model: str, precision: str, device: str) -> 
 
 
 def text_path(
-    model: str, backend: str = "hf", precision: str = "fp32", device: str = "auto", text_queries: int | None = None
+    model: str, backend: str = "hf", precision: str = "fp32", device: str = "auto", text_queries: int | None = None,
+    runtime: str | None = None,
 ) -> TextPath:
     """Which path :class:`~retrieval.index.ImageIndex` would take for a text query (cheap: no weights read).
 
@@ -120,9 +81,10 @@ def text_path(
         precision: the text precision asked for.
         device: the device asked for.
         text_queries: how many text queries the process will run, when it knows (see
-            :func:`one_shot_reason`); None for a long-lived process.
+            :func:`~..chooser.one_shot_reason`); None for a long-lived process.
+        runtime: the text runtime asked for (:func:`~..chooser.requested_runtime`); None: the user's setting.
     """
-    refusal = fast_path_refusal(backend, model, precision, device)
+    refusal = fast_path_refusal(backend, model, precision, device, runtime)
     if refusal is not None:
         return TextPath("torch", refusal)
     try:
@@ -137,10 +99,10 @@ def text_path(
     tower = f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act})"
     ort = "fp32 on ONNX Runtime (its export of these weights, cached; numpy where it cannot run or differs from numpy's vectors)"
     one_shot = one_shot_reason(precision, text_queries)
-    fp32_on = runtime_refusal(text_queries)
+    fp32_on = text_runtime_refusal(text_queries, requested=runtime)
     if precision == "int8":
         return TextPath("numpy", f"{tower} in numpy, int8 products (torch's kernels)")
-    if precision == "auto" and one_shot is None and cpu.has_fast_int8():
+    if precision == "auto" and one_shot is None and auto_modes("cpu", ("int8",)):
         also = "ONNX Runtime" if fp32_on is None else "numpy"
         return TextPath("numpy", f"{tower} in numpy, int8 products where they pass the quality gate, else fp32 on {also}")
     why = ""

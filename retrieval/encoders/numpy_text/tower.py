@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .config import TextTowerConfig
+from .tower_config import TextTowerConfig
 from .weights import TEXT_PREFIX, DenseLinear, LayerWeights, SafetensorsReader, load_weights
 
 

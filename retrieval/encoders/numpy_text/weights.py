@@ -11,7 +11,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from .config import TextTowerConfig, UnsupportedTextTower
+from .tower_config import TextTowerConfig, UnsupportedTextTower
 
 _SAFETENSORS_FILE = "model.safetensors"
 _SAFETENSORS_INDEX = "model.safetensors.index.json"

@@ -336,6 +336,11 @@ class OpenClipEncoder(PixelPrecisionMixin):
         return self._tokenizer
 
     @property
+    def family_name(self) -> None:
+        """open_clip models are matched by their weights, not by a family."""
+        return None
+
+    @property
     def query_languages(self) -> tuple[str, ...]:
         """The language codes the text tokenizer must be told (NLLB's FLORES-200 codes); ()
         for a tokenizer that reads any language as it is (see :mod:`..languages`)."""

@@ -1,92 +1,33 @@
-"""Which runtime runs the image tower on the CPU: OpenVINO, ONNX Runtime or torch.
+"""The runtimes other than torch that run a tower on the CPU: OpenVINO and ONNX Runtime.
 
-The same fp32 model, three runtimes. OpenVINO and ONNX Runtime ran a ViT image tower faster
-than torch's fp32 path on the CPUs measured (``benchmarks/README.md``, "Peers"), with vectors
-equal to torch's within float32 rounding, so where one is installed it serves the ``fp32`` mode
-of a Hugging Face CLIP or SigLIP (FixRes) image tower on the CPU, after its checks
-(:mod:`.image`). The reduced modes of the same towers run on OpenVINO where it was measured
-faster and batch-independent: ``bf16`` on CPUs with AMX (the bf16 inference hint), ``int8`` on
-CPUs with AVX-512 VNNI (its int8 weights from NNCF, activations quantised per row by the
-plugin). Everything else (fp16, CUDA, NaFlex, open_clip, text towers) stays on torch.
-
-``CLIPSEARCH_IMAGE_RUNTIME`` (:data:`RUNTIME_ENV`):
-
-- ``auto`` (default): OpenVINO, else ONNX Runtime, where it applies, is installed, exports and
-  passes the checks; else torch, with a one-line notice saying why (package missing, export
-  failed naming the model and operator, a check failed);
-- ``torch``: always torch;
-- ``openvino`` or ``onnxruntime``: that runtime where it applies, an error where it cannot be used.
-
-The checks: the first batch's first 16 images through torch and the runtime, per-image cosine
->= :data:`PARITY_MIN_COSINE`, and the same vectors when some of them run in other batches (an
-update must equal a rebuild). The export is cached in the user's cache directory
-(:mod:`.export`). What ran is recorded in an index's ``model_info`` as ``image_runtime``.
-
-The exact (fp32) text tower has its own choice, :mod:`.text` (``CLIPSEARCH_TEXT_RUNTIME``,
-:data:`TEXT_RUNTIME_ENV`: ``auto``, ``numpy`` or ``onnxruntime``), made when the numpy text
-tower (:mod:`retrieval.encoders.numpy_text`) loads in a long-lived process.
-
-:mod:`.export` makes the ONNX file, :mod:`.ov_tower` and :mod:`.ort_tower` run it; openvino, nncf
-and onnxruntime are imported only there, and only when a tower is made.
+Where one is installed it may run the image tower of a Hugging Face CLIP or SigLIP (FixRes)
+model (``fp32`` on OpenVINO or ONNX Runtime, ``bf16`` and ``int8`` on OpenVINO on some CPU
+levels) and the exact (fp32) numpy text tower (ONNX Runtime), each after its check against the
+reference tower. Which one runs, and the check, are :mod:`retrieval.encoders.chooser`'s; this
+package makes and runs the towers: :mod:`.export` the ONNX files (cached in the user's cache),
+:mod:`.image` the image runtimes' registry, :mod:`.ov_tower`, :mod:`.ort_tower` and
+:mod:`.ort_text` the compiled models and sessions. openvino, nncf and onnxruntime are imported
+only there, and only when a tower is made.
 """
 
 from __future__ import annotations
 
 import importlib
 import importlib.util
-import os
-from typing import Any, Literal, TypeVar
+from typing import Any
 
 import numpy as np
 
-from ...errors import InvalidArgumentError, ModelLoadError
+from ...errors import ModelLoadError
 from ..base import first_line
 
-RUNTIME_ENV = "CLIPSEARCH_IMAGE_RUNTIME"
-RuntimeChoice = Literal["auto", "torch", "onnxruntime", "openvino"]
-RUNTIME_CHOICES: tuple[RuntimeChoice, ...] = ("auto", "torch", "onnxruntime", "openvino")
-PARITY_MIN_COSINE = 0.99999
-PARITY_IMAGES = 16
 ORT_INSTALL = "pip install 'clipsearch[onnx]' (or: pip install onnxruntime onnx)"
 OV_INSTALL = "pip install 'clipsearch[openvino]' (or: pip install openvino nncf onnx)"
 
-TEXT_RUNTIME_ENV = "CLIPSEARCH_TEXT_RUNTIME"
-TextRuntimeChoice = Literal["auto", "numpy", "onnxruntime"]
-TEXT_RUNTIME_CHOICES: tuple[TextRuntimeChoice, ...] = ("auto", "numpy", "onnxruntime")
-
 
 class RuntimeUnavailable(ModelLoadError):
-    """A runtime the environment insists on (``...=onnxruntime``) cannot be used here; unlike
-    other load errors of the numpy text tower, this one is not answered by the torch path."""
-
-
-def runtime_choice() -> RuntimeChoice:
-    """``CLIPSEARCH_IMAGE_RUNTIME``, checked (``auto`` when unset).
-
-    Raises:
-        InvalidArgumentError: an unknown value.
-    """
-    return _env_choice(RUNTIME_ENV, RUNTIME_CHOICES, "a runtime")
-
-
-def text_runtime_choice() -> TextRuntimeChoice:
-    """``CLIPSEARCH_TEXT_RUNTIME``, checked (``auto`` when unset).
-
-    Raises:
-        InvalidArgumentError: an unknown value.
-    """
-    return _env_choice(TEXT_RUNTIME_ENV, TEXT_RUNTIME_CHOICES, "a text runtime")
-
-
-_Choice = TypeVar("_Choice", bound=str)
-
-
-def _env_choice(name: str, choices: tuple[_Choice, ...], what: str) -> _Choice:
-    value = os.environ.get(name, "").strip().lower() or "auto"
-    for known in choices:
-        if value == known:
-            return known
-    raise InvalidArgumentError(f"{name}={value!r} is not {what}; use one of {', '.join(choices)}")
+    """A runtime asked for by name (``CLIPSEARCH_TEXT_RUNTIME=onnxruntime``) cannot be used here;
+    unlike other load errors of the numpy text tower, this one is not answered by the torch path."""
 
 
 def tower_threads() -> int:
@@ -121,8 +62,8 @@ def packages_missing(*packages: str) -> str | None:
 
 
 # onnx (which writes the export) and nncf (which makes the int8 weights) are looked for, not
-# imported: importing them takes 0.65 s and 3.4 s, and they are needed only when a model's
-# files are made, once; every later process reads the cached files.
+# imported: importing them takes seconds, and they are needed only when a model's files are
+# made, once; every later process reads the cached files.
 
 
 def onnxruntime_missing() -> str | None:
@@ -152,20 +93,12 @@ def package_not_found(name: str) -> str | None:
 __all__ = [
     "ORT_INSTALL",
     "OV_INSTALL",
-    "PARITY_IMAGES",
-    "PARITY_MIN_COSINE",
-    "RUNTIME_CHOICES",
-    "RUNTIME_ENV",
-    "TEXT_RUNTIME_CHOICES",
-    "TEXT_RUNTIME_ENV",
-    "RuntimeChoice",
     "RuntimeUnavailable",
-    "TextRuntimeChoice",
+    "as_float32",
     "onnxruntime_missing",
     "openvino_int8_missing",
     "openvino_missing",
     "package_not_found",
     "packages_missing",
-    "runtime_choice",
-    "text_runtime_choice",
+    "tower_threads",
 ]

@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ModelLoadError
+from ..base import user_cache
 
 ONNX_CACHE_ENV = "CLIPSEARCH_ONNX_CACHE"
 # Bumped when the exported graph changes (inputs, outputs, opset, wrapper).
@@ -30,8 +31,6 @@ OPSET = 17
 
 def cache_dir() -> Path:
     """Where exported towers are kept (created on first export)."""
-    from ..memo import user_cache
-
     explicit = os.environ.get(ONNX_CACHE_ENV, "").strip()
     return Path(explicit).expanduser() if explicit else user_cache() / "onnx"
 
@@ -169,7 +168,7 @@ def text_export_key(fingerprint: str, max_positions: int) -> str:
 
     Unlike the image key, not torch's version: the key must be computable without importing
     torch (a process that finds the export needs neither torch nor transformers), and every load
-    checks the export's vectors against the numpy tower's anyway (:mod:`.text`).
+    checks the export's vectors against the numpy tower's anyway (:func:`..chooser.choose_text_runtime`).
     """
     raw = f"v{TEXT_EXPORT_VERSION}|text|{fingerprint}|{max_positions}|opset={OPSET}"
     return f"text-{max_positions}-{hashlib.sha256(raw.encode()).hexdigest()[:20]}.onnx"

@@ -15,8 +15,8 @@ import numpy as np
 
 from ...errors import ModelLoadError
 from ..cpu import usable_cores
-from ..numpy_text.config import TextTowerConfig
 from ..numpy_text.tower import pooled_positions
+from ..numpy_text.tower_config import TextTowerConfig
 from .ort_tower import cpu_session
 
 

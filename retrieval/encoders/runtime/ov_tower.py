@@ -18,7 +18,7 @@ output channel), OpenVINO's recommendation for transformers on the CPU, run with
 dynamic quantisation of activations: each row of a linear layer's input is quantised on its
 own in groups of ``group`` input features (``DYNAMIC_QUANTIZATION_GROUP_SIZE``), so a vector
 depends on its image alone, as in the torch int8 path. The plugin's default group (32) is
-the slow end; one group per model width (768 at ViT-B/32, 1,024 at ViT-L/14) ran fastest
+the slow end; one group per model width ran fastest
 (``benchmarks/README.md``). The rest of the tower runs in bf16 where the CPU has it.
 
 OpenVINO's own files (the int8 tower) compile through the plugin's model cache, kept without
@@ -189,7 +189,7 @@ class OvImageTower:
     (:func:`compile_tower`; for ``int8``, ``path`` is :func:`int8_model`'s file).
 
     An infer request holds the memory of every intermediate tensor, so requests are kept and
-    reused (a new one per call paid ~150 page faults per image at ViT-B/32); one request serves
+    reused (a new one per call paid page faults for every image); one request serves
     one call at a time, so concurrent callers (image queries in the server) each take an idle
     one or make another.
 

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from .config import UnsupportedTextTower
+from .tower_config import UnsupportedTextTower
 
 # Tokenizer classes whose pipeline :func:`load_clip_tokenizer` reproduces.
 TOKENIZER_CLASSES: tuple[str, ...] = ("CLIPTokenizer", "CLIPTokenizerFast")
