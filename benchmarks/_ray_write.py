@@ -59,8 +59,8 @@ def measure(rows: int, actors: int, mode: str, base: Path, batch_size: int, comm
     """One write-only Ray run of ``rows`` rows into a fresh index under ``base`` (``batch_size``:
     the model batch, which is the Ray batch where the driver writes)."""
     from indexer import ray_engine
+    from indexer.build_config import BuildConfig
     from indexer.commit import GenerationWriter, IndexMeta
-    from indexer.config import BuildConfig
     from indexer.discover import ImageFile
     from indexer.lock import IndexLock
     from indexer.plan import UpdatePlan

@@ -27,7 +27,7 @@ def tables() -> dict[str, str]:
         ``watch`` (``clipsearch index --watch`` / ``WatchConfig``), each a Markdown table with
         one row per field.
     """
-    from indexer.config import BuildConfig, WatchConfig
+    from indexer.build_config import BuildConfig, WatchConfig
     from retrieval.filters import Filter
 
     from .search_params import SearchParams

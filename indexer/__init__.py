@@ -1,7 +1,7 @@
 """clipsearch indexer: walk an image collection, embed it with CLIP, write an index directory."""
 
 from .build import BuildConfig, BuildReport, build_index
-from .config import WatchConfig
+from .build_config import WatchConfig
 from .importer import ImportReport, import_embeddings
 from .watch import WatchReport, watch_index
 

@@ -37,8 +37,8 @@ from retrieval.images import PreprocessConfig
 from retrieval.layout import EMBEDDINGS_DIR, STAGING_PREFIX, PartRef, embeddings_schema, part_name
 from retrieval.shards import SampleMeta
 
+from .build_config import BuildConfig, default_threads
 from .commit import GenerationWriter
-from .config import BuildConfig, default_threads
 from .dataset import OCR_FAILED_NOTE, ImageDataset
 from .discover import ImageFile
 from .embed import ChunkCommits

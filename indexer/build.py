@@ -38,8 +38,8 @@ from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 from retrieval.shards import scheme_of
 
 from . import ann, backfill, calibrate, ocr, shards
+from .build_config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .commit import GenerationWriter, IndexMeta, remove_stale
-from .config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .dataset import content_hash
 from .discover import Discovery, check_photos_dir, find_images
 from .engine import Engine

@@ -35,7 +35,7 @@ from retrieval.encoders.precision import (
 )
 from retrieval.errors import InvalidArgumentError
 
-from .config import DECODES, DEFAULT_DECODE, Decode
+from .build_config import DECODES, DEFAULT_DECODE, Decode
 from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
 from .shards import ShardReader

@@ -19,8 +19,8 @@ from retrieval.faults import crash_point
 from retrieval.layout import SkipRecord
 
 from .ahead import Ahead
+from .build_config import BuildConfig, default_threads, default_workers
 from .commit import GenerationWriter
-from .config import BuildConfig, default_threads, default_workers
 from .dataset import Batch, ImageDataset, Item, collate, finish_on_device
 from .discover import ImageFile
 from .parts import WrittenPart

@@ -16,8 +16,8 @@ from typing import Any, Protocol
 
 from retrieval.encoders import Encoder
 
+from .build_config import BuildConfig, Decode
 from .commit import GenerationWriter
-from .config import BuildConfig, Decode
 from .discover import ImageFile
 from .embed import embed_planned
 from .plan import UpdatePlan

@@ -10,7 +10,7 @@ import contextlib
 from collections.abc import Callable
 from contextlib import AbstractContextManager
 
-from .config import BuildConfig
+from .build_config import BuildConfig
 from .engine import Engine, LocalEngine
 
 
@@ -25,7 +25,7 @@ def _ray(cfg: BuildConfig) -> AbstractContextManager[Engine]:
 
 
 # The engines by name (BuildConfig.engine): each opens for one build and closes after it.
-# (indexer.config.ENGINES lists the same names for the option's check, before anything is opened.)
+# (indexer.build_config.ENGINES lists the same names for the option's check, before anything is opened.)
 ENGINES: dict[str, Callable[[BuildConfig], AbstractContextManager[Engine]]] = {"local": _local, "ray": _ray}
 
 

@@ -26,7 +26,7 @@ from retrieval.images import PhotoMeta
 from retrieval.shards import MEMBER_SEP, SampleMeta
 
 from . import calibrate
-from .config import Decode
+from .build_config import Decode
 from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
 from .embed import EmbeddedBatch, embed_batch, file_record

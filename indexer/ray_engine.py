@@ -36,8 +36,8 @@ from retrieval.encoders import Encoder
 from retrieval.errors import ClipSearchError, EngineError
 
 from . import calibrate
+from .build_config import BuildConfig, Decode
 from .commit import GenerationWriter
-from .config import BuildConfig, Decode
 from .discover import ImageFile
 from .embed import EmbeddedBatch, write_batches
 from .engine import EngineFacts

@@ -3,14 +3,14 @@
 
 Both engines (:func:`indexer.embed.embed_planned`, :meth:`indexer.ray_engine.RayRun.embed`)
 fill one through :func:`indexer.embed.write_batches`; :mod:`indexer.build` turns it into the
-run's :class:`~indexer.config.BuildReport`.
+run's :class:`~indexer.build_config.BuildReport`.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .config import BuildConfig, default_batch_size
+from .build_config import BuildConfig, default_batch_size
 
 
 @dataclass

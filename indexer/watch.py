@@ -40,7 +40,7 @@ from retrieval.errors import IndexLockedError, InvalidArgumentError, PhotosDirEr
 from retrieval.images import IMAGE_EXTENSIONS
 
 from . import build
-from .config import BuildConfig, BuildReport, WatchConfig
+from .build_config import BuildConfig, BuildReport, WatchConfig
 from .discover import Discovery, ImageFile, discover
 from .exclusions import IGNORE_FILE, Exclusions, load_exclusions, recorded_walk
 
@@ -255,7 +255,7 @@ def watch_index(
         index_dir: the index to create or update (as :func:`indexer.build_index`).
         config: the updates' settings, as for :func:`indexer.build_index` (``files`` and
             ``engine="ray"`` are not for watching).
-        watch: the watch's own settings (:class:`~indexer.config.WatchConfig`).
+        watch: the watch's own settings (:class:`~indexer.build_config.WatchConfig`).
         stop: set it (from another thread or a signal handler) to stop: the update under way
             ends after its current batch and commits what it embedded.
         on_update: called with each committed update's :class:`BuildReport`.

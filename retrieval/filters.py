@@ -1,4 +1,4 @@
-"""Query-time filters over the stored metadata: which images a search may return.
+"""Query-time filters over the stored metadata, which images a search may return (HTTP: :mod:`clipsearch.server.filters`).
 
 A :class:`Filter` turns into a boolean mask over ids, computed from whole metadata columns
 (read once per opened index and cached). :func:`retrieval.faiss_index.search` takes that mask

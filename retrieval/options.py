@@ -1,6 +1,6 @@
 """What an option means to people, declared once beside its dataclass field (its CLI flag: :mod:`clipsearch.cli.options`).
 
-A settings dataclass (``indexer.config.BuildConfig``, :class:`retrieval.filters.Filter`,
+A settings dataclass (``indexer.build_config.BuildConfig``, :class:`retrieval.filters.Filter`,
 ``clipsearch.search_params.SearchParams``) is the one declaration of its options: each field
 carries an :class:`Option` in its metadata (``field(default=..., metadata=option("..."))``),
 and the CLI flags, the server's request fields and the reference tables in the docs are derived

@@ -172,7 +172,7 @@ def test_the_build_path_names_no_engine(module: str) -> None:
 
 
 def test_the_engines_are_the_options_engines() -> None:
-    from indexer.config import ENGINES as NAMES
+    from indexer.build_config import ENGINES as NAMES
     from indexer.engines import ENGINES, LOADS_ITS_OWN_MODEL
 
     assert tuple(ENGINES) == NAMES and LOADS_ITS_OWN_MODEL <= set(ENGINES)

@@ -25,8 +25,8 @@ from photos import photo
 from PIL import Image
 
 from indexer import build_index
+from indexer.build_config import BuildConfig
 from indexer.calibrate import DECODE_GATE_MIN_COSINE, DecodeChoice, decode_request
-from indexer.config import BuildConfig
 from retrieval.errors import InvalidArgumentError
 from retrieval.index import ImageIndex
 from retrieval.layout import read_manifest

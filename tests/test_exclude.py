@@ -101,7 +101,7 @@ def test_given_options_replace_recorded_ones() -> None:
 def test_bad_patterns_and_ignore_files(tmp_path: Path) -> None:
     with pytest.raises(InvalidArgumentError, match="not a valid gitignore pattern"):
         Exclusions(WalkOptions(exclude=("!",)))
-    from indexer.config import BuildConfig
+    from indexer.build_config import BuildConfig
 
     with pytest.raises(InvalidArgumentError, match=r"exclude pattern '\\\\'"):
         BuildConfig(exclude=("\\",))
@@ -172,7 +172,7 @@ def test_everything_excluded_is_no_images_and_the_index_stays(tmp_path: Path, ti
 def test_flags_make_the_walk_options() -> None:
     from clipsearch.cli import build_parser
     from clipsearch.cli.options import values_from_args
-    from indexer.config import BuildConfig
+    from indexer.build_config import BuildConfig
 
     def config(*flags: str) -> BuildConfig:
         return BuildConfig(**values_from_args(BuildConfig, build_parser().parse_args(["index", "p", "i", *flags])))

@@ -24,7 +24,7 @@ from imagegen import Collection, photo_like, write_photos
 
 from clipsearch.cli import main
 from indexer import build_index, ray_engine
-from indexer.config import BuildConfig
+from indexer.build_config import BuildConfig
 from retrieval import ImageIndex
 from retrieval.encoders.cpu import cpu_level
 from retrieval.errors import EngineError, InvalidArgumentError

@@ -17,7 +17,7 @@ from imagegen import photo_like
 from retrieval.encoders import HFClipEncoder, load_encoder
 from retrieval.errors import InvalidArgumentError, ModelLoadError
 from retrieval.images import PreprocessConfig, load_pixels, preprocess_images
-from retrieval.images.config import naflex_size
+from retrieval.images.preprocess_config import naflex_size
 from retrieval.index import ImageIndex
 from retrieval.tools.random_model import make_random_siglip
 from retrieval.tools.zeroshot import ZeroShotClassifier

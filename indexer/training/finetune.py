@@ -32,8 +32,8 @@ from pathlib import Path
 from retrieval.version import __version__
 
 from . import train_state
-from .config import FinetuneConfig, check_resume
 from .data import Log, data_fingerprint, training_data, validation_data
+from .finetune_config import FinetuneConfig, check_resume
 from .loop import Trainer
 from .model import check_backend, load_model, model_source, resolve_spec
 from .pairs import load_pairs

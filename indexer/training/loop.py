@@ -19,9 +19,9 @@ from typing import Any
 from retrieval.errors import FinetuneError
 
 from . import train_state
-from .config import FinetuneConfig
 from .contrastive import forward_backward, freeze_tower, parameter_groups
 from .data import Log, TrainingData, make_batch
+from .finetune_config import FinetuneConfig
 from .model import LoadedModel
 from .progress import Schedule, TrainState, lr_factor
 from .report import metrics_text, row_text

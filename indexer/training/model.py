@@ -13,7 +13,7 @@ from typing import Any
 from retrieval.encoders import HFClipEncoder, read_image_processor_config
 from retrieval.errors import FinetuneError, InvalidArgumentError, ModelLoadError
 
-from .config import FinetuneConfig
+from .finetune_config import FinetuneConfig
 from .train_state import MODEL_DIR
 
 

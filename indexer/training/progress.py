@@ -10,7 +10,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import DEFAULT_WARMUP_FRACTION, FinetuneConfig
+from .finetune_config import DEFAULT_WARMUP_FRACTION, FinetuneConfig
 
 
 def lr_factor(step: int, warmup: int, total: int) -> float:

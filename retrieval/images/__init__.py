@@ -17,7 +17,6 @@ torch and torchvision are imported inside the functions that use them, never at 
 
 from __future__ import annotations
 
-from .config import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PreprocessConfig
 from .decode import DEFAULT_MAX_PIXELS, IMAGE_EXTENSIONS, DecodedImage, decode_image, probe_image, probe_photo, to_rgb
 from .exif import NO_META, PhotoMeta, iso_taken, read_meta
 from .formats import AVIF_EXTENSIONS, HEIF_EXTENSIONS, RAW_EXTENSIONS
@@ -32,6 +31,7 @@ from .preprocess import (
     reduce_for_resize,
     resize_output_size,
 )
+from .preprocess_config import OPENAI_CLIP_MEAN, OPENAI_CLIP_STD, PreprocessConfig
 
 __all__ = [
     "AVIF_EXTENSIONS",

@@ -10,8 +10,8 @@ import warnings
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from .config import PreprocessConfig
 from .preprocess import preprocess_tensor
+from .preprocess_config import PreprocessConfig
 
 if TYPE_CHECKING:
     import torch

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, BinaryIO
 import numpy as np
 from PIL import Image
 
-from .config import PreprocessConfig, naflex_size
 from .decode import DEFAULT_MAX_PIXELS, DecodedImage, decode_image, to_rgb
+from .preprocess_config import PreprocessConfig, naflex_size
 
 if TYPE_CHECKING:
     import torch

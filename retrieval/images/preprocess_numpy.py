@@ -23,9 +23,9 @@ from typing import BinaryIO
 
 import numpy as np
 
-from .config import PreprocessConfig
 from .decode import DEFAULT_MAX_PIXELS, decode_image
 from .preprocess import crop_plan, reduce_for_resize, resize_output_size
+from .preprocess_config import PreprocessConfig
 
 # torch's uint8 kernels: the filter's support in input pixels at scale 1, and the filter.
 _A = -0.5

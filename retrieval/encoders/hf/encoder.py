@@ -1,5 +1,6 @@
-"""``HFClipEncoder``: a Hugging Face checkpoint's towers (CLIP or SigLIP), loaded lazily,
-normalised vectors out.
+"""``HFClipEncoder``: a Hugging Face checkpoint's towers, the backend beside :mod:`retrieval.encoders.openclip.encoder`.
+
+CLIP or SigLIP, loaded lazily, normalised vectors out.
 
 Each tower loads on first use: a text search needs only the text tower (for CLIP
 ``CLIPTextModelWithProjection``) and never pays for the vision tower, the indexer only the

@@ -1,4 +1,4 @@
-"""The text encoder: tokenizer and tower of one checkpoint behind the ``TextEncoder`` interface."""
+"""The torch-free text encoder: the ``TextEncoder`` side of :mod:`retrieval.encoders.hf.encoder` without torch."""
 
 from __future__ import annotations
 

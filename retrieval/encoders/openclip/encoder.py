@@ -1,4 +1,4 @@
-"""open_clip models behind the same :class:`~retrieval.encoders.base.Encoder` interface.
+"""open_clip models behind the same ``Encoder`` interface as :mod:`retrieval.encoders.hf.encoder`.
 
 See :mod:`retrieval.encoders.openclip` for how a model is named.
 
