@@ -234,8 +234,9 @@ def test_an_imported_index_has_no_url(index_dir: Path) -> None:
 
     from clipsearch.server.clip_back_query import metadata_of
 
-    imported = SimpleNamespace(manifest=SimpleNamespace(source_root=""), paths_of=lambda ids: [f"v{i}" for i in ids],
-                               sample_meta=lambda ids: [{"caption": None, "url": None} for _ in ids])
+    rows = SimpleNamespace(paths_of=lambda ids: [f"v{i}" for i in ids],
+                           sample_meta=lambda ids: [{"caption": None, "url": None} for _ in ids])
+    imported = SimpleNamespace(manifest=SimpleNamespace(source_root=""), metadata=rows)
     assert metadata_of(imported, [3, 1], "vec.idx", "http://h/") == [{"caption": "v3", "path": "v3"}, {"caption": "v1", "path": "v1"}]  # type: ignore[arg-type]
 
 

@@ -98,9 +98,9 @@ def test_source_file_refuses_a_recorded_path_that_leaves_the_folder(
     _, idx, _ = live_dirs
     index = ImageIndex.open(idx)
     for evil in (b"../secret.jpg", b"/etc/passwd", b"a/../../x.jpg", b"./a.jpg"):
-        monkeypatch.setattr(index, "rows", lambda ids, columns, evil=evil: [{"path_bytes": evil}])
+        monkeypatch.setattr(index.metadata, "rows", lambda ids, columns, evil=evil: [{"path_bytes": evil}])
         with pytest.raises(IndexCorruptError, match="not a file inside the indexed folder"):
-            index.source_file(0)
+            index.files.path(0)
 
 
 def test_search_similar_uses_the_stored_embedding(built_index: Path) -> None:

@@ -406,14 +406,15 @@ def test_mapped_reader_reads_ahead_on_lists_not_on_vectors(tmp_path: Path, monke
 
 def test_warm_asks_only_for_mapped_files(refined: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from retrieval.live import LiveIndex
+    from retrieval.vector_search import VectorSearch
 
     mapped = ImageIndex.open(refined, mmap=True)
     faiss_file = refined / mapped.manifest.faiss.path
-    assert 0 < mapped.warm(vectors=False) < faiss_file.stat().st_size  # the codes, not the float16 vectors
-    assert mapped.warm() == faiss_file.stat().st_size  # a small file: all of it
-    assert ImageIndex.open(refined, mmap=False).warm() == 0  # read into RAM: nothing to ask
+    assert 0 < mapped.vectors.warm(vectors=False) < faiss_file.stat().st_size  # the codes, not the float16 vectors
+    assert mapped.vectors.warm() == faiss_file.stat().st_size  # a small file: all of it
+    assert ImageIndex.open(refined, mmap=False).vectors.warm() == 0  # read into RAM: nothing to ask
     calls: list[int] = []
-    monkeypatch.setattr(ImageIndex, "warm", lambda self: calls.append(1) or 0)
+    monkeypatch.setattr(VectorSearch, "warm", lambda self: calls.append(1) or 0)
     assert LiveIndex(refined, warm=False)._warming is None
     assert calls == []
     live = LiveIndex(refined, warm=True)  # what `serve` opens its indexes with, warmed in a thread

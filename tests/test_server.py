@@ -436,16 +436,17 @@ def test_traversal_and_bad_ids(client: TestClient, url: str) -> None:
 
 
 def test_nothing_outside_the_source_root(client: TestClient, built_index: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from retrieval.index import ImageIndex
+    from retrieval.source_files import SourceFiles
 
     secret = tmp_path / "secret.jpg"
     photo_like(32, 32, seed=1).save(secret)
 
-    def escaping(self: ImageIndex, id: int) -> Path:
+    def escaping(self: SourceFiles, id: int) -> Path:
         # as if the index recorded "../<somewhere>": the server must refuse it on its own
-        return Path(self.manifest.source_root, "..", os.path.relpath(secret, self.manifest.source_root))
+        root = self._manifest.source_root
+        return Path(root, "..", os.path.relpath(secret, root))
 
-    monkeypatch.setattr(ImageIndex, "source_file", escaping)
+    monkeypatch.setattr(SourceFiles, "path", escaping)
     for url in ("/api/images/0", "/api/thumbnails/0?size=64"):
         assert "outside its source root" in _error(client.get(url), 404)
 
@@ -606,18 +607,18 @@ def test_concurrent_requests_agree_with_sequential_ones(client: TestClient, buil
 
 
 def test_model_calls_do_not_block_the_event_loop(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    from retrieval.index import ImageIndex
+    from retrieval.encoders.query import QueryEncoders
 
     started, release = threading.Event(), threading.Event()
-    original = ImageIndex.embed_texts
+    original = QueryEncoders.embed_texts
 
-    def slow(self: ImageIndex, texts: Any, query_lang: str | None = None) -> Any:
+    def slow(self: QueryEncoders, texts: Any, query_lang: str | None = None) -> Any:
         if list(texts) == ["slow one"]:
             started.set()
             assert release.wait(60)
         return original(self, texts, query_lang)
 
-    monkeypatch.setattr(ImageIndex, "embed_texts", slow)
+    monkeypatch.setattr(QueryEncoders, "embed_texts", slow)
     held = threading.Thread(target=lambda: client.get("/api/search", params={"q": "slow one"}))
     held.start()
     try:
@@ -648,19 +649,20 @@ def test_live_update_and_request_in_flight(
     old_count = before["count"]
     entered, release = threading.Event(), threading.Event()
     seen: list[str] = []
-    original_sizes = ImageIndex.sizes_of
+    original_metadata = ImageIndex.metadata.fget
+    assert original_metadata is not None
     armed = [True]
 
-    def held_sizes(self: ImageIndex, ids: Any) -> Any:
-        # the first size lookup of a live.idx search waits until the new generation is out
+    def held_metadata(self: ImageIndex) -> Any:
+        # the first metadata read of a live.idx search (its result sizes) waits until the new generation is out
         if armed[0] and self.directory == index_dir:
             armed[0] = False
             seen.append(str(self.manifest.generation))
             entered.set()
             assert release.wait(60)
-        return original_sizes(self, ids)
+        return original_metadata(self)
 
-    monkeypatch.setattr(ImageIndex, "sizes_of", held_sizes)
+    monkeypatch.setattr(ImageIndex, "metadata", property(held_metadata))
     in_flight: list[Any] = []
     worker = threading.Thread(target=lambda: in_flight.append(client.get("/api/search", params={"q": "x", "k": 1000, "index": "live.idx"})))
     worker.start()
