@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 import os
+import sys
 import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -314,7 +315,8 @@ class ImageIndex:
         if moved is None or name.startswith("_"):
             raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
         use, get = moved
-        warnings.warn(f"ImageIndex.{name} is deprecated: use {use}", DeprecationWarning, stacklevel=2)
+        if not _unmigrated(sys._getframe(1).f_code.co_filename):
+            warnings.warn(f"ImageIndex.{name} is deprecated: use {use}", DeprecationWarning, stacklevel=2)
         return get(self)
 
     def _search_many(self, queries: Sequence[str], k: int | None = None, where: Filter | None = None, *,
@@ -348,6 +350,17 @@ class ImageIndex:
                         min_score: float | None = None, sort: str = "score") -> list[Hit]:
         return self._answer(SearchRequest(similar_to=check_id(id, self.count), k=k, where=where, min_score=min_score,
                                           sort=sort))
+
+
+# This project's own modules still on the former names (owned by other changes in flight: the
+# evaluation, zero-shot and benchmark code): they do not warn, so that `clipsearch eval` prints
+# no warning of ours. Empty this once they use the collaborators.
+_UNMIGRATED = tuple(str(Path(__file__).resolve().parent.parent / d) + os.sep
+                    for d in ("retrieval/evaluation", "retrieval/zeroshot", "benchmarks"))
+
+
+def _unmigrated(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_UNMIGRATED)
 
 
 def _named_bytes(data: bytes) -> io.BytesIO:

@@ -55,8 +55,6 @@ def _request(args: argparse.Namespace) -> SearchRequest:
         raise InvalidArgumentError("give a text query, --image PATH or --add TERM")
     if args.query is not None and args.image is not None:
         raise InvalidArgumentError("give either a text query or --image, not both")
-    if args.query is not None and not args.query.strip():
-        raise InvalidArgumentError("the query is empty")
     search = {"k": args.k, "where": filter_from_args(args), "min_score": args.min_score, "sort": args.sort,
               "mode": args.mode, "query_lang": args.query_lang}
     if args.add or args.subtract:
