@@ -31,7 +31,24 @@ from .source_files import SourceFiles
 from .vector_search import VectorSearch
 
 
-class ImageIndex:
+class _FormerNames(type):
+    # ``ImageIndex.search_ids`` (the class, not an instance: an unbound method handed around)
+    # answers as the former method did, with the same warning; dir() still shows the narrow surface.
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("_") or name not in _MOVED:
+            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+        use = _MOVED[name][0]
+        if not _unmigrated(sys._getframe(1).f_code.co_filename):
+            warnings.warn(f"ImageIndex.{name} is deprecated: use {use}", DeprecationWarning, stacklevel=2)
+
+        def former(self: ImageIndex, *args: Any, **kwargs: Any) -> Any:
+            return _MOVED[name][1](self)(*args, **kwargs)
+
+        former.__name__ = name
+        return former
+
+
+class ImageIndex(metaclass=_FormerNames):
     """A built index directory, ready to search.
 
     A small facade: open it, search it (:meth:`search` with a text or a

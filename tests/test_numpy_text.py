@@ -149,15 +149,15 @@ def test_text_path_does_not_depend_on_an_earlier_image_query(built_index: Path, 
     index = ImageIndex.open(built_index, device="cpu")
     index.search_image(collection.root / "photos" / "a.jpg", k=1)  # type: ignore[attr-defined]  # collection fixture is typed object
     index.search("a dog", k=1)
-    assert isinstance(index.text_encoder, NumpyTextEncoder) and index.text_path().path == "numpy"
-    given = ImageIndex.open(built_index, encoder=index.encoder)
-    assert given.text_path().path == "torch" and given.text_encoder is index.encoder
+    assert isinstance(index.encoders.text_encoder, NumpyTextEncoder) and index.encoders.text_path().path == "numpy"
+    given = ImageIndex.open(built_index, encoder=index.encoders.encoder)
+    assert given.text_path().path == "torch" and given.text_encoder is index.encoders.encoder
 
 
 def test_index_falls_back_for_reduced_precision(built_index: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu", precision="bf16")
-    assert index.text_path().path == "torch"
-    assert index.search("a dog", k=2) and isinstance(index.text_encoder, HFClipEncoder)
+    assert index.encoders.text_path().path == "torch"
+    assert index.search("a dog", k=2) and isinstance(index.encoders.text_encoder, HFClipEncoder)
 
 
 def test_other_weights_are_refused_on_the_numpy_path(built_index: Path, other_model: Path) -> None:

@@ -204,7 +204,7 @@ def test_index_without_the_columns_opens_searches_and_updates(tmp_path: Path, ti
     again = ImageIndex.open(out)
     assert sorted(again.paths()) == ["cat.jpg", "coffee.png", "rocket.jpg"]
     since = Filter(taken_after=parse_time("2000-01-01"))
-    assert np.array_equal(again.mask(since), updated.mask(since))
+    assert np.array_equal(again.mask(since), updated.metadata.mask(since))
     from retrieval import verify_index
 
     assert verify_index(out).ok

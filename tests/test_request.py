@@ -126,6 +126,10 @@ def test_the_index_is_narrow_and_its_former_names_warn(built_index: Path) -> Non
     with pytest.warns(DeprecationWarning, match="search_many"):
         many = index.search_many(["a dog", "grass"], k=2)
     assert [[h.id for h in hits] for hits in many] == [[h.id for h in index.search(q, k=2)] for q in ("a dog", "grass")]
+    with pytest.warns(DeprecationWarning, match="use index.vectors.search_ids"):
+        unbound = ImageIndex.search_ids  # the class's former method, handed around unbound
+    vector = index.vectors.vectors_of([2])
+    assert np.array_equal(unbound(index, vector, 3)[1], index.vectors.search_ids(vector, 3)[1])
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         with pytest.raises(AttributeError, match="no attribute 'nonsense'"):

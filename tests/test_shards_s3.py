@@ -206,7 +206,7 @@ def test_import_reads_clip_retrieval_output_from_the_bucket(tmp_path: Path, tiny
     report = import_embeddings(f"s3://{BUCKET}/emb/", out, model=str(tiny_model))
     assert report.imported == 8 and report.source == f"s3://{BUCKET}/emb/" and report.source_format == "clip-retrieval"
     index = ImageIndex.open(out)
-    assert index.paths()[:2] == ["img_0_0.jpg", "img_0_1.jpg"]
+    assert index.metadata.paths()[:2] == ["img_0_0.jpg", "img_0_1.jpg"]
     assert index.manifest.model_info["imported_source"] == f"s3://{BUCKET}/emb/"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".import-")]  # the staged copy is gone
     with pytest.raises(ImportSourceError, match="no such file"):
