@@ -127,7 +127,7 @@ def test_a_one_shot_process_keeps_fp32_and_says_why(built_index: Path) -> None:
     assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in exact]
     # Enough texts (or a long-lived process: None) and auto gates as before.
     many = ImageIndex.open(built_index, device="cpu", text_queries=ONE_SHOT_TEXTS)
-    assert "auto runs fp32 here" not in many.text_path().reason
+    assert "auto runs fp32 here" not in many.encoders.text_path().reason
     assert one_shot_reason("auto", None) is None and one_shot_reason("int8", 1) is None
 
 

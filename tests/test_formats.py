@@ -19,6 +19,7 @@ from PIL import Image, ImageOps
 
 from retrieval.errors import ImageDecodeError
 from retrieval.images import IMAGE_EXTENSIONS, RAW_EXTENSIONS, decode_image, formats
+from retrieval.request import SearchRequest
 
 pytest.importorskip("pillow_heif")
 pytest.importorskip("rawpy")
@@ -211,7 +212,7 @@ def test_index_holds_every_format_and_skips_with_reasons(library_index: Path) ->
     assert skipped["raw/broken.dng"].startswith("RAW decode failed")
     # The same picture as HEIC and JPEG: both indexed, and they find each other.
     ids = {r["path"]: i for i, r in enumerate(index.rows(range(index.count), columns=("path",)))}
-    similar = index.search_similar(ids["cat.heic"], k=2)
+    similar = index.search(SearchRequest(similar_to=ids["cat.heic"], k=2))
     assert [h.path for h in similar] == ["cat.heic", "cat.jpg"] and similar[1].score > 0.99
 
 

@@ -23,6 +23,7 @@ from retrieval.encoders import load_encoder
 from retrieval.errors import InvalidArgumentError
 from retrieval.index import ImageIndex
 from retrieval.random_model.multilingual import make_random_multilingual
+from retrieval.request import SearchRequest
 
 open_clip = pytest.importorskip("open_clip")
 torch = pytest.importorskip("torch")
@@ -116,7 +117,7 @@ def test_nllb_index_through_the_api_and_the_cli(
     # The query cache keeps languages apart.
     en = index.search("一只猫", k=6, query_lang="eng_Latn")
     assert [h.score for h in en] != pytest.approx([h.score for h in index.search("一只猫", k=6, query_lang="zho_Hans")], abs=1e-6)
-    combined = index.search_combined(["一只猫", "кот"], k=3, query_lang="zho_Hans")
+    combined = index.search(SearchRequest(add=["一只猫", "кот"], k=3, query_lang="zho_Hans"))
     assert len(combined) == 3
 
     base = ["search", nllb_index, "一只猫", "-k", "3", "--device", "cpu", "--precision", "fp32"]

@@ -146,4 +146,4 @@ def test_a_mapped_flat_index_adds_no_anonymous_memory(tmp_path: Path) -> None:
     assert read["open"] > vectors * 0.9
     index, again = ImageIndex.open(out, mmap=True), ImageIndex.open(out, mmap=False)
     queries = clustered(20, DIM, seed=5)
-    assert np.array_equal(index.vectors.search_ids(queries, 10)[1], again.search_ids(queries, 10)[1])
+    assert np.array_equal(index.vectors.search_ids(queries, 10)[1], again.vectors.search_ids(queries, 10)[1])

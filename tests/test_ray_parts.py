@@ -80,9 +80,9 @@ def test_linked_parts_read_as_the_driver_writes_them(tmp_path: Path, monkeypatch
     a, b = ImageIndex.open(driver), ImageIndex.open(tmp_path / "linked.idx")
     assert b.rows(range(ROWS), columns=("id", "path", "mtime_ns")) == a.rows(range(ROWS), columns=("id", "path", "mtime_ns"))
     assert b.rows([45, 3], columns=("id",)) == [{"id": 45}, {"id": 3}]
-    assert b.embeddings().tobytes() == a.embeddings().tobytes()
-    assert b.paths_of([59, 0, 21]) == a.paths_of([59, 0, 21])
-    assert np.array_equal(b.search_ids(vectors[[7, 33, 58]], 3)[1], a.search_ids(vectors[[7, 33, 58]], 3)[1])
+    assert b.vectors.embeddings().tobytes() == a.vectors.embeddings().tobytes()
+    assert b.metadata.paths_of([59, 0, 21]) == a.metadata.paths_of([59, 0, 21])
+    assert np.array_equal(b.vectors.search_ids(vectors[[7, 33, 58]], 3)[1], a.vectors.search_ids(vectors[[7, 33, 58]], 3)[1])
     report = verify_index(tmp_path / "linked.idx")
     assert report.ok, report.problems
     # A reader of version 3 refuses it, saying to upgrade; it still reads the driver's index.

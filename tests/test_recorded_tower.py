@@ -122,12 +122,12 @@ def test_without_remembered_checks_the_full_encoder_runs_and_remembers_them(
     image = index.files.path(0)
     monkeypatch.setenv(C.CHECKS_ENV, str(tmp_path / "fresh.json"))  # another machine's memory: empty
     first = ImageIndex.open(tmp_path / "n.idx")
-    v1 = first.embed_image(image)
-    assert first.image_path()["tower"] == "encoder"
-    assert "no remembered checks" in str(first.image_path()["reason"])
+    v1 = first.encoders.embed_image(image)
+    assert first.encoders.image_path()["tower"] == "encoder"
+    assert "no remembered checks" in str(first.encoders.image_path()["reason"])
     second = ImageIndex.open(tmp_path / "n.idx")  # the full encoder's checks were remembered
-    assert np.array_equal(second.embed_image(image), v1)
-    assert second.image_path()["tower"] == "recorded"
+    assert np.array_equal(second.encoders.embed_image(image), v1)
+    assert second.encoders.image_path()["tower"] == "recorded"
 
 
 def test_a_probe_that_no_longer_matches_or_an_unreadable_memory_sends_it_to_the_full_encoder(
@@ -142,13 +142,13 @@ def test_a_probe_that_no_longer_matches_or_an_unreadable_memory_sends_it_to_the_
         entry["probe"][0] = float(np.nextafter(np.float32(entry["probe"][0]), np.float32(2)))
     memory.write_text(json.dumps(data))
     tampered = ImageIndex.open(tmp_path / "p.idx")
-    assert np.array_equal(tampered.embed_image(image), expected)
-    assert "no longer gives the remembered probe vector" in str(tampered.image_path()["reason"])
+    assert np.array_equal(tampered.encoders.embed_image(image), expected)
+    assert "no longer gives the remembered probe vector" in str(tampered.encoders.image_path()["reason"])
 
     memory.write_text("{not json")
     broken = ImageIndex.open(tmp_path / "p.idx")
-    assert np.array_equal(broken.embed_image(image), expected)
-    assert broken.image_path()["tower"] == "encoder"
+    assert np.array_equal(broken.encoders.embed_image(image), expected)
+    assert broken.encoders.image_path()["tower"] == "encoder"
     assert isinstance(json.loads(memory.read_text()), dict)  # rewritten by the full encoder's checks
 
 
@@ -204,8 +204,8 @@ def test_an_update_with_the_same_tower_shares_it(tiny_model: Path, photos: Path,
     build_index(photos, tmp_path / "u.idx", **common)
     later = index.reopen()
     assert later is not index and later._queries.image_encoder is index._queries.image_encoder
-    later.search_image(later.source_file(4), k=1)
-    assert later.image_path()["tower"] == "recorded"
+    later.search_image(later.files.path(4), k=1)
+    assert later.encoders.image_path()["tower"] == "recorded"
 
 
 def test_the_memory_ignores_a_path_it_cannot_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -150,14 +150,14 @@ def test_version_1_index_is_read_and_upgraded_on_write(built_index: Path, tmp_pa
         shutil.rmtree(gen / PATHS_DIR)
     old = ImageIndex.open(idx)
     expected = ImageIndex.open(built_index)
-    q = expected.embeddings()[:3]
+    q = expected.vectors.embeddings()[:3]
     assert [[h.path for h in r] for r in old.search_vectors(q, 5)] == [[h.path for h in r] for r in expected.search_vectors(q, 5)]
     # Written again (reindex): version 2, path files added, flat kept (the only v1 choice).
     reindex(idx)
     manifest = read_manifest(idx)
     assert manifest.format_version == 2 and manifest.index_type == "Flat" and manifest.index_options["index_type"] == "flat"
     assert all(p.paths is not None and (idx / p.paths).is_file() for p in manifest.parts)
-    assert ImageIndex.open(idx).metadata.paths_of(range(3)) == expected.paths_of(range(3))
+    assert ImageIndex.open(idx).metadata.paths_of(range(3)) == expected.metadata.paths_of(range(3))
 
 
 def test_cli_reindex_and_info(vec_index: Path, tmp_path: Path) -> None:

@@ -73,7 +73,7 @@ def test_shards_give_the_folder_vectors_and_keep_captions(folder_index: Path, sh
     assert sorted(a) == sorted(b) and len(a) == N
     keys = sorted(a)
     assert cosines(np.stack([a[k] for k in keys]), np.stack([b[k] for k in keys])).min() >= 0.99999
-    assert shards.paths()[:2] == ["00000.tar#000000000.jpg", "00000.tar#000000001.jpg"]
+    assert shards.metadata.paths()[:2] == ["00000.tar#000000000.jpg", "00000.tar#000000001.jpg"]
     rows = shards.rows(range(N), columns=("shard", "key", "caption", "url", "original_width", "original_height", "sha256", "width"))
     import hashlib
 
@@ -89,8 +89,8 @@ def test_shards_give_the_folder_vectors_and_keep_captions(folder_index: Path, sh
     assert {"caption", "url"} <= set(hit.to_dict())
     # A folder's index has no shard columns' values: its hits say nothing of captions.
     assert folder.search("a photo", k=1)[0].caption is None and "caption" not in folder.search("a photo", k=1)[0].to_dict()
-    assert shards.source_bytes(hit.id) == by_caption[hit.caption].jpeg
-    assert folder.source_bytes(0) is None
+    assert shards.files.shard_bytes(hit.id) == by_caption[hit.caption].jpeg
+    assert folder.files.shard_bytes(0) is None
 
 
 @pytest.mark.parametrize("spec", ["00001.tar", "{00000..00002}.tar", "{00000,00002}.tar"])

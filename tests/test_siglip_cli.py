@@ -137,6 +137,6 @@ def test_ray_engine_builds_the_same_siglip_index(siglip_dir: Path, photos: Path,
         build_index(photos, out, model=str(siglip_dir), engine="ray", batch_size=4, device="cpu", precision="fp32")
     local, remote = ImageIndex.open(index_dir, device="cpu"), ImageIndex.open(out, device="cpu")
     assert remote.manifest.model_info["model_type"] == "siglip"
-    order = {p: i for i, p in enumerate(remote.paths())}
-    ours = remote.embeddings()[[order[p] for p in local.paths()]]
-    assert (ours * local.embeddings()).sum(1).min() >= 0.9999
+    order = {p: i for i, p in enumerate(remote.metadata.paths())}
+    ours = remote.vectors.embeddings()[[order[p] for p in local.metadata.paths()]]
+    assert (ours * local.vectors.embeddings()).sum(1).min() >= 0.9999

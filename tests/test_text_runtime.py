@@ -88,9 +88,9 @@ def test_long_lived_fp32_opens_choose_onnxruntime(built_index: Path) -> None:
     # As many texts as the one-shot rule allows for: the same choice.
     assert text_path(str(index.encoders.query_model), text_queries=ONE_SHOT_TEXTS).path == "onnxruntime"
     one_shot = ImageIndex.open(built_index, device="cpu", precision="fp32", text_queries=1)
-    assert one_shot.text_path().path == "numpy" and "1 text query in this process" in one_shot.text_path().reason
+    assert one_shot.encoders.text_path().path == "numpy" and "1 text query in this process" in one_shot.encoders.text_path().reason
     exact = one_shot.search("a red square", k=5)
-    assert one_shot.text_path().path == "numpy"
+    assert one_shot.encoders.text_path().path == "numpy"
     assert "runtime" not in one_shot.info()["text_precision"]  # not tried: the text path says why
     assert [h.id for h in hits] == [h.id for h in exact]
     assert max(abs(a.score - b.score) for a, b in zip(hits, exact, strict=True)) <= 1e-5
