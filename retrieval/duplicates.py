@@ -1,4 +1,6 @@
-"""Near-duplicate groups: images whose embeddings have cosine >= a threshold, linked transitively.
+"""Near-duplicate groups (``clipsearch duplicates``: :mod:`clipsearch.cli.duplicates`), linked transitively.
+
+Images whose embeddings have cosine >= a threshold, in groups.
 
 Pairs come from a FAISS range search of every (filtered) image against the index, in batches
 of stored vectors; candidates are re-scored exactly against the stored float32 vectors, so an
@@ -89,7 +91,7 @@ def duplicate_pairs(
     Raises:
         InvalidArgumentError: a bad threshold, or more than :data:`MAX_PAIRS` candidates.
     """
-    pairs = _scored_pairs(index, check_threshold(threshold), where, batch_rows, index.exact_scores)
+    pairs = _scored_pairs(index, check_threshold(threshold), where, batch_rows, index.vectors.exact_scores)
     return pairs.a, pairs.b, pairs.scores
 
 
@@ -113,8 +115,8 @@ def _scored_pairs(index: ImageIndex, threshold: float, where: Filter | None, bat
     found_a: list[np.ndarray] = []
     found_b: list[np.ndarray] = []
     total = 0
-    for ids, vectors in index.iter_vectors(where, batch_rows=batch_rows):
-        for query, (hits, _) in zip(ids, index.search_range(vectors, radius, where=where), strict=True):
+    for ids, vectors in index.vectors.iter_vectors(where, batch_rows=batch_rows):
+        for query, (hits, _) in zip(ids, index.vectors.search_range(vectors, radius, where=where), strict=True):
             later = hits[hits > query]  # each pair once, and never an image with itself
             if len(later):
                 found_a.append(np.full(len(later), query, np.int64))
@@ -128,7 +130,7 @@ def _scored_pairs(index: ImageIndex, threshold: float, where: Filter | None, bat
     a, b = np.concatenate(found_a), np.concatenate(found_b)
     # One streaming pass over the stored vectors gathers every image that is in a pair.
     members = np.unique(np.concatenate([a, b]))
-    vectors = store.gather_vectors(index.iter_embeddings(), index.dim, members)
+    vectors = store.gather_vectors(index.vectors.iter_embeddings(), index.dim, members)
     va, vb = (vectors[np.searchsorted(members, side)].astype(np.float64) for side in (a, b))
     scores = np.einsum("ij,ij->i", va, vb).astype(np.float32)
     keep = scores >= threshold
@@ -168,7 +170,7 @@ def find_duplicates(
         InvalidArgumentError: a bad threshold, or a threshold so low that pairs explode.
     """
     threshold = check_threshold(threshold)
-    exact = index.exact_scores
+    exact = index.vectors.exact_scores
     pairs = _scored_pairs(index, threshold, where, batch_rows, exact)
     groups = components(pairs.a, pairs.b)
     if not groups:

@@ -26,8 +26,9 @@ from .keywords import SOURCES, CosineScale, KeywordIndex, Matches, Terms, check_
 
 
 class Searchable(Protocol):
-    """What text search by mode asks of an index (:class:`~retrieval.index.ImageIndex`
-    answers it): its keyword side, its vector searches, its stored vectors and rows."""
+    """What text search by mode asks of the vector side (:class:`~retrieval.vector_search.VectorSearch`
+    answers it): its keyword side, its vector searches, its stored vectors and rows. The
+    :class:`~retrieval.hits.Cut` it is given was checked where the search entered."""
 
     @property
     def keywords(self) -> KeywordIndex | None: ...
@@ -37,8 +38,7 @@ class Searchable(Protocol):
 
     def mask(self, where: Filter) -> np.ndarray: ...
 
-    def search_vectors(self, vectors: np.ndarray, k: int | None = None, where: Filter | None = None, *,
-                       min_score: float | None = None, sort: str = "score") -> list[list[Hit]]: ...
+    def hits(self, vectors: np.ndarray, cut: Cut, where: Filter | None = None) -> list[list[Hit]]: ...
 
     def search_range(self, vectors: np.ndarray, min_score: float, where: Filter | None = None) -> list[tuple[np.ndarray, np.ndarray]]: ...
 
@@ -83,7 +83,7 @@ def text_search(
     """The hits of each text query in ``mode`` (``vectors`` are the queries' embeddings)."""
     keywords = index.keywords
     if mode == "vector" or keywords is None:
-        return index.search_vectors(vectors, cut.k, where=where, min_score=cut.min_score, sort=cut.sort)
+        return index.hits(vectors, cut, where)
     allowed = index.mask(where) if where is not None and where.active else None
     out = []
     for query, vector in zip(queries, vectors, strict=True):
@@ -92,7 +92,7 @@ def text_search(
         if mode == "keyword":
             hits = _keyword_hits(index, matches, vector, cut)
         elif not len(matches):
-            hits = index.search_vectors(vector[None], cut.k, where=where, min_score=cut.min_score, sort=cut.sort)[0]
+            hits = index.hits(vector[None], cut, where)[0]
         else:
             hits = _fused_hits(index, matches, vector, cut, where)
         out.append(_with_text(keywords, terms, hits))

@@ -4,40 +4,68 @@ from __future__ import annotations
 
 import io
 import os
-from collections.abc import Iterator, Sequence
+import sys
+import warnings
+from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any, BinaryIO
+from typing import Any
 
 import numpy as np
 
-from .encoders import Encoder, TextEncoder
-from .encoders.numpy_text import TextPath
+from .encoders import Encoder
 from .encoders.precision import parse_precision
 from .encoders.query import QueryEncoders
 from .errors import InvalidArgumentError
 from .filters import Filter
 from .generation import MMAP_MIN_BYTES, Generation, open_generation
-from .hits import Cut, Hit, check_cut, make_hits
+from .hits import Hit, check_cut
 from .hybrid import resolve_mode, text_search
 from .images import PreprocessConfig
-from .keywords import CosineScale, KeywordIndex, check_query_text
+from .keywords import KeywordIndex, check_query_text
 from .layout import read_manifest
 from .query_cache import DEFAULT_CAPACITY, QueryVectorCache
-from .query_terms import QueryTerm, as_term, embed_terms
-from .rows import Rows, SkippedFile, check_id, source_path
-from .shards import read_member
+from .query_terms import embed_terms
+from .request import ImageInput, SearchRequest, TermInput
+from .rows import Rows, SkippedFile, check_id
+from .source_files import SourceFiles
+from .vector_search import VectorSearch
 
 
-class ImageIndex:
+class _FormerNames(type):
+    # ``ImageIndex.search_ids`` (the class, not an instance: an unbound method handed around)
+    # answers as the former method did, with the same warning; dir() still shows the narrow surface.
+    def __getattr__(cls, name: str) -> Any:
+        if name.startswith("_") or name not in _MOVED:
+            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
+        use = _MOVED[name][0]
+        if not _unmigrated(sys._getframe(1).f_code.co_filename):
+            warnings.warn(f"ImageIndex.{name} is deprecated: use {use}", DeprecationWarning, stacklevel=2)
+
+        def former(self: ImageIndex, *args: Any, **kwargs: Any) -> Any:
+            return _MOVED[name][1](self)(*args, **kwargs)
+
+        former.__name__ = name
+        return former
+
+
+class ImageIndex(metaclass=_FormerNames):
     """A built index directory, ready to search.
 
-    A facade over the opened generation (manifest, FAISS index, metadata rows: see
-    :mod:`retrieval.generation` and :mod:`retrieval.rows`) and the query encoders
-    (:class:`~retrieval.encoders.query.QueryEncoders`, which load the query model on the first
-    text or image query). Opened with :meth:`open` (no encoder given), text queries on the CPU
-    run on the numpy text tower of :mod:`retrieval.encoders.numpy_text` where the checkpoint
-    allows it (in fp32 without importing torch; int8 products where ``auto`` gates them in);
-    :meth:`text_path` says which path they take.
+    A small facade: open it, search it (:meth:`search` with a text or a
+    :class:`~retrieval.request.SearchRequest`, :meth:`search_image`, :meth:`search_vectors`),
+    read its :meth:`rows` and :meth:`info`. The rest it hands out to collaborators:
+    ``index.encoders`` (the query side, :class:`~retrieval.encoders.query.QueryEncoders`, which
+    loads the query model on the first text or image query), ``index.vectors`` (the stored
+    vectors and the FAISS stage, :class:`~retrieval.vector_search.VectorSearch`),
+    ``index.metadata`` (the rows, :class:`~retrieval.rows.Rows`), ``index.files`` (the originals
+    by id, :class:`~retrieval.source_files.SourceFiles`) and ``index.keywords`` (the keyword
+    side). The names it had before (``index.embed_texts``, ``index.search_similar``...) still
+    answer, with a ``DeprecationWarning`` that names what to use.
+
+    Opened with :meth:`open` (no encoder given), text queries on the CPU run on the numpy text
+    tower of :mod:`retrieval.encoders.numpy_text` where the checkpoint allows it (in fp32
+    without importing torch; int8 products where ``auto`` gates them in);
+    ``index.encoders.text_path()`` says which path they take.
     Lazy loads happen under locks, so one index serves many threads; searches run unlocked.
 
     Args:
@@ -52,6 +80,8 @@ class ImageIndex:
         self._faiss = generation.faiss
         self._rows = generation.rows
         self._queries = queries
+        self._vectors = VectorSearch(generation)
+        self._files = SourceFiles(generation.directory, generation.manifest, generation.rows)
 
     @classmethod
     def open(
@@ -87,7 +117,7 @@ class ImageIndex:
                 embedded in (fp32 where the device cannot).
             query_cache: how many distinct query texts keep their vectors (least recently
                 used out first; 0: none), so that a repeated text skips the text tower
-                (:mod:`retrieval.query_cache`; :meth:`query_cache_info` counts hits).
+                (:mod:`retrieval.query_cache`; ``index.encoders.cache_info()`` counts hits).
             text_queries: how many text queries this process will run, when it knows (a
                 one-shot command); ``auto`` then keeps fp32 where int8's set-up would cost more
                 than it saves on them (:func:`retrieval.encoders.chooser.one_shot_reason`).
@@ -127,7 +157,7 @@ class ImageIndex:
         generation = open_generation(self.directory, self._generation.mmap)
         return ImageIndex(generation, self._queries.following(generation.manifest))
 
-    # -- properties ---------------------------------------------------------------------------
+    # -- what it is -----------------------------------------------------------------------------
 
     @property
     def count(self) -> int:
@@ -137,60 +167,62 @@ class ImageIndex:
     def dim(self) -> int:
         return self.manifest.dim
 
-    @property
-    def preprocess(self) -> PreprocessConfig:
-        return PreprocessConfig.from_dict(self.manifest.preprocess)
-
     def __len__(self) -> int:
         return self.count
 
-    # -- encoder --------------------------------------------------------------------------------
+    # -- the collaborators it hands out ----------------------------------------------------------
 
     @property
-    def encoder(self) -> Encoder:
-        """The query encoder, loaded on first use and checked against the manifest."""
-        return self._queries.encoder
+    def encoders(self) -> QueryEncoders:
+        """The query side (:class:`~retrieval.encoders.query.QueryEncoders`): ``embed_texts``,
+        ``embed_image``, ``text_path``, ``image_path``, ``query_languages``, ``cache_info``,
+        ``encoder``, ``text_encoder``, ``query_model``."""
+        return self._queries
 
     @property
-    def query_model(self) -> str:
-        """The model queries are encoded with: ``--model`` when given, else the index's."""
-        return self._queries.query_model
-
-    def text_path(self) -> TextPath:
-        """Which text tower a text query of this index would run on (``numpy`` or ``torch``), and why.
-
-        Reads only the checkpoint's config and file headers; no model is loaded.
-        """
-        return self._queries.text_path()
-
-    def image_path(self) -> dict[str, str | None]:
-        """What ran this index's image queries, once one ran (``tower``, ``runtime``, ``reason``):
-        see :meth:`~retrieval.encoders.query.QueryEncoders.image_path`."""
-        return self._queries.image_path()
+    def vectors(self) -> VectorSearch:
+        """The vector side (:class:`~retrieval.vector_search.VectorSearch`): the stored vectors
+        (``vectors_of``, ``embeddings``, ``iter_embeddings``, ``iter_vectors``), the FAISS stage
+        alone (``search_ids``, ``search_range``, ``exact_scores``) and ``warm``."""
+        return self._vectors
 
     @property
-    def text_encoder(self) -> TextEncoder:
-        """The encoder text queries run on: the numpy text tower where it applies, else :attr:`encoder`.
+    def metadata(self) -> Rows:
+        """The rows (:class:`~retrieval.rows.Rows`): ``paths``, ``paths_of``, ``sizes_of``,
+        ``sample_meta``, ``skipped``, ``mask``."""
+        return self._rows
 
-        Raises:
-            ModelMismatchError: the query model is not the index's model.
-            ModelLoadError: the query model cannot be loaded.
-        """
-        return self._queries.text_encoder
+    @property
+    def files(self) -> SourceFiles:
+        """The originals by id (:class:`~retrieval.source_files.SourceFiles`): ``path``,
+        ``shard_bytes``."""
+        return self._files
+
+    @property
+    def keywords(self) -> KeywordIndex | None:
+        """The keyword side (:class:`~retrieval.keywords.KeywordIndex`), None in an index built before it."""
+        return self._generation.keywords
 
     # -- search ---------------------------------------------------------------------------------
 
-    def search(self, query: str, k: int | None = None, where: Filter | None = None, *, min_score: float | None = None,
-               sort: str = "score", mode: str | None = None, query_lang: str | None = None) -> list[Hit]:
-        """Text-to-image search.
+    def search(self, query: str | SearchRequest, k: int | None = None, where: Filter | None = None, *,
+               min_score: float | None = None, sort: str = "score", mode: str | None = None,
+               query_lang: str | None = None) -> list[Hit]:
+        """Search with a text, or with any :class:`~retrieval.request.SearchRequest` (an image,
+        a vector, an indexed image's id, query arithmetic).
+
+        ``index.search("a cat", k=5)`` is ``index.search(SearchRequest(text="a cat", k=5))``;
+        with a request, give the other arguments in it.
 
         Args:
-            query: the text (never syntax: quotes, ``AND``, ``*`` are words or nothing).
+            query: the text (never syntax: quotes, ``AND``, ``*`` are words or nothing), or a
+                checked :class:`~retrieval.request.SearchRequest`.
             k: number of results (default 10; fewer only when the index or the filter has
                 fewer images). With ``min_score``: at most this many (default: no cap).
             where: only return images that pass this :class:`~retrieval.filters.Filter`.
             min_score: only images scoring at least this (a cosine in [-1, 1]), however many
-                that is: a range search, exact for flat indexes (see :meth:`search_range`).
+                that is: a range search, exact for flat indexes
+                (see :meth:`VectorSearch.search_range <retrieval.vector_search.VectorSearch.search_range>`).
             sort: ``score`` (best first) or ``taken`` (newest photo first, undated last; the
                 selected hits reordered).
             mode: ``hybrid`` (the vector and keyword rankings fused), ``vector`` (the embedding
@@ -198,261 +230,89 @@ class ImageIndex:
                 the index has a keyword side, else ``vector`` (:mod:`retrieval.hybrid`).
                 ``min_score`` cuts the vector side; keyword matches join whatever their score.
             query_lang: the query's FLORES-200 code (``zho_Hans``) for a model whose tokenizer
-                must be told it (NLLB-CLIP: :meth:`query_languages`); other models read any
-                language as it is and ignore it.
+                must be told it (NLLB-CLIP: ``index.encoders.query_languages()``); other models
+                read any language as it is and ignore it.
+
+        Returns:
+            The hits, best first (or as ``sort`` orders them).
 
         Raises:
-            InvalidArgumentError: empty query, k < 1, min_score outside [-1, 1], a bad sort, a
-                bad mode (or ``keyword`` without a keyword side), a query over
-                :data:`~retrieval.keywords.MAX_QUERY_CHARS` characters in hybrid or keyword mode,
-                a missing or unknown query language where the model needs one.
+            InvalidArgumentError: what :class:`~retrieval.request.SearchRequest` refuses (an
+                empty query, k < 1, min_score outside [-1, 1], a bad sort or mode); a request
+                given with other arguments; ``keyword`` mode without a keyword side, a query
+                over :data:`~retrieval.keywords.MAX_QUERY_CHARS` characters in hybrid or keyword
+                mode, a missing or unknown query language where the model needs one, a vector
+                of another dimension, an id not in the index, terms that cancel out.
+            ImageDecodeError: an image query or term cannot be decoded.
             ModelMismatchError: the query model is not the index's model.
         """
-        return self.search_many([query], k, where=where, min_score=min_score, sort=sort, mode=mode,
-                                query_lang=query_lang)[0]
+        if isinstance(query, SearchRequest):
+            if (k, where, min_score, sort, mode, query_lang) != (None, None, None, "score", None, None):
+                raise InvalidArgumentError("give a SearchRequest's k, where, min_score, sort, mode and query_lang in it")
+            return self._answer(query)
+        return self._answer(SearchRequest(text=query, k=k, where=where, min_score=min_score, sort=sort, mode=mode,
+                                          query_lang=query_lang))
 
-    def search_many(self, queries: Sequence[str], k: int | None = None, where: Filter | None = None, *,
-                    min_score: float | None = None, sort: str = "score", mode: str | None = None,
-                    query_lang: str | None = None) -> list[list[Hit]]:
-        """Search several texts at once (encoded and searched in batches); arguments as :meth:`search`."""
-        check_cut(k, min_score, sort)
-        run_mode = resolve_mode(mode, self.keywords)
-        if isinstance(queries, str):
-            raise InvalidArgumentError("search_many takes a list of queries, not a single string")
-        for q in queries:
-            if not isinstance(q, str) or not q.strip():
-                raise InvalidArgumentError("query must be a non-empty text")
-            if run_mode != "vector":
-                check_query_text(q)
-        if not queries:
-            return []
-        vectors = self.embed_texts(list(queries), query_lang)
-        return self.search_embedded(list(queries), vectors, k, where, min_score=min_score, sort=sort, mode=run_mode)
-
-    def search_embedded(self, queries: Sequence[str], vectors: np.ndarray, k: int | None = None, where: Filter | None = None,
-                        *, min_score: float | None = None, sort: str = "score", mode: str | None = None) -> list[list[Hit]]:
-        """:meth:`search_many` with the queries' vectors made already (by :meth:`embed_texts`,
-        e.g. under a server's model lock); the keyword side reads ``queries``."""
-        cut = check_cut(k, min_score, sort)
-        run_mode = resolve_mode(mode, self.keywords)
-        if run_mode != "vector":
-            for q in queries:
-                check_query_text(q)
-        return text_search(self, list(queries), self._generation.query_vectors(np.asarray(vectors)), cut, where, run_mode)
-
-    def cosine_scale(self, vector: np.ndarray) -> CosineScale:
-        """The mean and standard deviation of ``vector``'s cosine over the collection, estimated
-        on a fixed sample of its stored vectors (the scale hybrid ranking fuses on)."""
-        moments = self._generation.cosine_moments
-        if moments is None:
-            return CosineScale(0.0, 1.0)
-        mean, cov = moments
-        q = np.asarray(vector, np.float64)
-        # einsum, not BLAS: OpenBLAS's threads would spin on after the product, beside FAISS's.
-        return CosineScale(float(np.einsum("i,i->", q, mean)), float(np.sqrt(max(np.einsum("i,ij,j->", q, cov, q), 0.0))))
-
-    @property
-    def keywords(self) -> KeywordIndex | None:
-        """The keyword side (:class:`~retrieval.keywords.KeywordIndex`), None in an index built before it."""
-        return self._generation.keywords
-
-    @property
-    def hit_source(self) -> Rows:
-        """The rows hits are made from (:func:`retrieval.hits.make_hits`)."""
-        return self._rows
-
-    def embed_texts(self, texts: Sequence[str], query_lang: str | None = None) -> np.ndarray:
-        """The query vectors of ``texts`` (``(n, dim)``, L2-normalised) as searches make them:
-        on :attr:`text_encoder`, through the query cache; ``query_lang`` as :meth:`search`."""
-        return self._queries.embed_texts(texts, query_lang)
-
-    def embed_image(self, image: str | bytes | os.PathLike[str] | BinaryIO) -> np.ndarray:
-        """The ``(1, dim)`` query vector of an image file as :meth:`search_image` makes it: in the
-        mode and on the runtime the index's images were embedded with (:meth:`image_path`).
+    def search_image(self, image: ImageInput, k: int | None = None, where: Filter | None = None, *,
+                     min_score: float | None = None, sort: str = "score") -> list[Hit]:
+        """Image-to-image search with an image file (path, bytes or binary file object); the
+        other arguments as :meth:`search`.
 
         Raises:
-            ImageDecodeError: the image cannot be decoded.
-        """
-        return self._queries.embed_image(image)
-
-    def query_languages(self) -> tuple[str, ...]:
-        """The FLORES-200 codes a text query must name (NLLB-CLIP's tokenizer), or () for a model
-        that reads any language as it is (CLIP, SigLIP 2, XLM-R)."""
-        return self._queries.query_languages()
-
-    def query_cache_info(self) -> dict[str, Any]:
-        """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
-        return self._queries.cache_info()
-
-    def search_image(self, image: str | bytes | os.PathLike[str] | BinaryIO, k: int | None = None,
-                     where: Filter | None = None, *, min_score: float | None = None, sort: str = "score") -> list[Hit]:
-        """Image-to-image search with an image file (path or binary file object); the other
-        arguments as :meth:`search`.
-
-        Raises:
+            InvalidArgumentError: as :meth:`search`.
             ImageDecodeError: the query image cannot be decoded.
         """
-        check_cut(k, min_score, sort)
-        return self.search_vectors(self.embed_image(image), k, where=where, min_score=min_score, sort=sort)[0]
-
-    def search_combined(
-        self,
-        add: Sequence[str | os.PathLike[str] | QueryTerm],
-        subtract: Sequence[str | os.PathLike[str] | QueryTerm] = (),
-        k: int | None = None,
-        where: Filter | None = None, *, min_score: float | None = None, sort: str = "score",
-        query_lang: str | None = None,
-    ) -> list[Hit]:
-        """Query arithmetic: search with ``normalise(sum(w * e(add)) - sum(w * e(subtract)))``.
-
-        Each term is a text (``str``), an image file (a path object) or a
-        :class:`~retrieval.query_terms.QueryTerm` with its own weight (``QueryTerm(3, "id")``:
-        image 3 of the index, by its stored vector); every term's embedding
-        is L2-normalised before weighting. ``index.search_combined(["a dog", "in the snow"],
-        subtract=["grass"])``. ``k``, ``where``, ``min_score``, ``sort``, ``query_lang`` (of the
-        text terms) as :meth:`search`.
-
-        Raises:
-            InvalidArgumentError: no terms, an empty term, terms that cancel out, k < 1.
-            ImageDecodeError: an image term cannot be decoded.
-        """
-        check_cut(k, min_score, sort)
-        if isinstance(add, (str, os.PathLike)) or isinstance(subtract, (str, os.PathLike)):
-            raise InvalidArgumentError("add and subtract take lists of terms, not a single term")
-        terms = [as_term(t) for t in add] + [as_term(t).negated() for t in subtract]
-        for t in terms:
-            if t.kind == "id":
-                check_id(t.value, self.count)
-        vector = embed_terms(
-            terms,
-            lambda texts: self.embed_texts(texts, query_lang),
-            lambda image: self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
-            self.vectors_of,
-        )
-        return self.search_vectors(vector[None], k, where=where, min_score=min_score, sort=sort)[0]
-
-    def search_similar(self, id: int, k: int | None = None, where: Filter | None = None, *,
-                       min_score: float | None = None, sort: str = "score") -> list[Hit]:
-        """"More like this": search with the stored embedding of image ``id`` (itself ranks
-        first, score 1.0, unless a filter excludes it). No image is decoded again. The other
-        arguments as :meth:`search`.
-
-        Raises:
-            InvalidArgumentError: ``id`` is not an id of this index.
-        """
-        check_cut(k, min_score, sort)
-        vectors = self.vectors_of([check_id(id, self.count)])
-        return self.search_vectors(vectors, k, where=where, min_score=min_score, sort=sort)[0]
-
-    def vectors_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """The stored embeddings of ``ids`` as an ``(n, dim)`` float32 array, in the given order."""
-        return self._generation.vectors_of(ids)
-
-    def source_file(self, id: int) -> Path:
-        """The original image file the index recorded for ``id``: the indexed folder
-        (``manifest.source_root``) joined with the stored relative path, byte for byte.
-
-        Only ids name files: nothing outside the indexed folder can be returned. The file may
-        have changed or gone since it was indexed; the caller opens it.
-
-        Raises:
-            InvalidArgumentError: ``id`` is not an id of this index.
-            IndexCorruptError: the index records no folder, or a path that leaves it.
-        """
-        checked = check_id(id, self.count)
-        raw = self.rows([checked], columns=("path_bytes",))[0]["path_bytes"]
-        return source_path(self.directory, self.manifest, checked, raw)
-
-    def source_bytes(self, id: int) -> bytes | None:
-        """The bytes of image ``id`` read out of its WebDataset shard (under ``source_root``,
-        local or on a store reached with the standard credentials), checked against the recorded
-        content hash; None for an image of a folder (see :meth:`source_file`).
-
-        Raises:
-            InvalidArgumentError: ``id`` is not an id of this index.
-            ShardSourceError: the shard cannot be read, or changed since it was indexed.
-        """
-        row = self.rows([check_id(id, self.count)], columns=("shard", "member_offset", "size", "content_hash"))[0]
-        if row["shard"] is None or row["member_offset"] is None:
-            return None
-        return read_member(self.manifest.source_root, row["shard"], row["member_offset"], row["size"],
-                           content_hash=row["content_hash"])
-
-    def sample_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]:
-        """``caption`` and ``url`` of ``ids`` (what came with images from shards), None where absent."""
-        return self._rows.sample_meta(ids)
+        return self._answer(SearchRequest(image=image, k=k, where=where, min_score=min_score, sort=sort))
 
     def search_vectors(self, vectors: np.ndarray, k: int | None = None, where: Filter | None = None, *,
                        min_score: float | None = None, sort: str = "score") -> list[list[Hit]]:
-        """Search with ready query vectors ``(n, dim)`` (normalised by the caller); the other
-        arguments as :meth:`search`."""
-        cut = check_cut(k, min_score, sort)
-        return [make_hits(self._rows, ids, scores, cut) for ids, scores in self._select(vectors, where, cut)]
+        """Search with ready query vectors ``(n, dim)`` (normalised by the caller): the hits of
+        each; the other arguments as :meth:`search`.
 
-    def _select(self, vectors: np.ndarray, where: Filter | None, cut: Cut) -> list[tuple[np.ndarray, np.ndarray]]:
-        # Per query (ids, scores), best first: the top k, or every image at or above min_score.
-        vectors = np.asarray(vectors, dtype=np.float32)
-        vectors = vectors[None] if vectors.ndim == 1 else vectors
-        if cut.min_score is not None:
-            return self.search_range(vectors, cut.min_score, where=where)
-        scores, ids = self.search_ids(vectors, cut.top_k, where=where)
-        return [(row_i[row_i >= 0], row_s[row_i >= 0]) for row_s, row_i in zip(scores, ids, strict=True)]
-
-    def search_ids(self, vectors: np.ndarray, k: int = 10, where: Filter | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The FAISS stage alone: ``(scores, ids)`` of shape ``(n, min(k, matches))``."""
-        check_cut(k, None, "score")
-        vectors = np.asarray(vectors, dtype=np.float32)
-        vectors = self._generation.query_vectors(vectors[None] if vectors.ndim == 1 else vectors)
-        return self._generation.search(vectors, k, self._rows.allowed(where))
-
-    @property
-    def exact_scores(self) -> bool:
-        """True when FAISS scores are exact inner products of the stored vectors (flat storage,
-        searched exhaustively): range searches then miss nothing."""
-        return self._generation.exact_scores
-
-    def search_range(
-        self, vectors: np.ndarray, min_score: float, where: Filter | None = None
-    ) -> list[tuple[np.ndarray, np.ndarray]]:
-        """Every image scoring at least ``min_score`` with each query vector ``(n, dim)``: per
-        query ``(ids, scores)`` by descending score (ties by id). Exact for flat indexes; an
-        approximate index may miss images (see :func:`retrieval.faiss_index.range_search`).
+        Raises:
+            InvalidArgumentError: as :meth:`search`; vectors not ``(n, dim)``.
         """
-        vectors = self._generation.query_vectors(vectors)
-        return self._generation.range_search(vectors, min_score, self._rows.allowed(where))
+        return self._vectors.hits(vectors, check_cut(k, min_score, sort), where)
 
-    # -- metadata ---------------------------------------------------------------------------------
+    def _answer(self, req: SearchRequest) -> list[Hit]:
+        # The one path every search takes below its edge: ``req`` is checked; only what depends
+        # on this index (its keyword side, its ids, its dim) is checked here.
+        if req.kind == "terms":
+            for t in req.terms:
+                if t.kind == "id":
+                    check_id(t.value, self.count)
+            vector = embed_terms(
+                req.terms,
+                lambda texts: self._queries.embed_texts(texts, req.query_lang),
+                lambda image: self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
+                self._vectors.vectors_of,
+            )
+            return self._vectors.hits(vector[None], req.cut, req.where)[0]
+        if req.kind == "text":
+            assert req.text is not None
+            return self._texts([req.text], None if req.vector is None else np.asarray(req.vector)[None], req)[0]
+        if req.kind == "image":
+            assert req.image is not None
+            image = req.image
+            vector = self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image)
+        elif req.kind == "similar":
+            vector = self._vectors.vectors_of([check_id(req.similar_to, self.count)])
+        else:
+            vector = np.asarray(req.vector)[None]
+        return self._vectors.hits(vector, req.cut, req.where)[0]
 
-    def mask(self, where: Filter) -> np.ndarray:
-        """Boolean mask over ids of the images passing ``where`` (recent masks are cached)."""
-        return self._rows.mask(where)
+    def _texts(self, texts: list[str], vectors: np.ndarray | None, req: SearchRequest) -> list[list[Hit]]:
+        # Text queries in the request's mode, resolved for this index (and their length checked
+        # for the keyword side); embedded here unless their vectors are given.
+        mode = resolve_mode(req.mode, self.keywords)
+        if mode != "vector":
+            for text in texts:
+                check_query_text(text)
+        if vectors is None:
+            vectors = self._queries.embed_texts(texts, req.query_lang)
+        return text_search(self._vectors, texts, self._generation.query_vectors(np.asarray(vectors)), req.cut, req.where, mode)
 
-    def paths_of(self, ids: Sequence[int] | np.ndarray) -> list[str]:
-        """Stored paths of ``ids``, reading only those rows (memory-mapped path files)."""
-        return self._rows.paths_of(ids)
-
-    def sizes_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
-        """``(n, 2)`` int32 recorded ``(width, height)`` of ``ids``, from the two columns read
-        once and kept (8 bytes per image): a result page's sizes without a Parquet read each."""
-        return self._rows.sizes_of(ids)
-
-    def paths(self) -> list[str]:
-        """Every stored path in id order (read once, then cached)."""
-        return self._rows.paths()
-
-    def embeddings(self) -> np.ndarray:
-        """All stored embeddings as an ``(count, dim)`` float32 array, in id order."""
-        return self._rows.embeddings()
-
-    def iter_embeddings(self, batch_rows: int = 65536) -> Iterator[tuple[int, np.ndarray]]:
-        """Stream the stored embeddings as ``(first_id, (n, dim) float32)`` chunks, in id order."""
-        return self._rows.iter_embeddings(batch_rows)
-
-    def iter_vectors(self, where: Filter | None = None, batch_rows: int = 65536) -> Iterator[tuple[np.ndarray, np.ndarray]]:
-        """Stream ``(ids, vectors)`` of the images passing ``where`` (all without it), in id
-        order, at most ``batch_rows`` stored rows read at a time; batches with no image passing
-        are skipped."""
-        return self._rows.iter_vectors(where, batch_rows)
+    # -- rows and facts ---------------------------------------------------------------------------
 
     def rows(self, ids: Sequence[int] | np.ndarray, columns: Sequence[str] = ("id", "path")) -> list[dict[str, Any]]:
         """Metadata of the given ids (any order; returned in the same order).
@@ -461,22 +321,63 @@ class ImageIndex:
         """
         return self._rows.rows(ids, columns)
 
-    def skipped(self) -> list[SkippedFile]:
-        """Files that were found but could not be decoded, with the reason."""
-        return self._rows.skipped()
-
-    def warm(self, vectors: bool | None = None) -> int:
-        """Ask the kernel to read a memory-mapped FAISS file in the background, so that a
-        long-running reader's first queries do not each wait for the disk: what every query
-        scans (the IVF lists and codes) and, with ``vectors``, a re-ranked index's float16
-        vectors too (default: when the file takes at most half the available memory). Returns
-        the bytes asked for: 0 when the FAISS index is in RAM. ``serve`` calls it on every
-        generation it opens; a one-shot ``search`` does not (it would read more than it uses)."""
-        return self._generation.warm(vectors)
-
     def info(self) -> dict[str, Any]:
         """The facts ``clipsearch info --json`` prints."""
-        return self._generation.info(self.text_path().to_dict(), self._queries.text_precision())
+        return self._generation.info(self._queries.text_path().to_dict(), self._queries.text_precision())
+
+    # -- the wide surface of before, kept with a DeprecationWarning --------------------------------
+
+    def __getattr__(self, name: str) -> Any:
+        moved = _MOVED.get(name)
+        if moved is None or name.startswith("_"):
+            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
+        use, get = moved
+        if not _unmigrated(sys._getframe(1).f_code.co_filename):
+            warnings.warn(f"ImageIndex.{name} is deprecated: use {use}", DeprecationWarning, stacklevel=2)
+        return get(self)
+
+    def _search_many(self, queries: Sequence[str], k: int | None = None, where: Filter | None = None, *,
+                     min_score: float | None = None, sort: str = "score", mode: str | None = None,
+                     query_lang: str | None = None) -> list[list[Hit]]:
+        if isinstance(queries, str):
+            raise InvalidArgumentError("search_many takes a list of queries, not a single string")
+        reqs = [SearchRequest(text=q, k=k, where=where, min_score=min_score, sort=sort, mode=mode, query_lang=query_lang)
+                for q in queries]
+        return self._texts(list(queries), None, reqs[0]) if reqs else []
+
+    def _search_embedded(self, queries: Sequence[str], vectors: np.ndarray, k: int | None = None,
+                         where: Filter | None = None, *, min_score: float | None = None, sort: str = "score",
+                         mode: str | None = None) -> list[list[Hit]]:
+        if not queries:
+            return []
+        reqs = [SearchRequest(text=q, k=k, where=where, min_score=min_score, sort=sort, mode=mode) for q in queries]
+        return self._texts(list(queries), np.asarray(vectors), reqs[0])
+
+    def _search_combined(self, add: Sequence[TermInput], subtract: Sequence[TermInput] = (), k: int | None = None,
+                         where: Filter | None = None, *, min_score: float | None = None, sort: str = "score",
+                         query_lang: str | None = None) -> list[Hit]:
+        if isinstance(add, (str, os.PathLike)) or isinstance(subtract, (str, os.PathLike)):
+            raise InvalidArgumentError("add and subtract take lists of terms, not a single term")
+        if not add and not subtract:
+            raise InvalidArgumentError("a combined query needs at least one term")
+        return self._answer(SearchRequest(add=add, subtract=subtract, k=k, where=where, min_score=min_score, sort=sort,
+                                          query_lang=query_lang))
+
+    def _search_similar(self, id: int, k: int | None = None, where: Filter | None = None, *,
+                        min_score: float | None = None, sort: str = "score") -> list[Hit]:
+        return self._answer(SearchRequest(similar_to=check_id(id, self.count), k=k, where=where, min_score=min_score,
+                                          sort=sort))
+
+
+# This project's own modules still on the former names (owned by other changes in flight: the
+# evaluation, zero-shot and benchmark code): they do not warn, so that `clipsearch eval` prints
+# no warning of ours. Empty this once they use the collaborators.
+_UNMIGRATED = tuple(str(Path(__file__).resolve().parent.parent / d) + os.sep
+                    for d in ("retrieval/tools/evaluation", "retrieval/tools/zeroshot", "benchmarks"))
+
+
+def _unmigrated(filename: str) -> bool:
+    return os.path.abspath(filename).startswith(_UNMIGRATED)
 
 
 def _named_bytes(data: bytes) -> io.BytesIO:
@@ -485,4 +386,36 @@ def _named_bytes(data: bytes) -> io.BytesIO:
     return buf
 
 
-__all__ = ["MMAP_MIN_BYTES", "Hit", "ImageIndex", "SkippedFile"]
+def _preprocess(index: ImageIndex) -> PreprocessConfig:
+    return PreprocessConfig.from_dict(index.manifest.preprocess)
+
+
+def _of(collaborator: str, member: str) -> tuple[str, Callable[[ImageIndex], Any]]:
+    return f"index.{collaborator}.{member}", lambda index: getattr(getattr(index, collaborator), member)
+
+
+def _request(example: str, method: str) -> tuple[str, Callable[[ImageIndex], Any]]:
+    return f"index.search(SearchRequest({example}, ...))", lambda index: getattr(index, method)
+
+
+# Each name ImageIndex had before it handed out its collaborators: what to use instead, and how
+# the old name still answers (with a DeprecationWarning).
+_MOVED: dict[str, tuple[str, Callable[[ImageIndex], Any]]] = {
+    **{name: _of("encoders", name) for name in (
+        "embed_texts", "embed_image", "text_path", "image_path", "query_languages", "encoder", "text_encoder", "query_model")},
+    "query_cache_info": _of("encoders", "cache_info"),
+    **{name: _of("vectors", name) for name in (
+        "vectors_of", "embeddings", "iter_embeddings", "iter_vectors", "search_ids", "search_range", "exact_scores",
+        "cosine_scale", "hit_source", "warm")},
+    **{name: _of("metadata", name) for name in ("paths", "paths_of", "sizes_of", "sample_meta", "skipped", "mask")},
+    "source_file": _of("files", "path"),
+    "source_bytes": _of("files", "shard_bytes"),
+    "preprocess": ("PreprocessConfig.from_dict(index.manifest.preprocess)", _preprocess),
+    "search_similar": _request("similar_to=ID", "_search_similar"),
+    "search_combined": _request("add=[...], subtract=[...]", "_search_combined"),
+    "search_many": ("index.search(text, ...) for each text", lambda index: index._search_many),
+    "search_embedded": _request("text=TEXT, vector=VECTOR", "_search_embedded"),
+}
+
+
+__all__ = ["MMAP_MIN_BYTES", "Hit", "ImageIndex", "SearchRequest", "SkippedFile"]

@@ -23,7 +23,7 @@ class LiveIndex:
 
     Opening happens here, so a bad directory fails at once with the errors of
     :meth:`ImageIndex.open`. Thread-safe: concurrent callers of :meth:`current` share one reopen.
-    ``warm`` calls :meth:`ImageIndex.warm` on every generation opened (what a server wants).
+    ``warm`` calls ``index.vectors.warm`` on every generation opened (what a server wants).
     """
 
     def __init__(
@@ -77,7 +77,7 @@ class LiveIndex:
     def _start_warming(self, index: ImageIndex) -> None:
         # In a thread: asking the kernel to read ahead a large file can block until the reads
         # are queued (seconds for gigabytes), and queries need not wait for it.
-        self._warming = threading.Thread(target=index.warm, name="clipsearch-warm", daemon=True)
+        self._warming = threading.Thread(target=index.vectors.warm, name="clipsearch-warm", daemon=True)
         self._warming.start()
 
     def _manifest_stamp(self) -> tuple[int, int, int] | None:

@@ -108,7 +108,7 @@ def encoder_on(
 
 def vectors_by_path(index: ImageIndex) -> np.ndarray:
     order = np.argsort([r["path"] for r in index.rows(range(len(index)))])
-    return index.embeddings()[order]
+    return index.vectors.embeddings()[order]
 
 
 def update_and_rebuild(model: Path, photos: Path, tmp_path: Path, precision: str) -> tuple[ImageIndex, ImageIndex]:
@@ -126,6 +126,6 @@ def updated_equals_rebuilt(u: ImageIndex, r: ImageIndex, runtime: str) -> None:
     """The updated index ``u`` holds the rebuilt ``r``'s vectors, and an image query against it
     runs on ``runtime`` and finds the image itself."""
     np.testing.assert_array_equal(vectors_by_path(u), vectors_by_path(r))
-    hit = u.search_image(u.source_file(0), k=1)[0]
+    hit = u.search_image(u.files.path(0), k=1)[0]
     assert hit.id == 0 and hit.score == pytest.approx(1.0, abs=1e-6)
-    assert u.image_path()["runtime"] == runtime
+    assert u.encoders.image_path()["runtime"] == runtime

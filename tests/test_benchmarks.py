@@ -51,7 +51,7 @@ def _text_to_image_metrics(index_dir: Path, model: Path, queries: list[dict]) ->
     from retrieval.encoders import load_encoder
 
     index = ImageIndex.open(index_dir, device="cpu")
-    paths, images = index.paths(), index.embeddings().astype(np.float64)
+    paths, images = index.metadata.paths(), index.vectors.embeddings().astype(np.float64)
     texts = load_encoder(str(model), device="cpu").embed_texts([q["query"] for q in queries]).astype(np.float64)
     hits, reciprocal = 0, 0.0
     for vector, query in zip(texts, queries, strict=True):
@@ -158,12 +158,12 @@ def test_bench_search_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str], 
 
     def checking_measure(index_dir: Path, queries: np.ndarray, truth: np.ndarray, k: int, *args: object) -> dict:
         index = ImageIndex.open(index_dir)
-        stored = index.embeddings().astype(np.float64)
+        stored = index.vectors.embeddings().astype(np.float64)
         overlaps = []
         for q in queries:
             scores = stored @ q.astype(np.float64)
             exact = sorted(range(len(stored)), key=lambda j: (-scores[j], j))[:10]
-            _, found = index.search_ids(q[None], 10)
+            _, found = index.vectors.search_ids(q[None], 10)
             overlaps.append(len(set(found[0].tolist()) & set(exact)) / 10)
         recalls[index.info()["index_type"]] = float(np.mean(overlaps))
         return measure(index_dir, queries, truth, k, *args)

@@ -191,5 +191,5 @@ def test_cli_index_and_search_on_a_nested_checkpoint(tmp_path: Path, nested_mode
     # The same weights in the Hub layout give the same vectors, bit for bit.
     build_index(photos, tmp_path / "hub.idx", model=str(tiny_model), workers=0, device="cpu", precision="fp32")
     nested_index, hub_index = ImageIndex.open(idx, device="cpu"), ImageIndex.open(tmp_path / "hub.idx", device="cpu")
-    assert nested_index.paths() == hub_index.paths()
-    assert np.array_equal(nested_index.embeddings(), hub_index.embeddings())
+    assert nested_index.metadata.paths() == hub_index.metadata.paths()
+    assert np.array_equal(nested_index.vectors.embeddings(), hub_index.vectors.embeddings())

@@ -206,16 +206,16 @@ def test_deduplicate_drops_the_copy_as_clip_back_does(client: TestClient, index_
     from retrieval.index import ImageIndex
 
     index = ImageIndex.open(index_dir)
-    paths = index.paths()
+    paths = index.metadata.paths()
     original, copy = paths.index("p00.jpg"), paths.index("zz_copy.jpg")
-    body = {"embedding_input": index.vectors_of([original])[0].tolist(), "indice_name": "mine.idx", "num_images": 11}
+    body = {"embedding_input": index.vectors.vectors_of([original])[0].tolist(), "indice_name": "mine.idx", "num_images": 11}
     plain = client.post("/knn-service", json=body).json()
     assert {plain[0]["id"], plain[1]["id"]} == {original, copy}  # both score 1.0
     deduped = client.post("/knn-service", json={**body, "deduplicate": True}).json()
     ids = [r["id"] for r in deduped]
     assert ids[0] == plain[0]["id"] and plain[1]["id"] not in ids
     # Exactly what clip-back's rule drops: results linked above 0.94 to a higher-ranked one.
-    vectors = index.vectors_of([r["id"] for r in plain])
+    vectors = index.vectors.vectors_of([r["id"] for r in plain])
     assert ids == [r["id"] for r, gone in zip(plain, near_duplicates(vectors), strict=True) if not gone]
 
 
@@ -234,8 +234,9 @@ def test_an_imported_index_has_no_url(index_dir: Path) -> None:
 
     from clipsearch.server.clip_back_query import metadata_of
 
-    imported = SimpleNamespace(manifest=SimpleNamespace(source_root=""), paths_of=lambda ids: [f"v{i}" for i in ids],
-                               sample_meta=lambda ids: [{"caption": None, "url": None} for _ in ids])
+    rows = SimpleNamespace(paths_of=lambda ids: [f"v{i}" for i in ids],
+                           sample_meta=lambda ids: [{"caption": None, "url": None} for _ in ids])
+    imported = SimpleNamespace(manifest=SimpleNamespace(source_root=""), metadata=rows)
     assert metadata_of(imported, [3, 1], "vec.idx", "http://h/") == [{"caption": "v3", "path": "v3"}, {"caption": "v1", "path": "v1"}]  # type: ignore[arg-type]
 
 

@@ -22,9 +22,9 @@ def test_finish_merges_chunk_parts_and_writes_path_files(vec_index: Path, vector
     assert manifest.format_version == 2 and manifest.index_type == "Flat"
     assert all(p.paths is not None and f"/{PATHS_DIR}/" in p.paths for p in manifest.parts)
     index = ImageIndex.open(vec_index)
-    assert np.array_equal(index.embeddings(), vectors)
-    assert index.paths_of([0, 2999, 7]) == ["dir0/img00000.jpg", "dir4/img02999.jpg", "dir2/img00007.jpg"]
-    assert index.paths_of([5]) == [r["path"] for r in index.rows([5])]
+    assert np.array_equal(index.vectors.embeddings(), vectors)
+    assert index.metadata.paths_of([0, 2999, 7]) == ["dir0/img00000.jpg", "dir4/img02999.jpg", "dir2/img00007.jpg"]
+    assert index.metadata.paths_of([5]) == [r["path"] for r in index.rows([5])]
 
 
 def test_update_extends_an_approximate_index_and_keeps_its_options(tmp_path: Path) -> None:
@@ -43,4 +43,4 @@ def test_update_extends_an_approximate_index_and_keeps_its_options(tmp_path: Pat
     # Grown by a third: re-tuned on the new rows.
     assert grown.index_tuning["tuned_rows"] == 4000
     index = ImageIndex.open(out)
-    assert index.search_ids(vecs[3500:3501], 1)[1][0, 0] == 3500
+    assert index.vectors.search_ids(vecs[3500:3501], 1)[1][0, 0] == 3500

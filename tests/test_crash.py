@@ -102,7 +102,7 @@ def _by_path(index_dir: Path) -> dict[str, np.ndarray]:
     assert len(set(paths)) == len(paths), "a path is indexed twice"
     if len(index):
         assert len(index.search("anything", k=len(index))) == len(index)
-    return dict(zip(paths, index.embeddings(), strict=True))
+    return dict(zip(paths, index.vectors.embeddings(), strict=True))
 
 
 def _assert_subset_of(index: dict[str, np.ndarray], clean: dict[str, np.ndarray]) -> None:
@@ -341,7 +341,7 @@ REINDEX_TYPE = "HNSW8"  # a factory string: built as asked even for 24 vectors, 
 def _search_all(index_dir: Path) -> tuple[list[list[int]], list[str]]:
     """Every stored vector as a query, top 5 ids, and the paths by id."""
     index = ImageIndex.open(index_dir, device="cpu")
-    hits = index.search_vectors(index.embeddings(), k=5)
+    hits = index.search_vectors(index.vectors.embeddings(), k=5)
     return [[h.id for h in row] for row in hits], [r["path"] for r in index.rows(range(len(index)))]
 
 

@@ -87,7 +87,7 @@ def _reference(family: str, model_dir: Path, files: list[Path]) -> np.ndarray:
 
 def _stored(index_dir: Path) -> dict[str, np.ndarray]:
     idx = ImageIndex.open(index_dir, device="cpu")
-    return dict(zip(idx.paths(), idx.embeddings(), strict=True))
+    return dict(zip(idx.metadata.paths(), idx.vectors.embeddings(), strict=True))
 
 
 @pytest.mark.parametrize("family", ["clip", "siglip", "naflex"])
@@ -113,7 +113,7 @@ def test_fp32_equals_the_reference_processor(family: str, models: dict[str, Path
     for index_dir in (out, drafted):
         idx, stored_here = ImageIndex.open(index_dir, device="cpu"), _stored(index_dir)
         for p in files[:2]:
-            np.testing.assert_allclose(idx.embed_image(p)[0], stored_here[p.name], rtol=0, atol=2e-6)
+            np.testing.assert_allclose(idx.encoders.embed_image(p)[0], stored_here[p.name], rtol=0, atol=2e-6)
 
 
 def test_auto_gate_decodes_in_full_where_draft_is_not_harmless(models: dict[str, Path], photos: Path, tmp_path: Path) -> None:

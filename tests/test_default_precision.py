@@ -27,7 +27,7 @@ LEVELS = cpu.LEVELS[: cpu.rank(cpu.detected_level()) + 1]
 
 
 def _fp32_vector(built_index: Path) -> np.ndarray:
-    model = ImageIndex.open(built_index).query_model
+    model = ImageIndex.open(built_index).encoders.query_model
     return NumpyTextEncoder.load(model).embed_texts([QUERY])[0]
 
 
@@ -46,7 +46,7 @@ def _precision(info: dict[str, object]) -> dict[str, object]:
 def test_the_default_text_path_is_the_gated_one(built_index: Path, level: str, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv(cpu.CAP_ENV, level)
     index = ImageIndex.open(built_index, device="cpu")
-    planned = index.text_path()
+    planned = index.encoders.text_path()
     # No reduced mode: fp32, on ONNX Runtime in a long-lived process (test_text_runtime.py).
     assert planned.path == ("onnxruntime" if level == "none" and _has_ort() else "numpy")
     if level == "none":
@@ -65,7 +65,7 @@ def test_the_default_text_path_is_the_gated_one(built_index: Path, level: str, m
         # int8 when it passed the gate and ran faster; else fp32 with the reason.
         assert (info["mode"] == "int8" and gate["passed"]) or (info["mode"] == "fp32" and info["int8"])
     # Scores within the gate's cosine of fp32's.
-    vector = index.embed_texts([QUERY])[0]
+    vector = index.encoders.embed_texts([QUERY])[0]
     assert float(vector @ _fp32_vector(built_index)) >= GATE_MIN_COSINE
     exact = ImageIndex.open(built_index, device="cpu", precision="fp32").search(QUERY, k=5)
     assert max(abs(a.score - b.score) for a, b in zip(hits, exact, strict=True)) <= 1 - GATE_MIN_COSINE
@@ -74,7 +74,7 @@ def test_the_default_text_path_is_the_gated_one(built_index: Path, level: str, m
 def test_fp32_gives_exact_scores(built_index: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu", precision="fp32")
     hits = index.search(QUERY, k=len(index))
-    scores = index.embeddings() @ _fp32_vector(built_index)
+    scores = index.vectors.embeddings() @ _fp32_vector(built_index)
     assert np.allclose([h.score for h in hits], scores[[h.id for h in hits]], rtol=0, atol=1e-6)
     assert _precision(index.info()["text_precision"]) == {"requested": "fp32", "mode": "fp32"}
 
@@ -117,7 +117,7 @@ def test_a_one_shot_process_keeps_fp32_and_says_why(built_index: Path) -> None:
     # A command that embeds a handful of texts would spend more on importing torch and quantising
     # the tower than int8 saves on them: auto stays fp32 there, and says so before and after.
     index = ImageIndex.open(built_index, device="cpu", text_queries=1)
-    planned = index.text_path()
+    planned = index.encoders.text_path()
     assert planned.path == "numpy" and "auto runs fp32 here, 1 text query in this process" in planned.reason
     hits = index.search(QUERY, k=5)
     info = index.info()["text_precision"]
@@ -127,7 +127,7 @@ def test_a_one_shot_process_keeps_fp32_and_says_why(built_index: Path) -> None:
     assert [(h.id, h.score) for h in hits] == [(h.id, h.score) for h in exact]
     # Enough texts (or a long-lived process: None) and auto gates as before.
     many = ImageIndex.open(built_index, device="cpu", text_queries=ONE_SHOT_TEXTS)
-    assert "auto runs fp32 here" not in many.text_path().reason
+    assert "auto runs fp32 here" not in many.encoders.text_path().reason
     assert one_shot_reason("auto", None) is None and one_shot_reason("int8", 1) is None
 
 

@@ -59,7 +59,7 @@ def test_planted_copies_of_real_images_are_grouped_with_their_original(planted: 
     assert groups == [sorted(n) for n in names]
     assert report.images_in_groups == 20
     rows = {r["path"]: r for r in index.rows(range(index.count), columns=("path", "width", "height", "size"))}
-    vectors = index.embeddings()
+    vectors = index.vectors.embeddings()
     for group in report.groups:
         members = [group.keep.path] + [d.path for d in group.duplicates]
         # The kept image: most pixels, then largest file, then first path.
@@ -76,7 +76,7 @@ def test_planted_copies_of_real_images_are_grouped_with_their_original(planted: 
 
 def test_pairs_equal_brute_force_on_a_flat_index(built_index: Path) -> None:
     index = ImageIndex.open(built_index)
-    vectors = index.embeddings().astype(np.float64)
+    vectors = index.vectors.embeddings().astype(np.float64)
     sims = vectors @ vectors.T
     for threshold in (0.8, 0.9, 0.97):
         a, b, scores = duplicate_pairs(index, threshold, batch_rows=5)
@@ -88,7 +88,7 @@ def test_pairs_equal_brute_force_on_a_flat_index(built_index: Path) -> None:
         } <= {(x, y) for x, y in zip(*np.nonzero(borderline), strict=True)}
         assert np.allclose(scores, sims[a, b], atol=1e-6) and np.all(a < b)
     where = Filter(path_glob="*.png")
-    allowed = index.mask(where)
+    allowed = index.metadata.mask(where)
     a, b, _ = duplicate_pairs(index, 0.8, where=where)
     assert allowed[a].all() and allowed[b].all()
     ea, eb = np.nonzero(np.triu((sims >= 0.8) & np.outer(allowed, allowed), k=1))
@@ -102,13 +102,13 @@ def test_an_approximate_index_can_miss_pairs_but_never_invents_them(planted: Pat
     exact = duplicate_pairs(ImageIndex.open(copy), 0.9)
     reindex(copy, index_type=factory)
     index = ImageIndex.open(copy)
-    assert not index.exact_scores
+    assert not index.vectors.exact_scores
     a, b, scores = duplicate_pairs(index, 0.9)
     found = set(zip(a.tolist(), b.tolist(), strict=True))
     assert found <= set(zip(exact[0].tolist(), exact[1].tolist(), strict=True))
     assert len(found) >= 0.8 * len(exact[0])
     # Candidates are re-scored against the stored vectors: exact cosines whatever the codes.
-    vectors = index.embeddings().astype(np.float64)
+    vectors = index.vectors.embeddings().astype(np.float64)
     assert np.allclose(scores, np.einsum("ij,ij->i", vectors[a], vectors[b]), atol=1e-6)
 
 

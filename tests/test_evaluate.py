@@ -49,7 +49,7 @@ def dup_index(tmp_path_factory: pytest.TempPathFactory, index: ImageIndex) -> Pa
     shutil.copyfile(photos / "a.png", photos / "zz" / "a_copy2.png")
     out = root / "dups.idx"
     # batch_size=1: every image goes through the model alone, so equal files embed equally.
-    build_index(photos, out, batch_size=1, workers=0, device="cpu", encoder=index.encoder)
+    build_index(photos, out, batch_size=1, workers=0, device="cpu", encoder=index.encoders.encoder)
     return out
 
 
@@ -195,7 +195,7 @@ def test_exact_ranks_checks_the_stream() -> None:
 
 def _random_queries(index: ImageIndex, n: int, seed: int) -> list[Query]:
     rng = np.random.default_rng(seed)
-    paths = index.paths()
+    paths = index.metadata.paths()
     queries = [
         Query(relevant=tuple(rng.choice(paths, size=int(rng.integers(1, 4)), replace=False)), text=TEXTS[i % len(TEXTS)], line=i + 1)
         for i in range(n)
@@ -208,9 +208,9 @@ def _random_queries(index: ImageIndex, n: int, seed: int) -> list[Query]:
 def test_exact_evaluation_equals_naive_full_sort(index: ImageIndex) -> None:
     queries = _random_queries(index, 12, seed=0)
     report = evaluate(index, queries)
-    emb = index.embeddings()
-    qvecs = index.encoder.embed_texts([q.text for q in queries])  # one batch, as evaluate does
-    paths = index.paths()
+    emb = index.vectors.embeddings()
+    qvecs = index.encoders.encoder.embed_texts([q.text for q in queries])  # one batch, as evaluate does
+    paths = index.metadata.paths()
     firsts, ndcgs = [], []
     for q, vec, result in zip(queries, qvecs, report.results, strict=True):
         order = _reference_order(emb, vec)
@@ -238,16 +238,16 @@ def test_chunked_evaluation_gives_identical_results(index: ImageIndex) -> None:
     assert [r.ranks for r in small.results] == [r.ranks for r in whole.results]
     assert [[h.id for h in r.top] for r in small.results] == [[h.id for h in r.top] for r in whole.results]
     # With the very same vectors, everything is bit-identical.
-    qvecs = index.encoder.embed_texts([q.text for q in queries])
-    rel = [np.array([index.paths().index(p) for p in q.relevant]) for q in queries]
-    a = exact_ranks(index.iter_embeddings, index.count, qvecs, rel)
-    b = exact_ranks(index.iter_embeddings, index.count, qvecs, rel, chunk_rows=3, batch_size=2)
+    qvecs = index.encoders.encoder.embed_texts([q.text for q in queries])
+    rel = [np.array([index.metadata.paths().index(p) for p in q.relevant]) for q in queries]
+    a = exact_ranks(index.vectors.iter_embeddings, index.count, qvecs, rel)
+    b = exact_ranks(index.vectors.iter_embeddings, index.count, qvecs, rel, chunk_rows=3, batch_size=2)
     assert all(np.array_equal(x, y) for x, y in zip(a[0], b[0], strict=True))
     assert np.array_equal(a[1], b[1]) and np.array_equal(a[2], b[2])
 
 
 def test_exact_ranks_agree_with_flat_search_order(index: ImageIndex) -> None:
-    everything = tuple(index.paths())
+    everything = tuple(index.metadata.paths())
     queries = [Query(relevant=everything, text=t) for t in TEXTS[:3]]
     report = evaluate(index, queries)
     for q, result in zip(queries, report.results, strict=True):
@@ -258,10 +258,10 @@ def test_exact_ranks_agree_with_flat_search_order(index: ImageIndex) -> None:
 
 
 def test_ties_between_identical_images_go_by_id(dup_index: Path, index: ImageIndex) -> None:
-    dups = ImageIndex.open(dup_index, encoder=index.encoder)
-    paths = dups.paths()
+    dups = ImageIndex.open(dup_index, encoder=index.encoders.encoder)
+    paths = dups.metadata.paths()
     assert paths == ["a.png", "a_copy.png", "b.png", "c.png", "d.png", "zz/a_copy2.png"]
-    emb = dups.embeddings()
+    emb = dups.vectors.embeddings()
     assert np.array_equal(emb[0], emb[1]) and np.array_equal(emb[0], emb[5])  # same bytes, same vector
     copies = ("a.png", "a_copy.png", "zz/a_copy2.png")
     queries = [Query(relevant=(p,), text="a picture") for p in copies]
@@ -379,8 +379,8 @@ def test_texts_are_embedded_as_searches_embed_them(built_index: Path, index: Ima
     # the texts never go through the torch encoder when the numpy tower applies.
     queries = _random_queries(index, 4, seed=5)
     few = ImageIndex.open(built_index, device="cpu", text_queries=len(queries))
-    assert few.text_path().path == "numpy"
-    monkeypatch.setattr(type(few.encoder), "embed_texts", lambda *a, **k: pytest.fail("texts went to the torch encoder"))
+    assert few.encoders.text_path().path == "numpy"
+    monkeypatch.setattr(type(few.encoders.encoder), "embed_texts", lambda *a, **k: pytest.fail("texts went to the torch encoder"))
     got = evaluate(few, queries, ks=(1, 3), batch_size=2).to_dict()
     want = evaluate(index, queries, ks=(1, 3), batch_size=2).to_dict()
     for key in ("mrr", "recall@1", "recall@3", "ndcg@10", "mean_rank"):

@@ -37,7 +37,7 @@ def _found(root: Path, exclusions: Exclusions | None) -> list[str]:
 
 
 def _paths(index_dir: Path) -> list[str]:
-    return sorted(ImageIndex.open(index_dir).paths())
+    return sorted(ImageIndex.open(index_dir).metadata.paths())
 
 
 def _build(photos: Path, out: Path, model: Path, **kw: object):  # type: ignore[no-untyped-def]  # BuildReport

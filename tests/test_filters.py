@@ -23,7 +23,7 @@ def test_filters_always_give_k_matching_results(vec_index: Path, tmp_path: Path,
         reindex(idx, index_type=index_type)
     index = ImageIndex.open(idx)
     queries = clustered(5, DIM, seed=11)
-    paths = np.array(index.paths())
+    paths = np.array(index.metadata.paths())
     cases = [
         Filter(path_prefix=("dir3/",)),  # a fifth of the images
         Filter(path_prefix=("dir3/img0001", "dir1/img0002")),  # 10 + 10 images
@@ -32,7 +32,7 @@ def test_filters_always_give_k_matching_results(vec_index: Path, tmp_path: Path,
         Filter(modified_after=100, modified_before=130),
     ]
     for where in cases:
-        allowed = index.mask(where)
+        allowed = index.metadata.mask(where)
         assert allowed.any()
         hits = index.search_vectors(queries, 10, where=where)
         for row in hits:
@@ -46,13 +46,13 @@ def test_filters_always_give_k_matching_results(vec_index: Path, tmp_path: Path,
 
 def test_filter_semantics(vec_index: Path) -> None:
     index = ImageIndex.open(vec_index)
-    paths = index.paths()
-    mask = index.mask(Filter(path_prefix=("dir1/", "dir2/")))
+    paths = index.metadata.paths()
+    mask = index.metadata.mask(Filter(path_prefix=("dir1/", "dir2/")))
     assert mask.sum() == sum(p.startswith(("dir1/", "dir2/")) for p in paths)
-    widths = index.mask(Filter(min_width=120, max_width=121))
+    widths = index.metadata.mask(Filter(min_width=120, max_width=121))
     assert widths.sum() == sum(1 for i in range(ROWS) if 120 <= 100 + i % 50 <= 121)
-    none = index.mask(Filter(path_prefix=("nowhere/",)))
-    assert not none.any() and index.search_vectors(index.embeddings()[:1], 10, where=Filter(path_prefix=("nowhere/",))) == [[]]
+    none = index.metadata.mask(Filter(path_prefix=("nowhere/",)))
+    assert not none.any() and index.search_vectors(index.vectors.embeddings()[:1], 10, where=Filter(path_prefix=("nowhere/",))) == [[]]
     assert not Filter().active and Filter(min_width=1).active
 
 
@@ -73,16 +73,16 @@ def test_parse_time() -> None:
 
 def test_search_filter_ties_and_prefix_property(vec_index: Path) -> None:
     index = ImageIndex.open(vec_index)
-    q = index.embeddings()[:2]
+    q = index.vectors.embeddings()[:2]
     where = Filter(path_prefix=("dir4/",))
-    a = index.search_ids(q, 7, where=where)[1]
-    b = index.search_ids(q, 8, where=where)[1]
+    a = index.vectors.search_ids(q, 7, where=where)[1]
+    b = index.vectors.search_ids(q, 8, where=where)[1]
     assert np.array_equal(a, b[:, :7])
 
 
 def test_cli_search_filters(built_index: Path) -> None:
     index = ImageIndex.open(built_index)
-    paths = index.paths()
+    paths = index.metadata.paths()
     prefix = paths[0][:1]
     proc = run_cli(["search", str(built_index), "a photo", "--path-prefix", prefix, "-k", "100", "--json"])
     assert proc.returncode == 0, proc.stderr

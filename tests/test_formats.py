@@ -19,6 +19,7 @@ from PIL import Image, ImageOps
 
 from retrieval.errors import ImageDecodeError
 from retrieval.images import IMAGE_EXTENSIONS, RAW_EXTENSIONS, decode_image, formats
+from retrieval.request import SearchRequest
 
 pytest.importorskip("pillow_heif")
 pytest.importorskip("rawpy")
@@ -205,13 +206,13 @@ def test_index_holds_every_format_and_skips_with_reasons(library_index: Path) ->
     assert rows["raw/sensor.dng"]["raw_source"] == "demosaic"
     assert rows["cat.heic"]["raw_source"] is None and rows["cat.heic"]["camera"] == "Apple iPhone 13"
     assert rows["cat.jpg"]["camera"] == "Canon EOS R5"
-    skipped = {s.path: s.reason for s in index.skipped()}
+    skipped = {s.path: s.reason for s in index.metadata.skipped()}
     assert set(skipped) == {"cut.heic", "raw/broken.dng"}
     assert skipped["cut.heic"].startswith("damaged or truncated HEIF file")
     assert skipped["raw/broken.dng"].startswith("RAW decode failed")
     # The same picture as HEIC and JPEG: both indexed, and they find each other.
     ids = {r["path"]: i for i, r in enumerate(index.rows(range(index.count), columns=("path",)))}
-    similar = index.search_similar(ids["cat.heic"], k=2)
+    similar = index.search(SearchRequest(similar_to=ids["cat.heic"], k=2))
     assert [h.path for h in similar] == ["cat.heic", "cat.jpg"] and similar[1].score > 0.99
 
 
@@ -232,8 +233,8 @@ def test_update_treats_new_formats_like_any_other(tmp_path: Path, tiny_model: Pa
     proc = run_cli(["index", photos, out, "--model", tiny_model, "--workers", "0", "--no-progress", "--json"])
     assert proc.returncode == 0, proc.stderr
     index = ImageIndex.open(out)
-    assert "new.heic" in index.paths() and "cut.heic" in index.paths() and "cat.heic" not in index.paths()
-    assert {s.path for s in index.skipped()} == {"raw/broken.dng"}
+    assert "new.heic" in index.metadata.paths() and "cut.heic" in index.metadata.paths() and "cat.heic" not in index.metadata.paths()
+    assert {s.path for s in index.metadata.skipped()} == {"raw/broken.dng"}
 
 
 def test_exif_transpose_is_what_decode_applies() -> None:

@@ -157,10 +157,10 @@ def test_build_with_device_decoding_matches_cpu_build(
     assert dev.device.startswith(device)
     assert (dev.indexed, dev.skipped) == (cpu.indexed, cpu.skipped) == (4, 2)
     a, b = ImageIndex.open(tmp_path / "cpu"), ImageIndex.open(tmp_path / "dev")
-    assert a.paths() == b.paths()
-    assert [(s.path, s.reason) for s in a.skipped()] == [(s.path, s.reason) for s in b.skipped()]
+    assert a.metadata.paths() == b.metadata.paths()
+    assert [(s.path, s.reason) for s in a.metadata.skipped()] == [(s.path, s.reason) for s in b.metadata.skipped()]
     # Full-size decode + resize against PIL's draft decode: the same vectors within 1e-3.
-    assert (a.embeddings() * b.embeddings()).sum(axis=1).min() >= 0.999
+    assert (a.vectors.embeddings() * b.vectors.embeddings()).sum(axis=1).min() >= 0.999
 
 
 def test_device_decoding_error_ends_the_build_with_it(

@@ -72,7 +72,7 @@ def test_hits_say_why_they_are_there(beach_index: Path) -> None:
     assert [h.fused for h in fused] == sorted((h.fused for h in fused), reverse=True)  # type: ignore[misc]
     for h in fused:
         # The fused score is computed from the hit's own cosine and keyword share.
-        scale = idx.cosine_scale(idx.embed_texts(["beach mountain"])[0])
+        scale = idx.vectors.cosine_scale(idx.encoders.embed_texts(["beach mountain"])[0])
         z = (h.score - scale.mean) / scale.std
         assert h.fused == pytest.approx(max(z, Z_FLOOR) + KEYWORD_WEIGHT * h.keyword, abs=1e-4)  # type: ignore[operator]
         assert (h.keyword > 0) == bool(h.matched)  # type: ignore[operator]

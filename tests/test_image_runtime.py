@@ -251,11 +251,11 @@ def test_an_index_made_on_torch_is_queried_on_torch(
     build_index(photos, tmp_path / "t.idx", model=str(tiny_model), workers=0, device="cpu", precision="fp32")
     monkeypatch.delenv(CH.RUNTIME_ENV)
     index = ImageIndex.open(tmp_path / "t.idx")
-    hit = index.search_image(index.source_file(2), k=1)[0]
+    hit = index.search_image(index.files.path(2), k=1)[0]
     assert hit.id == 2 and hit.score == pytest.approx(1.0, abs=1e-6)
-    assert index.encoder.info["image_runtime"] == "torch"  # type: ignore[attr-defined]
+    assert index.encoders.encoder.info["image_runtime"] == "torch"  # type: ignore[attr-defined]
     # Not reopened as a recorded tower (retrieval.encoders.recorded_tower): the full encoder ran it.
-    assert index.image_path()["tower"] == "encoder" and "embedded with torch" in str(index.image_path()["reason"])
+    assert index.encoders.image_path()["tower"] == "encoder" and "embedded with torch" in str(index.encoders.image_path()["reason"])
 
 
 @pytest.mark.parametrize(

@@ -18,7 +18,7 @@ from PIL import Image
 from indexer import build_index
 from retrieval.encoders import HFClipEncoder
 from retrieval.errors import InvalidArgumentError
-from retrieval.images import load_pixels
+from retrieval.images import PreprocessConfig, load_pixels
 from retrieval.index import ImageIndex
 
 
@@ -69,9 +69,9 @@ def test_the_index_records_the_size_and_updates_and_queries_keep_it(tiny_model: 
     build_index(photos, idx, model=str(tiny_model), workers=0, device="cpu", image_size=96, precision="fp32")
     index = ImageIndex.open(idx, device="cpu")
     assert index.manifest.model_info["embed_image_size"] == 96
-    assert tuple(index.preprocess.crop_size) == (96, 96)
+    assert tuple(PreprocessConfig.from_dict(index.manifest.preprocess).crop_size) == (96, 96)
     # An indexed image finds itself at score 1: the query is embedded at the index's size.
-    first = index.source_file(0)
+    first = index.files.path(0)
     assert index.search_image(first, k=1)[0].score == pytest.approx(1.0, abs=1e-5)
 
     _photos(photos, 1, start=3)
@@ -80,9 +80,9 @@ def test_the_index_records_the_size_and_updates_and_queries_keep_it(tiny_model: 
     assert updated.manifest.model_info["embed_image_size"] == 96 and updated.count == 4
     enc = HFClipEncoder.load(str(tiny_model), device="cpu")
     enc.set_image_size(96)
-    new_id = updated.paths().index("p03.jpg")
+    new_id = updated.metadata.paths().index("p03.jpg")
     expected = enc.embed_pixels(load_pixels(photos / "p03.jpg", enc.preprocess)[0][None])[0]
-    assert float(updated.embeddings()[new_id] @ expected) >= 0.99999
+    assert float(updated.vectors.embeddings()[new_id] @ expected) >= 0.99999
 
     with pytest.raises(InvalidArgumentError, match="embedded at 96 px; pass --rebuild"):
         build_index(photos, idx, model=str(tiny_model), workers=0, device="cpu", image_size=64)

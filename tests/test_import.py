@@ -98,7 +98,7 @@ def test_clip_retrieval_output_becomes_a_searchable_index(tmp_path: Path, tiny_m
     assert (row["width"], row["height"], row["size"], row["content_hash"]) == (0, 0, -1, "")
     assert index.manifest.source_root == ""
     with pytest.raises(IndexCorruptError):
-        index.source_file(0)  # what serve's /api/images/{id} turns into a 404
+        index.files.path(0)  # what serve's /api/images/{id} turns into a 404
 
     # Vector search ranks exactly as brute force over the normalised inputs.
     query = _unit(rng.standard_normal((1, DIM)))[0]

@@ -113,7 +113,7 @@ def test_manifest_contract(built_index: Path, tiny_model: Path, collection: Coll
 
 
 def test_skipped_files_with_reasons(built_index: Path, collection: Collection) -> None:
-    skipped = {s.path: s.reason for s in ImageIndex.open(built_index).skipped()}
+    skipped = {s.path: s.reason for s in ImageIndex.open(built_index).metadata.skipped()}
     assert set(skipped) == set(collection.broken)
     words = {"empty": "empty", "truncated": "truncated", "not-an-image": "not an image", "bomb": "decompression bomb"}
     for path, kind in collection.broken.items():
@@ -122,9 +122,9 @@ def test_skipped_files_with_reasons(built_index: Path, collection: Collection) -
 
 def test_flat_search_equals_brute_force(built_index: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu", precision="fp32")  # exact scores, both text paths
-    emb = index.embeddings()
+    emb = index.vectors.embeddings()
     queries = ["a dog on a beach", "red", "日本語"]
-    q = index.encoder.embed_texts(queries)
+    q = index.encoders.encoder.embed_texts(queries)
     for text, vec in zip(queries, q, strict=True):
         hits = index.search(text, k=len(index), mode="vector")
         scores = emb @ vec
@@ -145,8 +145,8 @@ def test_unicode_and_non_utf8_names_are_found(built_index: Path, collection: Col
     import faiss
 
     index = ImageIndex.open(built_index, device="cpu")
-    emb = index.embeddings()
-    paths = index.paths()
+    emb = index.vectors.embeddings()
+    paths = index.metadata.paths()
     exact = faiss.IndexFlatIP(emb.shape[1])
     exact.add(emb)
     names = [rel for rel in collection.good if not rel.isascii()]
@@ -347,7 +347,7 @@ def test_workers_give_the_same_embeddings_as_in_process(tmp_path: Path, tiny_mod
     a = build_index(collection.root, tmp_path / "a", model=str(tiny_model), workers=0, batch_size=5)
     b = build_index(collection.root, tmp_path / "b", model=str(tiny_model), workers=2, batch_size=64)
     assert a.indexed == b.indexed and a.skipped == b.skipped
-    ea, eb = ImageIndex.open(tmp_path / "a").embeddings(), ImageIndex.open(tmp_path / "b").embeddings()
+    ea, eb = ImageIndex.open(tmp_path / "a").vectors.embeddings(), ImageIndex.open(tmp_path / "b").vectors.embeddings()
     assert np.abs(ea - eb).max() < 1e-5
 
 
@@ -360,9 +360,9 @@ def test_in_process_decoding_on_threads_equals_a_worker_process(tmp_path: Path, 
     b = build_index(collection.root, tmp_path / "b", workers=1, threads=2, **common)
     assert (a.workers, a.threads) == (0, 2)
     ia, ib = ImageIndex.open(tmp_path / "a"), ImageIndex.open(tmp_path / "b")
-    assert ia.paths() == ib.paths() and a.skipped == b.skipped > 0
-    assert [(s.path, s.reason) for s in ia.skipped()] == [(s.path, s.reason) for s in ib.skipped()]
-    np.testing.assert_array_equal(ia.embeddings(), ib.embeddings())  # same pixels, same batches
+    assert ia.metadata.paths() == ib.metadata.paths() and a.skipped == b.skipped > 0
+    assert [(s.path, s.reason) for s in ia.metadata.skipped()] == [(s.path, s.reason) for s in ib.metadata.skipped()]
+    np.testing.assert_array_equal(ia.vectors.embeddings(), ib.vectors.embeddings())  # same pixels, same batches
 
 
 def test_dataset_decodes_a_batch_on_threads_in_order(tiny_model: Path, collection: Collection) -> None:
@@ -394,9 +394,9 @@ def test_dataset_decodes_a_batch_on_threads_in_order(tiny_model: Path, collectio
 
 def test_stored_embedding_equals_single_image_encoding(built_index: Path, collection: Collection, tiny_model: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu")
-    enc = index.encoder
-    paths = index.paths()
-    emb = index.embeddings()
+    enc = index.encoders.encoder
+    paths = index.metadata.paths()
+    emb = index.vectors.embeddings()
     for rel in ("photos/a.jpg", "formats/rgba.png", "formats/gray16.png", "exif/rotated_6.jpg"):
         pixels, _, _ = load_pixels(collection.root / rel, enc.preprocess)
         assert float(enc.embed_pixels(pixels[None])[0] @ emb[paths.index(rel)]) > 0.99999
@@ -444,8 +444,8 @@ def test_reader_keeps_answering_after_a_rebuild(tmp_path: Path, tiny_model: Path
     (photos / "0.jpg").unlink()
     build_index(photos, idx, model=str(tiny_model), workers=0)
     assert len([p for p in idx.iterdir() if p.name.startswith("gen-")]) == 1  # old generation removed
-    assert [h.path for h in old.search("x", k=5)] and len(old.skipped()) == 0  # files it opened still read
-    assert len(old.embeddings()) == 3
+    assert [h.path for h in old.search("x", k=5)] and len(old.metadata.skipped()) == 0  # files it opened still read
+    assert len(old.vectors.embeddings()) == 3
     assert len(ImageIndex.open(idx)) == 2
 
 

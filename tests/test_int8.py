@@ -313,7 +313,7 @@ def test_int8_update_equals_int8_rebuild_bit_for_bit(tiny_model: Path, photos: P
     a, b = ImageIndex.open(tmp_path / "u.idx"), ImageIndex.open(tmp_path / "r.idx")
     order_a = np.argsort([r["path"] for r in a.rows(range(len(a)))])
     order_b = np.argsort([r["path"] for r in b.rows(range(len(b)))])
-    np.testing.assert_array_equal(a.embeddings()[order_a], b.embeddings()[order_b])
+    np.testing.assert_array_equal(a.vectors.embeddings()[order_a], b.vectors.embeddings()[order_b])
 
 
 def _model_info(index_dir: Path) -> dict:

@@ -248,7 +248,8 @@ def test_keyword_mode_returns_only_matching_images(kw_index: tuple[Path, Path]) 
     assert idx.search("the a of", mode="keyword") == []
     hit = idx.search("grandma birthday", mode="keyword")[0]
     assert hit.matched == {"embedded": ("grandma", "birthday")}
-    assert hit.score == pytest.approx(float(idx.vectors_of([hit.id])[0] @ idx.embed_texts(["grandma birthday"])[0]), abs=1e-5)
+    cosine = idx.vectors.vectors_of([hit.id])[0] @ idx.encoders.embed_texts(["grandma birthday"])[0]
+    assert hit.score == pytest.approx(float(cosine), abs=1e-5)
 
 
 def test_hybrid_is_the_default_and_exactly_vector_without_a_match(kw_index: tuple[Path, Path]) -> None:

@@ -39,7 +39,7 @@ def test_reopen_is_self_until_a_writer_publishes_then_shares_the_loaded_models(l
     index = ImageIndex.open(idx, device="cpu")
     before = index.search("a photo", k=10)
     assert index.reopen() is index
-    text_encoder, encoder = index.text_encoder, index.encoder
+    text_encoder, encoder = index.encoders.text_encoder, index.encoders.encoder
 
     _photos(photos, ["new.jpg"], seed=50)
     build_index(photos, idx, model=str(model), workers=0, device="cpu")
@@ -49,7 +49,7 @@ def test_reopen_is_self_until_a_writer_publishes_then_shares_the_loaded_models(l
     # The old object still answers from its own generation, the new one sees the new image.
     assert index.search("a photo", k=10) == before
     assert "new.jpg" in {h.path for h in fresh.search("a photo", k=10)}
-    assert fresh.text_encoder is text_encoder and fresh.encoder is encoder
+    assert fresh.encoders.text_encoder is text_encoder and fresh.encoders.encoder is encoder
     # The same text gives the same scores for the images both generations hold.
     old_scores = {h.path: h.score for h in before}
     for hit in fresh.search("a photo", k=10):
@@ -63,7 +63,7 @@ def test_reopen_after_a_rebuild_with_other_weights_loads_the_new_model(live_dirs
     index.search("x", k=1)
     build_index(photos, idx, model=str(other_model), workers=0, device="cpu", rebuild=True)
     fresh = index.reopen()
-    assert fresh.text_encoder is not index.text_encoder
+    assert fresh.encoders.text_encoder is not index.encoders.text_encoder
     reference = ImageIndex.open(idx, device="cpu").search("x", k=3)
     assert fresh.search("x", k=3) == reference
 
@@ -85,11 +85,11 @@ def test_live_index_follows_generations_and_fails_at_once_on_a_bad_directory(liv
 def test_source_file_names_the_recorded_file_and_refuses_bad_ids(live_dirs: tuple[Path, Path, Path]) -> None:
     photos, idx, _ = live_dirs
     index = ImageIndex.open(idx)
-    files = {index.source_file(i) for i in range(index.count)}
+    files = {index.files.path(i) for i in range(index.count)}
     assert files == {photos.resolve() / "a.jpg", photos.resolve() / "b.jpg", photos.resolve() / "sub" / "c.jpg"}
     for bad in (-1, index.count, 10**12, "0", 1.0, True, None):
         with pytest.raises(InvalidArgumentError, match="no image with id"):
-            index.source_file(bad)  # type: ignore[arg-type]
+            index.files.path(bad)  # type: ignore[arg-type]
 
 
 def test_source_file_refuses_a_recorded_path_that_leaves_the_folder(
@@ -98,17 +98,17 @@ def test_source_file_refuses_a_recorded_path_that_leaves_the_folder(
     _, idx, _ = live_dirs
     index = ImageIndex.open(idx)
     for evil in (b"../secret.jpg", b"/etc/passwd", b"a/../../x.jpg", b"./a.jpg"):
-        monkeypatch.setattr(index, "rows", lambda ids, columns, evil=evil: [{"path_bytes": evil}])
+        monkeypatch.setattr(index.metadata, "rows", lambda ids, columns, evil=evil: [{"path_bytes": evil}])
         with pytest.raises(IndexCorruptError, match="not a file inside the indexed folder"):
-            index.source_file(0)
+            index.files.path(0)
 
 
 def test_search_similar_uses_the_stored_embedding(built_index: Path) -> None:
     index = ImageIndex.open(built_index)
     ids = [3, 0, 5]
-    vectors = index.vectors_of(ids)
+    vectors = index.vectors.vectors_of(ids)
     assert vectors.shape == (3, index.dim) and vectors.dtype == np.float32
-    assert np.array_equal(vectors, index.embeddings()[ids])
+    assert np.array_equal(vectors, index.vectors.embeddings()[ids])
     hits = index.search_similar(3, k=5)
     assert hits[0].id == 3 and hits[0].score == pytest.approx(1.0, abs=1e-5)
     assert hits == index.search_vectors(vectors[:1], k=5)[0]
@@ -117,7 +117,7 @@ def test_search_similar_uses_the_stored_embedding(built_index: Path) -> None:
     for bad in (-1, index.count, "3"):
         with pytest.raises(InvalidArgumentError):
             index.search_similar(bad, k=5)  # type: ignore[arg-type]
-    assert index.vectors_of([]).shape == (0, index.dim)
+    assert index.vectors.vectors_of([]).shape == (0, index.dim)
 
 
 def test_one_index_serves_many_threads(built_index: Path) -> None:
@@ -152,9 +152,9 @@ def test_sizes_of_equals_the_recorded_rows(built_index: Path) -> None:
     index = ImageIndex.open(built_index)
     ids = [5, 0, index.count - 1, 5]
     rows = index.rows(ids, columns=("width", "height"))
-    sizes = index.sizes_of(ids)
+    sizes = index.metadata.sizes_of(ids)
     assert sizes.dtype == np.int32 and sizes.tolist() == [[r["width"], r["height"]] for r in rows]
-    assert index.sizes_of([]).shape == (0, 2)
+    assert index.metadata.sizes_of([]).shape == (0, 2)
     for bad in ([-1], [index.count]):
         with pytest.raises(InvalidArgumentError):
-            index.sizes_of(bad)
+            index.metadata.sizes_of(bad)

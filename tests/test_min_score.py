@@ -17,6 +17,7 @@ from helpers import assert_one_line_error
 from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter
 from retrieval.index import ImageIndex
+from retrieval.request import SearchRequest
 
 
 @pytest.fixture(scope="module")
@@ -26,10 +27,10 @@ def index(built_index: Path) -> ImageIndex:
 
 
 def _exact(index: ImageIndex, query: np.ndarray, min_score: float, where: Filter | None = None) -> list[int]:
-    scores = index.embeddings() @ query
+    scores = index.vectors.embeddings() @ query
     keep = scores >= min_score
     if where is not None:
-        keep &= index.mask(where)
+        keep &= index.metadata.mask(where)
     ids = np.flatnonzero(keep)
     return ids[np.lexsort((ids, -scores[ids]))].tolist()
 
@@ -41,7 +42,7 @@ def _cut_after(index: ImageIndex, query: np.ndarray, n: int) -> float:
 
 
 def test_every_hit_at_or_above_the_cut_off(index: ImageIndex) -> None:
-    query = index.embed_texts(["a red square"])[0]
+    query = index.encoders.embed_texts(["a red square"])[0]
     cut = _cut_after(index, query, 15)
     hits = index.search_vectors(query[None], min_score=cut)[0]
     # More than the default 10 when that many score high enough: "however many that is".
@@ -56,9 +57,9 @@ def test_every_hit_at_or_above_the_cut_off(index: ImageIndex) -> None:
 
 def test_cut_off_with_filters_and_more_like_this(index: ImageIndex) -> None:
     where = Filter(min_width=100)
-    similar = index.search_similar(0, min_score=0.5, where=where)
-    assert [h.id for h in similar] == _exact(index, index.vectors_of([0])[0], 0.5, where)
-    unfiltered = index.search_similar(0, min_score=0.9)
+    similar = index.search(SearchRequest(similar_to=0, min_score=0.5, where=where))
+    assert [h.id for h in similar] == _exact(index, index.vectors.vectors_of([0])[0], 0.5, where)
+    unfiltered = index.search(SearchRequest(similar_to=0, min_score=0.9))
     assert unfiltered[0].id == 0 and unfiltered[0].score == pytest.approx(1.0, abs=1e-5)
 
 
@@ -67,12 +68,12 @@ def test_a_cut_off_outside_minus_one_to_one_is_refused(index: ImageIndex, bad: A
     with pytest.raises(InvalidArgumentError, match="min_score"):
         index.search("a dog", min_score=bad)
     with pytest.raises(InvalidArgumentError, match="min_score"):
-        index.search_similar(0, min_score=bad)
+        SearchRequest(similar_to=0, min_score=bad)
 
 
 @pytest.mark.slow
 def test_cli_min_score(built_index: Path, index: ImageIndex) -> None:
-    query = index.embed_texts(["a blue circle"])[0]
+    query = index.encoders.embed_texts(["a blue circle"])[0]
     cut = _cut_after(index, query, 12)
     proc = run_cli(["search", built_index, "a blue circle", "--min-score", repr(cut), "--json", "--device", "cpu", "--precision",
                     "fp32"])
@@ -112,7 +113,7 @@ def _error(resp: Any, status: int) -> str:
 
 
 def test_api_min_score_pages_and_sort(client: Any, index: ImageIndex) -> None:
-    query = index.embed_texts(["a green stripe"])[0]
+    query = index.encoders.embed_texts(["a green stripe"])[0]
     cut = _cut_after(index, query, 15)
     # The Python API's answer (checked against exact scores above) is the server's.
     want = [h.id for h in index.search("a green stripe", min_score=cut)]

@@ -22,6 +22,7 @@ from imagegen import photo_like
 from retrieval.encoders import load_encoder
 from retrieval.errors import InvalidArgumentError
 from retrieval.index import ImageIndex
+from retrieval.request import SearchRequest
 from retrieval.tools.random_model.multilingual import make_random_multilingual
 
 open_clip = pytest.importorskip("open_clip")
@@ -106,17 +107,17 @@ def test_nllb_index_through_the_api_and_the_cli(
     nllb_index: Path, models: dict[str, Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     index = ImageIndex.open(nllb_index, device="cpu", precision="fp32")
-    assert "zho_Hans" in index.query_languages()
+    assert "zho_Hans" in index.encoders.query_languages()
     with pytest.raises(InvalidArgumentError, match="needs the query's language"):
         index.search("一只猫", k=3)
-    stored = index.embeddings()
+    stored = index.vectors.embeddings()
     vector = _reference(models["nllb-clip-tiny"], ["一只猫"], "zho_Hans")[0]
     hits = index.search("一只猫", k=3, query_lang="zho_Hans")
     assert [h.score for h in hits] == pytest.approx(sorted(stored @ vector, reverse=True)[:3], abs=1e-5)
     # The query cache keeps languages apart.
     en = index.search("一只猫", k=6, query_lang="eng_Latn")
     assert [h.score for h in en] != pytest.approx([h.score for h in index.search("一只猫", k=6, query_lang="zho_Hans")], abs=1e-6)
-    combined = index.search_combined(["一只猫", "кот"], k=3, query_lang="zho_Hans")
+    combined = index.search(SearchRequest(add=["一只猫", "кот"], k=3, query_lang="zho_Hans"))
     assert len(combined) == 3
 
     base = ["search", nllb_index, "一只猫", "-k", "3", "--device", "cpu", "--precision", "fp32"]
@@ -139,7 +140,7 @@ def test_nllb_index_through_the_api_and_the_cli(
     )
     assert code == 0, err
     scores = stored @ vector
-    rank = 1 + int(np.sum(scores > scores[index.paths().index("p0.png")]))
+    rank = 1 + int(np.sum(scores > scores[index.metadata.paths().index("p0.png")]))
     assert json.loads(out)["mrr"] == pytest.approx(1 / rank, abs=1e-6)
 
 
@@ -158,9 +159,9 @@ def test_nllb_over_http(client: object, nllb_index: Path) -> None:
     listed = client.get("/api/indexes").json()  # type: ignore[attr-defined]
     assert "zho_Hans" in listed[0]["query_languages"]
     index = ImageIndex.open(nllb_index, device="cpu", precision="fp32")
-    stored = index.embeddings()
+    stored = index.vectors.embeddings()
     for language, text in (("zho_Hans", QUERIES["chinese"]), ("arb_Arab", QUERIES["arabic"])):
-        expected = sorted(stored @ index.embed_texts([text], query_lang=language)[0], reverse=True)[:3]
+        expected = sorted(stored @ index.encoders.embed_texts([text], query_lang=language)[0], reverse=True)[:3]
         got = client.get("/api/search", params={"q": text, "k": 3, "query_lang": language})  # type: ignore[attr-defined]
         assert got.status_code == 200, got.text
         assert [r["score"] for r in got.json()["results"]] == pytest.approx(expected, abs=1e-5)
@@ -185,7 +186,7 @@ def test_nllb_zero_shot_takes_the_prompts_language(
     )
     assert code == 0, err
     index = ImageIndex.open(nllb_index, device="cpu", precision="fp32")
-    expected = ZeroShotClassifier.build(index.encoder, ["猫", "狗"], ["{}"], query_lang="zho_Hans")
+    expected = ZeroShotClassifier.build(index.encoders.encoder, ["猫", "狗"], ["{}"], query_lang="zho_Hans")
     reference = _reference(models["nllb-clip-tiny"], ["猫", "狗"], "zho_Hans")
     np.testing.assert_allclose(expected.weights, reference, atol=1e-5)
     assert len(json.loads(out)["results"]) == index.count

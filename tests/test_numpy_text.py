@@ -144,14 +144,14 @@ def test_the_older_text_path_setting_still_sends_queries_to_torch(tiny_model: Pa
 
 def test_index_uses_numpy_path_and_matches_fp32(built_index: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fast = ImageIndex.open(built_index, device="cpu", precision="fp32")  # exact fp32 parity
-    assert fast.text_path().path == "numpy" and fast.info()["text_path"]["path"] == "numpy"
+    assert fast.encoders.text_path().path == "numpy" and fast.info()["text_path"]["path"] == "numpy"
     hits = fast.search("a red square", k=8)
-    assert isinstance(fast.text_encoder, NumpyTextEncoder) and fast._queries.loaded_encoder is None  # no torch model loaded
+    assert isinstance(fast.encoders.text_encoder, NumpyTextEncoder) and fast._queries.loaded_encoder is None  # no torch model loaded
     monkeypatch.setenv(TEXT_RUNTIME_ENV, "torch")
     slow = ImageIndex.open(built_index, device="cpu", precision="fp32")
-    assert slow.text_path().path == "torch"
+    assert slow.encoders.text_path().path == "torch"
     expected = slow.search("a red square", k=8)
-    assert isinstance(slow.text_encoder, HFClipEncoder)
+    assert isinstance(slow.encoders.text_encoder, HFClipEncoder)
     assert [h.id for h in hits] == [h.id for h in expected]
     assert np.abs(np.array([h.score for h in hits]) - [h.score for h in expected]).max() <= 1e-5
 
@@ -160,15 +160,15 @@ def test_text_path_does_not_depend_on_an_earlier_image_query(built_index: Path, 
     index = ImageIndex.open(built_index, device="cpu")
     index.search_image(collection.root / "photos" / "a.jpg", k=1)  # type: ignore[attr-defined]  # collection fixture is typed object
     index.search("a dog", k=1)
-    assert isinstance(index.text_encoder, NumpyTextEncoder) and index.text_path().path == "numpy"
-    given = ImageIndex.open(built_index, encoder=index.encoder)
-    assert given.text_path().path == "torch" and given.text_encoder is index.encoder
+    assert isinstance(index.encoders.text_encoder, NumpyTextEncoder) and index.encoders.text_path().path == "numpy"
+    given = ImageIndex.open(built_index, encoder=index.encoders.encoder)
+    assert given.encoders.text_path().path == "torch" and given.encoders.text_encoder is index.encoders.encoder
 
 
 def test_index_falls_back_for_reduced_precision(built_index: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu", precision="bf16")
-    assert index.text_path().path == "torch"
-    assert index.search("a dog", k=2) and isinstance(index.text_encoder, HFClipEncoder)
+    assert index.encoders.text_path().path == "torch"
+    assert index.search("a dog", k=2) and isinstance(index.encoders.text_encoder, HFClipEncoder)
 
 
 def test_other_weights_are_refused_on_the_numpy_path(built_index: Path, other_model: Path) -> None:

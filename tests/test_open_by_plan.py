@@ -47,7 +47,7 @@ first.search_ids(queries, 10)
 before = anon()
 index = ImageIndex.open(sys.argv[1], mmap=mmap)
 opened = anon()
-index.search_ids(queries, 10)
+index.vectors.search_ids(queries, 10)
 queried = anon()
 info = index.info()  # after the measures: it looks up the query model (imports huggingface_hub)
 print(json.dumps({"open": opened - before, "queried": queried - before,
@@ -92,7 +92,7 @@ def test_overrides_give_the_same_answers(small_budget: Path) -> None:
     for mmap in (None, True, False):
         index = ImageIndex.open(small_budget, mmap=mmap)
         assert index.info()["faiss_mmap"] is (mmap is not False)
-        answers.append(index.search_ids(queries, 10))
+        answers.append(index.vectors.search_ids(queries, 10))
     for scores, ids in answers[1:]:
         assert np.array_equal(ids, answers[0][1]) and np.array_equal(scores, answers[0][0])
 
@@ -146,4 +146,4 @@ def test_a_mapped_flat_index_adds_no_anonymous_memory(tmp_path: Path) -> None:
     assert read["open"] > vectors * 0.9
     index, again = ImageIndex.open(out, mmap=True), ImageIndex.open(out, mmap=False)
     queries = clustered(20, DIM, seed=5)
-    assert np.array_equal(index.search_ids(queries, 10)[1], again.search_ids(queries, 10)[1])
+    assert np.array_equal(index.vectors.search_ids(queries, 10)[1], again.vectors.search_ids(queries, 10)[1])

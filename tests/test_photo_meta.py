@@ -202,9 +202,9 @@ def test_index_without_the_columns_opens_searches_and_updates(tmp_path: Path, ti
     proc = run_cli(["reindex", out, "--index-type", "flat"])
     assert proc.returncode == 0, proc.stderr
     again = ImageIndex.open(out)
-    assert sorted(again.paths()) == ["cat.jpg", "coffee.png", "rocket.jpg"]
+    assert sorted(again.metadata.paths()) == ["cat.jpg", "coffee.png", "rocket.jpg"]
     since = Filter(taken_after=parse_time("2000-01-01"))
-    assert np.array_equal(again.mask(since), updated.mask(since))
+    assert np.array_equal(again.metadata.mask(since), updated.metadata.mask(since))
     from retrieval import verify_index
 
     assert verify_index(out).ok

@@ -177,7 +177,7 @@ def test_fp32_is_exact_and_another_mode_on_update_is_recorded(tiny_model: Path, 
     assert report.precision == "fp32"
     enc = HFClipEncoder.load(str(tiny_model), device="cpu")
     ref = np.concatenate([enc.embed_pixels(load_pixels(photos / f, enc.preprocess)[0][None]) for f in files[:10]])
-    np.testing.assert_allclose(ImageIndex.open(out).embeddings(), ref, atol=1e-6)
+    np.testing.assert_allclose(ImageIndex.open(out).vectors.embeddings(), ref, atol=1e-6)
     # An update in another mode is allowed (its vectors agree within the gate) and recorded.
     report = build_index(photos, out, model=str(tiny_model), workers=0, device="cpu", precision="int8")
     info = json.loads((out / "manifest.json").read_text())["model_info"]

@@ -12,6 +12,7 @@ import pytest
 from retrieval import ImageIndex
 from retrieval.errors import InvalidArgumentError
 from retrieval.query_cache import QueryVectorCache
+from retrieval.request import SearchRequest
 
 
 class CountingEmbed:
@@ -87,19 +88,20 @@ def test_concurrent_callers_get_the_right_vectors() -> None:
 def test_index_searches_reuse_vectors_of_repeated_texts(built_index: Path, tmp_path: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu")
     embed = CountingEmbed()
-    real = index.text_encoder.embed_texts
-    index.text_encoder.embed_texts = lambda texts: (embed(list(texts)), real(texts))[1]  # type: ignore[method-assign]
+    real = index.encoders.text_encoder.embed_texts
+    index.encoders.text_encoder.embed_texts = lambda texts: (embed(list(texts)), real(texts))[1]  # type: ignore[method-assign]
     first = index.search("a red square", k=5)
     again = index.search("a red square", k=5)
     assert first == again and embed.embedded == ["a red square"]
-    index.search_many(["a red square", "a blue circle", "a blue circle"], k=3)
-    index.search_combined(["a blue circle", "a red square"], k=3)
+    for text in ("a red square", "a blue circle", "a blue circle"):
+        index.search(text, k=3)
+    index.search(SearchRequest(add=["a blue circle", "a red square"], k=3))
     assert embed.embedded == ["a red square", "a blue circle"]
-    assert index.query_cache_info() == {"capacity": 1024, "size": 2, "hits": 4, "misses": 3}
-    assert np.array_equal(index.embed_texts(["a red square"]), real(["a red square"]))
+    assert index.encoders.cache_info() == {"capacity": 1024, "size": 2, "hits": 5, "misses": 2}
+    assert np.array_equal(index.encoders.embed_texts(["a red square"]), real(["a red square"]))
 
     off = ImageIndex.open(built_index, device="cpu", query_cache=0)
-    assert off.search("a red square", k=5) == first and off.query_cache_info()["size"] == 0
+    assert off.search("a red square", k=5) == first and off.encoders.cache_info()["size"] == 0
     with pytest.raises(InvalidArgumentError, match="query cache capacity"):
         ImageIndex.open(built_index, query_cache=-1)
 
@@ -112,17 +114,17 @@ def test_index_searches_reuse_vectors_of_repeated_texts(built_index: Path, tmp_p
 
     reindex(copy, index_type="flat")
     fresh = live.reopen()
-    assert fresh is not live and fresh.query_cache_info() == {"capacity": 16, "size": 1, "hits": 0, "misses": 1}
+    assert fresh is not live and fresh.encoders.cache_info() == {"capacity": 16, "size": 1, "hits": 0, "misses": 1}
     fresh.search("a red square", k=5)
-    assert fresh.query_cache_info()["hits"] == 1
+    assert fresh.encoders.cache_info()["hits"] == 1
 
 
 def test_live_index_and_serve_take_the_cache_size(built_index: Path) -> None:
     from clipsearch.cli import build_parser
     from retrieval.live import LiveIndex
 
-    assert LiveIndex(built_index, device="cpu", query_cache=3).current().query_cache_info()["capacity"] == 3
-    assert LiveIndex(built_index, device="cpu").current().query_cache_info()["capacity"] == 1024
+    assert LiveIndex(built_index, device="cpu", query_cache=3).current().encoders.cache_info()["capacity"] == 3
+    assert LiveIndex(built_index, device="cpu").current().encoders.cache_info()["capacity"] == 1024
     args = build_parser().parse_args(["serve", str(built_index), "--query-cache", "0"])
     assert args.query_cache == 0
     assert build_parser().parse_args(["serve", str(built_index)]).query_cache == 1024

@@ -16,6 +16,7 @@ from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter
 from retrieval.index import ImageIndex
 from retrieval.query_terms import QueryTerm, as_term, combine, parse_term
+from retrieval.request import SearchRequest
 
 
 def test_parse_term_reads_weights_files_and_text(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -78,7 +79,7 @@ def _expected(
     # Brute force over the stored vectors in float64, ties by ascending id (FAISS's order here).
     q = sum(w * v / np.linalg.norm(v) for w, v in parts)
     q = q / np.linalg.norm(q)
-    scores = index.embeddings().astype(np.float64) @ q
+    scores = index.vectors.embeddings().astype(np.float64) @ q
     if allowed is not None:
         scores[~allowed] = -np.inf
     order = sorted(range(len(scores)), key=lambda i: (-scores[i], i))[:k]
@@ -87,42 +88,42 @@ def _expected(
 
 def test_search_combined_equals_an_independent_ranking(built_index: Path, reference_text, collection) -> None:
     index = ImageIndex.open(built_index, device="cpu")
-    stored = index.embeddings()
+    stored = index.vectors.embeddings()
     image_id = 2
-    image_file = index.source_file(image_id)
+    image_file = index.files.path(image_id)
     parts = [(1.0, reference_text("a dog")), (0.5, reference_text("in the snow")), (-1.0, reference_text("grass")),
              (2.0, stored[image_id].astype(np.float64))]
     terms = [QueryTerm("a dog"), QueryTerm("in the snow", weight=0.5), QueryTerm(str(image_file), "image", 2.0)]
-    hits = index.search_combined(terms, subtract=["grass"], k=6)
+    hits = index.search(SearchRequest(add=terms, subtract=["grass"], k=6))
     ids, scores = _expected(index, parts, 6)
     assert [h.id for h in hits] == ids
     assert np.allclose([h.score for h in hits], scores, atol=1e-5)
 
     where = Filter(path_glob="*.png")
-    filtered = index.search_combined(["a dog", image_file], subtract=[QueryTerm("grass", weight=0.3)], k=4, where=where)
+    filtered = index.search(SearchRequest(add=["a dog", image_file], subtract=[QueryTerm("grass", weight=0.3)], k=4, where=where))
     ids, scores = _expected(index, [(1.0, reference_text("a dog")), (1.0, stored[image_id]), (-0.3, reference_text("grass"))], 4,
-                            allowed=index.mask(where))
+                            allowed=index.metadata.mask(where))
     assert [h.id for h in filtered] == ids and np.allclose([h.score for h in filtered], scores, atol=1e-5)
     # One text term is a plain text search.
-    assert [h.id for h in index.search_combined(["a dog"], k=5)] == [h.id for h in index.search("a dog", k=5, mode="vector")]
+    assert [h.id for h in index.search(SearchRequest(add=["a dog"], k=5))] == [h.id for h in index.search("a dog", k=5, mode="vector")]
 
 
 def test_search_combined_refuses_bad_terms(built_index: Path, tmp_path: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu")
-    with pytest.raises(InvalidArgumentError, match="at least one term"):
-        index.search_combined([])
+    with pytest.raises(InvalidArgumentError, match="give a query"):
+        SearchRequest(add=[])
     with pytest.raises(InvalidArgumentError, match="cancel out"):
-        index.search_combined(["a dog"], subtract=["a dog"])
+        index.search(SearchRequest(add=["a dog"], subtract=["a dog"]))
     with pytest.raises(InvalidArgumentError, match="lists of terms"):
-        index.search_combined("a dog")  # type: ignore[arg-type]
+        SearchRequest(add="a dog")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="k must be"):
-        index.search_combined(["a dog"], k=0)
+        SearchRequest(add=["a dog"], k=0)
     broken = tmp_path / "broken.jpg"
     broken.write_bytes(b"\xff\xd8 not really")
     from retrieval.errors import ImageDecodeError
 
     with pytest.raises(ImageDecodeError):
-        index.search_combined(["a dog", broken])
+        index.search(SearchRequest(add=["a dog", broken]))
 
 
 @pytest.mark.slow
@@ -130,11 +131,12 @@ def test_cli_add_and_subtract(
     built_index: Path, reference_text, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     index = ImageIndex.open(built_index, device="cpu")
-    image_file = index.source_file(1)
+    image_file = index.files.path(1)
     out = run_cli(["search", built_index, "2:a dog", "--add", f"0.5:{image_file}", "--subtract", "grass", "-k", "5", "--json"])
     assert out.returncode == 0, out.stderr
     hits = json.loads(out.stdout)["results"]
-    ids, scores = _expected(index, [(2.0, reference_text("a dog")), (0.5, index.embeddings()[1]), (-1.0, reference_text("grass"))], 5)
+    parts = [(2.0, reference_text("a dog")), (0.5, index.vectors.embeddings()[1]), (-1.0, reference_text("grass"))]
+    ids, scores = _expected(index, parts, 5)
     assert [h["id"] for h in hits] == ids and np.allclose([h["score"] for h in hits], scores, atol=1e-5)
     # --image as the first term, arithmetic on top of it (in this process: no second torch start-up).
     from clipsearch.cli import main
@@ -143,7 +145,7 @@ def test_cli_add_and_subtract(
     args = ["search", str(built_index), "--image", str(image_file), "--subtract", "grass", "-k", "3", "--json", "--device", "cpu"]
     assert main(args) == 0
     assert [h["id"] for h in json.loads(capsys.readouterr().out)["results"]] == _expected(
-        index, [(1.0, index.embeddings()[1]), (-1.0, reference_text("grass"))], 3)[0]
+        index, [(1.0, index.vectors.embeddings()[1]), (-1.0, reference_text("grass"))], 3)[0]
 
     monkeypatch.chdir(tmp_path)
     for args, message in [
@@ -160,14 +162,14 @@ def test_cli_add_and_subtract(
 
 def test_image_id_terms_use_the_stored_vectors_and_servers_parse_no_files(built_index: Path, reference_text) -> None:
     index = ImageIndex.open(built_index, device="cpu")
-    stored = index.embeddings()
-    hits = index.search_combined([QueryTerm(4, "id"), QueryTerm("a dog", weight=0.5)], subtract=[QueryTerm(1, "id", 0.25)], k=5)
+    stored = index.vectors.embeddings()
+    hits = index.search(SearchRequest(add=[QueryTerm(4, "id"), QueryTerm("a dog", weight=0.5)], subtract=[QueryTerm(1, "id", 0.25)], k=5))
     ids, scores = _expected(index, [(1.0, stored[4]), (0.5, reference_text("a dog")), (-0.25, stored[1])], 5)
     assert [h.id for h in hits] == ids and np.allclose([h.score for h in hits], scores, atol=1e-5)
     for bad in (-1, "4", True):
         with pytest.raises(InvalidArgumentError, match="image id term"):
             QueryTerm(bad, "id")  # type: ignore[arg-type]
     with pytest.raises(InvalidArgumentError, match="no image with id"):
-        index.search_combined([QueryTerm(index.count, "id")])
+        index.search(SearchRequest(add=[QueryTerm(index.count, "id")]))
     assert parse_term("0.5:./beach.jpg", files=False) == QueryTerm("./beach.jpg", "text", 0.5)
     assert parse_term("/etc/passwd", files=False).kind == "text"

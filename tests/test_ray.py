@@ -39,9 +39,9 @@ def _photo_size(i: int) -> tuple[int, int]:
 def _contents(index_dir: Path) -> tuple[list[tuple[int, str]], np.ndarray, list[tuple[str, str]], dict]:
     index = ImageIndex.open(index_dir)
     rows = [(r["id"], r["path"]) for r in index.rows(range(len(index)), columns=("id", "path"))]
-    skipped = sorted((s.path, s.reason) for s in index.skipped())
+    skipped = sorted((s.path, s.reason) for s in index.metadata.skipped())
     manifest = json.loads((index_dir / "manifest.json").read_text())
-    return rows, np.asarray(index.embeddings()), skipped, manifest
+    return rows, np.asarray(index.vectors.embeddings()), skipped, manifest
 
 
 def assert_same_index(local: Path, other: Path) -> None:

@@ -80,9 +80,9 @@ def test_linked_parts_read_as_the_driver_writes_them(tmp_path: Path, monkeypatch
     a, b = ImageIndex.open(driver), ImageIndex.open(tmp_path / "linked.idx")
     assert b.rows(range(ROWS), columns=("id", "path", "mtime_ns")) == a.rows(range(ROWS), columns=("id", "path", "mtime_ns"))
     assert b.rows([45, 3], columns=("id",)) == [{"id": 45}, {"id": 3}]
-    assert b.embeddings().tobytes() == a.embeddings().tobytes()
-    assert b.paths_of([59, 0, 21]) == a.paths_of([59, 0, 21])
-    assert np.array_equal(b.search_ids(vectors[[7, 33, 58]], 3)[1], a.search_ids(vectors[[7, 33, 58]], 3)[1])
+    assert b.vectors.embeddings().tobytes() == a.vectors.embeddings().tobytes()
+    assert b.metadata.paths_of([59, 0, 21]) == a.metadata.paths_of([59, 0, 21])
+    assert np.array_equal(b.vectors.search_ids(vectors[[7, 33, 58]], 3)[1], a.vectors.search_ids(vectors[[7, 33, 58]], 3)[1])
     report = verify_index(tmp_path / "linked.idx")
     assert report.ok, report.problems
     # A reader of version 3 refuses it, saying to upgrade; it still reads the driver's index.
@@ -98,7 +98,7 @@ def test_merging_linked_parts_renumbers_them(tmp_path: Path) -> None:
     merged = _linked_index(tmp_path / "m.idx", vectors, chunk=ROWS // MERGE_MIN_PARTS)
     assert [(p.first_id, p.rows, p.id_offset) for p in merged.parts] == [(0, ROWS, 0)]
     assert merged.format_version == 2
-    assert ImageIndex.open(tmp_path / "m.idx").embeddings().tobytes() == vectors.tobytes()
+    assert ImageIndex.open(tmp_path / "m.idx").vectors.embeddings().tobytes() == vectors.tobytes()
     assert verify_index(tmp_path / "m.idx").ok
 
 
@@ -124,8 +124,8 @@ def test_a_linked_index_is_updated_and_reindexed(tmp_path: Path) -> None:
     assert [(p.first_id, p.rows, p.id_offset) for p in updated.parts] == [(0, 20, 0), (20, 39, 0)]
     assert updated.format_version == 2 and verify_index(out).ok
     index = ImageIndex.open(out)
-    assert index.embeddings().tobytes() == vectors[keep].tobytes()
-    assert index.paths_of([24, 25]) == [records(24, 1)[0].path.decode(), records(26, 1)[0].path.decode()]
+    assert index.vectors.embeddings().tobytes() == vectors[keep].tobytes()
+    assert index.metadata.paths_of([24, 25]) == [records(24, 1)[0].path.decode(), records(26, 1)[0].path.decode()]
 
 
 def test_a_linked_part_with_other_ids_is_refused(tmp_path: Path) -> None:
@@ -196,8 +196,8 @@ def test_stage_links_in_order_and_writes_what_an_actor_sent_back(tmp_path: Path)
         m = writer.commit(complete=False)
     assert [(p.first_id, p.rows, p.id_offset) for p in m.parts] == [(0, 4, 0), (4, 4, 4)]
     index = ImageIndex.open(out)
-    assert index.paths_of(range(8)) == [f.decode() for f in files[:5] + files[6:9]]
-    assert index.embeddings().tobytes() == vectors[:8].tobytes()
+    assert index.metadata.paths_of(range(8)) == [f.decode() for f in files[:5] + files[6:9]]
+    assert index.vectors.embeddings().tobytes() == vectors[:8].tobytes()
     assert _staging(out) == []
 
 
@@ -240,10 +240,10 @@ def _assert_same(a: Path, b: Path) -> None:
     ia, ib = ImageIndex.open(a), ImageIndex.open(b)
     assert len(ia) == len(ib)
     assert ib.rows(range(len(ib)), columns=("id", "path")) == ia.rows(range(len(ia)), columns=("id", "path"))
-    assert ib.embeddings().tobytes() == ia.embeddings().tobytes()
-    assert sorted((s.path, s.reason) for s in ib.skipped()) == sorted((s.path, s.reason) for s in ia.skipped())
-    queries = ia.embeddings()[[0, 5, 11]]
-    assert np.array_equal(ib.search_ids(queries, 4)[1], ia.search_ids(queries, 4)[1])
+    assert ib.vectors.embeddings().tobytes() == ia.vectors.embeddings().tobytes()
+    assert sorted((s.path, s.reason) for s in ib.metadata.skipped()) == sorted((s.path, s.reason) for s in ia.metadata.skipped())
+    queries = ia.vectors.embeddings()[[0, 5, 11]]
+    assert np.array_equal(ib.vectors.search_ids(queries, 4)[1], ia.vectors.search_ids(queries, 4)[1])
     assert verify_index(b).ok
     assert _staging(b) == []
 

@@ -61,8 +61,8 @@ def _full_path_vector(dest: Path, image: Path, monkeypatch: pytest.MonkeyPatch) 
     with monkeypatch.context() as mp:
         mp.setenv(M.CHECKS_ENV, "off")
         index = ImageIndex.open(dest)
-        vector = index.embed_image(image)
-        assert index.image_path()["tower"] == "encoder"
+        vector = index.encoders.embed_image(image)
+        assert index.encoders.image_path()["tower"] == "encoder"
     return vector
 
 
@@ -70,22 +70,22 @@ def test_an_image_query_reopens_the_recorded_tower_and_matches_the_full_encoder(
     tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     index = _built(tiny_model, photos, tmp_path / "a.idx")
-    image = index.source_file(2)
+    image = index.files.path(2)
     hit = index.search_image(image, k=1)[0]
-    path = index.image_path()
+    path = index.encoders.image_path()
     assert path["tower"] == "recorded" and index._queries.loaded_encoder is None, path
     assert isinstance(index._queries.image_encoder, RecordedTower)
     assert hit.id == 2 and hit.score == pytest.approx(1.0, abs=1e-6)
-    vector = index.embed_image(image)
+    vector = index.encoders.embed_image(image)
     assert np.array_equal(vector, _full_path_vector(tmp_path / "a.idx", image, monkeypatch))
-    assert np.array_equal(vector[0], index.embeddings()[2])
+    assert np.array_equal(vector[0], index.vectors.embeddings()[2])
 
 
 def test_a_cold_process_imports_neither_torch_nor_transformers(
     tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     index = _built(tiny_model, photos, tmp_path / "c.idx")
-    image = index.source_file(1)
+    image = index.files.path(1)
     script = (
         "import sys, json; from retrieval import ImageIndex; "
         f"i = ImageIndex.open({str(tmp_path / 'c.idx')!r}); v = i.embed_image({str(image)!r}); "
@@ -104,7 +104,7 @@ def test_a_cold_process_imports_neither_torch_nor_transformers(
 
 def test_the_cli_answers_the_same_from_the_recorded_tower(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
     index = _built(tiny_model, photos, tmp_path / "cli.idx")
-    image = str(index.source_file(3))
+    image = str(index.files.path(3))
 
     def search(*env: tuple[str, str]) -> list[dict[str, object]]:
         run_env = {**os.environ, "PYTHONPATH": str(ROOT), **dict(env)}
@@ -120,22 +120,22 @@ def test_without_remembered_checks_the_full_encoder_runs_and_remembers_them(
     tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     index = _built(tiny_model, photos, tmp_path / "n.idx")
-    image = index.source_file(0)
+    image = index.files.path(0)
     monkeypatch.setenv(M.CHECKS_ENV, str(tmp_path / "fresh.json"))  # another machine's memory: empty
     first = ImageIndex.open(tmp_path / "n.idx")
-    v1 = first.embed_image(image)
-    assert first.image_path()["tower"] == "encoder"
-    assert "no remembered checks" in str(first.image_path()["reason"])
+    v1 = first.encoders.embed_image(image)
+    assert first.encoders.image_path()["tower"] == "encoder"
+    assert "no remembered checks" in str(first.encoders.image_path()["reason"])
     second = ImageIndex.open(tmp_path / "n.idx")  # the full encoder's checks were remembered
-    assert np.array_equal(second.embed_image(image), v1)
-    assert second.image_path()["tower"] == "recorded"
+    assert np.array_equal(second.encoders.embed_image(image), v1)
+    assert second.encoders.image_path()["tower"] == "recorded"
 
 
 def test_a_probe_that_no_longer_matches_or_an_unreadable_memory_sends_it_to_the_full_encoder(
     tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     index = _built(tiny_model, photos, tmp_path / "p.idx")
-    image = index.source_file(4)
+    image = index.files.path(4)
     expected = _full_path_vector(tmp_path / "p.idx", image, monkeypatch)
     memory = Path(os.environ[M.CHECKS_ENV])
     data = json.loads(memory.read_text())
@@ -143,13 +143,13 @@ def test_a_probe_that_no_longer_matches_or_an_unreadable_memory_sends_it_to_the_
         entry["probe"][0] = float(np.nextafter(np.float32(entry["probe"][0]), np.float32(2)))
     memory.write_text(json.dumps(data))
     tampered = ImageIndex.open(tmp_path / "p.idx")
-    assert np.array_equal(tampered.embed_image(image), expected)
-    assert "no longer gives the remembered probe vector" in str(tampered.image_path()["reason"])
+    assert np.array_equal(tampered.encoders.embed_image(image), expected)
+    assert "no longer gives the remembered probe vector" in str(tampered.encoders.image_path()["reason"])
 
     memory.write_text("{not json")
     broken = ImageIndex.open(tmp_path / "p.idx")
-    assert np.array_equal(broken.embed_image(image), expected)
-    assert broken.image_path()["tower"] == "encoder"
+    assert np.array_equal(broken.encoders.embed_image(image), expected)
+    assert broken.encoders.image_path()["tower"] == "encoder"
     assert isinstance(json.loads(memory.read_text()), dict)  # rewritten by the full encoder's checks
 
 
@@ -166,7 +166,7 @@ def test_settings_that_leave_image_queries_to_the_full_encoder(
     # Another model named for queries is still refused by the full encoder, with its message.
     monkeypatch.delenv(CH.RUNTIME_ENV)
     with pytest.raises(ModelMismatchError, match="model mismatch"):
-        ImageIndex.open(tmp_path / "s.idx", model=str(other_model)).search_image(index.source_file(0), k=1)
+        ImageIndex.open(tmp_path / "s.idx", model=str(other_model)).search_image(index.files.path(0), k=1)
 
 
 @pytest.mark.parametrize(
@@ -187,11 +187,11 @@ def test_a_reduced_index_on_openvino_is_reopened_bit_for_bit(
 ) -> None:
     index = _built(tiny_model, photos, tmp_path / "r.idx", precision=precision)
     assert index.manifest.model_info["precision"] == precision
-    image = index.source_file(5)
-    vector = index.embed_image(image)
-    assert index.image_path()["tower"] == "recorded"
+    image = index.files.path(5)
+    vector = index.encoders.embed_image(image)
+    assert index.encoders.image_path()["tower"] == "recorded"
     assert np.array_equal(vector, _full_path_vector(tmp_path / "r.idx", image, monkeypatch))
-    assert np.array_equal(vector[0], index.embeddings()[5])
+    assert np.array_equal(vector[0], index.vectors.embeddings()[5])
 
 
 def test_an_update_with_the_same_tower_shares_it(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
@@ -201,12 +201,12 @@ def test_an_update_with_the_same_tower_shares_it(tiny_model: Path, photos: Path,
     if ImageIndex.open(tmp_path / "u.idx").manifest.model_info.get("image_runtime") not in IR.RUNTIMES:
         pytest.skip("no runtime runs the fp32 tower on this CPU")
     index = ImageIndex.open(tmp_path / "u.idx")
-    index.search_image(index.source_file(0), k=1)
+    index.search_image(index.files.path(0), k=1)
     build_index(photos, tmp_path / "u.idx", **common)
     later = index.reopen()
     assert later is not index and later._queries.image_encoder is index._queries.image_encoder
-    later.search_image(later.source_file(4), k=1)
-    assert later.image_path()["tower"] == "recorded"
+    later.search_image(later.files.path(4), k=1)
+    assert later.encoders.image_path()["tower"] == "recorded"
 
 
 def test_the_memory_ignores_a_path_it_cannot_write(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

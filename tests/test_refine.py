@@ -69,7 +69,7 @@ def test_readers_apply_both_knobs_and_rescore(refined: Path, drawn: np.ndarray, 
     assert raw.k_factor == manifest.search_params["k_factor"]
     assert faiss_index.structure._ivf_of(index._faiss).nprobe == manifest.search_params["nprobe"]
     queries = drawn[ROWS:]
-    scores, ids = index.search_ids(queries, 10)
+    scores, ids = index.vectors.search_ids(queries, 10)
     truth = exact_top(drawn[:ROWS], queries, 10)
     recall = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids.tolist(), truth.tolist(), strict=True)])
     assert recall >= 0.85, recall
@@ -127,9 +127,9 @@ def test_filters_reach_through_the_refine_stage(refined: Path, drawn: np.ndarray
     index = ImageIndex.open(refined, mmap=mmap)
     queries = drawn[ROWS : ROWS + 5]
     for where in (Filter(path_prefix=("dir3/",)), Filter(path_glob="dir2/img00[01]?7.jpg"), Filter(min_width=148, max_height=61)):
-        allowed = index.mask(where)
+        allowed = index.metadata.mask(where)
         want = min(10, int(allowed.sum()))
-        scores, ids = index.search_ids(queries, 10, where=where)
+        scores, ids = index.vectors.search_ids(queries, 10, where=where)
         assert ids.shape == (5, want) and allowed[ids].all()  # FAISS would ignore a selector given to IndexRefine
         # Within the filter, the re-ranked scores are the float16 vectors' and in order.
         assert np.allclose(scores, np.take_along_axis(fp16_scores(drawn[:ROWS], queries), ids, 1), rtol=0, atol=2e-4)
@@ -144,7 +144,7 @@ def test_range_search_is_not_empty(refined: Path, drawn: np.ndarray) -> None:
     raw = faiss_index.refine_of(index._faiss).range_search(queries, 0.9)
     assert len(raw[1]) == 0
     threshold = float(np.quantile(fp16_scores(vectors, queries), 0.995))  # ~15 per query
-    found = index.search_range(queries, threshold)
+    found = index.vectors.search_range(queries, threshold)
     sims = fp16_scores(vectors, queries)
     got = want = 0
     for q, (hits, scores) in enumerate(found):
@@ -154,7 +154,7 @@ def test_range_search_is_not_empty(refined: Path, drawn: np.ndarray) -> None:
         want += int((sims[q] >= threshold).sum())
     assert got >= 0.8 * want
     # Some queries need more than the first 32 candidates.
-    many = index.search_range(queries[:2], float(np.quantile(fp16_scores(vectors, queries[:2]), 0.97)))
+    many = index.vectors.search_range(queries[:2], float(np.quantile(fp16_scores(vectors, queries[:2]), 0.97)))
     assert max(len(h) for h, _ in many) > 32
     # Duplicates, built on range search, work on a re-ranked index and report exact cosines.
     proc = run_cli(["duplicates", str(refined), "--threshold", "0.99", "--json"])
@@ -177,7 +177,7 @@ def test_updates_extend_and_rebuild_equals_update(tmp_path: Path) -> None:
     assert grown.index_tuning["tuned_rows"] == ROWS + 400  # grew by 13 %: re-tuned, both knobs
     assert set(grown.search_params) == {"nprobe", "k_factor"}
     index = ImageIndex.open(out)
-    assert index.search_ids(vecs[ROWS + 10 : ROWS + 11], 1)[1][0, 0] == ROWS + 10
+    assert index.vectors.search_ids(vecs[ROWS + 10 : ROWS + 11], 1)[1][0, 0] == ROWS + 10
     # The refine vectors of an extended file equal a fresh build's.
     ids = np.arange(ROWS + 400)
     rebuilt = ann.build(lambda s: iter([(s, vecs[s:])]), DIM, ROWS + 400, IndexOptions(**options))
@@ -406,14 +406,15 @@ def test_mapped_reader_reads_ahead_on_lists_not_on_vectors(tmp_path: Path, monke
 
 def test_warm_asks_only_for_mapped_files(refined: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     from retrieval.live import LiveIndex
+    from retrieval.vector_search import VectorSearch
 
     mapped = ImageIndex.open(refined, mmap=True)
     faiss_file = refined / mapped.manifest.faiss.path
-    assert 0 < mapped.warm(vectors=False) < faiss_file.stat().st_size  # the codes, not the float16 vectors
-    assert mapped.warm() == faiss_file.stat().st_size  # a small file: all of it
-    assert ImageIndex.open(refined, mmap=False).warm() == 0  # read into RAM: nothing to ask
+    assert 0 < mapped.vectors.warm(vectors=False) < faiss_file.stat().st_size  # the codes, not the float16 vectors
+    assert mapped.vectors.warm() == faiss_file.stat().st_size  # a small file: all of it
+    assert ImageIndex.open(refined, mmap=False).vectors.warm() == 0  # read into RAM: nothing to ask
     calls: list[int] = []
-    monkeypatch.setattr(ImageIndex, "warm", lambda self: calls.append(1) or 0)
+    monkeypatch.setattr(VectorSearch, "warm", lambda self: calls.append(1) or 0)
     assert LiveIndex(refined, warm=False)._warming is None
     assert calls == []
     live = LiveIndex(refined, warm=True)  # what `serve` opens its indexes with, warmed in a thread

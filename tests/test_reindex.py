@@ -93,7 +93,7 @@ def test_reindex_builds_tunes_and_records(
     [(tune_queries, own_ids)] = tuned
     assert tuning["queries"] == len(tune_queries) == 1000
     assert np.array_equal(tune_queries, vectors[own_ids])
-    _, found = index.search_ids(tune_queries, 11)
+    _, found = index.vectors.search_ids(tune_queries, 11)
     truth = exact_top(vectors, tune_queries, 11)
     overlaps = []
     for own, got, want in zip(own_ids.tolist(), found.tolist(), truth.tolist(), strict=True):
@@ -103,7 +103,7 @@ def test_reindex_builds_tunes_and_records(
     assert tuning["recall_at_10"] == round(float(np.mean(overlaps)), 4)
     # The recorded recall is what a reader gets: measure it on queries not in the index.
     queries = held_out
-    _, ids = index.search_ids(queries, 10)
+    _, ids = index.vectors.search_ids(queries, 10)
     truth = exact_top(vectors, queries, 10)
     measured = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(ids.tolist(), truth.tolist(), strict=True)])
     if index_type != "ivf-pq":  # PQ codes of 8 bytes cannot reach 0.9 here, and say so
@@ -116,8 +116,8 @@ def test_reindex_builds_tunes_and_records(
 def test_reindex_mmap_gives_the_same_answers(vec_index: Path, tmp_path: Path, vectors: np.ndarray) -> None:
     idx = copy_of(vec_index, tmp_path)
     reindex(idx, index_type="ivf-sq8")
-    a = ImageIndex.open(idx, mmap=False).search_ids(vectors[:20], 10)
-    b = ImageIndex.open(idx, mmap=True).search_ids(vectors[:20], 10)
+    a = ImageIndex.open(idx, mmap=False).vectors.search_ids(vectors[:20], 10)
+    b = ImageIndex.open(idx, mmap=True).vectors.search_ids(vectors[:20], 10)
     assert np.array_equal(a[1], b[1]) and np.allclose(a[0], b[0])
 
 
@@ -150,14 +150,14 @@ def test_version_1_index_is_read_and_upgraded_on_write(built_index: Path, tmp_pa
         shutil.rmtree(gen / PATHS_DIR)
     old = ImageIndex.open(idx)
     expected = ImageIndex.open(built_index)
-    q = expected.embeddings()[:3]
+    q = expected.vectors.embeddings()[:3]
     assert [[h.path for h in r] for r in old.search_vectors(q, 5)] == [[h.path for h in r] for r in expected.search_vectors(q, 5)]
     # Written again (reindex): version 2, path files added, flat kept (the only v1 choice).
     reindex(idx)
     manifest = read_manifest(idx)
     assert manifest.format_version == 2 and manifest.index_type == "Flat" and manifest.index_options["index_type"] == "flat"
     assert all(p.paths is not None and (idx / p.paths).is_file() for p in manifest.parts)
-    assert ImageIndex.open(idx).paths_of(range(3)) == expected.paths_of(range(3))
+    assert ImageIndex.open(idx).metadata.paths_of(range(3)) == expected.metadata.paths_of(range(3))
 
 
 def test_cli_reindex_and_info(vec_index: Path, tmp_path: Path) -> None:

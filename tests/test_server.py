@@ -29,6 +29,7 @@ from fastapi.testclient import TestClient  # noqa: E402
 from imagegen import Collection, photo_like  # noqa: E402
 
 from clipsearch.server import create_app  # noqa: E402
+from retrieval.request import SearchRequest  # noqa: E402
 
 TOKEN = "s3cret-token"
 
@@ -112,15 +113,15 @@ def test_search_get_smoke(client: TestClient) -> None:
 def _ids_by_path(index_dir: Path) -> dict[str, int]:
     from retrieval.index import ImageIndex
 
-    return {p: i for i, p in enumerate(ImageIndex.open(index_dir).paths())}
+    return {p: i for i, p in enumerate(ImageIndex.open(index_dir).metadata.paths())}
 
 
 def _server_text_mode(client: TestClient) -> str:
     """The precision the server's default index runs text queries in (``auto`` chooses per
     process: a CLI or library call compared with the server must ask for the same)."""
     served = client.app.state.indexes.get(None).current()  # type: ignore[attr-defined]
-    served.embed_texts(["a photo"])  # the text tower is chosen with the first text
-    return str(getattr(served.text_encoder, "mode", "auto"))
+    served.encoders.embed_texts(["a photo"])  # the text tower is chosen with the first text
+    return str(getattr(served.encoders.text_encoder, "mode", "auto"))
 
 
 def _cli_search(capsys: pytest.CaptureFixture[str], client: TestClient, *args: str) -> list[dict[str, Any]]:
@@ -201,10 +202,10 @@ def test_search_by_image_id_vector_and_upload(
     similar = client.post("/api/search", json={"image_id": target, "k": 5}).json()["results"]
     # itself first, or tied with its copy (link_to_photo.jpg is a symlink to it)
     assert target in [r["id"] for r in similar if r["score"] == pytest.approx(1.0, abs=1e-5)]
-    expected = ImageIndex.open(built_index).search_similar(target, k=5)
+    expected = ImageIndex.open(built_index).search(SearchRequest(similar_to=target, k=5))
     assert [r["id"] for r in similar] == [h.id for h in expected]
     # a vector, not normalised by the caller: the server normalises it
-    vector = (ImageIndex.open(built_index).vectors_of([target])[0] * 3.5).tolist()
+    vector = (ImageIndex.open(built_index).vectors.vectors_of([target])[0] * 3.5).tolist()
     by_vector = client.post("/api/search", json={"vector": vector, "k": 5}).json()["results"]
     _same_ranking(by_vector, [h.to_dict() for h in expected])
     # an uploaded file ranks as `clipsearch search --image` does
@@ -234,7 +235,8 @@ def test_query_arithmetic_equals_cli(
     index = ImageIndex.open(built_index, device="cpu", precision=_server_text_mode(client))
     target = _ids_by_path(built_index)["photos/a.jpg"]
     body = {"image_id": target, "add": [{"text": "at night", "weight": 0.5}], "subtract": [{"image_id": 0, "weight": 0.3}], "k": 5}
-    expected = index.search_combined([QueryTerm(target, "id"), QueryTerm("at night", weight=0.5)], subtract=[QueryTerm(0, "id", 0.3)], k=5)
+    terms = [QueryTerm(target, "id"), QueryTerm("at night", weight=0.5)]
+    expected = index.search(SearchRequest(add=terms, subtract=[QueryTerm(0, "id", 0.3)], k=5))
     _same_ranking(client.post("/api/search", json=body).json()["results"], [h.to_dict() for h in expected])
     photo = collection.root / "formats" / "rgba.png"
     cli = _cli_search(capsys, client, str(built_index), "--image", str(photo), "--subtract", "grass", "-k", "4")
@@ -244,7 +246,7 @@ def test_query_arithmetic_equals_cli(
     _same_ranking(uploaded.json()["results"], cli)
     # No term names a file on the server: a path is read as text.
     as_text = client.get("/api/search", params={"q": "x", "add": ["/etc/passwd"], "k": 3}).json()["results"]
-    _same_ranking(as_text, [h.to_dict() for h in index.search_combined(["x", "/etc/passwd"], k=3)])
+    _same_ranking(as_text, [h.to_dict() for h in index.search(SearchRequest(add=["x", "/etc/passwd"], k=3))])
     for params, words in [
         ({"q": "a", "subtract": ["a"]}, "cancel out"),
         ({"q": "a", "add": ["0:b"]}, "weight 0"),
@@ -436,16 +438,17 @@ def test_traversal_and_bad_ids(client: TestClient, url: str) -> None:
 
 
 def test_nothing_outside_the_source_root(client: TestClient, built_index: Path, monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
-    from retrieval.index import ImageIndex
+    from retrieval.source_files import SourceFiles
 
     secret = tmp_path / "secret.jpg"
     photo_like(32, 32, seed=1).save(secret)
 
-    def escaping(self: ImageIndex, id: int) -> Path:
+    def escaping(self: SourceFiles, id: int) -> Path:
         # as if the index recorded "../<somewhere>": the server must refuse it on its own
-        return Path(self.manifest.source_root, "..", os.path.relpath(secret, self.manifest.source_root))
+        root = self._manifest.source_root
+        return Path(root, "..", os.path.relpath(secret, root))
 
-    monkeypatch.setattr(ImageIndex, "source_file", escaping)
+    monkeypatch.setattr(SourceFiles, "path", escaping)
     for url in ("/api/images/0", "/api/thumbnails/0?size=64"):
         assert "outside its source root" in _error(client.get(url), 404)
 
@@ -606,18 +609,18 @@ def test_concurrent_requests_agree_with_sequential_ones(client: TestClient, buil
 
 
 def test_model_calls_do_not_block_the_event_loop(client: TestClient, monkeypatch: pytest.MonkeyPatch) -> None:
-    from retrieval.index import ImageIndex
+    from retrieval.encoders.query import QueryEncoders
 
     started, release = threading.Event(), threading.Event()
-    original = ImageIndex.embed_texts
+    original = QueryEncoders.embed_texts
 
-    def slow(self: ImageIndex, texts: Any, query_lang: str | None = None) -> Any:
+    def slow(self: QueryEncoders, texts: Any, query_lang: str | None = None) -> Any:
         if list(texts) == ["slow one"]:
             started.set()
             assert release.wait(60)
         return original(self, texts, query_lang)
 
-    monkeypatch.setattr(ImageIndex, "embed_texts", slow)
+    monkeypatch.setattr(QueryEncoders, "embed_texts", slow)
     held = threading.Thread(target=lambda: client.get("/api/search", params={"q": "slow one"}))
     held.start()
     try:
@@ -648,19 +651,20 @@ def test_live_update_and_request_in_flight(
     old_count = before["count"]
     entered, release = threading.Event(), threading.Event()
     seen: list[str] = []
-    original_sizes = ImageIndex.sizes_of
+    original_metadata = ImageIndex.metadata.fget
+    assert original_metadata is not None
     armed = [True]
 
-    def held_sizes(self: ImageIndex, ids: Any) -> Any:
-        # the first size lookup of a live.idx search waits until the new generation is out
+    def held_metadata(self: ImageIndex) -> Any:
+        # the first metadata read of a live.idx search (its result sizes) waits until the new generation is out
         if armed[0] and self.directory == index_dir:
             armed[0] = False
             seen.append(str(self.manifest.generation))
             entered.set()
             assert release.wait(60)
-        return original_sizes(self, ids)
+        return original_metadata(self)
 
-    monkeypatch.setattr(ImageIndex, "sizes_of", held_sizes)
+    monkeypatch.setattr(ImageIndex, "metadata", property(held_metadata))
     in_flight: list[Any] = []
     worker = threading.Thread(target=lambda: in_flight.append(client.get("/api/search", params={"q": "x", "k": 1000, "index": "live.idx"})))
     worker.start()

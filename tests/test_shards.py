@@ -48,8 +48,8 @@ def _opts(model: Path) -> dict[str, object]:
 
 def by_key(index: ImageIndex) -> dict[str, np.ndarray]:
     """Each image's vector by its sample key (a shard member's name, or a file's name)."""
-    names = [p.rpartition("#")[2].rsplit(".", 1)[0] for p in index.paths()]
-    return dict(zip(names, index.embeddings(), strict=True))
+    names = [p.rpartition("#")[2].rsplit(".", 1)[0] for p in index.metadata.paths()]
+    return dict(zip(names, index.vectors.embeddings(), strict=True))
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_shards_give_the_folder_vectors_and_keep_captions(folder_index: Path, sh
     assert sorted(a) == sorted(b) and len(a) == N
     keys = sorted(a)
     assert cosines(np.stack([a[k] for k in keys]), np.stack([b[k] for k in keys])).min() >= 0.99999
-    assert shards.paths()[:2] == ["00000.tar#000000000.jpg", "00000.tar#000000001.jpg"]
+    assert shards.metadata.paths()[:2] == ["00000.tar#000000000.jpg", "00000.tar#000000001.jpg"]
     rows = shards.rows(range(N), columns=("shard", "key", "caption", "url", "original_width", "original_height", "sha256", "width"))
     import hashlib
 
@@ -89,8 +89,8 @@ def test_shards_give_the_folder_vectors_and_keep_captions(folder_index: Path, sh
     assert {"caption", "url"} <= set(hit.to_dict())
     # A folder's index has no shard columns' values: its hits say nothing of captions.
     assert folder.search("a photo", k=1)[0].caption is None and "caption" not in folder.search("a photo", k=1)[0].to_dict()
-    assert shards.source_bytes(hit.id) == by_caption[hit.caption].jpeg
-    assert folder.source_bytes(0) is None
+    assert shards.files.shard_bytes(hit.id) == by_caption[hit.caption].jpeg
+    assert folder.files.shard_bytes(0) is None
 
 
 @pytest.mark.parametrize("spec", ["00001.tar", "{00000..00002}.tar", "{00000,00002}.tar"])
@@ -117,7 +117,7 @@ def test_cli_index_search_json_and_skips(tmp_path: Path, tiny_model: Path, sampl
     done = run_cli(["index", root, out, "--model", tiny_model, "--device", "cpu", "--precision", "fp32", "--json", "--no-progress"])
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["indexed"] == 4
-    skipped = {s.path: s.reason for s in ImageIndex.open(out).skipped()}
+    skipped = {s.path: s.reason for s in ImageIndex.open(out).metadata.skipped()}
     assert "00001.tar#000010001.jpg" in skipped
     assert "00001.tar#000010000.txt" in skipped and "no image" in skipped["00001.tar#000010000.txt"]
     found = run_cli(["search", out, "a photo", "-k", "4", "--json", "--device", "cpu"])
@@ -152,7 +152,7 @@ def test_update_by_shard_adds_replaces_and_removes(tmp_path: Path, tiny_model: P
     last = build_index(root, out, **_opts(tiny_model))
     assert (last.updated, last.removed, last.embedded, last.total) == (3, 3, 3, 4)
     index = ImageIndex.open(out)
-    assert sorted({p.split("#")[0] for p in index.paths()}) == ["00000.tar", "00002.tar"]
+    assert sorted({p.split("#")[0] for p in index.metadata.paths()}) == ["00000.tar", "00002.tar"]
     assert index.search("x", k=4)[0].caption is not None
 
 
@@ -255,7 +255,7 @@ def test_eval_without_a_queries_file_uses_the_stored_captions(shard_index: Path,
     index = ImageIndex.open(shard_index)
     queries = caption_queries(index)
     assert len(queries) == N and {q.text for q in queries} == {s.caption for s in samples}
-    assert all(len(q.relevant) == 1 and q.relevant[0] in index.paths() for q in queries)
+    assert all(len(q.relevant) == 1 and q.relevant[0] in index.metadata.paths() for q in queries)
     drawn = caption_queries(index, limit=3)
     assert len(drawn) == 3 and drawn == caption_queries(index, limit=3)  # the fixed seed draws the same
     report = evaluate(index, drawn)

@@ -105,12 +105,12 @@ def test_s3_shards_equal_local_shards_and_a_folder(tmp_path: Path, tiny_model: P
         assert sorted(want) == sorted(got) and len(got) == N
         assert min(float(np.dot(got[k], want[k])) for k in got) >= 0.99999
     local = ImageIndex.open(tmp_path / "local.idx")
-    assert remote.paths() == local.paths()
+    assert remote.metadata.paths() == local.metadata.paths()
     assert remote.rows(range(N), columns=("caption", "url", "sha256")) == local.rows(range(N), columns=("caption", "url", "sha256"))
     hit = remote.search("a photo", k=1)[0]
     assert hit.caption in {s.caption for s in samples}
     # The image's bytes come back out of the shard in the bucket.
-    assert remote.source_bytes(hit.id) == next(s.jpeg for s in samples if s.caption == hit.caption)
+    assert remote.files.shard_bytes(hit.id) == next(s.jpeg for s in samples if s.caption == hit.caption)
 
 
 def test_a_prefix_is_its_shards_and_an_update_reads_only_new_ones(tmp_path: Path, tiny_model: Path, endpoint: str,
@@ -206,7 +206,7 @@ def test_import_reads_clip_retrieval_output_from_the_bucket(tmp_path: Path, tiny
     report = import_embeddings(f"s3://{BUCKET}/emb/", out, model=str(tiny_model))
     assert report.imported == 8 and report.source == f"s3://{BUCKET}/emb/" and report.source_format == "clip-retrieval"
     index = ImageIndex.open(out)
-    assert index.paths()[:2] == ["img_0_0.jpg", "img_0_1.jpg"]
+    assert index.metadata.paths()[:2] == ["img_0_0.jpg", "img_0_1.jpg"]
     assert index.manifest.model_info["imported_source"] == f"s3://{BUCKET}/emb/"
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".import-")]  # the staged copy is gone
     with pytest.raises(ImportSourceError, match="no such file"):
@@ -222,7 +222,7 @@ def test_ray_actors_read_the_shards_straight_from_the_store(tmp_path: Path, tiny
     # The actor wrote the part itself, with every shard column the driver would have written.
     assert report.engine == "ray" and report.added == N and report.ray_write == "actors"
     want, got = ImageIndex.open(s3_index), ImageIndex.open(out)
-    assert got.paths() == want.paths()
-    assert float(np.min(np.sum(got.embeddings() * want.embeddings(), axis=1))) >= 0.99999
+    assert got.metadata.paths() == want.metadata.paths()
+    assert float(np.min(np.sum(got.vectors.embeddings() * want.vectors.embeddings(), axis=1))) >= 0.99999
     columns = [f.name for f in SAMPLE_COLUMNS]
     assert got.rows(range(N), columns=columns) == want.rows(range(N), columns=columns)

@@ -171,8 +171,8 @@ def test_index_search_and_query_family_check(
     build_index(photos, out, model=str(siglip_dir), batch_size=4, workers=0, device="cpu", precision="fp32")
     index = ImageIndex.open(out, device="cpu", precision="fp32")  # exact scores to compare
     assert index.manifest.model_info["model_type"] == "siglip"
-    paths = index.paths()
-    stored = index.embeddings()
+    paths = index.metadata.paths()
+    stored = index.vectors.embeddings()
     # Stored vectors equal the encoder on the same files, however they were batched.
     for i, path in enumerate(paths):
         pixels, _, _ = load_pixels(photos / path, encoder.preprocess)
@@ -182,7 +182,7 @@ def test_index_search_and_query_family_check(
         hits = index.search(query, k=len(paths), mode="vector")
         expected = stored @ encoder.embed_texts([query])[0]
         assert [h.score for h in hits] == pytest.approx(sorted(expected, reverse=True), abs=1e-5)
-    assert index.text_path().path == "torch"
+    assert index.encoders.text_path().path == "torch"
     # A CLIP query model is refused by its family, before anything is compared.
     other = ImageIndex.open(out, device="cpu", model=str(tiny_model))
     with pytest.raises(ModelMismatchError, match="built with a siglip model.*is a clip model"):

@@ -61,8 +61,8 @@ def test_cli_search_passes_every_script_intact(index_dir: Path, capsys: pytest.C
     # fp32 on both sides: auto's choice on the torch path depends on timing, so scores compare exactly only in fp32.
     index = ImageIndex.open(index_dir, device="cpu", precision="fp32")
     assert index.manifest.model_info["model_type"] == "siglip"
-    stored = index.embeddings()
-    encoder = index.encoder
+    stored = index.vectors.embeddings()
+    encoder = index.encoders.encoder
     # One in a subprocess: the console script's own argv decoding (UTF-8 locale) included.
     proc = run_cli(["search", index_dir, QUERIES["arabic"], "-k", "3", "--json", "--device", "cpu", "--precision", "fp32"])
     assert proc.returncode == 0, proc.stderr
@@ -80,10 +80,10 @@ def test_cli_search_passes_every_script_intact(index_dir: Path, capsys: pytest.C
 
 def test_cli_classify_gives_independent_sigmoid_probabilities(index_dir: Path, capsys: pytest.CaptureFixture[str]) -> None:
     index = ImageIndex.open(index_dir, device="cpu", precision="fp32")
-    classifier = ZeroShotClassifier.build(index.encoder, LABELS, ["a photo of a {}."])
-    scale, bias = index.encoder.logit_params()
+    classifier = ZeroShotClassifier.build(index.encoders.encoder, LABELS, ["a photo of a {}."])
+    scale, bias = index.encoders.encoder.logit_params()
     assert bias is not None
-    cos = index.embeddings() @ classifier.weights.T
+    cos = index.vectors.embeddings() @ classifier.weights.T
     expected = 1 / (1 + np.exp(-(scale * cos + bias)))
     labels = [a for lb in LABELS for a in ("--label", lb)]
     doc = json.loads(_in_process(capsys, "classify", index_dir, *labels, "--top-k", "3", "--json", "--precision", "fp32"))
@@ -119,9 +119,9 @@ def client(index_dir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterato
 
 def test_http_api_passes_every_script_intact(client: object, index_dir: Path) -> None:
     index = ImageIndex.open(index_dir, device="cpu", precision="fp32")
-    stored = index.embeddings()
+    stored = index.vectors.embeddings()
     for name, query in QUERIES.items():
-        expected = list(np.sort(stored @ index.encoder.embed_texts([query])[0])[::-1][:3])
+        expected = list(np.sort(stored @ index.encoders.encoder.embed_texts([query])[0])[::-1][:3])
         got = client.get("/api/search", params={"q": query, "k": 3})  # type: ignore[attr-defined]
         assert got.status_code == 200, got.text
         assert [r["score"] for r in got.json()["results"]] == pytest.approx(expected, abs=1e-5), name
@@ -137,6 +137,6 @@ def test_ray_engine_builds_the_same_siglip_index(siglip_dir: Path, photos: Path,
         build_index(photos, out, model=str(siglip_dir), engine="ray", batch_size=4, device="cpu", precision="fp32")
     local, remote = ImageIndex.open(index_dir, device="cpu"), ImageIndex.open(out, device="cpu")
     assert remote.manifest.model_info["model_type"] == "siglip"
-    order = {p: i for i, p in enumerate(remote.paths())}
-    ours = remote.embeddings()[[order[p] for p in local.paths()]]
-    assert (ours * local.embeddings()).sum(1).min() >= 0.9999
+    order = {p: i for i, p in enumerate(remote.metadata.paths())}
+    ours = remote.vectors.embeddings()[[order[p] for p in local.metadata.paths()]]
+    assert (ours * local.vectors.embeddings()).sum(1).min() >= 0.9999

@@ -110,11 +110,11 @@ def test_index_update_equals_rebuild(naflex_dir: Path, encoder: HFClipEncoder, t
     build_index(photos, rebuilt, **{**kwargs, "batch_size": 3})
     a, b = ImageIndex.open(updated, device="cpu"), ImageIndex.open(rebuilt, device="cpu")
     assert a.manifest.model_info["model_type"] == "siglip2"
-    order = {p: i for i, p in enumerate(b.paths())}
-    assert (a.embeddings() * b.embeddings()[[order[p] for p in a.paths()]]).sum(1).min() >= COS
-    for i, path in enumerate(a.paths()):
+    order = {p: i for i, p in enumerate(b.metadata.paths())}
+    assert (a.vectors.embeddings() * b.vectors.embeddings()[[order[p] for p in a.metadata.paths()]]).sum(1).min() >= COS
+    for i, path in enumerate(a.metadata.paths()):
         pixels, _, _ = load_pixels(photos / path, encoder.preprocess)
-        assert float(a.embeddings()[i] @ encoder.embed_pixels(pixels[None])[0]) >= COS
+        assert float(a.vectors.embeddings()[i] @ encoder.embed_pixels(pixels[None])[0]) >= COS
     # Image queries go through the same packing; an indexed image finds itself.
     hits = a.search_image(photos / "p2.png", k=1)
     assert hits[0].path == "p2.png" and hits[0].score == pytest.approx(1.0, abs=1e-4)

@@ -169,18 +169,18 @@ def test_fp32_queries_never_import_torch_for_int8(tiny_model: Path) -> None:
 def test_image_index_runs_int8_text_queries_on_the_numpy_path(built_index: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     fp32 = ImageIndex.open(built_index, device="cpu")
     int8 = ImageIndex.open(built_index, device="cpu", precision="int8")
-    planned = int8.text_path()
+    planned = int8.encoders.text_path()
     assert planned.path == "numpy" and "int8 products" in planned.reason
     got, want = int8.search("a red square", k=5), fp32.search("a red square", k=5)
-    assert int8.text_path().reason.startswith("loaded, int8 products (")
-    assert isinstance(int8.text_encoder, NumpyTextEncoder) and int8._queries.loaded_encoder is None  # no torch model loaded
+    assert int8.encoders.text_path().reason.startswith("loaded, int8 products (")
+    assert isinstance(int8.encoders.text_encoder, NumpyTextEncoder) and int8._queries.loaded_encoder is None  # no torch model loaded
     assert len(got) == len(want) == 5
     assert abs(got[0].score - want[0].score) < 0.02
     # Where this machine has no int8 kernel, int8 queries go to the torch path (its own int8).
     monkeypatch.setattr(int8_module, "int8_refusal", lambda: "no kernel (test)")
     fallback = ImageIndex.open(built_index, device="cpu", precision="int8")
     assert len(fallback.search("a red square", k=5)) == 5
-    assert fallback.text_path().path == "torch"
+    assert fallback.encoders.text_path().path == "torch"
 
 
 @pytest.mark.slow

@@ -78,20 +78,20 @@ def test_vectors_do_not_depend_on_the_batch(tiny_model: Path, monkeypatch: pytes
 
 def test_long_lived_fp32_opens_choose_onnxruntime(built_index: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu", precision="fp32")
-    planned = index.text_path()
+    planned = index.encoders.text_path()
     assert planned.path == "onnxruntime" and "ONNX Runtime" in planned.reason
     hits = index.search("a red square", k=5)
-    loaded = index.text_path()
+    loaded = index.encoders.text_path()
     assert loaded.path == "onnxruntime" and loaded.reason.startswith("loaded, fp32 on ONNX Runtime")
     assert index.info()["text_path"]["path"] == "onnxruntime"
     assert index.info()["text_precision"]["runtime"] == "onnxruntime"
     assert index._queries.loaded_encoder is None  # no torch model loaded for text
     # As many texts as the one-shot rule allows for: the same choice.
-    assert text_path(str(index.query_model), text_queries=ONE_SHOT_TEXTS).path == "onnxruntime"
+    assert text_path(str(index.encoders.query_model), text_queries=ONE_SHOT_TEXTS).path == "onnxruntime"
     one_shot = ImageIndex.open(built_index, device="cpu", precision="fp32", text_queries=1)
-    assert one_shot.text_path().path == "numpy" and "1 text query in this process" in one_shot.text_path().reason
+    assert one_shot.encoders.text_path().path == "numpy" and "1 text query in this process" in one_shot.encoders.text_path().reason
     exact = one_shot.search("a red square", k=5)
-    assert one_shot.text_path().path == "numpy"
+    assert one_shot.encoders.text_path().path == "numpy"
     assert "runtime" not in one_shot.info()["text_precision"]  # not tried: the text path says why
     assert [h.id for h in hits] == [h.id for h in exact]
     assert max(abs(a.score - b.score) for a, b in zip(hits, exact, strict=True)) <= 1e-5
@@ -144,9 +144,9 @@ def test_missing_onnxruntime_stays_on_numpy_and_says_why(
     notices = [r.getMessage() for r in caplog.records if "runs on numpy" in r.getMessage()]
     assert len(notices) == 1 and "\n" not in notices[0] and R.ORT_INSTALL in notices[0]
     index = ImageIndex.open(built_index, device="cpu", precision="fp32")
-    assert index.text_path().path == "numpy"
+    assert index.encoders.text_path().path == "numpy"
     assert len(index.search("a red square", k=3)) == 3
-    assert index.text_path().path == "numpy" and R.ORT_INSTALL in index.text_path().reason
+    assert index.encoders.text_path().path == "numpy" and R.ORT_INSTALL in index.encoders.text_path().reason
     assert index.info()["text_precision"]["runtime"] == "numpy"
     # Asked for by name: an error that names the package, not a silent fall-back to torch.
     monkeypatch.setenv(CH.TEXT_RUNTIME_ENV, "onnxruntime")

@@ -20,7 +20,7 @@ def by_path(index_dir: Path) -> dict[str, np.ndarray]:
     index = ImageIndex.open(index_dir)
     rows = index.rows(range(len(index)), columns=("id", "path"))
     assert [r["id"] for r in rows] == list(range(len(index)))
-    emb = index.embeddings()
+    emb = index.vectors.embeddings()
     paths = [r["path"] for r in rows]
     assert len(set(paths)) == len(paths), "a path is indexed twice"
     return dict(zip(paths, emb, strict=True))
@@ -106,7 +106,7 @@ def test_deleted_broken_file_leaves_the_skip_list(tmp_path: Path, counting) -> N
     build_index(photos, idx, encoder=counting, workers=0)
     (photos / "broken.jpg").unlink()
     report = build_index(photos, idx, encoder=counting, workers=0)
-    assert report.skipped == 0 and ImageIndex.open(idx).skipped() == []
+    assert report.skipped == 0 and ImageIndex.open(idx).metadata.skipped() == []
 
 
 def test_other_model_refused_unless_rebuild(tmp_path: Path, tiny_model: Path, other_model: Path) -> None:

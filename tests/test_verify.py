@@ -207,7 +207,7 @@ def test_flipped_bit_in_a_part_page_is_raised_on_read_and_named_by_verify(idx: P
     # An unfiltered search reads no Parquet page (FAISS and the path files, both intact).
     assert index.search_vectors(vectors[:2], 5) == ImageIndex.open(clean).search_vectors(vectors[:2], 5)
     with pytest.raises(IndexCorruptError, match="CRC") as exc:
-        index.embeddings()
+        index.vectors.embeddings()
     assert exc.value.path == str(idx / rel) and "--rebuild" in exc.value.fix
     assert problems(idx) == [(rel, "checksum")]
 
@@ -261,7 +261,7 @@ def test_flipped_bit_in_a_path_is_raised_when_read(idx: Path, clean: Path, vecto
     flip(idx / rel, paths_data_end(idx / rel) - 5, 0)  # a character of the part's last path (img00299.jpg)
     index = ImageIndex.open(idx)  # opening reads the header only (memory-mapped)
     with pytest.raises(IndexCorruptError, match="part-00001.paths is damaged \\(the path of row 149 fails its CRC\\)"):
-        index.paths_of([ROWS - 1])
+        index.metadata.paths_of([ROWS - 1])
     with pytest.raises(IndexCorruptError, match="part-00001.paths is damaged"):
         index.search_vectors(vectors[ROWS - 1 :], 1)  # its top hit is id 299
     # Searches whose hits avoid that row are answered (from intact data).
@@ -277,9 +277,9 @@ def test_flipped_bit_in_a_path_crc_is_raised_when_read(idx: Path) -> None:
     rel = file_of(idx, "paths0")
     flip(idx / rel, paths_data_end(idx / rel) + 4 * 7, 0)  # row 7's CRC
     index = ImageIndex.open(idx)
-    assert index.paths_of([6, 8]) == ["dir0/img00006.jpg", "dir2/img00008.jpg"]
+    assert index.metadata.paths_of([6, 8]) == ["dir0/img00006.jpg", "dir2/img00008.jpg"]
     with pytest.raises(IndexCorruptError, match="the path of row 7 fails its CRC"):
-        index.paths_of([7])
+        index.metadata.paths_of([7])
     strip_checksums(idx)
     assert [(p.file, p.check, p.detail) for p in verify_index(idx).problems] == [(rel, "paths", "the path of row 7 fails its CRC")]
 
@@ -289,7 +289,7 @@ def test_path_files_without_a_crc_trailer_are_read(idx: Path) -> None:
     strip_checksums(idx)
     rel = file_of(idx, "paths0")
     (idx / rel).write_bytes((idx / rel).read_bytes()[: paths_data_end(idx / rel)])
-    assert ImageIndex.open(idx).paths_of([0, 149]) == ["dir0/img00000.jpg", "dir2/img00149.jpg"]
+    assert ImageIndex.open(idx).metadata.paths_of([0, 149]) == ["dir0/img00000.jpg", "dir2/img00149.jpg"]
     assert verify_index(idx).ok
 
 
@@ -309,7 +309,7 @@ def test_flipped_bit_in_the_skip_list_is_raised_on_read(idx: Path) -> None:
     flip(idx / rel, page_offset(idx / rel, "reason"), 1)
     index = ImageIndex.open(idx)
     with pytest.raises(IndexCorruptError, match="skipped.parquet is damaged .*CRC"):
-        index.skipped()
+        index.metadata.skipped()
     proc = run_cli(["info", idx])
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "skipped.parquet is damaged" in proc.stderr
     assert problems(idx) == [(rel, "checksum")]
@@ -445,7 +445,7 @@ def test_index_without_checksums_content_checks(idx: Path, vectors: np.ndarray) 
     assert data.count(value) == 1
     flip(idx / rel, data.index(value) + 3, 6)
     with np.errstate(over="ignore"):
-        assert not np.isfinite(np.linalg.norm(ImageIndex.open(idx).embeddings()[7]))
+        assert not np.isfinite(np.linalg.norm(ImageIndex.open(idx).vectors.embeddings()[7]))
     report = verify_index(idx)
     assert [(p.file, p.check) for p in report.problems] == [(rel, "norms")]
     assert report.problems[0].detail.startswith("the embedding of id 7 has norm ")

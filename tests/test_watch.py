@@ -58,12 +58,12 @@ def paths(index_dir: Path) -> set[str]:
         return _seen[index_dir][1]
     for _ in range(5):
         try:
-            found = set(ImageIndex.open(index_dir).paths())
+            found = set(ImageIndex.open(index_dir).metadata.paths())
             break
         except FileNotFoundError:
             time.sleep(0.05)  # a generation replaced while opening: read the next one
     else:
-        found = set(ImageIndex.open(index_dir).paths())
+        found = set(ImageIndex.open(index_dir).metadata.paths())
     _seen[index_dir] = (key, found)
     return found
 
@@ -81,7 +81,7 @@ class Watching:
         def record(report: BuildReport) -> None:
             index = ImageIndex.open(out)
             rows = index.rows(range(len(index)), columns=("path", "size"))
-            skipped = {s.path for s in index.skipped()}
+            skipped = {s.path for s in index.metadata.skipped()}
             self.states.append((report, {r["path"]: r["size"] for r in rows}, skipped))
 
         def run() -> None:

@@ -124,18 +124,18 @@ def test_sigmoid_scores_with_a_logit_bias() -> None:
 
 def test_an_index_is_classified_from_its_stored_vectors_in_batches(built_index: Path, tmp_path: Path) -> None:
     index = ImageIndex.open(built_index, device="cpu")
-    classifier = ZeroShotClassifier.build(index.encoder, LABELS, ["a photo of a {}."])
-    expected = classifier.scores(index.embeddings())
+    classifier = ZeroShotClassifier.build(index.encoders.encoder, LABELS, ["a photo of a {}."])
+    expected = classifier.scores(index.vectors.embeddings())
     batches = list(classify_index(index, classifier, batch_rows=4))
     assert len(batches) == -(-index.count // 4)
     flat = [p for b in batches for p in b]
     assert [p.id for p in flat] == list(range(index.count))
-    assert [p.path for p in flat] == index.paths()
+    assert [p.path for p in flat] == index.metadata.paths()
     assert np.allclose(np.stack([p.scores for p in flat]), expected, atol=1e-6)
 
     where = Filter(path_glob="*.png")
     kept = [p for b in classify_index(index, classifier, where=where, batch_rows=3) for p in b]
-    assert [p.id for p in kept] == np.flatnonzero(index.mask(where)).tolist()
+    assert [p.id for p in kept] == np.flatnonzero(index.metadata.mask(where)).tolist()
 
     out = tmp_path / "pred.parquet"
     assert write_predictions(out, LABELS, classify_index(index, classifier, batch_rows=5)) == index.count
@@ -197,15 +197,15 @@ def test_cli_classify_and_eval_zeroshot(
     built_index: Path, tiny_model: Path, images: list[Path], tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     index = ImageIndex.open(built_index, device="cpu")
-    classifier = ZeroShotClassifier.build(index.encoder, LABELS, ["a photo of a {}."])
-    expected = classifier.scores(index.embeddings())
+    classifier = ZeroShotClassifier.build(index.encoders.encoder, LABELS, ["a photo of a {}."])
+    expected = classifier.scores(index.vectors.embeddings())
     args = ["classify", built_index, *(a for label in LABELS for a in ("--label", label)), "--top-k", "2", "--json"]
     out = run_cli(args)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["labels"] == LABELS and len(doc["results"]) == index.count
     first = doc["results"][0]
-    assert first["id"] == 0 and first["path"] == index.paths()[0] and len(first["labels"]) == 2
+    assert first["id"] == 0 and first["path"] == index.metadata.paths()[0] and len(first["labels"]) == 2
     assert first["labels"][0]["label"] == LABELS[int(expected[0].argmax())]
     assert first["labels"][0]["score"] == pytest.approx(float(expected[0].max()), abs=1e-6)
 
@@ -220,7 +220,7 @@ def test_cli_classify_and_eval_zeroshot(
         return capsys.readouterr().out
 
     out_text = in_process("classify", built_index, "--labels", labels_file, "--path-glob", "*.png", "--out", tmp_path / "p.parquet")
-    assert pq.read_table(tmp_path / "p.parquet").num_rows == int(index.mask(Filter(path_glob="*.png")).sum())
+    assert pq.read_table(tmp_path / "p.parquet").num_rows == int(index.metadata.mask(Filter(path_glob="*.png")).sum())
     assert out_text.startswith("classified ")
 
     doc = json.loads(in_process("classify", "--model", tiny_model, *images[:2], "--label", "x", "--label", "y", "--json"))

@@ -51,7 +51,7 @@ def run(args: argparse.Namespace) -> int:
     batches: Iterator[list[Prediction]]
     if indexed:
         index = ImageIndex.open(args.targets[0], model=args.model, device=args.device, precision=args.precision)
-        classifier = ZeroShotClassifier.build(index.encoder, labels, templates, args.query_lang)
+        classifier = ZeroShotClassifier.build(index.encoders.encoder, labels, templates, args.query_lang)
         batches = classify_index(index, classifier, where=where)
     else:
         if args.model is None:

@@ -1,4 +1,4 @@
-"""``clipsearch search``: the closest images to a text or an image query."""
+"""``clipsearch search``: the closest images to a text or an image query (over HTTP: :mod:`clipsearch.server.search`)."""
 
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ from .options import add_options
 
 if TYPE_CHECKING:
     from retrieval.hits import Hit
-    from retrieval.query_terms import QueryTerm
+    from retrieval.request import SearchRequest
 
     from ._common import Subparsers
 
@@ -25,43 +25,48 @@ _TERMS_ON_THE_CLI = (
 
 def run(args: argparse.Namespace) -> int:
     """Search the index; print one line per hit, or ``{"results": [...]}`` with ``--json``."""
-    from retrieval.hits import check_cut
     from retrieval.index import ImageIndex
 
-    combined = bool(args.add or args.subtract)
-    if args.query is None and args.image is None and not args.add:
-        raise InvalidArgumentError("give a text query, --image PATH or --add TERM")
-    if args.query is not None and args.image is not None:
-        raise InvalidArgumentError("give either a text query or --image, not both")
-    if args.query is not None and not args.query.strip():
-        raise InvalidArgumentError("the query is empty")
-    if args.mode == "keyword" and (args.image is not None or combined):
-        raise InvalidArgumentError("--mode keyword takes a text query alone: image queries and query arithmetic are vector-only")
-    where = filter_from_args(args)
-    # Checked before the index and the model load: a bad cut-off fails at once.
-    check_cut(args.k, args.min_score, args.sort)
-    terms = _terms(args) if combined else None
+    # Checked before the index and the model load: a bad query, cut-off or term fails at once.
+    req = _request(args)
     # One process, one search: auto's text tower weighs int8's set-up against the texts it embeds.
-    texts = sum(t.kind == "text" for t in terms) if terms is not None else int(args.image is None)
+    texts = sum(t.kind == "text" for t in req.terms) if req.terms else int(req.text is not None)
     index = ImageIndex.open(
         args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=texts
     )
-    cut = {"k": args.k, "where": where, "min_score": args.min_score, "sort": args.sort}
-    if terms is not None:
-        hits = index.search_combined(terms, **cut, query_lang=args.query_lang)
-    elif args.image is None:
-        hits = index.search(args.query, mode=args.mode, **cut, query_lang=args.query_lang)
-    else:
-        hits = index.search_image(args.image, **cut)
+    hits = index.search(req)
     if args.json:
         print_json({"results": [h.to_dict(facts=True) for h in hits]})
     else:
         if not hits:
-            print(_why_none(args, where.active))
+            print(_why_none(args, req.where is not None and req.where.active))
         for rank, hit in enumerate(hits, 1):
             taken = f"  {hit.taken or 'undated'}" if args.sort == "taken" else ""
             print(f"{rank:>3}  {hit.score:.4f}  {hit.path}{taken}{_why(hit)}")
     return 0
+
+
+def _request(args: argparse.Namespace) -> SearchRequest:
+    # The command line as the library's one checked request.
+    from retrieval.query_terms import QueryTerm, parse_term
+    from retrieval.request import SearchRequest
+
+    if args.query is None and args.image is None and not args.add:
+        raise InvalidArgumentError("give a text query, --image PATH or --add TERM")
+    if args.query is not None and args.image is not None:
+        raise InvalidArgumentError("give either a text query or --image, not both")
+    search = {"k": args.k, "where": filter_from_args(args), "min_score": args.min_score, "sort": args.sort,
+              "mode": args.mode, "query_lang": args.query_lang}
+    if args.add or args.subtract:
+        # The QUERY takes an N: weight here; a missing image or a zero weight fails at once.
+        first = [parse_term(args.query)] if args.query is not None else []
+        if args.image is not None:
+            first = [QueryTerm(args.image, "image")]
+        add = first + [parse_term(t) for t in args.add]
+        return SearchRequest(add=add, subtract=[parse_term(t) for t in args.subtract], **search)
+    if args.image is not None:
+        return SearchRequest(image=args.image, **search)
+    return SearchRequest(text=args.query, **search)
 
 
 def _why(hit: Hit) -> str:
@@ -80,16 +85,6 @@ def _why_none(args: argparse.Namespace, filtered: bool) -> str:
     if args.min_score is not None:
         return f"no results (no image{' passing the filters' if filtered else ''} scores at least {args.min_score})"
     return "no results (no image matches the filters)" if filtered else "no results (the index is empty)"
-
-
-def _terms(args: argparse.Namespace) -> list[QueryTerm]:
-    # Checked before the index and the model load: a missing image or a zero weight fails at once.
-    from retrieval.query_terms import QueryTerm, parse_term
-
-    first = [parse_term(args.query)] if args.query is not None else []
-    if args.image is not None:
-        first = [QueryTerm(args.image, "image")]
-    return first + [parse_term(t) for t in args.add] + [parse_term(t).negated() for t in args.subtract]
 
 
 def register(subparsers: Subparsers) -> None:

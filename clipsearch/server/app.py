@@ -42,13 +42,13 @@ from .docs import document_search_body, mount_docs
 from .errors import install_error_handlers
 from .filters import query_filters
 from .indexes import IndexSet, ServedIndex
-from .metrics import CONTENT_TYPE, MetricsMiddleware, ServerMetrics
 from .middleware import UI_CSP, BodyLimit, SecurityHeaders
+from .prometheus import CONTENT_TYPE, MetricsMiddleware, ServerMetrics
 from .responses import JSONResponse
 from .search import (
+    ApiSearch,
     SearchBody,
     SearchForm,
-    SearchRequest,
     SearchResponse,
     from_body,
     from_form,
@@ -121,7 +121,7 @@ def create_app(
             defaults to ``auto`` here: a server is long-lived, so int8 text products that pass the
             quality gate are worth their one-time torch import).
         warm: load the query models now and have the kernel read what every query of a
-            memory-mapped FAISS file scans (:meth:`ImageIndex.warm`; tests that never query
+            memory-mapped FAISS file scans (``ImageIndex.vectors.warm``; tests that never query
             may skip it).
         query_cache: distinct query texts per index whose vectors are kept (0: none).
         mmap: memory-map every FAISS file (True: what several worker processes share), read
@@ -205,7 +205,7 @@ def _mount_metrics(app: FastAPI, server_metrics: ServerMetrics) -> None:
 
 def _warm(served: ServedIndex) -> None:
     index = served.current()
-    langs = index.query_languages()
+    langs = index.encoders.query_languages()
     with served.model_call("text"):
         index.search(_WARM_TEXT, k=1, query_lang=("eng_Latn" if "eng_Latn" in langs else langs[0]) if langs else None)
     with served.model_call("image"):
@@ -215,14 +215,14 @@ def _warm(served: ServedIndex) -> None:
     if index.count:
         # The first metadata read opens the Parquet row groups.
         index.rows([0], columns=("content_hash",))
-        index.sizes_of([0])  # the width and height columns, read once for every result page
+        index.metadata.sizes_of([0])  # the width and height columns, read once for every result page
 
 
 def _query_languages(served: ServedIndex) -> list[str]:
     # The list loads an open_clip model's tokenizer; a model that cannot load lists none here
     # and its searches say why.
     try:
-        return list(served.current().query_languages())
+        return list(served.current().encoders.query_languages())
     except (ModelLoadError, ModelMismatchError):
         return []
 
@@ -342,13 +342,13 @@ def _api_router() -> APIRouter:
     return api
 
 
-async def _answer(request: Request, req: SearchRequest) -> Response:
+async def _answer(request: Request, req: ApiSearch) -> Response:
     request.state.query_kind = req.kind  # the metrics' kind label
     served = _indexes(request).get(req.index)
     return JSONResponse(await run_in_threadpool(run_search, served, req))
 
 
-async def _read_search_body(request: Request) -> SearchRequest:
+async def _read_search_body(request: Request) -> ApiSearch:
     kind = request.headers.get("content-type", "").split(";")[0].strip().lower()
     if kind == "multipart/form-data":
         return await _read_form(request)
@@ -366,7 +366,7 @@ async def _read_search_body(request: Request) -> SearchRequest:
     return from_body(body)
 
 
-async def _read_form(request: Request) -> SearchRequest:
+async def _read_form(request: Request) -> ApiSearch:
     form = await request.form(max_files=1, max_fields=64)
     try:
         upload = form.get("image")

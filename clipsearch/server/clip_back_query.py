@@ -1,5 +1,5 @@
 """clip-retrieval's clip-back API, the request side: a ``/knn-service`` or ``/metadata`` JSON
-body checked and turned into our own :class:`~clipsearch.server.search.SearchRequest`, and the
+body checked and turned into our own :class:`~clipsearch.server.search.ApiSearch`, and the
 answer shaped as clip-back shapes it (near-duplicates dropped as clip-back drops them).
 
 Pure functions: the routes (:mod:`clipsearch.server.clip_back`) read the body, call these, run
@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import base64
 import binascii
+import io
 import json
 import math
 from collections.abc import Mapping, Sequence
@@ -21,11 +22,11 @@ import numpy as np
 
 from retrieval.duplicates import components
 from retrieval.errors import InvalidArgumentError
-from retrieval.filters import Filter
 from retrieval.index import Hit, ImageIndex
+from retrieval.request import SearchRequest
 
 from ..search_params import MAX_DEPTH
-from .search import SearchRequest
+from .search import ApiSearch, unit_vector
 
 # clip-back's near-duplicate threshold: results whose embeddings have an inner product above it
 # with a higher-ranked result are dropped (KnnService.get_non_uniques).
@@ -55,20 +56,26 @@ class KnnQuery:
     # The ignored options the caller asked for (sent with a value that would have an effect).
     ignored: tuple[str, ...] = ()
 
-    def search_request(self, image: bytes | None = None) -> SearchRequest:
-        """Our search of this query, ``num_result_ids`` deep (``image``: a fetched image_url)."""
+    def search_request(self, image: bytes | None = None) -> ApiSearch:
+        """Our search of this query, ``num_result_ids`` deep (``image``: a fetched image_url).
+
+        Raises:
+            InvalidArgumentError: what :class:`~retrieval.request.SearchRequest` refuses.
+        """
         kind = "image" if self.kind == "image_url" else self.kind
-        return SearchRequest(
-            kind=kind,  # type: ignore[arg-type]  # one of text, image, vector
-            k=self.num_result_ids,
-            offset=0,
-            index=self.indice_name,
-            where=Filter(),
-            mode="vector",  # clip-back is a k-NN service: its clients get the vector ranking
+        data = image if image is not None else self.image
+        upload = None
+        if data is not None:
+            upload = io.BytesIO(data)
+            upload.name = "upload"  # how decoding errors name it (instead of '<stream>')
+        search = SearchRequest(
             text=self.text,
-            image=image if image is not None else self.image,
-            vector=self.vector,
+            image=upload,
+            vector=unit_vector(self.vector) if self.vector is not None else None,
+            k=self.num_result_ids,
+            mode="vector",  # clip-back is a k-NN service: its clients get the vector ranking
         )
+        return ApiSearch(kind=kind, search=search, k=self.num_result_ids, offset=0, index=self.indice_name)  # type: ignore[arg-type]
 
 
 def json_object(raw: bytes) -> dict[str, Any]:
@@ -234,8 +241,8 @@ def metadata_of(index: ImageIndex, ids: Sequence[int], name: str, base_url: str)
     was indexed), else ``url`` is this server's ``/api/images/{id}`` (absolute; none for an index
     imported from embeddings, which has no files to serve) and ``caption`` the image's relative
     path; and ``path``."""
-    paths = index.paths_of(list(ids)) if ids else []
-    samples = index.sample_meta(list(ids)) if ids else []
+    paths = index.metadata.paths_of(list(ids)) if ids else []
+    samples = index.metadata.sample_meta(list(ids)) if ids else []
     quoted = quote(name, safe="")
     root = base_url.rstrip("/")
     out = []
@@ -254,7 +261,7 @@ def knn_answer(index: ImageIndex, hits: list[Hit], query: KnnQuery, base_url: st
     ``{metadata..., "id", "similarity"}`` (clip-back's order), metadata on the first
     ``num_images`` only, as clip-back answers (clip-front asks ``/metadata`` for the rest)."""
     if query.deduplicate and len(hits) > 1:
-        drop = near_duplicates(index.vectors_of([h.id for h in hits]))
+        drop = near_duplicates(index.vectors.vectors_of([h.id for h in hits]))
         hits = [h for h, gone in zip(hits, drop, strict=True) if not gone]
     head = hits[: query.num_images]
     metas = metadata_of(index, [h.id for h in head], query.indice_name, base_url)

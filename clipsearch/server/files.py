@@ -53,7 +53,7 @@ def parse_id(text: str, index: ImageIndex, name: str) -> int:
 def source_file(index: ImageIndex, image_id: int, name: str) -> Path:
     """The recorded file of ``image_id``, refused unless it lies under the index's source root.
 
-    ``ImageIndex.source_file`` joins the source root with the stored relative path; the check here
+    ``ImageIndex.files.path`` joins the source root with the stored relative path; the check here
     is lexical (no ``..`` can climb out), so a symlink the indexer followed inside the collection
     is still served, as it was indexed.
     """
@@ -61,7 +61,7 @@ def source_file(index: ImageIndex, image_id: int, name: str) -> Path:
         # An index made by `clipsearch import`: vectors only, no folder of originals to serve.
         raise NotFoundError(f"index {name!r} holds no image files (it was imported from embeddings)")
     try:
-        path = index.source_file(image_id)
+        path = index.files.path(image_id)
     except InvalidArgumentError:
         raise NotFoundError(f"no image {image_id} in index {name!r}") from None
     except IndexCorruptError:
@@ -83,7 +83,7 @@ def shard_bytes(index: ImageIndex, image_id: int, name: str) -> bytes | None:
         NotFoundError: the shard cannot be read now, or changed since it was indexed.
     """
     try:
-        return index.source_bytes(image_id)
+        return index.files.shard_bytes(image_id)
     except InvalidArgumentError:
         raise NotFoundError(f"no image {image_id} in index {name!r}") from None
     except ShardSourceError as exc:

@@ -1,5 +1,8 @@
-"""Search requests: their shapes (GET parameters, a JSON body, a multipart form), their checks,
-and the one function that answers them with ``ImageIndex``'s own search calls.
+"""Search requests over HTTP, as :mod:`clipsearch.cli.search` on the command line.
+
+Their shapes (GET parameters, a JSON body, a multipart form), checked once
+into an :class:`ApiSearch` (the library's :class:`~retrieval.request.SearchRequest` and the
+page), and the one function that answers them with ``ImageIndex.search``.
 
 Errors follow one rule: a request of the wrong shape (an unknown field, a wrong type, k or
 offset out of range) is 422; a well-formed value the search refuses (an empty text, a vector of
@@ -11,7 +14,7 @@ from __future__ import annotations
 import io
 import math
 import time
-from collections.abc import Callable, Coroutine, Mapping
+from collections.abc import Callable, Coroutine, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import quote
@@ -20,11 +23,9 @@ import numpy as np
 from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from retrieval.errors import InvalidArgumentError
-from retrieval.filters import Filter
-from retrieval.hits import check_cut
 from retrieval.index import Hit, ImageIndex
-from retrieval.keywords import check_mode
 from retrieval.query_terms import QueryTerm, parse_term
+from retrieval.request import SearchRequest
 
 from ..search_params import MAX_DEPTH, MAX_TERMS, SearchParams
 from .config import DEFAULT_THUMBNAIL_SIZE
@@ -135,24 +136,18 @@ class SearchResponse(BaseModel):
 
 
 @dataclass(frozen=True)
-class SearchRequest:
-    """One validated query, whatever shape it came in."""
+class ApiSearch:
+    """One HTTP search, checked where it came in, whatever its shape: the library's
+    :class:`~retrieval.request.SearchRequest` (``offset + k`` deep: a page is a slice of the
+    ranking), the page, the served index's name and the query's kind (the metrics' label).
+    Below the edge nothing checks it again; only what the answering generation decides (an
+    id it has, a vector of its dim) is checked there."""
 
     kind: QueryKind
+    search: SearchRequest
     k: int
     offset: int
     index: str | None
-    where: Filter
-    min_score: float | None = None
-    sort: str = "score"
-    query_lang: str | None = None
-    mode: str | None = None
-    text: str | None = None
-    image_id: int | None = None
-    vector: tuple[float, ...] | None = None
-    image: bytes | None = None
-    # Query arithmetic: more terms added to / subtracted from the query (weights signed).
-    terms: tuple[QueryTerm, ...] = ()
 
 
 def make_terms(add: list[str | TermBody] | list[str], subtract: list[str | TermBody] | list[str]) -> tuple[QueryTerm, ...]:
@@ -183,30 +178,45 @@ def check_window(k: int, offset: int) -> None:
         raise InvalidArgumentError(f"offset + k must be <= {MAX_DEPTH}, got {offset + k}")
 
 
-def make_request(kind: QueryKind, params: Mapping[str, Any], filters: Mapping[str, Any], **query: Any) -> SearchRequest:
-    """A :class:`SearchRequest` of ``kind`` from the search parameters' and the filters' values
-    by name (``query``: the query itself, ``text=...``).
+def make_request(kind: QueryKind, params: Mapping[str, Any], filters: Mapping[str, Any], *, text: str | None = None,
+                 image_id: int | None = None, vector: Sequence[float] | None = None, image: bytes | None = None) -> ApiSearch:
+    """An :class:`ApiSearch` of ``kind`` from the search parameters' and the filters' values by
+    name, and the query itself (``text``, ``image_id``, ``vector`` or ``image``).
 
     Raises:
-        InvalidArgumentError: ``offset + k`` too deep, a filter or a term the search refuses.
+        InvalidArgumentError: ``offset + k`` too deep, a filter, a term or a query the search
+            refuses (:class:`~retrieval.request.SearchRequest`).
     """
-    check_window(params["k"], params["offset"])
-    where = make_filter(**filters)
+    k, offset = params["k"], params["offset"]
+    check_window(k, offset)
     terms = make_terms(params["add"] or [], params["subtract"] or [])
-    # An empty form field is no cut-off and the default order, as an empty filter is no filter.
-    min_score, sort = params["min_score"], params["sort"] or "score"
-    check_cut(params["k"], min_score, sort)
-    mode = check_mode(params["mode"]) if params.get("mode") else None
-    if mode == "keyword" and (kind != "text" or terms):
-        raise InvalidArgumentError("mode keyword takes a text query alone: image queries and query arithmetic are vector-only")
-    # An empty form field is no language, as for the cut-off.
-    query_lang = params["query_lang"] or None
-    return SearchRequest(kind=kind, k=params["k"], offset=params["offset"], index=params["index"], where=where,
-                         min_score=min_score, sort=sort, mode=mode, query_lang=query_lang, terms=terms, **query)
+    upload = None
+    if image is not None:
+        upload = io.BytesIO(image)
+        upload.name = "upload"  # how decoding errors name it (instead of '<stream>')
+    query: dict[str, Any] = {"text": text, "similar_to": image_id, "image": upload}
+    if vector is not None:
+        query = {"vector": unit_vector(vector)}
+    if terms:
+        if kind == "vector":
+            raise InvalidArgumentError("add and subtract combine with text, image_id or an image file, not with a vector")
+        # The query is the first term, as `clipsearch search QUERY --add ...` makes it (a text takes an N: weight too).
+        if kind == "text":
+            first = parse_term(text or "", files=False)
+        elif kind == "image_id":
+            first = QueryTerm(image_id if image_id is not None else -1, "id")
+        else:
+            first = QueryTerm(image or b"", "image")
+        query = {"add": (first, *terms)}
+    # An empty form field is no cut-off, the default order, no mode and no language, as an empty filter is no filter.
+    search = SearchRequest(**query, k=offset + k, where=make_filter(**filters), min_score=params["min_score"],
+                           sort=params["sort"] or "score", mode=params.get("mode") or None,
+                           query_lang=params["query_lang"] or None)
+    return ApiSearch(kind=kind, search=search, k=k, offset=offset, index=params["index"])
 
 
-def from_body(body: SearchBody) -> SearchRequest:
-    """A JSON body as a :class:`SearchRequest` (exactly one query kind)."""
+def from_body(body: SearchBody) -> ApiSearch:
+    """A JSON body as an :class:`ApiSearch` (exactly one query kind)."""
     given = [name for name in ("text", "image_id", "vector") if getattr(body, name) is not None]
     if len(given) != 1:
         got = f"; got {', '.join(given)}" if given else ""
@@ -214,70 +224,51 @@ def from_body(body: SearchBody) -> SearchRequest:
     kind: QueryKind = given[0]  # type: ignore[assignment]  # one of the three names above
     params = {name: getattr(body, name) for name in PARAMS}
     filters = body.filters.model_dump() if body.filters is not None else {}
-    vector = tuple(body.vector) if body.vector is not None else None
-    req = make_request(kind, params, filters, text=body.text, image_id=body.image_id, vector=vector)
-    if req.terms and kind == "vector":
-        raise InvalidArgumentError("add and subtract combine with text, image_id or an image file, not with a vector")
-    return req
+    return make_request(kind, params, filters, text=body.text, image_id=body.image_id, vector=body.vector)
 
 
-def from_form(form: SearchForm, image: bytes) -> SearchRequest:
-    """A multipart form (its fields and the uploaded image) as a :class:`SearchRequest`."""
+def from_form(form: SearchForm, image: bytes) -> ApiSearch:
+    """A multipart form (its fields and the uploaded image) as an :class:`ApiSearch`."""
     params = {name: getattr(form, name) for name in PARAMS}
     return make_request("image", params, form.model_dump(exclude=set(PARAMS)), image=image)
 
 
-def _hits(index: ImageIndex, served: ServedIndex, req: SearchRequest, depth: int) -> list[Hit]:
-    # Each kind is the ImageIndex call the CLI (or the Python API) makes for it: same ranking.
-    cut: dict[str, Any] = {"k": depth, "where": req.where, "min_score": req.min_score, "sort": req.sort}
-    if req.terms:
-        return _combined(index, served, req, cut)
+def _hits(index: ImageIndex, served: ServedIndex, api: ApiSearch) -> list[Hit]:
+    # The request is checked; what this generation decides is checked here: its ids (404), its dim.
+    req = api.search
+    for image_id in (req.similar_to, *(t.value for t in req.terms if t.kind == "id")):
+        if image_id is not None:
+            _known_id(index, served, int(image_id))
     if req.kind == "text":
         assert req.text is not None
-        if not req.text.strip():
-            index.search(req.text, **cut)  # refuses it, in the library's words
         # Only the encoding runs under the model lock and its timer (the query-encoding metric);
-        # the FAISS search is what ImageIndex.search runs after it.
+        # the FAISS search is what index.search runs after it.
         with served.model_call("text"):
-            vector = index.embed_texts([req.text], query_lang=req.query_lang)
-        return index.search_embedded([req.text], vector, mode=req.mode, **cut)[0]
-    if req.kind == "image":
-        assert req.image is not None
-        with served.model_call("image"):
-            upload = io.BytesIO(req.image)
-            upload.name = "upload"  # how decoding errors name it (instead of '<stream>')
-            return index.search_image(upload, **cut)
-    if req.kind == "image_id":
-        return index.search_similar(_known_id(index, served, req.image_id), **cut)
-    return index.search_vectors(_unit_vector(req.vector, index.dim)[None], **cut)[0]
+            vector = index.encoders.embed_texts([req.text], query_lang=req.query_lang)
+        return index.search(req.with_vector(vector[0]))
+    if req.kind == "vector":
+        assert req.vector is not None
+        if len(req.vector) != index.dim:
+            raise InvalidArgumentError(f"vector must have {index.dim} numbers (the index's dim), got {len(req.vector)}")
+        return index.search(req)
+    if req.kind == "similar":
+        return index.search(req)
+    with served.model_call("text" if any(t.kind == "text" for t in req.terms) else "image"):
+        return index.search(req)
 
 
-def _combined(index: ImageIndex, served: ServedIndex, req: SearchRequest, cut: dict[str, Any]) -> list[Hit]:
-    # The query is the first term, as `clipsearch search QUERY --add ...` makes it (a text takes an N: weight too).
-    if req.kind == "text":
-        first = parse_term(req.text or "", files=False)
-    elif req.kind == "image_id":
-        first = QueryTerm(_known_id(index, served, req.image_id), "id")
-    else:
-        first = QueryTerm(req.image or b"", "image")
-    for term in req.terms:
-        if term.kind == "id" and isinstance(term.value, int):
-            _known_id(index, served, term.value)
-    kinds = {t.kind for t in (first, *req.terms)}
-    with served.model_call("text" if "text" in kinds else "image"):
-        return index.search_combined([first, *req.terms], **cut, query_lang=req.query_lang)
-
-
-def _known_id(index: ImageIndex, served: ServedIndex, image_id: int | None) -> int:
-    """``image_id`` when the generation answering the request has it (a 404 otherwise)."""
-    if image_id is None or image_id >= index.count:
+def _known_id(index: ImageIndex, served: ServedIndex, image_id: int) -> None:
+    """A 404 when the generation answering the request has no image ``image_id``."""
+    if image_id >= index.count:
         raise NotFoundError(f"no image {image_id} in index {served.name!r} ({index.count} images)")
-    return image_id
 
 
-def _unit_vector(values: tuple[float, ...] | None, dim: int) -> np.ndarray:
-    if values is None or len(values) != dim:
-        raise InvalidArgumentError(f"vector must have {dim} numbers (the index's dim), got {0 if values is None else len(values)}")
+def unit_vector(values: Sequence[float]) -> np.ndarray:
+    """A request's vector, normalised (the server normalises what it is given).
+
+    Raises:
+        InvalidArgumentError: not finite numbers, or all zeros.
+    """
     vec = np.asarray(values, dtype=np.float64)
     if not np.all(np.isfinite(vec)):
         raise InvalidArgumentError("vector must hold finite numbers (no NaN or Infinity)")
@@ -287,7 +278,7 @@ def _unit_vector(values: tuple[float, ...] | None, dim: int) -> np.ndarray:
     return (vec / norm).astype(np.float32)
 
 
-def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
+def run_search(served: ServedIndex, req: ApiSearch) -> dict[str, Any]:
     """Answer one search (blocking: call it from a worker thread).
 
     The index generation is read once, so the whole answer (ranking, sizes) comes from it even
@@ -298,8 +289,8 @@ def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
     """
     started = time.perf_counter()
     index = served.current()
-    hits = _hits(index, served, req, req.offset + req.k)[req.offset : req.offset + req.k]
-    sizes = index.sizes_of([h.id for h in hits]).tolist()
+    hits = _hits(index, served, req)[req.offset : req.offset + req.k]
+    sizes = index.metadata.sizes_of([h.id for h in hits]).tolist()
     name = quote(served.name, safe="")
     results = [
         {
@@ -326,9 +317,9 @@ def run_search(served: ServedIndex, req: SearchRequest) -> dict[str, Any]:
     return {"results": results, "offset": req.offset, "k": req.k, "took_ms": round(took_ms, 3)}
 
 
-def find_hits(served: ServedIndex, req: SearchRequest) -> tuple[ImageIndex, list[Hit]]:
+def find_hits(served: ServedIndex, req: ApiSearch) -> tuple[ImageIndex, list[Hit]]:
     """The hits of ``req`` (its ``offset:offset+k`` window) and the generation that answered:
     the search :func:`run_search` makes, for answers of another shape (clip-back's
     ``/knn-service``). Blocking: call it from a worker thread."""
     index = served.current()
-    return index, _hits(index, served, req, req.offset + req.k)[req.offset : req.offset + req.k]
+    return index, _hits(index, served, req)[req.offset : req.offset + req.k]

@@ -5,7 +5,7 @@ spawned processes inherit it) and opens every index with its FAISS file memory-m
 workers share the index's pages in the kernel's page cache instead of holding a copy each; each
 follows new generations on its own (:class:`~retrieval.live.LiveIndex`). The query models are
 loaded by every worker (they are not shared). Metrics use prometheus-client's multiprocess mode
-in a temporary directory (:mod:`clipsearch.server.metrics`).
+in a temporary directory (:mod:`clipsearch.server.prometheus`).
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from uvicorn.supervisors.multiprocess import Multiprocess
 from retrieval.errors import ClipSearchError
 
 from .app import create_app
-from .metrics import MULTIPROC_ENV, multiprocess_dir
+from .prometheus import MULTIPROC_ENV, multiprocess_dir
 
 SETTINGS_ENV = "CLIPSEARCH_SERVE_SETTINGS"
 # How long a worker may take to load its indexes and models before the start counts as failed.

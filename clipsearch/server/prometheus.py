@@ -142,7 +142,7 @@ class _IndexCollector:
             m = index.manifest
             images.add_metric([served.name], m.count)
             generation.add_metric([served.name, str(m.generation)], _timestamp(m.created))
-            info: dict[str, Any] = index.query_cache_info()
+            info: dict[str, Any] = index.encoders.cache_info()
             cache.add_metric([served.name, "hit"], info.get("hits", 0))
             cache.add_metric([served.name, "miss"], info.get("misses", 0))
         yield from (images, generation, cache)
