@@ -1,5 +1,5 @@
 """A long-lived reader following updates: ``ImageIndex.reopen``, ``LiveIndex``, and the
-per-id helpers a server needs (``source_file``, ``vectors_of``, ``search_similar``), used
+per-id helpers a server needs (``files.path``, ``vectors``, a search ``similar_to`` an id), used
 from several threads at once."""
 
 from __future__ import annotations
@@ -16,6 +16,7 @@ from retrieval.errors import IndexCorruptError, InvalidArgumentError, NotAnIndex
 from retrieval.filters import Filter
 from retrieval.index import ImageIndex
 from retrieval.live import LiveIndex
+from retrieval.request import SearchRequest
 
 
 def _photos(root: Path, names: list[str], seed: int = 0) -> Path:
@@ -109,14 +110,14 @@ def test_search_similar_uses_the_stored_embedding(built_index: Path) -> None:
     vectors = index.vectors.vectors_of(ids)
     assert vectors.shape == (3, index.dim) and vectors.dtype == np.float32
     assert np.array_equal(vectors, index.vectors.embeddings()[ids])
-    hits = index.search_similar(3, k=5)
+    hits = index.search(SearchRequest(similar_to=3, k=5))
     assert hits[0].id == 3 and hits[0].score == pytest.approx(1.0, abs=1e-5)
     assert hits == index.search_vectors(vectors[:1], k=5)[0]
     where = Filter(path_glob="*.png")
-    assert all(h.path.endswith(".png") for h in index.search_similar(3, k=5, where=where))
+    assert all(h.path.endswith(".png") for h in index.search(SearchRequest(similar_to=3, k=5, where=where)))
     for bad in (-1, index.count, "3"):
         with pytest.raises(InvalidArgumentError):
-            index.search_similar(bad, k=5)  # type: ignore[arg-type]
+            index.search(SearchRequest(similar_to=bad, k=5))  # type: ignore[arg-type]
     assert index.vectors.vectors_of([]).shape == (0, index.dim)
 
 
@@ -132,7 +133,8 @@ def test_one_index_serves_many_threads(built_index: Path) -> None:
     def work(i: int, q: str) -> None:
         try:
             barrier.wait()
-            results[i] = (index.search(q, k=4, where=where), index.rows([0, 1], columns=("width",)), index.search_similar(i % 3, k=2))
+            results[i] = (index.search(q, k=4, where=where), index.rows([0, 1], columns=("width",)),
+                          index.search(SearchRequest(similar_to=i % 3, k=2)))
         except BaseException as exc:  # noqa: BLE001 - collected and re-raised by the test
             errors.append(exc)
 
