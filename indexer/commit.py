@@ -260,7 +260,7 @@ class GenerationWriter:
         options = dict(self.meta.faces or {})
         if self._new_faces is not None:
             return self._new_faces
-        if self._faces is None or dict(self._faces.ref.options) != options:
+        if self._faces is None or not self._faces.read_with(options):
             return FaceTables.empty(options)
         tables = self._faces.tables()
         return tables if self._faces.ids_hold else rekeyed(tables, row_keys([path for _, path in self._parts]))

@@ -63,6 +63,10 @@ class PreviousFaces:
     def tables(self) -> FaceTables:
         return FaceTables(_read(self.faces_path, FACES_SCHEMA), _read(self.read_path, FACES_READ_SCHEMA), dict(self.ref.options))
 
+    def read_with(self, options: Mapping[str, Any]) -> bool:
+        """Whether these faces were found with ``options`` (else they are found again from nothing)."""
+        return dict(self.ref.options) == dict(options)
+
     @property
     def ids_hold(self) -> bool:
         return self.valid_rows >= self.ref.rows
@@ -125,13 +129,13 @@ def write_side(
     """
     if options is None:
         return None
-    if new is None and previous is not None and previous.ids_hold and dict(previous.ref.options) == dict(options):
+    if new is None and previous is not None and previous.ids_hold and previous.read_with(options):
         os.link(previous.faces_path, staging / FACES_FILE)
         os.link(previous.read_path, staging / FACES_READ_FILE)
         return replace(previous.ref, path=f"{gen_rel}/{FACES_FILE}", read_path=f"{gen_rel}/{FACES_READ_FILE}", rows=count)
     if new is not None:
         tables = new
-    elif previous is not None and dict(previous.ref.options) == dict(options):
+    elif previous is not None and previous.read_with(options):
         tables = rekeyed(previous.tables(), row_keys(sources))
     else:
         # No side yet, or one read with other settings: read again from nothing.

@@ -18,15 +18,15 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
 
 from retrieval import store
-from retrieval.faces.edits import PeopleEdits, face_key, load_edits
+from retrieval.faces.edits import PeopleEdits, face_keys, load_edits
 from retrieval.faults import crash_point
 from retrieval.images import decode_image
 from retrieval.images.decode import DEFAULT_MAX_PIXELS
@@ -44,21 +44,20 @@ from .side import FaceTables
 # build's --commit-every lowers it.
 CHUNK = 256
 
+_S = TypeVar("_S", FaceOptions, ClusterOptions)
+
 
 def face_options(recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The settings a run finds faces with, as the manifest records them: the recorded ones, else
     the defaults of :class:`FaceOptions` and :class:`ClusterOptions`."""
     if recorded:
         return dict(recorded)
-    f, c = FaceOptions(), ClusterOptions()
-    return {"detector": "dlib-hog", "descriptor": "dlib-resnet-v1", "min_size": f.min_size, "min_score": f.min_score,
-            "max_side": f.max_side, "upsample": f.upsample, "jitter": f.jitter, "max_distance": c.max_distance,
-            "min_faces": c.min_faces}
+    return {"detector": "dlib-hog", "descriptor": "dlib-resnet-v1", **asdict(FaceOptions()), **asdict(ClusterOptions())}
 
 
-def _finder_options(options: Mapping[str, Any]) -> FaceOptions:
-    return FaceOptions(min_size=int(options["min_size"]), min_score=float(options["min_score"]),
-                       max_side=int(options["max_side"]), upsample=int(options["upsample"]), jitter=int(options["jitter"]))
+def _settings(kind: type[_S], options: Mapping[str, Any]) -> _S:
+    """The :class:`FaceOptions` or :class:`ClusterOptions` part of recorded ``options``."""
+    return kind(**{f.name: options[f.name] for f in fields(kind)})
 
 
 @dataclass
@@ -150,12 +149,11 @@ def _with_people(faces: pa.Table, options: Mapping[str, Any], edits: PeopleEdits
     then new faces joining or founding people; faces moved to nobody by hand stay there."""
     if faces.num_rows == 0:
         return faces
-    keys = [face_key(h, int(n)) for h, n in zip(faces.column("content_hash").to_pylist(), faces.column("face").to_pylist(), strict=True)]
+    keys = face_keys(faces)
     people = edits.apply(faces.column("person").to_numpy(), keys)
     free = np.array([edits.faces.get(k, 0) != NOBODY for k in keys])  # not pinned to nobody
     descriptors = np.asarray(faces.column("descriptor").combine_chunks().flatten(), dtype=np.float32).reshape(faces.num_rows, -1)
-    people[free] = assign_new(descriptors[free], people[free], ClusterOptions(max_distance=float(options["max_distance"]),
-                              min_faces=int(options["min_faces"])), first_new=edits.next_person)
+    people[free] = assign_new(descriptors[free], people[free], _settings(ClusterOptions, options), first_new=edits.next_person)
     return faces.set_column(faces.schema.get_field_index("person"), "person", pa.array(people, pa.int64())).cast(FACES_SCHEMA)
 
 
@@ -202,7 +200,8 @@ def read_missing_faces(
     start = time.perf_counter()
     # The platform's default start method, as the decode workers' DataLoader uses: "spawn" would
     # run an API caller's unguarded script again in every worker.
-    pool = ProcessPoolExecutor(max(1, workers), initializer=_init_worker, initargs=(_finder_options(options), root, shards, max_pixels))
+    pool = ProcessPoolExecutor(max(1, workers), initializer=_init_worker,
+                               initargs=(_settings(FaceOptions, options), root, shards, max_pixels))
     try:
         for at in range(0, len(todo), chunk):
             if stop is not None and stop():

@@ -31,6 +31,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+import pyarrow as pa
 
 from ..errors import IndexFormatError, InvalidArgumentError, UnsupportedFormatError
 from ..layout import atomic_write
@@ -45,6 +46,12 @@ MAX_NAME = 200
 def face_key(content_hash: str, face: int) -> str:
     """The key of face number ``face`` of the image whose content hash is ``content_hash``."""
     return f"{content_hash}/{face}"
+
+
+def face_keys(faces: pa.Table) -> list[str]:
+    """The key of every face of a faces table (its ``content_hash`` and ``face`` columns)."""
+    return [face_key(h, int(n)) for h, n in zip(faces.column("content_hash").to_pylist(), faces.column("face").to_pylist(),
+                                                strict=True)]
 
 
 def _person(value: object, what: str) -> int:
@@ -201,4 +208,4 @@ def editing(index_dir: str | Path) -> Iterator[list[PeopleEdits]]:
             fcntl.flock(fh.fileno(), fcntl.LOCK_UN)
 
 
-__all__ = ["NOBODY", "PEOPLE_FILE", "PeopleEdits", "check_name", "editing", "face_key", "load_edits", "save_edits"]
+__all__ = ["NOBODY", "PEOPLE_FILE", "PeopleEdits", "check_name", "editing", "face_key", "face_keys", "load_edits", "save_edits"]

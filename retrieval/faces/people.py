@@ -18,7 +18,7 @@ import pyarrow as pa
 from .. import store
 from ..errors import NoFacesError
 from ..layout import FACES_SCHEMA, display_path, read_manifest
-from .edits import NOBODY, PeopleEdits, face_key, load_edits
+from .edits import NOBODY, PeopleEdits, face_keys, load_edits
 
 
 @dataclass(frozen=True)
@@ -57,8 +57,7 @@ class People:
         self.rows = rows
         self._ids = faces.column("id").to_numpy()
         self._paths = [display_path(p) for p in faces.column("path_bytes").to_pylist()]
-        self._keys = [face_key(h, int(n)) for h, n in zip(faces.column("content_hash").to_pylist(),
-                                                           faces.column("face").to_pylist(), strict=True)]
+        self._keys = face_keys(faces)
         self._boxes = np.stack([faces.column(c).to_numpy() for c in ("left", "top", "right", "bottom")], axis=1) \
             if faces.num_rows else np.zeros((0, 4), np.float32)
         self._scores = faces.column("score").to_numpy()
