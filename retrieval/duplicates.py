@@ -185,7 +185,7 @@ def find_duplicates(
         keep = min(group.tolist(), key=lambda i: (-facts[i]["width"] * facts[i]["height"], -facts[i]["size"], facts[i]["path"]))
         kv = vector_of[keep].astype(np.float64)
         others = [Hit(i, facts[i]["path"], float(np.float32(kv @ vector_of[i]))) for i in group.tolist() if i != keep]
-        others.sort(key=lambda d: (-d.score, d.id))
+        others.sort(key=lambda d: (-(d.score or 0.0), d.id))
         out.append(DuplicateGroup(Hit(keep, facts[keep]["path"], 1.0), tuple(others)))
     out.sort(key=lambda g: (-len(g.duplicates), g.keep.path))
     return DuplicateReport(threshold, tuple(out), len(pairs.a), exact)

@@ -184,8 +184,9 @@ def test_result_fields(client: TestClient, built_index: Path, collection: Collec
     for r in results:
         assert set(r) == {
             "id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text", "keyword", "fused", "caption", "url", "width", "height",
-            "image_url", "thumbnail_url",
+            "image_url", "thumbnail_url", "faces",
         }
+        assert r["faces"] is None  # built without --faces
         assert ids[r["path"]] == r["id"]
         assert r["image_url"] == f"/api/images/{r['id']}?index=photos.idx"
         assert r["thumbnail_url"] == f"/api/thumbnails/{r['id']}?size=256&index=photos.idx"
