@@ -905,3 +905,21 @@ def test_bench_faces_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     (group,) = result["grouping"]
     assert group["true_people"] == people and group["people"] == people and group["precision"] == 1.0
     assert bench_faces.main(["--photos", str(tmp_path / "missing")]) == 1
+
+
+def test_bench_person_filter_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import bench_person_filter
+
+    code = bench_person_filter.main(["--photos", "600", "--dim", "32", "--people", "20", "--queries", "4",
+                                     "--work-dir", str(tmp_path)])
+    assert code == 0
+    result = _json_line(capsys.readouterr().out)
+    rows = {r["search"]: r for r in result["rows"]}
+    photos_of = result["summary"]["photos_of_named"]
+    assert rows["no filter"]["hits"] == 10 and rows["no filter"]["x_no_filter_p50"] == 1.0
+    # The filters really select: the rarest person's photos are all there is, the listing stops at k=50.
+    assert rows["person, rare"]["hits"] == min(10, photos_of["Carol"])
+    assert rows["listing (no query)"]["hits"] == min(50, photos_of["Alice"])
+    assert rows["two people, only"]["hits"] <= rows["two people"]["hits"] <= rows["person, popular"]["hits"]
+    assert result["summary"]["named"]["Alice"] == "#0"
+    assert bench_person_filter.main(["--photos", "5"]) == 2

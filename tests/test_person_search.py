@@ -19,8 +19,11 @@ from facegen import build_two_people
 
 from retrieval.errors import InvalidArgumentError, NoFacesError
 from retrieval.faces import People, editing
+from retrieval.faces.current import CurrentPeople
+from retrieval.faces.edits import NOBODY
 from retrieval.filters import Filter
 from retrieval.index import ImageIndex
+from retrieval.layout import read_manifest
 from retrieval.request import SearchRequest
 
 pytest.importorskip("dlib", reason="the faces extra: pip install 'clipsearch[faces]'")
@@ -94,6 +97,26 @@ def test_edits_apply_to_an_index_already_open(tmp_path: Path, two_people: Path, 
     assert hits[0].people == ["Alice"]  # but not shown among the faces
     with pytest.raises(NoFacesError, match="Bob"):
         index.search(SearchRequest(where=Filter(person=("Bob",))))
+
+
+def test_an_open_index_applies_each_edit_as_a_fresh_read_would(tmp_path: Path, two_people: Path) -> None:
+    # CurrentPeople applies new edits to the faces it read once; a fresh People reads everything.
+    out = tmp_path / "idx"
+    shutil.copytree(two_people, out)
+    current = CurrentPeople(out, read_manifest(out))
+    current.people()
+    people = People.open(out)
+    alice, bob = people.find("Alice"), people.find("Bob")
+    face = people.faces_of(alice)[0].key
+    edits = [lambda e: e.moved([face], bob), lambda e: e.named(bob, "Robert"), lambda e: e.moved([face], NOBODY),
+             lambda e: e.merged_into(bob, alice), lambda e: e.with_hidden(alice)]
+    for edit in edits:
+        with editing(out) as box:
+            box[0] = edit(box[0])
+        fresh = People.open(out)
+        assert current.people().person_of.tolist() == fresh.person_of.tolist()
+        assert [(p.id, p.label, p.hidden) for p in current.people().everyone(include_hidden=True)] == \
+            [(p.id, p.label, p.hidden) for p in fresh.everyone(include_hidden=True)]
 
 
 def test_bad_person_searches_are_refused(two_people: Path, built_index: Path, tiny_model: Path) -> None:

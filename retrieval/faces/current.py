@@ -3,7 +3,8 @@
 An opened index (a server's, above all) lives longer than the user's edits of its people: a
 name given, two people merged or a face moved with ``clipsearch people`` while it serves must
 apply to the next search. :class:`CurrentPeople` reads the generation's faces side once and
-``people.json`` again whenever the file changed (its size, modification time or inode).
+``people.json`` again whenever the file changed (its size, modification time or inode),
+applying the new edits to the faces already read.
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ import numpy as np
 
 from ..errors import NoFacesError
 from ..layout import Manifest
-from .edits import PEOPLE_FILE
+from .edits import PEOPLE_FILE, load_edits
 from .people import Face, People, no_faces_message
 
 # What says people.json changed (os.stat fields); None while there is no file.
@@ -54,9 +55,12 @@ class CurrentPeople:
             raise NoFacesError(no_faces_message(self.directory))
         stamp = _stamp(self.directory / PEOPLE_FILE)
         with self._lock:
-            if self._people is None or stamp != self._stamp:
+            if self._people is None:
                 self._people = People.of_generation(self.directory, self.manifest)
-                self._stamp = stamp
+            elif stamp != self._stamp:
+                # Only the edits changed: the generation's faces stay as read.
+                self._people = self._people.with_edits(load_edits(self.directory))
+            self._stamp = stamp
             return self._people
 
     def mask(self, refs: Sequence[str], only: bool) -> np.ndarray:

@@ -8,6 +8,7 @@ It reads the current generation's faces side (:data:`~retrieval.layout.FACES_SCH
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -62,9 +63,23 @@ class People:
             if faces.num_rows else np.zeros((0, 4), np.float32)
         self._scores = faces.column("score").to_numpy()
         self.labels = faces.column("person").to_numpy()
+        # Each key's position, made when edits are applied to these faces again (with_edits).
+        self._positions: dict[str, int] | None = None
         self.person_of = edits.apply(self.labels, self._keys)
         # Face numbers in image-id order, made on the first "who is in these images".
         self._by_image: np.ndarray | None = None
+
+    def with_edits(self, edits: PeopleEdits) -> People:
+        """These faces with ``edits`` instead of the ones read (the faces side is not read again)."""
+        keys: Sequence[str] | dict[str, int] = self._keys
+        if edits.faces:  # faces moved by hand are looked up by key: the positions are kept for the next edits
+            if self._positions is None:
+                self._positions = {k: i for i, k in enumerate(self._keys)}
+            keys = self._positions
+        other = copy.copy(self)
+        other.edits = edits
+        other.person_of = edits.apply(self.labels, keys)
+        return other
 
     @classmethod
     def open(cls, index_dir: str | Path) -> People:
