@@ -11,6 +11,9 @@ within ``max_distance`` of a person's face joins that person, and the rest belon
   one joins the person of its nearest face that has one, if within ``max_distance``; those
   still without a person are clustered among themselves, and each group that forms is a new
   person, numbered after the largest existing one.
+- :func:`regroup`: the full re-cluster with the user's word kept: :func:`cluster_all` over every
+  face, each group mapped onto the person it overlaps most (so people keep their numbers, and
+  with them their names), the faces of the people the user vouched for left where they are.
 
 Person numbers are labels, not names: names and the user's edits live beside them.
 """
@@ -119,3 +122,49 @@ def assign_new(
         founded = fresh != NOBODY
         labels[still[founded]] = fresh[founded] + base
     return labels
+
+
+def regroup(
+    descriptors: np.ndarray, people: np.ndarray, kept: np.ndarray, options: ClusterOptions | None = None, first_new: int = 0,
+) -> np.ndarray:
+    """Every face grouped again from nothing, but for the faces in ``kept``.
+
+    The groups :func:`cluster_all` finds over all faces (kept ones included, so a new face next
+    to a kept person's faces is dense enough to join them) are matched one to one with the
+    people of ``people`` they share most faces with, the largest overlap first (ties: the lower
+    person number): a matched group takes that person's number, an unmatched one a new number
+    from ``first_new`` on (the largest group first). Faces in no group belong to nobody.
+
+    Args:
+        descriptors: ``(n, dim)`` descriptors of every face.
+        people: ``(n,)`` each face's person before (``-1``: nobody).
+        kept: ``(n,)`` booleans, the faces that keep their person whatever the groups say.
+        options: the distance and density rule.
+        first_new: the lowest number a new person may get.
+    """
+    arr = _descriptors(descriptors)
+    before = np.asarray(people, dtype=np.int64)
+    keep = np.asarray(kept, dtype=bool)
+    if before.shape != (len(arr),) or keep.shape != (len(arr),):
+        raise InvalidArgumentError(f"people and kept must hold one entry per face ({len(arr)}), got {before.shape} and {keep.shape}")
+    if (before < NOBODY).any():
+        raise InvalidArgumentError("person numbers are -1 (nobody) or at least 0")
+    groups = cluster_all(arr, options)
+    both = (groups != NOBODY) & (before != NOBODY)
+    pairs, overlap = np.unique(np.stack([groups[both], before[both]], axis=1), axis=0, return_counts=True) \
+        if both.any() else (np.zeros((0, 2), np.int64), np.zeros(0, np.int64))
+    number: dict[int, int] = {}
+    taken: set[int] = set()
+    for i in np.lexsort((pairs[:, 1], -overlap)) if len(pairs) else []:
+        group, person = int(pairs[i, 0]), int(pairs[i, 1])
+        if group not in number and person not in taken:
+            number[group] = person
+            taken.add(person)
+    fresh = max(first_new, int(before.max()) + 1 if len(before) else 0)
+    for group in np.unique(groups[groups != NOBODY]):  # numbered from the largest (cluster_all)
+        if int(group) not in number:
+            number[int(group)] = fresh
+            fresh += 1
+    out = np.array([number.get(int(g), NOBODY) for g in groups], dtype=np.int64)
+    out[keep] = before[keep]
+    return out
