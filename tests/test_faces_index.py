@@ -116,6 +116,21 @@ def test_an_update_reads_only_new_files_and_moves_the_faces_with_their_rows(
     assert verify_index(out).ok
 
 
+def test_reindex_keeps_the_faces(tmp_path: Path, faces_index: tuple[Path, Path]) -> None:
+    import shutil
+
+    from indexer.reindex import reindex
+
+    out = tmp_path / "idx"
+    shutil.copytree(faces_index[1], out)
+    before = read_manifest(out).faces
+    reindex(out, index_type="Flat")
+    after = read_manifest(out).faces
+    assert before is not None and after is not None
+    assert (after.checksum, after.options, after.people) == (before.checksum, before.options, before.people)
+    assert verify_index(out).ok
+
+
 def test_faces_added_to_an_index_without_embedding_it_again(tmp_path: Path, tiny_model: Path) -> None:
     photos = _photos(tmp_path / "photos")
     out = tmp_path / "idx"

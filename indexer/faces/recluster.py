@@ -31,8 +31,9 @@ from retrieval.errors import IndexFormatError, NoFacesError
 from retrieval.faces.edits import PeopleEdits, editing, face_keys
 from retrieval.layout import FACES_SCHEMA, FacesRef, Manifest, read_manifest
 
-from ..commit import GenerationWriter, IndexMeta, remove_stale
+from ..commit import GenerationWriter, remove_stale
 from ..lock import IndexLock
+from ..reindex import recorded_meta
 from .grouping import NOBODY, ClusterOptions, regroup
 from .side import FaceTables, PreviousFaces
 
@@ -84,16 +85,6 @@ def _options(recorded: Mapping[str, Any], max_distance: float | None, min_faces:
         min_faces=current.min_faces if min_faces is None else min_faces,
     )
     return {**dict(recorded), **asdict(cluster)}, cluster
-
-
-def _meta(base: Manifest, faces: dict[str, Any]) -> IndexMeta:
-    """What the new generation repeats: the last one's, with the new face settings."""
-    return IndexMeta(
-        model=base.model, model_fingerprint=base.model_fingerprint, backend=base.backend, dim=base.dim,
-        preprocess=dict(base.preprocess), source_root=base.source_root, model_info=dict(base.model_info),
-        index_options=dict(base.index_options), discovery=dict(base.discovery),
-        ocr=base.keywords is not None and base.keywords.ocr, faces=faces,
-    )
 
 
 def _faces_of(out: Path, base: Manifest | None = None) -> FacesRef:
@@ -148,7 +139,7 @@ def recluster(
             if faces.num_rows else np.zeros((0, 128), np.float32)
         after = regroup(descriptors, before, kept, cluster, first_new=_first_new(edits, stored))
         regrouped = faces.set_column(faces.schema.get_field_index("person"), "person", pa.array(after, pa.int64())).cast(FACES_SCHEMA)
-        writer = GenerationWriter(out, _meta(base, options), base)
+        writer = GenerationWriter(out, recorded_meta(base, faces=options), base)
         writer.record_skips(store.read_skipped(out / base.skipped_file))
         writer.set_faces(FaceTables(regrouped, previous.read, options))
         writer.commit(complete=True)
