@@ -66,7 +66,7 @@ def test_a_build_with_faces_records_every_face_and_every_image_read(faces_index:
     _, out = faces_index
     m = read_manifest(out)
     assert m.faces is not None and m.faces.complete and m.faces.rows == m.count == 5
-    assert m.faces.options["min_size"] == 32 and m.faces.options["max_distance"] == 0.5
+    assert m.faces.options["min_size"] == 32 and m.faces.options["max_distance"] == 0.4
     faces, read = _faces(out)
     by_path = {r["path_bytes"]: r for r in read}
     assert sorted(by_path) == [b"a1.jpg", b"a2.jpg", b"a3.png", b"a4.jpg", b"coffee.jpg"]

@@ -37,7 +37,7 @@ _BLOCK = 1024
 class ClusterOptions:
     """How close two faces must be to be one person, and how many make a person."""
 
-    max_distance: float = 0.5
+    max_distance: float = 0.4
     """Largest Euclidean distance between descriptors of one person (dlib's own cut is 0.6;
     lower merges fewer look-alikes and splits more views of one person)."""
     min_faces: int = 3
