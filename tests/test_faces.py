@@ -171,6 +171,13 @@ def test_regroup_keeps_numbers_by_overlap_and_the_kept_faces() -> None:
     assert tie.tolist() == [4, 4, 4, 4, 1, 1, 1, 1]
     assert regroup(faces[:4], np.array([-1, -1, -1, 3]), np.zeros(4, bool), ClusterOptions(0.5, 2)).tolist() == [3] * 4
     assert regroup(faces[:4], np.array([-1] * 4), np.zeros(4, bool), ClusterOptions(0.5, 2), first_new=6).tolist() == [6] * 4
+    # Two people the user vouched for, look-alikes one loose group holds: each other face goes to
+    # the person of its nearest kept face, not all to the one the group overlaps most.
+    twins = np.concatenate([_blobs(rng, np.stack([a, a + 0.05]), 3, 0.01), a[None] + 0.06, a[None] - 0.01])
+    people, kept = np.array([0, 0, 0, 1, 1, 1, -1, -1]), np.array([True] * 6 + [False] * 2)
+    assert regroup(twins, people, kept, ClusterOptions(0.5, 2)).tolist()[6:] == [1, 0]
+    kept[:3] = False  # only #1 vouched for: the group is #0's (it overlaps it as much, lower number)
+    assert regroup(twins, people, kept, ClusterOptions(0.5, 2)).tolist() == [0, 0, 0, 1, 1, 1, 0, 0]
     for bad_people, bad_kept in ((np.zeros(3), np.zeros(4, bool)), (np.array([-2, 0, 0, 0]), np.zeros(4, bool)),
                                  (np.zeros(4), np.zeros(2, bool))):
         with pytest.raises(InvalidArgumentError):

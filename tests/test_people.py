@@ -282,6 +282,16 @@ def test_recluster_keeps_the_users_word(tmp_path: Path, people_index: tuple[Path
     assert load_edits(out).names == {0: "Eileen"}  # the edits themselves are never rewritten
 
 
+def test_a_group_takes_the_named_person_it_overlaps(tmp_path: Path, people_index: tuple[Path, Path]) -> None:
+    _, out = _copy(people_index, tmp_path)
+    recluster(out, max_distance=0.05, min_faces=1)  # each face alone: #0 and three new people
+    with editing(out) as box:
+        box[0] = box[0].named(0, "Eileen")
+    report = recluster(out, max_distance=0.5, min_faces=1)
+    assert (report.kept, report.people_before, report.people) == (1, 4, 1)
+    assert _people_of(out) == {"Eileen": 4}  # the other three joined her, not she them
+
+
 def test_recluster_refuses_bad_input_and_a_locked_index(
     tmp_path: Path, people_index: tuple[Path, Path], built_index: Path,
 ) -> None:
@@ -312,3 +322,7 @@ def test_recluster_killed_before_its_commit_leaves_the_index_as_it_was(tmp_path:
     done = run_cli(args)
     assert done.returncode == 0, done.stderr
     assert "4 faces regrouped into 4 people (before: 1;" in done.stdout and len(_people_of(out)) == 4 and verify_index(out).ok
+    as_json = run_cli(["people", "recluster", out, "--max-distance", "0.5", "--json"])
+    report = json.loads(as_json.stdout)
+    assert as_json.returncode == 0 and (report["people_before"], report["people"], report["kept"]) == (4, 1, 0)
+    assert report["options"] == {"max_distance": 0.5, "min_faces": 1}

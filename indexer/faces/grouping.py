@@ -78,6 +78,21 @@ def _numbered_by_size(labels: np.ndarray) -> np.ndarray:
     return np.array([number.get(int(x), NOBODY) for x in labels], dtype=np.int64)
 
 
+def _nearest(arr: np.ndarray, rows: np.ndarray, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each face of ``rows``, the position in ``among`` of its nearest face there and the
+    squared distance to it (blocks of rows, so memory stays bounded)."""
+    vecs_among = arr[among]
+    sq_among = np.einsum("ij,ij->i", vecs_among, vecs_among)
+    nearest = np.zeros(len(rows), dtype=np.int64)
+    dist2 = np.zeros(len(rows), dtype=np.float32)
+    for start in range(0, len(rows), _BLOCK):
+        vecs = arr[rows[start : start + _BLOCK]]
+        block = np.einsum("ij,ij->i", vecs, vecs)[:, None] + sq_among[None, :] - 2.0 * (vecs @ vecs_among.T)
+        nearest[start : start + len(vecs)] = block.argmin(axis=1)
+        dist2[start : start + len(vecs)] = block[np.arange(len(vecs)), nearest[start : start + len(vecs)]]
+    return nearest, dist2
+
+
 def cluster_all(descriptors: np.ndarray, options: ClusterOptions | None = None) -> np.ndarray:
     """A person number per face (``-1``: nobody), the largest person numbered 0."""
     return _dbscan(_descriptors(descriptors), options or ClusterOptions())
@@ -106,15 +121,9 @@ def assign_new(
     waiting = np.flatnonzero(labels == NOBODY)
     known = np.flatnonzero(labels != NOBODY)
     if waiting.size and known.size:
-        known_vecs = arr[known]
-        known_sq = np.einsum("ij,ij->i", known_vecs, known_vecs)
-        for start in range(0, waiting.size, _BLOCK):
-            block = waiting[start : start + _BLOCK]
-            vecs = arr[block]
-            dist2 = np.einsum("ij,ij->i", vecs, vecs)[:, None] + known_sq[None, :] - 2.0 * (vecs @ known_vecs.T)
-            nearest = dist2.argmin(axis=1)
-            close = dist2[np.arange(len(block)), nearest] <= options.max_distance**2
-            labels[block[close]] = labels[known[nearest[close]]]
+        nearest, dist2 = _nearest(arr, waiting, known)
+        close = dist2 <= options.max_distance**2
+        labels[waiting[close]] = labels[known[nearest[close]]]
     still = np.flatnonzero(labels == NOBODY)
     if still.size:
         fresh = _dbscan(arr[still], options)
@@ -133,7 +142,9 @@ def regroup(
     to a kept person's faces is dense enough to join them) are matched one to one with the
     people of ``people`` they share most faces with, the largest overlap first (ties: the lower
     person number): a matched group takes that person's number, an unmatched one a new number
-    from ``first_new`` on (the largest group first). Faces in no group belong to nobody.
+    from ``first_new`` on (the largest group first). Faces in no group belong to nobody. In a
+    group holding kept faces of more than one person, each other face goes to the person of its
+    nearest kept face.
 
     Args:
         descriptors: ``(n, dim)`` descriptors of every face.
@@ -167,4 +178,12 @@ def regroup(
             fresh += 1
     out = np.array([number.get(int(g), NOBODY) for g in groups], dtype=np.int64)
     out[keep] = before[keep]
+    # A group holding the kept faces of several people (look-alikes a looser threshold joins):
+    # its other faces go to the person of their nearest kept face, not all to the one it
+    # overlaps most, as a new photo would.
+    for group in np.unique(groups[keep & (groups != NOBODY)]):
+        anchors = np.flatnonzero((groups == group) & keep & (before != NOBODY))
+        free = np.flatnonzero((groups == group) & ~keep)
+        if free.size and len(np.unique(before[anchors])) > 1:
+            out[free] = before[anchors[_nearest(arr, free, anchors)[0]]]
     return out
