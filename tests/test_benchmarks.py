@@ -898,7 +898,7 @@ def test_bench_faces_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     folder.mkdir()
     Image.new("RGB", (200, 150), (90, 90, 90)).save(folder / "nobody1.png")  # no face: a person never found
     people = len(bench_faces.labelled_photos(None))  # the astronaut, and Grace Hopper where matplotlib is installed
-    code = bench_faces.main(["--photos", str(folder), "--min-sizes", "32", "--min-scores", "0.5", "--distances", "0.5"])
+    code = bench_faces.main(["--photos", str(folder), "--min-sizes", "32", "--min-scores", "0.5", "--distances", "0.5", "--siblings", "0"])
     assert code == 0
     result = _json_line(capsys.readouterr().out)
     (row,) = result["detection"]
