@@ -23,7 +23,7 @@ from retrieval.errors import (
     UnsupportedFormatError,
 )
 from retrieval.faces import PEOPLE_FILE, People, PeopleEdits, editing, load_edits
-from retrieval.layout import read_manifest
+from retrieval.layout import MANIFEST_DIGEST_KEY, read_manifest
 
 # -- the edits alone ------------------------------------------------------------------------------
 
@@ -309,6 +309,12 @@ def test_recluster_refuses_bad_input_and_a_locked_index(
     with IndexLock(out), pytest.raises(IndexLockedError):
         recluster(out)
     assert read_manifest(out).generation == generation
+    data = json.loads((out / "manifest.json").read_text())
+    data.pop(MANIFEST_DIGEST_KEY)
+    data["complete"] = False  # a build killed between two commits
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="interrupted build"):
+        recluster(out)
 
 
 def test_recluster_killed_before_its_commit_leaves_the_index_as_it_was(tmp_path: Path, people_index: tuple[Path, Path]) -> None:
