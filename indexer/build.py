@@ -318,7 +318,7 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
 def _run_sides(job: _Job, previous: Manifest | None, writer: GenerationWriter, side_stats: dict[str, SideStats], *,
                before: bool) -> None:
     """Each side stage reads the rows it has not read yet: ``before`` the embedding appends rows
-    (after the plan's compaction), else once every row is committed; timed into its stats."""
+    (after the plan's compaction), else once every row is embedded; timed into its stats."""
     for stage in sides.SIDE_STAGES:
         setting = writer.meta.sides.get(stage.name)
         run = SideRun(job.cfg, job.enc.preprocess, job.images, writer,

@@ -326,7 +326,8 @@ class GenerationWriter:
                 index_tuning=dict(info.tuning),
                 checksums=sums,
                 discovery=dict(self.meta.discovery),
-                **entries,
+                # A side with no entry (None) leaves its field unset: a stage need not have one.
+                **{name: entry for name, entry in entries.items() if entry is not None},
                 format_version=format_version_for(info.factory, [ref for ref, _ in new_parts]),
             )
             crash_point("staged")

@@ -14,8 +14,10 @@ in one build, in order:
    embedding read for it (keyword arguments of :class:`indexer.dataset.ImageDataset`) and what it
    counts in the rows embedded;
 4. :meth:`SideStage.before_embedding` (after rows are dropped or renumbered, before new rows are
-   appended) and :meth:`SideStage.after_embedding` (every row committed): it reads the rows it has
-   not read yet, committing as it goes so that a crash loses one chunk;
+   appended) and :meth:`SideStage.after_embedding` (every row embedded; the last ones may still
+   be queued in the writer, ``writer.tail_pending``, and a stage that reads the parts commits them
+   first): it reads the rows it has not read yet, committing as it goes so that a crash loses
+   one chunk;
 5. :meth:`SideStage.complete`: whether the previous generation is already complete for this run
    (then a run with nothing to embed writes no generation);
 6. :meth:`SideStage.report`: its :class:`~indexer.build_config.BuildReport` fields.
@@ -26,8 +28,8 @@ manifest entry recorded under the stage's ``name`` (a field of
 :class:`~retrieval.layout.Manifest`, with its own checksums).
 
 A third stage (say, the moments of a video) is one more class implementing both, and one more
-entry in the registry: a field of the manifest for its entry, and fields of the report for its
-counts. A stage reads rows that exist; what turns one file into several rows (video frames, each
+entry in the registry: a field of the manifest for its entry (none if it writes no file), and
+fields of the report for its counts. A stage reads rows that exist; what turns one file into several rows (video frames, each
 with a time) is a *source* of the embedding (the plan and the decoders), not a side stage.
 """
 
@@ -96,7 +98,8 @@ class SideWriter(Protocol):
 
     def write(self, staging: Path, gen_rel: str, count: int, sources: Sequence[pa.Table | Path], setting: Any) -> Any:
         """Write (or link) the side of a generation of ``count`` rows (``sources``: its rows in id
-        order) into ``staging``; returns its manifest entry (None: no side)."""
+        order) into ``staging``; returns its manifest entry (None: none this generation, the
+        manifest's field left unset, so a stage that writes no file needs no field)."""
         ...
 
     def committed(self, entry: Any, index_dir: Path, count: int) -> None:
@@ -143,7 +146,8 @@ class SideStage(Protocol):
         ...
 
     def after_embedding(self, run: SideRun) -> SideStats:
-        """Read the rows not read yet once every row is committed (rows just embedded included)."""
+        """Read the rows not read yet once every row is embedded (rows just embedded included; those
+        still queued, ``run.writer.tail_pending``, are committed by ``run.writer.commit`` first)."""
         ...
 
     def report(self, stats: SideStats, current: Manifest | None) -> dict[str, Any]:
