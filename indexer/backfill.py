@@ -12,9 +12,10 @@ Crash safety and resume: the rewritten parts are files in a staging-named folder
 commit links into its generation, like any chunk commit (every ``commit_every`` images or
 ``commit_seconds``); a crash leaves the last generation, and the next writer removes the
 folder. Until every row is read the generations record ``keywords.ocr`` False (the writer's
-``text_pending``), and each row read carries ``ocr_read`` True: running the command again reads
-only the rows still unmarked. A part larger than a commit is first split into pieces of at most
-``commit_every`` rows (one copy), so that each commit rewrites only the pieces it read.
+keyword side is ``pending``, :mod:`indexer.sides.keyword_stage`), and each row read carries
+``ocr_read`` True: running the command again reads only the rows still unmarked. A part larger
+than a commit is first split into pieces of at most ``commit_every`` rows (one copy), so that
+each commit rewrites only the pieces it read.
 
 With ``--engine ray`` the text is read here, on the driver, which reads the photos (or shards)
 as it does to plan the update.
@@ -23,9 +24,9 @@ as it does to plan the update.
 from __future__ import annotations
 
 import sys
-import time
 import uuid
 from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -44,11 +45,23 @@ from .discover import ImageFile
 from .embed import ChunkCommits
 from .parts import write_part
 from .shards import ShardReader
-from .stats import TextStats
+from .sides.keyword_stage import NAME, keyword_writer
 from .writer import conform
 
 # Images decoded and read per call on the decode threads (the progress bar moves between calls).
 _BATCH = 32
+
+
+@dataclass
+class TextStats:
+    """What reading the text of images already indexed did
+    (:func:`indexer.backfill.read_missing_text`): images whose text was read (``read``), those
+    with text found (``with_text``), those OCR or the file system could not read (``notes``,
+    indexed without text)."""
+
+    read: int = 0
+    with_text: int = 0
+    notes: int = 0
 
 
 class _Scratch:
@@ -97,22 +110,21 @@ def read_missing_text(
         cfg: the run's settings (``commit_every``, ``commit_seconds``, ``threads``, decoding).
         preprocess: the model's preprocessing (the decode path's; its pixels are not used).
         images: the photos folder or the shard reader the rows' paths are relative to.
-        writer: the writer over the index; ``writer.meta.ocr`` says whether the run reads text.
+        writer: the writer over the index; its ``meta.sides["keywords"]`` says whether the run reads text.
         recorded: the index records that OCR read every row already (nothing to do).
         stop: asked between parts (watch mode's Ctrl-C); the rest is read by a later run.
 
     Returns:
-        The counts; ``writer.text_pending`` is False when every row has been read.
+        The counts; the writer's keyword side is no longer ``pending`` when every row has been read.
     """
     stats = TextStats()
-    if not writer.meta.ocr or recorded or not writer.count:
+    side = keyword_writer(writer)
+    if not writer.meta.sides.get(NAME) or recorded or not writer.count:
         return stats
-    writer.text_pending = True
+    side.pending = True
     if writer.tail_pending:
         # Rows kept by compact() wait in memory as a table: published first, as a part like the rest.
-        t0 = time.perf_counter()
         writer.commit(complete=False)
-        stats.write_seconds += time.perf_counter() - t0
     total = int(sum(unread_rows(path).sum() for _, path in writer.parts))
     if total and cfg.progress:
         print(f"clipsearch: reading the text of {total} images embedded without --ocr (their vectors are kept)",
@@ -142,10 +154,10 @@ def read_missing_text(
             writer.replace_parts(i, i + 1, [scratch.write(ref.first_id, [table])])
             i += 1
             if stats.read < total:  # the last chunk is the build's own final commit
-                stats.write_seconds += commits.after(int(unread.sum()))
+                commits.after(int(unread.sum()))
     finally:
         bar.close()
-    writer.text_pending = False
+    side.pending = False
     return stats
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from indexer.index_types import IndexOptions, parse_memory
-from retrieval import keywords, store
+from retrieval import store
 from retrieval.encoders import Encoder, cpu, load_encoder
 from retrieval.errors import (
     IndexFormatError,
@@ -37,7 +37,7 @@ from retrieval.errors import (
 from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 from retrieval.shards import scheme_of
 
-from . import ann, backfill, calibrate, ocr, shards
+from . import ann, calibrate, shards
 from .build_config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .dataset import content_hash
@@ -45,13 +45,13 @@ from .discover import Discovery, check_photos_dir, find_images
 from .engine import Engine
 from .engines import LOADS_ITS_OWN_MODEL, open_engine
 from .exclusions import WalkOptions, load_exclusions, recorded_walk
-from .faces import detect as faces_detect
-from .faces import stage as faces_stage
 from .heap import retained_heap
 from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update
 from .shards import ShardReader, ShardSource, is_shard_spec
+from .sides import registry as sides
+from .sides.contract import SideRun, SideStats
 from .stats import RunStats
 
 
@@ -187,11 +187,7 @@ def _start(
         photos = Path(source)
         check_photos_dir(photos)
     check_index_dir(out, "index", rebuild=cfg.rebuild)
-    keywords.check_engine()  # this Python's SQLite has FTS5 with trigrams
-    if cfg.ocr:
-        ocr.check_engine()  # a missing engine fails in one line, before any work
-    if cfg.faces:
-        faces_detect.check_engine()
+    sides.check(cfg)  # a missing engine fails in one line, before any work
     with contextlib.ExitStack() as stack:
         # Opened before the walk and the model: a cluster that does not answer fails in seconds.
         engine = stack.enter_context(open_engine(cfg))
@@ -295,10 +291,9 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
     writer.record_skips(SkipRecord(rel, f"directory not readable: {why}") for rel, why in job.found.unreadable_dirs)
     writer.record_skips(SkipRecord(rel, why) for rel, why in job.found.missing)
     writer.record_skips(plan.carried_skips)
-    stats, cpu_level = _embed(job, previous, plan, writer)
-    t0 = time.perf_counter()
-    face_stats = _find_faces(job, writer)
-    stats.write_seconds += time.perf_counter() - t0 - face_stats.seconds
+    side_stats = {stage.name: SideStats() for stage in sides.SIDE_STAGES}
+    stats, cpu_level = _embed(job, previous, plan, writer, side_stats)
+    _run_sides(job, previous, writer, side_stats, before=False)
     up_to_date = (
         previous is not None
         and previous.complete
@@ -306,12 +301,8 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
         and not plan.to_embed
         and not plan.changes_rows
         and dict(previous.discovery) == job.walk.to_dict()
-        # An index without its keyword side (built before it) or another --ocr gets a generation.
-        and previous.keywords is not None
-        and previous.keywords.ocr == writer.meta.ocr
-        # --faces turned on or off, or faces still to find.
-        and (previous.faces is None) == (writer.meta.faces is None)
-        and (previous.faces is None or previous.faces.complete)
+        # A side stage turned on or off, or with rows still to read, gets a generation.
+        and sides.complete(previous, writer.meta.sides)
         and sorted((s.path, s.reason) for s in writer.skipped) == sorted((s.path, s.reason) for s in base.old_skips)
     )
     t0 = time.perf_counter()
@@ -319,7 +310,23 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
         writer.finish(progress=(lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if job.cfg.progress else None)
     stats.write_seconds += time.perf_counter() - t0
     resumed = interrupted_before or (previous is not None and not previous.complete)
-    return _report(job, plan, writer, stats, face_stats, resumed=resumed, cpu_level=cpu_level)
+    for name, counts in stats.sides.items():
+        side_stats[name].add(counts)
+    return _report(job, plan, writer, stats, side_stats, resumed=resumed, cpu_level=cpu_level)
+
+
+def _run_sides(job: _Job, previous: Manifest | None, writer: GenerationWriter, side_stats: dict[str, SideStats], *,
+               before: bool) -> None:
+    """Each side stage reads the rows it has not read yet: ``before`` the embedding appends rows
+    (after the plan's compaction), else once every row is embedded; timed into its stats."""
+    for stage in sides.SIDE_STAGES:
+        setting = writer.meta.sides.get(stage.name)
+        run = SideRun(job.cfg, job.enc.preprocess, job.images, writer,
+                      recorded=previous is not None and stage.complete(previous, setting), stop=job.stop)
+        t0 = time.perf_counter()
+        done = stage.before_embedding(run) if before else stage.after_embedding(run)
+        side_stats[stage.name].add(done.counts)
+        side_stats[stage.name].seconds += time.perf_counter() - t0
 
 
 def _open_base(job: _Job) -> _Base:
@@ -340,30 +347,12 @@ def _open_base(job: _Job) -> _Base:
     options = ann.choose_options(previous, index_type=cfg.index_type, max_memory=cfg.max_memory, target_recall=cfg.target_recall)
     # A factory string FAISS rejects fails here, before any image is embedded.
     ann.check_options(options, enc.dim, max(len(job.found.files), previous.count if previous is not None else 0))
-    writer = GenerationWriter(out, _meta(job, options, ocr_of(cfg, previous), faces_of(cfg, previous), previous), previous)
+    writer = GenerationWriter(out, _meta(job, options, sides.settings(cfg, previous), previous), previous)
     options_changed = previous is not None and dict(previous.index_options) != options.to_dict()
     if options_changed:
         writer.drop_faiss(options.to_dict())
     old_skips = store.read_skipped(out / previous.skipped_file) if previous is not None else []
     return _Base(previous, writer, options_changed, old_skips)
-
-
-def ocr_of(cfg: BuildConfig, previous: Manifest | None) -> bool:
-    """Whether this run recognises text: ``cfg.ocr`` when given, else what the index recorded (on
-    an index embedded without it, :mod:`indexer.backfill` reads the text of its images)."""
-    return cfg.ocr if cfg.ocr is not None else _ocr_recorded(previous)
-
-
-def faces_of(cfg: BuildConfig, previous: Manifest | None) -> dict[str, Any] | None:
-    """The face settings of this run (None: it finds no faces): ``cfg.faces`` when given, else
-    what the index recorded; an index that recorded settings keeps them."""
-    recorded = previous.faces.options if previous is not None and previous.faces is not None else None
-    wanted = cfg.faces if cfg.faces is not None else recorded is not None
-    return faces_stage.face_options(recorded) if wanted else None
-
-
-def _ocr_recorded(previous: Manifest | None) -> bool:  # OCR has read every row (the manifest says so)
-    return previous is not None and previous.keywords is not None and previous.keywords.ocr
 
 
 def _recorded_decode(cfg: BuildConfig, previous: Manifest | None) -> calibrate.DecodeChoice:
@@ -383,7 +372,7 @@ def _preprocess_record(job: _Job, decode: calibrate.DecodeChoice) -> dict[str, A
     return {**job.enc.preprocess.to_dict(), **decode.record()}
 
 
-def _meta(job: _Job, options: IndexOptions, ocr: bool, faces: dict[str, Any] | None, previous: Manifest | None) -> IndexMeta:
+def _meta(job: _Job, options: IndexOptions, side_settings: dict[str, Any], previous: Manifest | None) -> IndexMeta:
     enc = job.enc
     return IndexMeta(
         model=enc.name,
@@ -395,12 +384,12 @@ def _meta(job: _Job, options: IndexOptions, ocr: bool, faces: dict[str, Any] | N
         model_info=dict(enc.info),
         index_options=options.to_dict(),
         discovery=job.walk.to_dict(),
-        ocr=ocr,
-        faces=faces,
+        sides=side_settings,
     )
 
 
-def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: GenerationWriter) -> tuple[RunStats, str]:
+def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: GenerationWriter,
+           side_stats: dict[str, SideStats]) -> tuple[RunStats, str]:
     """Resolve the precision, apply the plan's row changes and embed its files with the
     run's engine; returns the stats and the CPU level the model ran at ("" on GPU)."""
     cfg, enc, engine = job.cfg, job.enc, job.engine
@@ -433,26 +422,15 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
         writer.set_model_info(calibrate.model_info(info, prev_info, bool(plan.to_embed)))
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)
-        # --ocr on an index embedded without it: the text of its rows, read here (on any engine).
-        text = backfill.read_missing_text(cfg, enc.preprocess, images, writer, recorded=_ocr_recorded(previous), stop=job.stop)
+        # The side stages' rows not read yet (an index embedded without them), read here on any engine.
+        _run_sides(job, previous, writer, side_stats, before=True)
         stats = engine.embed(enc, images, info, plan, writer, draft=decode.draft, stop=job.stop)
-        stats.add_text(text)
         return stats, cpu_level
 
 
-def _find_faces(job: _Job, writer: GenerationWriter) -> faces_stage.FaceStats:
-    """--faces: the faces of every row not read yet (rows just embedded, or an index embedded
-    without it), found here whatever the engine."""
-    return faces_stage.read_missing_faces(
-        writer, job.images, workers=os.cpu_count() or 1, commit=lambda: writer.commit(complete=False),
-        chunk=min(job.cfg.commit_every, faces_stage.CHUNK),
-        max_pixels=job.cfg.max_pixels, progress=job.cfg.progress, stop=job.stop,
-    )
-
-
 def _report(
-    job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats, faces: faces_stage.FaceStats, *, resumed: bool,
-    cpu_level: str,
+    job: _Job, plan: UpdatePlan, writer: GenerationWriter, stats: RunStats, side_stats: dict[str, SideStats], *,
+    resumed: bool, cpu_level: str,
 ) -> BuildReport:
     seconds = time.perf_counter() - job.start
     facts = job.engine.facts(job.enc)
@@ -483,17 +461,11 @@ def _report(
         precision=str(writer.meta.model_info.get("precision", "fp32")),
         cpu_level=cpu_level if facts.device == "cpu" else "",
         engine=job.cfg.engine,
-        text_notes=stats.text_notes,
-        with_ocr_text=stats.with_ocr_text,
-        text_read=stats.text_read,
-        faces_read=faces.read,
-        faces_found=faces.faces,
-        faces_notes=faces.notes,
-        faces=writer.current.faces.faces if writer.current is not None and writer.current.faces is not None else 0,
-        people=writer.current.faces.people if writer.current is not None and writer.current.faces is not None else 0,
         actors=facts.actors,
         cluster_resources=dict(facts.resources),
         ray_write=stats.written_by,
+        # Each side stage's fields (its counts and seconds).
+        **{k: v for stage in sides.SIDE_STAGES for k, v in stage.report(side_stats[stage.name], writer.current).items()},
     )
 
 

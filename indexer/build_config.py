@@ -429,6 +429,9 @@ class BuildReport:
     ``added`` new files embedded, ``updated`` changed files re-embedded, ``removed`` rows of
     deleted files dropped, ``unchanged`` rows kept, ``skipped`` files in the skip list,
     ``total`` (= ``indexed``) rows in the index now, ``embedded`` images embedded by this run.
+    ``write_seconds`` is the time spent committing the embedded rows and the final FAISS index;
+    the side stages' fields (from ``text_notes`` to ``faces_seconds``) are each stage's
+    :meth:`~indexer.sides.contract.SideStage.report`, their seconds their commits included.
     """
 
     index_dir: str
@@ -464,6 +467,8 @@ class BuildReport:
     text_notes: int = 0
     with_ocr_text: int = 0
     text_read: int = 0
+    # Seconds spent reading the text of images already indexed (their commits included).
+    text_seconds: float = 0.0
     # index --faces: images the detector read this run, the faces it found in them, the images it
     # could not read; and, over the whole index, the faces and the people they form.
     faces_read: int = 0
@@ -471,6 +476,8 @@ class BuildReport:
     faces_notes: int = 0
     faces: int = 0
     people: int = 0
+    # Seconds spent finding faces and grouping them into people (their commits included).
+    faces_seconds: float = 0.0
     # Ray runs only: the encoder actors and the cluster's resources (ray.cluster_resources()).
     actors: int = 0
     cluster_resources: dict[str, float] = field(default_factory=dict)

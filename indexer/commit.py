@@ -47,11 +47,10 @@ from retrieval.version import __version__
 
 from . import ann
 from .ann import FaissInfo
-from .faces.side import FaceTables, PreviousFaces, rekeyed, row_keys
-from .faces.side import write_side as write_faces_side
-from .keywords import PreviousKeywords, write_side
 from .parts import PartSource, group_parts, link_part, write_part
 from .plan import IndexedFacts
+from .sides.contract import SideWriter
+from .sides.registry import side_writers
 from .writer import (
     FileRecord,
     SkipRecord,
@@ -73,10 +72,9 @@ class IndexMeta:
     model_info: Mapping[str, Any] = field(default_factory=dict)
     index_options: Mapping[str, Any] = field(default_factory=dict)
     discovery: Mapping[str, Any] = field(default_factory=dict)
-    # Whether this build recognises text in the pixels (index --ocr), recorded with the keyword side.
-    ocr: bool = False
-    # The face settings where this build finds faces (index --faces), recorded with the faces side.
-    faces: Mapping[str, Any] | None = None
+    # Each side stage's setting for this build, by the stage's name (indexer.sides.registry),
+    # recorded in the stage's manifest entry; a stage not named here has its default (off).
+    sides: Mapping[str, Any] = field(default_factory=dict)
 
 
 class GenerationWriter:
@@ -94,16 +92,8 @@ class GenerationWriter:
             self._faiss = (base.faiss, index_dir / base.faiss.path)
             self._faiss_info = FaissInfo(base.index_type, dict(base.search_params), dict(base.index_tuning))
         self._committed = base.count if base else 0
-        # The last keyword file and how many of its first ids still hold (indexer.keywords).
-        self._keywords: PreviousKeywords | None = None
-        if base is not None and base.keywords is not None:
-            self._keywords = PreviousKeywords(base.keywords, index_dir / base.keywords.path, base.keywords.rows)
-        # The last faces side and how many of its first ids still hold (indexer.faces.side), and
-        # the tables the faces stage made for the next commit.
-        self._faces: PreviousFaces | None = None
-        if base is not None and base.faces is not None:
-            self._faces = PreviousFaces(base.faces, index_dir / base.faces.path, index_dir / base.faces.read_path, base.faces.rows)
-        self._new_faces: FaceTables | None = None
+        # Each side stage's part (indexer.sides): the last generation's side, carried into the next.
+        self.sides: dict[str, SideWriter] = side_writers(index_dir, base)
         # Checksums of the committed files by path, carried to the next generation with the
         # files it links (a generation of a version-2 index written before checksums has none:
         # its files are hashed when first linked, which is how such an index gets them).
@@ -115,9 +105,6 @@ class GenerationWriter:
         # The skip list every commit writes; callers add to it with record_skips().
         self.skipped: list[SkipRecord] = []
         self.commits = 0
-        # True while rows embedded without OCR still lack their text (indexer.backfill): the
-        # generations committed meanwhile record that OCR has not covered the index.
-        self.text_pending = False
         # Staging folders a run is still writing parts into (indexer.ray_parts): kept by commits.
         self.live_staging: set[str] = set()
 
@@ -167,10 +154,8 @@ class GenerationWriter:
             first = min(first, min(refreshed))
         if first >= self._committed:
             return
-        if self._keywords is not None:
-            self._keywords = dataclasses.replace(self._keywords, valid_rows=min(self._keywords.valid_rows, first))
-        if self._faces is not None:
-            self._faces = dataclasses.replace(self._faces, valid_rows=min(self._faces.valid_rows, first))
+        for side in self.sides.values():
+            side.rows_renumbered(first)
         split = 0
         while split < len(self._parts) and self._parts[split][0].first_id + self._parts[split][0].rows <= first:
             split += 1
@@ -208,7 +193,7 @@ class GenerationWriter:
 
         ``parts`` are files the caller wrote outside any generation (in a staging-named folder,
         so that a crash leaves nothing a later writer keeps) holding the same ids, in order, with
-        the same vectors: the FAISS file stays valid, the keyword side is rebuilt from them.
+        the same vectors: the FAISS file stays valid, the sides are told (:mod:`indexer.sides`).
         """
         old = self._parts[start:stop]
         if self._records or self._rewrite_tail is not None or not old:
@@ -222,8 +207,8 @@ class GenerationWriter:
         if next_id != end:
             raise ValueError(f"replacement parts hold ids {first}..{next_id - 1}, not {first}..{end - 1}")
         self._parts[start:stop] = list(parts)
-        if self._keywords is not None:
-            self._keywords = dataclasses.replace(self._keywords, valid_rows=min(self._keywords.valid_rows, first))
+        for side in self.sides.values():
+            side.rows_rewritten(first)
 
     def append(self, records: Sequence[FileRecord], vectors: np.ndarray) -> None:
         """Queue new rows for the next commit."""
@@ -251,25 +236,6 @@ class GenerationWriter:
     def record_skips(self, records: Iterable[SkipRecord]) -> None:
         """Add files to the skip list that the next commit writes (files with no row)."""
         self.skipped.extend(records)
-
-    def face_tables(self) -> FaceTables:
-        """The faces side over the committed rows, with their current ids (the tables handed to
-        :meth:`set_faces`, else the last side's, matched to the rows again if they moved)."""
-        if self.tail_pending:
-            raise RuntimeError("face_tables() needs the queued rows committed first")
-        options = dict(self.meta.faces or {})
-        if self._new_faces is not None:
-            return self._new_faces
-        if self._faces is None or not self._faces.read_with(options):
-            return FaceTables.empty(options)
-        tables = self._faces.tables()
-        return tables if self._faces.ids_hold else rekeyed(tables, row_keys([path for _, path in self._parts]))
-
-    def set_faces(self, tables: FaceTables) -> None:
-        """Make ``tables`` (ids of the committed rows) the faces side of the next commit."""
-        if self.tail_pending:
-            raise RuntimeError("set_faces() needs the queued rows committed first")
-        self._new_faces = tables
 
     def set_model_info(self, model_info: Mapping[str, Any]) -> None:
         """Record ``model_info`` (e.g. the precision a run resolved) in every later manifest."""
@@ -316,8 +282,8 @@ class GenerationWriter:
                     new_parts.append((ref, self.dir / ref.path))
                 staged.append(staging / name)
             count = new_parts[-1][0].first_id + new_parts[-1][0].rows if new_parts else 0
-            keywords = write_side(staging, gen_rel, count, staged, self._keywords, self.meta.ocr and not self.text_pending)
-            faces = write_faces_side(staging, gen_rel, count, staged, self._faces, self._new_faces, self.meta.faces)
+            # Each side's manifest entry, by its field (the stage's name).
+            entries = {name: side.write(staging, gen_rel, count, staged, self.meta.sides.get(name)) for name, side in self.sides.items()}
             faiss_ref: FaissRef | None = None
             info = FaissInfo()
             if faiss is not None:
@@ -360,8 +326,8 @@ class GenerationWriter:
                 index_tuning=dict(info.tuning),
                 checksums=sums,
                 discovery=dict(self.meta.discovery),
-                keywords=keywords,
-                faces=faces,
+                # A side with no entry (None) leaves its field unset: a stage need not have one.
+                **{name: entry for name, entry in entries.items() if entry is not None},
                 format_version=format_version_for(info.factory, [ref for ref, _ in new_parts]),
             )
             crash_point("staged")
@@ -379,9 +345,8 @@ class GenerationWriter:
         self._faiss = (faiss_ref, self.dir / faiss_ref.path) if faiss_ref is not None else None
         self._faiss_info = info
         self._sums = sums
-        self._keywords = PreviousKeywords(keywords, self.dir / keywords.path, count)
-        self._faces = None if faces is None else PreviousFaces(faces, self.dir / faces.path, self.dir / faces.read_path, count)
-        self._new_faces = None
+        for name, side in self.sides.items():
+            side.committed(entries[name], self.dir, count)
         self._committed = count
         self._records, self._vectors, self._rewrite_tail = [], [], None
         self.current = manifest
@@ -435,8 +400,10 @@ class GenerationWriter:
     def _tail_tables(self) -> list[pa.Table]:
         tables = [] if self._rewrite_tail is None else [self._rewrite_tail]
         if self._records:
-            ocr_read = True if self.meta.ocr else None
-            tables.append(records_table(self._records, np.concatenate(self._vectors), self.meta.dim, ocr_read))
+            columns: dict[str, Any] = {}
+            for name, side in self.sides.items():
+                columns.update(side.row_columns(self.meta.sides.get(name)))
+            tables.append(records_table(self._records, np.concatenate(self._vectors), self.meta.dim, **columns))
         return tables
 
     def _groups(self, merge: bool) -> list[list[PartSource]]:

@@ -26,6 +26,7 @@ from .discover import ImageFile
 from .parts import WrittenPart
 from .plan import UpdatePlan
 from .shards import ShardReader
+from .sides.registry import count_embedded, decode_options
 from .stats import RunStats
 from .writer import FileRecord
 
@@ -107,8 +108,7 @@ def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, 
                 records = [file_record(files[it.index], it) for it in good]
                 if batch.vectors is not None:
                     writer.append(records, batch.vectors)
-                stats.text_notes += sum(it.meta.note is not None for it in good)
-                stats.with_ocr_text += sum(it.meta.ocr_text is not None for it in good)
+                stats.count_sides(count_embedded(good))
                 updated = sum(rec.path in plan.updated_paths for rec in records)
                 stats.updated += updated
                 stats.added += len(records) - updated
@@ -142,7 +142,8 @@ def embed_planned(cfg: BuildConfig, enc: Encoder, photos: Path | ShardReader, pl
     on_gpu = decodes_on_device(device_type)
     # In-process decoding runs between batches, on as many threads as the model (see default_workers).
     dataset = ImageDataset(photos, files, enc.preprocess, max_pixels=cfg.max_pixels, draft=draft,
-                           device_decode=on_gpu, threads=stats.threads if n_workers == 0 else 1, ocr=writer.meta.ocr)
+                           device_decode=on_gpu, threads=stats.threads if n_workers == 0 else 1,
+                           **decode_options(writer.meta.sides))
     # ImageDataset is map-style without torch's Dataset base class (indexer.dataset does not
     # import torch), which DataLoader accepts at run time but its stubs do not.
     loader: DataLoader[Item] = DataLoader(

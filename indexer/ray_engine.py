@@ -45,6 +45,7 @@ from .plan import UpdatePlan
 from .ray_actor import ActorSpec, EmbedActor, calibrate_remote, from_columns
 from .ray_parts import Stage, by_part, part_rows
 from .shards import ShardReader
+from .sides.registry import decode_options
 from .stats import RunStats
 
 RAY_EXTRA = "pip install 'clipsearch[ray]'"
@@ -285,7 +286,7 @@ class RayRun:
         """:class:`~indexer.engine.Engine`'s embedding: the actors embed with ``info``'s model
         (the driver's encoder only described it); ``stop`` is the local engine's (a Ray job
         is stopped by its driver's interrupt)."""
-        return self.embed_spec(self.spec(images, info, ocr=writer.meta.ocr, draft=draft), plan, writer)
+        return self.embed_spec(self.spec(images, info, **decode_options(writer.meta.sides), draft=draft), plan, writer)
 
     def facts(self, enc: Encoder) -> EngineFacts:
         """The actors' device, their number and the cluster's resources."""

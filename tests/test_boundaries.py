@@ -7,6 +7,7 @@ caught too, and the test costs milliseconds.
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -199,3 +200,47 @@ def test_modules_share_a_file_name_only_as_one_idea_in_two_layers() -> None:
         if not any(other in _first_line(module) for other in modules if other != module)
     )
     assert unsaid == []
+
+
+# The stage-neutral build path: the side stages plug in through indexer.sides.registry.
+STAGE_NEUTRAL = ("indexer.build", "indexer.embed", "indexer.stats", "indexer.commit")
+STAGE_ROOMS = ("indexer.ocr", "indexer.backfill", "indexer.keywords", "indexer.faces", "retrieval.keywords", "retrieval.faces")
+
+
+def _stage_words(source: str) -> list[str]:
+    """The identifiers of ``source`` that name OCR or faces (snake_case and CamelCase parts
+    starting with either word: ``ocr_of``, ``FaceStats``, ``with_ocr_text``; not ``interface``)."""
+    names: set[str] = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Name):
+            names.add(node.id)
+        elif isinstance(node, ast.Attribute):
+            names.add(node.attr)
+        elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+            names.add(node.name)
+        elif isinstance(node, ast.arg):
+            names.add(node.arg)
+        elif isinstance(node, ast.keyword) and node.arg:
+            names.add(node.arg)
+        elif isinstance(node, ast.alias):
+            names.update(part for part in (node.name, node.asname) if part)
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            names.add(node.module)
+    return sorted(
+        name for name in names
+        if any(part.startswith(("ocr", "face")) for part in re.split(r"[._]", re.sub(r"(?<=[a-z0-9])([A-Z])", r"_\1", name).lower()))
+    )
+
+
+@pytest.mark.parametrize("module", STAGE_NEUTRAL)
+def test_the_build_path_names_no_side_stage(module: str) -> None:
+    imported = _all_imports(module)
+    assert sorted(n for n in imported if any(_in(n, r) for r in STAGE_ROOMS)) == []
+    assert _stage_words(SOURCES[module].read_text(encoding="utf-8")) == []
+
+
+def test_the_stage_check_catches_a_stage_name() -> None:
+    # Lines of the build path before the side stages plugged in, which the check above refuses.
+    old = "from .faces import stage as faces_stage\nx = ocr_of(cfg)\ny: FaceStats\nwriter.meta.ocr\nf(with_ocr_text=1)\n"
+    assert _stage_words(old) == ["FaceStats", "faces", "faces_stage", "ocr", "ocr_of", "with_ocr_text"]
+    assert _stage_words("interface = surface(x)\nfaced = 1\n") == ["faced"]  # parts start with the word

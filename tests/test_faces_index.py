@@ -5,6 +5,7 @@ Real faces: views of scikit-image's ``astronaut``; scikit-image's ``coffee`` has
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -154,6 +155,7 @@ def test_the_cli_flag_and_its_summary(tmp_path: Path, tiny_model: Path) -> None:
     result = run_cli(["index", photos, out, "--model", tiny_model, "--faces", "--workers", "0", "--precision", "fp32"])
     assert result.returncode == 0, result.stderr
     assert "faces: " in result.stderr and "forming 1 people" in result.stderr
+    assert re.search(r"faces: \d+ found in 5 images read this run in \d+\.\d s,", result.stderr), result.stderr
     verified = run_cli(["verify", out])
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
@@ -181,12 +183,37 @@ def test_a_build_killed_while_finding_faces_resumes(tmp_path: Path, tiny_model: 
     assert killed.killed, killed.stderr
     m = read_manifest(out)
     assert m.faces is not None and m.faces.read == 2 and not m.faces.complete  # two chunks of one committed
+    # People are formed when the stage ends: the faces the killed run committed are nobody's yet.
+    assert {f["person"] for f in _faces(out)[0]} == {-1}
     resumed = run_cli(args)
     assert resumed.returncode == 0, resumed.stderr
     m = read_manifest(out)
     assert m.faces is not None and m.faces.complete and m.faces.read == 5
+    # The resumed run grouped them with its own: the four views of one face are one person.
+    assert {f["person"] for f in _faces(out)[0] if f["path_bytes"] != b"coffee.jpg"} == {0} and m.faces.people == 1
     assert "faces: " in resumed.stderr and "in 3 images read this run" in resumed.stderr
     assert verify_index(out).ok
+
+
+def test_people_are_formed_once_per_run_not_once_per_chunk(
+    tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from indexer.faces import stage
+
+    calls: list[int] = []
+    real = stage.assign_new
+
+    def counted(descriptors: np.ndarray, *args: object, **kw: object) -> np.ndarray:
+        calls.append(len(descriptors))
+        return real(descriptors, *args, **kw)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(stage, "assign_new", counted)
+    photos = _photos(tmp_path / "photos")
+    report = _build(photos, tmp_path / "idx", tiny_model, faces=True, commit_every=1)
+    # Five chunks of one image committed; the faces of all of them grouped in one call.
+    assert report.faces_read == 5 and report.commits >= 5 and report.people == 1
+    assert calls == [report.faces_found] and report.faces_seconds > 0
+    assert report.write_seconds < report.seconds - report.faces_seconds
 
 
 def test_a_missing_face_engine_fails_before_any_work(tmp_path: Path, tiny_model: Path, monkeypatch: pytest.MonkeyPatch) -> None:

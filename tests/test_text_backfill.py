@@ -120,6 +120,8 @@ def test_backfill_keeps_every_vector_and_makes_the_text_findable(copy: tuple[Pat
     report = _build(photos, out, tiny_model, ocr=True)
     assert report.text_read == N_IMAGES and report.embedded == 0 and report.added == 0
     assert report.with_ocr_text == 2 and report.text_notes == 0
+    # The backfill's time is its own field, not part of committing the embedded rows.
+    assert report.text_seconds > 0 and report.write_seconds < report.seconds - report.text_seconds
     assert sorted(fake_ocr) == [60 + 2 * i for i in range(N_IMAGES)]  # each image read once
     after, m = _rows(out), read_manifest(out)
     # Same ids, same paths, the same vectors byte for byte; the FAISS file is the same file.

@@ -62,9 +62,11 @@ def _print_report(args: argparse.Namespace, report: BuildReport) -> None:
         flush=True,
     )
     if report.text_read:
-        print(f"{PROG}: text read for {report.text_read} images without re-embedding", file=sys.stderr, flush=True)
+        print(f"{PROG}: text read for {report.text_read} images without re-embedding in {report.text_seconds:.1f} s",
+              file=sys.stderr, flush=True)
     if report.faces_read or report.faces_notes:
-        print(f"{PROG}: faces: {report.faces_found} found in {report.faces_read} images read this run, "
+        print(f"{PROG}: faces: {report.faces_found} found in {report.faces_read} images read this run "
+              f"in {report.faces_seconds:.1f} s, "
               f"{report.faces} in the index forming {report.people} people"
               + (f"; {report.faces_notes} images could not be read for faces" if report.faces_notes else ""),
               file=sys.stderr, flush=True)

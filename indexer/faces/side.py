@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -30,7 +30,16 @@ import pyarrow.parquet as pq
 from retrieval import store
 from retrieval.layout import FACES_FILE, FACES_READ_FILE, FACES_READ_SCHEMA, FACES_SCHEMA, FacesRef, checksum_file
 
-from .grouping import NOBODY
+from .detect import FaceOptions
+from .grouping import NOBODY, ClusterOptions
+
+
+def face_options(recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The settings a run finds faces with, as the manifest records them: the recorded ones, else
+    the defaults of :class:`FaceOptions` and :class:`ClusterOptions`."""
+    if recorded:
+        return dict(recorded)
+    return {"detector": "dlib-hog", "descriptor": "dlib-resnet-v1", **asdict(FaceOptions()), **asdict(ClusterOptions())}
 
 
 @dataclass(frozen=True)
@@ -150,4 +159,4 @@ def write_side(
     )
 
 
-__all__ = ["FaceTables", "PreviousFaces", "rekeyed", "row_keys", "write_side"]
+__all__ = ["FaceTables", "PreviousFaces", "face_options", "rekeyed", "row_keys", "write_side"]

@@ -5,9 +5,11 @@ to detection, and reading after the embedding means one pass serves a new build,
 index embedded without ``--faces`` alike (no image is embedded again). It runs in worker
 processes of this machine (dlib holds the interpreter while it works), for any engine.
 
-Every ``chunk`` images the faces found join the side (:mod:`indexer.faces.side`), new faces join
-or found people (:func:`indexer.faces.grouping.assign_new`), and a generation is committed; a
-crash or Ctrl-C loses only the chunk in flight, and the next run reads the rows still unread.
+Every ``chunk`` images the faces found join the side (:mod:`indexer.faces.side`) and a generation
+is committed; a crash or Ctrl-C loses only the chunk in flight, and the next run reads the rows
+still unread. The new faces join or found people (:func:`indexer.faces.grouping.assign_new`) once,
+when the stage ends: until then the generations committed show them as nobody's. The stage is a
+side stage of the build (:mod:`indexer.sides.face_stage`).
 """
 
 from __future__ import annotations
@@ -18,7 +20,7 @@ import sys
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
-from dataclasses import asdict, dataclass, fields
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -36,23 +38,16 @@ from retrieval.shards import SampleMeta
 from ..commit import GenerationWriter
 from ..discover import ImageFile
 from ..shards import ShardReader
+from ..sides.face_stage import NAME, face_writer
 from .detect import Face, FaceFinder, FaceOptions
 from .grouping import NOBODY, ClusterOptions, assign_new
-from .side import FaceTables
+from .side import FaceTables, face_options
 
 # Most images read between two commits (a few minutes of detection on one core at most); a
 # build's --commit-every lowers it.
 CHUNK = 256
 
 _S = TypeVar("_S", FaceOptions, ClusterOptions)
-
-
-def face_options(recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
-    """The settings a run finds faces with, as the manifest records them: the recorded ones, else
-    the defaults of :class:`FaceOptions` and :class:`ClusterOptions`."""
-    if recorded:
-        return dict(recorded)
-    return {"detector": "dlib-hog", "descriptor": "dlib-resnet-v1", **asdict(FaceOptions()), **asdict(ClusterOptions())}
 
 
 def _settings(kind: type[_S], options: Mapping[str, Any]) -> _S:
@@ -168,10 +163,11 @@ def read_missing_faces(
     progress: bool = False,
     stop: Callable[[], bool] | None = None,
 ) -> FaceStats:
-    """Find the faces of every committed row not read yet, committing every ``chunk`` images.
+    """Find the faces of every committed row not read yet, committing every ``chunk`` images,
+    then group the new faces into people once.
 
     Args:
-        writer: the writer over the index; ``writer.meta.faces`` holds the settings (None: no faces).
+        writer: the writer over the index; its ``meta.sides["faces"]`` holds the settings (None: no faces).
         images: the photos folder or the shard reader the rows' paths are relative to.
         workers: detector processes.
         commit: publishes a generation (the build's chunk commit).
@@ -181,12 +177,13 @@ def read_missing_faces(
         stop: asked between chunks (watch mode's Ctrl-C); the rest is read by a later run.
     """
     stats = FaceStats()
-    options = writer.meta.faces
+    options = writer.meta.sides.get(NAME)
     if options is None:
         return stats
     if writer.tail_pending:
         commit()
-    tables = writer.face_tables()
+    side = face_writer(writer)
+    tables = side.tables(writer)
     todo, rows = _unread(writer, tables.read.column("id").to_numpy())
     if not len(todo):
         return stats
@@ -209,11 +206,12 @@ def read_missing_faces(
             ids = [int(i) for i in todo[at : at + chunk]]
             found = list(pool.map(_find, [_file(rows, i) for i in ids], chunksize=4))
             new_faces, new_read = _tables_of(ids, rows, found)
-            faces = _with_people(pa.concat_tables([tables.faces, new_faces]).sort_by([("id", "ascending"), ("face", "ascending")]),
-                                 options, load_edits(writer.dir))
+            # Committed as nobody's: the faces found are kept if the run stops here, and the
+            # people are formed once, below (a resumed run groups them with its own).
+            faces = pa.concat_tables([tables.faces, new_faces]).sort_by([("id", "ascending"), ("face", "ascending")])
             read = pa.concat_tables([tables.read, new_read]).sort_by("id")
             tables = FaceTables(faces, read, dict(options))
-            writer.set_faces(tables)
+            side.set_tables(writer, tables)
             stats.read += len(ids)
             stats.faces += new_faces.num_rows
             stats.notes += sum(note is not None for _, note in found)
@@ -224,7 +222,10 @@ def read_missing_faces(
     finally:
         pool.shutdown(cancel_futures=True)
         bar.close()
-        stats.seconds = time.perf_counter() - start
+    # Every face without a person (this run's, and those a stopped or killed run committed) joins
+    # or founds one, once per run rather than once per chunk.
+    side.set_tables(writer, FaceTables(_with_people(tables.faces, options, load_edits(writer.dir)), tables.read, dict(options)))
+    stats.seconds = time.perf_counter() - start
     return stats
 
 
