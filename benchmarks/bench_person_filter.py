@@ -57,6 +57,7 @@ def write_index(out: Path, photos: int, dim: int, people: int, per_photo: float,
     from indexer.commit import GenerationWriter, IndexMeta
     from indexer.faces.side import FaceTables
     from indexer.faces.stage import face_options
+    from indexer.sides.face_stage import face_writer
     from indexer.writer import FileRecord
     from retrieval.images import PhotoMeta
     from retrieval.layout import FACE_DESCRIPTOR_DIM, FACES_READ_SCHEMA, FACES_SCHEMA
@@ -65,7 +66,7 @@ def write_index(out: Path, photos: int, dim: int, people: int, per_photo: float,
     centres = rng.standard_normal((256, dim)).astype(np.float32)
     options = face_options()
     meta = IndexMeta(model="synthetic", model_fingerprint="sha256:" + "0" * 64, backend="hf", dim=dim, preprocess={},
-                     source_root=str(out.parent), index_options={"index_type": "flat"}, faces=options)
+                     source_root=str(out.parent), index_options={"index_type": "flat"}, sides={"faces": options})
     out.mkdir(parents=True)
     writer = GenerationWriter(out, meta, None)
     paths: list[bytes] = []
@@ -108,7 +109,7 @@ def write_index(out: Path, photos: int, dim: int, people: int, per_photo: float,
          pa.array(counts), pa.nulls(photos, pa.string())],
         schema=FACES_READ_SCHEMA,
     )
-    writer.set_faces(FaceTables(faces, read, options))
+    face_writer(writer).set_tables(writer, FaceTables(faces, read, options))
     writer.finish()
     present = np.unique(person[person >= 0])
     photos_of = {int(p): int(np.unique(image[person == p]).size) for p in present.tolist()}

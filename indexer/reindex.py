@@ -22,8 +22,10 @@ from retrieval.generation import mapping_of
 from retrieval.layout import Manifest, read_manifest
 
 from . import ann
+from .build_config import BuildConfig
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .lock import IndexLock
+from .sides.registry import settings as side_settings
 
 
 @dataclass(frozen=True)
@@ -48,13 +50,13 @@ class ReindexReport:
 
 def recorded_meta(base: Manifest, **changes: Any) -> IndexMeta:
     """What the next generation of an index repeats when no build runs (``reindex``, ``people
-    recluster``): the manifest ``base``'s, OCR and face settings included (without them the
-    commit would drop the keyword side's OCR flag and the faces side), with ``changes``."""
+    recluster``): the manifest ``base``'s, the side stages' recorded settings included (without
+    them the commit would drop the keyword side's OCR flag and the faces side), with ``changes``."""
     meta = IndexMeta(
         model=base.model, model_fingerprint=base.model_fingerprint, backend=base.backend, dim=base.dim,
         preprocess=dict(base.preprocess), source_root=base.source_root, model_info=dict(base.model_info),
         index_options=dict(base.index_options), discovery=dict(base.discovery),
-        ocr=base.keywords is not None and base.keywords.ocr, faces=dict(base.faces.options) if base.faces is not None else None,
+        sides=side_settings(BuildConfig(), base),
     )
     return dataclasses.replace(meta, **changes)
 

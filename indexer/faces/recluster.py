@@ -16,6 +16,7 @@ overlaps most. The people file is held locked meanwhile, so no edit slips in bet
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 from collections.abc import Mapping
@@ -34,6 +35,8 @@ from retrieval.layout import FACES_SCHEMA, FacesRef, Manifest, read_manifest
 from ..commit import GenerationWriter, remove_stale
 from ..lock import IndexLock
 from ..reindex import recorded_meta
+from ..sides.face_stage import NAME as FACES
+from ..sides.face_stage import face_writer
 from .grouping import NOBODY, ClusterOptions, regroup
 from .side import FaceTables, PreviousFaces
 
@@ -139,9 +142,10 @@ def recluster(
             if faces.num_rows else np.zeros((0, 128), np.float32)
         after = regroup(descriptors, before, kept, cluster, first_new=_first_new(edits, stored))
         regrouped = faces.set_column(faces.schema.get_field_index("person"), "person", pa.array(after, pa.int64())).cast(FACES_SCHEMA)
-        writer = GenerationWriter(out, recorded_meta(base, faces=options), base)
+        meta = recorded_meta(base)
+        writer = GenerationWriter(out, dataclasses.replace(meta, sides={**meta.sides, FACES: options}), base)
         writer.record_skips(store.read_skipped(out / base.skipped_file))
-        writer.set_faces(FaceTables(regrouped, previous.read, options))
+        face_writer(writer).set_tables(writer, FaceTables(regrouped, previous.read, options))
         writer.commit(complete=True)
     people_before, people_after = _people(before), _people(after)
     return ReclusterReport(
