@@ -90,6 +90,7 @@ class SetFacts:
     index_type: str
     generation: str
     source_root: str
+    created: str
     shards: tuple[str, ...]
 
 
@@ -131,7 +132,7 @@ class PartitionedIndex:
         self._deadline_s = deadline_s
         self._keywords = first.keywords is not None
         self.manifest = SetFacts(parts.count, parts.model, parts.model_fingerprint, parts.dim, first.index_type,
-                                 str(parts.generation), first.source_root, tuple(s.name for s in parts.shards))
+                                 str(parts.generation), first.source_root, first.created, tuple(s.name for s in parts.shards))
         self._sizes: dict[int, tuple[int, int]] = {}
         self._moments: tuple[np.ndarray, np.ndarray] | None = None
         self._moments_read = False
@@ -227,7 +228,13 @@ class PartitionedIndex:
             raise ShardUnavailableError(f"no shard answered within {self._deadline_s:g} s ({', '.join(missing)})")
         merged: list[ShardAnswer] = []
         for n, answer in sorted(answers.items()):
-            ids = self.parts.shards[n].global_ids(np.array([h.id for h in answer.hits], np.int64))
+            shard = self.parts.shards[n]
+            known = np.array([h.id < shard.count for h in answer.hits], bool)
+            if not known.all():
+                # A shard already on a generation with images this set does not list yet (being
+                # added): they join once the set's new manifest is read.
+                answer = _only(answer, known)
+            ids = shard.global_ids(np.array([h.id for h in answer.hits], np.int64))
             merged.append(with_global_ids(answer, ids))
             self._remember_sizes(ids, answer.sizes)
         out = SetHits(merge(merged, query.cut, query.mode, query.scale))
@@ -365,6 +372,11 @@ def merge(answers: Sequence[ShardAnswer], cut: Cut, mode: str, scale: CosineScal
     if cut.sort == "taken":
         chosen = chosen[newest_first(taken[chosen], np.arange(len(chosen)))]
     return [hits[i] for i in chosen.tolist()]
+
+
+def _only(answer: ShardAnswer, keep: np.ndarray) -> ShardAnswer:
+    return replace(answer, hits=[h for h, k in zip(answer.hits, keep.tolist(), strict=True) if k], taken_us=answer.taken_us[keep],
+                   sizes=answer.sizes[keep])
 
 
 def _named(image: Any) -> Any:

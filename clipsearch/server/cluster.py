@@ -1,0 +1,245 @@
+"""``clipsearch serve --ray``: a shard set served by Ray Serve.
+
+Each shard is a Serve deployment of ``replicas`` replicas (:class:`ShardReplica`, a
+:class:`~retrieval.partition_shard.ShardSearcher`; Serve spreads them over the nodes); the
+routers are ``routers`` replicas of one ingress deployment whose ASGI app is the same app as
+``clipsearch serve``'s (:func:`clipsearch.server.create_app`), its shards reached through
+deployment handles (:class:`RayShard`). Serve's HTTP proxy on every node answers the API and UI.
+
+Before anything is deployed, every shard is checked against the set and verified (its files'
+checksums); a failure names the shard. A deployment that fails to start is deleted, and a Ray
+started here is shut down: nothing half-deployed is left running. Ray comes from ``--address``,
+else ``RAY_ADDRESS``, else a local Ray is started.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from retrieval.checks import is_positive_int
+from retrieval.errors import ClipSearchError, EngineError, IndexCorruptError, InvalidArgumentError
+from retrieval.partition_set import PartitionSet, ShardRef, check_shards, read_partition_set
+from retrieval.partition_shard import ShardSearcher
+from retrieval.partitions import DEFAULT_DEADLINE_S, Pending, ShardClient
+
+APP_NAME = "clipsearch"
+# Seconds a TCP connection to a Ray address has before it is called unreachable.
+CONNECT_TIMEOUT_S = 5.0
+
+
+@dataclass(frozen=True)
+class ClusterOptions:
+    """How a set is deployed: ``replicas`` per shard, ``routers``, the per-shard deadline, the
+    CPUs each replica reserves, and whether shards are verified first.
+
+    Raises:
+        InvalidArgumentError: a count below 1, a deadline or CPU share not above 0.
+    """
+
+    replicas: int = 2
+    routers: int = 2
+    deadline_s: float = DEFAULT_DEADLINE_S
+    shard_cpus: float = 1.0
+    router_cpus: float = 1.0
+    verify: bool = True
+    mmap: bool | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("replicas", "routers"):
+            if not is_positive_int(getattr(self, name)):
+                raise InvalidArgumentError(f"--{name} must be an integer >= 1, got {getattr(self, name)!r}")
+        for name in ("deadline_s", "shard_cpus", "router_cpus"):
+            value = getattr(self, name)
+            if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
+                raise InvalidArgumentError(f"{name} must be a number > 0, got {value!r}")
+
+
+class ShardReplica:
+    """A replica of one shard's deployment: its :class:`ShardSearcher`'s methods, by name."""
+
+    def __init__(self, directory: str, mmap: bool | None) -> None:
+        self._searcher = ShardSearcher.open(directory, mmap=mmap)
+
+    def call(self, method: str, *args: Any) -> Any:
+        return getattr(self._searcher, method)(*args)
+
+
+class _RayPending:
+    """A call to a shard deployment; one more try on another replica where the first one's
+    replica was lost, within the same deadline."""
+
+    def __init__(self, handle: Any, method: str, args: tuple[Any, ...]) -> None:
+        self._handle, self._method, self._args = handle, method, args
+        self._response = handle.call.remote(method, *args)
+
+    def result(self, timeout: float | None = None) -> Any:
+        started = time.monotonic()
+        try:
+            return self._response.result(timeout_s=timeout)
+        except ClipSearchError:
+            raise
+        except TimeoutError:
+            self._response.cancel()  # not queued for a replica that will never take it
+            raise
+        except Exception:
+            left = None if timeout is None else timeout - (time.monotonic() - started)
+            if left is not None and left <= 0:
+                raise
+            retry = self._handle.call.remote(self._method, *self._args)
+            try:
+                return retry.result(timeout_s=left)
+            except TimeoutError:
+                retry.cancel()
+                raise
+
+
+class RayShard:
+    """A shard reached through its Serve deployment's handle."""
+
+    def __init__(self, name: str, handle: Any) -> None:
+        self.name = name
+        self._handle = handle
+
+    def call(self, method: str, *args: Any) -> Pending:
+        return _RayPending(self._handle, method, args)
+
+
+class Router:
+    """A router replica: ``clipsearch serve``'s app over the set, its shards reached by handle."""
+
+    def __init__(self, set_dir: str, handles: dict[str, Any], settings: dict[str, Any], deadline_s: float) -> None:
+        self._set_dir = set_dir
+        self._handles = handles
+        self._settings = settings
+        self._deadline_s = deadline_s
+
+    def __serve_build_asgi_app__(self) -> Any:
+        from . import create_app
+
+        handles = self._handles
+
+        def connect(root: Path, shard: ShardRef) -> ShardClient:
+            return RayShard(shard.name, handles[shard.name])
+
+        return create_app([self._set_dir], **self._settings, shard_connect=connect, shard_deadline_s=self._deadline_s)
+
+
+def check_set(set_dir: str | os.PathLike[str], verify: bool = True) -> PartitionSet:
+    """The set at ``set_dir``, every shard checked against it and (``verify``) its files verified.
+
+    Raises:
+        NotAnIndexError, IndexFormatError: no set, a missing shard, a shard that disagrees with it.
+        IndexCorruptError: a shard whose files fail ``clipsearch verify`` (named).
+    """
+    from retrieval.tools.verify import verify_index
+
+    parts = read_partition_set(set_dir)
+    check_shards(set_dir, parts)
+    if verify:
+        for shard in parts.shards:
+            report = verify_index(Path(set_dir) / shard.path)
+            if not report.ok:
+                problem = report.problems[0]
+                raise IndexCorruptError(
+                    f"shard {shard.name!r} ({Path(set_dir) / shard.path / problem.file})", f"{problem.check}: {problem.detail}",
+                    f"{problem.fix}, or make the set again; nothing was deployed",
+                )
+    return parts
+
+
+def application(set_dir: str | os.PathLike[str], parts: PartitionSet, options: ClusterOptions, settings: dict[str, Any]) -> Any:
+    """The Serve application of the set: a deployment per shard, the routers' ingress deployment."""
+    from ray import serve
+
+    root = Path(set_dir).resolve()
+    shard_apps = {
+        s.name: serve.deployment(name=f"shard-{s.name}", num_replicas=options.replicas,
+                                 ray_actor_options={"num_cpus": options.shard_cpus})(ShardReplica).bind(str(root / s.path), options.mmap)
+        for s in parts.shards
+    }
+    router = serve.deployment(name="router", num_replicas=options.routers,
+                              ray_actor_options={"num_cpus": options.router_cpus})(serve.ingress()(Router))
+    return router.bind(str(root), shard_apps, settings, options.deadline_s)
+
+
+def connect_ray(address: str | None) -> bool:
+    """Join the Ray at ``address`` (else ``RAY_ADDRESS``), or start one here; True when started here.
+
+    Raises:
+        EngineError: the address does not answer.
+    """
+    import ray
+
+    address = address or os.environ.get("RAY_ADDRESS") or None
+    if address not in (None, "auto", "local"):
+        _check_reachable(address)
+    try:
+        ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, logging_level=logging.ERROR,
+                 log_to_driver=False)
+    except (ConnectionError, RuntimeError, ValueError) as exc:
+        raise EngineError(f"cannot join Ray at {address}: {exc}".splitlines()[0]) from None
+    return address is None
+
+
+def _check_reachable(address: str) -> None:
+    text = address.removeprefix("ray://")
+    host, _, port = text.rpartition(":")
+    try:
+        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S):
+            return
+    except (OSError, ValueError):
+        raise EngineError(
+            f"cannot reach Ray at {address}: start it (ray start --head) or give the right --address / RAY_ADDRESS"
+        ) from None
+
+
+def deploy(set_dir: str | os.PathLike[str], options: ClusterOptions, settings: dict[str, Any], *,
+           address: str | None = None, http: dict[str, Any] | None = None) -> bool:
+    """Check the set, join (or start) Ray and deploy the set on Serve; returns whether Ray was
+    started here (the caller's :func:`undeploy` then stops it).
+
+    Raises:
+        The errors of :func:`check_set` and :func:`connect_ray`; EngineError: the deployment
+        failed to start (its replicas' error named), after it was deleted.
+    """
+    from ray import serve
+
+    parts = check_set(set_dir, options.verify)
+    started = connect_ray(address)
+    try:
+        serve.start(http_options=http or {"host": "127.0.0.1", "port": 8000})
+        serve.run(application(set_dir, parts, options, settings), name=APP_NAME, route_prefix="/")
+    except BaseException as exc:
+        undeploy(started)
+        if isinstance(exc, ClipSearchError):
+            raise
+        said = str(exc).strip()
+        raise EngineError(f"the shard set could not be deployed: {said.splitlines()[-1] if said else repr(exc)}") from None
+    return started
+
+
+def undeploy(started: bool) -> None:
+    """Delete the application (and shut Serve and Ray down where Ray was started here)."""
+    import ray
+    from ray import serve
+
+    if not ray.is_initialized():
+        return
+    try:
+        serve.delete(APP_NAME)
+        if started:
+            serve.shutdown()
+    finally:
+        if started:
+            ray.shutdown()
+
+
+__all__ = [
+    "APP_NAME", "ClusterOptions", "RayShard", "Router", "ShardReplica", "application", "check_set", "connect_ray", "deploy", "undeploy",
+]
