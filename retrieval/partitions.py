@@ -70,9 +70,11 @@ class LocalShard:
 
 
 class SetHits(list[Hit]):
-    """A search's hits, with the shards that did not answer in time (empty: the whole set)."""
+    """A search's hits, with the shards that did not answer in time (empty: the whole set) and
+    the generation each shard answered from."""
 
     missing: tuple[str, ...] = ()
+    generations: dict[str, str]
 
     @property
     def partial(self) -> bool:
@@ -239,6 +241,7 @@ class PartitionedIndex:
             self._remember_sizes(ids, answer.sizes)
         out = SetHits(merge(merged, query.cut, query.mode, query.scale))
         out.missing = tuple(missing)
+        out.generations = {self._shards[n].name: a.generation for n, a in sorted(answers.items())}
         return out
 
     def _fan(self, calls: dict[int, tuple[Any, ...]]) -> tuple[dict[int, Any], list[str]]:

@@ -219,3 +219,23 @@ def test_set_hits_are_hits(vec_set: tuple[Path, Path, np.ndarray]) -> None:
     _, set_dir, vectors = vec_set
     got = open_partitions(set_dir).search(SearchRequest(vector=vectors[1], k=2))
     assert all(dataclasses.is_dataclass(h) for h in got) and got[0].id == 1
+
+
+def test_a_set_is_served_by_the_same_app(vec_set: tuple[Path, Path, np.ndarray]) -> None:
+    from starlette.testclient import TestClient
+
+    from clipsearch.server import create_app
+
+    whole_dir, set_dir, vectors = vec_set
+    whole = ImageIndex.open(whole_dir)
+    with TestClient(create_app([set_dir], warm=False)) as client:
+        got = client.post("/api/search", json={"vector": vectors[7].tolist(), "k": 4, "offset": 1}).json()
+        want = whole.search(SearchRequest(vector=vectors[7], k=5))[1:]
+        assert [(r["id"], r["score"], r["path"], r["width"]) for r in got["results"]] == [
+            (h.id, h.score, h.path, int(whole.metadata.sizes_of([h.id])[0][0])) for h in want
+        ]
+        assert got["partial"] is False and got["missing_shards"] == []
+        assert client.get("/api/indexes").json()[0]["count"] == 900
+        assert client.post("/api/search", json={"image_id": 900, "k": 1}).status_code == 404
+        assert client.post("/api/search", json={"vector": [1.0, 0.0], "k": 1}).status_code == 400
+        assert client.get("/").status_code == 200

@@ -200,9 +200,10 @@ def _check_reachable(address: str) -> None:
 
 
 def deploy(set_dir: str | os.PathLike[str], options: ClusterOptions, settings: dict[str, Any], *,
-           address: str | None = None, http: dict[str, Any] | None = None) -> bool:
+           address: str | None = None, http: dict[str, Any] | None = None, proxy_location: str = "EveryNode") -> bool:
     """Check the set, join (or start) Ray and deploy the set on Serve; returns whether Ray was
-    started here (the caller's :func:`undeploy` then stops it).
+    started here (the caller's :func:`undeploy` then stops it). ``http`` and ``proxy_location``
+    are Serve's (where its HTTP proxies listen: ``EveryNode``, ``HeadOnly``).
 
     Raises:
         The errors of :func:`check_set` and :func:`connect_ray`; EngineError: the deployment
@@ -213,7 +214,7 @@ def deploy(set_dir: str | os.PathLike[str], options: ClusterOptions, settings: d
     parts = check_set(set_dir, options.verify)
     started = connect_ray(address)
     try:
-        serve.start(http_options=http or {"host": "127.0.0.1", "port": 8000})
+        serve.start(proxy_location=proxy_location, http_options=http or {"host": "127.0.0.1", "port": 8000})
         serve.run(application(set_dir, parts, options, settings), name=APP_NAME, route_prefix="/")
     except BaseException as exc:
         undeploy(started)
