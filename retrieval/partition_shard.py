@@ -133,6 +133,7 @@ class ShardSearcher:
             sizes=np.asarray(index.metadata.sizes_of(ids)) if len(ids) else np.empty((0, 2), np.int32),
             matched=any(h.fused is not None or h.keyword is not None for h in hits),
             generation=str(index.manifest.generation),
+            facts={"count": index.count},
         )
 
     def vectors_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:

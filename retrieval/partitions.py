@@ -231,11 +231,9 @@ class PartitionedIndex:
         merged: list[ShardAnswer] = []
         for n, answer in sorted(answers.items()):
             shard = self.parts.shards[n]
-            known = np.array([h.id < shard.count for h in answer.hits], bool)
-            if not known.all():
-                # A shard already on a generation with images this set does not list yet (being
-                # added): they join once the set's new manifest is read.
-                answer = _only(answer, known)
+            ahead = int(answer.facts.get("count", shard.count)) - shard.count
+            if ahead > 0:
+                answer = self._without_unlisted(n, query, answer, ahead)
             ids = shard.global_ids(np.array([h.id for h in answer.hits], np.int64))
             merged.append(with_global_ids(answer, ids))
             self._remember_sizes(ids, answer.sizes)
@@ -243,6 +241,24 @@ class PartitionedIndex:
         out.missing = tuple(missing)
         out.generations = {self._shards[n].name: a.generation for n, a in sorted(answers.items())}
         return out
+
+    def _without_unlisted(self, n: int, query: ShardQuery, answer: ShardAnswer, ahead: int) -> ShardAnswer:
+        """The answer of shard ``n`` without the images its newer generation holds and this set
+        does not list yet (being added: they join once the set's new manifest is read), asked
+        again for ``ahead`` more hits where dropping them left fewer than the cut wants: the
+        answer the set's generation of the shard gives."""
+        count = self.parts.shards[n].count
+        known = np.array([h.id < count for h in answer.hits], bool)
+        if known.all():
+            return answer
+        cap = query.cut.cap
+        if cap is not None and len(answer.hits) >= cap:
+            again, missing = self._fan({n: ("search", replace(query, cut=replace(query.cut, k=cap + ahead)))})
+            if not missing:
+                answer = again[n]
+                known = np.array([h.id < count for h in answer.hits], bool)
+        # More than the cut's hits is fine: the merge takes the set's best from any superset.
+        return _only(answer, known)
 
     def _fan(self, calls: dict[int, tuple[Any, ...]]) -> tuple[dict[int, Any], list[str]]:
         """Each shard's answer to its call, within the deadline; the names of those that failed

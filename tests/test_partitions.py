@@ -156,9 +156,19 @@ def test_live_set_follows_an_added_shard_generation(vec_set: tuple[Path, Path, n
     live = LivePartitions(work, lambda d: open_partitions(d))
     first = live.current()
     assert isinstance(first, PartitionedIndex) and live.current() is first and first.count == 900
-    write_vectors_index(tmp_path / "new.idx", clustered(5, 32, seed=9), commit_every=5)
+    added = clustered(5, 32, seed=9)
+    write_vectors_index(tmp_path / "new.idx", added, commit_every=5)
     add_to_partitions(work, tmp_path / "new.idx")
     assert live.current().count == 905 and first.count == 900
+    # The set read before the images were added, its shard already past it: the answers of the
+    # set's generation (the new images, the best hits of these queries, left out), never a mix.
+    whole = ImageIndex.open(set_dir.parent / "all.idx")
+    for q in added:
+        for cut in CUTS[:2]:
+            got = first.search(SearchRequest(vector=q, **cut))
+            _same(got, whole.search(SearchRequest(vector=q, **cut)))
+            assert got.generations["shard-0000"] == str(ImageIndex.open(work / "shard-0000").manifest.generation)
+    assert any(h.id >= 900 for h in live.current().search(SearchRequest(vector=added[0], k=3)))
 
 
 def test_bad_inputs_are_refused_with_what_to_do(vec_set: tuple[Path, Path, np.ndarray], tmp_path: Path, other_model: Path) -> None:
