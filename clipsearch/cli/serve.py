@@ -182,7 +182,8 @@ def _serve_ray(args: argparse.Namespace, settings: dict[str, Any]) -> int:
         raise InvalidArgumentError("serve --ray takes one shard set (made by `clipsearch shard`)")
     if args.workers != "1":
         raise InvalidArgumentError("serve --ray runs --routers replicas instead of --workers processes")
-    options = ClusterOptions(replicas=args.replicas, routers=args.routers, deadline_s=args.shard_deadline)
+    options = ClusterOptions(replicas=args.replicas, routers=args.routers, deadline_s=args.shard_deadline,
+                             max_replicas_per_node=args.max_replicas_per_node)
     started = deploy(args.index_dirs[0], options, settings, address=args.address, http={"host": args.host, "port": args.port})
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -291,6 +292,10 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument("--address", help="--ray: the Ray cluster to join (default: $RAY_ADDRESS, else a local Ray is started)")
     p.add_argument("--replicas", type=positive_int, default=2, metavar="R", help="--ray: replicas of each shard (default: 2)")
     p.add_argument("--routers", type=positive_int, default=2, metavar="N", help="--ray: router replicas (default: 2)")
+    p.add_argument(
+        "--max-replicas-per-node", type=positive_int, metavar="N",
+        help="--ray: at most N replicas of one shard on a node (1: a lost node loses one replica of a shard at most)",
+    )
     p.add_argument(
         "--shard-deadline", type=_seconds, default=5.0, metavar="S",
         help="seconds each shard has to answer; a result without a shard says partial (default: 5)",

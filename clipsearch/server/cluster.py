@@ -36,7 +36,10 @@ CONNECT_TIMEOUT_S = 5.0
 @dataclass(frozen=True)
 class ClusterOptions:
     """How a set is deployed: ``replicas`` per shard, ``routers``, the per-shard deadline, the
-    CPUs each replica reserves, and whether shards are verified first.
+    CPUs each replica reserves, whether shards are verified first, how each replica reads its
+    FAISS file (``mmap``, as ``serve --mmap``) and at most how many replicas of one shard a node
+    holds (``max_replicas_per_node``, Serve's: 1 puts each replica of a shard on another node,
+    so that losing a node loses one replica of a shard at most; None leaves it to Serve).
 
     Raises:
         InvalidArgumentError: a count below 1, a deadline or CPU share not above 0.
@@ -49,9 +52,12 @@ class ClusterOptions:
     router_cpus: float = 1.0
     verify: bool = True
     mmap: bool | None = None
+    max_replicas_per_node: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "routers"):
+        for name in ("replicas", "routers", "max_replicas_per_node"):
+            if name == "max_replicas_per_node" and self.max_replicas_per_node is None:
+                continue
             if not is_positive_int(getattr(self, name)):
                 raise InvalidArgumentError(f"--{name} must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("deadline_s", "shard_cpus", "router_cpus"):
@@ -158,9 +164,10 @@ def application(set_dir: str | os.PathLike[str], parts: PartitionSet, options: C
     from ray import serve
 
     root = Path(set_dir).resolve()
+    spread: dict[str, Any] = {} if options.max_replicas_per_node is None else {"max_replicas_per_node": options.max_replicas_per_node}
     shard_apps = {
-        s.name: serve.deployment(name=f"shard-{s.name}", num_replicas=options.replicas,
-                                 ray_actor_options={"num_cpus": options.shard_cpus})(ShardReplica).bind(str(root / s.path), options.mmap)
+        s.name: serve.deployment(name=s.name, num_replicas=options.replicas, ray_actor_options={"num_cpus": options.shard_cpus},
+                                 **spread)(ShardReplica).bind(str(root / s.path), options.mmap)
         for s in parts.shards
     }
     router = serve.deployment(name="router", num_replicas=options.routers,
