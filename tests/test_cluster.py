@@ -10,6 +10,7 @@ tests run in file order, the node removal last.
 from __future__ import annotations
 
 import asyncio
+import os
 import shutil
 import socket
 import threading
@@ -147,6 +148,34 @@ def test_a_shard_past_its_deadline_makes_a_partial_result(served: Served) -> Non
             assert client.get("/api/images/450?index=set").status_code == 503
     finally:
         serve.delete("stalled")
+
+
+def test_a_call_whose_replica_dies_is_answered_by_another(served: Served, tmp_path: Path) -> None:
+    from ray import serve
+
+    class _DiesOnce:
+        """Two replicas; the first call to reach either kills its process (a node lost while it
+        searched), every later call answers."""
+
+        def __init__(self, marker: str) -> None:
+            self.marker = marker
+
+        def call(self, method: str, *args: Any) -> Any:
+            try:
+                os.close(os.open(self.marker, os.O_CREAT | os.O_EXCL))
+            except FileExistsError:
+                return method
+            os._exit(1)
+
+    marker = tmp_path / "died"
+    serve.run(serve.deployment(name="dies", num_replicas=2, ray_actor_options={"num_cpus": 0.1})(_DiesOnce).bind(str(marker)),
+              name="dies", route_prefix="/dies")
+    try:
+        shard = RayShard("dies", serve.get_deployment_handle("dies", app_name="dies"))
+        assert shard.call("describe").result(10) == "describe"
+        assert marker.exists()
+    finally:
+        serve.delete("dies")
 
 
 def test_a_shard_failing_verify_is_refused_at_start_with_its_name(served: Served, tmp_path: Path,

@@ -31,6 +31,8 @@ from retrieval.partitions import DEFAULT_DEADLINE_S, Pending, ShardClient
 APP_NAME = "clipsearch"
 # Seconds a TCP connection to a Ray address has before it is called unreachable.
 CONNECT_TIMEOUT_S = 5.0
+# Tries of one shard call whose replica is lost (each on a replica Serve still knows).
+TRIES = 3
 
 
 @dataclass(frozen=True)
@@ -77,8 +79,8 @@ class ShardReplica:
 
 
 class _RayPending:
-    """A call to a shard deployment; one more try on another replica where the first one's
-    replica was lost, within the same deadline."""
+    """A call to a shard deployment; tried again (up to :data:`TRIES` in all) where its replica
+    was lost, within the same deadline: Serve sends each try to a replica it still knows."""
 
     def __init__(self, handle: Any, method: str, args: tuple[Any, ...]) -> None:
         self._handle, self._method, self._args = handle, method, args
@@ -86,23 +88,20 @@ class _RayPending:
 
     def result(self, timeout: float | None = None) -> Any:
         started = time.monotonic()
-        try:
-            return self._response.result(timeout_s=timeout)
-        except ClipSearchError:
-            raise
-        except TimeoutError:
-            self._response.cancel()  # not queued for a replica that will never take it
-            raise
-        except Exception:
+        for attempt in range(1, TRIES + 1):
             left = None if timeout is None else timeout - (time.monotonic() - started)
-            if left is not None and left <= 0:
-                raise
-            retry = self._handle.call.remote(self._method, *self._args)
             try:
-                return retry.result(timeout_s=left)
-            except TimeoutError:
-                retry.cancel()
+                return self._response.result(timeout_s=left)
+            except ClipSearchError:
                 raise
+            except TimeoutError:
+                self._response.cancel()  # not queued for a replica that will never take it
+                raise
+            except Exception:
+                if attempt == TRIES or (timeout is not None and time.monotonic() - started >= timeout):
+                    raise
+                self._response = self._handle.call.remote(self._method, *self._args)
+        raise AssertionError("unreachable")
 
 
 class RayShard:
