@@ -62,14 +62,17 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     vectors = clustered(600, 32)
     write_vectors_index(root / "all.idx", vectors, commit_every=600)
     split_index(root / "all.idx", 2, root / "set")
-    # The head holds Serve's controller, its HTTP proxy and the router; each shard has a replica
-    # on each worker (max_replicas_per_node=1), so that removing a worker leaves one of each.
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 << 20})
+    # The head holds Serve's controller, its HTTP proxy and the router (the resource "router");
+    # each shard has a replica on each worker (the resource "shard", max_replicas_per_node=1),
+    # so that removing a worker leaves one of each and every router.
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 << 20,
+                                                            "resources": {"router": 4}})
     for _ in range(2):
-        cluster.add_node(num_cpus=1, object_store_memory=80 << 20)
+        cluster.add_node(num_cpus=1, object_store_memory=80 << 20, resources={"shard": 4})
     cluster.wait_for_nodes()
     port = _free_port()
-    options = ClusterOptions(replicas=2, routers=1, deadline_s=DEADLINE_S, shard_cpus=0.5, router_cpus=0.5, max_replicas_per_node=1)
+    options = ClusterOptions(replicas=2, routers=1, deadline_s=DEADLINE_S, shard_cpus=0.5, router_cpus=0.5, max_replicas_per_node=1,
+                             shard_resources=(("shard", 1),), router_resources=(("router", 1),))
     try:
         started = deploy(root / "set", options, {"warm": False}, address=cluster.address, http={"host": "127.0.0.1", "port": port},
                          proxy_location="HeadOnly")
@@ -201,6 +204,20 @@ def test_a_shard_failing_verify_is_refused_at_start_with_its_name(served: Served
     assert set(serve.status().applications) == {APP_NAME}
 
 
+def test_a_deployment_that_fails_to_start_is_deleted(served: Served, tmp_path: Path) -> None:
+    from ray import serve
+
+    bad = tmp_path / "set"
+    shutil.copytree(served.set_dir, bad)
+    for faiss_file in (bad / "shard-0001").rglob("*.faiss"):
+        faiss_file.write_bytes(b"damaged")
+    # Not verified first: the damage is found by the shard's replica as it opens the shard.
+    options = ClusterOptions(replicas=1, routers=1, shard_cpus=0.1, router_cpus=0.1, verify=False)
+    with pytest.raises(EngineError, match="could not be deployed"):
+        deploy(bad, options, {"warm": False}, address=served.cluster.address, name="broken", route_prefix="/broken")
+    assert set(serve.status().applications) == {APP_NAME}
+
+
 def test_images_added_to_a_shard_under_traffic_never_mix_generations(served: Served) -> None:
     import httpx
 
@@ -276,3 +293,13 @@ def test_a_node_removed_under_traffic_costs_no_request(served: Served) -> None:
             t.join()
     assert served_before > 0 and len(results) > served_before + 5
     assert all(code == 200 and not partial for code, partial in results), [r for r in results if r != (200, False)][:5]
+
+
+def test_cluster_options_refuse_bad_values() -> None:
+    from retrieval.errors import InvalidArgumentError
+
+    for bad, needle in (({"replicas": 0}, "--replicas"), ({"routers": 1.5}, "--routers"), ({"deadline_s": 0}, "deadline_s"),
+                        ({"max_replicas_per_node": 0}, "--max-replicas-per-node"),
+                        ({"shard_resources": (("shard", 0),)}, "shard_resources")):
+        with pytest.raises(InvalidArgumentError, match=needle):
+            ClusterOptions(**bad)

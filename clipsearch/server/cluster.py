@@ -41,7 +41,10 @@ class ClusterOptions:
     CPUs each replica reserves, whether shards are verified first, how each replica reads its
     FAISS file (``mmap``, as ``serve --mmap``) and at most how many replicas of one shard a node
     holds (``max_replicas_per_node``, Serve's: 1 puts each replica of a shard on another node,
-    so that losing a node loses one replica of a shard at most; None leaves it to Serve).
+    so that losing a node loses one replica of a shard at most; None leaves it to Serve), and
+    the custom Ray resources a shard replica and a router replica each need (``{"shard": 1}``:
+    only on nodes started with ``--resources '{"shard": N}'``: shards on the nodes with the
+    memory, routers on others, so that losing a shard node loses no router).
 
     Raises:
         InvalidArgumentError: a count below 1, a deadline or CPU share not above 0.
@@ -55,17 +58,24 @@ class ClusterOptions:
     verify: bool = True
     mmap: bool | None = None
     max_replicas_per_node: int | None = None
+    shard_resources: tuple[tuple[str, float], ...] = ()
+    router_resources: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
         for name in ("replicas", "routers", "max_replicas_per_node"):
             if name == "max_replicas_per_node" and self.max_replicas_per_node is None:
                 continue
             if not is_positive_int(getattr(self, name)):
-                raise InvalidArgumentError(f"--{name} must be an integer >= 1, got {getattr(self, name)!r}")
+                raise InvalidArgumentError(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}")
         for name in ("deadline_s", "shard_cpus", "router_cpus"):
             value = getattr(self, name)
             if isinstance(value, bool) or not isinstance(value, (int, float)) or not value > 0:
                 raise InvalidArgumentError(f"{name} must be a number > 0, got {value!r}")
+        for name in ("shard_resources", "router_resources"):
+            for pair in getattr(self, name):
+                if not (isinstance(pair, tuple) and len(pair) == 2 and isinstance(pair[0], str) and pair[0]
+                        and isinstance(pair[1], (int, float)) and not isinstance(pair[1], bool) and pair[1] > 0):
+                    raise InvalidArgumentError(f"{name} holds (resource name, amount > 0) pairs, got {pair!r}")
 
 
 class ShardReplica:
@@ -165,12 +175,14 @@ def application(set_dir: str | os.PathLike[str], parts: PartitionSet, options: C
     root = Path(set_dir).resolve()
     spread: dict[str, Any] = {} if options.max_replicas_per_node is None else {"max_replicas_per_node": options.max_replicas_per_node}
     shard_apps = {
-        s.name: serve.deployment(name=s.name, num_replicas=options.replicas, ray_actor_options={"num_cpus": options.shard_cpus},
+        s.name: serve.deployment(name=s.name, num_replicas=options.replicas,
+                                 ray_actor_options={"num_cpus": options.shard_cpus, "resources": dict(options.shard_resources)},
                                  **spread)(ShardReplica).bind(str(root / s.path), options.mmap)
         for s in parts.shards
     }
     router = serve.deployment(name="router", num_replicas=options.routers,
-                              ray_actor_options={"num_cpus": options.router_cpus})(serve.ingress()(Router))
+                              ray_actor_options={"num_cpus": options.router_cpus, "resources": dict(options.router_resources)},
+                              )(serve.ingress()(Router))
     return router.bind(str(root), shard_apps, settings, options.deadline_s)
 
 
@@ -206,10 +218,12 @@ def _check_reachable(address: str) -> None:
 
 
 def deploy(set_dir: str | os.PathLike[str], options: ClusterOptions, settings: dict[str, Any], *,
-           address: str | None = None, http: dict[str, Any] | None = None, proxy_location: str = "EveryNode") -> bool:
-    """Check the set, join (or start) Ray and deploy the set on Serve; returns whether Ray was
-    started here (the caller's :func:`undeploy` then stops it). ``http`` and ``proxy_location``
-    are Serve's (where its HTTP proxies listen: ``EveryNode``, ``HeadOnly``).
+           address: str | None = None, http: dict[str, Any] | None = None, proxy_location: str = "EveryNode",
+           name: str = APP_NAME, route_prefix: str = "/") -> bool:
+    """Check the set, join (or start) Ray and deploy the set on Serve as application ``name`` at
+    ``route_prefix``; returns whether Ray was started here (the caller's :func:`undeploy` then
+    stops it). ``http`` and ``proxy_location`` are Serve's (where its HTTP proxies listen:
+    ``EveryNode``, ``HeadOnly``); they apply where this call starts Serve.
 
     Raises:
         The errors of :func:`check_set` and :func:`connect_ray`; EngineError: the deployment
@@ -221,9 +235,9 @@ def deploy(set_dir: str | os.PathLike[str], options: ClusterOptions, settings: d
     started = connect_ray(address)
     try:
         serve.start(proxy_location=proxy_location, http_options=http or {"host": "127.0.0.1", "port": 8000})
-        serve.run(application(set_dir, parts, options, settings), name=APP_NAME, route_prefix="/")
+        serve.run(application(set_dir, parts, options, settings), name=name, route_prefix=route_prefix)
     except BaseException as exc:
-        undeploy(started)
+        undeploy(started, name)
         if isinstance(exc, ClipSearchError):
             raise
         said = str(exc).strip()
@@ -231,15 +245,15 @@ def deploy(set_dir: str | os.PathLike[str], options: ClusterOptions, settings: d
     return started
 
 
-def undeploy(started: bool) -> None:
-    """Delete the application (and shut Serve and Ray down where Ray was started here)."""
+def undeploy(started: bool, name: str = APP_NAME) -> None:
+    """Delete the application ``name`` (and shut Serve and Ray down where Ray was started here)."""
     import ray
     from ray import serve
 
     if not ray.is_initialized():
         return
     try:
-        serve.delete(APP_NAME)
+        serve.delete(name)
         if started:
             serve.shutdown()
     finally:
