@@ -295,8 +295,12 @@ def test_a_node_removed_under_traffic_costs_no_request(served: Served) -> None:
     assert all(code == 200 and not partial for code, partial in results), [r for r in results if r != (200, False)][:5]
 
 
-def test_cluster_options_refuse_bad_values() -> None:
+def test_cluster_options_refuse_bad_values(capsys: pytest.CaptureFixture[str]) -> None:
     from retrieval.errors import InvalidArgumentError
+
+    with pytest.raises(SystemExit) as exit_:
+        main(["serve", "--ray", "nothing", "--shard-resource", "shard=0"])
+    assert exit_.value.code == 2 and "NAME=AMOUNT with AMOUNT > 0" in capsys.readouterr().err
 
     for bad, needle in (({"replicas": 0}, "--replicas"), ({"routers": 1.5}, "--routers"), ({"deadline_s": 0}, "deadline_s"),
                         ({"max_replicas_per_node": 0}, "--max-replicas-per-node"),

@@ -53,6 +53,17 @@ def _workers(text: str) -> str:
     return str(value)
 
 
+def _resource(text: str) -> tuple[str, float]:
+    name, _, amount = text.partition("=")
+    try:
+        value = float(amount) if amount else 1.0
+    except ValueError:
+        value = 0.0
+    if not name or not value > 0:
+        raise argparse.ArgumentTypeError(f"a resource is NAME or NAME=AMOUNT with AMOUNT > 0, got {text!r}")
+    return name, value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -183,7 +194,8 @@ def _serve_ray(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     if args.workers != "1":
         raise InvalidArgumentError("serve --ray runs --routers replicas instead of --workers processes")
     options = ClusterOptions(replicas=args.replicas, routers=args.routers, deadline_s=args.shard_deadline,
-                             max_replicas_per_node=args.max_replicas_per_node)
+                             max_replicas_per_node=args.max_replicas_per_node,
+                             shard_resources=tuple(args.shard_resource or ()), router_resources=tuple(args.router_resource or ()))
     started = deploy(args.index_dirs[0], options, settings, address=args.address, http={"host": args.host, "port": args.port})
     stop = threading.Event()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -295,6 +307,14 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument(
         "--max-replicas-per-node", type=positive_int, metavar="N",
         help="--ray: at most N replicas of one shard on a node (1: a lost node loses one replica of a shard at most)",
+    )
+    p.add_argument(
+        "--shard-resource", action="append", type=_resource, metavar="NAME[=N]",
+        help="--ray: a custom Ray resource every shard replica needs (default amount 1; repeatable)",
+    )
+    p.add_argument(
+        "--router-resource", action="append", type=_resource, metavar="NAME[=N]",
+        help="--ray: a custom Ray resource every router replica needs (keep routers off the shard nodes)",
     )
     p.add_argument(
         "--shard-deadline", type=_seconds, default=5.0, metavar="S",

@@ -31,6 +31,9 @@ from retrieval.partitions import DEFAULT_DEADLINE_S, Pending, ShardClient
 APP_NAME = "clipsearch"
 # Seconds a TCP connection to a Ray address has before it is called unreachable.
 CONNECT_TIMEOUT_S = 5.0
+# The HTTP proxy gives a request this many shard deadlines (the query's embedding, the fan-out,
+# the hits' rows) before it answers with a timeout.
+REQUEST_TIMEOUT_FACTOR = 6
 # Tries of one shard call whose replica is lost (each on a replica Serve still knows).
 TRIES = 3
 
@@ -234,7 +237,9 @@ def deploy(set_dir: str | os.PathLike[str], options: ClusterOptions, settings: d
     parts = check_set(set_dir, options.verify)
     started = connect_ray(address)
     try:
-        serve.start(proxy_location=proxy_location, http_options=http or {"host": "127.0.0.1", "port": 8000})
+        # A request whose router is lost with its node gets the proxy's timeout, not a hang.
+        http_options = {"host": "127.0.0.1", "port": 8000, "request_timeout_s": REQUEST_TIMEOUT_FACTOR * options.deadline_s, **(http or {})}
+        serve.start(proxy_location=proxy_location, http_options=http_options)
         serve.run(application(set_dir, parts, options, settings), name=name, route_prefix=route_prefix)
     except BaseException as exc:
         undeploy(started, name)
