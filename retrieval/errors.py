@@ -102,6 +102,11 @@ class EngineError(ClipSearchError):
     """A distributed build engine (Ray) is missing, unreachable, or cannot run what was asked."""
 
 
+class ShardUnavailableError(ClipSearchError):
+    """A shard of a shard set did not answer in time (:mod:`retrieval.partitions`): its replicas
+    are lost or overloaded."""
+
+
 class ModelLoadError(ClipSearchError):
     """A model checkpoint could not be loaded (missing, offline, not a CLIP checkpoint)."""
 

@@ -18,14 +18,14 @@ from collections.abc import Iterator, Sequence
 
 from retrieval.errors import ClipSearchError
 
-from . import build, classify, duplicates, eval_zeroshot, evaluate, finetune, import_, info, people, reindex, search, serve, verify
+from . import build, classify, duplicates, eval_zeroshot, evaluate, finetune, import_, info, people, reindex, search, serve, shard, verify
 from ._common import EXIT_ERROR, EXIT_INTERRUPTED, PROG, Command, Parser, int_at_least, positive_int, print_json
 
 __all__ = ["COMMANDS", "PROG", "build_parser", "int_at_least", "main", "positive_int", "print_json"]
 
 # In the order ``clipsearch --help`` lists them: building first, then querying.
 COMMANDS: tuple[Command, ...] = (
-    build, reindex, import_, finetune, search, classify, duplicates, people, info, verify, evaluate, eval_zeroshot, serve,
+    build, reindex, shard, import_, finetune, search, classify, duplicates, people, info, verify, evaluate, eval_zeroshot, serve,
 )
 
 

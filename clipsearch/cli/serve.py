@@ -53,6 +53,17 @@ def _workers(text: str) -> str:
     return str(value)
 
 
+def _resource(text: str) -> tuple[str, float]:
+    name, _, amount = text.partition("=")
+    try:
+        value = float(amount) if amount else 1.0
+    except ValueError:
+        value = 0.0
+    if not name or not value > 0:
+        raise argparse.ArgumentTypeError(f"a resource is NAME or NAME=AMOUNT with AMOUNT > 0, got {text!r}")
+    return name, value
+
+
 def _seconds(text: str) -> float:
     try:
         value = float(text)
@@ -129,6 +140,8 @@ def run(args: argparse.Namespace) -> int:
     # extra threads (which busy-wait between calls) only take cores from the other requests
     # (bench_serve's measurements: benchmarks/README.md).
     ThreadpoolController().select(internal_api="openblas").limit(limits=args.blas_threads)
+    if args.ray:
+        return _serve_ray(args, settings)
     sock = _bind(args.host, args.port)
     try:
         if token is None and not _is_loopback(args.host):
@@ -165,6 +178,35 @@ def _serve_workers(args: argparse.Namespace, settings: dict[str, Any], sock: soc
     full = {**settings, "index_dirs": index_dirs, "cache_dir": cache_dir, "blas_threads": args.blas_threads}
     if not serve_workers(full, sock, workers, announce, args.log_level):
         raise ServerStartError("a worker failed to start (its error is above)")
+
+
+def _serve_ray(args: argparse.Namespace, settings: dict[str, Any]) -> int:
+    """Deploy the shard set on Ray Serve and wait for Ctrl-C; the application is deleted on the way out."""
+    import signal
+    import threading
+
+    try:
+        from clipsearch.server.cluster import ClusterOptions, deploy, undeploy
+    except ImportError:
+        raise ServerExtraMissingError("install the cluster extra: pip install 'clipsearch[cluster]'") from None
+    if len(args.index_dirs) != 1:
+        raise InvalidArgumentError("serve --ray takes one shard set (made by `clipsearch shard`)")
+    if args.workers != "1":
+        raise InvalidArgumentError("serve --ray runs --routers replicas instead of --workers processes")
+    options = ClusterOptions(replicas=args.replicas, routers=args.routers, deadline_s=args.shard_deadline,
+                             max_replicas_per_node=args.max_replicas_per_node,
+                             shard_resources=tuple(args.shard_resource or ()), router_resources=tuple(args.router_resource or ()))
+    started = deploy(args.index_dirs[0], options, settings, address=args.address, http={"host": args.host, "port": args.port})
+    stop = threading.Event()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(sig, lambda *_: stop.set())
+    print(f"{PROG}: serving {_url(args.host, args.port)} on Ray Serve ({args.replicas} replicas per shard, {args.routers} routers)",
+          file=sys.stderr, flush=True)
+    try:
+        stop.wait()
+    finally:
+        undeploy(started)
+    return 0
 
 
 def _serve_forever(app: Any, sock: socket.socket, url: str, log_level: str) -> None:
@@ -255,6 +297,29 @@ def register(subparsers: Subparsers) -> None:
         help="longest image_url fetch, in seconds; its size cap is --max-upload-mb (default: 10)",
     )
     p.add_argument("--no-metrics", action="store_true", help="do not serve Prometheus metrics at /metrics")
+    p.add_argument(
+        "--ray", action="store_true",
+        help="serve a shard set (clipsearch shard) on Ray Serve: each shard a deployment, routers that fan out and merge",
+    )
+    p.add_argument("--address", help="--ray: the Ray cluster to join (default: $RAY_ADDRESS, else a local Ray is started)")
+    p.add_argument("--replicas", type=positive_int, default=2, metavar="R", help="--ray: replicas of each shard (default: 2)")
+    p.add_argument("--routers", type=positive_int, default=2, metavar="N", help="--ray: router replicas (default: 2)")
+    p.add_argument(
+        "--max-replicas-per-node", type=positive_int, metavar="N",
+        help="--ray: at most N replicas of one shard on a node (1: a lost node loses one replica of a shard at most)",
+    )
+    p.add_argument(
+        "--shard-resource", action="append", type=_resource, metavar="NAME[=N]",
+        help="--ray: a custom Ray resource every shard replica needs (default amount 1; repeatable)",
+    )
+    p.add_argument(
+        "--router-resource", action="append", type=_resource, metavar="NAME[=N]",
+        help="--ray: a custom Ray resource every router replica needs (keep routers off the shard nodes)",
+    )
+    p.add_argument(
+        "--shard-deadline", type=_seconds, default=5.0, metavar="S",
+        help="seconds each shard has to answer; a result without a shard says partial (default: 5)",
+    )
     p.add_argument(
         "--log-level", choices=LOG_LEVELS, default="warning", help="server log level; info and debug log every request (default: warning)"
     )

@@ -30,7 +30,8 @@ from starlette.responses import FileResponse, Response
 from starlette.staticfiles import StaticFiles
 
 from retrieval.errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
-from retrieval.live import LiveIndex
+from retrieval.partition_live import Connect
+from retrieval.partitions import DEFAULT_DEADLINE_S
 from retrieval.query_cache import DEFAULT_CAPACITY
 from retrieval.version import __version__
 
@@ -57,6 +58,7 @@ from .search import (
     query_params,
     run_search,
 )
+from .shard_sets import open_served
 
 STATIC_DIR = Path(__file__).parent / "static"
 # At module level: the route's annotations are strings, resolved in this module's namespace.
@@ -104,6 +106,8 @@ def create_app(
     image_url_timeout_s: float = DEFAULT_IMAGE_URL_TIMEOUT_S,
     cors_origins: Sequence[str] = (),
     metrics: bool = True,
+    shard_connect: Connect | None = None,
+    shard_deadline_s: float = DEFAULT_DEADLINE_S,
 ) -> FastAPI:
     """The ``clipsearch serve`` application over ``index_dirs``.
 
@@ -128,6 +132,9 @@ def create_app(
         mmap: memory-map every FAISS file (True: what several worker processes share), read
             it into RAM (False), or follow the plan each index recorded (None).
         allow_image_urls, image_url_timeout_s, cors_origins, metrics: see :class:`ServerConfig`.
+        shard_connect, shard_deadline_s: for a directory holding a shard set
+            (:mod:`clipsearch.server.shard_sets`): how its shards are reached (default: opened
+            in this process) and the seconds each has to answer a call.
 
     Raises:
         InvalidArgumentError: bad settings, or two directories with the same name.
@@ -145,7 +152,8 @@ def create_app(
     )
     indexes = IndexSet(
         index_dirs,
-        lambda d: LiveIndex(d, model=model, device=device, precision=precision, mmap=mmap, query_cache=query_cache, warm=warm),
+        lambda d: open_served(d, model=model, device=device, precision=precision, mmap=mmap, query_cache=query_cache, warm=warm,
+                              connect=shard_connect, deadline_s=shard_deadline_s),
     )
     # Before warming, so that the model calls of the warm-up queries are not counted.
     server_metrics = ServerMetrics(indexes) if metrics else None

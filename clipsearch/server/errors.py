@@ -15,7 +15,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.exceptions import HTTPException
 from starlette.responses import Response
 
-from retrieval.errors import ClipSearchError, ImageDecodeError, InvalidArgumentError
+from retrieval.errors import ClipSearchError, ImageDecodeError, InvalidArgumentError, ShardUnavailableError
 
 from .responses import JSONResponse
 
@@ -43,6 +43,8 @@ def status_of(exc: ClipSearchError) -> int:
         return 404
     if isinstance(exc, (InvalidArgumentError, ImageDecodeError)):
         return 400
+    if isinstance(exc, ShardUnavailableError):
+        return 503  # a shard set's shard did not answer in time: worth trying again
     return 500
 
 

@@ -142,6 +142,11 @@ class SearchResponse(BaseModel):
     offset: int
     k: int
     took_ms: float
+    partial: bool | None = Field(
+        None, description="a shard set (serve --ray): true when a shard did not answer within its deadline and its images are "
+        "missing from the results; absent for an index"
+    )
+    missing_shards: list[str] | None = Field(None, description="a shard set: the shards missing from the results (empty when none)")
 
 
 @dataclass(frozen=True)
@@ -301,7 +306,8 @@ def run_search(served: ServedIndex, req: ApiSearch) -> dict[str, Any]:
     """
     started = time.perf_counter()
     index = served.current()
-    hits = _hits(index, served, req)[req.offset : req.offset + req.k]
+    found = _hits(index, served, req)
+    hits = found[req.offset : req.offset + req.k]
     sizes = index.metadata.sizes_of([h.id for h in hits]).tolist()
     name = quote(served.name, safe="")
     results = [
@@ -327,7 +333,11 @@ def run_search(served: ServedIndex, req: ApiSearch) -> dict[str, Any]:
         for h, s in zip(hits, sizes, strict=True)
     ]
     took_ms = (time.perf_counter() - started) * 1000
-    return {"results": results, "offset": req.offset, "k": req.k, "took_ms": round(took_ms, 3)}
+    out: dict[str, Any] = {"results": results, "offset": req.offset, "k": req.k, "took_ms": round(took_ms, 3)}
+    missing = getattr(found, "missing", None)  # a shard set's hits say which shards did not answer
+    if missing is not None:
+        out.update(partial=bool(missing), missing_shards=list(missing))
+    return out
 
 
 def find_hits(served: ServedIndex, req: ApiSearch) -> tuple[ImageIndex, list[Hit]]:
