@@ -13,6 +13,7 @@ extended; the other shards are not touched, and the new images get the set's nex
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import uuid
@@ -39,6 +40,8 @@ from retrieval.partition_set import (
 
 from .commit import GenerationWriter, IndexMeta
 from .lock import IndexLock
+from .reindex import recorded_meta
+from .sides.face_stage import NAME as FACES
 from .writer import PartWriter
 
 # Rows copied into one part at a time (what memory holds of a shard being written).
@@ -148,18 +151,8 @@ def add_to_partitions(set_dir: str | os.PathLike[str], new_index: str | os.PathL
 def _meta(base: Manifest) -> IndexMeta:
     # The shard keeps what its source recorded; the faces side is not carried (find faces on a
     # shard with `clipsearch index --faces`).
-    return IndexMeta(
-        model=base.model,
-        model_fingerprint=base.model_fingerprint,
-        backend=base.backend,
-        dim=base.dim,
-        preprocess=dict(base.preprocess),
-        source_root=base.source_root,
-        model_info=dict(base.model_info),
-        index_options=dict(base.index_options),
-        discovery=dict(base.discovery),
-        ocr=base.keywords is not None and base.keywords.ocr,
-    )
+    meta = recorded_meta(base)
+    return dataclasses.replace(meta, sides={name: s for name, s in meta.sides.items() if name != FACES})
 
 
 def _rows(parts: list[pq.ParquetFile], manifest: Manifest, first: int, stop: int) -> Iterator[pa.Table]:
