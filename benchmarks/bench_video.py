@@ -3,7 +3,7 @@ decode keeping one frame a second, per codec and size, and the right moment foun
 sampling rate.
 
 Videos are made here with PyAV from scikit-image's photos: shots of ``--seconds`` in total, each
-one photo panning slowly (each frame differs), shots from 1 to 6 s long (seeded), 30 fps, a
+a window of one photo panning slowly (each frame differs; no two shots alike), shots from 1 to 6 s long (seeded), 30 fps, a
 keyframe every ``--gop`` seconds (the encoder may add one at a cut, as phones' encoders do), in
 the codec's usual container, encoded with each encoder's fastest preset.
 
@@ -49,38 +49,46 @@ PHOTOS = ("astronaut.png", "chelsea.png", "coffee.png", "rocket.jpg", "motorcycl
 FPS = 30
 
 
-def shot_plan(seconds: float, rng: np.random.Generator) -> list[tuple[str, float, float]]:
-    """(photo, start, end) shots covering ``seconds``, each 1 to 6 s long."""
+Shot = tuple[str, float, float, tuple[float, float]]
+
+
+def shot_plan(seconds: float, rng: np.random.Generator) -> list[Shot]:
+    """(photo, start, end, where) shots covering ``seconds``, each 1 to 6 s long; ``where`` is the
+    corner (fractions of the photo) of the half-size window the shot shows, so that no two shots
+    look alike though the photos repeat."""
     shots, t = [], 0.0
     while t < seconds:
         length = min(float(rng.uniform(1, 6)), seconds - t)
-        shots.append((PHOTOS[int(rng.integers(len(PHOTOS)))], t, t + length))
+        where = (float(rng.uniform(0, 0.5)), float(rng.uniform(0, 0.5)))
+        shots.append((PHOTOS[int(rng.integers(len(PHOTOS)))], t, t + length, where))
         t += length
     return shots
 
 
-def write_video(path: Path, codec: str, shots: list[tuple[str, float, float]], width: int, height: int, gop: float) -> None:
-    """The shots as a ``codec`` video of ``width`` x ``height``: each shot's photo scaled a third
-    wider than the frame, panning left to right over the shot."""
+def write_video(path: Path, codec: str, shots: list[Shot], width: int, height: int, gop: float) -> None:
+    """The shots as a ``codec`` video of ``width`` x ``height``: each shot's window of its photo
+    scaled a third wider than the frame, panning left to right over the shot."""
     import av
     import skimage
     from PIL import Image
 
     encoder, _, options = CODECS[codec]
-    wide: dict[str, np.ndarray] = {}
+    photos: dict[str, Image.Image] = {}
     with av.open(str(path), "w") as container:
         stream = container.add_stream(encoder, rate=FPS, options=options)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.gop_size = round(gop * FPS)
-        for name, start, end in shots:
-            if name not in wide:
-                img = Image.open(Path(skimage.__file__).parent / "data" / name).convert("RGB")
-                wide[name] = np.asarray(img.resize((width * 4 // 3, height), Image.Resampling.BILINEAR))
+        for name, start, end, (fx, fy) in shots:
+            if name not in photos:
+                photos[name] = Image.open(Path(skimage.__file__).parent / "data" / name).convert("RGB")
+            pw, ph = photos[name].size
+            box = (round(fx * pw), round(fy * ph), round((fx + 0.5) * pw), round((fy + 0.5) * ph))
+            wide = np.asarray(photos[name].crop(box).resize((width * 4 // 3, height), Image.Resampling.BILINEAR))
             frames = max(1, round((end - start) * FPS))
-            slack = wide[name].shape[1] - width
+            slack = wide.shape[1] - width
             for i in range(frames):
                 x = slack * i // max(1, frames - 1)
-                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(wide[name][:, x: x + width]), format="rgb24")
+                frame = av.VideoFrame.from_ndarray(np.ascontiguousarray(wide[:, x: x + width]), format="rgb24")
                 for packet in stream.encode(frame):
                     container.mux(packet)
         for packet in stream.encode():
@@ -132,9 +140,9 @@ def thumb(image: Any) -> np.ndarray:
     return v / (np.linalg.norm(v) or 1.0)
 
 
-def shot_of(plan: list[tuple[str, float, float]], t: float) -> int:
+def shot_of(plan: list[Shot], t: float) -> int:
     """The number of the shot of ``plan`` showing at ``t``."""
-    return next((i for i, (_, start, end) in enumerate(plan) if start <= t < end), len(plan) - 1)
+    return next((i for i, (_, start, end, _) in enumerate(plan) if start <= t < end), len(plan) - 1)
 
 
 def quality(work: Path, videos: int, queries: int, seconds: float, gop: float, seed: int) -> list[dict[str, Any]]:

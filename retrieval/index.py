@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import sys
@@ -29,6 +30,7 @@ from .request import ImageInput, SearchRequest, TermInput
 from .rows import Rows, SkippedFile, check_id
 from .source_files import SourceFiles
 from .vector_search import VectorSearch
+from .video_hits import VideoFrames, video_search
 
 
 class _FormerNames(type):
@@ -82,6 +84,7 @@ class ImageIndex(metaclass=_FormerNames):
         self._queries = queries
         self._vectors = VectorSearch(generation)
         self._files = SourceFiles(generation.directory, generation.manifest, generation.rows)
+        self._video_frames = VideoFrames(generation.rows)
 
     @classmethod
     def open(
@@ -286,12 +289,11 @@ class ImageIndex(metaclass=_FormerNames):
                 lambda texts: self._queries.embed_texts(texts, req.query_lang),
                 lambda image: self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
                 self._vectors.vectors_of,
-            )
-            return self._vectors.hits(vector[None], req.cut, req.where)[0]
-        if req.kind == "text":
+            )[None]
+        elif req.kind == "text":
             assert req.text is not None
-            return self._texts([req.text], None if req.vector is None else np.asarray(req.vector)[None], req)[0]
-        if req.kind == "image":
+            vector = np.asarray(req.vector)[None] if req.vector is not None else self._queries.embed_texts([req.text], req.query_lang)
+        elif req.kind == "image":
             assert req.image is not None
             image = req.image
             vector = self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image)
@@ -299,7 +301,18 @@ class ImageIndex(metaclass=_FormerNames):
             vector = self._vectors.vectors_of([check_id(req.similar_to, self.count)])
         else:
             vector = np.asarray(req.vector)[None]
-        return self._vectors.hits(vector, req.cut, req.where)[0]
+
+        def run(ask: SearchRequest) -> list[Hit]:
+            if ask.kind == "text":
+                assert ask.text is not None
+                return self._texts([ask.text], vector, ask)[0]
+            return self._vectors.hits(vector, ask.cut, ask.where)[0]
+
+        if not self._rows.has_videos:
+            return run(req)
+        # A video is many frame rows: one hit per file, with its moments (retrieval.video_hits).
+        return video_search(lambda k: run(dataclasses.replace(req, k=k if k is not None else req.k, sort="score")), req.cut,
+                            self.count, self._video_frames, self._generation.query_vectors(vector)[0], self._vectors.vectors_of)
 
     def _texts(self, texts: list[str], vectors: np.ndarray | None, req: SearchRequest) -> list[list[Hit]]:
         # Text queries in the request's mode, resolved for this index (and their length checked
