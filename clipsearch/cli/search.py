@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING
 
 from retrieval.errors import InvalidArgumentError
@@ -42,7 +43,7 @@ def run(args: argparse.Namespace) -> int:
             print(_why_none(args, req.where is not None and req.where.active))
         for rank, hit in enumerate(hits, 1):
             taken = f"  {hit.taken or 'undated'}" if args.sort == "taken" else ""
-            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}{taken}{_why(hit)}")
+            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}{_moment(hit)}{taken}{_why(hit)}")
     return 0
 
 
@@ -79,6 +80,17 @@ def _why(hit: Hit) -> str:
     return f"  [{' | '.join(parts)}]" if parts else ""
 
 
+def _moment(hit: Hit) -> str:
+    # A video's hit: its best moment as people write times (clip.mp4 01:23-01:31), then its best frame's.
+    if hit.media != "video" or hit.start is None or hit.end is None:
+        return ""
+    from retrieval.moments import clock
+
+    more = f", {len(hit.moments) - 1} more" if hit.moments and len(hit.moments) > 1 else ""
+    best = f"  (best {clock(hit.frame_time)}{more})" if hit.frame_time is not None else ""
+    return f" {clock(hit.start)}-{clock(math.ceil(hit.end))}{best}"
+
+
 def _why_none(args: argparse.Namespace, filtered: bool) -> str:
     if args.mode == "keyword":
         return "no results (no image's text matches the query's words)"
@@ -104,6 +116,7 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument(
         "--json", action="store_true",
         help='print {"results": [{"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text"; "keyword" and '
-        '"fused" (hybrid and keyword modes); "caption", "url" (images from shards)}, ...]}',
+        '"fused" (hybrid and keyword modes); "caption", "url" (images from shards); "media", "start", "end", '
+        '"frame_time", "moments" (videos)}, ...]}',
     )
     p.set_defaults(handler=run)

@@ -232,6 +232,41 @@ def sample_video(path: str | bytes | os.PathLike[Any], options: VideoOptions | N
     return sampler.info, frames
 
 
+def frame_at(path: str | bytes | os.PathLike[Any], seconds: float, *, max_side: int = 1024, time_limit: float = 30.0,
+             clock: Callable[[], float] = time.monotonic) -> Image.Image:
+    """The upright frame shown at ``seconds`` into the video at ``path`` (the last one before it
+    where none starts exactly there; the first where ``seconds`` is before every frame), reduced
+    to ``max_side``: a video hit's picture.
+
+    Raises:
+        VideoDecodeError: as :func:`sample_video`, and when no frame decodes.
+    """
+    sampler = VideoSampler(path, VideoOptions(time_limit=time_limit), max_side=max_side, clock=clock)
+    deadline = Deadline(sampler.path, time_limit, clock)
+    with open_video(sampler.path, open_timeout=time_limit) as (container, stream):
+        # Seek to the keyframe at or before the time, then decode forward to it.
+        if stream.time_base is not None and seconds > 0:
+            try:
+                container.seek(int(seconds / stream.time_base), stream=stream, backward=True, any_frame=False)
+            except Exception:  # noqa: BLE001  # FFmpeg refuses to seek some files: decode from the start
+                container.seek(0, stream=stream)
+        shown: Timed | None = None
+        for packet in _chain_packets(sampler._packets(container, stream, deadline)):
+            for frame, t in sampler._decode(stream, packet):
+                if shown is not None and t > seconds + _EPS:
+                    return sampler._upright(shown[0])
+                shown = (frame, t)
+        if shown is None:
+            raise VideoDecodeError(sampler.path, "no frame could be decoded")
+        return sampler._upright(shown[0])
+
+
+def _chain_packets(packets: Iterable[av.Packet]) -> Iterator[av.Packet | None]:
+    # The packets, then None: flushing the decoder gives the frames it still holds.
+    yield from packets
+    yield None
+
+
 def _seconds(packet: av.Packet) -> float | None:
     stamp = packet.pts if packet.pts is not None else packet.dts
     return float(stamp * packet.time_base) if stamp is not None and packet.time_base is not None else None
@@ -246,4 +281,4 @@ def _chain(first: Iterable[Timed], then: Callable[[], list[Timed]]) -> Iterator[
     yield from then()
 
 
-__all__ = ["SampledFrame", "VideoSampler", "sample_video"]
+__all__ = ["SampledFrame", "VideoSampler", "frame_at", "sample_video"]

@@ -54,6 +54,22 @@ def is_video_file(path: str | bytes | os.PathLike[Any]) -> bool:
         return False
 
 
+def content_type(path: str | bytes | os.PathLike[Any]) -> str | None:
+    """The HTTP content type of a video file, from its container signature (the name only tells
+    QuickTime from MP4 and WebM from other Matroska); None when it is no video container."""
+    try:
+        with open(path, "rb") as f:
+            family = sniff(f.read(HEAD_BYTES))
+    except OSError:
+        return None
+    suffix = os.path.splitext(os.fsdecode(path))[1].lower()
+    if family == "mp4":
+        return "video/quicktime" if suffix == ".mov" else "video/mp4"
+    if family == "matroska":
+        return "video/webm" if suffix == ".webm" else "video/x-matroska"
+    return "video/x-msvideo" if family == "avi" else None
+
+
 @dataclass(frozen=True)
 class VideoInfo:
     """The facts of one video file.
@@ -205,4 +221,7 @@ def _short(exc: BaseException) -> str:
     return " ".join(text.split())[:120]
 
 
-__all__ = ["HEAD_BYTES", "VIDEO_EXTENSIONS", "VideoInfo", "describe", "is_video_file", "open_video", "recorded_at", "sniff"]
+__all__ = [
+    "HEAD_BYTES", "VIDEO_EXTENSIONS", "VideoInfo", "content_type", "describe", "is_video_file", "open_video", "recorded_at",
+    "sniff",
+]
