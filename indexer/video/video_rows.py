@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from retrieval.errors import VideoDecodeError
+from retrieval.errors import EngineError, VideoDecodeError
 from retrieval.layout import SkipRecord
 
 from ..discover import ImageFile
@@ -36,6 +36,14 @@ if TYPE_CHECKING:
 BATCH = 32
 # Bytes read at a time while hashing a video (it is never read whole into memory).
 _HASH_CHUNK = 1 << 20
+
+
+def check_engine() -> None:
+    """Raises EngineError (one line naming the extra) when PyAV, the video decoder, is not installed."""
+    try:
+        import av  # noqa: F401
+    except ImportError as exc:
+        raise EngineError(f"--videos needs PyAV: pip install 'clipsearch[video]'; it is not importable here ({exc})") from None
 
 
 def is_video_path(rel: bytes | str) -> bool:
@@ -153,4 +161,4 @@ def _input_side(enc: Encoder) -> int:
     return int(max(pre.crop_size) if pre.crop_size else pre.shortest_edge or 224)
 
 
-__all__ = ["BATCH", "VideoSink", "VideoStats", "embed_videos", "is_video_path", "video_rows"]
+__all__ = ["BATCH", "VideoSink", "VideoStats", "check_engine", "embed_videos", "is_video_path", "video_rows"]
