@@ -526,7 +526,8 @@ def test_ui_and_headers(client: TestClient) -> None:
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert 'type="search" name="q"' in page.text and 'data-testid="results"' in page.text
     csp = page.headers["content-security-policy"]
-    for rule in ("default-src 'none'", "script-src 'self'", "style-src 'self'", "img-src 'self' blob: data:", "frame-ancestors 'none'"):
+    for rule in ("default-src 'none'", "script-src 'self'", "style-src 'self'", "img-src 'self' blob: data:", "media-src 'self' blob:",
+                 "frame-ancestors 'none'"):
         assert rule in csp
     assert "unsafe-inline" not in csp
     assert page.headers["x-content-type-options"] == "nosniff"

@@ -13,53 +13,25 @@ import pytest
 
 pytest.importorskip("av")
 
-from indexer.commit import IndexMeta  # noqa: E402
 from retrieval.errors import InvalidArgumentError  # noqa: E402
 from retrieval.filters import Filter  # noqa: E402
 from retrieval.index import ImageIndex  # noqa: E402
 from retrieval.request import SearchRequest  # noqa: E402
+from tests import videoindex  # noqa: E402
 from tests.conftest import run_cli  # noqa: E402
-from tests.videoindex import VideoRows, unit, write_video_index  # noqa: E402
 
 QUERY = "a red car on a bridge"
-SECONDS = 10
 
 
 @pytest.fixture(scope="module")
 def query_vector(tiny_model: Path) -> np.ndarray:
-    from retrieval.encoders import load_encoder
-
-    return unit(load_encoder(str(tiny_model), device="cpu").embed_texts([QUERY])[0])
+    return videoindex.query_vector(tiny_model, QUERY)
 
 
 @pytest.fixture(scope="module")
-def video_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, query_vector: np.ndarray) -> Path:
-    """Two images, a car photo near the query, and two videos: ``trip.mp4`` (10 s, a frame a
-    second) shows the car at 3-5 s and again at 8 s; ``cats.webm`` never does."""
-    from retrieval.encoders import load_encoder
-
-    enc = load_encoder(str(tiny_model), device="cpu")
-    rng = np.random.default_rng(7)
-    dim = enc.dim
-    q = query_vector
-
-    def away() -> np.ndarray:  # a vector far from the query
-        v = rng.standard_normal(dim).astype(np.float32)
-        return unit(v - (v @ q) * q)
-
-    trip = np.stack([away() for _ in range(SECONDS)])
-    trip[[3, 4, 5]] = q
-    trip[8] = unit(q + 0.08 * away())
-    cats = np.stack([away() for _ in range(6)])
-    root = tmp_path_factory.mktemp("videos") / "media"
-    meta = IndexMeta(model=str(tiny_model), model_fingerprint=enc.fingerprint, backend=enc.backend, dim=dim,
-                     preprocess=enc.preprocess.to_dict(), source_root=str(root))
-    images = {"car.jpg": unit(q + 0.5 * away()), "dog.jpg": away(), "tree.jpg": away()}
-    videos = [
-        VideoRows("trip.mp4", "libx264", list(range(SECONDS)), trip, float(SECONDS), taken_us=1_600_000_000_000_000),
-        VideoRows("cats.webm", "libvpx-vp9", [0, 1.5, 3, 4.5, 6, 7.5], cats, 8.0),
-    ]
-    return write_video_index(tmp_path_factory.mktemp("vidx") / "media.idx", root, meta, images, videos)
+def video_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """tests.videoindex.car_index: trip.mp4 shows the car at 3-5 s and at 8 s, cats.webm never."""
+    return videoindex.car_index(tmp_path_factory.mktemp("vidx") / "media.idx", tiny_model, QUERY)
 
 
 def test_a_video_is_one_hit_at_its_best_moment(video_index: Path, query_vector: np.ndarray) -> None:

@@ -70,4 +70,42 @@ def write_video_index(out: Path, root: Path, meta: IndexMeta, images: Mapping[st
     return out
 
 
-__all__ = ["VideoRows", "unit", "write_video_index"]
+def car_index(out: Path, tiny_model: Path, query: str, extra: Sequence[VideoRows] = ()) -> Path:
+    """The query side's index (``tiny_model``'s vectors): three images, a car photo near
+    ``query`` among them, and two videos: ``trip.mp4`` (H.264, 10 s, a frame a second) shows the
+    car at 3-5 s and again at 8 s; ``cats.webm`` (VP9) never does; then ``extra`` videos. Their
+    files are under ``out``'s sibling ``media``."""
+    from retrieval.encoders import load_encoder
+
+    enc = load_encoder(str(tiny_model), device="cpu")
+    rng = np.random.default_rng(7)
+    q = query_vector(tiny_model, query)
+
+    def away() -> np.ndarray:  # a vector far from the query
+        v = rng.standard_normal(enc.dim).astype(np.float32)
+        return unit(v - (v @ q) * q)
+
+    trip = np.stack([away() for _ in range(10)])
+    trip[[3, 4, 5]] = q
+    trip[8] = unit(q + 0.08 * away())
+    cats = np.stack([away() for _ in range(6)])
+    root = out.parent / "media"
+    meta = IndexMeta(model=str(tiny_model), model_fingerprint=enc.fingerprint, backend=enc.backend, dim=enc.dim,
+                     preprocess=enc.preprocess.to_dict(), source_root=str(root))
+    images = {"car.jpg": unit(q + 0.5 * away()), "dog.jpg": away(), "tree.jpg": away()}
+    videos = [
+        VideoRows("trip.mp4", "libx264", list(range(10)), trip, 10.0, taken_us=1_600_000_000_000_000),
+        VideoRows("cats.webm", "libvpx-vp9", [0, 1.5, 3, 4.5, 6, 7.5], cats, 8.0),
+        *extra,
+    ]
+    return write_video_index(out, root, meta, images, videos)
+
+
+def query_vector(tiny_model: Path, query: str) -> np.ndarray:
+    """``query`` embedded by ``tiny_model``'s text tower, normalised."""
+    from retrieval.encoders import load_encoder
+
+    return unit(load_encoder(str(tiny_model), device="cpu").embed_texts([query])[0])
+
+
+__all__ = ["VideoRows", "car_index", "query_vector", "unit", "write_video_index"]
