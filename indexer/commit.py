@@ -94,6 +94,8 @@ class GenerationWriter:
             self._faiss = (base.faiss, index_dir / base.faiss.path)
             self._faiss_info = FaissInfo(base.index_type, dict(base.search_params), dict(base.index_tuning))
         self._committed = base.count if base else 0
+        # Whether the index holds a video's rows (format 5): once it has, it stays so.
+        self._videos = base is not None and base.format_version >= 5
         # The last keyword file and how many of its first ids still hold (indexer.keywords).
         self._keywords: PreviousKeywords | None = None
         if base is not None and base.keywords is not None:
@@ -227,6 +229,7 @@ class GenerationWriter:
 
     def append(self, records: Sequence[FileRecord], vectors: np.ndarray) -> None:
         """Queue new rows for the next commit."""
+        self._videos = self._videos or any(r.frame is not None for r in records)
         self._records.extend(records)
         self._vectors.append(np.asarray(vectors, dtype=np.float32))
 
@@ -362,7 +365,7 @@ class GenerationWriter:
                 discovery=dict(self.meta.discovery),
                 keywords=keywords,
                 faces=faces,
-                format_version=format_version_for(info.factory, [ref for ref, _ in new_parts]),
+                format_version=format_version_for(info.factory, [ref for ref, _ in new_parts], self._videos),
             )
             crash_point("staged")
             publish_generation(self.dir, staging, generation)

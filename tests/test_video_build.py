@@ -3,6 +3,8 @@ files skipped with their reason (indexer.video.video_rows)."""
 
 from __future__ import annotations
 
+import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -71,3 +73,64 @@ def test_embed_videos_rows_per_frame_and_skips(tmp_path: Path, tiny_model: Path)
     assert reasons[b"empty.mkv"] == "empty file"
     # A skip keeps the file's facts, so an unchanged bad file is not retried.
     assert next(s for s in got.skips if s.path == b"song.mp4").size == (root / "song.mp4").stat().st_size
+
+
+def _rows_by_path(index_dir: Path) -> dict[str, int]:
+    from retrieval.index import ImageIndex
+
+    index = ImageIndex.open(index_dir)
+    paths = index.metadata.paths()
+    return {p: paths.count(p) for p in sorted(set(paths))}
+
+
+def test_index_videos_search_moments_and_update(tmp_path: Path, tiny_model: Path) -> None:
+    from indexer import build_index
+    from retrieval.index import ImageIndex
+    from retrieval.layout import read_manifest
+    from retrieval.request import SearchRequest
+    from tests.conftest import run_cli
+    from tests.photos import photo
+
+    photos = tmp_path / "phone"
+    photos.mkdir()
+    photo("astronaut.png", 64).save(photos / "astronaut.jpg")
+    photo("coffee.png", 64).save(photos / "coffee.jpg")
+    write_video(photos / "walk.mp4", [("rocket.jpg", 3.0), ("chelsea.png", 3.0)], gop=8)
+    write_video(photos / "cat.webm", [("chelsea.png", 2.0), ("motorcycle_left.png", 2.0)], "libvpx-vp9", gop=8)
+    (photos / "broken.mov").write_bytes(b"\x00\x00\x00\x18ftypqt  " + b"\x00" * 64)
+    out = tmp_path / "phone.idx"
+    opts = {"model": str(tiny_model), "batch_size": 8, "workers": 0, "device": "cpu"}
+    report = build_index(photos, out, videos=True, **opts)
+    # Two images and two videos added; the damaged QuickTime file skipped with its reason.
+    assert (report.added, report.newly_skipped) == (4, 1)
+    manifest = read_manifest(out)
+    assert manifest.format_version == 5 and manifest.discovery["videos"] is True
+    rows = _rows_by_path(out)
+    assert rows["astronaut.jpg"] == 1 and rows["walk.mp4"] >= 2 and rows["cat.webm"] >= 2 and "broken.mov" not in rows
+    index = ImageIndex.open(out)
+    skipped = index.metadata.skipped()
+    assert [s.path for s in skipped] == ["broken.mov"] and skipped[0].reason.startswith("damaged or truncated container")
+    # A frame of walk.mp4 finds walk.mp4 first, as one hit with its moment around the frame.
+    frame = next(r for r in index.rows(range(index.count), ("id", "path", "frame_time")) if r["path"] == "walk.mp4" and r["frame_time"] > 2)
+    hits = index.search(SearchRequest(similar_to=frame["id"], k=10))
+    assert hits[0].path == "walk.mp4" and hits[0].media == "video" and hits[0].frame_time == frame["frame_time"]
+    assert hits[0].start is not None and hits[0].end is not None and hits[0].start <= frame["frame_time"] < hits[0].end
+    assert sorted(h.path for h in hits) == ["astronaut.jpg", "cat.webm", "coffee.jpg", "walk.mp4"]
+    res = run_cli(["search", out, "a cat", "--media", "video", "--mode", "vector"])
+    assert res.returncode == 0, res.stderr
+    lines = res.stdout.splitlines()
+    assert len(lines) == 2 and all(re.search(r"\.(mp4|webm) \d\d:\d\d-\d\d:\d\d", line) for line in lines), res.stdout
+    # Nothing changed: no new generation. A touched video keeps its rows; a changed one is sampled again.
+    gen = manifest.generation
+    assert build_index(photos, out, **opts).added == 0 and read_manifest(out).generation == gen
+    os.utime(photos / "cat.webm", ns=(1, 1))
+    write_video(photos / "walk.mp4", [("coffee.png", 2.0)], gop=8)
+    again = build_index(photos, out, **opts)
+    assert (again.added, again.updated, again.unchanged) == (0, 1, 3)
+    after = _rows_by_path(out)
+    assert after["cat.webm"] == rows["cat.webm"] and after["walk.mp4"] >= 1
+    # --no-videos leaves them out: their rows go, the images stay.
+    build_index(photos, out, videos=False, **opts)
+    assert _rows_by_path(out) == {"astronaut.jpg": 1, "coffee.jpg": 1}
+    bad = run_cli(["index", photos, tmp_path / "ray.idx", "--videos", "--engine", "ray", "--model", tiny_model])
+    assert bad.returncode != 0 and "--videos runs on the local engine" in bad.stderr and "Traceback" not in bad.stderr

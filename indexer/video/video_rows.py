@@ -20,10 +20,12 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from retrieval.errors import EngineError, VideoDecodeError
+from retrieval.errors import EngineError, InvalidArgumentError, VideoDecodeError
 from retrieval.layout import SkipRecord
 
 from ..discover import ImageFile
+from ..plan import UpdatePlan
+from ..stats import RunStats
 from ..writer import FileRecord, FrameFacts
 from .frames import VideoSampler
 from .probe import VIDEO_EXTENSIONS
@@ -38,12 +40,36 @@ BATCH = 32
 _HASH_CHUNK = 1 << 20
 
 
-def check_engine() -> None:
-    """Raises EngineError (one line naming the extra) when PyAV, the video decoder, is not installed."""
+def check_engine(engine: str = "local", shards: bool = False) -> None:
+    """Refuse, in one line, a build with ``--videos`` that cannot sample them: PyAV (the video
+    extra) not installed (EngineError), or an engine or source that does not take videos yet (a
+    Ray build, WebDataset shards: InvalidArgumentError)."""
+    if engine != "local":
+        raise InvalidArgumentError(f"--videos runs on the local engine for now, not {engine!r}; index the videos with --engine local")
+    if shards:
+        raise InvalidArgumentError("--videos reads a folder's video files; WebDataset shards hold images only")
     try:
         import av  # noqa: F401
     except ImportError as exc:
         raise EngineError(f"--videos needs PyAV: pip install 'clipsearch[video]'; it is not importable here ({exc})") from None
+
+
+def split_videos(plan: UpdatePlan) -> list[ImageFile]:
+    """Take the videos out of ``plan.to_embed`` (left with the images) and return them, in order."""
+    videos = [f for f in plan.to_embed if is_video_path(f.rel)]
+    if videos:
+        plan.to_embed = [f for f in plan.to_embed if not is_video_path(f.rel)]
+    return videos
+
+
+def count(stats: VideoStats, run: RunStats) -> None:
+    """Add what :func:`embed_videos` did to the run's counters: a video is a file added or updated."""
+    run.added += stats.videos - stats.updated
+    run.updated += stats.updated
+    run.newly_skipped += stats.skipped
+    run.lost += stats.lost
+    run.decode_seconds += stats.sample_seconds
+    run.encode_seconds += stats.embed_seconds
 
 
 def is_video_path(rel: bytes | str) -> bool:
@@ -75,7 +101,7 @@ class VideoSink:
 
     append: Callable[[list[FileRecord], np.ndarray], None]
     skip: Callable[[SkipRecord], None]
-    commit: Callable[[int], None]
+    commit: Callable[[int], object]
 
 
 def embed_videos(files: Sequence[ImageFile], root: Path, enc: Encoder, options: VideoOptions, sink: VideoSink, *,
@@ -161,4 +187,6 @@ def _input_side(enc: Encoder) -> int:
     return int(max(pre.crop_size) if pre.crop_size else pre.shortest_edge or 224)
 
 
-__all__ = ["BATCH", "VideoSink", "VideoStats", "check_engine", "embed_videos", "is_video_path", "video_rows"]
+__all__ = [
+    "BATCH", "VideoSink", "VideoStats", "check_engine", "count", "embed_videos", "is_video_path", "split_videos", "video_rows",
+]
