@@ -129,6 +129,21 @@ def test_index_videos_search_moments_and_update(tmp_path: Path, tiny_model: Path
     assert (again.added, again.updated, again.unchanged) == (0, 1, 3)
     after = _rows_by_path(out)
     assert after["cat.webm"] == rows["cat.webm"] and after["walk.mp4"] >= 1
+    # Watch mode on an index of videos walks for them too (a walk of images alone would drop them).
+    import threading
+
+    from indexer.build_config import BuildConfig, WatchConfig
+    from indexer.watch import _Watcher
+    from retrieval.encoders import load_encoder
+
+    (photos / "later.mkv").write_bytes((photos / "cat.webm").read_bytes())
+    os.utime(photos / "later.mkv", ns=(1, 1))  # long settled
+    watcher = _Watcher(photos, out, BuildConfig(model=str(tiny_model), device="cpu", workers=0, progress=False),
+                       WatchConfig(settle=0.01), load_encoder(str(tiny_model), device="cpu"), threading.Event(), None)
+    assert watcher.relevant(os.fsencode((photos / "new.mov").resolve()), False)
+    assert watcher.update()
+    watched = _rows_by_path(out)
+    assert watched["later.mkv"] == after["cat.webm"] and watched["cat.webm"] == after["cat.webm"] and "walk.mp4" in watched
     # --no-videos leaves them out: their rows go, the images stay.
     build_index(photos, out, videos=False, **opts)
     assert _rows_by_path(out) == {"astronaut.jpg": 1, "coffee.jpg": 1}
