@@ -130,3 +130,15 @@ def test_http_moments_range_head_and_frame_thumbnail(video_index: Path, query_ve
         assert thumb.status_code == 200 and thumb.headers["content-type"] == "image/jpeg" and thumb.content[:2] == b"\xff\xd8"
         bad = client.post("/api/search", json={"vector": query_vector.tolist(), "filters": {"media": "audio"}})
         assert bad.status_code in (400, 422) and "media" in bad.text
+
+
+def test_duplicates_list_a_video_once_and_never_beside_itself(video_index: Path, tmp_path: Path) -> None:
+    from retrieval.duplicates import find_duplicates
+
+    index = ImageIndex.open(video_index)
+    # trip.mp4's frames at 3, 4 and 5 s are the same vector: alike, but frames of one file.
+    assert find_duplicates(index, threshold=0.99).groups == ()
+    # Its frames and the car photo, at a low threshold: one group, each file once.
+    groups = find_duplicates(index, threshold=0.85).groups
+    assert [sorted([g.keep.path, *(d.path for d in g.duplicates)]) for g in groups] == [["car.jpg", "trip.mp4"]]
+
