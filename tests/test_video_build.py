@@ -149,3 +149,25 @@ def test_index_videos_search_moments_and_update(tmp_path: Path, tiny_model: Path
     assert _rows_by_path(out) == {"astronaut.jpg": 1, "coffee.jpg": 1}
     bad = run_cli(["index", photos, tmp_path / "ray.idx", "--videos", "--engine", "ray", "--model", tiny_model])
     assert bad.returncode != 0 and "--videos runs on the local engine" in bad.stderr and "Traceback" not in bad.stderr
+
+
+def test_a_build_killed_between_two_videos_keeps_whole_videos(tmp_path: Path, tiny_model: Path) -> None:
+    from tests.conftest import run_cli
+    from tests.faultctl import run_killed_at
+
+    photos = tmp_path / "clips"
+    photos.mkdir()
+    write_video(photos / "a.mp4", [("astronaut.png", 2.0), ("coffee.png", 2.0)], gop=8)
+    write_video(photos / "b.mp4", [("rocket.jpg", 2.0), ("chelsea.png", 2.0)], gop=8)
+    out = tmp_path / "clips.idx"
+    args = ["index", photos, out, "--videos", "--model", tiny_model, "--device", "cpu", "--workers", "0", "--commit-every", "1"]
+    # Killed with b.mp4's frames embedded, before they reach the writer: a.mp4 was committed whole.
+    assert run_killed_at(args, "video", nth=2).killed
+    killed = _rows_by_path(out)
+    assert list(killed) == ["a.mp4"] and killed["a.mp4"] >= 2
+    # The next run adds b.mp4 whole and keeps a.mp4 as it was.
+    res = run_cli(args)
+    assert res.returncode == 0, res.stderr
+    done = _rows_by_path(out)
+    assert done["a.mp4"] == killed["a.mp4"] and done["b.mp4"] >= 2
+

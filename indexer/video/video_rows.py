@@ -21,6 +21,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from retrieval.errors import EngineError, InvalidArgumentError, VideoDecodeError
+from retrieval.faults import crash_point
 from retrieval.layout import SkipRecord
 
 from ..discover import ImageFile
@@ -129,6 +130,7 @@ def embed_videos(files: Sequence[ImageFile], root: Path, enc: Encoder, options: 
             stats.lost += file.rel in updated
             stats.reasons.append(exc.reason)
             continue
+        crash_point("video")
         sink.append(records, vectors)
         stats.videos += 1
         stats.frames += len(records)
