@@ -275,7 +275,10 @@ class ImageIndex(metaclass=_FormerNames):
         Raises:
             InvalidArgumentError: as :meth:`search`; vectors not ``(n, dim)``.
         """
-        return self._vectors.hits(vectors, check_cut(k, min_score, sort), where)
+        cut = check_cut(k, min_score, sort)
+        if self._rows.has_videos:  # a video once per list, at its moment (retrieval.video_hits)
+            return [self._answer(SearchRequest(vector=v, k=k, where=where, min_score=min_score, sort=sort)) for v in vectors]
+        return self._vectors.hits(vectors, cut, where)
 
     def _answer(self, req: SearchRequest) -> list[Hit]:
         # The one path every search takes below its edge: ``req`` is checked; only what depends

@@ -63,6 +63,9 @@ def test_media_filter_k_min_score_and_sort(video_index: Path, query_vector: np.n
     images = index.search(SearchRequest(vector=query_vector, k=10, where=Filter(media="image")))
     assert sorted(h.path for h in images) == ["car.jpg", "dog.jpg", "tree.jpg"] and all(h.media is None for h in images)
     assert len(index.search(SearchRequest(vector=query_vector, k=10, where=Filter(media="all")))) == 5
+    # Ready vectors too: a video once per list.
+    (listed,) = index.search_vectors(query_vector[None], k=3)
+    assert [h.path for h in listed] == ["trip.mp4", "car.jpg", listed[2].path] and listed[0].start == 3.0
     # k counts files, not frames.
     assert [h.path for h in index.search(SearchRequest(vector=query_vector, k=2))] == ["trip.mp4", "car.jpg"]
     # min_score: the moments are the frames above it (8 s scores below 0.999).
