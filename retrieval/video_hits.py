@@ -83,6 +83,33 @@ class VideoFrames:
         return ids, self._times[ids], duration
 
 
+    def first_frames(self, allowed: np.ndarray) -> np.ndarray:
+        """``allowed`` (a mask over ids) with each video's allowed frames after its first left out:
+        a listing without a query (the rows a filter keeps) shows a video once."""
+        self._load()
+        assert self._by_path is not None
+        keep = np.array(allowed, dtype=bool, copy=True)
+        for ids in self._by_path.values():
+            kept = ids[keep[ids]]
+            keep[kept[1:]] = False
+        return keep
+
+    def time_of(self, row: int) -> float:
+        """The time in seconds of a video frame's row."""
+        self._load()
+        assert self._times is not None
+        return float(self._times[row])
+
+
+def as_video_hits(hits: list[Hit], frames: VideoFrames) -> list[Hit]:
+    """``hits`` with each video frame's hit marked as a video's (``media``, ``frame_time``), for
+    a listing without a query (no moments: nothing to match)."""
+    if not hits:
+        return hits
+    video = frames.is_video([h.id for h in hits]).tolist()
+    return [dataclasses.replace(h, media="video", frame_time=frames.time_of(h.id)) if v else h for h, v in zip(hits, video, strict=True)]
+
+
 def video_search(run: Callable[[int | None], list[Hit]], cut: Cut, count: int, frames: VideoFrames, vector: np.ndarray | None,
                  vectors_of: Callable[[np.ndarray], np.ndarray], options: MomentOptions | None = None) -> list[Hit]:
     """The hits of a search over an index with videos, a video once, with its moments.
@@ -139,4 +166,4 @@ def _with_moments(hit: Hit, frames: VideoFrames, vector: np.ndarray | None, vect
     return dataclasses.replace(hit, media="video", start=best.start, end=best.end, frame_time=best.time, moments=tuple(moments))
 
 
-__all__ = ["FETCH_FACTOR", "FETCH_MIN", "FrameRows", "VideoFrames", "video_search"]
+__all__ = ["FETCH_FACTOR", "FETCH_MIN", "FrameRows", "VideoFrames", "as_video_hits", "video_search"]
