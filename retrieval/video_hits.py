@@ -82,7 +82,6 @@ class VideoFrames:
         duration = float(np.nanmax(self._durations[ids])) if len(ids) and not np.isnan(self._durations[ids]).all() else None
         return ids, self._times[ids], duration
 
-
     def first_frames(self, allowed: np.ndarray) -> np.ndarray:
         """``allowed`` (a mask over ids) with each video's allowed frames after its first left out:
         a listing without a query (the rows a filter keeps) shows a video once."""
