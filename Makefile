@@ -90,7 +90,7 @@ serve: $(STAMP)
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	@chromium=$$(PYTHON=$(BIN)/python scripts/ensure-chromium) && \
-	  CLIPSEARCH_CHROMIUM="$$chromium" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile
+	  CLIPSEARCH_CHROMIUM="$$chromium" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
 
 # The manual under docs/, built by MkDocs; --strict turns a broken link, a bad anchor or a page left
 # out of the navigation into a failure (.ci/run runs it).

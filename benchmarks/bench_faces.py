@@ -14,12 +14,18 @@ rotated 8 degrees each way, cropped, grey).
 - **The cost on a build** (``--build-images N``, 0 to skip): a build of N photos (scikit-image's,
   1600 px, one face in five) with a random ViT-B/32 in fp32, without and with ``--faces``, in
   alternating rounds (``--rounds``); the ratio of the medians is what ``--faces`` adds.
+- **Look-alikes** (``--siblings N``, 0 for none): real look-alikes are rare in packaged photos,
+  so N are made. The N pairs of different people whose faces are closest (their first photos'
+  descriptors) each get a sibling: the two faces aligned on their landmarks (dlib's face chips)
+  and blended half and half, a person of their own, seen in the same twelve views. The
+  look-alike pairs are each sibling with each of its two parents.
 - **Grouping**, for each ``--distances``: ``cluster_all`` (DBSCAN, ``--min-faces``) over the
   largest face of each view, scored against the people: adjusted Rand index, pairwise precision
-  and recall, people found, faces left to nobody; and the largest distance within one person and
-  the smallest between two (the margin look-alikes eat into).
+  and recall, people found, faces left to nobody, and for the look-alikes the share of their
+  pairs of views put together and the look-alike pairs merged at all; and the largest distance
+  within one person and the smallest between two (the margin look-alikes eat into).
 
-    python benchmarks/bench_faces.py [--photos DIR] [--distances 0.35,0.4,0.45,0.5,0.55,0.6]
+    python benchmarks/bench_faces.py [--photos DIR] [--siblings 3] [--distances 0.35,0.4,0.45,0.5,0.55,0.6]
 """
 
 from __future__ import annotations
@@ -28,6 +34,7 @@ import io
 import re
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +91,63 @@ def views(image: Any) -> list[Any]:
     ]
 
 
+_dlib: Any = None  # dlib's detector and landmarks, loaded by the first _chip
+
+
+def _chip(image: Any) -> Any:
+    """The largest face of ``image`` aligned on its five landmarks (dlib's face chip, 300 px, the
+    face in the middle half), or None where no face is found."""
+    import dlib
+    import face_recognition_models
+
+    global _dlib
+    if _dlib is None:
+        model = Path(face_recognition_models.__file__).parent / "models" / "shape_predictor_5_face_landmarks.dat"
+        _dlib = (dlib.get_frontal_face_detector(), dlib.shape_predictor(str(model)))
+    detector, landmarks = _dlib
+    rgb = np.asarray(image.convert("RGB"))
+    found = detector(rgb, 1)
+    if not found:
+        return None
+    return np.asarray(dlib.get_face_chip(rgb, landmarks(rgb, max(found, key=lambda r: r.area())), size=300, padding=0.6))
+
+
+def siblings(photos: list[tuple[str, Any]], count: int) -> tuple[list[tuple[str, Any]], list[tuple[str, str]]]:
+    """Synthetic look-alikes: for the ``count`` closest pairs of different people (by the largest
+    face of each one's first photo), a sibling, their two aligned faces blended half and half.
+
+    Returns ``(person, image)`` of each sibling and the look-alike pairs (each sibling with each
+    parent).
+    """
+    from PIL import Image
+
+    from indexer.faces import FaceFinder, FaceOptions
+
+    if count <= 0:
+        return [], []
+    finder = FaceFinder(FaceOptions(min_size=24, min_score=0.0))
+    first: dict[str, Any] = {}
+    for person, image in photos:
+        if person not in first:
+            faces = finder.find(image)
+            if faces:
+                first[person] = (faces[0].descriptor, image)
+    names = sorted(first)
+    pairs = sorted((float(np.linalg.norm(first[a][0] - first[b][0])), a, b) for i, a in enumerate(names) for b in names[i + 1:])
+    made: list[tuple[str, Any]] = []
+    lookalikes: list[tuple[str, str]] = []
+    for _, a, b in pairs:
+        if len(made) == count:
+            break
+        chip_a, chip_b = _chip(first[a][1]), _chip(first[b][1])
+        if chip_a is None or chip_b is None:
+            continue
+        name = f"{a}+{b}"
+        made.append((name, Image.fromarray(((chip_a.astype(np.float32) + chip_b) / 2).round().astype(np.uint8))))
+        lookalikes += [(name, a), (name, b)]
+    return made, lookalikes
+
+
 def detection_rows(labelled: list[tuple[str, list[Any]]], min_sizes: list[int], min_scores: list[float],
                    max_side: int, upsample: int) -> tuple[list[dict[str, Any]], list[tuple[str, Any]]]:
     """One row per (min size, min score); and the largest face of each view at the loosest setting."""
@@ -117,7 +181,9 @@ def detection_rows(labelled: list[tuple[str, list[Any]]], min_sizes: list[int], 
     return rows, largest
 
 
-def grouping_rows(faces: list[tuple[str, Any]], distances: list[float], min_faces: int) -> tuple[list[dict[str, Any]], dict[str, float]]:
+def grouping_rows(faces: list[tuple[str, Any]], distances: list[float], min_faces: int,
+                  lookalikes: Sequence[tuple[str, str]] = ()) -> tuple[list[dict[str, Any]], dict[str, float]]:
+    """One row per max_distance: ARI, pairwise precision and recall, and how often look-alikes merge."""
     from sklearn.metrics import adjusted_rand_score
 
     from indexer.faces import ClusterOptions, cluster_all
@@ -130,6 +196,11 @@ def grouping_rows(faces: list[tuple[str, Any]], distances: list[float], min_face
     off = ~np.eye(len(truth), dtype=bool)
     margin = {"within_person_max": round(float(dist[same & off].max()), 3) if (same & off).any() else 0.0,
               "between_people_min": round(float(dist[~same].min()), 3) if (~same).any() else 0.0}
+    # The pairs of views of two look-alikes, one mask per look-alike pair.
+    alike = [(truth[:, None] == names.index(a)) & (truth[None] == names.index(b)) for a, b in lookalikes if a in names and b in names]
+    if alike:
+        margin["lookalike_min"] = round(min(float(dist[m].min()) for m in alike), 3)
+        margin["lookalike_median"] = round(float(np.median(np.concatenate([dist[m] for m in alike]))), 3)
     rows = []
     for d in distances:
         labels = cluster_all(vecs, ClusterOptions(max_distance=d, min_faces=min_faces))
@@ -137,7 +208,10 @@ def grouping_rows(faces: list[tuple[str, Any]], distances: list[float], min_face
         tp = int((together & same).sum())
         rows.append({"max_distance": d, "min_faces": min_faces, "ari": round(float(adjusted_rand_score(truth, labels)), 3),
                      "precision": round(tp / max(int(together.sum()), 1), 3), "recall": round(tp / max(int((same & off).sum()), 1), 3),
-                     "people": len(set(labels.tolist()) - {-1}), "true_people": len(names), "nobody": int((labels == -1).sum())})
+                     "people": len(set(labels.tolist()) - {-1}), "true_people": len(names), "nobody": int((labels == -1).sum()),
+                     "lookalike_pairs": len(alike),
+                     "lookalike_merged": round(sum(int((together & m).sum()) for m in alike) / max(sum(int(m.sum()) for m in alike), 1), 3),
+                     "lookalike_pairs_merged": sum(bool((together & m).any()) for m in alike)})
     return rows, margin
 
 
@@ -182,6 +256,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--upsample", type=int, default=1, help="detector upsampling (default: 1)")
     p.add_argument("--distances", type=_floats, default=[0.35, 0.4, 0.45, 0.5, 0.55, 0.6], help="max_distance values")
     p.add_argument("--min-faces", type=int, default=3, help="faces that found a person (default: 3)")
+    p.add_argument("--siblings", type=int, default=3, help="synthetic look-alikes, one per closest pair of people (default: 3)")
     p.add_argument("--build-images", type=int, default=0, help="photos of the build-cost rows (default: 0, skipped)")
     p.add_argument("--rounds", type=int, default=2, help="build pairs, alternating (default: 2)")
     args = bench.parse(argv)
@@ -193,9 +268,14 @@ def main(argv: list[str] | None = None) -> int:
         return bench.fail(exc)
     if args.photos is not None and not args.photos.is_dir():
         return bench.fail(f"--photos {args.photos} is not a folder")
-    labelled = [(person, views(img)) for person, img in labelled_photos(args.photos)]
+    photos = labelled_photos(args.photos)
+    labelled = [(person, views(img)) for person, img in photos]
     detection, largest = detection_rows(labelled, args.min_sizes, args.min_scores, args.max_side, args.upsample)
-    grouping, margin = grouping_rows(largest, args.distances, args.min_faces)
+    made, lookalikes = siblings(photos, args.siblings)
+    if made:  # their faces at the loosest setting, as the real ones'; they count in no detection row
+        largest += detection_rows([(person, views(img)) for person, img in made], [min(args.min_sizes)], [min(args.min_scores)],
+                                  args.max_side, args.upsample)[1]
+    grouping, margin = grouping_rows(largest, args.distances, args.min_faces, lookalikes)
     cost: dict[str, Any] | None = None
     if args.build_images > 0:
         with bench.scratch() as work:
@@ -205,15 +285,19 @@ def main(argv: list[str] | None = None) -> int:
              "min_size  min_score  found/views  false_positives"]
     table += [f"{r['min_size']:>8}  {r['min_score']:>9}  {r['found']:>5}/{r['views']:<5}  {r['false_positives']:>15}" for r in detection]
     table += ["", f"grouping the largest face of each view (at min_size {min(args.min_sizes)}, min_score {min(args.min_scores)}); "
-              f"distance within a person <= {margin['within_person_max']}, between people >= {margin['between_people_min']}",
-              "max_distance    ARI  precision  recall  people  nobody"]
+              f"distance within a person <= {margin['within_person_max']}, between people >= {margin['between_people_min']}"
+              + (f"; {len(made)} siblings: {', '.join(p for p, _ in made)}, nearest parent >= {margin['lookalike_min']}, "
+                 f"median {margin['lookalike_median']}" if "lookalike_min" in margin else ""),
+              "max_distance    ARI  precision  recall  people  nobody  look-alike views merged  look-alike pairs merged"]
     table += [f"{r['max_distance']:>12}  {r['ari']:>5}  {r['precision']:>9}  {r['recall']:>6}  "
-              f"{r['people']:>3}/{r['true_people']:<2}  {r['nobody']:>6}" for r in grouping]
+              f"{r['people']:>3}/{r['true_people']:<2}  {r['nobody']:>6}  {r['lookalike_merged']:>23}  "
+              f"{r['lookalike_pairs_merged']:>9}/{r['lookalike_pairs']}" for r in grouping]
     if cost is not None:
         table += ["", f"a build of {cost['images']} photos (1600 px, random ViT-B/32, fp32), median of {cost['rounds']}: "
                   f"{cost['plain_s']} s without --faces, {cost['faces_s']} s with it ({cost['ratio']}x; "
                   f"{cost['faces_s_per_image']} s more per photo, {cost['faces_found']} faces)"]
-    bench.report({"bench": "faces", "detection": detection, "grouping": grouping, "margin": margin, "build": cost}, table)
+    bench.report({"bench": "faces", "detection": detection, "grouping": grouping, "margin": margin,
+                  "siblings": [p for p, _ in made], "build": cost}, table)
     return 0
 
 

@@ -7,6 +7,7 @@ keep answering from the old one until the manifest switches.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sys
 import time
@@ -18,7 +19,7 @@ from indexer.index_types import parse_memory
 from retrieval import store
 from retrieval.errors import IndexFormatError
 from retrieval.generation import mapping_of
-from retrieval.layout import read_manifest
+from retrieval.layout import Manifest, read_manifest
 
 from . import ann
 from .commit import GenerationWriter, IndexMeta, remove_stale
@@ -43,6 +44,19 @@ class ReindexReport:
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
+
+
+def recorded_meta(base: Manifest, **changes: Any) -> IndexMeta:
+    """What the next generation of an index repeats when no build runs (``reindex``, ``people
+    recluster``): the manifest ``base``'s, OCR and face settings included (without them the
+    commit would drop the keyword side's OCR flag and the faces side), with ``changes``."""
+    meta = IndexMeta(
+        model=base.model, model_fingerprint=base.model_fingerprint, backend=base.backend, dim=base.dim,
+        preprocess=dict(base.preprocess), source_root=base.source_root, model_info=dict(base.model_info),
+        index_options=dict(base.index_options), discovery=dict(base.discovery),
+        ocr=base.keywords is not None and base.keywords.ocr, faces=dict(base.faces.options) if base.faces is not None else None,
+    )
+    return dataclasses.replace(meta, **changes)
 
 
 def reindex(
@@ -78,18 +92,7 @@ def reindex(
         options = ann.choose_options(base, index_type=index_type, max_memory=memory, target_recall=target_recall)
         ann.check_options(options, base.dim, base.count)
         remove_stale(out, keep=base.generation)
-        meta = IndexMeta(
-            model=base.model,
-            model_fingerprint=base.model_fingerprint,
-            backend=base.backend,
-            dim=base.dim,
-            preprocess=dict(base.preprocess),
-            source_root=base.source_root,
-            model_info=dict(base.model_info),
-            index_options=options.to_dict(),
-            discovery=dict(base.discovery),
-        )
-        writer = GenerationWriter(out, meta, base)
+        writer = GenerationWriter(out, recorded_meta(base, index_options=options.to_dict()), base)
         writer.record_skips(store.read_skipped(out / base.skipped_file))
         writer.drop_faiss(options.to_dict())
         say = (lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if progress else None
@@ -110,4 +113,4 @@ def reindex(
     )
 
 
-__all__ = ["ReindexReport", "reindex"]
+__all__ = ["ReindexReport", "recorded_meta", "reindex"]

@@ -194,7 +194,7 @@ def find_duplicates(
         keep = min(group.tolist(), key=lambda i: (-facts[i]["width"] * facts[i]["height"], -facts[i]["size"], facts[i]["path"]))
         kv = vector_of[keep].astype(np.float64)
         others = [Hit(i, facts[i]["path"], float(np.float32(kv @ vector_of[i]))) for i in group.tolist() if i != keep]
-        others.sort(key=lambda d: (-d.score, d.id))
+        others.sort(key=lambda d: (-(d.score or 0.0), d.id))
         # A video is listed once (its best frame), and never as a duplicate of itself.
         listed, unique = {facts[keep]["path"]}, []
         for d in others:

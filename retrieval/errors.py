@@ -93,8 +93,9 @@ class IndexCorruptError(IndexFormatError):
         self.fix = fix
 
 
-class NoFacesError(ClipSearchError):
-    """The index holds no faces (built without ``--faces``), or no person by that name or number."""
+class NoFacesError(InvalidArgumentError):
+    """The index holds no faces (built without ``--faces``), or no person by that name or number
+    (a caller's mistake: 400 over HTTP)."""
 
 
 class EngineError(ClipSearchError):

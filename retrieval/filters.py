@@ -11,7 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import fnmatch
 from collections.abc import Callable
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -127,6 +127,20 @@ class Filter:
         metadata=option("image, video or all: which kind of file may be returned (default: all)", metavar="KIND",
                         choices=MEDIA, http=True),
     )
+    person: tuple[str, ...] = field(
+        default=(),
+        metadata=option(
+            "only images with this person, by name or number (#7); repeat for images with all of them "
+            "(an index built with --faces; `clipsearch people list` shows who is there)",
+            metavar="NAME",
+            http=True,
+        ),
+    )
+    only_people: bool = field(
+        default=False,
+        metadata=option("with --person: only images in which nobody else is a person (faces of nobody aside)",
+                        flag="--only", http=True),
+    )
 
     def __post_init__(self) -> None:
         if self.media is not None and self.media not in MEDIA:
@@ -137,6 +151,14 @@ class Filter:
             object.__setattr__(self, "path_prefix", (self.path_prefix,))
         if not all(isinstance(p, str) and p for p in self.path_prefix):
             raise InvalidArgumentError("path prefixes must be non-empty strings")
+        if isinstance(self.person, str):
+            object.__setattr__(self, "person", (self.person,))
+        if not all(isinstance(p, str) and p.strip() for p in self.person):
+            raise InvalidArgumentError("a person is a non-empty name or number (#7)")
+        if not isinstance(self.only_people, bool):
+            raise InvalidArgumentError(f"only_people must be true or false, got {self.only_people!r}")
+        if self.only_people and not self.person:
+            raise InvalidArgumentError("--only (only_people) takes the people to keep: give --person NAME")
         if self.path_glob is not None and (not isinstance(self.path_glob, str) or not self.path_glob):
             raise InvalidArgumentError("path glob must be a non-empty string")
         for name in ("min_width", "max_width", "min_height", "max_height", "modified_after", "modified_before", "taken_after",
@@ -156,10 +178,17 @@ class Filter:
 
     @property
     def active(self) -> bool:
-        return any(getattr(self, f.name) not in (None, ()) for f in fields(self))
+        return any(getattr(self, f.name) not in (None, (), False) for f in fields(self))
+
+    @property
+    def metadata_only(self) -> Filter:
+        """This filter without its people: what the metadata columns alone decide (the people
+        are the faces side's and the user's edits', :meth:`retrieval.rows.Rows.mask`)."""
+        return replace(self, person=(), only_people=False) if self.person else self
 
     def mask(self, column: ColumnReader, count: int) -> np.ndarray:
-        """Boolean mask over ids ``0 .. count - 1``: True where the image passes."""
+        """Boolean mask over ids ``0 .. count - 1``: True where the image passes the metadata
+        conditions (the people of :attr:`person` are not looked at here)."""
         keep = np.ones(count, dtype=bool)
         if self.path_prefix or self.path_glob is not None:
             paths = column("path")
@@ -197,7 +226,7 @@ class Filter:
         return keep
 
     def describe(self) -> dict[str, Any]:
-        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) not in (None, ())}
+        return {f.name: getattr(self, f.name) for f in fields(self) if getattr(self, f.name) not in (None, (), False)}
 
 
 def _glob_regex(glob: str) -> str:

@@ -26,6 +26,19 @@ DEFAULT_K = 10
 
 
 @dataclass(frozen=True)
+class HitFace:
+    """A face in a hit's image: its box (pixels of the original: left, top, right, bottom) and
+    whose it is (``person`` and ``name``; None for a face of nobody or of a hidden person)."""
+
+    box: tuple[float, float, float, float]
+    person: int | None
+    name: str | None
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"box": [round(v, 1) for v in self.box], "person": self.person, "name": self.name}
+
+
+@dataclass(frozen=True)
 class Hit:
     """One search result: ``score`` is the cosine similarity (higher is better).
 
@@ -45,11 +58,14 @@ class Hit:
     (:mod:`retrieval.moments`): ``start`` and ``end`` in seconds, ``frame_time`` the time of its
     best frame, whose row ``id`` and ``score`` are the hit's; ``moments`` are all the video's
     matching moments, the best first.
+    ``faces`` are the faces in the image, largest first, in an index built with ``--faces``
+    ("who is in this photo"; None in an index without faces). A search without a query (the
+    images a filter keeps, newest first: :func:`browse`) has no ``score`` (None).
     """
 
     id: int
     path: str
-    score: float
+    score: float | None
     taken: str | None = None
     camera: str | None = None
     gps: tuple[float, float] | None = None
@@ -64,6 +80,7 @@ class Hit:
     end: float | None = None
     frame_time: float | None = None
     moments: tuple[Moment, ...] | None = None
+    faces: tuple[HitFace, ...] | None = None
 
     def to_dict(self, facts: bool = False) -> dict[str, Any]:
         """``id``, ``path``, ``score``, and the photo facts and text fields it has (with
@@ -80,7 +97,15 @@ class Hit:
         if self.media is not None:
             out.update(media=self.media, start=self.start, end=self.end, frame_time=self.frame_time,
                        moments=[m.to_dict() for m in self.moments or ()])
+        if self.faces is not None:
+            out["faces"] = [f.to_dict() for f in self.faces]
         return out
+
+    @property
+    def people(self) -> list[str]:
+        """The people in the image as they are shown: a name, else ``#N`` (hidden people and
+        faces of nobody left out)."""
+        return [f.name or f"#{f.person}" for f in self.faces or () if f.person is not None]
 
 
 class HitSource(Protocol):
@@ -93,6 +118,8 @@ class HitSource(Protocol):
     def sample_meta(self, ids: Sequence[int] | np.ndarray) -> list[dict[str, Any]]: ...
 
     def taken_us(self) -> np.ndarray: ...
+
+    def faces_in(self, ids: Sequence[int] | np.ndarray) -> list[tuple[HitFace, ...]] | None: ...
 
 
 @dataclass(frozen=True)
@@ -157,17 +184,34 @@ def make_hits(rows: HitSource, ids: np.ndarray, scores: np.ndarray, cut: Cut) ->
     return hits_of(rows, ids, scores)
 
 
-def hits_of(rows: HitSource, ids: np.ndarray, scores: np.ndarray) -> list[Hit]:
-    """The hits of ``ids`` with their ``scores``, in the order given, with their paths and photo facts."""
+def browse(rows: HitSource, allowed: np.ndarray, cut: Cut) -> list[Hit]:
+    """The images of the mask ``allowed`` without a query: newest photo first, undated last, then
+    by id; at most ``cut.cap`` of them, each without a score."""
+    ids = np.flatnonzero(allowed).astype(np.int64)
+    ids = ids[newest_first(rows.taken_us()[ids], ids)]
+    if cut.cap is not None:
+        ids = ids[: cut.cap]
+    return hits_of(rows, ids, None)
+
+
+def hits_of(rows: HitSource, ids: np.ndarray, scores: np.ndarray | None) -> list[Hit]:
+    """The hits of ``ids`` with their ``scores`` (None: hits without a score), in the order given,
+    with their paths, photo facts and faces."""
     ids = np.asarray(ids, np.int64)
     paths = rows.paths_of(ids)
     metas = rows.photo_meta(ids)
     samples = rows.sample_meta(ids)
+    found = rows.faces_in(ids)
+    faces: list[tuple[HitFace, ...] | None] = [None] * len(ids) if found is None else list(found)
+    values: list[float | None] = [None] * len(ids) if scores is None else np.asarray(scores, np.float32).tolist()
     return [
-        Hit(int(i), p, float(s), m["taken"], m["camera"], tuple(m["gps"]) if m["gps"] is not None else None,
-            caption=x["caption"], url=x["url"])
-        for i, s, p, m, x in zip(ids.tolist(), np.asarray(scores, np.float32).tolist(), paths, metas, samples, strict=True)
+        Hit(int(i), p, s, m["taken"], m["camera"], tuple(m["gps"]) if m["gps"] is not None else None,
+            caption=x["caption"], url=x["url"], faces=f)
+        for i, s, p, m, x, f in zip(ids.tolist(), values, paths, metas, samples, faces, strict=True)
     ]
 
 
-__all__ = ["DEFAULT_K", "SORTS", "Cut", "Hit", "HitSource", "Sort", "check_cut", "hits_of", "make_hits", "newest_first"]
+__all__ = [
+    "DEFAULT_K", "SORTS", "Cut", "Hit", "HitFace", "HitSource", "Sort", "browse", "check_cut", "hits_of", "make_hits",
+    "newest_first",
+]

@@ -17,9 +17,10 @@ from .encoders import Encoder
 from .encoders.precision import parse_precision
 from .encoders.query import QueryEncoders
 from .errors import InvalidArgumentError
+from .faces.current import CurrentPeople
 from .filters import Filter
 from .generation import MMAP_MIN_BYTES, Generation, open_generation
-from .hits import Hit, check_cut
+from .hits import Hit, browse, check_cut
 from .hybrid import resolve_mode, text_search
 from .images import PreprocessConfig
 from .keywords import KeywordIndex, check_query_text
@@ -30,7 +31,7 @@ from .request import ImageInput, SearchRequest, TermInput
 from .rows import Rows, SkippedFile, check_id
 from .source_files import SourceFiles
 from .vector_search import VectorSearch
-from .video_hits import VideoFrames, video_search
+from .video_hits import VideoFrames, as_video_hits, video_search
 
 
 class _FormerNames(type):
@@ -196,6 +197,13 @@ class ImageIndex(metaclass=_FormerNames):
         return self._rows
 
     @property
+    def people(self) -> CurrentPeople:
+        """The people of the faces side (:class:`~retrieval.faces.current.CurrentPeople`):
+        ``has_faces``, ``people()`` (as the user's edits stand now), ``mask``, ``in_images``."""
+        assert self._rows.people is not None  # an opened index's rows know their directory
+        return self._rows.people
+
+    @property
     def files(self) -> SourceFiles:
         """The originals by id (:class:`~retrieval.source_files.SourceFiles`): ``path``,
         ``shard_bytes``."""
@@ -302,6 +310,13 @@ class ImageIndex(metaclass=_FormerNames):
             vector = self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image)
         elif req.kind == "similar":
             vector = self._vectors.vectors_of([check_id(req.similar_to, self.count)])
+        elif req.kind == "browse":
+            assert req.where is not None
+            allowed = self._rows.mask(req.where)
+            if not self._rows.has_videos:
+                return browse(self._rows, allowed, req.cut)
+            # A video once, as its first frame the filter keeps (no query: no moment to find).
+            return as_video_hits(browse(self._rows, self._video_frames.first_frames(allowed), req.cut), self._video_frames)
         else:
             vector = np.asarray(req.vector)[None]
 

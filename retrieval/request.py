@@ -25,7 +25,7 @@ from .keywords import check_mode
 from .query_terms import QueryTerm, as_term
 
 # What a request searches with.
-RequestKind = Literal["text", "image", "vector", "similar", "terms"]
+RequestKind = Literal["text", "image", "vector", "similar", "terms", "browse"]
 # An image query: a path, the file's bytes, or a binary file object.
 ImageInput = str | bytes | os.PathLike[str] | BinaryIO
 # A term of query arithmetic: text (str), an image file (a path object) or a QueryTerm.
@@ -38,7 +38,9 @@ class SearchRequest:
 
     Give one query: ``text``, ``image``, ``vector`` or ``similar_to`` (an indexed image's id,
     "more like this"); or the terms of query arithmetic in ``add`` and ``subtract`` (a ``text``,
-    ``image`` or ``similar_to`` given with them is their first term, weight 1). A ``text`` given
+    ``image`` or ``similar_to`` given with them is their first term, weight 1); or no query and
+    an active ``where`` ("photos of Alice": the images it keeps, newest first, without scores;
+    ``min_score`` and ``mode`` take a query). A ``text`` given
     with its ``vector`` is searched with that vector (embedded already, e.g. under a server's
     model lock); its words still rank in hybrid and keyword mode.
 
@@ -103,7 +105,12 @@ class SearchRequest:
         if len(given) > 1:
             raise InvalidArgumentError(f"give one query, not {' and '.join(given)}")
         if not given and self.vector is None and not self.terms:
-            raise InvalidArgumentError("give a query: a text, an image, a vector, an image id or terms to add")
+            if self.where is None or not self.where.active:
+                raise InvalidArgumentError(
+                    "give a query (a text, an image, a vector, an image id or terms to add) or a filter to list what it keeps"
+                )
+            if self.min_score is not None or self.mode is not None:
+                raise InvalidArgumentError("min_score and mode rank a query: without one, the images a filter keeps come newest first")
         if self.mode is not None:
             set_(self, "mode", check_mode(self.mode))
             if self.mode == "keyword" and self.kind != "text":
@@ -144,7 +151,8 @@ class SearchRequest:
 
     @property
     def kind(self) -> RequestKind:
-        """What it searches with: ``terms`` (query arithmetic), else its one query."""
+        """What it searches with: ``terms`` (query arithmetic), else its one query; ``browse``
+        without one (the filter's images, newest first)."""
         if self.terms:
             return "terms"
         if self.text is not None:
@@ -153,7 +161,9 @@ class SearchRequest:
             return "image"
         if self.similar_to is not None:
             return "similar"
-        return "vector"
+        if self.vector is not None:
+            return "vector"
+        return "browse"
 
 
 def _one_vector(value: np.ndarray | Sequence[float]) -> np.ndarray:

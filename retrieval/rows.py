@@ -21,8 +21,10 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from . import store
-from .errors import IndexCorruptError, InvalidArgumentError
+from .errors import IndexCorruptError, InvalidArgumentError, NoFacesError
+from .faces.current import CurrentPeople
 from .filters import Filter
+from .hits import HitFace
 from .images.exif import iso_taken
 from .layout import PHOTO_COLUMNS, SAMPLE_COLUMNS, TEXT_COLUMNS, VIDEO_COLUMNS, Manifest, display_path
 
@@ -49,6 +51,7 @@ class Rows:
         parts: its Parquet parts, opened with :func:`retrieval.store.open_parts`.
         path_tables: each part's path side file (None for a part without one).
         skipped: its skip list, opened with :func:`retrieval.store.open_parquet`.
+        people: its people (for filters by person and the faces of hits); None: no faces side.
     """
 
     def __init__(
@@ -57,8 +60,10 @@ class Rows:
         parts: Sequence[pq.ParquetFile],
         path_tables: Sequence[store.PathTable | None],
         skipped: pq.ParquetFile,
+        people: CurrentPeople | None = None,
     ) -> None:
         self.manifest = manifest
+        self._people = people
         self.parts = list(parts)
         self._path_tables = list(path_tables)
         self._first_ids = [ref.first_id for ref in manifest.parts]
@@ -78,7 +83,8 @@ class Rows:
             IndexCorruptError: a path file is missing or damaged.
         """
         fix = store.rebuild_hint(directory, manifest)
-        return cls(manifest, parts, [store.open_paths(directory, ref, fix) for ref in manifest.parts], skipped)
+        paths = [store.open_paths(directory, ref, fix) for ref in manifest.parts]
+        return cls(manifest, parts, paths, skipped, CurrentPeople(directory, manifest))
 
     @property
     def count(self) -> int:
@@ -151,13 +157,19 @@ class Rows:
         return np.asarray(pc.fill_null(col, np.iinfo(np.int64).min).to_numpy(), dtype=np.int64)
 
     def mask(self, where: Filter) -> np.ndarray:
-        """Boolean mask over ids of the images passing ``where`` (recent masks are cached).
+        """Boolean mask over ids of the images passing ``where`` (recent masks are cached; the
+        people of ``where.person`` as the user's edits stand now).
 
         Raises:
             InvalidArgumentError: ``where`` is not a :class:`~retrieval.filters.Filter`.
+            NoFacesError: ``where`` names people, and the index has no faces or not them.
         """
         if not isinstance(where, Filter):
             raise InvalidArgumentError(f"where must be a retrieval.filters.Filter, got {type(where).__name__}")
+        if where.person:
+            if self._people is None:
+                raise NoFacesError("this index holds no faces: build it with `clipsearch index ... --faces`")
+            return self._people.mask(where.person, where.only_people) & self.mask(where.metadata_only)
         with self._lock:
             mask = self._masks.get(where)
             if mask is None:
@@ -171,6 +183,24 @@ class Rows:
     def allowed(self, where: Filter | None) -> np.ndarray | None:
         """The mask of an active filter, None when every image passes."""
         return self.mask(where) if where is not None and where.active else None
+
+    @property
+    def people(self) -> CurrentPeople | None:
+        """The people of this generation as the user's edits stand now (None: opened without a directory)."""
+        return self._people
+
+    def faces_in(self, ids: Sequence[int] | np.ndarray) -> list[tuple[HitFace, ...]] | None:
+        """The faces of each image of ``ids`` with their people as the edits stand now (hidden
+        people and faces of nobody without a person); None in an index without faces."""
+        found = self._people.in_images(ids) if self._people is not None else None
+        if found is None or self._people is None:
+            return None
+        edits = self._people.people().edits
+        return [
+            tuple(HitFace(f.box, None if f.person < 0 or f.person in edits.hidden else f.person,
+                          None if f.person in edits.hidden else edits.names.get(f.person)) for f in faces)
+            for faces in found
+        ]
 
     def paths_of(self, ids: Sequence[int] | np.ndarray) -> list[str]:
         """Stored paths of ``ids``, reading only those rows (memory-mapped path files)."""

@@ -127,7 +127,8 @@ def video_search(run: Callable[[int | None], list[Hit]], cut: Cut, count: int, f
     hits = hits[:cap] if cap is not None else hits
     if cut.sort == "taken" and hits:
         ids = np.asarray([h.id for h in hits], np.int64)
-        order = newest_first(frames.rows.taken_us()[ids], ids, -np.asarray([h.score for h in hits], np.float32))
+        scores = np.asarray([np.nan if h.score is None else h.score for h in hits], np.float32)
+        order = newest_first(frames.rows.taken_us()[ids], ids, -scores)
         hits = [hits[i] for i in order.tolist()]
     return [_with_moments(h, frames, vector, vectors_of, cut, options) if frames.is_video([h.id])[0] else h for h in hits]
 
@@ -151,17 +152,18 @@ def _one_per_file(hits: list[Hit], frames: VideoFrames) -> list[Hit]:
 def _with_moments(hit: Hit, frames: VideoFrames, vector: np.ndarray | None, vectors_of: Callable[[np.ndarray], np.ndarray],
                   cut: Cut, options: MomentOptions | None) -> Hit:
     ids, times, duration = frames.frames(hit.path)
+    own = np.nan if hit.score is None else hit.score  # every hit of a query has its score
     if vector is not None and len(ids):
         scores = vectors_of(ids).astype(np.float64) @ np.asarray(vector, np.float64).ravel()
     else:
-        scores = np.where(ids == hit.id, hit.score, np.nan)
+        scores = np.where(ids == hit.id, own, np.nan)
     moments = find_moments(times, scores, ids, duration, cut.min_score, options)
     if not moments:
         # An approximate index scored the hit's frame above min_score and the exact score is
         # below it: the moment is that frame's.
-        moments = find_moments(times, np.where(ids == hit.id, hit.score, np.nan), ids, duration, None, options)
+        moments = find_moments(times, np.where(ids == hit.id, own, np.nan), ids, duration, None, options)
     best = moments[0]
-    hit = dataclasses.replace(hit, id=best.id, score=best.score) if best.score > hit.score else hit
+    hit = dataclasses.replace(hit, id=best.id, score=best.score) if hit.score is None or best.score > hit.score else hit
     return dataclasses.replace(hit, media="video", start=best.start, end=best.end, frame_time=best.time, moments=tuple(moments))
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -897,7 +898,7 @@ def test_bench_faces_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     folder.mkdir()
     Image.new("RGB", (200, 150), (90, 90, 90)).save(folder / "nobody1.png")  # no face: a person never found
     people = len(bench_faces.labelled_photos(None))  # the astronaut, and Grace Hopper where matplotlib is installed
-    code = bench_faces.main(["--photos", str(folder), "--min-sizes", "32", "--min-scores", "0.5", "--distances", "0.5"])
+    code = bench_faces.main(["--photos", str(folder), "--min-sizes", "32", "--min-scores", "0.5", "--distances", "0.5", "--siblings", "0"])
     assert code == 0
     result = _json_line(capsys.readouterr().out)
     (row,) = result["detection"]
@@ -922,3 +923,49 @@ def test_bench_video_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert [r["sampling"] for r in result["quality"]][:2] == ["keyframes (default)", "shots"]
     assert all(0 <= r["right_shot"] <= 1 for r in result["quality"])
     assert bench_video.main(["--seconds", "1"]) == 2
+def test_bench_person_filter_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    import bench_person_filter
+
+    code = bench_person_filter.main(["--photos", "600", "--dim", "32", "--people", "20", "--queries", "4",
+                                     "--work-dir", str(tmp_path)])
+    assert code == 0
+    result = _json_line(capsys.readouterr().out)
+    rows = {r["search"]: r for r in result["rows"]}
+    photos_of = result["summary"]["photos_of_named"]
+    assert rows["no filter"]["hits"] == 10 and rows["no filter"]["x_no_filter_p50"] == 1.0
+    # The filters really select: the rarest person's photos are all there is, the listing stops at k=50.
+    assert rows["person, rare"]["hits"] == min(10, photos_of["Carol"])
+    assert rows["listing (no query)"]["hits"] == min(50, photos_of["Alice"])
+    assert rows["two people, only"]["hits"] <= rows["two people"]["hits"] <= rows["person, popular"]["hits"]
+    assert result["summary"]["named"]["Alice"] == "#0"
+    assert bench_person_filter.main(["--photos", "5"]) == 2
+
+
+def test_bench_faces_scores_look_alikes() -> None:
+    import bench_faces
+
+    # Two look-alikes (a, b: 0.3 apart) and a third person far away; each person three faces.
+    centre = {"a": np.zeros(4), "b": np.array([0.3, 0, 0, 0]), "c": np.array([0, 2.0, 0, 0])}
+    faces = [(p, SimpleNamespace(descriptor=(centre[p] + [0, 0, 0.01 * i, 0]).astype(np.float32))) for p in "abc" for i in range(3)]
+    loose, strict = bench_faces.grouping_rows(faces, [0.5, 0.2], 2, [("a", "b"), ("a", "c")])[0]
+    assert (loose["lookalike_pairs"], loose["lookalike_pairs_merged"], loose["lookalike_merged"]) == (2, 1, 0.5)
+    assert (loose["precision"], loose["recall"], loose["people"]) == (0.5, 1.0, 2)  # a and b one person: 18 of its 36 pairs right
+    assert (strict["lookalike_pairs_merged"], strict["lookalike_merged"], strict["precision"], strict["ari"]) == (0, 0.0, 1.0, 1.0)
+
+
+def test_bench_faces_makes_a_sibling(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("dlib", reason="the faces extra")
+    import bench_faces
+    from PIL import Image
+
+    folder = tmp_path / "photos"
+    folder.mkdir()
+    twin = bench_faces.labelled_photos(None)[0][1].transpose(Image.Transpose.FLIP_LEFT_RIGHT)
+    twin.save(folder / "twin1.png")  # a second person to have a sibling with: the astronaut mirrored
+    code = bench_faces.main(["--photos", str(folder), "--min-sizes", "32", "--min-scores", "0.5", "--distances", "0.5",
+                             "--siblings", "1"])
+    assert code == 0
+    result = _json_line(capsys.readouterr().out)
+    assert len(result["siblings"]) == 1 and set(result["siblings"][0].split("+")) == {"astronaut", "twin"}
+    (group,) = result["grouping"]
+    assert group["lookalike_pairs"] == 2 and group["true_people"] == len(bench_faces.labelled_photos(folder)) + 1

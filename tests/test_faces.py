@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 from PIL import Image
 
-from indexer.faces import ClusterOptions, FaceFinder, FaceOptions, assign_new, cluster_all
+from indexer.faces import ClusterOptions, FaceFinder, FaceOptions, assign_new, cluster_all, regroup
 from indexer.faces.detect import check_engine
 from indexer.faces.grouping import NOBODY
 from retrieval.errors import EngineError, InvalidArgumentError
@@ -150,6 +150,38 @@ def test_assign_new_never_moves_a_face_that_has_a_person() -> None:
 def test_assign_new_refuses_bad_input(faces: np.ndarray, people: np.ndarray) -> None:
     with pytest.raises(InvalidArgumentError):
         assign_new(faces, people)
+
+
+def test_regroup_keeps_numbers_by_overlap_and_the_kept_faces() -> None:
+    rng = np.random.default_rng(3)
+    a, b, c = rng.normal(0, 1, (3, 16)) * 2
+    faces = np.concatenate([_blobs(rng, np.stack([a, b, c]), 4, 0.03), a[None] + 6.0])
+    # Before: a's faces were #5 (one of them wrongly #9), b's and c's one person #2, the far face #9.
+    before = np.array([5, 5, 5, 9, 2, 2, 2, 2, 2, 2, 2, 2, 9])
+    after = regroup(faces, before, np.zeros(len(faces), bool), ClusterOptions(max_distance=0.5, min_faces=2), first_new=11)
+    assert after[:4].tolist() == [5] * 4  # the group keeps the number it overlaps most
+    assert {int(after[4]), int(after[8])} == {2, 11} and len(set(after[4:8])) == len(set(after[8:12])) == 1
+    assert after[12] == NOBODY  # alone
+    kept = np.zeros(len(faces), bool)
+    kept[3] = kept[12] = True  # the user's word on those two faces
+    again = regroup(faces, before, kept, ClusterOptions(max_distance=0.5, min_faces=2), first_new=11)
+    assert again[3] == 9 and again[12] == 9 and again[:3].tolist() == [5] * 3
+    # A lower number wins a tie; new people start above every number used before.
+    tie = regroup(faces[:8], np.array([4, 4, 7, 7, 1, 1, 1, 1]), np.zeros(8, bool), ClusterOptions(0.5, 2))
+    assert tie.tolist() == [4, 4, 4, 4, 1, 1, 1, 1]
+    assert regroup(faces[:4], np.array([-1, -1, -1, 3]), np.zeros(4, bool), ClusterOptions(0.5, 2)).tolist() == [3] * 4
+    assert regroup(faces[:4], np.array([-1] * 4), np.zeros(4, bool), ClusterOptions(0.5, 2), first_new=6).tolist() == [6] * 4
+    # Two people the user vouched for, look-alikes one loose group holds: each other face goes to
+    # the person of its nearest kept face, not all to the one the group overlaps most.
+    twins = np.concatenate([_blobs(rng, np.stack([a, a + 0.05]), 3, 0.01), a[None] + 0.06, a[None] - 0.01])
+    people, kept = np.array([0, 0, 0, 1, 1, 1, -1, -1]), np.array([True] * 6 + [False] * 2)
+    assert regroup(twins, people, kept, ClusterOptions(0.5, 2)).tolist()[6:] == [1, 0]
+    kept[:3] = False  # only #1 vouched for: the group is #0's (it overlaps it as much, lower number)
+    assert regroup(twins, people, kept, ClusterOptions(0.5, 2)).tolist() == [0, 0, 0, 1, 1, 1, 0, 0]
+    for bad_people, bad_kept in ((np.zeros(3), np.zeros(4, bool)), (np.array([-2, 0, 0, 0]), np.zeros(4, bool)),
+                                 (np.zeros(4), np.zeros(2, bool))):
+        with pytest.raises(InvalidArgumentError):
+            regroup(faces[:4], bad_people, bad_kept)
 
 
 @pytest.mark.parametrize("kwargs", [{"max_distance": 0}, {"max_distance": 2.5}, {"max_distance": "0.5"}, {"min_faces": 0}])

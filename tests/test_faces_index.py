@@ -66,7 +66,7 @@ def test_a_build_with_faces_records_every_face_and_every_image_read(faces_index:
     _, out = faces_index
     m = read_manifest(out)
     assert m.faces is not None and m.faces.complete and m.faces.rows == m.count == 5
-    assert m.faces.options["min_size"] == 32 and m.faces.options["max_distance"] == 0.5
+    assert m.faces.options["min_size"] == 32 and m.faces.options["max_distance"] == 0.4
     faces, read = _faces(out)
     by_path = {r["path_bytes"]: r for r in read}
     assert sorted(by_path) == [b"a1.jpg", b"a2.jpg", b"a3.png", b"a4.jpg", b"coffee.jpg"]
@@ -113,6 +113,21 @@ def test_an_update_reads_only_new_files_and_moves_the_faces_with_their_rows(
         assert ids[f["path_bytes"]] == f["id"]  # renumbered with its row
     a5 = [f for f in faces if f["path_bytes"] == b"a5.jpg" and f["score"] > 0.9]
     assert a5 and a5[0]["person"] == 0  # a new photo joins the person already there
+    assert verify_index(out).ok
+
+
+def test_reindex_keeps_the_faces(tmp_path: Path, faces_index: tuple[Path, Path]) -> None:
+    import shutil
+
+    from indexer.reindex import reindex
+
+    out = tmp_path / "idx"
+    shutil.copytree(faces_index[1], out)
+    before = read_manifest(out).faces
+    reindex(out, index_type="Flat")
+    after = read_manifest(out).faces
+    assert before is not None and after is not None
+    assert (after.checksum, after.options, after.people) == (before.checksum, before.options, before.people)
     assert verify_index(out).ok
 
 

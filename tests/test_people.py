@@ -9,10 +9,21 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
+from faultctl import run_killed_at
 
 from indexer import build_index
-from retrieval.errors import IndexFormatError, InvalidArgumentError, NoFacesError, UnsupportedFormatError
+from indexer.faces.recluster import recluster
+from retrieval import verify_index
+from retrieval.errors import (
+    IndexFormatError,
+    IndexLockedError,
+    InvalidArgumentError,
+    NoFacesError,
+    NotAnIndexError,
+    UnsupportedFormatError,
+)
 from retrieval.faces import PEOPLE_FILE, People, PeopleEdits, editing, load_edits
+from retrieval.layout import MANIFEST_DIGEST_KEY, read_manifest
 
 # -- the edits alone ------------------------------------------------------------------------------
 
@@ -177,6 +188,9 @@ def test_the_people_command(tmp_path: Path, people_index: tuple[Path, Path]) -> 
         (["move", "{idx}", "0", "nope/0"], "no face"),
         (["import", "{idx}", "{bad}"], "not a clipsearch people file"),
         (["list", "{plain}"], "--faces"),
+        (["recluster", "{plain}"], "--faces"),
+        (["recluster", "{idx}", "--max-distance", "2.5"], "max_distance"),
+        (["recluster", "{idx}", "--min-faces", "0"], "min_faces"),
     ],
 )
 def test_bad_people_commands_are_one_line_and_change_nothing(
@@ -186,9 +200,135 @@ def test_bad_people_commands_are_one_line_and_change_nothing(
     with editing(out) as box:
         box[0] = box[0].named(0, "Eileen")
     before = (out / PEOPLE_FILE).read_bytes()
+    generation = read_manifest(out).generation
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "something else"}))
     result = run_cli(["people", *(a.format(idx=out, bad=bad, plain=built_index) for a in args)])
     assert result.returncode != 0 and message in result.stderr
     assert result.stderr.strip().count("\n") == 0
-    assert (out / PEOPLE_FILE).read_bytes() == before
+    assert (out / PEOPLE_FILE).read_bytes() == before and read_manifest(out).generation == generation
+
+
+# -- re-clustering --------------------------------------------------------------------------------
+
+
+def _generation_files(out: Path) -> dict[str, bytes]:
+    """Every file of the current generation but the faces side, by name."""
+    m = read_manifest(out)
+    assert m.faces is not None
+    folder = out / Path(m.faces.path).parent
+    faces = {Path(m.faces.path).name, Path(m.faces.read_path).name}
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in faces}
+
+
+def _people_of(out: Path, include_hidden: bool = False) -> dict[str, int]:
+    return {p.label: p.faces for p in People.open(out).everyone(include_hidden)}
+
+
+def test_recluster_regroups_records_its_settings_and_touches_nothing_else(
+    tmp_path: Path, people_index: tuple[Path, Path], tiny_model: Path,
+) -> None:
+    photos, out = _copy(people_index, tmp_path)
+    before = _generation_files(out)
+    generation = read_manifest(out).generation
+    report = recluster(out, max_distance=0.05, min_faces=1)  # closer than any two views: each face alone
+    assert (report.faces, report.people_before, report.people, report.new_people, report.kept) == (4, 1, 4, 3, 0)
+    m = read_manifest(out)
+    assert m.generation != generation and m.complete and m.faces is not None
+    assert (m.faces.options["max_distance"], m.faces.options["min_faces"], m.faces.people) == (0.05, 1, 4)
+    assert m.faces.options["min_size"] == 32  # the detector's settings are kept
+    assert _generation_files(out) == before  # rows, vectors, FAISS and keyword files byte for byte
+    assert sorted(_people_of(out).values()) == [1, 1, 1, 1] and 0 in People.open(out).person_of
+    assert verify_index(out).ok
+    # A later update keeps the settings and the groups, and reads no face again.
+    update = build_index(photos, out, model=str(tiny_model), batch_size=4, workers=0, device="cpu", precision="fp32",
+                         progress=False)
+    assert update.faces_read == 0 and read_manifest(out).faces.options["max_distance"] == 0.05  # type: ignore[union-attr]
+    assert sorted(_people_of(out).values()) == [1, 1, 1, 1]
+    assert recluster(out).options == {"max_distance": 0.05, "min_faces": 1}  # no settings: the recorded ones
+    # Looser again: one person, under the number it had (the group overlapping it most).
+    assert recluster(out, max_distance=0.5, min_faces=3).people == 1 and _people_of(out) == {"#0": 4}
+    # Two close views form a person, the other two wait as nobody.
+    report = recluster(out, max_distance=0.12, min_faces=2)
+    assert (report.people, report.nobody) == (1, 2) and _people_of(out) == {"#0": 2}
+
+
+def test_recluster_keeps_the_users_word(tmp_path: Path, people_index: tuple[Path, Path]) -> None:
+    _, out = _copy(people_index, tmp_path)
+    keys = [f.key for f in People.open(out).faces_of(0)]
+    with editing(out) as box:
+        box[0], split = box[0].split([keys[1]], People.open(out).first_free())
+        box[0] = box[0].moved([keys[2]], -1)
+    strict, loose = {"max_distance": 0.05, "min_faces": 1}, {"max_distance": 0.5, "min_faces": 1}
+    report = recluster(out, **strict)
+    people = People.open(out)
+    assert report.kept == 2 and people.faces_of(split)[0].key == keys[1]  # the split stays a split
+    assert people.face(keys[2]).person == -1  # moved to nobody stays there
+    assert people.face(keys[0]).person == 0 and people.face(keys[3]).person > split  # a new person, a new number
+    recluster(out, **loose)  # every view within reach of the others: still not merged back
+    people = People.open(out)
+    assert [f.key for f in people.faces_of(split)] == [keys[1]] and people.face(keys[2]).person == -1
+    assert {f.key for f in people.faces_of(0)} == {keys[0], keys[3]}
+    # Named and hidden people keep their faces however strict the grouping, and stay hidden.
+    with editing(out) as box:
+        box[0] = box[0].named(0, "Eileen").with_hidden(split)
+    assert recluster(out, **strict).kept == 4
+    assert _people_of(out) == {"Eileen": 2} and _people_of(out, include_hidden=True) == {"Eileen": 2, f"#{split}": 1}
+    # A person merged into another stays merged.
+    with editing(out) as box:
+        box[0] = box[0].with_hidden(split, False).merged_into(split, 0)
+    recluster(out, **strict)
+    assert _people_of(out) == {"Eileen": 3}
+    assert load_edits(out).names == {0: "Eileen"}  # the edits themselves are never rewritten
+
+
+def test_a_group_takes_the_named_person_it_overlaps(tmp_path: Path, people_index: tuple[Path, Path]) -> None:
+    _, out = _copy(people_index, tmp_path)
+    recluster(out, max_distance=0.05, min_faces=1)  # each face alone: #0 and three new people
+    with editing(out) as box:
+        box[0] = box[0].named(0, "Eileen")
+    report = recluster(out, max_distance=0.5, min_faces=1)
+    assert (report.kept, report.people_before, report.people) == (1, 4, 1)
+    assert _people_of(out) == {"Eileen": 4}  # the other three joined her, not she them
+
+
+def test_recluster_refuses_bad_input_and_a_locked_index(
+    tmp_path: Path, people_index: tuple[Path, Path], built_index: Path,
+) -> None:
+    from indexer.lock import IndexLock
+
+    _, out = _copy(people_index, tmp_path)
+    generation = read_manifest(out).generation
+    with pytest.raises(NoFacesError, match="--faces"):
+        recluster(built_index)
+    with pytest.raises(NotAnIndexError):
+        recluster(tmp_path / "nothing")
+    for bad in ({"max_distance": 0}, {"max_distance": 2.5}, {"min_faces": 0}, {"min_faces": 1.5}):
+        with pytest.raises(InvalidArgumentError):
+            recluster(out, **bad)  # type: ignore[arg-type]
+    with IndexLock(out), pytest.raises(IndexLockedError):
+        recluster(out)
+    assert read_manifest(out).generation == generation
+    data = json.loads((out / "manifest.json").read_text())
+    data.pop(MANIFEST_DIGEST_KEY)
+    data["complete"] = False  # a build killed between two commits
+    (out / "manifest.json").write_text(json.dumps(data))
+    with pytest.raises(IndexFormatError, match="interrupted build"):
+        recluster(out)
+
+
+def test_recluster_killed_before_its_commit_leaves_the_index_as_it_was(tmp_path: Path, people_index: tuple[Path, Path]) -> None:
+    _, out = _copy(people_index, tmp_path)
+    generation = read_manifest(out).generation
+    args = ["people", "recluster", out, "--max-distance", "0.05", "--min-faces", "1"]
+    killed = run_killed_at(args, "publish")  # the new generation published, the manifest not switched yet
+    assert killed.killed, killed.stderr
+    assert read_manifest(out).generation == generation and _people_of(out) == {"#0": 4}
+    assert verify_index(out).ok
+    done = run_cli(args)
+    assert done.returncode == 0, done.stderr
+    assert "4 faces regrouped into 4 people (before: 1;" in done.stdout and len(_people_of(out)) == 4 and verify_index(out).ok
+    as_json = run_cli(["people", "recluster", out, "--max-distance", "0.5", "--json"])
+    report = json.loads(as_json.stdout)
+    assert as_json.returncode == 0 and (report["people_before"], report["people"], report["kept"]) == (4, 1, 0)
+    assert report["options"] == {"max_distance": 0.5, "min_faces": 1}

@@ -17,7 +17,7 @@ from retrieval.query_terms import QueryTerm
 from retrieval.request import SearchRequest
 
 NARROW = {"open", "reopen", "count", "dim", "search", "search_image", "search_vectors", "rows", "info",
-          "encoders", "vectors", "metadata", "files", "keywords"}
+          "encoders", "vectors", "metadata", "files", "keywords", "people"}
 
 
 # -- the value --------------------------------------------------------------------------------

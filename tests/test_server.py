@@ -184,8 +184,9 @@ def test_result_fields(client: TestClient, built_index: Path, collection: Collec
     for r in results:
         assert set(r) == {
             "id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text", "keyword", "fused", "caption", "url", "width", "height",
-            "image_url", "thumbnail_url", "media", "start", "end", "frame_time", "moments", "video_url",
+            "image_url", "thumbnail_url", "faces", "media", "start", "end", "frame_time", "moments", "video_url",
         }
+        assert r["faces"] is None  # built without --faces
         assert r["media"] is None and r["video_url"] is None  # an index of images
         assert ids[r["path"]] == r["id"]
         assert r["image_url"] == f"/api/images/{r['id']}?index=photos.idx"

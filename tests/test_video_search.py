@@ -78,6 +78,11 @@ def test_media_filter_k_min_score_and_sort(video_index: Path, query_vector: np.n
     # More like a frame: the frame's video itself first.
     like = index.search(SearchRequest(similar_to=videos[0].id, k=2))
     assert like[0].path == "trip.mp4" and like[0].frame_time in (3.0, 4.0, 5.0)
+    # No query, a filter: what it keeps, newest first, a video once (its first frame), no score.
+    listed = index.search(SearchRequest(where=Filter(media="video")))
+    assert [(h.path, h.media, h.score, h.frame_time) for h in listed] == [
+        ("trip.mp4", "video", None, 0.0), ("cats.webm", "video", None, 0.0)]
+    assert len(index.search(SearchRequest(where=Filter(min_width=1), k=50))) == 5
     with pytest.raises(InvalidArgumentError, match="media must be one of"):
         Filter(media="audio")
 

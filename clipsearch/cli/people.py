@@ -1,7 +1,8 @@
 """``clipsearch people``, the command over :mod:`retrieval.faces.people`: the people ``index --faces`` found, and edits.
 
 ``list``, ``show``, ``name``, ``merge``, ``hide``, ``unhide``, ``move``, ``split``, ``export``
-and ``import``, each a thin call of :mod:`retrieval.faces` (edits under the people file's lock).
+and ``import``, each a thin call of :mod:`retrieval.faces` (edits under the people file's lock);
+``recluster``, a call of :func:`indexer.faces.recluster.recluster`.
 """
 
 from __future__ import annotations
@@ -80,10 +81,25 @@ def _edit(args: argparse.Namespace, people: People) -> str:
         return f"{len(keys)} faces split off as #{new}"
 
 
+def _recluster(args: argparse.Namespace) -> int:
+    from indexer.faces.recluster import recluster
+
+    report = recluster(args.index_dir, max_distance=args.max_distance, min_faces=args.min_faces)
+    if args.json:
+        print_json(report.to_dict())
+        return 0
+    print(f"{report.faces} faces regrouped into {report.people} people (before: {report.people_before}; "
+          f"{report.new_people} new, {report.kept} faces kept where you put them, {report.nobody} to nobody) "
+          f"with max_distance {report.options['max_distance']}, min_faces {report.options['min_faces']}")
+    return 0
+
+
 def run(args: argparse.Namespace) -> int:
     """Run one ``people`` action."""
     from retrieval.faces import People, PeopleEdits, editing, load_edits
 
+    if args.action == "recluster":
+        return _recluster(args)
     if args.action == "import":
         # Checked in full before the index's file is touched: a bad file changes nothing.
         try:
@@ -158,3 +174,10 @@ def register(subparsers: Subparsers) -> None:
     a.add_argument("file", metavar="FILE", help="where to write, - for standard output")
     a = action("import", "replace the edits with a JSON file written by export")
     a.add_argument("file", metavar="FILE")
+    a = action("recluster", "group every face into people again (named, hidden, merged, split and moved ones are kept); "
+               "the settings are recorded for later index runs")
+    a.add_argument("--max-distance", type=float, metavar="D",
+                   help="largest distance between two faces of one person; lower merges fewer look-alikes and splits more "
+                   "views of one person (default: the recorded one)")
+    a.add_argument("--min-faces", type=int, metavar="N", help="faces within D needed to found a person (default: the recorded one)")
+    a.add_argument("--json", action="store_true", help="print the report as one JSON object")

@@ -41,9 +41,11 @@ def run(args: argparse.Namespace) -> int:
     else:
         if not hits:
             print(_why_none(args, req.where is not None and req.where.active))
+        browsing = req.kind == "browse"
         for rank, hit in enumerate(hits, 1):
-            taken = f"  {hit.taken or 'undated'}" if args.sort == "taken" else ""
-            print(f"{rank:>3}  {hit.score:.4f}  {hit.path}{_moment(hit)}{taken}{_why(hit)}")
+            taken = f"  {hit.taken or 'undated'}" if args.sort == "taken" or browsing else ""
+            score = "     -" if hit.score is None else f"{hit.score:.4f}"
+            print(f"{rank:>3}  {score}  {hit.path}{_moment(hit)}{taken}{_why(hit)}{_who(hit)}")
     return 0
 
 
@@ -52,12 +54,15 @@ def _request(args: argparse.Namespace) -> SearchRequest:
     from retrieval.query_terms import QueryTerm, parse_term
     from retrieval.request import SearchRequest
 
-    if args.query is None and args.image is None and not args.add:
-        raise InvalidArgumentError("give a text query, --image PATH or --add TERM")
     if args.query is not None and args.image is not None:
         raise InvalidArgumentError("give either a text query or --image, not both")
-    search = {"k": args.k, "where": filter_from_args(args), "min_score": args.min_score, "sort": args.sort,
+    where = filter_from_args(args)
+    search = {"k": args.k, "where": where, "min_score": args.min_score, "sort": args.sort,
               "mode": args.mode, "query_lang": args.query_lang}
+    if args.query is None and args.image is None and not args.add:
+        if not where.active:
+            raise InvalidArgumentError("give a text query, --image PATH or --add TERM (or a filter such as --person NAME to list)")
+        return SearchRequest(**search)
     if args.add or args.subtract:
         # The QUERY takes an N: weight here; a missing image or a zero weight fails at once.
         first = [parse_term(args.query)] if args.query is not None else []
@@ -91,6 +96,11 @@ def _moment(hit: Hit) -> str:
     return f" {clock(hit.start)}-{clock(math.ceil(hit.end))}{best}"
 
 
+def _who(hit: Hit) -> str:
+    # "Who is in this photo": the people of its faces, in an index built with --faces.
+    return f"  (with {', '.join(hit.people)})" if hit.people else ""
+
+
 def _why_none(args: argparse.Namespace, filtered: bool) -> str:
     if args.mode == "keyword":
         return "no results (no image's text matches the query's words)"
@@ -103,7 +113,8 @@ def register(subparsers: Subparsers) -> None:
     """Add ``search`` to the ``clipsearch`` sub-parsers."""
     p = subparsers.add_parser("search", help="search an index by text or by image", description="Search an index by text or by image.")
     p.add_argument("index_dir", metavar="INDEX_DIR")
-    p.add_argument("query", metavar="QUERY", nargs="?", help="text query")
+    p.add_argument("query", metavar="QUERY", nargs="?",
+                   help="text query (none: the images the filters keep, newest first, e.g. --person Alice)")
     p.add_argument("--image", metavar="PATH", help="search with this image instead of text")
     # -k, --add, --subtract: the search parameters the CLI takes, from their one declaration.
     add_options(p, SearchParams, descriptions={ARITHMETIC: _TERMS_ON_THE_CLI})
@@ -116,7 +127,8 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument(
         "--json", action="store_true",
         help='print {"results": [{"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text"; "keyword" and '
-        '"fused" (hybrid and keyword modes); "caption", "url" (images from shards); "media", "start", "end", '
-        '"frame_time", "moments" (videos)}, ...]}',
+        '"fused" (hybrid and keyword modes); "caption", "url" (images from shards); "faces" (an index built with '
+        '--faces: box, person, name); "media", "start", "end", "frame_time", "moments" (videos)}, ...]}; without a '
+        'query "score" is null',
     )
     p.set_defaults(handler=run)

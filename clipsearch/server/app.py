@@ -43,6 +43,7 @@ from .errors import install_error_handlers
 from .filters import query_filters
 from .indexes import IndexSet, ServedIndex
 from .middleware import UI_CSP, BodyLimit, SecurityHeaders
+from .people import people_router
 from .prometheus import CONTENT_TYPE, MetricsMiddleware, ServerMetrics
 from .responses import JSONResponse
 from .search import (
@@ -290,7 +291,10 @@ def _api_router() -> APIRouter:
         if unknown:
             raise RequestValidationError([{"type": "extra_forbidden", "loc": ("query", name), "msg": "unknown field"} for name in unknown])
         if q is None or not q.strip():
-            raise InvalidArgumentError("give a text query: q=...")
+            if not any(v not in (None, "", [], False) for v in filters.values()):
+                raise InvalidArgumentError("give a text query: q=... (or filters alone, e.g. person=NAME, to list what they keep)")
+            # No query: the images the filters keep, newest first ("photos of Alice").
+            return await _answer(request, make_request("browse", params, filters))
         return await _answer(request, make_request("text", params, filters, text=q))
 
     @api.post("/search", response_model=SearchResponse, summary="Search by text, image id, vector (JSON) or image file (multipart)")
@@ -343,6 +347,7 @@ def _api_router() -> APIRouter:
             return Response(status_code=304, headers=headers)
         return FileResponse(path, media_type="image/jpeg", headers=headers)
 
+    api.include_router(people_router())
     return api
 
 

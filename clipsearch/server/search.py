@@ -34,7 +34,7 @@ from .fields import field_specs, http_names, model_fields, query_dependency
 from .filters import filter_fields, filters_model, make_filter
 from .indexes import ServedIndex
 
-QueryKind = Literal["text", "image_id", "vector", "image"]
+QueryKind = Literal["text", "image_id", "vector", "image", "browse"]
 # A JSON vector is checked against the index's dim after parsing; this only bounds the parse.
 _MAX_VECTOR_LEN = 16384
 
@@ -106,12 +106,16 @@ class MomentResult(BaseModel):
     time: float = Field(description="the moment's best frame, in seconds")
     score: float
     id: int = Field(description="the best frame's row (its thumbnail is that frame)")
+class FaceResult(BaseModel):
+    box: list[float] = Field(description="left, top, right, bottom in the original's pixels")
+    person: int | None = Field(None, description="whose face: the person's number; null for nobody or a hidden person")
+    name: str | None = Field(None, description="the person's name, null until named")
 
 
 class SearchResult(BaseModel):
     id: int
     path: str
-    score: float
+    score: float | None = Field(description="the cosine with the query; null without a query (filters alone, newest first)")
     taken: str | None = Field(None, description="when the photo was taken (EXIF, ISO 8601), null when it does not say")
     camera: str | None = Field(None, description="camera make and model (EXIF)")
     gps: list[float] | None = Field(None, description="[latitude, longitude] in degrees (EXIF)")
@@ -136,6 +140,9 @@ class SearchResult(BaseModel):
     frame_time: float | None = Field(None, description="a video's hit: the time of its best frame (the id's row and score)")
     moments: list[MomentResult] | None = Field(None, description="a video's hit: every matching moment, the best first")
     video_url: str | None = Field(None, description="a video's hit: its file, playing from the moment (#t=start,end)")
+    faces: list[FaceResult] | None = Field(
+        None, description="the faces in the image, largest first (an index built with --faces; null otherwise)"
+    )
     width: int
     height: int
     image_url: str
@@ -230,14 +237,17 @@ def make_request(kind: QueryKind, params: Mapping[str, Any], filters: Mapping[st
 
 
 def from_body(body: SearchBody) -> ApiSearch:
-    """A JSON body as an :class:`ApiSearch` (exactly one query kind)."""
+    """A JSON body as an :class:`ApiSearch` (exactly one query kind, or none with filters: the
+    images they keep, newest first)."""
     given = [name for name in ("text", "image_id", "vector") if getattr(body, name) is not None]
+    params = {name: getattr(body, name) for name in PARAMS}
+    filters = body.filters.model_dump() if body.filters is not None else {}
+    if not given and not params.get("add") and any(v not in (None, "", [], False) for v in filters.values()):
+        return make_request("browse", params, filters)
     if len(given) != 1:
         got = f"; got {', '.join(given)}" if given else ""
         raise InvalidArgumentError(f"give exactly one of text, image_id, vector (or a multipart image file){got}")
     kind: QueryKind = given[0]  # type: ignore[assignment]  # one of the three names above
-    params = {name: getattr(body, name) for name in PARAMS}
-    filters = body.filters.model_dump() if body.filters is not None else {}
     return make_request(kind, params, filters, text=body.text, image_id=body.image_id, vector=body.vector)
 
 
@@ -265,7 +275,7 @@ def _hits(index: ImageIndex, served: ServedIndex, api: ApiSearch) -> list[Hit]:
         if len(req.vector) != index.dim:
             raise InvalidArgumentError(f"vector must have {index.dim} numbers (the index's dim), got {len(req.vector)}")
         return index.search(req)
-    if req.kind == "similar":
+    if req.kind in ("similar", "browse"):
         return index.search(req)
     with served.model_call("text" if any(t.kind == "text" for t in req.terms) else "image"):
         return index.search(req)
@@ -320,6 +330,7 @@ def run_search(served: ServedIndex, req: ApiSearch) -> dict[str, Any]:
             "ocr_text": h.ocr_text,
             "keyword": h.keyword,
             "fused": h.fused,
+            "faces": [f.to_dict() for f in h.faces] if h.faces is not None else None,
             "width": int(s[0]),
             "height": int(s[1]),
             "image_url": f"/api/images/{h.id}?index={name}",

@@ -11,6 +11,9 @@ within ``max_distance`` of a person's face joins that person, and the rest belon
   one joins the person of its nearest face that has one, if within ``max_distance``; those
   still without a person are clustered among themselves, and each group that forms is a new
   person, numbered after the largest existing one.
+- :func:`regroup`: the full re-cluster with the user's word kept: :func:`cluster_all` over every
+  face, each group mapped onto the person it overlaps most (so people keep their numbers, and
+  with them their names), the faces of the people the user vouched for left where they are.
 
 Person numbers are labels, not names: names and the user's edits live beside them.
 """
@@ -34,7 +37,7 @@ _BLOCK = 1024
 class ClusterOptions:
     """How close two faces must be to be one person, and how many make a person."""
 
-    max_distance: float = 0.5
+    max_distance: float = 0.4
     """Largest Euclidean distance between descriptors of one person (dlib's own cut is 0.6;
     lower merges fewer look-alikes and splits more views of one person)."""
     min_faces: int = 3
@@ -75,6 +78,21 @@ def _numbered_by_size(labels: np.ndarray) -> np.ndarray:
     return np.array([number.get(int(x), NOBODY) for x in labels], dtype=np.int64)
 
 
+def _nearest(arr: np.ndarray, rows: np.ndarray, among: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """For each face of ``rows``, the position in ``among`` of its nearest face there and the
+    squared distance to it (blocks of rows, so memory stays bounded)."""
+    vecs_among = arr[among]
+    sq_among = np.einsum("ij,ij->i", vecs_among, vecs_among)
+    nearest = np.zeros(len(rows), dtype=np.int64)
+    dist2 = np.zeros(len(rows), dtype=np.float32)
+    for start in range(0, len(rows), _BLOCK):
+        vecs = arr[rows[start : start + _BLOCK]]
+        block = np.einsum("ij,ij->i", vecs, vecs)[:, None] + sq_among[None, :] - 2.0 * (vecs @ vecs_among.T)
+        nearest[start : start + len(vecs)] = block.argmin(axis=1)
+        dist2[start : start + len(vecs)] = block[np.arange(len(vecs)), nearest[start : start + len(vecs)]]
+    return nearest, dist2
+
+
 def cluster_all(descriptors: np.ndarray, options: ClusterOptions | None = None) -> np.ndarray:
     """A person number per face (``-1``: nobody), the largest person numbered 0."""
     return _dbscan(_descriptors(descriptors), options or ClusterOptions())
@@ -103,15 +121,9 @@ def assign_new(
     waiting = np.flatnonzero(labels == NOBODY)
     known = np.flatnonzero(labels != NOBODY)
     if waiting.size and known.size:
-        known_vecs = arr[known]
-        known_sq = np.einsum("ij,ij->i", known_vecs, known_vecs)
-        for start in range(0, waiting.size, _BLOCK):
-            block = waiting[start : start + _BLOCK]
-            vecs = arr[block]
-            dist2 = np.einsum("ij,ij->i", vecs, vecs)[:, None] + known_sq[None, :] - 2.0 * (vecs @ known_vecs.T)
-            nearest = dist2.argmin(axis=1)
-            close = dist2[np.arange(len(block)), nearest] <= options.max_distance**2
-            labels[block[close]] = labels[known[nearest[close]]]
+        nearest, dist2 = _nearest(arr, waiting, known)
+        close = dist2 <= options.max_distance**2
+        labels[waiting[close]] = labels[known[nearest[close]]]
     still = np.flatnonzero(labels == NOBODY)
     if still.size:
         fresh = _dbscan(arr[still], options)
@@ -119,3 +131,59 @@ def assign_new(
         founded = fresh != NOBODY
         labels[still[founded]] = fresh[founded] + base
     return labels
+
+
+def regroup(
+    descriptors: np.ndarray, people: np.ndarray, kept: np.ndarray, options: ClusterOptions | None = None, first_new: int = 0,
+) -> np.ndarray:
+    """Every face grouped again from nothing, but for the faces in ``kept``.
+
+    The groups :func:`cluster_all` finds over all faces (kept ones included, so a new face next
+    to a kept person's faces is dense enough to join them) are matched one to one with the
+    people of ``people`` they share most faces with, the largest overlap first (ties: the lower
+    person number): a matched group takes that person's number, an unmatched one a new number
+    from ``first_new`` on (the largest group first). Faces in no group belong to nobody. In a
+    group holding kept faces of more than one person, each other face goes to the person of its
+    nearest kept face.
+
+    Args:
+        descriptors: ``(n, dim)`` descriptors of every face.
+        people: ``(n,)`` each face's person before (``-1``: nobody).
+        kept: ``(n,)`` booleans, the faces that keep their person whatever the groups say.
+        options: the distance and density rule.
+        first_new: the lowest number a new person may get.
+    """
+    arr = _descriptors(descriptors)
+    before = np.asarray(people, dtype=np.int64)
+    keep = np.asarray(kept, dtype=bool)
+    if before.shape != (len(arr),) or keep.shape != (len(arr),):
+        raise InvalidArgumentError(f"people and kept must hold one entry per face ({len(arr)}), got {before.shape} and {keep.shape}")
+    if (before < NOBODY).any():
+        raise InvalidArgumentError("person numbers are -1 (nobody) or at least 0")
+    groups = cluster_all(arr, options)
+    both = (groups != NOBODY) & (before != NOBODY)
+    pairs, overlap = np.unique(np.stack([groups[both], before[both]], axis=1), axis=0, return_counts=True) \
+        if both.any() else (np.zeros((0, 2), np.int64), np.zeros(0, np.int64))
+    number: dict[int, int] = {}
+    taken: set[int] = set()
+    for i in np.lexsort((pairs[:, 1], -overlap)) if len(pairs) else []:
+        group, person = int(pairs[i, 0]), int(pairs[i, 1])
+        if group not in number and person not in taken:
+            number[group] = person
+            taken.add(person)
+    fresh = max(first_new, int(before.max()) + 1 if len(before) else 0)
+    for group in np.unique(groups[groups != NOBODY]):  # numbered from the largest (cluster_all)
+        if int(group) not in number:
+            number[int(group)] = fresh
+            fresh += 1
+    out = np.array([number.get(int(g), NOBODY) for g in groups], dtype=np.int64)
+    out[keep] = before[keep]
+    # A group holding the kept faces of several people (look-alikes a looser threshold joins):
+    # its other faces go to the person of their nearest kept face, not all to the one it
+    # overlaps most, as a new photo would.
+    for group in np.unique(groups[keep & (groups != NOBODY)]):
+        anchors = np.flatnonzero((groups == group) & keep & (before != NOBODY))
+        free = np.flatnonzero((groups == group) & ~keep)
+        if free.size and len(np.unique(before[anchors])) > 1:
+            out[free] = before[anchors[_nearest(arr, free, anchors)[0]]]
+    return out

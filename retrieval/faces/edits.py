@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import fcntl
 import json
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -32,6 +32,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+import pyarrow.compute as pc
 
 from ..errors import IndexFormatError, InvalidArgumentError, UnsupportedFormatError
 from ..layout import atomic_write
@@ -49,9 +50,10 @@ def face_key(content_hash: str, face: int) -> str:
 
 
 def face_keys(faces: pa.Table) -> list[str]:
-    """The key of every face of a faces table (its ``content_hash`` and ``face`` columns)."""
-    return [face_key(h, int(n)) for h, n in zip(faces.column("content_hash").to_pylist(), faces.column("face").to_pylist(),
-                                                strict=True)]
+    """The key of every face of a faces table (its ``content_hash`` and ``face`` columns), as
+    :func:`face_key` makes it."""
+    numbers = pc.cast(faces.column("face"), pa.string())
+    return pc.binary_join_element_wise(faces.column("content_hash"), numbers, "/").to_pylist()
 
 
 def _person(value: object, what: str) -> int:
@@ -90,13 +92,23 @@ class PeopleEdits:
             person = self.merged[person]
         return person
 
-    def apply(self, labels: np.ndarray, keys: list[str]) -> np.ndarray:
-        """The people of faces labelled ``labels`` by the grouping, after the user's edits."""
-        out = np.array([self.resolve(int(p)) if p != NOBODY else NOBODY for p in labels], dtype=np.int64)
-        for i, key in enumerate(keys):
-            if key in self.faces:
-                out[i] = self.faces[key]
-        return out
+    def apply(self, labels: np.ndarray, keys: Sequence[str] | Mapping[str, int]) -> np.ndarray:
+        """The people of faces labelled ``labels`` by the grouping, after the user's edits.
+
+        ``keys`` are the faces' keys in the order of ``labels``, or a mapping of each key to its
+        position (a caller applying edits to the same faces again keeps one).
+        """
+        labels = np.asarray(labels, dtype=np.int64)
+        # Merges are followed once per person, not once per face.
+        people, inverse = np.unique(labels, return_inverse=True)
+        out = np.array([self.resolve(int(p)) if p != NOBODY else NOBODY for p in people.tolist()], dtype=np.int64)[inverse]
+        if self.faces:
+            positions = keys if isinstance(keys, Mapping) else {k: i for i, k in enumerate(keys)}
+            for key, person in self.faces.items():
+                i = positions.get(key)
+                if i is not None:
+                    out[i] = person
+        return out.reshape(labels.shape)
 
     def person_named(self, name: str) -> int | None:
         """The person called ``name`` (case-insensitive), if any."""

@@ -8,6 +8,7 @@ It reads the current generation's faces side (:data:`~retrieval.layout.FACES_SCH
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -17,7 +18,7 @@ import pyarrow as pa
 
 from .. import store
 from ..errors import NoFacesError
-from ..layout import FACES_SCHEMA, display_path, read_manifest
+from ..layout import FACES_SCHEMA, Manifest, display_path, read_manifest
 from .edits import NOBODY, PeopleEdits, face_keys, load_edits
 
 
@@ -56,24 +57,48 @@ class People:
         self.edits = edits
         self.rows = rows
         self._ids = faces.column("id").to_numpy()
-        self._paths = [display_path(p) for p in faces.column("path_bytes").to_pylist()]
+        self._path_bytes = faces.column("path_bytes")
         self._keys = face_keys(faces)
         self._boxes = np.stack([faces.column(c).to_numpy() for c in ("left", "top", "right", "bottom")], axis=1) \
             if faces.num_rows else np.zeros((0, 4), np.float32)
         self._scores = faces.column("score").to_numpy()
         self.labels = faces.column("person").to_numpy()
+        # Each key's position, made when edits are applied to these faces again (with_edits).
+        self._positions: dict[str, int] | None = None
         self.person_of = edits.apply(self.labels, self._keys)
+        # Face numbers in image-id order, made on the first "who is in these images".
+        self._by_image: np.ndarray | None = None
+
+    def with_edits(self, edits: PeopleEdits) -> People:
+        """These faces with ``edits`` instead of the ones read (the faces side is not read again)."""
+        keys: Sequence[str] | dict[str, int] = self._keys
+        if edits.faces:  # faces moved by hand are looked up by key: the positions are kept for the next edits
+            if self._positions is None:
+                self._positions = {k: i for i, k in enumerate(self._keys)}
+            keys = self._positions
+        other = copy.copy(self)
+        other.edits = edits
+        other.person_of = edits.apply(self.labels, keys)
+        return other
 
     @classmethod
     def open(cls, index_dir: str | Path) -> People:
-        """The people of the index at ``index_dir``.
+        """The people of the index at ``index_dir`` (its current generation).
 
         Raises:
             NoFacesError: the index was built without ``--faces``.
         """
-        manifest = read_manifest(index_dir)
+        return cls.of_generation(index_dir, read_manifest(index_dir))
+
+    @classmethod
+    def of_generation(cls, index_dir: str | Path, manifest: Manifest) -> People:
+        """The people of the generation ``manifest`` describes, with the index's edits as they are now.
+
+        Raises:
+            NoFacesError: the generation has no faces side.
+        """
         if manifest.faces is None:
-            raise NoFacesError(f"{index_dir} holds no faces: run `clipsearch index PHOTOS_DIR {index_dir} --faces` to find them")
+            raise NoFacesError(no_faces_message(index_dir))
         pf = store.open_parquet(Path(index_dir) / manifest.faces.path)
         with store.reading(pf):
             faces = pf.read(columns=[n for n in FACES_SCHEMA.names if n not in ("landmarks", "descriptor")])
@@ -83,7 +108,8 @@ class People:
 
     def _face(self, i: int) -> Face:
         left, top, right, bottom = (float(v) for v in self._boxes[i])
-        return Face(self._keys[i], int(self._ids[i]), self._paths[i], (left, top, right, bottom), float(self._scores[i]),
+        path = display_path(self._path_bytes[i].as_py())
+        return Face(self._keys[i], int(self._ids[i]), path, (left, top, right, bottom), float(self._scores[i]),
                     int(self.person_of[i]))
 
     def everyone(self, include_hidden: bool = False) -> list[Person]:
@@ -152,10 +178,40 @@ class People:
             mask &= ~others
         return np.flatnonzero(mask)
 
+    def mask(self, refs: Sequence[str | int], only: bool = False) -> np.ndarray:
+        """Boolean mask over row ids: the images holding every person ``refs`` names (names or
+        numbers, as :meth:`find` reads them), and with ``only`` nobody else.
+
+        Raises:
+            NoFacesError: a name or number that is no person here.
+        """
+        mask = np.zeros(self.rows, dtype=bool)
+        mask[self.images_with([self.find(ref) for ref in refs], only)] = True
+        return mask
+
+    def in_images(self, ids: Sequence[int] | np.ndarray) -> list[list[Face]]:
+        """The faces of each image of ``ids`` (by row id, in the order given), largest first."""
+        if self._by_image is None:
+            self._by_image = np.argsort(self._ids, kind="stable")
+        order = self._by_image
+        sorted_ids = self._ids[order]
+        out: list[list[Face]] = []
+        for image in np.asarray(ids, dtype=np.int64).tolist():
+            lo, hi = np.searchsorted(sorted_ids, image, "left"), np.searchsorted(sorted_ids, image, "right")
+            mine = order[lo:hi]
+            sizes = (self._boxes[mine, 2] - self._boxes[mine, 0]) * (self._boxes[mine, 3] - self._boxes[mine, 1])
+            out.append([self._face(int(i)) for i in mine[np.argsort(-sizes, kind="stable")]])
+        return out
+
     def first_free(self) -> int:
         """A person number no face of the grouping holds yet."""
         used = [int(self.labels.max()) + 1 if len(self.labels) else 0, int(self.person_of.max()) + 1 if len(self.person_of) else 0]
         return max(used)
 
 
-__all__ = ["Face", "People", "Person"]
+def no_faces_message(index_dir: str | Path) -> str:
+    """What to do about an index without faces, in one line."""
+    return f"{index_dir} holds no faces: run `clipsearch index PHOTOS_DIR {index_dir} --faces` to find them"
+
+
+__all__ = ["Face", "People", "Person", "no_faces_message"]

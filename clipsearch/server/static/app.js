@@ -1,5 +1,5 @@
 // clipsearch web UI: plain JavaScript over the HTTP API (GET/POST /api/search, /api/indexes,
-// /api/thumbnails, /api/images). No framework and nothing from a CDN, so it works offline and
+// /api/thumbnails, /api/images, /api/people). No framework and nothing from a CDN, so it works offline and
 // under the server's CSP (script-src 'self', no inline code).
 "use strict";
 
@@ -64,6 +64,17 @@
     tokenInput: $('[data-testid="token-input"]'),
     tokenError: $('[data-testid="token-error"]'),
     dropOverlay: $('[data-testid="drop-overlay"]'),
+    people: $('[data-testid="people"]'),
+    peopleStrip: $('[data-testid="people-strip"]'),
+    chosenPeople: $('[data-testid="chosen-people"]'),
+    chosenList: $('[data-testid="chosen-list"]'),
+    onlyPeople: $('[data-testid="only-people"]'),
+    personPage: $('[data-testid="person-page"]'),
+    personFace: $('[data-testid="person-face"]'),
+    personTitle: $('[data-testid="person-title"]'),
+    personRename: $('[data-testid="person-rename"]'),
+    personName: $('[data-testid="person-name"]'),
+    personCount: $('[data-testid="person-count"]'),
   };
 
   // The filters by their address names. taken_to is the page's own: the last day included
@@ -71,8 +82,11 @@
   const REFINE = ["taken_after", "taken_to", "min_score", "sort", "mode", "query_lang"];
   const TEXT_FILTERS = new Set(["path_prefix", "add", "subtract", "min_score", "query_lang"]);
 
-  // The search on screen. mode: "text" (q), "similar" (imageId: more like this) or "upload" (file).
+  // The search on screen. mode: "text" (q), "similar" (imageId: more like this), "upload" (file)
+  // or "people" (no query: the photos of the chosen people, newest first).
   const state = {
+    people: [], // the person filter: the people's numbers (all of them must be in a photo)
+    onlyPeople: false, // ... and nobody else
     mode: null,
     q: "",
     imageId: null,
@@ -104,6 +118,8 @@
   // page can still find it here (a reload cannot: the page says so).
   const uploads = new Map();
   let uploadSeq = 0;
+  // The people of the chosen index (GET /api/people), by number.
+  const peopleInfo = new Map();
 
   class ApiError extends Error {
     constructor(status, message) {
@@ -368,6 +384,8 @@
     if (s.add) params.set("add", s.add);
     if (s.subtract) params.set("subtract", s.subtract);
     for (const [name, value] of Object.entries(s.refine || {})) params.set(name, value);
+    for (const id of s.people || []) params.append("person", String(id));
+    if (s.onlyPeople && (s.people || []).length) params.set("only_people", "true");
     if (s.k !== DEFAULT_K) params.set("k", String(s.k));
     if (s.mode && s.pages > 1) params.set("pages", String(s.pages));
     const query = params.toString();
@@ -425,6 +443,8 @@
       prefix: params.get("path_prefix") || "",
       add: params.get("add") || "",
       subtract: params.get("subtract") || "",
+      people: [...new Set(params.getAll("person").filter((v) => /^\d+$/.test(v)).map(Number))],
+      onlyPeople: params.get("only_people") === "true",
       k: whole("k", 1, MAX_K, DEFAULT_K),
       pages: whole("pages", 1, 100, 1),
       refine,
@@ -521,6 +541,18 @@
 
   function request(s, k, offset) {
     const refine = apiRefine(s.refine || {});
+    const people = (s.people || []).map(String);
+    const only = s.onlyPeople && people.length;
+    if (s.mode === "people") {
+      // No query: the photos of the chosen people, newest first (no score, so no cut-off or mode).
+      const params = new URLSearchParams({ k: String(k), offset: String(offset) });
+      if (s.index) params.set("index", s.index);
+      if (s.prefix) params.set("path_prefix", s.prefix);
+      for (const id of people) params.append("person", id);
+      if (only) params.set("only_people", "true");
+      for (const name of ["taken_after", "taken_before"]) if (refine[name]) params.set(name, refine[name]);
+      return [`/api/search?${params}`, { method: "GET" }];
+    }
     if (s.mode === "text") {
       const params = new URLSearchParams({ q: s.q, k: String(k), offset: String(offset) });
       if (s.index) params.set("index", s.index);
@@ -528,12 +560,16 @@
       if (s.add) params.set("add", s.add);
       if (s.subtract) params.set("subtract", s.subtract);
       for (const [name, value] of Object.entries(refine)) params.set(name, value);
+      for (const id of people) params.append("person", id);
+      if (only) params.set("only_people", "true");
       return [`/api/search?${params}`, { method: "GET" }];
     }
     if (s.mode === "similar") {
       const filters = s.prefix ? { path_prefix: [s.prefix] } : {};
       if (refine.taken_after) filters.taken_after = refine.taken_after;
       if (refine.taken_before) filters.taken_before = refine.taken_before;
+      if (people.length) filters.person = people;
+      if (only) filters.only_people = true;
       const body = { image_id: s.imageId, k, offset };
       if (s.index) body.index = s.index;
       if (Object.keys(filters).length) body.filters = filters;
@@ -552,6 +588,8 @@
     if (s.prefix) form.append("path_prefix", s.prefix);
     if (s.add) form.append("add", s.add);
     if (s.subtract) form.append("subtract", s.subtract);
+    for (const id of people) form.append("person", id);
+    if (only) form.append("only_people", "true");
     // An image query ranks by the picture alone: the text mode is not sent with it.
     for (const [name, value] of Object.entries(refine)) if (name !== "mode") form.append(name, value);
     return ["/api/search", { method: "POST", body: form }];
@@ -559,9 +597,12 @@
 
   function describe(s) {
     const terms = (s.add ? ` + “${s.add}”` : "") + (s.subtract ? ` − “${s.subtract}”` : "");
-    if (s.mode === "text") return `“${s.q}”${terms}`;
-    if (s.mode === "similar") return `images like ${s.similarPath ? baseName(s.similarPath) : `image ${s.imageId}`}${terms}`;
-    return `${s.file && s.file.name ? `“${s.file.name}”` : "the chosen image"}${terms}`;
+    const names = peopleWords(s.people || []);
+    if (s.mode === "people") return `photos of ${names}${s.onlyPeople ? " alone" : ""}`;
+    const withWhom = names ? ` with ${names}${s.onlyPeople ? " and nobody else" : ""}` : "";
+    if (s.mode === "text") return `“${s.q}”${terms}${withWhom}`;
+    if (s.mode === "similar") return `images like ${s.similarPath ? baseName(s.similarPath) : `image ${s.imageId}`}${terms}${withWhom}`;
+    return `${s.file && s.file.name ? `“${s.file.name}”` : "the chosen image"}${terms}${withWhom}`;
   }
 
   function dateRangeWords(refine) {
@@ -666,7 +707,7 @@
       state.results = [];
       state.lastDay = null;
     }
-    const byDay = state.refine.sort === "taken";
+    const byDay = state.refine.sort === "taken" || state.mode === "people";
     const fragment = document.createDocumentFragment();
     for (const result of results) {
       state.results.push(result);
@@ -789,7 +830,17 @@
         `\n${whyText(result)}`;
     }
 
-    button.append(frame, score, path, caption, taken, matched);
+    // Who is in the photo (an index built with --faces): the people of its faces, by name.
+    const who = document.createElement("span");
+    who.className = "who";
+    who.dataset.testid = "hit-people";
+    const names = hitPeople(result);
+    if (names.length) {
+      who.textContent = names.join(", ");
+      who.title = `With ${names.join(", ")}`;
+    }
+
+    button.append(frame, score, path, caption, taken, matched, who);
     if (result.media === "video") button.append(momentBadge(result, button, rank));
     button.addEventListener("click", () => openViewer(state.results.indexOf(result), button));
     item.append(button);
@@ -818,6 +869,7 @@
     el.add.value = state.add;
     el.subtract.value = state.subtract;
     showQueryContext();
+    showChosenPeople();
     showFilterCount(false);
     if (how !== "none") {
       if (state.mode === "upload") {
@@ -927,6 +979,15 @@
   }
 
   el.clearFilters.addEventListener("click", () => {
+    if (state.people.length) {
+      state.people = [];
+      state.onlyPeople = false;
+      showChosenPeople();
+      if (state.mode === "people") {
+        clearSearch();
+        history.pushState({ search: true }, "", urlOf({ ...state, index: chosenIndex() }));
+      }
+    }
     showRefine({});
     el.prefix.value = el.add.value = el.subtract.value = "";
     addressNotes = {};
@@ -939,6 +1000,10 @@
     const q = el.q.value.trim();
     if (!q && (state.mode === "similar" || state.mode === "upload")) {
       rerun("push", null); // Enter in a filter box: the image search on screen, filtered anew
+      return;
+    }
+    if (!q && state.people.length) {
+      startSearch({ mode: "people", index: chosenIndex(), prefix: el.prefix.value.trim(), k: state.k });
       return;
     }
     if (!q) {
@@ -954,6 +1019,12 @@
   // this" does not carry over; a text query and an uploaded image do.
   el.index.addEventListener("change", () => {
     showQueryLanguages();
+    // People are numbered per index: the chosen ones do not carry over.
+    state.people = [];
+    state.onlyPeople = false;
+    showChosenPeople();
+    if (state.mode === "people") clearSearch();
+    loadPeople(chosenIndex());
     if (state.mode === "text" || state.mode === "upload") {
       startSearch({ mode: state.mode, q: state.q, file: state.file, index: chosenIndex(), prefix: state.prefix, add: state.add, subtract: state.subtract, k: state.k });
     } else if (state.mode === "similar") {
@@ -1161,7 +1232,9 @@
       el.viewerGps.append(`At ${gpsWords(gps)} · `, link);
     }
     el.viewerScore.textContent = whyText(result);
+    const withWhom = hitPeople(result);
     el.viewerExtra.textContent = [
+      withWhom.length ? `With ${withWhom.join(", ")}` : "",
       result.width && result.height ? `${result.width} × ${result.height} pixels` : "",
       result.caption ? `“${result.caption}”` : "",
       result.url ? `from ${result.url}` : "",
@@ -1318,6 +1391,10 @@
     state.index = s.index;
     state.prefix = s.prefix;
     state.k = s.k;
+    state.people = s.people;
+    state.onlyPeople = s.onlyPeople;
+    showChosenPeople();
+    if (s.index !== shownPeopleOf) loadPeople(s.index);
     // Open the panel where a filter is set or an address value was not understood, or where the
     // index's model must be told the query's language and none is given.
     const anyFilter = Object.keys(s.refine).length || s.prefix || s.add || s.subtract || Object.keys(s.notes).length;
@@ -1341,12 +1418,179 @@
       startSearch({ mode: "similar", imageId: s.imageId, similarPath: null, index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k, pages: s.pages }, { how: "none" });
     } else if (s.q.trim()) {
       startSearch({ mode: "text", q: s.q.trim(), index: s.index, prefix: s.prefix, add: s.add, subtract: s.subtract, k: s.k, pages: s.pages }, { how: "none" });
+    } else if (s.people.length) {
+      startSearch({ mode: "people", index: s.index, prefix: s.prefix, k: s.k, pages: s.pages }, { how: "none" });
     } else {
       clearSearch();
       showFieldErrors(checkRefine(s.refine));
     }
     if (s.problems.length) showError(s.problems.join(" "));
   }
+
+  // ---- people: the strip of faces, the person filter, the person page, renaming in place ----
+
+  let shownPeopleOf = null; // the index whose people the strip shows
+
+  function personLabel(id) {
+    const info = peopleInfo.get(id);
+    return info ? info.label : `#${id}`;
+  }
+
+  function peopleWords(ids) {
+    const labels = ids.map(personLabel);
+    return labels.length > 1 ? `${labels.slice(0, -1).join(", ")} and ${labels[labels.length - 1]}` : labels.join("");
+  }
+
+  // The people of a hit's faces as the UI names them (faces of nobody and hidden people left out).
+  function hitPeople(result) {
+    const faces = Array.isArray(result.faces) ? result.faces : [];
+    return faces.filter((f) => typeof f.person === "number").map((f) => f.name || personLabel(f.person));
+  }
+
+  async function faceSrc(img, url) {
+    if (!token) {
+      img.src = url;
+      return;
+    }
+    try {
+      img.src = await blobUrl(url);
+    } catch (_) {
+      img.removeAttribute("src");
+    }
+  }
+
+  async function loadPeople(index) {
+    shownPeopleOf = index;
+    const params = new URLSearchParams();
+    if (index) params.set("index", index);
+    let data;
+    try {
+      data = await (await api(`/api/people${params.size ? `?${params}` : ""}`)).json();
+    } catch (_) {
+      data = { faces: false, people: [] }; // an older server, or none: no strip
+    }
+    if (shownPeopleOf !== index) return;
+    peopleInfo.clear();
+    el.peopleStrip.replaceChildren();
+    for (const person of Array.isArray(data.people) ? data.people : []) {
+      peopleInfo.set(person.id, person);
+      const item = document.createElement("li");
+      const button = document.createElement("button");
+      button.type = "button";
+      button.className = "person";
+      button.dataset.testid = "person";
+      button.dataset.person = String(person.id);
+      button.title = `${person.label}: ${person.images} photo${person.images === 1 ? "" : "s"}`;
+      const img = document.createElement("img");
+      img.alt = "";
+      img.width = img.height = 64;
+      faceSrc(img, person.face_url);
+      const label = document.createElement("span");
+      label.className = "person-label";
+      label.textContent = person.label;
+      button.append(img, label);
+      button.addEventListener("click", () => togglePerson(person.id));
+      item.append(button);
+      el.peopleStrip.append(item);
+    }
+    el.people.hidden = peopleInfo.size === 0;
+    showChosenPeople();
+    if (state.mode) {
+      // The names arrived after the search: say them.
+      showPersonPage();
+      if (state.results.length) setStatus(`${state.results.length} result${state.results.length === 1 ? "" : "s"} for ${describe(state)}.`);
+    }
+  }
+
+  function showChosenPeople() {
+    el.chosenList.replaceChildren();
+    for (const id of state.people) {
+      const chip = document.createElement("button");
+      chip.type = "button";
+      chip.className = "chip";
+      chip.dataset.testid = "chosen-person";
+      chip.textContent = `${personLabel(id)} ×`;
+      chip.setAttribute("aria-label", `Remove ${personLabel(id)} from the search`);
+      chip.addEventListener("click", () => togglePerson(id));
+      el.chosenList.append(chip);
+    }
+    el.chosenPeople.hidden = state.people.length === 0;
+    el.onlyPeople.checked = state.onlyPeople;
+    for (const button of el.peopleStrip.querySelectorAll("button.person")) {
+      button.setAttribute("aria-pressed", String(state.people.includes(Number(button.dataset.person))));
+    }
+    showPersonPage();
+  }
+
+  // One person chosen and no query: their page, with their name to edit in place.
+  function showPersonPage() {
+    const id = state.mode === "people" && state.people.length === 1 ? state.people[0] : null;
+    el.personPage.hidden = id === null;
+    if (id === null) return;
+    const info = peopleInfo.get(id);
+    el.personTitle.textContent = personLabel(id);
+    if (document.activeElement !== el.personName) el.personName.value = info && info.name ? info.name : "";
+    el.personCount.textContent = info ? `${info.images} photo${info.images === 1 ? "" : "s"}, ${info.faces} face${info.faces === 1 ? "" : "s"}` : "";
+    if (info && el.personFace.dataset.person !== String(id)) {
+      el.personFace.dataset.person = String(id);
+      faceSrc(el.personFace, info.face_url.replace(/size=\d+/, "size=256"));
+    }
+  }
+
+  // A face in the strip or a chip: the person joins the search, or leaves it. Without a query the
+  // search is the people's photos; with one, the query is filtered to them.
+  function togglePerson(id) {
+    const people = state.people.includes(id) ? state.people.filter((p) => p !== id) : [...state.people, id];
+    state.people = people;
+    if (!people.length) state.onlyPeople = false;
+    if (state.mode && state.mode !== "people") {
+      rerun("push", null);
+    } else if (people.length) {
+      startSearch({ mode: "people", index: chosenIndex(), prefix: el.prefix.value.trim(), k: state.k });
+    } else {
+      showChosenPeople();
+      clearSearch();
+      history.pushState({ search: true }, "", urlOf({ ...state, index: chosenIndex() }));
+    }
+  }
+
+  el.onlyPeople.addEventListener("change", () => {
+    state.onlyPeople = el.onlyPeople.checked;
+    if (state.mode === "people") startSearch({ mode: "people", index: chosenIndex(), prefix: el.prefix.value.trim(), k: state.k });
+    else if (state.mode) rerun("push", null);
+  });
+
+  el.personRename.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const id = state.people[0];
+    const name = el.personName.value.trim();
+    if (id === undefined) return;
+    clearError();
+    const params = new URLSearchParams();
+    if (state.index) params.set("index", state.index);
+    try {
+      const resp = await api(`/api/people/${id}${params.size ? `?${params}` : ""}`, {
+        method: "PATCH", headers: { "Content-Type": "application/json" }, body: JSON.stringify({ name }),
+      });
+      const person = await resp.json();
+      peopleInfo.set(id, { ...peopleInfo.get(id), ...person });
+      const label = el.peopleStrip.querySelector(`button.person[data-person="${id}"] .person-label`);
+      if (label) label.textContent = person.label;
+      el.personName.blur();
+      showChosenPeople();
+      for (const result of state.results) {
+        for (const face of Array.isArray(result.faces) ? result.faces : []) if (face.person === id) face.name = person.name;
+      }
+      for (const button of el.results.querySelectorAll("button.result")) {
+        const result = state.results[Number(button.dataset.rank) - 1];
+        const who = button.querySelector('[data-testid="hit-people"]');
+        if (result && who && who.textContent) who.textContent = hitPeople(result).join(", ");
+      }
+      setStatus(`Named ${person.label}.`);
+    } catch (err) {
+      showError(err.message || String(err));
+    }
+  });
 
   window.addEventListener("popstate", (event) => restore(event.state));
 
@@ -1361,6 +1605,7 @@
     } catch (err) {
       showError(err.message || String(err));
     }
+    await loadPeople(new URLSearchParams(location.search).get("index") || "");
     restore(history.state);
     document.body.dataset.ready = "true"; // for tests: the page has wired itself up
   }
