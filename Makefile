@@ -17,7 +17,7 @@ BASE_STAMP := $(VENV)/.clipsearch-base-installed
 # boto3 releases (s3fs's aiobotocore caps botocore below what the newest boto3 needs; issue 57).
 CONSTRAINTS := requirements/constraints.txt
 # The extras of the full install (make test, lint, docs, serve; .ci/run). peers adds nothing to them.
-EXTRAS := test,server,ray,cluster,docs,heic,raw,ocr,faces,shards,onnx,openvino
+EXTRAS := test,server,ray,cluster,docs,heic,raw,ocr,faces,shards,onnx,openvino,video
 # clip-retrieval's ClipClient and clip-front's built page, for the clip-back API tests: its own
 # dependencies (torch pins, faiss, img2dataset...) are not needed for the client, so --no-deps.
 # Its package __init__ imports them all (flask-restful, wandb, all_clip...), so the client module is

@@ -34,6 +34,7 @@ from retrieval.errors import (
     UnknownBuildOptionError,
     UnsupportedFormatError,
 )
+from retrieval.images import IMAGE_EXTENSIONS
 from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 from retrieval.shards import scheme_of
 
@@ -41,7 +42,8 @@ from . import ann, calibrate, shards
 from .build_config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .dataset import content_hash
-from .discover import Discovery, check_photos_dir, find_images
+from .discover import Discovery, ImageFile, check_photos_dir, find_images
+from .embed import ChunkCommits
 from .engine import Engine
 from .engines import LOADS_ITS_OWN_MODEL, open_engine
 from .exclusions import WalkOptions, load_exclusions, recorded_walk
@@ -53,6 +55,8 @@ from .shards import ShardReader, ShardSource, is_shard_spec
 from .sides import registry as sides
 from .sides.contract import SideRun, SideStats
 from .stats import RunStats
+from .video import video_rows
+from .video.probe import VIDEO_EXTENSIONS
 
 
 @dataclass(frozen=True)
@@ -191,9 +195,12 @@ def _start(
     with contextlib.ExitStack() as stack:
         # Opened before the walk and the model: a cluster that does not answer fails in seconds.
         engine = stack.enter_context(open_engine(cfg))
-        walk = recorded_walk(out, cfg.include_hidden, cfg.exclude)
+        walk = recorded_walk(out, cfg.include_hidden, cfg.exclude, cfg.videos)
+        if walk.videos:
+            video_rows.check_engine(cfg.engine, shard_source is not None)
         if found is None:
-            found = find_images(photos, files, None if files is not None else load_exclusions(photos, walk))
+            extensions = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS if walk.videos else IMAGE_EXTENSIONS
+            found = find_images(photos, files, None if files is not None else load_exclusions(photos, walk), extensions)
         elif not found.files:
             raise PhotosDirError(f"no images found in {photos}")  # an emptied folder never empties the index
         enc = encoder if encoder is not None else load_model(cfg)
@@ -291,14 +298,18 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
     writer.record_skips(SkipRecord(rel, f"directory not readable: {why}") for rel, why in job.found.unreadable_dirs)
     writer.record_skips(SkipRecord(rel, why) for rel, why in job.found.missing)
     writer.record_skips(plan.carried_skips)
+    # A video is sampled and its frames embedded apart from the images (indexer.video.video_rows).
+    videos = video_rows.split_videos(plan) if job.walk.videos else []
     side_stats = {stage.name: SideStats() for stage in sides.SIDE_STAGES}
     stats, cpu_level = _embed(job, previous, plan, writer, side_stats)
+    video_rows.count(_embed_videos(job, plan, writer, videos), stats)
     _run_sides(job, previous, writer, side_stats, before=False)
     up_to_date = (
         previous is not None
         and previous.complete
         and not base.options_changed
         and not plan.to_embed
+        and not videos
         and not plan.changes_rows
         and dict(previous.discovery) == job.walk.to_dict()
         # A side stage turned on or off, or with rows still to read, gets a generation.
@@ -426,6 +437,16 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
         _run_sides(job, previous, writer, side_stats, before=True)
         stats = engine.embed(enc, images, info, plan, writer, draft=decode.draft, stop=job.stop)
         return stats, cpu_level
+
+
+def _embed_videos(job: _Job, plan: UpdatePlan, writer: GenerationWriter, videos: list[ImageFile]) -> video_rows.VideoStats:
+    """--videos: the planned videos sampled and embedded here, a generation committed as images' are."""
+    if not videos:
+        return video_rows.VideoStats()
+    commits = ChunkCommits(job.cfg, writer)
+    sink = video_rows.VideoSink(writer.append, lambda skip: writer.record_skips([skip]), commits.after)
+    return video_rows.embed_videos(videos, job.photos, job.enc, job.cfg.video_options(), sink,
+                                   updated=frozenset(plan.updated_paths), stop=job.stop)
 
 
 def _report(

@@ -24,6 +24,7 @@ from retrieval.options import option
 from retrieval.shards import parse_storage_options
 
 from .exclusions import check_patterns
+from .video.video_config import SAMPLINGS, VideoOptions
 
 # A new index: the fastest mode that passes the quality gate on the collection's own images.
 # Every mode keeps a vector a function of its image alone (int8 quantises per row), so an update
@@ -236,6 +237,29 @@ class BuildConfig:
             group=_WALK,
         ),
     )
+    videos: bool | None = field(
+        default=None,
+        metadata=option(
+            "index video files too (mp4, mov, mkv, webm, m4v, avi; a video by its content): a row per sampled frame, "
+            "found at their moment (pip install 'clipsearch[video]'); recorded in the index, --no-videos leaves them out again",
+            default_text="what the index recorded; off for a new index",
+            group=_WALK,
+        ),
+    )
+    video_sampling: str = field(
+        default="keyframes",
+        metadata=option(
+            "which frames of a video are embedded: keyframes (their packets alone, gaps over 3 s filled, near "
+            "duplicates dropped), rate (a full decode, --video-rate frames a second) or shots (a full decode, a frame a shot)",
+            choices=SAMPLINGS,
+            group=_WALK,
+        ),
+    )
+    video_rate: float = field(default=1.0, metadata=option("frames a second with --video-sampling rate", metavar="FPS",
+                                                           positive=True, group=_WALK))
+    video_time_limit: float = field(default=300.0, metadata=option(
+        "seconds one video may take to sample; a slower one is skipped with that reason", metavar="S", positive=True,
+        group=_WALK))
     engine: str = field(
         default="local",
         metadata=option(
@@ -321,6 +345,9 @@ class BuildConfig:
             raise InvalidArgumentError(f"ocr must be True, False or None, got {self.ocr!r}")
         if self.faces not in (None, True, False):
             raise InvalidArgumentError(f"faces must be True, False or None, got {self.faces!r}")
+        if self.videos not in (None, True, False):
+            raise InvalidArgumentError(f"videos must be True, False or None, got {self.videos!r}")
+        self.video_options()  # checked as VideoOptions checks them
         if self.include_hidden not in (None, True, False):
             raise InvalidArgumentError(f"include_hidden must be True, False or None, got {self.include_hidden!r}")
         if isinstance(self.exclude, (str, list)):
@@ -364,6 +391,14 @@ class BuildConfig:
             ) if value != default]
             if given:
                 raise InvalidArgumentError(f"{', '.join(given)} only apply to engine 'ray' (--engine ray)")
+
+    def video_options(self) -> VideoOptions:
+        """How this build samples videos (``--videos``).
+
+        Raises:
+            InvalidArgumentError: a sampling, rate or time limit VideoOptions refuses.
+        """
+        return VideoOptions(sampling=self.video_sampling, rate=self.video_rate, time_limit=self.video_time_limit)
 
     def replace(self, **changes: Any) -> BuildConfig:
         """A copy with ``changes`` (field names) applied and validated like a new config.

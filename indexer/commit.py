@@ -94,6 +94,8 @@ class GenerationWriter:
         self._committed = base.count if base else 0
         # Each side stage's part (indexer.sides): the last generation's side, carried into the next.
         self.sides: dict[str, SideWriter] = side_writers(index_dir, base)
+        # Whether the index holds a video's rows (format 5): once it has, it stays so.
+        self._videos = base is not None and base.format_version >= 5
         # Checksums of the committed files by path, carried to the next generation with the
         # files it links (a generation of a version-2 index written before checksums has none:
         # its files are hashed when first linked, which is how such an index gets them).
@@ -212,6 +214,7 @@ class GenerationWriter:
 
     def append(self, records: Sequence[FileRecord], vectors: np.ndarray) -> None:
         """Queue new rows for the next commit."""
+        self._videos = self._videos or any(r.frame is not None for r in records)
         self._records.extend(records)
         self._vectors.append(np.asarray(vectors, dtype=np.float32))
 
@@ -328,7 +331,7 @@ class GenerationWriter:
                 discovery=dict(self.meta.discovery),
                 # A side with no entry (None) leaves its field unset: a stage need not have one.
                 **{name: entry for name, entry in entries.items() if entry is not None},
-                format_version=format_version_for(info.factory, [ref for ref, _ in new_parts]),
+                format_version=format_version_for(info.factory, [ref for ref, _ in new_parts], self._videos),
             )
             crash_point("staged")
             publish_generation(self.dir, staging, generation)

@@ -53,9 +53,10 @@ def check_photos_dir(photos_dir: Path) -> None:
         raise PhotosDirError(f"{photos_dir} is not a directory")
 
 
-def find_images(photos: Path, files: Sequence[str | bytes] | None = None, exclude: Exclusions | None = None) -> Discovery:
-    """The images of a build: a walk of ``photos`` without what ``exclude`` leaves out, or the
-    listed ``files`` (:func:`from_list`).
+def find_images(photos: Path, files: Sequence[str | bytes] | None = None, exclude: Exclusions | None = None,
+                extensions: Iterable[str] = IMAGE_EXTENSIONS) -> Discovery:
+    """The images of a build: a walk of ``photos`` for files with ``extensions`` (videos' too with
+    ``--videos``) without what ``exclude`` leaves out, or the listed ``files`` (:func:`from_list`).
 
     Raises:
         PhotosDirError: ``photos`` is not a directory or holds no images (an emptied folder, e.g.
@@ -68,9 +69,10 @@ def find_images(photos: Path, files: Sequence[str | bytes] | None = None, exclud
         if not found.files:
             raise PhotosDirError(f"none of the {len(found.missing)} listed files exist in {photos}")
         return found
-    found = discover(photos, exclude=exclude)
+    extensions = frozenset(extensions)
+    found = discover(photos, extensions, exclude=exclude)
     if not found.files:
-        exts = ", ".join(sorted(IMAGE_EXTENSIONS))
+        exts = ", ".join(sorted(extensions))
         hint = "" if exclude is None or exclude.options.include_hidden else "; hidden files and caches are left out"
         raise PhotosDirError(f"no images found in {photos} (looked for {exts}{hint})")
     return found

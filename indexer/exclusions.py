@@ -49,24 +49,28 @@ _DEFAULT_NAMES = frozenset(os.fsencode(n) for n in DEFAULT_EXCLUDED_NAMES)
 
 @dataclass(frozen=True)
 class WalkOptions:
-    """The walk's recorded options: keep hidden names and caches, and the ``--exclude`` patterns."""
+    """The walk's recorded options: keep hidden names and caches, the ``--exclude`` patterns,
+    and whether video files are indexed beside images (``--videos``)."""
 
     include_hidden: bool = False
     exclude: tuple[str, ...] = ()
+    videos: bool = False
 
     def to_dict(self) -> dict[str, Any]:
-        """As the manifest's ``discovery`` holds them."""
-        return {"include_hidden": self.include_hidden, "exclude": list(self.exclude)}
+        """As the manifest's ``discovery`` holds them (``videos`` only when on, so that an index
+        of images records what it did before videos were known)."""
+        return {"include_hidden": self.include_hidden, "exclude": list(self.exclude), **({"videos": True} if self.videos else {})}
 
     @classmethod
     def from_dict(cls, data: Mapping[str, Any] | None) -> WalkOptions:
         """The options a manifest recorded (the defaults for an index from before they were)."""
         data = data or {}
         exclude = data.get("exclude") or ()
-        return cls(bool(data.get("include_hidden", False)), tuple(str(p) for p in exclude))
+        return cls(bool(data.get("include_hidden", False)), tuple(str(p) for p in exclude), bool(data.get("videos", False)))
 
 
-def walk_options(include_hidden: bool | None, exclude: Sequence[str] | None, recorded: Mapping[str, Any] | None) -> WalkOptions:
+def walk_options(include_hidden: bool | None, exclude: Sequence[str] | None, recorded: Mapping[str, Any] | None,
+                 videos: bool | None = None) -> WalkOptions:
     """This run's walk options: each one given (not None) replaces the recorded one.
 
     Empty patterns are dropped, so ``exclude=("",)`` (``--exclude ''``) clears the recorded
@@ -76,17 +80,19 @@ def walk_options(include_hidden: bool | None, exclude: Sequence[str] | None, rec
     return WalkOptions(
         before.include_hidden if include_hidden is None else include_hidden,
         before.exclude if exclude is None else tuple(p for p in exclude if p.strip()),
+        before.videos if videos is None else videos,
     )
 
 
-def recorded_walk(index_dir: str | os.PathLike[str], include_hidden: bool | None, exclude: Sequence[str] | None) -> WalkOptions:
+def recorded_walk(index_dir: str | os.PathLike[str], include_hidden: bool | None, exclude: Sequence[str] | None,
+                  videos: bool | None = None) -> WalkOptions:
     """:func:`walk_options` over what the index in ``index_dir`` records (nothing for a new
     index, or one whose manifest cannot be read: the build then fails or rebuilds it)."""
     recorded = None
     if is_index_dir(index_dir):
         with contextlib.suppress(IndexFormatError):
             recorded = read_manifest(index_dir).discovery
-    return walk_options(include_hidden, exclude, recorded)
+    return walk_options(include_hidden, exclude, recorded, videos)
 
 
 def check_patterns(patterns: Iterable[Any], where: str = "exclude pattern") -> None:

@@ -8,6 +8,9 @@ A pure function over plain data (plus a hash callback), so every case is tested 
   identical file (kept, its mtime refreshed), another hash means *updated* (re-embedded);
 - a path the index holds that is no longer found (deleted, or now excluded) is *removed*;
 - a file skipped as broken before is retried only when its size or mtime changed.
+
+A file's rows are compared together: a video has one per sampled frame, sharing its path, size,
+mtime and hash, so it is kept, refreshed, re-embedded or removed whole.
 """
 
 from __future__ import annotations
@@ -45,7 +48,7 @@ class UpdatePlan:
         to_embed: files to decode and embed, in discovery order.
         updated_paths: the paths among ``to_embed`` that replace an existing row.
         removed: rows dropped because their file is gone (changed files are not counted).
-        unchanged: rows kept as they are (touched-but-identical ones included).
+        unchanged: files kept as they are (touched-but-identical ones included).
         carried_skips: skip records kept because their file did not change.
         total_before: rows in the index before the run.
     """
@@ -80,29 +83,33 @@ def plan_update(
         hash_file: content hash of a relative path, or None if it cannot be read now; called
             only for files whose size or mtime changed.
     """
-    by_path = {p: i for i, p in enumerate(indexed.paths)}
+    # A video holds a row per sampled frame, all with its path: a file's rows go together.
+    by_path: dict[bytes, list[int]] = {}
+    for i, p in enumerate(indexed.paths):
+        by_path.setdefault(p, []).append(i)
     skips = {s.path: s for s in skipped}
     keep = np.ones(len(indexed), dtype=bool)
     seen = np.zeros(len(indexed), dtype=bool)
     plan = UpdatePlan(keep_ids=np.empty(0, np.int64), total_before=len(indexed))
     for f in found:
-        i = by_path.get(f.rel)
-        if i is None:
+        rows = by_path.get(f.rel)
+        if rows is None:
             old = skips.get(f.rel)
             if old is not None and old.size == f.size and old.mtime_ns == f.mtime_ns:
                 plan.carried_skips.append(old)
             else:
                 plan.to_embed.append(f)
             continue
-        seen[i] = True
+        seen[rows] = True
+        i = rows[0]
         if int(indexed.sizes[i]) == f.size and int(indexed.mtimes_ns[i]) == f.mtime_ns:
             plan.unchanged += 1
             continue
         if int(indexed.sizes[i]) == f.size and hash_file(f.rel) == indexed.hashes[i]:
             plan.unchanged += 1
-            plan.refreshed[i] = f.mtime_ns
+            plan.refreshed.update(dict.fromkeys(rows, f.mtime_ns))
             continue
-        keep[i] = False
+        keep[rows] = False
         plan.to_embed.append(f)
         plan.updated_paths.add(f.rel)
     gone = ~seen

@@ -43,6 +43,7 @@ from . import build
 from .build_config import BuildConfig, BuildReport, WatchConfig
 from .discover import Discovery, ImageFile, discover
 from .exclusions import IGNORE_FILE, Exclusions, load_exclusions, recorded_walk
+from .video.probe import VIDEO_EXTENSIONS
 
 # An update waits for a quiet moment at most this long (seconds, or 10 settle times if more):
 # a copy of thousands of files sends events without pause, and must not starve the index.
@@ -134,6 +135,7 @@ class _Watcher:
         resolved_out = os.fsencode(out.resolve())
         # An INDEX_DIR inside PHOTOS_DIR: its commits are not changes to the photos.
         self.index_rel = os.path.relpath(resolved_out, self.root) if resolved_out.startswith(self.root + b"/") else None
+        self.extensions: frozenset[str] = _IMAGE_SUFFIXES
         self.exclusions: Exclusions = self._exclusions()
         self.changes = _Changes()
         self.snapshot: dict[bytes, ImageFile] | None = None  # the walk the last update was given
@@ -141,7 +143,10 @@ class _Watcher:
         self.report = WatchReport()
 
     def _exclusions(self) -> Exclusions:
-        return load_exclusions(self.photos, recorded_walk(self.out, self.cfg.include_hidden, self.cfg.exclude))
+        walk = recorded_walk(self.out, self.cfg.include_hidden, self.cfg.exclude, self.cfg.videos)
+        # An index of videos (--videos) watches for them too: a walk without them would remove their rows.
+        self.extensions = _IMAGE_SUFFIXES | VIDEO_EXTENSIONS if walk.videos else _IMAGE_SUFFIXES
+        return load_exclusions(self.photos, walk)
 
     def relevant(self, path: bytes, is_dir: bool) -> bool:
         """Whether an event on ``path`` (absolute) may change what the index holds."""
@@ -154,7 +159,7 @@ class _Watcher:
             return False
         if self.exclusions.skips_path(rel, is_dir):
             return False
-        return is_dir or os.path.splitext(os.fsdecode(rel))[1].lower() in _IMAGE_SUFFIXES
+        return is_dir or os.path.splitext(os.fsdecode(rel))[1].lower() in self.extensions
 
     def _check_root(self) -> None:
         if not self.photos.is_dir():
@@ -180,7 +185,7 @@ class _Watcher:
         """Walk, and run an update when the walk differs from the last one; True if one ran."""
         self._check_root()
         self.exclusions = self._exclusions()  # .clipsearchignore may have changed
-        found = discover(self.photos, exclude=self.exclusions)
+        found = discover(self.photos, self.extensions, exclude=self.exclusions)
         self._check_root()  # deleted during the walk: the walk saw an empty or partial folder
         now, wall_ns = time.monotonic(), time.time_ns()
         before = self.snapshot or {}

@@ -45,6 +45,19 @@ class FileRecord:
     meta: PhotoMeta = NO_META
     # What came with the image from a WebDataset shard (None for a file of a folder).
     sample: SampleMeta | None = None
+    # A video's sampled frame (None for an image): the row's VIDEO_COLUMNS.
+    frame: FrameFacts | None = None
+
+
+@dataclass(frozen=True)
+class FrameFacts:
+    """The video columns (:data:`~retrieval.layout.VIDEO_COLUMNS`) of one sampled frame's row."""
+
+    time: float
+    keyframe: bool
+    duration: float
+    codec: str
+    rotation: int = 0
 
 
 class PartWriter:
@@ -158,6 +171,7 @@ def records_table(records: Sequence[FileRecord], vectors: np.ndarray, dim: int, 
             "ocr_text": pa.array([r.meta.ocr_text for r in records], pa.string()),
             "ocr_read": pa.array([ocr_read] * len(records), pa.bool_()),
             **sample_columns(records),
+            **video_columns(records),
             "embedding": pa.FixedSizeListArray.from_arrays(pa.array(np.ascontiguousarray(vectors, np.float32).reshape(-1)), dim),
         },
         schema=embeddings_schema(dim),
@@ -171,6 +185,19 @@ def sample_columns(records: Sequence[FileRecord]) -> dict[str, pa.Array]:
     return {
         f.name: pa.array([getattr(s, _SAMPLE_FIELDS.get(f.name, f.name)) if s is not None else None for s in samples], f.type)
         for f in SAMPLE_COLUMNS
+    }
+
+
+def video_columns(records: Sequence[FileRecord]) -> dict[str, pa.Array]:
+    """The video columns of ``records``: nulls for images."""
+    frames = [r.frame for r in records]
+    return {
+        "media": pa.array(["video" if f is not None else None for f in frames], pa.string()),
+        "frame_time": pa.array([f.time if f is not None else None for f in frames], pa.float64()),
+        "keyframe": pa.array([f.keyframe if f is not None else None for f in frames], pa.bool_()),
+        "duration": pa.array([f.duration if f is not None else None for f in frames], pa.float64()),
+        "codec": pa.array([f.codec if f is not None else None for f in frames], pa.string()),
+        "rotation": pa.array([f.rotation if f is not None else None for f in frames], pa.int16()),
     }
 
 
@@ -199,4 +226,7 @@ def write_skipped(path: str | os.PathLike[str], skipped: Sequence[SkipRecord]) -
 
 # SkipRecord lives with the skip list's schema in retrieval.layout; it is re-exported here,
 # where the indexer's record types have always been imported from.
-__all__ = ["ROW_GROUP_SIZE", "PartWriter", "FileRecord", "SkipRecord", "conform", "records_table", "write_paths_column", "write_skipped"]
+__all__ = [
+    "ROW_GROUP_SIZE", "PartWriter", "FileRecord", "FrameFacts", "SkipRecord", "conform", "records_table", "write_paths_column",
+    "write_skipped",
+]

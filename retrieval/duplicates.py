@@ -139,6 +139,13 @@ def _scored_pairs(index: ImageIndex, threshold: float, where: Filter | None, bat
     return _Pairs(a[order], b[order], scores[order], members, vectors)
 
 
+def _other_files(index: ImageIndex, pairs: _Pairs) -> _Pairs:
+    # An index with videos: the frames of one video are alike by nature, not duplicates.
+    paths = dict(zip(pairs.members.tolist(), index.metadata.paths_of(pairs.members), strict=True))
+    keep = np.fromiter((paths[x] != paths[y] for x, y in zip(pairs.a.tolist(), pairs.b.tolist(), strict=True)), bool, len(pairs.a))
+    return _Pairs(pairs.a[keep], pairs.b[keep], pairs.scores[keep], pairs.members, pairs.vectors)
+
+
 def components(a: np.ndarray, b: np.ndarray) -> list[np.ndarray]:
     """Connected components (of two or more ids) of the graph with edges ``a[i] - b[i]``,
     each sorted, ordered by their smallest id."""
@@ -172,6 +179,8 @@ def find_duplicates(
     threshold = check_threshold(threshold)
     exact = index.vectors.exact_scores
     pairs = _scored_pairs(index, threshold, where, batch_rows, exact)
+    if index.metadata.has_videos:
+        pairs = _other_files(index, pairs)
     groups = components(pairs.a, pairs.b)
     if not groups:
         return DuplicateReport(threshold, (), 0, exact)
@@ -186,6 +195,15 @@ def find_duplicates(
         kv = vector_of[keep].astype(np.float64)
         others = [Hit(i, facts[i]["path"], float(np.float32(kv @ vector_of[i]))) for i in group.tolist() if i != keep]
         others.sort(key=lambda d: (-(d.score or 0.0), d.id))
+        # A video is listed once (its best frame), and never as a duplicate of itself.
+        listed, unique = {facts[keep]["path"]}, []
+        for d in others:
+            if d.path not in listed:
+                listed.add(d.path)
+                unique.append(d)
+        if not unique:
+            continue
+        others = unique
         out.append(DuplicateGroup(Hit(keep, facts[keep]["path"], 1.0), tuple(others)))
     out.sort(key=lambda g: (-len(g.duplicates), g.keep.path))
     return DuplicateReport(threshold, tuple(out), len(pairs.a), exact)

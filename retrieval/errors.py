@@ -124,6 +124,17 @@ class ImageDecodeError(ClipSearchError):
         self.reason = reason
 
 
+class VideoDecodeError(ClipSearchError):
+    """A video file could not be indexed (:mod:`indexer.video`): not a video by its content, no
+    video stream, a codec without a decoder, damaged beyond reading, or over its time limit.
+    ``reason`` is a short, stable description (it becomes the skip list's reason)."""
+
+    def __init__(self, path: str, reason: str) -> None:
+        super().__init__(f"cannot index video {path!r}: {reason}")
+        self.path = path
+        self.reason = reason
+
+
 class QueriesFileError(InvalidArgumentError):
     """An evaluation queries file is missing, empty or has a bad line.
 

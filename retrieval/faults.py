@@ -48,6 +48,8 @@ POINTS: Mapping[str, str] = {
     "commit": "the manifest names the new generation; the previous generation is not yet removed",
     # indexer/ray_parts.py, a Ray build whose actors write their parts
     "adopt": "an actor's part written in .staging-ray-*, about to be linked; the manifest holds the last commit's",
+    # indexer/video/video_rows.py, index --videos
+    "video": "a video's frames sampled and embedded, not yet handed to the writer; the manifest holds the last commit's",
     # indexer/faces/stage.py, index --faces
     "faces": "a chunk of faces found and handed to the writer, not committed; the manifest holds the last commit's",
     # indexer/commit.py, GenerationWriter.finish (index, reindex)

@@ -23,6 +23,8 @@ from .errors import InvalidArgumentError
 from .options import option
 
 ColumnReader = Callable[[str], pa.ChunkedArray]
+# The kinds of file ``Filter.media`` chooses between.
+MEDIA: tuple[str, ...] = ("image", "video", "all")
 
 
 def parse_time(text: str) -> int:
@@ -120,6 +122,11 @@ class Filter:
             http=True,
         ),
     )
+    media: str | None = field(
+        default=None,
+        metadata=option("image, video or all: which kind of file may be returned (default: all)", metavar="KIND",
+                        choices=MEDIA, http=True),
+    )
     person: tuple[str, ...] = field(
         default=(),
         metadata=option(
@@ -136,6 +143,10 @@ class Filter:
     )
 
     def __post_init__(self) -> None:
+        if self.media is not None and self.media not in MEDIA:
+            raise InvalidArgumentError(f"media must be one of {', '.join(MEDIA)}, got {self.media!r}")
+        if self.media == "all":  # no condition: said once, so equal filters compare equal
+            object.__setattr__(self, "media", None)
         if isinstance(self.path_prefix, str):
             object.__setattr__(self, "path_prefix", (self.path_prefix,))
         if not all(isinstance(p, str) and p for p in self.path_prefix):
@@ -208,6 +219,10 @@ class Filter:
                 keep &= values >= -(-self.taken_after // 1000)
             if self.taken_before is not None:
                 keep &= values < -(-self.taken_before // 1000)
+        if self.media is not None:
+            # ``media`` is null for an image (and in every row of an index without videos).
+            videos = _bool(pc.fill_null(pc.equal(column("media"), "video"), False))
+            keep &= videos if self.media == "video" else ~videos
         return keep
 
     def describe(self) -> dict[str, Any]:
@@ -228,4 +243,4 @@ def _bool(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-__all__ = ["Filter", "parse_time"]
+__all__ = ["MEDIA", "Filter", "parse_time"]

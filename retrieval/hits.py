@@ -17,6 +17,7 @@ import numpy as np
 
 from .checks import is_positive_int
 from .errors import InvalidArgumentError
+from .moments import Moment
 
 Sort = Literal["score", "taken"]
 SORTS: tuple[str, ...] = ("score", "taken")
@@ -53,6 +54,10 @@ class Hit:
     image's text matches (0 to 1); both are None elsewhere.
     ``caption`` and ``url`` came with an image from a WebDataset shard (its ``.txt`` and
     img2dataset's ``.json``), None for an image from a folder.
+    A video's hit (``media`` ``"video"``; None for an image) is its best moment
+    (:mod:`retrieval.moments`): ``start`` and ``end`` in seconds, ``frame_time`` the time of its
+    best frame, whose row ``id`` and ``score`` are the hit's; ``moments`` are all the video's
+    matching moments, the best first.
     ``faces`` are the faces in the image, largest first, in an index built with ``--faces``
     ("who is in this photo"; None in an index without faces). A search without a query (the
     images a filter keeps, newest first: :func:`browse`) has no ``score`` (None).
@@ -70,12 +75,17 @@ class Hit:
     url: str | None = None
     fused: float | None = None
     keyword: float | None = None
+    media: str | None = None
+    start: float | None = None
+    end: float | None = None
+    frame_time: float | None = None
+    moments: tuple[Moment, ...] | None = None
     faces: tuple[HitFace, ...] | None = None
 
     def to_dict(self, facts: bool = False) -> dict[str, Any]:
         """``id``, ``path``, ``score``, and the photo facts and text fields it has (with
         ``facts``: every key, None where unknown, as ``clipsearch search --json`` prints them); ``caption`` and ``url``
-        where present."""
+        where present; a video's ``media``, ``start``, ``end``, ``frame_time`` and ``moments``."""
         out: dict[str, Any] = {"id": self.id, "path": self.path, "score": self.score}
         known = {
             "taken": self.taken, "camera": self.camera, "gps": list(self.gps) if self.gps is not None else None,
@@ -84,6 +94,9 @@ class Hit:
         }
         out.update(known if facts else {k: v for k, v in known.items() if v is not None})
         out.update({k: v for k, v in (("caption", self.caption), ("url", self.url)) if v is not None})
+        if self.media is not None:
+            out.update(media=self.media, start=self.start, end=self.end, frame_time=self.frame_time,
+                       moments=[m.to_dict() for m in self.moments or ()])
         if self.faces is not None:
             out["faces"] = [f.to_dict() for f in self.faces]
         return out

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import io
 import os
 import sys
@@ -30,6 +31,7 @@ from .request import ImageInput, SearchRequest, TermInput
 from .rows import Rows, SkippedFile, check_id
 from .source_files import SourceFiles
 from .vector_search import VectorSearch
+from .video_hits import VideoFrames, as_video_hits, video_search
 
 
 class _FormerNames(type):
@@ -83,6 +85,7 @@ class ImageIndex(metaclass=_FormerNames):
         self._queries = queries
         self._vectors = VectorSearch(generation)
         self._files = SourceFiles(generation.directory, generation.manifest, generation.rows)
+        self._video_frames = VideoFrames(generation.rows)
 
     @classmethod
     def open(
@@ -280,7 +283,10 @@ class ImageIndex(metaclass=_FormerNames):
         Raises:
             InvalidArgumentError: as :meth:`search`; vectors not ``(n, dim)``.
         """
-        return self._vectors.hits(vectors, check_cut(k, min_score, sort), where)
+        cut = check_cut(k, min_score, sort)
+        if self._rows.has_videos:  # a video once per list, at its moment (retrieval.video_hits)
+            return [self._answer(SearchRequest(vector=v, k=k, where=where, min_score=min_score, sort=sort)) for v in vectors]
+        return self._vectors.hits(vectors, cut, where)
 
     def _answer(self, req: SearchRequest) -> list[Hit]:
         # The one path every search takes below its edge: ``req`` is checked; only what depends
@@ -294,12 +300,11 @@ class ImageIndex(metaclass=_FormerNames):
                 lambda texts: self._queries.embed_texts(texts, req.query_lang),
                 lambda image: self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image),
                 self._vectors.vectors_of,
-            )
-            return self._vectors.hits(vector[None], req.cut, req.where)[0]
-        if req.kind == "text":
+            )[None]
+        elif req.kind == "text":
             assert req.text is not None
-            return self._texts([req.text], None if req.vector is None else np.asarray(req.vector)[None], req)[0]
-        if req.kind == "image":
+            vector = np.asarray(req.vector)[None] if req.vector is not None else self._queries.embed_texts([req.text], req.query_lang)
+        elif req.kind == "image":
             assert req.image is not None
             image = req.image
             vector = self._queries.embed_image(_named_bytes(image) if isinstance(image, bytes) else image)
@@ -307,10 +312,25 @@ class ImageIndex(metaclass=_FormerNames):
             vector = self._vectors.vectors_of([check_id(req.similar_to, self.count)])
         elif req.kind == "browse":
             assert req.where is not None
-            return browse(self._rows, self._rows.mask(req.where), req.cut)
+            allowed = self._rows.mask(req.where)
+            if not self._rows.has_videos:
+                return browse(self._rows, allowed, req.cut)
+            # A video once, as its first frame the filter keeps (no query: no moment to find).
+            return as_video_hits(browse(self._rows, self._video_frames.first_frames(allowed), req.cut), self._video_frames)
         else:
             vector = np.asarray(req.vector)[None]
-        return self._vectors.hits(vector, req.cut, req.where)[0]
+
+        def run(ask: SearchRequest) -> list[Hit]:
+            if ask.kind == "text":
+                assert ask.text is not None
+                return self._texts([ask.text], vector, ask)[0]
+            return self._vectors.hits(vector, ask.cut, ask.where)[0]
+
+        if not self._rows.has_videos:
+            return run(req)
+        # A video is many frame rows: one hit per file, with its moments (retrieval.video_hits).
+        return video_search(lambda k: run(dataclasses.replace(req, k=k if k is not None else req.k, sort="score")), req.cut,
+                            self.count, self._video_frames, self._generation.query_vectors(vector)[0], self._vectors.vectors_of)
 
     def _texts(self, texts: list[str], vectors: np.ndarray | None, req: SearchRequest) -> list[list[Hit]]:
         # Text queries in the request's mode, resolved for this index (and their length checked

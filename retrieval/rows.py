@@ -26,7 +26,7 @@ from .faces.current import CurrentPeople
 from .filters import Filter
 from .hits import HitFace
 from .images.exif import iso_taken
-from .layout import PHOTO_COLUMNS, SAMPLE_COLUMNS, TEXT_COLUMNS, Manifest, display_path
+from .layout import PHOTO_COLUMNS, SAMPLE_COLUMNS, TEXT_COLUMNS, VIDEO_COLUMNS, Manifest, display_path
 
 # Masks of recent filters, per opened index (a filter is evaluated over whole columns).
 MASK_CACHE_SIZE = 8
@@ -73,6 +73,7 @@ class Rows:
         self._masks: OrderedDict[Filter, np.ndarray] = OrderedDict()
         self._lock = threading.RLock()
         self._has_samples: bool | None = None
+        self._has_videos: bool | None = None
 
     @classmethod
     def open(cls, directory: Path, manifest: Manifest, parts: Sequence[pq.ParquetFile], skipped: pq.ParquetFile) -> Rows:
@@ -141,6 +142,13 @@ class Rows:
         if self._has_samples is None:
             self._has_samples = any(_has_values(pf, "shard") for pf in self.parts)
         return self._has_samples
+
+    @property
+    def has_videos(self) -> bool:
+        """Whether any row is a video's frame (its ``media`` is set), from the parts' statistics."""
+        if self._has_videos is None:
+            self._has_videos = any(_has_values(pf, "media") for pf in self.parts)
+        return self._has_videos
 
     def taken_us(self) -> np.ndarray:
         """``taken`` of every image as int64 microseconds, with the smallest int64 where a photo
@@ -294,9 +302,10 @@ class Rows:
         return [SkippedFile(display_path(rec.path), rec.reason) for rec in store.read_skipped(self._skipped)]
 
 
-# The photo, text and shard columns' types, by name: readers fill a part's missing one with
-# nulls of its type (the shard columns, ``caption`` among them, are null for a folder's images).
-_PHOTO_TYPES = {f.name: f.type for f in (*PHOTO_COLUMNS, *TEXT_COLUMNS, *SAMPLE_COLUMNS)}
+# The photo, text, shard and video columns' types, by name: readers fill a part's missing one
+# with nulls of its type (the shard columns, ``caption`` among them, are null for a folder's
+# images; the video columns for images).
+_PHOTO_TYPES = {f.name: f.type for f in (*PHOTO_COLUMNS, *TEXT_COLUMNS, *SAMPLE_COLUMNS, *VIDEO_COLUMNS)}
 
 
 def _has_values(pf: pq.ParquetFile, name: str) -> bool:

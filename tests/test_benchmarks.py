@@ -908,6 +908,21 @@ def test_bench_faces_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -
     assert bench_faces.main(["--photos", str(tmp_path / "missing")]) == 1
 
 
+def test_bench_video_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    pytest.importorskip("av", reason="the video extra")
+    import bench_video
+
+    code = bench_video.main(["--seconds", "3", "--heights", "64", "--codecs", "h264,vp9", "--rounds", "1",
+                             "--quality-videos", "2", "--queries", "4", "--work-dir", str(tmp_path)])
+    assert code == 0
+    result = _json_line(capsys.readouterr().out)
+    assert [(r["codec"], r["height"]) for r in result["cost"]] == [("h264", 64), ("vp9", 64)]
+    for row in result["cost"]:
+        # rate keeps one frame a second of a 3 s video; keyframes at most one per keyframe (2 s) plus the start.
+        assert row["rate 1 fps"]["frames"] == 3 and 1 <= row["keyframes"]["frames"] <= 3
+    assert [r["sampling"] for r in result["quality"]][:2] == ["keyframes (default)", "shots"]
+    assert all(0 <= r["right_shot"] <= 1 for r in result["quality"])
+    assert bench_video.main(["--seconds", "1"]) == 2
 def test_bench_person_filter_smoke(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     import bench_person_filter
 

@@ -506,6 +506,7 @@ def test_finetune_killed_and_resumed(
 def test_every_fault_point_is_tested() -> None:
     # "adopt" (a Ray build's driver killed between an actor's part and its link) needs Ray:
     # tests/test_ray_parts.py::test_driver_killed_between_an_actor_write_and_its_link. "faces"
-    # needs dlib: tests/test_faces_index.py::test_a_build_killed_while_finding_faces_resumes.
-    tested = {p for p, *_ in INDEX_CASES} | set(REINDEX_POINTS) | {p for p, *_ in FINETUNE_CASES} | {"adopt", "faces"}
+    # needs dlib: tests/test_faces_index.py::test_a_build_killed_while_finding_faces_resumes. "video"
+    # needs PyAV: tests/test_video_build.py::test_a_build_killed_between_two_videos_keeps_whole_videos.
+    tested = {p for p, *_ in INDEX_CASES} | set(REINDEX_POINTS) | {p for p, *_ in FINETUNE_CASES} | {"adopt", "faces", "video"}
     assert tested == set(POINTS), set(POINTS) ^ tested

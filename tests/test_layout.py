@@ -264,10 +264,10 @@ def test_embeddings_schema() -> None:
     assert schema.field("path_bytes").type == pa.binary()
     assert schema.field("width").type == pa.int32()
     assert schema.field("height").type == pa.int32()
-    # Every column is required except the photo, text and shard columns, added later as nullable ones.
-    from retrieval.layout import PHOTO_COLUMNS, SAMPLE_COLUMNS, TEXT_COLUMNS
+    # Every column is required except the photo, text, shard and video columns, added later as nullable ones.
+    from retrieval.layout import PHOTO_COLUMNS, SAMPLE_COLUMNS, TEXT_COLUMNS, VIDEO_COLUMNS
 
-    optional = {f.name for f in (*PHOTO_COLUMNS, *TEXT_COLUMNS, *SAMPLE_COLUMNS)}
+    optional = {f.name for f in (*PHOTO_COLUMNS, *TEXT_COLUMNS, *SAMPLE_COLUMNS, *VIDEO_COLUMNS)}
     assert all(f.nullable == (f.name in optional) for f in schema)
 
 

@@ -79,3 +79,23 @@ def test_first_build_embeds_everything() -> None:
     found = [ImageFile(b"a.jpg", 1, 1), ImageFile(b"b.jpg", 2, 2)]
     plan = plan_update(_facts([]), [], found, lambda rel: None)
     assert [f.rel for f in plan.to_embed] == [b"a.jpg", b"b.jpg"] and not plan.changes_rows
+
+
+def test_a_videos_frame_rows_go_together() -> None:
+    # Three videos of three frame rows each, between two images: kept, touched and changed whole.
+    rows = [(b"a.jpg", 10, 100, "ha")]
+    for name, size, mtime in ((b"v1.mp4", 500, 1), (b"v2.mp4", 600, 2), (b"v3.webm", 700, 3)):
+        rows += [(name, size, mtime, name.decode())] * 3
+    rows.append((b"z.jpg", 20, 200, "hz"))
+    found = [
+        ImageFile(b"v1.mp4", 500, 1),  # unchanged: its three rows stay
+        ImageFile(b"v2.mp4", 600, 22),  # touched, same content: its three rows refreshed
+        ImageFile(b"v3.webm", 701, 33),  # changed: re-sampled, its rows dropped
+        ImageFile(b"z.jpg", 20, 200),
+        # a.jpg deleted
+    ]
+    plan = plan_update(_facts(rows), [], found, lambda rel: {b"v2.mp4": "v2.mp4"}[rel])
+    assert [f.rel for f in plan.to_embed] == [b"v3.webm"] and plan.updated_paths == {b"v3.webm"}
+    assert plan.keep_ids.tolist() == [1, 2, 3, 4, 5, 6, 10]
+    assert plan.refreshed == {4: 22, 5: 22, 6: 22}
+    assert (plan.removed, plan.unchanged) == (1, 3)

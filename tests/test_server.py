@@ -184,9 +184,10 @@ def test_result_fields(client: TestClient, built_index: Path, collection: Collec
     for r in results:
         assert set(r) == {
             "id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text", "keyword", "fused", "caption", "url", "width", "height",
-            "image_url", "thumbnail_url", "faces",
+            "image_url", "thumbnail_url", "faces", "media", "start", "end", "frame_time", "moments", "video_url",
         }
         assert r["faces"] is None  # built without --faces
+        assert r["media"] is None and r["video_url"] is None  # an index of images
         assert ids[r["path"]] == r["id"]
         assert r["image_url"] == f"/api/images/{r['id']}?index=photos.idx"
         assert r["thumbnail_url"] == f"/api/thumbnails/{r['id']}?size=256&index=photos.idx"
@@ -526,7 +527,8 @@ def test_ui_and_headers(client: TestClient) -> None:
     assert page.status_code == 200 and page.headers["content-type"].startswith("text/html")
     assert 'type="search" name="q"' in page.text and 'data-testid="results"' in page.text
     csp = page.headers["content-security-policy"]
-    for rule in ("default-src 'none'", "script-src 'self'", "style-src 'self'", "img-src 'self' blob: data:", "frame-ancestors 'none'"):
+    for rule in ("default-src 'none'", "script-src 'self'", "style-src 'self'", "img-src 'self' blob: data:", "media-src 'self' blob:",
+                 "frame-ancestors 'none'"):
         assert rule in csp
     assert "unsafe-inline" not in csp
     assert page.headers["x-content-type-options"] == "nosniff"

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import math
 from typing import TYPE_CHECKING
 
 from retrieval.errors import InvalidArgumentError
@@ -44,7 +45,7 @@ def run(args: argparse.Namespace) -> int:
         for rank, hit in enumerate(hits, 1):
             taken = f"  {hit.taken or 'undated'}" if args.sort == "taken" or browsing else ""
             score = "     -" if hit.score is None else f"{hit.score:.4f}"
-            print(f"{rank:>3}  {score}  {hit.path}{taken}{_why(hit)}{_who(hit)}")
+            print(f"{rank:>3}  {score}  {hit.path}{_moment(hit)}{taken}{_why(hit)}{_who(hit)}")
     return 0
 
 
@@ -84,6 +85,17 @@ def _why(hit: Hit) -> str:
     return f"  [{' | '.join(parts)}]" if parts else ""
 
 
+def _moment(hit: Hit) -> str:
+    # A video's hit: its best moment as people write times (clip.mp4 01:23-01:31), then its best frame's.
+    if hit.media != "video" or hit.start is None or hit.end is None:
+        return ""
+    from retrieval.moments import clock
+
+    more = f", {len(hit.moments) - 1} more" if hit.moments and len(hit.moments) > 1 else ""
+    best = f"  (best {clock(hit.frame_time)}{more})" if hit.frame_time is not None else ""
+    return f" {clock(hit.start)}-{clock(math.ceil(hit.end))}{best}"
+
+
 def _who(hit: Hit) -> str:
     # "Who is in this photo": the people of its faces, in an index built with --faces.
     return f"  (with {', '.join(hit.people)})" if hit.people else ""
@@ -116,6 +128,7 @@ def register(subparsers: Subparsers) -> None:
         "--json", action="store_true",
         help='print {"results": [{"id", "path", "score", "taken", "camera", "gps", "matched", "ocr_text"; "keyword" and '
         '"fused" (hybrid and keyword modes); "caption", "url" (images from shards); "faces" (an index built with '
-        '--faces: box, person, name)}, ...]}; without a query "score" is null',
+        '--faces: box, person, name); "media", "start", "end", "frame_time", "moments" (videos)}, ...]}; without a '
+        'query "score" is null',
     )
     p.set_defaults(handler=run)

@@ -309,7 +309,7 @@ def _api_router() -> APIRouter:
     async def search_post(request: Request) -> Response:
         return await _answer(request, await _read_search_body(request))
 
-    @api.get("/images/{image_id}", summary="The original image file of an id", response_class=FileResponse)
+    @api.get("/images/{image_id}", summary="The original image (or video) file of an id", response_class=FileResponse)
     async def image(request: Request, image_id: str, index: Annotated[str | None, Query()] = None) -> Response:
         served = _indexes(request).get(index)
 
@@ -324,6 +324,10 @@ def _api_router() -> APIRouter:
         if found.data is not None or found.path is None:  # an image read out of its shard
             return Response(found.data, media_type=found.media_type, headers=headers)
         return FileResponse(found.path, media_type=found.media_type, headers=headers)
+
+    # HEAD too, and Range on GET (FileResponse answers both): a browser's <video> asks the size
+    # and seeks in a video's file. Kept out of the schema: one operation per path and method.
+    api.add_api_route("/images/{image_id}", image, methods=["HEAD"], include_in_schema=False)
 
     @api.get("/thumbnails/{image_id}", summary="A JPEG thumbnail, no larger than size on its long side", response_class=FileResponse)
     async def thumbnail(

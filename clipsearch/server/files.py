@@ -12,7 +12,7 @@ from pathlib import Path
 
 from PIL import Image
 
-from retrieval.errors import ImageDecodeError, IndexCorruptError, InvalidArgumentError, ShardSourceError
+from retrieval.errors import ImageDecodeError, IndexCorruptError, InvalidArgumentError, ShardSourceError, VideoDecodeError
 from retrieval.images.decode import decode_image
 from retrieval.index import ImageIndex
 
@@ -103,14 +103,36 @@ def original(index: ImageIndex, image_id: int, name: str) -> ImageFile:
         etag = '"' + hashlib.blake2b(data, digest_size=16).hexdigest() + '"'
         return ImageFile(None, media_type, etag, data)
     path = source_file(index, image_id, name)
-    try:
-        with Image.open(path) as img:
-            media_type = Image.MIME.get(img.format or "", "application/octet-stream")
-    except (OSError, ValueError, SyntaxError):
-        media_type = "application/octet-stream"
+    media_type = (video_type(path) if video_time(index, image_id) is not None else None) or image_type(path)
     st = path.stat()
     etag = '"' + hashlib.sha256(f"{st.st_size}-{st.st_mtime_ns}-{st.st_ino}".encode()).hexdigest()[:32] + '"'
     return ImageFile(path, media_type, etag)
+
+
+def image_type(path: Path) -> str:
+    """An image file's content type from its format (its header)."""
+    try:
+        with Image.open(path) as img:
+            return Image.MIME.get(img.format or "", "application/octet-stream")
+    except (OSError, ValueError, SyntaxError):
+        return "application/octet-stream"
+
+
+def video_time(index: ImageIndex, image_id: int) -> float | None:
+    """The time in seconds of the frame a video's row stands for; None for an image's row."""
+    if not index.metadata.has_videos:
+        return None
+    row = index.rows([image_id], columns=("media", "frame_time"))[0]
+    return float(row["frame_time"] or 0.0) if row["media"] == "video" else None
+
+
+def video_type(path: Path) -> str | None:
+    """A video file's content type from its container (indexer.video), None without the video extra."""
+    try:
+        from indexer.video import probe
+    except ImportError:
+        return "application/octet-stream"
+    return probe.content_type(path)
 
 
 def check_size(size: int) -> int:
@@ -126,10 +148,12 @@ def thumbnail_key(index: ImageIndex, image_id: int, size: int) -> tuple[str, str
     The same picture in two indexes (or two generations) shares one cached file.
     """
     check_size(size)
-    row = index.rows([image_id], columns=("content_hash",))[0]
+    row = index.rows([image_id], columns=("content_hash", "media", "frame_time"))[0]
     key = re.sub(r"[^0-9A-Za-z]", "", str(row["content_hash"] or ""))[:64]
     if not key:
         raise NotFoundError(f"image {image_id} has no recorded content hash; rebuild the index to get thumbnails")
+    if row["media"] == "video":  # one picture per frame of the video
+        key += f"t{round(float(row['frame_time'] or 0.0) * 1000)}"
     return key, f'"{key}-{size}"'
 
 
@@ -148,11 +172,14 @@ def thumbnail_file(index: ImageIndex, image_id: int, name: str, size: int, key: 
         return cached
     data = shard_bytes(index, image_id, name)
     source: Path | io.BytesIO = io.BytesIO(data) if data is not None else source_file(index, image_id, name)
-    try:
-        decoded = decode_image(source, min_edge=size, name=f"image {image_id}")
-    except ImageDecodeError as exc:
-        raise ImageDecodeError(exc.path, f"{exc.reason} (the file changed since it was indexed?)") from None
-    img = decoded.image
+    at = video_time(index, image_id)
+    if at is not None and isinstance(source, Path):
+        img = video_frame(source, at, size, image_id)
+    else:
+        try:
+            img = decode_image(source, min_edge=size, name=f"image {image_id}").image
+        except ImageDecodeError as exc:
+            raise ImageDecodeError(exc.path, f"{exc.reason} (the file changed since it was indexed?)") from None
     img.thumbnail((size, size), Image.Resampling.LANCZOS)
     cached.parent.mkdir(parents=True, exist_ok=True)
     # Temp file + rename: a concurrent request (or a crash) never sees half a JPEG.
@@ -165,6 +192,18 @@ def thumbnail_file(index: ImageIndex, image_id: int, name: str, size: int, key: 
         Path(tmp).unlink(missing_ok=True)
         raise
     return cached
+
+
+def video_frame(path: Path, seconds: float, size: int, image_id: int) -> Image.Image:
+    """The frame of a video row's time (indexer.video), as an ImageDecodeError when it no longer decodes."""
+    try:
+        from indexer.video import frame_at
+    except ImportError:
+        raise ImageDecodeError(f"image {image_id}", "a video frame needs the video extra (pip install clipsearch[video])") from None
+    try:
+        return frame_at(path, seconds, max_side=size)
+    except VideoDecodeError as exc:
+        raise ImageDecodeError(f"image {image_id}", f"{exc.reason} (the file changed since it was indexed?)") from None
 
 
 def etag_matches(if_none_match: str | None, etag: str) -> bool:

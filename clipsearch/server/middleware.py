@@ -17,9 +17,10 @@ from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from .errors import UploadTooLargeError, error_response
 
 # The web UI's policy (common brief): only our own scripts and styles, images from us or from
-# blob:/data: URLs the UI makes from fetched thumbnails (fetch() can send the token, <img> cannot).
+# blob:/data: URLs the UI makes from fetched thumbnails (fetch() can send the token, <img> cannot),
+# and videos from us or blob: (a video hit played in the viewer).
 UI_CSP = (
-    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; "
+    "default-src 'none'; script-src 'self'; style-src 'self'; img-src 'self' blob: data:; media-src 'self' blob:; "
     "connect-src 'self'; form-action 'self'; base-uri 'none'; frame-ancestors 'none'"
 )
 

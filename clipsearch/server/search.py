@@ -100,6 +100,12 @@ def query_params() -> Callable[..., Coroutine[Any, Any, dict[str, Any]]]:
     return query_dependency(field_specs(SearchParams, "query"))
 
 
+class MomentResult(BaseModel):
+    start: float = Field(description="seconds from the video's start")
+    end: float = Field(description="seconds from the video's start")
+    time: float = Field(description="the moment's best frame, in seconds")
+    score: float
+    id: int = Field(description="the best frame's row (its thumbnail is that frame)")
 class FaceResult(BaseModel):
     box: list[float] = Field(description="left, top, right, bottom in the original's pixels")
     person: int | None = Field(None, description="whose face: the person's number; null for nobody or a hidden person")
@@ -128,6 +134,12 @@ class SearchResult(BaseModel):
         None, description="hybrid mode, where words matched: the score the results are ordered by, "
         "max(z, 1.5) + 8 * keyword, z being the cosine in standard deviations above the query's mean cosine; null elsewhere"
     )
+    media: Literal["video"] | None = Field(None, description="video for a video's hit (its best moment), null for an image")
+    start: float | None = Field(None, description="a video's hit: where its best moment starts, in seconds")
+    end: float | None = Field(None, description="a video's hit: where its best moment ends, in seconds")
+    frame_time: float | None = Field(None, description="a video's hit: the time of its best frame (the id's row and score)")
+    moments: list[MomentResult] | None = Field(None, description="a video's hit: every matching moment, the best first")
+    video_url: str | None = Field(None, description="a video's hit: its file, playing from the moment (#t=start,end)")
     faces: list[FaceResult] | None = Field(
         None, description="the faces in the image, largest first (an index built with --faces; null otherwise)"
     )
@@ -329,6 +341,7 @@ def run_search(served: ServedIndex, req: ApiSearch) -> dict[str, Any]:
             "height": int(s[1]),
             "image_url": f"/api/images/{h.id}?index={name}",
             "thumbnail_url": f"/api/thumbnails/{h.id}?size={DEFAULT_THUMBNAIL_SIZE}&index={name}",
+            **_video_fields(h, name),
         }
         for h, s in zip(hits, sizes, strict=True)
     ]
@@ -338,6 +351,15 @@ def run_search(served: ServedIndex, req: ApiSearch) -> dict[str, Any]:
     if missing is not None:
         out.update(partial=bool(missing), missing_shards=list(missing))
     return out
+
+
+def _video_fields(hit: Hit, name: str) -> dict[str, Any]:
+    # A video's moments, and its file's URL with a media fragment a <video> plays from.
+    if hit.media != "video" or hit.start is None or hit.end is None:
+        return {"media": None, "start": None, "end": None, "frame_time": None, "moments": None, "video_url": None}
+    fragment = f"#t={hit.start:g},{hit.end:g}"
+    return {"media": hit.media, "start": hit.start, "end": hit.end, "frame_time": hit.frame_time,
+            "moments": [m.to_dict() for m in hit.moments or ()], "video_url": f"/api/images/{hit.id}?index={name}{fragment}"}
 
 
 def find_hits(served: ServedIndex, req: ApiSearch) -> tuple[ImageIndex, list[Hit]]:

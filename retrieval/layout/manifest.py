@@ -18,6 +18,10 @@ by version-2 readers. An index is upgraded (re-planned as ``auto`` chooses today
 a part written by a Ray actor before its first id was known stores ids ``0 .. rows - 1``,
 readers add the offset); written only when a part has one, so that other indexes stay readable
 by version-2 and -3 readers, which would take the stored ids for the index's.
+5 = rows of video frames (``VIDEO_COLUMNS``: several rows per file, ``media`` ``video``); a
+version-4 reader would list each frame as an image of the video's path and fail to decode it as
+one. Written only when the index holds a video, so that an index of images stays readable by
+older readers.
 
 Integrity, within version 2 (every addition is optional and ignored by readers that do not know
 it, who read such an index correctly, only without the checks): ``checksums`` records the size
@@ -44,14 +48,16 @@ from .checksums import CHECKSUM_ALGORITHM, FileChecksum
 from .durable import atomic_write
 from .filenames import MANIFEST_FILE
 
-FORMAT_VERSION = 4
+FORMAT_VERSION = 5
 FORMAT_NAME = "clipsearch-index"
 MANIFEST_DIGEST_KEY = "manifest_digest"
 
 
-def format_version_for(index_type: str, parts: Sequence[PartRef] = ()) -> int:
+def format_version_for(index_type: str, parts: Sequence[PartRef] = (), videos: bool = False) -> int:
     """The format version a manifest of this FAISS type and these parts is written with: the
-    lowest that describes them (see the module docstring)."""
+    lowest that describes them (see the module docstring); ``videos``: it holds video rows."""
+    if videos:
+        return 5
     if any(p.id_offset for p in parts):
         return 4
     return 3 if "Refine(" in index_type else 2

@@ -36,6 +36,7 @@ def embeddings_schema(dim: int) -> pa.Schema:
             *PHOTO_COLUMNS,
             *TEXT_COLUMNS,
             *SAMPLE_COLUMNS,
+            *VIDEO_COLUMNS,
             pa.field("embedding", pa.list_(pa.float32(), dim), nullable=False),
         ]
     )
@@ -84,6 +85,22 @@ SAMPLE_COLUMNS: tuple[pa.Field, ...] = (
     pa.field("original_width", pa.int32()),
     pa.field("original_height", pa.int32()),
     pa.field("sha256", pa.string()),
+)
+
+
+# A video's rows (indexer.video): one per sampled frame, all nullable and null for an image.
+# ``media`` is ``video`` (null: an image), ``frame_time`` the frame's time in seconds from the
+# start, ``keyframe`` whether the encoder coded it as one; ``duration`` (seconds), ``codec`` and
+# ``rotation`` (degrees counter-clockwise the frames were turned upright) are the video's, the
+# same on each of its rows. A video's rows share its path, size, mtime_ns and content_hash (the
+# file's), its width and height (displayed, after rotation) and its date, camera and place.
+VIDEO_COLUMNS: tuple[pa.Field, ...] = (
+    pa.field("media", pa.string()),
+    pa.field("frame_time", pa.float64()),
+    pa.field("keyframe", pa.bool_()),
+    pa.field("duration", pa.float64()),
+    pa.field("codec", pa.string()),
+    pa.field("rotation", pa.int16()),
 )
 
 
