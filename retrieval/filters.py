@@ -231,8 +231,9 @@ class Filter:
 
 def _glob_regex(glob: str) -> str:
     # fnmatch.translate writes a Python full-match regex ending in \Z, which RE2 (Arrow's
-    # engine) spells \z.
-    regex = fnmatch.translate(glob)
+    # engine) spells \z; for several stars it writes atomic groups (?>...), which RE2 lacks and
+    # which only spare Python backtracking: a plain group matches the same strings.
+    regex = fnmatch.translate(glob).replace("(?>", "(?:")
     if regex.endswith("\\Z"):
         regex = regex[:-2] + "\\z"
     return "^" + regex

@@ -255,17 +255,18 @@ def test_every_command_is_listed_in_help_order() -> None:
         reindex,
         search,
         serve,
+        shard,
         verify,
     )
 
     proc = run_cli(["no-such-command"])
     listed = (
-        "'index', 'reindex', 'import', 'finetune', 'search', 'classify', 'duplicates', 'people', 'info', 'verify', 'eval', "
+        "'index', 'reindex', 'shard', 'import', 'finetune', 'search', 'classify', 'duplicates', 'people', 'info', 'verify', 'eval', "
         "'eval-zeroshot', 'serve'"
     )
     assert f"(choose from {listed})" in proc.stderr
     assert COMMANDS == (
-        build, reindex, import_, finetune, search, classify, duplicates, people, info, verify, evaluate, eval_zeroshot, serve
+        build, reindex, shard, import_, finetune, search, classify, duplicates, people, info, verify, evaluate, eval_zeroshot, serve
     )
 
 

@@ -3,6 +3,7 @@ semantics, bad filters, times, and ``clipsearch search``'s filter options."""
 
 from __future__ import annotations
 
+import fnmatch
 import json
 from pathlib import Path
 
@@ -54,6 +55,11 @@ def test_filter_semantics(vec_index: Path) -> None:
     none = index.metadata.mask(Filter(path_prefix=("nowhere/",)))
     assert not none.any() and index.search_vectors(index.vectors.embeddings()[:1], 10, where=Filter(path_prefix=("nowhere/",))) == [[]]
     assert not Filter().active and Filter(min_width=1).active
+    # Globs of several stars (fnmatch writes them with groups RE2 cannot read) match as fnmatch does.
+    for glob in ("*.*", "dir*/img*7.jpg", "*1*2*", "dir[13]/*0?.jpg"):
+        got = index.metadata.mask(Filter(path_glob=glob))
+        assert got.tolist() == [fnmatch.fnmatchcase(p, glob) for p in paths], glob
+        assert got.any(), glob
 
 
 @pytest.mark.parametrize(
