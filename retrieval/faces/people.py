@@ -63,23 +63,26 @@ class People:
             if faces.num_rows else np.zeros((0, 4), np.float32)
         self._scores = faces.column("score").to_numpy()
         self.labels = faces.column("person").to_numpy()
-        # Each key's position, made when edits are applied to these faces again (with_edits).
+        # Each key's position, made once edits move faces by hand and kept for the next edits (with_edits).
         self._positions: dict[str, int] | None = None
-        self.person_of = edits.apply(self.labels, self._keys)
+        self.person_of = edits.apply(self.labels, self._keys_for(edits))
         # Face numbers in image-id order, made on the first "who is in these images".
         self._by_image: np.ndarray | None = None
 
     def with_edits(self, edits: PeopleEdits) -> People:
         """These faces with ``edits`` instead of the ones read (the faces side is not read again)."""
-        keys: Sequence[str] | dict[str, int] = self._keys
-        if edits.faces:  # faces moved by hand are looked up by key: the positions are kept for the next edits
-            if self._positions is None:
-                self._positions = {k: i for i, k in enumerate(self._keys)}
-            keys = self._positions
         other = copy.copy(self)
         other.edits = edits
-        other.person_of = edits.apply(self.labels, keys)
+        other.person_of = edits.apply(self.labels, other._keys_for(edits))
         return other
+
+    def _keys_for(self, edits: PeopleEdits) -> Sequence[str] | dict[str, int]:
+        """The keys ``edits.apply`` reads: by position where faces were moved by hand (made once)."""
+        if not edits.faces:
+            return self._keys
+        if self._positions is None:
+            self._positions = {k: i for i, k in enumerate(self._keys)}
+        return self._positions
 
     @classmethod
     def open(cls, index_dir: str | Path) -> People:
