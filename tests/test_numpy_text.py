@@ -221,19 +221,34 @@ def test_cli_commands_do_not_import_torch(built_index: Path, args: list[str]) ->
 
 
 @pytest.mark.slow
-def test_cli_text_search_without_torch_equals_fp32_transformers(built_index: Path) -> None:
+def test_cli_text_search_without_torch_equals_fp32_transformers(
+    built_index: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The torch-free runs in subprocesses (nothing heavy imported); the reference, the same
+    command on the torch tower, in this process (which has torch already)."""
+    from clipsearch.cli import main
+
+    embedded: list[Sequence[str]] = []
+    torch_tower = HFClipEncoder.embed_texts
+
+    def counted(self: HFClipEncoder, texts: Sequence[str], batch_size: int = 256) -> np.ndarray:
+        embedded.append(texts)
+        return torch_tower(self, texts, batch_size)
+
     queries = ["a red square", "a photo of a dog on the beach", "word " * 100]
     for query in queries:
-        proc, heavy = _run_cli(["search", str(built_index), query, "-k", "10", "--json", "--precision", "fp32"])
+        args = ["search", str(built_index), query, "-k", "10", "--json", "--precision", "fp32"]
+        proc, heavy = _run_cli(args)
         assert proc.returncode == 0, proc.stderr
         assert heavy == []
-        ref, ref_heavy = _run_cli(
-            ["search", str(built_index), query, "-k", "10", "--json", "--precision", "fp32"], **{TEXT_RUNTIME_ENV: "torch"}
-        )
-        assert ref.returncode == 0, ref.stderr
-        assert "torch" in ref_heavy
+        embedded.clear()
+        with monkeypatch.context() as env:
+            env.setenv(TEXT_RUNTIME_ENV, "torch")
+            env.setattr(HFClipEncoder, "embed_texts", counted)
+            assert main(args) == 0
+        assert embedded, "the reference did not run on the torch tower"
         got = json.loads(proc.stdout)["results"]
-        want = json.loads(ref.stdout)["results"]
+        want = json.loads(capsys.readouterr().out)["results"]
         assert [r["id"] for r in got] == [r["id"] for r in want]
         assert max(abs(a["score"] - b["score"]) for a, b in zip(got, want, strict=True)) <= 1e-5
 
