@@ -108,13 +108,15 @@ class PartitionedIndex:
         queries: the query encoders (made for a shard's manifest: every shard has the set's model).
         first: the first shard's manifest (the facts the set repeats).
         deadline_s: seconds each shard has to answer a call.
+        roots: each shard's source folder, in the set's order (default: the first shard's for
+            all); shards built apart may each have their own.
 
     Raises:
         ShardUnavailableError: a shard does not answer its description (at open).
     """
 
     def __init__(self, parts: PartitionSet, shards: Sequence[ShardClient], queries: QueryEncoders, first: Manifest,
-                 deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+                 deadline_s: float = DEFAULT_DEADLINE_S, roots: Sequence[str] | None = None) -> None:
         if not deadline_s > 0:
             raise InvalidArgumentError(f"the shard deadline must be > 0 seconds, got {deadline_s!r}")
         self.parts = parts
@@ -122,11 +124,13 @@ class PartitionedIndex:
         self._queries = queries
         self._deadline_s = deadline_s
         self._keywords = first.keywords is not None
+        self.roots = tuple(roots) if roots is not None else (first.source_root,) * len(parts.shards)
         self.manifest = SetFacts(parts.count, parts.model, parts.model_fingerprint, parts.dim, first.index_type,
                                  str(parts.generation), first.source_root, first.created, tuple(s.name for s in parts.shards))
         self._sizes: dict[int, tuple[int, int]] = {}
         self._moments: tuple[np.ndarray, np.ndarray] | None = None
         self._moments_read = False
+        self._videos: bool | None = None
         self.metadata = _SetRows(self)
         self.files = _SetFiles(self)
         self.vectors = _SetVectors(self)
@@ -305,6 +309,15 @@ class PartitionedIndex:
             self._sizes.clear()  # a bound, not a policy: the next pages fill it again
         self._sizes.update({int(i): (int(s[0]), int(s[1])) for i, s in zip(ids.tolist(), np.asarray(sizes).tolist(), strict=True)})
 
+    def has_videos(self) -> bool:
+        """Whether any shard holds the rows of videos (asked of every shard once)."""
+        if self._videos is None:
+            answers, missing = self._fan({n: ("describe",) for n in range(len(self._shards))})
+            if missing:
+                raise ShardUnavailableError(f"shards {', '.join(missing)} did not answer within {self._deadline_s:g} s: try again")
+            self._videos = any(bool(a.get("videos")) for a in answers.values())
+        return self._videos
+
     def info(self) -> dict[str, Any]:
         """The set's facts (``clipsearch info`` of a set)."""
         return {"count": self.count, "model": self.parts.model, "dim": self.dim, "generation": self.parts.generation,
@@ -314,6 +327,10 @@ class PartitionedIndex:
 class _SetRows:
     def __init__(self, index: PartitionedIndex) -> None:
         self._index = index
+
+    @property
+    def has_videos(self) -> bool:
+        return self._index.has_videos()
 
     def sizes_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         known = self._index._sizes
@@ -335,6 +352,10 @@ class _SetFiles:
 
     def path(self, id: int) -> Path:
         return Path(self._index.one(id, "file_path"))
+
+    def root_of(self, id: int) -> str:
+        shard, _ = self._index.parts.locate([check_id(id, self._index.count)])
+        return self._index.roots[int(shard[0])]
 
     def shard_bytes(self, id: int) -> bytes | None:
         data: bytes | None = self._index.one(id, "shard_bytes")

@@ -155,6 +155,27 @@ def test_a_join_refuses_a_mismatch_naming_the_shard(vec_set: tuple[Path, Path, n
     assert open_partitions(tmp_path / "set").search(SearchRequest(vector=clustered(20, 32)[3], k=1))[0].id == 3
 
 
+def test_a_joined_set_serves_each_index_s_files_from_its_own_folder(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from clipsearch.server import create_app
+
+    # Two machines, two photo folders: each index records its own root.
+    vectors = clustered(20, 32)
+    for n, (a, b) in enumerate(((0, 12), (12, 20))):
+        root = tmp_path / f"photos{n}"
+        for i in range(a, b):
+            (root / f"dir{i % 5}").mkdir(parents=True, exist_ok=True)
+            (root / f"dir{i % 5}" / f"img{i:05d}.jpg").write_bytes(f"image {i}".encode())
+        write_vectors_index(tmp_path / f"part{n}.idx", vectors[a:b], commit_every=20, first=a, source_root=str(root))
+    join_indexes([tmp_path / "part0.idx", tmp_path / "part1.idx"], tmp_path / "set")
+    with TestClient(create_app([tmp_path / "set"], warm=False)) as client:
+        for i in (0, 11, 12, 19):
+            got = client.get(f"/api/images/{i}")
+            assert got.status_code == 200 and got.content == f"image {i}".encode()
+        assert client.get("/api/images/20").status_code == 404
+
+
 def test_text_search_in_every_mode_equals_the_unsharded_index(built_index: Path, tmp_path: Path) -> None:
     split_index(built_index, 2, tmp_path / "set")
     whole = ImageIndex.open(built_index, device="cpu", precision="fp32")

@@ -37,7 +37,7 @@ def records(start: int, n: int) -> list[FileRecord]:
 
 
 def write_vectors_index(out: Path, vectors: np.ndarray, commit_every: int, options: dict | None = None, first: int = 0,
-                        model: str = "synthetic") -> None:
+                        model: str = "synthetic", source_root: str = "synthetic") -> None:
     """An index of ``vectors`` through the indexer's own write path (no images, no model); its
     rows' paths and facts are those of ids ``first ..`` (a part of a collection built alone)."""
     meta = IndexMeta(
@@ -46,7 +46,7 @@ def write_vectors_index(out: Path, vectors: np.ndarray, commit_every: int, optio
         backend="hf",
         dim=vectors.shape[1],
         preprocess={"shortest_edge": 8, "crop_size": [8, 8], "resample": 3, "mean": [0.5] * 3, "std": [0.5] * 3, "rescale_factor": 1 / 255},
-        source_root="synthetic",
+        source_root=source_root,
         index_options=options or {"index_type": "auto"},
     )
     out.mkdir(parents=True)
