@@ -54,14 +54,19 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _wait_routed(urls: Iterable[str], within_s: float = 30.0) -> None:
-    """Until every proxy routes the application (a worker's proxy learns the routes a moment
-    after the deployment is up, answering 404 meanwhile)."""
+def _wait_routed(urls: Iterable[str], within_s: float = 60.0) -> None:
+    """Until every proxy routes the application (a worker's proxy starts once a replica is
+    placed on its node, and learns the routes a moment later: refused connections, then 404s)."""
     import httpx
 
     deadline = time.monotonic() + within_s
     for url in urls:
-        while httpx.get(f"{url}/api/indexes", timeout=10).status_code != 200:
+        while True:
+            try:
+                if httpx.get(f"{url}/api/indexes", timeout=10).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
             assert time.monotonic() < deadline, f"{url} does not route the application"
             time.sleep(0.2)
 
