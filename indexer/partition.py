@@ -1,6 +1,7 @@
-"""``split_index`` and ``add_to_partitions``: an index split into N shard indexes, and new images
-added to one shard (``clipsearch shard``; the set's manifest and its search:
-:mod:`retrieval.partition_set`, :mod:`retrieval.partitions`).
+"""``split_index``, ``join_indexes`` and ``add_to_partitions``: an index split into N shard
+indexes, separately built indexes joined into one set, and new images added to one shard
+(``clipsearch shard``; the set's manifest and its search: :mod:`retrieval.partition_set`,
+:mod:`retrieval.partitions`).
 
 A split gives shard ``j`` the ids ``j * n // N .. (j + 1) * n // N - 1`` (balanced to one image),
 each a normal index directory: its rows copied with every column (paths, photo facts, captions,
@@ -9,6 +10,11 @@ built with the source's options (an ``auto`` index chooses for the shard's size)
 read and no model loaded. Adding images takes the rows of an index of them (built with the
 set's model) into the smallest shard as one more generation of that shard, its FAISS index
 extended; the other shards are not touched, and the new images get the set's next ids.
+
+A join writes only the set's manifest: each index stays where it is (built on another machine,
+copied over), named by its path relative to the set, and its ids follow those of the indexes
+before it (the second index's id 0 is the set's ``count of the first``): the ids one index built
+from the same images in the same order would give.
 """
 
 from __future__ import annotations
@@ -17,7 +23,7 @@ import dataclasses
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -26,7 +32,7 @@ import pyarrow.parquet as pq
 
 from retrieval import store
 from retrieval.checks import is_positive_int
-from retrieval.errors import IndexDirError, IndexFormatError, InvalidArgumentError
+from retrieval.errors import IndexDirError, IndexFormatError, InvalidArgumentError, NotAnIndexError
 from retrieval.layout import EMBEDDINGS_DIR, STAGING_PREFIX, Manifest, is_index_dir, part_name, read_manifest
 from retrieval.partition_set import (
     IdRange,
@@ -104,6 +110,56 @@ def split_index(index_dir: str | os.PathLike[str], shards: int, out: str | os.Pa
             for child in target.iterdir():
                 shutil.rmtree(child, ignore_errors=True) if child.is_dir() else child.unlink()
         raise
+    return ShardReport(str(target), made.count, {s.name: s.count for s in made.shards})
+
+
+def join_indexes(indexes: Sequence[str | os.PathLike[str]], out: str | os.PathLike[str]) -> ShardReport:
+    """Make a shard set at ``out`` (a new or empty directory) of the separately built
+    ``indexes``, in order: ``out/partitions.json`` names each index where it is (by its path
+    relative to ``out``) as shard ``shard-NNNN``, its ids after those of the indexes before it.
+    Nothing is copied and no index is changed.
+
+    Raises:
+        InvalidArgumentError: no index, or one index given twice.
+        NotAnIndexError: a path that holds no index (a shard set included), named.
+        IndexFormatError: an index of another model or dimension than the first, an empty or
+            interrupted one, named with its shard name and what to do.
+        IndexDirError: ``out`` exists and is not an empty directory.
+    """
+    if not indexes:
+        raise InvalidArgumentError("give the indexes to join: clipsearch shard --join INDEX_DIR... OUT")
+    target = Path(out)
+    if target.exists() and (not target.is_dir() or any(target.iterdir())):
+        raise IndexDirError(f"{target} exists and is not an empty directory; choose a new OUT")
+    dirs = [Path(i) for i in indexes]
+    seen: dict[Path, Path] = {}
+    for d in dirs:
+        if d.resolve() in seen:
+            raise InvalidArgumentError(f"{d} is given twice (as {seen[d.resolve()]}): join each index once")
+        seen[d.resolve()] = d
+    refs, first, at = [], None, 0
+    for j, d in enumerate(dirs):
+        name = f"shard-{j:04d}"
+        if is_partition_set(d):
+            raise NotAnIndexError(f"shard {name!r} ({d}) is a shard set, not an index: join the indexes of its shards")
+        manifest = read_manifest(d)
+        first = first or (manifest, d)
+        if manifest.model_fingerprint != first[0].model_fingerprint or manifest.dim != first[0].dim:
+            raise IndexFormatError(
+                f"shard {name!r} ({d}) was embedded with {manifest.model} (dim {manifest.dim}), {first[1]} with "
+                f"{first[0].model} (dim {first[0].dim}): every shard of a set needs the same model; "
+                f"index it again with --model {first[0].model}"
+            )
+        if not manifest.complete:
+            raise IndexFormatError(f"shard {name!r} ({d}) holds an interrupted build; finish it first with `clipsearch index`")
+        if not manifest.count:
+            raise IndexFormatError(f"shard {name!r} ({d}) holds no images: leave it out")
+        refs.append(ShardRef(name, os.path.relpath(d.resolve(), target.resolve()), (IdRange(at, 0, manifest.count),)))
+        at += manifest.count
+    assert first is not None
+    made = PartitionSet(first[0].model, first[0].model_fingerprint, first[0].dim, tuple(refs))
+    target.mkdir(parents=True, exist_ok=True)
+    write_partition_set(target, made)
     return ShardReport(str(target), made.count, {s.name: s.count for s in made.shards})
 
 
@@ -207,4 +263,4 @@ def _link(writer: GenerationWriter, part: PartWriter, path: Path | None) -> None
     writer.adopt_part(path, part.close(), part.file_id)
 
 
-__all__ = ["PART_ROWS", "ShardReport", "add_to_partitions", "is_partition_set", "split_index"]
+__all__ = ["PART_ROWS", "ShardReport", "add_to_partitions", "is_partition_set", "join_indexes", "split_index"]

@@ -66,7 +66,7 @@ def open_partitions(
     queries = QueryEncoders(manifests[0], model=model, device=device, precision=requested, query_cache=QueryVectorCache(query_cache))
     reach = connect or local_shards()
     shards = [reach(root, s) for s in parts.shards]
-    return PartitionedIndex(parts, shards, queries, manifests[0], deadline_s=deadline_s)
+    return PartitionedIndex(parts, shards, queries, manifests[0], deadline_s=deadline_s, roots=[m.source_root for m in manifests])
 
 
 class LivePartitions:

@@ -171,9 +171,10 @@ class ShardSearcher:
         return index.count, mean, (centred.T @ centred) / len(sample)
 
     def describe(self) -> dict[str, Any]:
-        """The shard's count, generation and whether it has a keyword side."""
+        """The shard's count, generation, whether it has a keyword side and whether it holds videos."""
         index = self._live.current()
-        return {"count": index.count, "generation": str(index.manifest.generation), "keywords": index.keywords is not None}
+        return {"count": index.count, "generation": str(index.manifest.generation), "keywords": index.keywords is not None,
+                "videos": index.metadata.has_videos}
 
 
 def with_global_ids(answer: ShardAnswer, global_ids: np.ndarray) -> ShardAnswer:

@@ -1,11 +1,11 @@
 """``PartitionedIndex``: a shard set (:mod:`retrieval.partition_set`) searched as one index.
 
 The router embeds the query once, sends it to every shard (:mod:`retrieval.partition_shard`)
-at once, and merges their answers in the order the unsharded index ranks by: the score, ties by
-the lower id (vector mode; with ``sort=taken`` the newest first among the same selection),
-the fused score (hybrid, on the set's cosine scale), keyword coverage (keyword mode). Exact
-modes (flat indexes) return the unsharded index's ids and scores; approximate ones the recall of
-the shards. Ids are the set's (``0 .. count - 1``), translated from each shard's own.
+at once, and merges their answers (:mod:`retrieval.partition_merge`) in the order the unsharded
+index ranks by: the score, ties by the lower id (vector mode; with ``sort=taken`` the newest first
+among the same selection), the fused score (hybrid, on the set's cosine scale), keyword coverage
+(keyword mode). Exact modes (flat indexes) return the unsharded index's ids and scores;
+approximate ones the recall of the shards. Ids are the set's (``0 .. count - 1``), translated from each shard's own.
 
 Each fan-out has a deadline: a shard that has not answered by then, or fails, is left out and
 the result says so (:attr:`SetHits.missing`; ``partial``); a search no shard answered, and a
@@ -28,9 +28,10 @@ import numpy as np
 
 from .encoders.query import QueryEncoders
 from .errors import ClipSearchError, InvalidArgumentError, ShardUnavailableError
-from .hits import Cut, Hit, newest_first
-from .keywords import CosineScale, check_mode, check_query_text, fused_scores
+from .hits import Hit
+from .keywords import CosineScale, check_mode, check_query_text
 from .layout import Manifest
+from .partition_merge import merge, only, set_scale
 from .partition_set import PartitionSet
 from .partition_shard import ShardAnswer, ShardQuery, ShardSearcher, with_global_ids
 from .query_terms import embed_terms
@@ -96,18 +97,6 @@ class SetFacts:
     shards: tuple[str, ...]
 
 
-def set_scale(moments: Sequence[tuple[int, np.ndarray, np.ndarray] | None]) -> tuple[np.ndarray, np.ndarray] | None:
-    """The set's cosine moments (mean, covariance) from its shards' ``(count, mean, cov)``,
-    weighted by count: what one index over every shard's vectors would estimate."""
-    known = [m for m in moments if m is not None]
-    total = sum(n for n, _, _ in known)
-    if not total:
-        return None
-    mean = sum((n / total) * mu for n, mu, _ in known)
-    cov = sum((n / total) * (c + np.outer(mu - mean, mu - mean)) for n, mu, c in known)
-    return np.asarray(mean), np.asarray(cov)
-
-
 class PartitionedIndex:
     """A shard set, searched as one index; what a server serves in place of an
     :class:`~retrieval.index.ImageIndex` (the same ``search``, ``rows``, ``metadata``, ``files``,
@@ -119,13 +108,15 @@ class PartitionedIndex:
         queries: the query encoders (made for a shard's manifest: every shard has the set's model).
         first: the first shard's manifest (the facts the set repeats).
         deadline_s: seconds each shard has to answer a call.
+        roots: each shard's source folder, in the set's order (default: the first shard's for
+            all); shards built apart may each have their own.
 
     Raises:
         ShardUnavailableError: a shard does not answer its description (at open).
     """
 
     def __init__(self, parts: PartitionSet, shards: Sequence[ShardClient], queries: QueryEncoders, first: Manifest,
-                 deadline_s: float = DEFAULT_DEADLINE_S) -> None:
+                 deadline_s: float = DEFAULT_DEADLINE_S, roots: Sequence[str] | None = None) -> None:
         if not deadline_s > 0:
             raise InvalidArgumentError(f"the shard deadline must be > 0 seconds, got {deadline_s!r}")
         self.parts = parts
@@ -133,11 +124,13 @@ class PartitionedIndex:
         self._queries = queries
         self._deadline_s = deadline_s
         self._keywords = first.keywords is not None
+        self.roots = tuple(roots) if roots is not None else (first.source_root,) * len(parts.shards)
         self.manifest = SetFacts(parts.count, parts.model, parts.model_fingerprint, parts.dim, first.index_type,
                                  str(parts.generation), first.source_root, first.created, tuple(s.name for s in parts.shards))
         self._sizes: dict[int, tuple[int, int]] = {}
         self._moments: tuple[np.ndarray, np.ndarray] | None = None
         self._moments_read = False
+        self._videos: bool | None = None
         self.metadata = _SetRows(self)
         self.files = _SetFiles(self)
         self.vectors = _SetVectors(self)
@@ -258,7 +251,7 @@ class PartitionedIndex:
                 answer = again[n]
                 known = np.array([h.id < count for h in answer.hits], bool)
         # More than the cut's hits is fine: the merge takes the set's best from any superset.
-        return _only(answer, known)
+        return only(answer, known)
 
     def _fan(self, calls: dict[int, tuple[Any, ...]]) -> tuple[dict[int, Any], list[str]]:
         """Each shard's answer to its call, within the deadline; the names of those that failed
@@ -316,6 +309,15 @@ class PartitionedIndex:
             self._sizes.clear()  # a bound, not a policy: the next pages fill it again
         self._sizes.update({int(i): (int(s[0]), int(s[1])) for i, s in zip(ids.tolist(), np.asarray(sizes).tolist(), strict=True)})
 
+    def has_videos(self) -> bool:
+        """Whether any shard holds the rows of videos (asked of every shard once)."""
+        if self._videos is None:
+            answers, missing = self._fan({n: ("describe",) for n in range(len(self._shards))})
+            if missing:
+                raise ShardUnavailableError(f"shards {', '.join(missing)} did not answer within {self._deadline_s:g} s: try again")
+            self._videos = any(bool(a.get("videos")) for a in answers.values())
+        return self._videos
+
     def info(self) -> dict[str, Any]:
         """The set's facts (``clipsearch info`` of a set)."""
         return {"count": self.count, "model": self.parts.model, "dim": self.dim, "generation": self.parts.generation,
@@ -325,6 +327,10 @@ class PartitionedIndex:
 class _SetRows:
     def __init__(self, index: PartitionedIndex) -> None:
         self._index = index
+
+    @property
+    def has_videos(self) -> bool:
+        return self._index.has_videos()
 
     def sizes_of(self, ids: Sequence[int] | np.ndarray) -> np.ndarray:
         known = self._index._sizes
@@ -347,6 +353,10 @@ class _SetFiles:
     def path(self, id: int) -> Path:
         return Path(self._index.one(id, "file_path"))
 
+    def root_of(self, id: int) -> str:
+        shard, _ = self._index.parts.locate([check_id(id, self._index.count)])
+        return self._index.roots[int(shard[0])]
+
     def shard_bytes(self, id: int) -> bytes | None:
         data: bytes | None = self._index.one(id, "shard_bytes")
         return data
@@ -361,43 +371,6 @@ class _SetVectors:
         return np.asarray(rows, np.float32).reshape(len(rows), self._index.dim)
 
 
-def merge(answers: Sequence[ShardAnswer], cut: Cut, mode: str, scale: CosineScale | None) -> list[Hit]:
-    """The set's hits from its shards' answers (the set's ids), in the unsharded index's order."""
-    hits = [h for a in answers for h in a.hits]
-    if not hits:
-        return []
-    taken = np.concatenate([a.taken_us for a in answers]).astype(np.int64)
-    ids = np.array([h.id for h in hits], np.int64)
-    scores = np.array([h.score for h in hits], np.float32)
-    matched = mode != "vector" and any(a.matched for a in answers)
-    if not matched:
-        if cut.min_score is None:
-            chosen = np.lexsort((ids, -scores))[: cut.top_k]
-            if cut.sort == "taken":
-                chosen = chosen[newest_first(taken[chosen], ids[chosen], -scores[chosen])]
-        else:
-            order = newest_first(taken, ids, -scores) if cut.sort == "taken" else np.lexsort((ids, -scores))
-            chosen = order[: cut.cap]
-        return [hits[i] for i in chosen.tolist()]
-    if mode == "hybrid":
-        # A shard where no word matched ranked by the cosine alone: its hits get the fused score
-        # and zero coverage they would have had beside the matches of the others.
-        fill = fused_scores(scores.astype(np.float64), np.zeros(len(hits)), scale) if scale is not None else scores
-        hits = [h if h.fused is not None else replace(h, fused=float(f), keyword=0.0) for h, f in zip(hits, fill.tolist(), strict=True)]
-        key = np.array([h.fused for h in hits], np.float64)
-    else:
-        key = np.array([h.keyword or 0.0 for h in hits], np.float64)
-    chosen = np.lexsort((ids, -scores.astype(np.float64), -key))[: cut.cap]
-    if cut.sort == "taken":
-        chosen = chosen[newest_first(taken[chosen], np.arange(len(chosen)))]
-    return [hits[i] for i in chosen.tolist()]
-
-
-def _only(answer: ShardAnswer, keep: np.ndarray) -> ShardAnswer:
-    return replace(answer, hits=[h for h, k in zip(answer.hits, keep.tolist(), strict=True) if k], taken_us=answer.taken_us[keep],
-                   sizes=answer.sizes[keep])
-
-
 def _named(image: Any) -> Any:
     if isinstance(image, bytes):
         buf = io.BytesIO(image)
@@ -406,4 +379,4 @@ def _named(image: Any) -> Any:
     return image
 
 
-__all__ = ["DEFAULT_DEADLINE_S", "LocalShard", "PartitionedIndex", "SetFacts", "SetHits", "ShardClient", "merge", "set_scale"]
+__all__ = ["DEFAULT_DEADLINE_S", "LocalShard", "PartitionedIndex", "SetFacts", "SetHits", "ShardClient"]

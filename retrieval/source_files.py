@@ -38,6 +38,16 @@ class SourceFiles:
         raw = self._rows.rows([checked], columns=("path_bytes",))[0]["path_bytes"]
         return source_path(self._directory, self._manifest, checked, raw)
 
+    def root_of(self, id: int) -> str:
+        """The folder :meth:`path` of ``id`` lies under (the index's ``source_root``; empty for
+        an index imported from embeddings).
+
+        Raises:
+            InvalidArgumentError: ``id`` is not an id of this index.
+        """
+        check_id(id, self._manifest.count)
+        return self._manifest.source_root
+
     def shard_bytes(self, id: int) -> bytes | None:
         """The bytes of image ``id`` read out of its WebDataset shard (under ``source_root``,
         local or on a store reached with the standard credentials), checked against the recorded

@@ -1,7 +1,8 @@
 """``serve --ray`` on a three-node ``ray.cluster_utils.Cluster`` on this machine: a shard set on
 Ray Serve (clipsearch.server.cluster) against the unsharded index, and its faults: a shard past
 its deadline, a shard failing verify, images added to one shard under traffic, a node removed
-under traffic.
+under traffic: one that holds a router and shard replicas, the traffic entering the other
+nodes' HTTP proxies.
 
 One cluster and one deployment serve the whole module (starting them is most of its time); the
 tests run in file order, the node removal last.
@@ -15,7 +16,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -41,6 +42,7 @@ DEADLINE_S = 2.0
 class Served:
     cluster: Any
     url: str
+    urls: dict[str, str]  # each node's HTTP proxy, by node id (url is the head's)
     root: Path
     set_dir: Path
     vectors: np.ndarray
@@ -50,6 +52,23 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _wait_routed(urls: Iterable[str], within_s: float = 60.0) -> None:
+    """Until every proxy routes the application (a worker's proxy starts once a replica is
+    placed on its node, and learns the routes a moment later: refused connections, then 404s)."""
+    import httpx
+
+    deadline = time.monotonic() + within_s
+    for url in urls:
+        while True:
+            try:
+                if httpx.get(f"{url}/api/indexes", timeout=10).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            assert time.monotonic() < deadline, f"{url} does not route the application"
+            time.sleep(0.2)
 
 
 @pytest.fixture(scope="module")
@@ -62,22 +81,24 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     vectors = clustered(600, 32)
     write_vectors_index(root / "all.idx", vectors, commit_every=600)
     split_index(root / "all.idx", 2, root / "set")
-    # The head holds Serve's controller, its HTTP proxy and the router (the resource "router");
-    # each shard has a replica on each worker (the resource "shard", max_replicas_per_node=1),
-    # so that removing a worker leaves one of each and every router.
-    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 << 20,
-                                                            "resources": {"router": 4}})
-    for _ in range(2):
-        cluster.add_node(num_cpus=1, object_store_memory=80 << 20, resources={"shard": 4})
+    # The head holds Serve's controller; each worker a replica of each shard (the resource
+    # "shard", max_replicas_per_node=1); every node a router (max_routers_per_node=1) and an
+    # HTTP proxy, each worker's on a port of its own (Serve's knob for proxies sharing a host).
+    port, worker_ports = _free_port(), [_free_port(), _free_port()]
+    cluster = Cluster(initialize_head=True, head_node_args={"num_cpus": 1, "include_dashboard": False, "object_store_memory": 80 << 20})
+    urls = {cluster.head_node.node_id: f"http://127.0.0.1:{port}"}
+    for worker_port in worker_ports:
+        node = cluster.add_node(num_cpus=1, object_store_memory=80 << 20, resources={"shard": 4},
+                                env_vars={"RAY_SERVE_WORKER_PROXY_HTTP_PORT": str(worker_port)})
+        urls[node.node_id] = f"http://127.0.0.1:{worker_port}"
     cluster.wait_for_nodes()
-    port = _free_port()
-    options = ClusterOptions(replicas=2, routers=1, deadline_s=DEADLINE_S, shard_cpus=0.5, router_cpus=0.5, max_replicas_per_node=1,
-                             shard_resources=(("shard", 1),), router_resources=(("router", 1),))
+    options = ClusterOptions(replicas=2, routers=3, deadline_s=DEADLINE_S, shard_cpus=0.3, router_cpus=0.2, max_replicas_per_node=1,
+                             max_routers_per_node=1, shard_resources=(("shard", 1),))
     try:
-        started = deploy(root / "set", options, {"warm": False}, address=cluster.address, http={"host": "127.0.0.1", "port": port},
-                         proxy_location="HeadOnly")
+        started = deploy(root / "set", options, {"warm": False}, address=cluster.address, http={"host": "127.0.0.1", "port": port})
         assert started is False
-        yield Served(cluster, f"http://127.0.0.1:{port}", root, root / "set", vectors)
+        _wait_routed(urls.values())
+        yield Served(cluster, urls[cluster.head_node.node_id], urls, root, root / "set", vectors)
     finally:
         if ray.is_initialized():
             serve.shutdown()
@@ -262,37 +283,41 @@ def test_images_added_to_a_shard_under_traffic_never_mix_generations(served: Ser
 
 def test_a_node_removed_under_traffic_costs_no_request(served: Served) -> None:
     import httpx
+    from ray._private.state import actors
 
-    results: list[tuple[int, bool]] = []
+    # Where Serve placed each replica (Serve names their actors after the deployment; the GCS's
+    # table, as the state API needs the dashboard this cluster runs without).
+    placed = [(a["Address"]["NodeID"], a["ActorClassName"]) for a in actors(actor_state_name="ALIVE").values()]
+    worker = next(n for n in served.cluster.list_all_nodes() if n is not served.cluster.head_node)
+    lost = {name.rsplit(":", 1)[-1] for node, name in placed if node == worker.node_id}
+    assert {"router", "shard-0000", "shard-0001"} <= lost, lost
+    survivors = [url for node, url in served.urls.items() if node != worker.node_id]
+    results: list[tuple[str, int, bool]] = []
     stop = threading.Event()
     q = served.vectors[10]
 
-    def traffic() -> None:
-        with httpx.Client(base_url=served.url, timeout=30) as client:
+    def traffic(url: str) -> None:
+        with httpx.Client(base_url=url, timeout=30) as client:
             while not stop.is_set():
                 response = client.post("/api/search", json={"vector": q.tolist(), "k": 5})
-                results.append((response.status_code, response.status_code == 200 and response.json()["partial"]))
+                results.append((url, response.status_code, response.status_code == 200 and response.json()["partial"]))
 
-    threads = [threading.Thread(target=traffic) for _ in range(2)]
+    # Two clients on each surviving node's proxy: its router and a replica of each shard live on.
+    threads = [threading.Thread(target=traffic, args=(url,)) for url in survivors for _ in range(2)]
     for t in threads:
         t.start()
     try:
         time.sleep(1.0)
         served_before = len(results)
-        # A worker holding shard replicas (Serve names their actors after the deployment; the
-        # GCS's table, as the state API needs the dashboard this cluster runs without).
-        from ray._private.state import actors
-
-        hosts = {a["Address"]["NodeID"] for a in actors(actor_state_name="ALIVE").values() if ":shard-" in a["ActorClassName"]}
-        worker = next(n for n in served.cluster.list_all_nodes() if n is not served.cluster.head_node and n.node_id in hosts)
-        served.cluster.remove_node(worker)
+        served.cluster.remove_node(worker, allow_graceful=False)  # killed, as a crashed machine
         time.sleep(4.0)
     finally:
         stop.set()
         for t in threads:
             t.join()
     assert served_before > 0 and len(results) > served_before + 5
-    assert all(code == 200 and not partial for code, partial in results), [r for r in results if r != (200, False)][:5]
+    assert {url for url, _, _ in results[served_before:]} == set(survivors)
+    assert all(code == 200 and not partial for _, code, partial in results), [r for r in results if r[1:] != (200, False)][:5]
 
 
 def test_cluster_options_refuse_bad_values(capsys: pytest.CaptureFixture[str]) -> None:

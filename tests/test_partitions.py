@@ -16,7 +16,7 @@ from helpers import assert_one_line_error
 from vector_indexes import clustered, write_vectors_index
 
 from clipsearch.cli import main
-from indexer.partition import add_to_partitions, split_index
+from indexer.partition import add_to_partitions, join_indexes, split_index
 from retrieval.errors import IndexFormatError, InvalidArgumentError, NotAnIndexError, ShardUnavailableError
 from retrieval.filters import Filter
 from retrieval.index import ImageIndex
@@ -92,6 +92,88 @@ def test_adding_images_grows_one_shard_and_equals_the_unsharded_index(vec_set: t
         got = sharded.search(SearchRequest(vector=q, k=8))
         assert [(h.id, h.score) for h in got] == [(h.id, h.score) for h in whole.search(SearchRequest(vector=q, k=8))]
     assert any(h.id >= 900 for q in new[:4] for h in sharded.search(SearchRequest(vector=q, k=3)))
+
+
+def test_indexes_built_apart_joined_equal_one_index_of_all(vec_set: tuple[Path, Path, np.ndarray], tmp_path: Path) -> None:
+    whole_dir, _, vectors = vec_set
+    # Three machines each index a part of the collection (the paths of its images, its ids from 0).
+    cuts = [0, 250, 700, 900]
+    built = tmp_path / "built"
+    for n, (a, b) in enumerate(zip(cuts, cuts[1:], strict=False)):
+        write_vectors_index(built / f"part{n}.idx", vectors[a:b], commit_every=200, first=a)
+    stamps = {p: p.stat().st_mtime_ns for p in built.rglob("*")}
+    report = join_indexes([built / f"part{n}.idx" for n in range(3)], tmp_path / "set")
+    assert report.count == 900 and report.shards == {"shard-0000": 250, "shard-0001": 450, "shard-0002": 200}
+    # Only the manifest is written; the indexes stay where they are, untouched.
+    assert sorted(p.name for p in (tmp_path / "set").iterdir()) == [PARTITIONS_FILE]
+    assert {p: p.stat().st_mtime_ns for p in built.rglob("*")} == stamps
+    parts = read_partition_set(tmp_path / "set")
+    assert [s.path for s in parts.shards] == [f"../built/part{n}.idx" for n in range(3)]
+    assert [(r.first_global, r.first_local, r.rows) for s in parts.shards for r in s.ranges] == [(0, 0, 250), (250, 0, 450), (700, 0, 200)]
+    whole, joined = ImageIndex.open(whole_dir), open_partitions(tmp_path / "set")
+    where = Filter(path_glob="dir3/*")
+    for q in vectors[[0, 260, 701, 899]]:
+        for cut in CUTS:
+            _same(joined.search(SearchRequest(vector=q, **cut)), whole.search(SearchRequest(vector=q, **cut)))
+        _same(joined.search(SearchRequest(vector=q, where=where, k=6)), whole.search(SearchRequest(vector=q, where=where, k=6)))
+    assert joined.rows([0, 249, 250, 899]) == whole.rows([0, 249, 250, 899])
+    # Images added later go to the smallest shard, where it is.
+    write_vectors_index(tmp_path / "new.idx", clustered(5, 32, seed=3), commit_every=5)
+    assert add_to_partitions(tmp_path / "set", tmp_path / "new.idx").shards["shard-0002"] == 205
+    assert ImageIndex.open(built / "part2.idx").count == 205
+
+
+def test_a_join_refuses_a_mismatch_naming_the_shard(vec_set: tuple[Path, Path, np.ndarray], tmp_path: Path,
+                                                    capsys: pytest.CaptureFixture[str]) -> None:
+    whole_dir, set_dir, _ = vec_set
+    write_vectors_index(tmp_path / "a.idx", clustered(20, 32), commit_every=20)
+    write_vectors_index(tmp_path / "dim16.idx", clustered(20, 16), commit_every=20)
+    write_vectors_index(tmp_path / "other.idx", clustered(20, 32), commit_every=20, model="other")
+    a = str(tmp_path / "a.idx")
+    for paths, error, needle in (
+        ([a, tmp_path / "dim16.idx"], IndexFormatError, r"shard 'shard-0001' \(.*dim16.idx\) was embedded with synthetic \(dim 16\)"),
+        ([a, whole_dir, tmp_path / "other.idx"], IndexFormatError, r"shard 'shard-0002' \(.*other.idx\) was embedded with other"),
+        ([a, tmp_path / "nothing"], NotAnIndexError, "nothing is not a clipsearch index"),
+        ([a, set_dir], NotAnIndexError, "shard 'shard-0001' .* is a shard set"),
+        ([a, tmp_path / "." / "a.idx"], InvalidArgumentError, "given twice"),
+        ([], InvalidArgumentError, "give the indexes"),
+    ):
+        with pytest.raises(error, match=needle):
+            join_indexes(paths, tmp_path / "set")
+        assert not (tmp_path / "set").exists()
+    for argv, needle in (
+        (["shard", "--join", a, str(tmp_path / "dim16.idx"), str(tmp_path / "set")], "shard 'shard-0001'"),
+        (["shard", "--join", a], "give the indexes and where the set goes"),
+        (["shard", "--join", a, str(whole_dir), str(set_dir)], "not an empty directory"),
+        (["shard", "--join", "--shards", "2", a, str(tmp_path / "set")], "give --shards N"),
+    ):
+        assert_one_line_error(main(argv), capsys.readouterr().err, needle)
+    assert not (tmp_path / "set").exists()
+    assert main(["shard", "--join", a, str(whole_dir), str(tmp_path / "set"), "--json"]) == 0
+    joined = json.loads(capsys.readouterr().out)
+    assert joined == {"out": str(tmp_path / "set"), "count": 920, "shards": {"shard-0000": 20, "shard-0001": 900}}
+    assert open_partitions(tmp_path / "set").search(SearchRequest(vector=clustered(20, 32)[3], k=1))[0].id == 3
+
+
+def test_a_joined_set_serves_each_index_s_files_from_its_own_folder(tmp_path: Path) -> None:
+    from starlette.testclient import TestClient
+
+    from clipsearch.server import create_app
+
+    # Two machines, two photo folders: each index records its own root.
+    vectors = clustered(20, 32)
+    for n, (a, b) in enumerate(((0, 12), (12, 20))):
+        root = tmp_path / f"photos{n}"
+        for i in range(a, b):
+            (root / f"dir{i % 5}").mkdir(parents=True, exist_ok=True)
+            (root / f"dir{i % 5}" / f"img{i:05d}.jpg").write_bytes(f"image {i}".encode())
+        write_vectors_index(tmp_path / f"part{n}.idx", vectors[a:b], commit_every=20, first=a, source_root=str(root))
+    join_indexes([tmp_path / "part0.idx", tmp_path / "part1.idx"], tmp_path / "set")
+    with TestClient(create_app([tmp_path / "set"], warm=False)) as client:
+        for i in (0, 11, 12, 19):
+            got = client.get(f"/api/images/{i}")
+            assert got.status_code == 200 and got.content == f"image {i}".encode()
+        assert client.get("/api/images/20").status_code == 404
 
 
 def test_text_search_in_every_mode_equals_the_unsharded_index(built_index: Path, tmp_path: Path) -> None:

@@ -6,6 +6,7 @@ indexes); their fixtures (``vectors``, ``vec_index``, ...) are in ``conftest.py`
 
 from __future__ import annotations
 
+import hashlib
 import shutil
 from pathlib import Path
 
@@ -35,15 +36,17 @@ def records(start: int, n: int) -> list[FileRecord]:
     ]
 
 
-def write_vectors_index(out: Path, vectors: np.ndarray, commit_every: int, options: dict | None = None) -> None:
-    """An index of ``vectors`` through the indexer's own write path (no images, no model)."""
+def write_vectors_index(out: Path, vectors: np.ndarray, commit_every: int, options: dict | None = None, first: int = 0,
+                        model: str = "synthetic", source_root: str = "synthetic") -> None:
+    """An index of ``vectors`` through the indexer's own write path (no images, no model); its
+    rows' paths and facts are those of ids ``first ..`` (a part of a collection built alone)."""
     meta = IndexMeta(
-        model="synthetic",
-        model_fingerprint="sha256:" + "0" * 64,
+        model=model,
+        model_fingerprint="sha256:" + ("0" * 64 if model == "synthetic" else hashlib.sha256(model.encode()).hexdigest()),
         backend="hf",
         dim=vectors.shape[1],
         preprocess={"shortest_edge": 8, "crop_size": [8, 8], "resample": 3, "mean": [0.5] * 3, "std": [0.5] * 3, "rescale_factor": 1 / 255},
-        source_root="synthetic",
+        source_root=source_root,
         index_options=options or {"index_type": "auto"},
     )
     out.mkdir(parents=True)
@@ -51,7 +54,7 @@ def write_vectors_index(out: Path, vectors: np.ndarray, commit_every: int, optio
         writer = GenerationWriter(out, meta, None)
         for start in range(0, len(vectors), commit_every):
             chunk = vectors[start : start + commit_every]
-            writer.append(records(start, len(chunk)), chunk)
+            writer.append(records(first + start, len(chunk)), chunk)
             writer.commit()
         writer.finish()
 

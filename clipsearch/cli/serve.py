@@ -194,7 +194,7 @@ def _serve_ray(args: argparse.Namespace, settings: dict[str, Any]) -> int:
     if args.workers != "1":
         raise InvalidArgumentError("serve --ray runs --routers replicas instead of --workers processes")
     options = ClusterOptions(replicas=args.replicas, routers=args.routers, deadline_s=args.shard_deadline,
-                             max_replicas_per_node=args.max_replicas_per_node,
+                             max_replicas_per_node=args.max_replicas_per_node, max_routers_per_node=args.max_routers_per_node,
                              shard_resources=tuple(args.shard_resource or ()), router_resources=tuple(args.router_resource or ()))
     started = deploy(args.index_dirs[0], options, settings, address=args.address, http={"host": args.host, "port": args.port})
     stop = threading.Event()
@@ -307,6 +307,11 @@ def register(subparsers: Subparsers) -> None:
     p.add_argument(
         "--max-replicas-per-node", type=positive_int, metavar="N",
         help="--ray: at most N replicas of one shard on a node (1: a lost node loses one replica of a shard at most)",
+    )
+    p.add_argument(
+        "--max-routers-per-node", type=positive_int, metavar="N",
+        help="--ray: at most N routers on a node (1, with --routers the number of nodes: a router on each node, "
+        "so that a lost node fails no request entering another node)",
     )
     p.add_argument(
         "--shard-resource", action="append", type=_resource, metavar="NAME[=N]",

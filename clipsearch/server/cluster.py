@@ -6,6 +6,13 @@ routers are ``routers`` replicas of one ingress deployment whose ASGI app is the
 ``clipsearch serve``'s (:func:`clipsearch.server.create_app`), its shards reached through
 deployment handles (:class:`RayShard`). Serve's HTTP proxy on every node answers the API and UI.
 
+A request's path survives the loss of any node but the one it entered: a call to a shard whose
+replica is lost is sent again to another replica (:class:`RayShard`), and Serve's proxy hands a
+request to the router on its own node first, only to another node's when that one refuses it;
+a router here never refuses (:data:`ROUTER_MAX_ONGOING`), so with a router on each node that
+takes traffic (``max_routers_per_node=1``), no request waits in a router on another node. A
+request in a router that dies fails (Serve's proxy does not send it again), hence the rule.
+
 Before anything is deployed, every shard is checked against the set and verified (its files'
 checksums); a failure names the shard. A deployment that fails to start is deleted, and a Ray
 started here is shut down: nothing half-deployed is left running. Ray comes from ``--address``,
@@ -36,6 +43,11 @@ CONNECT_TIMEOUT_S = 5.0
 REQUEST_TIMEOUT_FACTOR = 6
 # Tries of one shard call whose replica is lost (each on a replica Serve still knows).
 TRIES = 3
+# Requests a router replica takes at once before Serve's proxy looks for another router: high
+# enough never to be reached (the proxy's request timeout bounds a queue instead), so that a
+# proxy keeps every request on its own node's router rather than one on another node, whose
+# loss would fail the request.
+ROUTER_MAX_ONGOING = 10_000
 
 
 @dataclass(frozen=True)
@@ -44,7 +56,9 @@ class ClusterOptions:
     CPUs each replica reserves, whether shards are verified first, how each replica reads its
     FAISS file (``mmap``, as ``serve --mmap``) and at most how many replicas of one shard a node
     holds (``max_replicas_per_node``, Serve's: 1 puts each replica of a shard on another node,
-    so that losing a node loses one replica of a shard at most; None leaves it to Serve), and
+    so that losing a node loses one replica of a shard at most; None leaves it to Serve), at
+    most how many routers a node holds (``max_routers_per_node``: 1 with ``routers`` the number
+    of nodes puts a router on each, so that every node's proxy has a router of its own), and
     the custom Ray resources a shard replica and a router replica each need (``{"shard": 1}``:
     only on nodes started with ``--resources '{"shard": N}'``: shards on the nodes with the
     memory, routers on others, so that losing a shard node loses no router).
@@ -61,12 +75,13 @@ class ClusterOptions:
     verify: bool = True
     mmap: bool | None = None
     max_replicas_per_node: int | None = None
+    max_routers_per_node: int | None = None
     shard_resources: tuple[tuple[str, float], ...] = ()
     router_resources: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self) -> None:
-        for name in ("replicas", "routers", "max_replicas_per_node"):
-            if name == "max_replicas_per_node" and self.max_replicas_per_node is None:
+        for name in ("replicas", "routers", "max_replicas_per_node", "max_routers_per_node"):
+            if name.startswith("max_") and getattr(self, name) is None:
                 continue
             if not is_positive_int(getattr(self, name)):
                 raise InvalidArgumentError(f"--{name.replace('_', '-')} must be an integer >= 1, got {getattr(self, name)!r}")
@@ -183,9 +198,10 @@ def application(set_dir: str | os.PathLike[str], parts: PartitionSet, options: C
                                  **spread)(ShardReplica).bind(str(root / s.path), options.mmap)
         for s in parts.shards
     }
-    router = serve.deployment(name="router", num_replicas=options.routers,
+    per_node: dict[str, Any] = {} if options.max_routers_per_node is None else {"max_replicas_per_node": options.max_routers_per_node}
+    router = serve.deployment(name="router", num_replicas=options.routers, max_ongoing_requests=ROUTER_MAX_ONGOING,
                               ray_actor_options={"num_cpus": options.router_cpus, "resources": dict(options.router_resources)},
-                              )(serve.ingress()(Router))
+                              **per_node)(serve.ingress()(Router))
     return router.bind(str(root), shard_apps, settings, options.deadline_s)
 
 
@@ -237,7 +253,7 @@ def deploy(set_dir: str | os.PathLike[str], options: ClusterOptions, settings: d
     parts = check_set(set_dir, options.verify)
     started = connect_ray(address)
     try:
-        # A request whose router is lost with its node gets the proxy's timeout, not a hang.
+        # A request that waits on a lost router gets the proxy's timeout, not a hang.
         http_options = {"host": "127.0.0.1", "port": 8000, "request_timeout_s": REQUEST_TIMEOUT_FACTOR * options.deadline_s, **(http or {})}
         serve.start(proxy_location=proxy_location, http_options=http_options)
         serve.run(application(set_dir, parts, options, settings), name=name, route_prefix=route_prefix)
@@ -267,5 +283,6 @@ def undeploy(started: bool, name: str = APP_NAME) -> None:
 
 
 __all__ = [
-    "APP_NAME", "ClusterOptions", "RayShard", "Router", "ShardReplica", "application", "check_set", "connect_ray", "deploy", "undeploy",
+    "APP_NAME", "ROUTER_MAX_ONGOING", "ClusterOptions", "RayShard", "Router", "ShardReplica", "application", "check_set", "connect_ray",
+    "deploy", "undeploy",
 ]

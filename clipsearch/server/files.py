@@ -57,17 +57,19 @@ def source_file(index: ImageIndex, image_id: int, name: str) -> Path:
     is lexical (no ``..`` can climb out), so a symlink the indexer followed inside the collection
     is still served, as it was indexed.
     """
-    if not index.manifest.source_root:
-        # An index made by `clipsearch import`: vectors only, no folder of originals to serve.
-        raise NotFoundError(f"index {name!r} holds no image files (it was imported from embeddings)")
     try:
+        # Its own index's folder (a shard set's shards built apart each have theirs).
+        source_root = index.files.root_of(image_id)
+        if not source_root:
+            # An index made by `clipsearch import`: vectors only, no folder of originals to serve.
+            raise NotFoundError(f"index {name!r} holds no image files (it was imported from embeddings)")
         path = index.files.path(image_id)
     except InvalidArgumentError:
         raise NotFoundError(f"no image {image_id} in index {name!r}") from None
     except IndexCorruptError:
         # The index records a path that leaves its folder: serve nothing for it.
         raise NotFoundError(f"image {image_id} of index {name!r} is recorded outside its source root") from None
-    root = os.path.normpath(index.manifest.source_root)
+    root = os.path.normpath(source_root)
     full = os.path.normpath(os.fspath(path))
     if not full.startswith(root.rstrip(os.sep) + os.sep):
         raise NotFoundError(f"image {image_id} of index {name!r} is recorded outside its source root")
