@@ -100,8 +100,9 @@ def measure(rows: int, actors: int, mode: str, base: Path, batch_size: int, comm
     }
 
 
-def run_all(rows: int, rounds: int, batch_size: int, commit_every: int, base: Path) -> list[dict[str, Any]]:
-    """Per actor count: the driver writing (Ray batches of ``batch_size``, as a build sends them,
+def run_all(rows: int, rounds: int, batch_size: int, commit_every: int, base: Path,
+            actor_counts: tuple[int, ...] = (1, 2)) -> list[dict[str, Any]]:
+    """Per actor count (``actor_counts``): the driver writing (Ray batches of ``batch_size``, as a build sends them,
     and of an actor's part, which isolates the writing) and the actors writing; best of
     ``rounds`` by stream time. Checks that every run made the same index."""
     import logging
@@ -114,7 +115,7 @@ def run_all(rows: int, rounds: int, batch_size: int, commit_every: int, base: Pa
     ray.init(address="local", num_cpus=3, include_dashboard=False, log_to_driver=False, logging_level=logging.ERROR)
     results: list[dict[str, Any]] = []
     try:
-        for actors in (1, 2):
+        for actors in actor_counts:
             for mode, size in (("driver", batch_size), ("driver", part_rows(batch_size, rows, actors, commit_every)),
                                ("actors", batch_size)):
                 best = min((measure(rows, actors, mode, base, size, commit_every) for _ in range(rounds)),

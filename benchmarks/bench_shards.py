@@ -82,15 +82,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--ray-write-rows", type=int, default=131072, help="rows of Ray's write measurement (0: none)")
     parser.add_argument("--ray-commit-every", type=int, default=4096, help="chunk commits of that measurement (default 4096)")
     parser.add_argument("--ray-write-only", action="store_true", help="only Ray's write measurement, not the sources")
+    parser.add_argument("--ray-actors", type=int, nargs="+", default=[1, 2], help="actor counts of that measurement (default 1 2)")
     args = bench.parse(argv)
-    if min(args.images, args.per_shard, args.size, args.rounds, args.ray_commit_every) < 1 or args.ray_write_rows < 0:
-        parser.error("--images, --per-shard, --size, --rounds and --ray-commit-every must be >= 1, --ray-write-rows >= 0")
+    if min(args.images, args.per_shard, args.size, args.rounds, args.ray_commit_every, *args.ray_actors) < 1 or args.ray_write_rows < 0:
+        parser.error("--images, --per-shard, --size, --rounds, --ray-commit-every and --ray-actors must be >= 1, --ray-write-rows >= 0")
     ray_rows: list[dict[str, object]] = []
     if args.ray_write_rows:
         import _ray_write
 
         with bench.scratch() as tmp:
-            ray_rows = _ray_write.run_all(args.ray_write_rows, args.rounds, args.batch_size, args.ray_commit_every, tmp)
+            ray_rows = _ray_write.run_all(args.ray_write_rows, args.rounds, args.batch_size, args.ray_commit_every, tmp,
+                                              tuple(args.ray_actors))
     ray_table = _ray_write.table(ray_rows, args.ray_write_rows) if ray_rows else []
     if args.ray_write_only:
         bench.report({"benchmark": "shards", "ray_write": ray_rows, "ray_write_rows": args.ray_write_rows,

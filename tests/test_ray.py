@@ -28,6 +28,7 @@ from indexer.build_config import BuildConfig
 from retrieval import ImageIndex
 from retrieval.encoders.cpu import cpu_level
 from retrieval.errors import EngineError, InvalidArgumentError
+from retrieval.layout import STAGING_PREFIX
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -97,26 +98,33 @@ def test_cluster_driver_killed_resumes_to_a_local_build(
     tmp_path: Path, tiny_model: Path, small_photos: Path, small_local: Path, two_node_cluster: str
 ) -> None:
     """Two nodes of one CPU each, one actor on each, the driver a separate process reaching the
-    head by address; killed with SIGKILL after its first commit, then run again."""
+    head by address; killed with SIGKILL at the second part's link (after the first part's commit,
+    between an actor's write and its link), then run again: the next run removes the staged part
+    and embeds only what was not committed."""
     import ray
 
     assert not ray.is_initialized(), "the cluster test must run before this module's embedded Ray"
     out = tmp_path / "cluster.idx"
     args = ["index", small_photos, out, "--model", tiny_model, "--engine", "ray", "--ray-address", two_node_cluster,
             "--actors", "2", "--cpus-per-actor", "1", "--batch-size", "4", "--commit-every", "4", "--no-progress", "--json"]
-    killed = run_cli(args, env={"CLIPSEARCH_CRASH_AT": "commit:1"})
+    killed = run_cli(args, env={"CLIPSEARCH_CRASH_AT": "adopt:2"})
     assert killed.returncode == -signal.SIGKILL, killed.stderr
+    staged = [p for p in out.iterdir() if p.name.startswith(f"{STAGING_PREFIX}ray-")]
+    assert len(staged) == 1 and list((staged[0] / "embeddings").glob("*.parquet"))
     partial = json.loads((out / "manifest.json").read_text())
-    assert not partial["complete"] and 0 < partial["count"] + partial["skipped"] < 13
+    # The first part committed: 4 files, the broken one (the first) a skip record.
+    assert not partial["complete"] and (partial["count"], partial["skipped"]) == (3, 1)
 
     done = run_cli(args)
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)
     assert report["engine"] == "ray" and report["actors"] == 2 and report["resumed"] is True
+    assert report["ray_write"] == "actors"
     assert report["cluster_resources"]["CPU"] == 2.0
     # Only what the killed run had not committed was embedded again.
-    assert report["embedded"] + report["newly_skipped"] == 13 - partial["count"] - partial["skipped"]
+    assert (report["embedded"], report["newly_skipped"]) == (13 - 4, 0)
     assert_same_index(small_local, out)
+    assert [p.name for p in out.iterdir() if p.name.startswith(STAGING_PREFIX)] == []
 
 
 def test_unreachable_address_fails_with_one_line(tmp_path: Path, tiny_model: Path, small_photos: Path) -> None:

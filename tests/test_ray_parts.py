@@ -2,22 +2,19 @@
 
 The format and the linking first, through the indexer's own write path without Ray or a model;
 then Ray builds (one embedded Ray for the module) whose actors write their parts: the same index
-as the driver writes, the fallback where the index directory is out of an actor's reach, and a
-driver killed between an actor's write and its link.
+as the driver writes and the fallback where the index directory is out of an actor's reach (a driver
+killed between an actor's write and its link is test_ray's cluster test).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import signal
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
 from helpers import local_ray
 from imagegen import write_photos
 from vector_indexes import DIM, clustered, records, write_vectors_index
@@ -279,26 +276,3 @@ def test_unreachable_index_dir_falls_back_to_the_driver(tmp_path: Path, tiny_mod
         build_index(photos, strict, model=str(tiny_model), engine="ray", actors=2, cpus_per_actor=1, batch_size=4,
                     ray_write="actors")
     assert not strict.exists()  # a new index that failed leaves nothing
-
-
-def test_driver_killed_between_an_actor_write_and_its_link(tmp_path: Path, tiny_model: Path, photos: Path,
-                                                           driver_written: Path, ray_local: str) -> None:
-    """SIGKILL at the second part's link: the first is committed, the second is left in the
-    staging folder; the next run removes it and embeds only what was not committed."""
-    out = tmp_path / "killed.idx"
-    args: list[str | os.PathLike[str]] = [
-        "index", photos, out, "--model", tiny_model, "--engine", "ray", "--ray-address", ray_local, "--actors", "2",
-        "--cpus-per-actor", "1", "--batch-size", "4", "--commit-every", "8", "--no-progress", "--json"]
-    killed = run_cli(args, env={"CLIPSEARCH_CRASH_AT": "adopt:2"})
-    assert killed.returncode == -signal.SIGKILL, killed.stderr
-    staged = [p for p in out.iterdir() if p.name.startswith(f"{STAGING_PREFIX}ray-")]
-    assert len(staged) == 1 and list((staged[0] / "embeddings").glob("*.parquet"))
-    partial = read_manifest(out)
-    # The first part committed: 8 files, the broken one (the first) a skip record.
-    assert not partial.complete and (partial.count, partial.skipped) == (7, 1)
-    done = run_cli(args)
-    assert done.returncode == 0, done.stderr
-    report = json.loads(done.stdout)
-    assert report["resumed"] is True and report["ray_write"] == "actors"
-    assert (report["embedded"], report["newly_skipped"]) == (23 - 8, 0)
-    _assert_same(driver_written, out)
