@@ -226,10 +226,28 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.fixture(scope="module")
 def driver_written(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, photos: Path, ray_local: str) -> Path:
-    out = tmp_path_factory.mktemp("ray_driver") / "driver.idx"
-    report = build_index(photos, out, model=str(tiny_model), engine="ray", actors=2, cpus_per_actor=1, batch_size=4,
-                         commit_every=8, ray_write="driver")
-    assert report.ray_write == "driver"
+    """The reference: a build whose actors do not see the driver's probe (the index directory on
+    another file system), so that ``auto`` falls back to the driver writing every row. An explicit
+    ``ray_write="driver"`` writes the same index as the actors: bench_shards' Ray write smoke test."""
+    base = tmp_path_factory.mktemp("ray_driver")
+    made = Stage.__init__
+
+    def elsewhere(self: Stage, writer: GenerationWriter, required: bool) -> None:
+        made(self, writer, required)
+        self.ref = dataclasses.replace(self.ref, path=str(base / "not-on-this-node").encode())
+
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setattr(Stage, "__init__", elsewhere)
+        out = base / "driver.idx"
+        report = build_index(photos, out, model=str(tiny_model), engine="ray", actors=2, cpus_per_actor=1, batch_size=4,
+                             commit_every=8)
+        assert report.ray_write == "driver"
+        strict = base / "strict.idx"
+        refused = r"^node \S+ cannot reach the index directory \S+strict.idx to write its parts; use --ray-write"
+        with pytest.raises(EngineError, match=refused):
+            build_index(photos, strict, model=str(tiny_model), engine="ray", actors=2, cpus_per_actor=1, batch_size=4,
+                        ray_write="actors")
+        assert not strict.exists()  # a new index that failed leaves nothing
     return out
 
 
@@ -256,23 +274,8 @@ def test_actor_written_equals_driver_written(tmp_path: Path, tiny_model: Path, p
     _assert_same(driver_written, out)
 
 
-def test_unreachable_index_dir_falls_back_to_the_driver(tmp_path: Path, tiny_model: Path, photos: Path, driver_written: Path,
-                                                         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Actors that do not see the driver's probe (another file system) send their rows back."""
-    made = Stage.__init__
-
-    def elsewhere(self: Stage, writer: GenerationWriter, required: bool) -> None:
-        made(self, writer, required)
-        self.ref = dataclasses.replace(self.ref, path=str(tmp_path / "not-on-this-node").encode())
-
-    monkeypatch.setattr(Stage, "__init__", elsewhere)
-    out = tmp_path / "auto.idx"
-    report = build_index(photos, out, model=str(tiny_model), engine="ray", actors=2, cpus_per_actor=1, batch_size=4,
-                         commit_every=8)
-    assert report.ray_write == "driver"
-    _assert_same(driver_written, out)
-    strict = tmp_path / "strict.idx"
-    with pytest.raises(EngineError, match=r"^node \S+ cannot reach the index directory \S+strict.idx to write its parts; use --ray-write"):
-        build_index(photos, strict, model=str(tiny_model), engine="ray", actors=2, cpus_per_actor=1, batch_size=4,
-                    ray_write="actors")
-    assert not strict.exists()  # a new index that failed leaves nothing
+def test_unreachable_index_dir_falls_back_to_the_driver(driver_written: Path) -> None:
+    """Actors that do not see the driver's probe send their rows back (``auto``), and refuse
+    with one line where ``--ray-write actors`` was asked for (both in the fixture)."""
+    assert read_manifest(driver_written).complete
+    assert verify_index(driver_written).ok and _staging(driver_written) == []
