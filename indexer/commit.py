@@ -49,7 +49,7 @@ from . import ann
 from .ann import FaissInfo
 from .parts import PartSource, group_parts, link_part, write_part
 from .plan import IndexedFacts
-from .sides.side_writer import SideWriter, SideWriters
+from .side_writer import SideWriter, SideWriters
 from .writer import (
     FileRecord,
     SkipRecord,
@@ -83,7 +83,7 @@ class GenerationWriter:
     """Append rows, drop rows, and publish generations of one index directory.
 
     ``sides`` makes the sides the writer carries from ``base`` into each generation, by the
-    stage's name (:mod:`indexer.sides.side_writer`; the build's stages:
+    stage's name (:mod:`indexer.side_writer`; the build's stages:
     :func:`indexer.sides.registry.side_writers`).
     """
 

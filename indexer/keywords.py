@@ -44,7 +44,7 @@ class PreviousKeywords:
 
 class KeywordWriter:
     """The keyword side a :class:`~indexer.commit.GenerationWriter` carries
-    (:class:`~indexer.sides.side_writer.SideWriter`): the last file and how many of its first
+    (:class:`~indexer.side_writer.SideWriter`): the last file and how many of its first
     ids still hold."""
 
     def __init__(self, index_dir: Path, base: Manifest | None) -> None:

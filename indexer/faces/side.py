@@ -89,7 +89,7 @@ class PreviousFaces:
 
 class FaceWriter:
     """The faces side a :class:`~indexer.commit.GenerationWriter` carries
-    (:class:`~indexer.sides.side_writer.SideWriter`): the last generation's side and how many of
+    (:class:`~indexer.side_writer.SideWriter`): the last generation's side and how many of
     its first ids still hold, and the tables the faces stage made for the next commit."""
 
     def __init__(self, index_dir: Path, base: Manifest | None) -> None:

@@ -1,6 +1,6 @@
 """What a side stage of the build implements (:class:`SideStage`), and what a build hands it
 (:class:`SideRun`) and gets back (:class:`SideStats`); its part of a commit implements
-:class:`~indexer.sides.side_writer.SideWriter`.
+:class:`~indexer.side_writer.SideWriter`.
 
 A side stage is something a build makes beside the rows and their vectors, over the rows of the
 index: the keyword side (its setting: whether OCR reads the text in the pixels) and the faces
@@ -23,7 +23,7 @@ in one build, in order:
 6. :meth:`SideStage.report`: its :class:`~indexer.build_config.BuildReport` fields.
 
 Every :class:`~indexer.commit.GenerationWriter` a build opens is given one
-:class:`~indexer.sides.side_writer.SideWriter` per stage (by name, made by
+:class:`~indexer.side_writer.SideWriter` per stage (by name, made by
 :meth:`SideStage.side_writer`): told when rows move, it writes (or links) the stage's files into
 each generation and returns the manifest entry recorded under the stage's ``name`` (a field of
 :class:`~retrieval.layout.Manifest`, with its own checksums). The stage finds it again with
@@ -49,7 +49,7 @@ from ..build_config import BuildConfig
 from ..commit import GenerationWriter
 from ..dataset import Item
 from ..shards import ShardReader
-from .side_writer import SideWriter
+from ..side_writer import SideWriter
 
 
 @dataclass(frozen=True)

@@ -15,10 +15,10 @@ from retrieval.layout import Manifest
 
 from ..build_config import BuildConfig
 from ..dataset import Item
+from ..side_writer import SideWriter
 from .contract import SideStage
 from .face_stage import FaceStage
 from .keyword_stage import KeywordStage
-from .side_writer import SideWriter
 
 # In the order they run (and write their side into each commit). Each name is a field of the
 # manifest and a key of IndexMeta.sides.
