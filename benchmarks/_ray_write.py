@@ -64,6 +64,7 @@ def measure(rows: int, actors: int, mode: str, base: Path, batch_size: int, comm
     from indexer.discover import ImageFile
     from indexer.lock import IndexLock
     from indexer.plan import UpdatePlan
+    from indexer.sides.registry import side_writers
     from retrieval import ImageIndex
 
     out = base / f"{mode}-{actors}-{batch_size}.idx"
@@ -79,7 +80,7 @@ def measure(rows: int, actors: int, mode: str, base: Path, batch_size: int, comm
     ray_engine.EmbedActor = VectorActor  # type: ignore[misc]  # the write path, without a model
     try:
         with ray_engine.ray_run(cfg) as run, IndexLock(out):
-            writer = GenerationWriter(out, meta, None)
+            writer = GenerationWriter(out, meta, None, side_writers)
             t0, c0 = time.perf_counter(), time.process_time()
             stats = run.embed_spec(spec, plan, writer)
             stream, cpu = time.perf_counter() - t0, time.process_time() - c0

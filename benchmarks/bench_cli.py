@@ -8,7 +8,7 @@ A B C D E, ... after one warm-up round, so drift hits all commands alike):
   search is the fp32 numpy text path where the checkpoint allows it, see ``text_path``);
 * ``search (int8)``: the same with ``--precision int8``: what a one-shot search would pay if
   ``auto`` took int8 products (importing torch, quantising the tower); its difference to
-  ``search`` is the set-up that ``retrieval.encoders.chooser.ONE_SHOT_TEXTS`` weighs;
+  ``search`` is the set-up that ``retrieval.encoders.text_choice.ONE_SHOT_TEXTS`` weighs;
 * ``search (torch)``: the same with ``CLIPSEARCH_TEXT_RUNTIME=torch --precision fp32``, i.e. the
   transformers text tower every search used before;
 * ``search --image``: an image query, on the tower the index recorded (OpenVINO, ONNX Runtime

@@ -58,6 +58,7 @@ def write_index(out: Path, images: int, dim: int, ocr_share: float, seed: int) -
     """An index of ``images`` rows with file names and OCR-like text; returns the words its
     texts use and the cluster centres its vectors were drawn around."""
     from indexer.commit import GenerationWriter, IndexMeta
+    from indexer.sides.registry import side_writers
     from indexer.writer import FileRecord
     from retrieval.images import PhotoMeta
 
@@ -66,7 +67,7 @@ def write_index(out: Path, images: int, dim: int, ocr_share: float, seed: int) -
     centres = rng.standard_normal((256, dim)).astype(np.float32)
     meta = IndexMeta(model="synthetic", model_fingerprint="sha256:" + "0" * 64, backend="hf", dim=dim, preprocess={},
                      source_root=str(out.parent), index_options={"index_type": "flat"})
-    writer = GenerationWriter(out, meta, None)
+    writer = GenerationWriter(out, meta, None, side_writers)
     used: set[str] = set()
     out.mkdir(parents=True, exist_ok=True)
     batch = 20_000

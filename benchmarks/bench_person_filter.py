@@ -55,9 +55,10 @@ def write_index(out: Path, photos: int, dim: int, people: int, per_photo: float,
     import pyarrow as pa
 
     from indexer.commit import GenerationWriter, IndexMeta
-    from indexer.faces.side import FaceTables
+    from indexer.faces.side import NAME as FACES
+    from indexer.faces.side import FaceTables, FaceWriter
     from indexer.faces.stage import face_options
-    from indexer.sides.face_stage import face_writer
+    from indexer.sides.registry import side_writers
     from indexer.writer import FileRecord
     from retrieval.images import PhotoMeta
     from retrieval.layout import FACE_DESCRIPTOR_DIM, FACES_READ_SCHEMA, FACES_SCHEMA
@@ -68,7 +69,7 @@ def write_index(out: Path, photos: int, dim: int, people: int, per_photo: float,
     meta = IndexMeta(model="synthetic", model_fingerprint="sha256:" + "0" * 64, backend="hf", dim=dim, preprocess={},
                      source_root=str(out.parent), index_options={"index_type": "flat"}, sides={"faces": options})
     out.mkdir(parents=True)
-    writer = GenerationWriter(out, meta, None)
+    writer = GenerationWriter(out, meta, None, side_writers)
     paths: list[bytes] = []
     hashes: list[str] = []
     start_s = 1_300_000_000  # 2011: ten years of photos, one every ~53 minutes
@@ -109,7 +110,7 @@ def write_index(out: Path, photos: int, dim: int, people: int, per_photo: float,
          pa.array(counts), pa.nulls(photos, pa.string())],
         schema=FACES_READ_SCHEMA,
     )
-    face_writer(writer).set_tables(writer, FaceTables(faces, read, options))
+    writer.side(FACES, FaceWriter).set_tables(writer, FaceTables(faces, read, options))
     writer.finish()
     present = np.unique(person[person >= 0])
     photos_of = {int(p): int(np.unique(image[person == p]).size) for p in present.tolist()}

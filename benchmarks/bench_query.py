@@ -223,6 +223,7 @@ def build_synthetic_index(
 
     from indexer.commit import GenerationWriter, IndexMeta
     from indexer.lock import IndexLock
+    from indexer.sides.registry import side_writers
     from indexer.writer import FileRecord
 
     start = time.perf_counter()
@@ -241,7 +242,7 @@ def build_synthetic_index(
     gen_s = write_s = 0.0
     row = since_commit = 0
     with IndexLock(out):
-        writer = GenerationWriter(out, meta, None)
+        writer = GenerationWriter(out, meta, None, side_writers)
         t0 = time.perf_counter()
         if chunks is None:
             chunks = synthetic_chunks(n, encoder.dim, spec, rows_per_chunk=min(CHUNK_ROWS, commit_every))

@@ -39,13 +39,13 @@ from retrieval.layout import EMBEDDINGS_DIR, STAGING_PREFIX, PartRef, embeddings
 from retrieval.shards import SampleMeta
 
 from .build_config import BuildConfig, default_threads
+from .chunk_commits import ChunkCommits
 from .commit import GenerationWriter
 from .dataset import OCR_FAILED_NOTE, ImageDataset
 from .discover import ImageFile
-from .embed import ChunkCommits
+from .keywords import NAME, KeywordWriter
 from .parts import write_part
 from .shards import ShardReader
-from .sides.keyword_stage import NAME, keyword_writer
 from .writer import conform
 
 # Images decoded and read per call on the decode threads (the progress bar moves between calls).
@@ -118,7 +118,7 @@ def read_missing_text(
         The counts; the writer's keyword side is no longer ``pending`` when every row has been read.
     """
     stats = TextStats()
-    side = keyword_writer(writer)
+    side = writer.side(NAME, KeywordWriter)
     if not writer.meta.sides.get(NAME) or recorded or not writer.count:
         return stats
     side.pending = True

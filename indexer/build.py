@@ -40,10 +40,10 @@ from retrieval.shards import scheme_of
 
 from . import ann, calibrate, shards
 from .build_config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
+from .chunk_commits import ChunkCommits
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .dataset import content_hash
 from .discover import Discovery, ImageFile, check_photos_dir, find_images
-from .embed import ChunkCommits
 from .engine import Engine
 from .engines import LOADS_ITS_OWN_MODEL, open_engine
 from .exclusions import WalkOptions, load_exclusions, recorded_walk
@@ -358,7 +358,7 @@ def _open_base(job: _Job) -> _Base:
     options = ann.choose_options(previous, index_type=cfg.index_type, max_memory=cfg.max_memory, target_recall=cfg.target_recall)
     # A factory string FAISS rejects fails here, before any image is embedded.
     ann.check_options(options, enc.dim, max(len(job.found.files), previous.count if previous is not None else 0))
-    writer = GenerationWriter(out, _meta(job, options, sides.settings(cfg, previous), previous), previous)
+    writer = GenerationWriter(out, _meta(job, options, sides.settings(cfg, previous), previous), previous, sides.side_writers)
     options_changed = previous is not None and dict(previous.index_options) != options.to_dict()
     if options_changed:
         writer.drop_faiss(options.to_dict())

@@ -16,7 +16,7 @@ import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
@@ -49,8 +49,7 @@ from . import ann
 from .ann import FaissInfo
 from .parts import PartSource, group_parts, link_part, write_part
 from .plan import IndexedFacts
-from .sides.contract import SideWriter
-from .sides.registry import side_writers
+from .side_writer import SideWriter, SideWriters
 from .writer import (
     FileRecord,
     SkipRecord,
@@ -77,10 +76,18 @@ class IndexMeta:
     sides: Mapping[str, Any] = field(default_factory=dict)
 
 
-class GenerationWriter:
-    """Append rows, drop rows, and publish generations of one index directory."""
+_Side = TypeVar("_Side", bound=SideWriter)
 
-    def __init__(self, index_dir: Path, meta: IndexMeta, base: Manifest | None) -> None:
+
+class GenerationWriter:
+    """Append rows, drop rows, and publish generations of one index directory.
+
+    ``sides`` makes the sides the writer carries from ``base`` into each generation, by the
+    stage's name (:mod:`indexer.side_writer`; the build's stages:
+    :func:`indexer.sides.registry.side_writers`).
+    """
+
+    def __init__(self, index_dir: Path, meta: IndexMeta, base: Manifest | None, sides: SideWriters) -> None:
         self.dir = index_dir
         self.meta = meta
         self.current = base
@@ -93,7 +100,7 @@ class GenerationWriter:
             self._faiss_info = FaissInfo(base.index_type, dict(base.search_params), dict(base.index_tuning))
         self._committed = base.count if base else 0
         # Each side stage's part (indexer.sides): the last generation's side, carried into the next.
-        self.sides: dict[str, SideWriter] = side_writers(index_dir, base)
+        self.sides: dict[str, SideWriter] = dict(sides(index_dir, base))
         # Whether the index holds a video's rows (format 5): once it has, it stays so.
         self._videos = base is not None and base.format_version >= 5
         # Checksums of the committed files by path, carried to the next generation with the
@@ -118,6 +125,13 @@ class GenerationWriter:
     @property
     def pending(self) -> int:
         return len(self._records)
+
+    def side(self, name: str, kind: type[_Side]) -> _Side:
+        """The side of stage ``name`` this writer carries, a ``kind``."""
+        side = self.sides[name]
+        if not isinstance(side, kind):
+            raise TypeError(f"the {name!r} side is a {type(side).__name__}, not a {kind.__name__}")
+        return side
 
     # -- reading the base ----------------------------------------------------------------------
 

@@ -20,6 +20,7 @@ from retrieval.layout import SkipRecord
 
 from .ahead import Ahead
 from .build_config import BuildConfig, default_threads, default_workers
+from .chunk_commits import ChunkCommits
 from .commit import GenerationWriter
 from .dataset import Batch, ImageDataset, Item, collate, finish_on_device
 from .discover import ImageFile
@@ -60,25 +61,6 @@ class EmbeddedBatch:
 def file_record(file: ImageFile, item: Item) -> FileRecord:
     """The row a decoded ``item`` of ``file`` becomes (its facts as read when it was decoded)."""
     return FileRecord(file.rel, item.width, item.height, item.size, item.mtime_ns, item.content_hash, item.meta, file.sample)
-
-
-class ChunkCommits:
-    """A run's chunk commits: a generation every ``cfg.commit_every`` images or
-    ``cfg.commit_seconds``, whichever comes first, so a killed run loses at most one chunk."""
-
-    def __init__(self, cfg: BuildConfig, writer: GenerationWriter) -> None:
-        self._cfg, self._writer = cfg, writer
-        self._since, self._last = 0, time.monotonic()
-
-    def after(self, images: int) -> float:
-        """Count ``images`` more done; commit when a chunk is due. Returns the seconds spent writing."""
-        self._since += images
-        if self._since < self._cfg.commit_every and time.monotonic() - self._last < self._cfg.commit_seconds:
-            return 0.0
-        t0 = time.perf_counter()
-        self._writer.commit(complete=False)
-        self._since, self._last = 0, time.monotonic()
-        return time.perf_counter() - t0
 
 
 def write_batches(cfg: BuildConfig, plan: UpdatePlan, writer: GenerationWriter, batches: Iterable[EmbeddedBatch],

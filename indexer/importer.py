@@ -38,6 +38,7 @@ from .import_remote import is_remote, staged
 from .import_sources import LAYOUTS, Source, check_values, inspect_source, read_batches, unit_vectors
 from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
+from .sides.registry import side_writers
 from .writer import FileRecord
 
 # Rows per committed generation: one commit's vectors (and records) are what the writer holds.
@@ -154,7 +155,7 @@ def _import(src: Path, url: str | None, out: Path, model: str, options: IndexOpt
             if is_index_dir(out):
                 (out / MANIFEST_FILE).unlink()  # an interrupted import: started over
             remove_stale(out, keep=None)
-            writer = GenerationWriter(out, meta, None)
+            writer = GenerationWriter(out, meta, None, side_writers)
             _write(found, enc.dim, writer, commit_every, progress)
             say = (lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if progress else None
             manifest = writer.finish(progress=say)

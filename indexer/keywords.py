@@ -1,4 +1,5 @@
-"""The keyword side of each generation a :class:`~indexer.commit.GenerationWriter` commits.
+"""The keyword side of each generation a :class:`~indexer.commit.GenerationWriter` commits
+(:class:`KeywordWriter`, carried by the writer under the stage's name, :data:`NAME`).
 
 Its text comes from the rows themselves (the Parquet parts): the words of each ``path``, the
 ``description`` and ``keywords`` read from the file, a ``caption`` column where the rows have
@@ -10,17 +11,23 @@ embedding anything again (:mod:`retrieval.keywords`).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import sqlite3
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pyarrow as pa
 
 from retrieval import store
 from retrieval.keywords import SOURCES, extend_keywords, joined, path_text, write_keywords
-from retrieval.layout import KEYWORDS_FILE, FileChecksum, KeywordsRef, checksum_file
+from retrieval.layout import KEYWORDS_FILE, FileChecksum, KeywordsRef, Manifest, checksum_file
+
+# The keyword stage's name (indexer.sides.keyword_stage): its key in IndexMeta.sides and a
+# writer's sides, its field of the manifest.
+NAME = "keywords"
 
 # The row columns the keyword side reads (each one optional but ``path``).
 _COLUMNS = ("path", "description", "keywords", "caption", "ocr_text")
@@ -33,6 +40,41 @@ class PreviousKeywords:
     ref: KeywordsRef
     path: Path
     valid_rows: int
+
+
+class KeywordWriter:
+    """The keyword side a :class:`~indexer.commit.GenerationWriter` carries
+    (:class:`~indexer.side_writer.SideWriter`): the last file and how many of its first
+    ids still hold."""
+
+    def __init__(self, index_dir: Path, base: Manifest | None) -> None:
+        self.previous: PreviousKeywords | None = None
+        if base is not None and base.keywords is not None:
+            self.previous = PreviousKeywords(base.keywords, index_dir / base.keywords.path, base.keywords.rows)
+        # True while rows embedded without OCR still lack their text (indexer.backfill): the
+        # generations committed meanwhile record that OCR has not covered the index.
+        self.pending = False
+
+    def rows_renumbered(self, first: int) -> None:
+        self._valid_until(first)
+
+    def rows_rewritten(self, first: int) -> None:
+        # The rows' text changed (read by the backfill): the file is rebuilt from them.
+        self._valid_until(first)
+
+    def _valid_until(self, first: int) -> None:
+        if self.previous is not None:
+            self.previous = dataclasses.replace(self.previous, valid_rows=min(self.previous.valid_rows, first))
+
+    def row_columns(self, setting: Any) -> dict[str, Any]:
+        # Rows embedded with OCR are marked read: the backfill never reads them again.
+        return {"ocr_read": True} if setting else {}
+
+    def write(self, staging: Path, gen_rel: str, count: int, sources: Sequence[pa.Table | Path], setting: Any) -> KeywordsRef:
+        return write_side(staging, gen_rel, count, sources, self.previous, bool(setting) and not self.pending)
+
+    def committed(self, entry: Any, index_dir: Path, count: int) -> None:
+        self.previous = PreviousKeywords(entry, index_dir / entry.path, count)
 
 
 def _docs(sources: Sequence[pa.Table | Path], start: int) -> Iterator[tuple[int, dict[str, str | None]]]:
@@ -111,4 +153,4 @@ def _counts(path: Path) -> dict[str, int]:
     return {**dict(zip(SOURCES, row[:-1], strict=True)), "any": row[-1]}
 
 
-__all__ = ["PreviousKeywords", "write_side"]
+__all__ = ["NAME", "KeywordWriter", "PreviousKeywords", "write_side"]

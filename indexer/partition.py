@@ -45,9 +45,10 @@ from retrieval.partition_set import (
 )
 
 from .commit import GenerationWriter, IndexMeta
+from .faces.side import NAME as FACES
 from .lock import IndexLock
 from .reindex import recorded_meta
-from .sides.face_stage import NAME as FACES
+from .sides.registry import side_writers
 from .writer import PartWriter
 
 # Rows copied into one part at a time (what memory holds of a shard being written).
@@ -193,7 +194,7 @@ def add_to_partitions(set_dir: str | os.PathLike[str], new_index: str | os.PathL
         base = read_manifest(shard_dir)
         if base.count != shard.count:
             raise IndexFormatError(f"shard {shard.name!r} changed meanwhile: run the command again")
-        writer = GenerationWriter(shard_dir, _meta(base), base)
+        writer = GenerationWriter(shard_dir, _meta(base), base, side_writers)
         writer.record_skips(store.read_skipped(shard_dir / base.skipped_file))
         _adopt(writer, shard_dir, base.dim, _rows(store.open_parts(Path(new_index), new), new, 0, new.count))
         writer.finish()
@@ -231,7 +232,7 @@ def _write_shard(shard_dir: Path, meta: IndexMeta, rows: Iterator[pa.Table]) -> 
         raise IndexDirError(f"{shard_dir} exists; choose a new OUT")
     shard_dir.mkdir(parents=True, exist_ok=True)
     with IndexLock(shard_dir):
-        writer = GenerationWriter(shard_dir, meta, None)
+        writer = GenerationWriter(shard_dir, meta, None, side_writers)
         _adopt(writer, shard_dir, meta.dim, rows)
         return writer.finish()
 

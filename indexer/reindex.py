@@ -26,6 +26,7 @@ from .build_config import BuildConfig
 from .commit import GenerationWriter, IndexMeta, remove_stale
 from .lock import IndexLock
 from .sides.registry import settings as side_settings
+from .sides.registry import side_writers
 
 
 @dataclass(frozen=True)
@@ -94,7 +95,7 @@ def reindex(
         options = ann.choose_options(base, index_type=index_type, max_memory=memory, target_recall=target_recall)
         ann.check_options(options, base.dim, base.count)
         remove_stale(out, keep=base.generation)
-        writer = GenerationWriter(out, recorded_meta(base, index_options=options.to_dict()), base)
+        writer = GenerationWriter(out, recorded_meta(base, index_options=options.to_dict()), base, side_writers)
         writer.record_skips(store.read_skipped(out / base.skipped_file))
         writer.drop_faiss(options.to_dict())
         say = (lambda msg: print(f"clipsearch: {msg}", file=sys.stderr, flush=True)) if progress else None

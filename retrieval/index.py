@@ -124,7 +124,7 @@ class ImageIndex(metaclass=_FormerNames):
                 (:mod:`retrieval.query_cache`; ``index.encoders.cache_info()`` counts hits).
             text_queries: how many text queries this process will run, when it knows (a
                 one-shot command); ``auto`` then keeps fp32 where int8's set-up would cost more
-                than it saves on them (:func:`retrieval.encoders.chooser.one_shot_reason`).
+                than it saves on them (:func:`retrieval.encoders.text_choice.one_shot_reason`).
 
         Raises:
             InvalidArgumentError: a bad precision or query cache size.

@@ -11,6 +11,7 @@ from vector_indexes import DIM, ROWS, clustered, records, write_vectors_index
 from indexer.commit import GenerationWriter, IndexMeta
 from indexer.lock import IndexLock
 from indexer.parts import MERGE_MIN_PARTS
+from indexer.sides.registry import side_writers
 from retrieval import ImageIndex
 from retrieval.layout import PATHS_DIR, read_manifest
 
@@ -35,7 +36,7 @@ def test_update_extends_an_approximate_index_and_keeps_its_options(tmp_path: Pat
     assert first.index_type == "HNSW32" and first.index_tuning["tuned_rows"] == 3000
     with IndexLock(out):
         meta = IndexMeta(first.model, first.model_fingerprint, first.backend, DIM, first.preprocess, "synthetic", {}, first.index_options)
-        writer = GenerationWriter(out, meta, first)
+        writer = GenerationWriter(out, meta, first, side_writers)
         writer.append(records(3000, 1000), vecs[3000:])
         writer.finish()
     grown = read_manifest(out)

@@ -16,10 +16,10 @@ import pytest
 from clipsearch.cli import build_parser
 from retrieval import ImageIndex
 from retrieval.encoders import cpu, memo
-from retrieval.encoders.chooser import ONE_SHOT_TEXTS, one_shot_reason
 from retrieval.encoders.numpy_text import NumpyTextEncoder
 from retrieval.encoders.numpy_text import int8 as int8_module
 from retrieval.encoders.precision import GATE_MIN_COSINE
+from retrieval.encoders.text_choice import ONE_SHOT_TEXTS, one_shot_reason
 
 QUERY = "a red square"
 # Every level up to this machine's: a cap makes it behave as that smaller CPU.

@@ -36,6 +36,7 @@ from indexer import build_index  # noqa: E402
 from retrieval import ImageIndex  # noqa: E402
 from retrieval.encoders import HFClipEncoder  # noqa: E402
 from retrieval.encoders import chooser as CH  # noqa: E402
+from retrieval.encoders import image_choice as IC  # noqa: E402
 from retrieval.encoders import runtime as R  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
 from retrieval.encoders.runtime import image as IR  # noqa: E402
@@ -183,10 +184,10 @@ def test_batch_drift_finds_a_tower_that_depends_on_the_batch(pixels: torch.Tenso
 
     for n in (1, 2, 4, 5):
         sample = pixels[:n]
-        assert CH.batch_drift(per_image, sample, per_image(sample)) == 0.0
-        assert CH.batch_drift(per_batch, sample, per_batch(sample)) > 0.0
+        assert IC.batch_drift(per_image, sample, per_image(sample)) == 0.0
+        assert IC.batch_drift(per_batch, sample, per_batch(sample)) > 0.0
         # A sample that is itself small still meets a batch of another size.
-        assert CH.batch_drift(small_batches_apart, sample, small_batches_apart(sample)) > 0.0
+        assert IC.batch_drift(small_batches_apart, sample, small_batches_apart(sample)) > 0.0
 
 
 @needs_openvino

@@ -32,6 +32,7 @@ from indexer import build_index  # noqa: E402
 from retrieval import ImageIndex  # noqa: E402
 from retrieval.encoders import HFClipEncoder, cpu  # noqa: E402
 from retrieval.encoders import chooser as CH  # noqa: E402
+from retrieval.encoders import image_choice as IC  # noqa: E402
 from retrieval.encoders import precision as P  # noqa: E402
 from retrieval.encoders import runtime as R  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
@@ -114,7 +115,7 @@ def test_bf16_on_openvino_is_tried_with_amx_only(monkeypatch: pytest.MonkeyPatch
     for level, tried in (("amx", True), ("avx512_vnni", False), ("avx2", False)):
         monkeypatch.setattr(cpu, "cpu_level", lambda level=level: level)
         assert CH.tried_here("bf16") is tried
-        assert CH.ImageRuntime("m", lambda: None, True, "bf16").pending is tried
+        assert IC.ImageRuntime("m", lambda: None, True, "bf16").pending is tried
     assert CH.tried_here("fp32")
 
 

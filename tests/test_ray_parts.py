@@ -26,6 +26,7 @@ from indexer.embed import EmbeddedBatch
 from indexer.lock import IndexLock
 from indexer.parts import MERGE_MIN_PARTS, WrittenPart
 from indexer.ray_parts import Stage, by_part, part_columns, write_part
+from indexer.sides.registry import side_writers
 from retrieval import ImageIndex, verify_index
 from retrieval.errors import EngineError, IndexCorruptError, IndexFormatError, UnsupportedFormatError
 from retrieval.layout import STAGING_PREFIX, Manifest, PartRef, manifest, read_manifest
@@ -46,7 +47,7 @@ def _linked_index(out: Path, vectors: np.ndarray, chunk: int, finish: bool = Tru
     """``vectors`` as parts written into a stage (as actors write them) and linked by the writer."""
     out.mkdir(parents=True)
     with IndexLock(out):
-        writer = GenerationWriter(out, _meta(), None)
+        writer = GenerationWriter(out, _meta(), None, side_writers)
         stage = Stage(writer, required=False)
         for start in range(0, len(vectors), chunk):
             part = write_part(stage.dir, records(start, min(chunk, len(vectors) - start)), vectors[start: start + chunk], DIM, False)
@@ -113,7 +114,7 @@ def test_a_linked_index_is_updated_and_reindexed(tmp_path: Path) -> None:
     assert again.generation != first.generation and again.format_version == 4 and verify_index(out).ok
     keep = np.array([i for i in range(ROWS) if i != 25], np.int64)
     with IndexLock(out):
-        writer = GenerationWriter(out, dataclasses.replace(_meta(), index_options=dict(again.index_options)), again)
+        writer = GenerationWriter(out, dataclasses.replace(_meta(), index_options=dict(again.index_options)), again, side_writers)
         writer.compact(keep, {})
         writer.finish()
     updated = read_manifest(out)
@@ -173,7 +174,7 @@ def test_stage_links_in_order_and_writes_what_an_actor_sent_back(tmp_path: Path)
     out = tmp_path / "s.idx"
     out.mkdir()
     with IndexLock(out):
-        writer = GenerationWriter(out, _meta(), None)
+        writer = GenerationWriter(out, _meta(), None, side_writers)
         stage = Stage(writer, required=False)
         first = write_part(stage.dir, records(0, 4), vectors[:4], DIM, False)
         from indexer.discover import ImageFile

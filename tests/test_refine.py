@@ -19,6 +19,7 @@ from indexer.commit import GenerationWriter, IndexMeta
 from indexer.index_types import IndexOptions, plan_index
 from indexer.lock import IndexLock
 from indexer.reindex import reindex
+from indexer.sides.registry import side_writers
 from retrieval import ImageIndex, faiss_index
 from retrieval.errors import IndexFormatError, UnsupportedFormatError
 from retrieval.filters import Filter
@@ -169,7 +170,7 @@ def test_updates_extend_and_rebuild_equals_update(tmp_path: Path) -> None:
     first = read_manifest(out)
     with IndexLock(out):
         meta = IndexMeta(first.model, first.model_fingerprint, first.backend, DIM, first.preprocess, "synthetic", {}, first.index_options)
-        writer = GenerationWriter(out, meta, first)
+        writer = GenerationWriter(out, meta, first, side_writers)
         writer.append(records(ROWS, 400), vecs[ROWS:])
         writer.finish()
     grown = read_manifest(out)

@@ -1,4 +1,4 @@
-"""The exact (fp32) text tower on ONNX Runtime (retrieval.encoders.chooser): parity with the
+"""The exact (fp32) text tower on ONNX Runtime (retrieval.encoders.text_choice): parity with the
 numpy tower and Hugging Face, vectors independent of the batch, which processes choose it (long-
 lived ones; a one-shot search stays on numpy without importing torch), the environment override,
 and the fallbacks to numpy: the package missing, torch missing, a damaged cached export, a failed
@@ -20,9 +20,9 @@ pytest.importorskip("onnxruntime", reason="the [onnx] extra is not installed")
 from retrieval import ImageIndex  # noqa: E402
 from retrieval.encoders import chooser as CH  # noqa: E402
 from retrieval.encoders import runtime as R  # noqa: E402
-from retrieval.encoders.chooser import ONE_SHOT_TEXTS  # noqa: E402
 from retrieval.encoders.numpy_text import NumpyTextEncoder, text_path  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
+from retrieval.encoders.text_choice import ONE_SHOT_TEXTS  # noqa: E402
 from retrieval.errors import InvalidArgumentError, ModelLoadError  # noqa: E402
 
 

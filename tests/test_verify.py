@@ -29,6 +29,7 @@ from imagegen import Collection
 from indexer.commit import GenerationWriter, IndexMeta
 from indexer.lock import IndexLock
 from indexer.reindex import reindex
+from indexer.sides.registry import side_writers
 from indexer.writer import FileRecord, SkipRecord
 from retrieval import ImageIndex, IndexCorruptError, NotAnIndexError, faiss_index, verify_index
 from retrieval.errors import IndexFormatError
@@ -72,7 +73,7 @@ def write_index(out: Path, vectors: np.ndarray, finish: bool = True, index_type:
     )
     out.mkdir(parents=True)
     with IndexLock(out):
-        writer = GenerationWriter(out, meta, None)
+        writer = GenerationWriter(out, meta, None, side_writers)
         writer.record_skips(SKIPS)
         for start in range(0, len(vectors), PART_ROWS):
             writer.append(records(start, PART_ROWS), vectors[start : start + PART_ROWS])
@@ -493,7 +494,7 @@ def test_every_generation_records_checksums_of_all_its_files(tmp_path: Path, vec
         base.model, base.model_fingerprint, base.backend, base.dim, base.preprocess, base.source_root, index_options={"index_type": "flat"}
     )
     with IndexLock(out):
-        writer = GenerationWriter(out, meta, base)
+        writer = GenerationWriter(out, meta, base, side_writers)
         writer.record_skips(SKIPS)
         writer.append(records(ROWS, 10), unit_vectors(10, seed=1))
         final = writer.finish()
@@ -511,7 +512,7 @@ def test_an_update_refuses_to_carry_a_damaged_part(idx: Path) -> None:
     base = read_manifest(idx)
     meta = IndexMeta(base.model, base.model_fingerprint, base.backend, base.dim, base.preprocess, base.source_root)
     with IndexLock(idx), pytest.raises(IndexCorruptError, match="part-00000.parquet is damaged .*CRC"):
-        GenerationWriter(idx, meta, base).facts()
+        GenerationWriter(idx, meta, base, side_writers).facts()
 
 
 def test_reindex_checks_every_file_but_the_faiss_file_it_replaces(idx: Path) -> None:

@@ -14,6 +14,7 @@ import numpy as np
 
 from indexer.commit import GenerationWriter, IndexMeta
 from indexer.lock import IndexLock
+from indexer.sides.registry import side_writers
 from indexer.writer import FileRecord
 
 DIM = 32
@@ -51,7 +52,7 @@ def write_vectors_index(out: Path, vectors: np.ndarray, commit_every: int, optio
     )
     out.mkdir(parents=True)
     with IndexLock(out):
-        writer = GenerationWriter(out, meta, None)
+        writer = GenerationWriter(out, meta, None, side_writers)
         for start in range(0, len(vectors), commit_every):
             chunk = vectors[start : start + commit_every]
             writer.append(records(first + start, len(chunk)), chunk)

@@ -17,6 +17,7 @@ import numpy as np
 
 from indexer.commit import GenerationWriter, IndexMeta
 from indexer.lock import IndexLock
+from indexer.sides.registry import side_writers
 from indexer.writer import FileRecord, FrameFacts
 from retrieval.images import PhotoMeta
 from tests.photos import photo
@@ -64,7 +65,7 @@ def write_video_index(out: Path, root: Path, meta: IndexMeta, images: Mapping[st
             vectors.append(vector)
     out.mkdir(parents=True)
     with IndexLock(out):
-        writer = GenerationWriter(out, meta, None)
+        writer = GenerationWriter(out, meta, None, side_writers)
         writer.append(records, np.stack(vectors).astype(np.float32))
         writer.finish()
     return out

@@ -35,10 +35,10 @@ from retrieval.layout import FACES_SCHEMA, FacesRef, Manifest, read_manifest
 from ..commit import GenerationWriter, remove_stale
 from ..lock import IndexLock
 from ..reindex import recorded_meta
-from ..sides.face_stage import NAME as FACES
-from ..sides.face_stage import face_writer
+from ..sides.registry import side_writers
 from .grouping import NOBODY, ClusterOptions, regroup
-from .side import FaceTables, PreviousFaces
+from .side import NAME as FACES
+from .side import FaceTables, FaceWriter, PreviousFaces
 
 
 @dataclass(frozen=True)
@@ -143,9 +143,9 @@ def recluster(
         after = regroup(descriptors, before, kept, cluster, first_new=_first_new(edits, stored))
         regrouped = faces.set_column(faces.schema.get_field_index("person"), "person", pa.array(after, pa.int64())).cast(FACES_SCHEMA)
         meta = recorded_meta(base)
-        writer = GenerationWriter(out, dataclasses.replace(meta, sides={**meta.sides, FACES: options}), base)
+        writer = GenerationWriter(out, dataclasses.replace(meta, sides={**meta.sides, FACES: options}), base, side_writers)
         writer.record_skips(store.read_skipped(out / base.skipped_file))
-        face_writer(writer).set_tables(writer, FaceTables(regrouped, previous.read, options))
+        writer.side(FACES, FaceWriter).set_tables(writer, FaceTables(regrouped, previous.read, options))
         writer.commit(complete=True)
     people_before, people_after = _people(before), _people(after)
     return ReclusterReport(

@@ -1,4 +1,5 @@
-"""The faces side of each generation a :class:`~indexer.commit.GenerationWriter` commits.
+"""The faces side of each generation a :class:`~indexer.commit.GenerationWriter` commits
+(:class:`FaceWriter`, carried by the writer under the stage's name, :data:`NAME`).
 
 Two Parquet files (:data:`~retrieval.layout.FACES_SCHEMA`, :data:`~retrieval.layout.FACES_READ_SCHEMA`)
 that name each image by its row ``id`` and by ``path_bytes`` + ``content_hash``. A commit
@@ -28,10 +29,15 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 
 from retrieval import store
-from retrieval.layout import FACES_FILE, FACES_READ_FILE, FACES_READ_SCHEMA, FACES_SCHEMA, FacesRef, checksum_file
+from retrieval.layout import FACES_FILE, FACES_READ_FILE, FACES_READ_SCHEMA, FACES_SCHEMA, FacesRef, Manifest, checksum_file
 
+from ..commit import GenerationWriter
 from .detect import FaceOptions
 from .grouping import NOBODY, ClusterOptions
+
+# The faces stage's name (indexer.sides.face_stage): its key in IndexMeta.sides and a writer's
+# sides, its field of the manifest.
+NAME = "faces"
 
 
 def face_options(recorded: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -79,6 +85,54 @@ class PreviousFaces:
     @property
     def ids_hold(self) -> bool:
         return self.valid_rows >= self.ref.rows
+
+
+class FaceWriter:
+    """The faces side a :class:`~indexer.commit.GenerationWriter` carries
+    (:class:`~indexer.side_writer.SideWriter`): the last generation's side and how many of
+    its first ids still hold, and the tables the faces stage made for the next commit."""
+
+    def __init__(self, index_dir: Path, base: Manifest | None) -> None:
+        self.previous: PreviousFaces | None = None
+        if base is not None and base.faces is not None:
+            self.previous = PreviousFaces(base.faces, index_dir / base.faces.path, index_dir / base.faces.read_path, base.faces.rows)
+        self.new: FaceTables | None = None
+
+    def rows_renumbered(self, first: int) -> None:
+        if self.previous is not None:
+            self.previous = replace(self.previous, valid_rows=min(self.previous.valid_rows, first))
+
+    def rows_rewritten(self, first: int) -> None:
+        pass  # same ids, same files: the faces found in them still hold
+
+    def row_columns(self, setting: Any) -> dict[str, Any]:
+        return {}
+
+    def write(self, staging: Path, gen_rel: str, count: int, sources: Sequence[pa.Table | Path], setting: Any) -> FacesRef | None:
+        return write_side(staging, gen_rel, count, sources, self.previous, self.new, setting)
+
+    def committed(self, entry: Any, index_dir: Path, count: int) -> None:
+        self.previous = None if entry is None else PreviousFaces(entry, index_dir / entry.path, index_dir / entry.read_path, count)
+        self.new = None
+
+    def tables(self, writer: GenerationWriter) -> FaceTables:
+        """The faces side over the committed rows, with their current ids (the tables handed to
+        :meth:`set_tables`, else the last side's, matched to the rows again if they moved)."""
+        if writer.tail_pending:
+            raise RuntimeError("the faces side needs the queued rows committed first")
+        if self.new is not None:
+            return self.new
+        options = dict(writer.meta.sides.get(NAME) or {})
+        if self.previous is None or not self.previous.read_with(options):
+            return FaceTables.empty(options)
+        tables = self.previous.tables()
+        return tables if self.previous.ids_hold else rekeyed(tables, row_keys([path for _, path in writer.parts]))
+
+    def set_tables(self, writer: GenerationWriter, tables: FaceTables) -> None:
+        """Make ``tables`` (ids of the committed rows) the faces side of the next commit."""
+        if writer.tail_pending:
+            raise RuntimeError("the faces side needs the queued rows committed first")
+        self.new = tables
 
 
 def _read(path: Path, schema: pa.Schema) -> pa.Table:
@@ -159,4 +213,4 @@ def write_side(
     )
 
 
-__all__ = ["FaceTables", "PreviousFaces", "face_options", "rekeyed", "row_keys", "write_side"]
+__all__ = ["NAME", "FaceTables", "FaceWriter", "PreviousFaces", "face_options", "rekeyed", "row_keys", "write_side"]

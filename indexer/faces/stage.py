@@ -38,10 +38,9 @@ from retrieval.shards import SampleMeta
 from ..commit import GenerationWriter
 from ..discover import ImageFile
 from ..shards import ShardReader
-from ..sides.face_stage import NAME, face_writer
 from .detect import Face, FaceFinder, FaceOptions
 from .grouping import NOBODY, ClusterOptions, assign_new
-from .side import FaceTables, face_options
+from .side import NAME, FaceTables, FaceWriter, face_options
 
 # Most images read between two commits (a few minutes of detection on one core at most); a
 # build's --commit-every lowers it.
@@ -182,7 +181,7 @@ def read_missing_faces(
         return stats
     if writer.tail_pending:
         commit()
-    side = face_writer(writer)
+    side = writer.side(NAME, FaceWriter)
     tables = side.tables(writer)
     todo, rows = _unread(writer, tables.read.column("id").to_numpy())
     if not len(todo):

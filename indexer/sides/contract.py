@@ -1,6 +1,6 @@
-"""What a side stage of the build implements (:class:`SideStage`), what its part of a commit
-implements (:class:`SideWriter`), and what a build hands it (:class:`SideRun`) and gets back
-(:class:`SideStats`).
+"""What a side stage of the build implements (:class:`SideStage`), and what a build hands it
+(:class:`SideRun`) and gets back (:class:`SideStats`); its part of a commit implements
+:class:`~indexer.side_writer.SideWriter`.
 
 A side stage is something a build makes beside the rows and their vectors, over the rows of the
 index: the keyword side (its setting: whether OCR reads the text in the pixels) and the faces
@@ -22,10 +22,12 @@ in one build, in order:
    (then a run with nothing to embed writes no generation);
 6. :meth:`SideStage.report`: its :class:`~indexer.build_config.BuildReport` fields.
 
-Every :class:`~indexer.commit.GenerationWriter` holds one :class:`SideWriter` per stage (by name):
-told when rows move, it writes (or links) the stage's files into each generation and returns the
-manifest entry recorded under the stage's ``name`` (a field of
-:class:`~retrieval.layout.Manifest`, with its own checksums).
+Every :class:`~indexer.commit.GenerationWriter` a build opens is given one
+:class:`~indexer.side_writer.SideWriter` per stage (by name, made by
+:meth:`SideStage.side_writer`): told when rows move, it writes (or links) the stage's files into
+each generation and returns the manifest entry recorded under the stage's ``name`` (a field of
+:class:`~retrieval.layout.Manifest`, with its own checksums). The stage finds it again with
+:meth:`~indexer.commit.GenerationWriter.side`.
 
 A third stage (say, the moments of a video) is one more class implementing both, and one more
 entry in the registry: a field of the manifest for its entry (none if it writes no file), and
@@ -35,22 +37,19 @@ with a time) is a *source* of the embedding (the plan and the decoders), not a s
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
-
-import pyarrow as pa
+from typing import Any, Protocol
 
 from retrieval.images import PreprocessConfig
 from retrieval.layout import Manifest
 
 from ..build_config import BuildConfig
+from ..commit import GenerationWriter
 from ..dataset import Item
 from ..shards import ShardReader
-
-if TYPE_CHECKING:
-    from ..commit import GenerationWriter
+from ..side_writer import SideWriter
 
 
 @dataclass(frozen=True)
@@ -78,33 +77,6 @@ class SideStats:
     def add(self, counts: Mapping[str, int]) -> None:
         for name, n in counts.items():
             self.counts[name] = self.counts.get(name, 0) + n
-
-
-class SideWriter(Protocol):
-    """A stage's part of a :class:`~indexer.commit.GenerationWriter`: the last generation's side,
-    carried into the next one."""
-
-    def rows_renumbered(self, first: int) -> None:
-        """Rows from id ``first`` on were dropped or renumbered (an update's compaction)."""
-        ...
-
-    def rows_rewritten(self, first: int) -> None:
-        """The parts from id ``first`` on were written again, same ids and vectors (a backfill)."""
-        ...
-
-    def row_columns(self, setting: Any) -> dict[str, Any]:
-        """Keyword arguments of :func:`indexer.writer.records_table` for rows this run appends."""
-        ...
-
-    def write(self, staging: Path, gen_rel: str, count: int, sources: Sequence[pa.Table | Path], setting: Any) -> Any:
-        """Write (or link) the side of a generation of ``count`` rows (``sources``: its rows in id
-        order) into ``staging``; returns its manifest entry (None: none this generation, the
-        manifest's field left unset, so a stage that writes no file needs no field)."""
-        ...
-
-    def committed(self, entry: Any, index_dir: Path, count: int) -> None:
-        """The generation holding ``entry`` is published: it is the last generation's side now."""
-        ...
 
 
 class SideStage(Protocol):
@@ -156,4 +128,4 @@ class SideStage(Protocol):
         ...
 
 
-__all__ = ["SideRun", "SideStage", "SideStats", "SideWriter"]
+__all__ = ["SideRun", "SideStage", "SideStats"]

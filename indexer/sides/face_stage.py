@@ -1,85 +1,24 @@
 """The faces side as a side stage of the build (:mod:`indexer.sides.contract`): ``--faces``,
 its recorded face options, and the faces found after the embedding (:mod:`indexer.faces.stage`)
-written into every generation (:mod:`indexer.faces.side`).
+written into every generation by the writer's faces side (:class:`indexer.faces.side.FaceWriter`).
 """
 
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, replace
+from collections.abc import Iterable
+from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-import pyarrow as pa
-
-from retrieval.layout import FacesRef, Manifest
+from retrieval.layout import Manifest
 
 from ..build_config import BuildConfig
 from ..dataset import Item
 from ..faces import detect
-from ..faces.side import FaceTables, PreviousFaces, face_options, rekeyed, row_keys, write_side
+from ..faces.side import NAME, FaceWriter, face_options
+from ..faces.stage import CHUNK, read_missing_faces
 from .contract import SideRun, SideStats
-
-if TYPE_CHECKING:
-    from ..commit import GenerationWriter
-
-NAME = "faces"
-
-
-class FaceWriter:
-    """The faces side a :class:`~indexer.commit.GenerationWriter` carries: the last generation's
-    side and how many of its first ids still hold, and the tables the faces stage made for the
-    next commit."""
-
-    def __init__(self, index_dir: Path, base: Manifest | None) -> None:
-        self.previous: PreviousFaces | None = None
-        if base is not None and base.faces is not None:
-            self.previous = PreviousFaces(base.faces, index_dir / base.faces.path, index_dir / base.faces.read_path, base.faces.rows)
-        self.new: FaceTables | None = None
-
-    def rows_renumbered(self, first: int) -> None:
-        if self.previous is not None:
-            self.previous = replace(self.previous, valid_rows=min(self.previous.valid_rows, first))
-
-    def rows_rewritten(self, first: int) -> None:
-        pass  # same ids, same files: the faces found in them still hold
-
-    def row_columns(self, setting: Any) -> dict[str, Any]:
-        return {}
-
-    def write(self, staging: Path, gen_rel: str, count: int, sources: Sequence[pa.Table | Path], setting: Any) -> FacesRef | None:
-        return write_side(staging, gen_rel, count, sources, self.previous, self.new, setting)
-
-    def committed(self, entry: Any, index_dir: Path, count: int) -> None:
-        self.previous = None if entry is None else PreviousFaces(entry, index_dir / entry.path, index_dir / entry.read_path, count)
-        self.new = None
-
-    def tables(self, writer: GenerationWriter) -> FaceTables:
-        """The faces side over the committed rows, with their current ids (the tables handed to
-        :meth:`set_tables`, else the last side's, matched to the rows again if they moved)."""
-        if writer.tail_pending:
-            raise RuntimeError("the faces side needs the queued rows committed first")
-        if self.new is not None:
-            return self.new
-        options = dict(writer.meta.sides.get(NAME) or {})
-        if self.previous is None or not self.previous.read_with(options):
-            return FaceTables.empty(options)
-        tables = self.previous.tables()
-        return tables if self.previous.ids_hold else rekeyed(tables, row_keys([path for _, path in writer.parts]))
-
-    def set_tables(self, writer: GenerationWriter, tables: FaceTables) -> None:
-        """Make ``tables`` (ids of the committed rows) the faces side of the next commit."""
-        if writer.tail_pending:
-            raise RuntimeError("the faces side needs the queued rows committed first")
-        self.new = tables
-
-
-def face_writer(writer: GenerationWriter) -> FaceWriter:
-    """The faces side of ``writer``."""
-    side = writer.sides[NAME]
-    assert isinstance(side, FaceWriter)
-    return side
 
 
 @dataclass(frozen=True)
@@ -115,8 +54,6 @@ class FaceStage:
         return SideStats()
 
     def after_embedding(self, run: SideRun) -> SideStats:
-        from ..faces.stage import CHUNK, read_missing_faces
-
         found = read_missing_faces(
             run.writer, run.images, workers=os.cpu_count() or 1, commit=lambda: run.writer.commit(complete=False),
             chunk=min(run.cfg.commit_every, CHUNK), max_pixels=run.cfg.max_pixels, progress=run.cfg.progress, stop=run.stop,
@@ -135,4 +72,4 @@ class FaceStage:
         }
 
 
-__all__ = ["NAME", "FaceStage", "FaceWriter", "face_writer"]
+__all__ = ["FaceStage"]

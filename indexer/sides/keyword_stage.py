@@ -1,7 +1,7 @@
 """The keyword side as a side stage of the build (:mod:`indexer.sides.contract`): the FTS5 file
-of every generation (:mod:`indexer.keywords`), and its setting, ``--ocr`` (whether OCR reads the
-text in the pixels: while embedding, in the decoders; for rows embedded without it, by
-:mod:`indexer.backfill` before new rows are appended).
+of every generation (the writer's keyword side, :class:`indexer.keywords.KeywordWriter`), and its
+setting, ``--ocr`` (whether OCR reads the text in the pixels: while embedding, in the decoders;
+for rows embedded without it, by :mod:`indexer.backfill` before new rows are appended).
 
 The manifest records ``keywords.ocr`` True only once OCR has read every row: until then the
 writer's side is ``pending`` and its generations say OCR has not covered the index.
@@ -9,68 +9,20 @@ writer's side is ``pending`` and its generations say OCR has not covered the ind
 
 from __future__ import annotations
 
-import dataclasses
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-import pyarrow as pa
+from typing import Any
 
 from retrieval import keywords as fts
-from retrieval.layout import KeywordsRef, Manifest
+from retrieval.layout import Manifest
 
 from .. import ocr
+from ..backfill import read_missing_text
 from ..build_config import BuildConfig
 from ..dataset import Item
-from ..keywords import PreviousKeywords, write_side
+from ..keywords import NAME, KeywordWriter
 from .contract import SideRun, SideStats
-
-if TYPE_CHECKING:
-    from ..commit import GenerationWriter
-
-NAME = "keywords"
-
-
-class KeywordWriter:
-    """The keyword side a :class:`~indexer.commit.GenerationWriter` carries: the last file and
-    how many of its first ids still hold."""
-
-    def __init__(self, index_dir: Path, base: Manifest | None) -> None:
-        self.previous: PreviousKeywords | None = None
-        if base is not None and base.keywords is not None:
-            self.previous = PreviousKeywords(base.keywords, index_dir / base.keywords.path, base.keywords.rows)
-        # True while rows embedded without OCR still lack their text (indexer.backfill): the
-        # generations committed meanwhile record that OCR has not covered the index.
-        self.pending = False
-
-    def rows_renumbered(self, first: int) -> None:
-        self._valid_until(first)
-
-    def rows_rewritten(self, first: int) -> None:
-        # The rows' text changed (read by the backfill): the file is rebuilt from them.
-        self._valid_until(first)
-
-    def _valid_until(self, first: int) -> None:
-        if self.previous is not None:
-            self.previous = dataclasses.replace(self.previous, valid_rows=min(self.previous.valid_rows, first))
-
-    def row_columns(self, setting: Any) -> dict[str, Any]:
-        # Rows embedded with OCR are marked read: the backfill never reads them again.
-        return {"ocr_read": True} if setting else {}
-
-    def write(self, staging: Path, gen_rel: str, count: int, sources: Sequence[pa.Table | Path], setting: Any) -> KeywordsRef:
-        return write_side(staging, gen_rel, count, sources, self.previous, bool(setting) and not self.pending)
-
-    def committed(self, entry: Any, index_dir: Path, count: int) -> None:
-        self.previous = PreviousKeywords(entry, index_dir / entry.path, count)
-
-
-def keyword_writer(writer: GenerationWriter) -> KeywordWriter:
-    """The keyword side of ``writer``."""
-    side = writer.sides[NAME]
-    assert isinstance(side, KeywordWriter)
-    return side
 
 
 @dataclass(frozen=True)
@@ -107,8 +59,6 @@ class KeywordStage:
         return previous.keywords is not None and previous.keywords.ocr == bool(setting)
 
     def before_embedding(self, run: SideRun) -> SideStats:
-        from ..backfill import read_missing_text
-
         text = read_missing_text(run.cfg, run.preprocess, run.images, run.writer, recorded=run.recorded, stop=run.stop)
         return SideStats({"text_read": text.read, "with_ocr_text": text.with_text, "text_notes": text.notes})
 
@@ -124,4 +74,4 @@ class KeywordStage:
         }
 
 
-__all__ = ["NAME", "KeywordStage", "KeywordWriter", "keyword_writer"]
+__all__ = ["KeywordStage"]

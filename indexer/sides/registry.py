@@ -1,6 +1,7 @@
 """Which side stages a build runs (:data:`SIDE_STAGES`: the keyword side with ``--ocr``, the
-faces side with ``--faces``), and the loops over them that :mod:`indexer.build`,
-:mod:`indexer.embed` and :mod:`indexer.commit` call, so that none of those names a stage. A new
+faces side with ``--faces``), and the loops over them that :mod:`indexer.build` and
+:mod:`indexer.embed` call, and the sides every writer is given (:func:`side_writers`), so that
+none of those, nor :mod:`indexer.commit`, names a stage. A new
 stage is one more entry, implementing :class:`~indexer.sides.contract.SideStage`.
 """
 
@@ -14,7 +15,8 @@ from retrieval.layout import Manifest
 
 from ..build_config import BuildConfig
 from ..dataset import Item
-from .contract import SideStage, SideWriter
+from ..side_writer import SideWriter
+from .contract import SideStage
 from .face_stage import FaceStage
 from .keyword_stage import KeywordStage
 
@@ -44,7 +46,9 @@ def decode_options(sides: Mapping[str, Any]) -> dict[str, Any]:
 
 
 def side_writers(index_dir: Path, base: Manifest | None) -> dict[str, SideWriter]:
-    """Each stage's part of a writer over ``base``, by name."""
+    """Each stage's part of a writer over ``base``, by name: what every
+    :class:`~indexer.commit.GenerationWriter` of an index is given to carry
+    (``GenerationWriter(index_dir, meta, base, side_writers)``), so that no generation drops a side."""
     return {stage.name: stage.side_writer(index_dir, base) for stage in SIDE_STAGES}
 
 

@@ -21,8 +21,8 @@ from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
 from ...images.preprocess import unpack_patches
 from ..base import l2_normalize, quiet_transformers, resolve_device
-from ..chooser import ImageRuntimes
 from ..chunking import grid_tokens, images_per_call, in_calls
+from ..image_choice import ImageRuntimes
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from ..runtime.export import cached_vision_export
 from .checkpoint import checkpoint_fingerprint, read_model_type, read_scalar, resolve_checkpoint

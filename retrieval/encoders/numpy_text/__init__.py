@@ -17,7 +17,7 @@ files and needs neither:
   the causal mask makes later positions irrelevant to it.
 
 In a long-lived process the float32 forward pass runs on ONNX Runtime instead where it is
-installed and its export of the tower matches these vectors (:func:`retrieval.encoders.chooser.choose_text_runtime`);
+installed and its export of the tower matches these vectors (:func:`retrieval.encoders.text_choice.choose_text_runtime`);
 the tokenizer, the truncation and the normalisation stay this package's.
 
 Only checkpoints whose configuration this fully understands take this path (see

@@ -15,9 +15,9 @@ import numpy as np
 
 from .. import memo
 from ..base import l2_normalize
-from ..chooser import TextRuntime, choose_text_runtime, one_shot_reason
 from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, auto_modes, choose, precision_record
+from ..text_choice import TextRuntime, choose_text_runtime, one_shot_reason
 from .clip_tokenizer import load_clip_tokenizer
 from .path import TEXT_PRECISIONS, TextPath, local_checkpoint
 from .tower import NumpyTextTower
@@ -33,7 +33,7 @@ class NumpyTextEncoder:
     ``fingerprint``, ``embed_texts``; :attr:`mode` and :meth:`precision_info` say whether its
     matrix products are float32 (numpy, no torch) or int8 (:mod:`.int8`, torch's kernels),
     and :attr:`runtime` whether the float32 tower runs on numpy or on ONNX Runtime
-    (:func:`retrieval.encoders.chooser.choose_text_runtime`).
+    (:func:`retrieval.encoders.text_choice.choose_text_runtime`).
     """
 
     backend = "hf"
@@ -80,11 +80,11 @@ class NumpyTextEncoder:
                 fp32's (the image tower's gate), else fp32. The outcome is kept per weights and
                 CPU setting (:mod:`..memo`), so later loads do not gate again.
             text_queries: how many texts this process will embed, when it knows (a one-shot
-                command); with fewer than :data:`~..chooser.ONE_SHOT_TEXTS`, ``auto`` stays fp32
+                command); with fewer than :data:`~..text_choice.ONE_SHOT_TEXTS`, ``auto`` stays fp32
                 and fp32 stays on numpy, without importing torch or onnxruntime
-                (:func:`~..chooser.one_shot_reason`, :func:`~..chooser.text_runtime_refusal`).
+                (:func:`~..text_choice.one_shot_reason`, :func:`~..text_choice.text_runtime_refusal`).
                 None: a long-lived process, where int8's set-up pays for itself, and so does
-                ONNX Runtime's for fp32 (:func:`~..chooser.choose_text_runtime`).
+                ONNX Runtime's for fp32 (:func:`~..text_choice.choose_text_runtime`).
             runtime: the runtime asked for the fp32 tower (``numpy``, ``onnxruntime``); None:
                 the user's setting (:func:`~..chooser.requested_runtime`).
 

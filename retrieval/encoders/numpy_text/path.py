@@ -7,8 +7,9 @@ from pathlib import Path
 
 from ...errors import ModelLoadError
 from .. import cpu
-from ..chooser import TEXT_RUNTIME_ENV, one_shot_reason, requested_runtime, text_runtime_refusal
+from ..chooser import TEXT_RUNTIME_ENV, requested_runtime
 from ..precision import auto_modes
+from ..text_choice import one_shot_reason, text_runtime_refusal
 from .clip_tokenizer import TokenizerSettings
 from .tower_config import UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
@@ -38,7 +39,7 @@ class TextPath:
 
     Attributes:
         path: ``numpy`` (this package, no torch), ``onnxruntime`` (this package's tokenizer and
-            loop, the fp32 tower's forward pass on ONNX Runtime, :func:`..chooser.choose_text_runtime`) or
+            loop, the fp32 tower's forward pass on ONNX Runtime, :func:`..text_choice.choose_text_runtime`) or
             ``torch`` (the backend's own encoder).
         reason: why, in a few words.
     """
@@ -81,7 +82,7 @@ def text_path(
         precision: the text precision asked for.
         device: the device asked for.
         text_queries: how many text queries the process will run, when it knows (see
-            :func:`~..chooser.one_shot_reason`); None for a long-lived process.
+            :func:`~..text_choice.one_shot_reason`); None for a long-lived process.
         runtime: the text runtime asked for (:func:`~..chooser.requested_runtime`); None: the user's setting.
     """
     refusal = fast_path_refusal(backend, model, precision, device, runtime)

@@ -168,7 +168,7 @@ def text_export_key(fingerprint: str, max_positions: int) -> str:
 
     Unlike the image key, not torch's version: the key must be computable without importing
     torch (a process that finds the export needs neither torch nor transformers), and every load
-    checks the export's vectors against the numpy tower's anyway (:func:`..chooser.choose_text_runtime`).
+    checks the export's vectors against the numpy tower's anyway (:func:`..text_choice.choose_text_runtime`).
     """
     raw = f"v{TEXT_EXPORT_VERSION}|text|{fingerprint}|{max_positions}|opset={OPSET}"
     return f"text-{max_positions}-{hashlib.sha256(raw.encode()).hexdigest()[:20]}.onnx"
