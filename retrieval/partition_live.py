@@ -45,6 +45,7 @@ def open_partitions(
     precision: str = "auto",
     query_cache: int = DEFAULT_CAPACITY,
     deadline_s: float = DEFAULT_DEADLINE_S,
+    text_queries: int | None = None,
 ) -> PartitionedIndex:
     """Open the shard set at ``directory`` for search (its shards checked against the set first).
 
@@ -53,6 +54,8 @@ def open_partitions(
         connect: how each shard is reached (default: opened in this process).
         model, device, precision, query_cache: the query side, as for ``ImageIndex.open``.
         deadline_s: seconds each shard has to answer a call.
+        text_queries: how many text queries this process will run, when it knows (as for
+            ``ImageIndex.open``: a one-shot search picks its text tower for one query).
 
     Raises:
         NotAnIndexError: no set there, or a missing shard (named).
@@ -63,7 +66,8 @@ def open_partitions(
     parts = read_partition_set(root)
     manifests = check_shards(root, parts)
     requested = parse_precision(precision)
-    queries = QueryEncoders(manifests[0], model=model, device=device, precision=requested, query_cache=QueryVectorCache(query_cache))
+    queries = QueryEncoders(manifests[0], model=model, device=device, precision=requested, query_cache=QueryVectorCache(query_cache),
+                            text_queries=text_queries)
     reach = connect or local_shards()
     shards = [reach(root, s) for s in parts.shards]
     return PartitionedIndex(parts, shards, queries, manifests[0], deadline_s=deadline_s, roots=[m.source_root for m in manifests])

@@ -160,6 +160,9 @@ class PartitionedIndex:
             The errors of ``ImageIndex.search``; ShardUnavailableError: no shard answered.
         """
         req = query if isinstance(query, SearchRequest) else SearchRequest(text=query, k=k, **kwargs)
+        if req.kind == "browse":
+            raise InvalidArgumentError("a shard set is searched with a query (text, image, vector or similar_to); "
+                                       "a listing by filters alone works on one index, not on a set")
         if req.kind == "text":
             assert req.text is not None
             mode = self._mode(req.mode)

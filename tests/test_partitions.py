@@ -192,6 +192,42 @@ def test_text_search_in_every_mode_equals_the_unsharded_index(built_index: Path,
         np.testing.assert_allclose([h.fused or 0 for h in got], [h.fused or 0 for h in want], rtol=1e-6)
 
 
+def test_the_cli_searches_describes_and_verifies_a_set(built_index: Path, tmp_path: Path,
+                                                      capsys: pytest.CaptureFixture[str]) -> None:
+    """search, info and verify take a set where they take an index: the same results (and the
+    set says whether any shard is missing), the set's facts, each shard verified."""
+    split_index(built_index, 2, tmp_path / "set")
+    set_dir = str(tmp_path / "set")
+
+    def run(*argv: str) -> dict[str, Any]:
+        assert main(list(argv)) == 0
+        return dict(json.loads(capsys.readouterr().out))
+
+    for query in (["red", "-k", "5"], ["a photo of a cat", "--mode", "keyword"], ["png", "--sort", "taken", "-k", "3"]):
+        want = run("search", str(built_index), *query, "--json", "--precision", "fp32")
+        got = run("search", set_dir, *query, "--json", "--precision", "fp32")
+        assert (got.pop("partial"), got.pop("missing_shards")) == (False, [])
+        assert got == want
+    assert main(["search", set_dir, "red", "-k", "2"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert len(lines) == 2 and lines[0].split()[0] == "1"
+    info = run("info", set_dir, "--json")
+    assert info["count"] == len(ImageIndex.open(built_index)) and [s["name"] for s in info["shards"]] == ["shard-0000", "shard-0001"]
+    report = run("verify", set_dir, "--json")
+    assert report["ok"] is True and sorted(report["shards"]) == ["shard-0000", "shard-0001"]
+    assert all(r["ok"] and r["checksums"] for r in report["shards"].values())
+    # A listing without a query, a damaged shard, a missing shard: one line each, exit 1.
+    assert_one_line_error(main(["search", set_dir, "--path-prefix", "a"]), capsys.readouterr().err, "a shard set is searched with a query")
+    damaged = next((tmp_path / "set" / "shard-0001").glob("gen-*/embeddings/*.parquet"))
+    damaged.write_bytes(damaged.read_bytes()[:-40])
+    assert main(["verify", set_dir]) == 1
+    out, err = capsys.readouterr()
+    assert "shard-0000: ok" in out and "shard-0001: 1 damaged file(s)" in out and str(damaged.name) in err
+    shutil.rmtree(tmp_path / "set" / "shard-0000")
+    for argv in (["verify", set_dir], ["info", set_dir], ["search", set_dir, "red"]):
+        assert_one_line_error(main(argv), capsys.readouterr().err, "shard 'shard-0000' is missing")
+
+
 class _Broken:
     """A shard client whose shard never answers in time."""
 

@@ -29,6 +29,8 @@ if TYPE_CHECKING:
     from typing import TypeAlias
 
     from retrieval.filters import Filter
+    from retrieval.index import ImageIndex
+    from retrieval.partitions import PartitionedIndex
 
     # typeshed makes the sub-parser action generic; at runtime it is not subscriptable.
     Subparsers: TypeAlias = argparse._SubParsersAction[Parser]
@@ -49,6 +51,20 @@ def print_json(obj: Any) -> None:
     """One JSON object on stdout (non-ASCII kept, lone surrogates escaped)."""
     sys.stdout.write(json.dumps(obj, ensure_ascii=False).encode("utf-8", "backslashreplace").decode("utf-8") + "\n")
     sys.stdout.flush()
+
+
+def open_searchable(directory: str, *, model: str | None, device: str, precision: str,
+                    text_queries: int | None = None) -> ImageIndex | PartitionedIndex:
+    """What ``search`` and ``info`` open at ``directory``: an index, or a shard set
+    (``partitions.json``, :mod:`retrieval.partitions`) whose shards are searched in this process.
+    The server's twin, which follows new generations, is :func:`clipsearch.server.shard_sets.open_served`."""
+    from retrieval.index import ImageIndex
+    from retrieval.partition_live import open_partitions
+    from retrieval.partition_set import is_partition_set
+
+    if is_partition_set(directory):
+        return open_partitions(directory, model=model, device=device, precision=precision, text_queries=text_queries)
+    return ImageIndex.open(directory, model=model, device=device, precision=precision, text_queries=text_queries)
 
 
 def add_device_arguments(parser: argparse.ArgumentParser) -> None:

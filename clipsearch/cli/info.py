@@ -6,17 +6,16 @@ import argparse
 import json
 from typing import TYPE_CHECKING
 
-from ._common import print_json
+from ._common import open_searchable, print_json
 
 if TYPE_CHECKING:
     from ._common import Subparsers
 
 
 def run(args: argparse.Namespace) -> int:
-    """Print the index's description: ``key  value`` lines, or one JSON object with ``--json``."""
-    from retrieval.index import ImageIndex
-
-    index = ImageIndex.open(args.index_dir)
+    """Print the index's (or shard set's) description: ``key  value`` lines, or one JSON object
+    with ``--json``."""
+    index = open_searchable(args.index_dir, model=None, device="auto", precision="auto")
     info = index.info()
     if args.json:
         print_json(info)
@@ -27,7 +26,7 @@ def run(args: argparse.Namespace) -> int:
             continue
         shown = json.dumps(value) if isinstance(value, (dict, list)) else value
         print(f"{key:<{width}}  {shown}")
-    if info["skipped_files"]:
+    if info.get("skipped_files"):
         print(f"\nskipped files ({len(info['skipped_files'])}):")
         for item in info["skipped_files"]:
             print(f"  {item['path']}: {item['reason']}")
@@ -36,7 +35,8 @@ def run(args: argparse.Namespace) -> int:
 
 def register(subparsers: Subparsers) -> None:
     """Add ``info`` to the ``clipsearch`` sub-parsers."""
-    p = subparsers.add_parser("info", help="describe an index", description="Describe an index: model, size, skipped files.")
+    p = subparsers.add_parser("info", help="describe an index or a shard set",
+                              description="Describe an index: model, size, skipped files (a shard set: its shards).")
     p.add_argument("index_dir", metavar="INDEX_DIR")
     p.add_argument("--json", action="store_true", help="print one JSON object")
     p.set_defaults(handler=run)

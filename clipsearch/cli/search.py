@@ -9,7 +9,14 @@ from typing import TYPE_CHECKING
 from retrieval.errors import InvalidArgumentError
 
 from ..search_params import ARITHMETIC, SearchParams
-from ._common import add_device_arguments, add_filter_arguments, add_precision_argument, filter_from_args, print_json
+from ._common import (
+    add_device_arguments,
+    add_filter_arguments,
+    add_precision_argument,
+    filter_from_args,
+    open_searchable,
+    print_json,
+)
 from .options import add_options
 
 if TYPE_CHECKING:
@@ -25,20 +32,23 @@ _TERMS_ON_THE_CLI = (
 
 
 def run(args: argparse.Namespace) -> int:
-    """Search the index; print one line per hit, or ``{"results": [...]}`` with ``--json``."""
-    from retrieval.index import ImageIndex
-
+    """Search the index or shard set; print one line per hit, or ``{"results": [...]}`` with
+    ``--json`` (a set's results also say ``partial`` and ``missing_shards``)."""
     # Checked before the index and the model load: a bad query, cut-off or term fails at once.
     req = _request(args)
     # One process, one search: auto's text tower weighs int8's set-up against the texts it embeds.
     texts = sum(t.kind == "text" for t in req.terms) if req.terms else int(req.text is not None)
-    index = ImageIndex.open(
-        args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=texts
-    )
+    index = open_searchable(args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=texts)
     hits = index.search(req)
+    missing: tuple[str, ...] | None = getattr(hits, "missing", None)
     if args.json:
-        print_json({"results": [h.to_dict(facts=True) for h in hits]})
+        out: dict[str, object] = {"results": [h.to_dict(facts=True) for h in hits]}
+        if missing is not None:
+            out.update(partial=bool(missing), missing_shards=list(missing))
+        print_json(out)
     else:
+        if missing:
+            print(f"partial: shard(s) {', '.join(missing)} did not answer in time")
         if not hits:
             print(_why_none(args, req.where is not None and req.where.active))
         browsing = req.kind == "browse"
