@@ -27,6 +27,9 @@ THUMBNAIL_QUALITY = 85
 # (a 304 when the recorded content is unchanged).
 THUMBNAIL_CACHE_CONTROL = "private, max-age=300"
 ORIGINAL_CACHE_CONTROL = "private, max-age=300"
+# A video frame's size limit no video reaches: the frame as decoded, as the faces stage found
+# faces in it (indexer.video.NATIVE_SIDE, kept here so the server imports PyAV only when it decodes).
+NATIVE_SIDE = 1 << 16
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,9 @@ if TYPE_CHECKING:
 # A frame's time and a target's are compared with this slack (timestamps are rounded to the
 # stream's time base).
 _EPS = 1e-6
+# A max_side no video reaches: the frame as decoded (the faces stage finds faces in these pixels,
+# and the server crops them from the same).
+NATIVE_SIDE = 1 << 16
 # A decoded frame and its presentation time in seconds.
 Timed = tuple["av.VideoFrame", float]
 
@@ -284,4 +287,4 @@ def _chain(first: Iterable[Timed], then: Callable[[], list[Timed]]) -> Iterator[
     yield from then()
 
 
-__all__ = ["SampledFrame", "VideoSampler", "frame_at", "sample_video"]
+__all__ = ["NATIVE_SIDE", "SampledFrame", "VideoSampler", "frame_at", "sample_video"]
