@@ -62,6 +62,12 @@ def test_faces_of_video_frames_join_the_person_of_the_photos(tmp_path: Path, tin
         page = client.get(f"/api/people/{ref}?index={out.name}")
         assert page.status_code == 200, page.text
         assert {f["image_id"] for f in page.json()["face_list"]} & set(video_rows)
+        # The person's photos (the UI's person page: no query, the person filter) hold the video at its moment.
+        listed = client.get(f"/api/search?person={ref}&index={out.name}").json()["results"]
+        video_hit = next(r for r in listed if r["path"] == "trip.mp4")
+        assert video_hit["media"] == "video" and video_hit["frame_time"] >= 2.0 - 1e-6 and video_hit["start"] is None
+        assert video_hit["video_url"].endswith(f"#t={video_hit['frame_time']:g}")
+        assert sorted(r["path"] for r in listed) == ["astronaut.jpg", "mirror.jpg", "trip.mp4"]
         face = client.get(f"/api/people/{ref}/face?index={out.name}&size=64")
         assert face.status_code == 200 and face.content[:2] == b"\xff\xd8"
     # The server crops a video's face from the frame the finder read.

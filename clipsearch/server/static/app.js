@@ -1103,7 +1103,9 @@
     return h ? `${h}:${two(m)}:${two(s)}` : `${two(m)}:${two(s)}`;
   }
 
+  // A listing without a query (a person's photos) has no moment: the time of the frame it kept.
   function momentText(result) {
+    if (result.start === null || result.start === undefined) return clock(result.frame_time);
     return `${clock(result.start)}–${clock(Math.ceil(result.end))}`;
   }
 
@@ -1136,7 +1138,7 @@
     video.autoplay = true;
     video.playsInline = true;
     video.preload = "metadata";
-    const fragment = `#t=${result.start},${result.end}`;
+    const fragment = result.start === null || result.start === undefined ? `#t=${result.frame_time}` : `#t=${result.start},${result.end}`;
     const fallback = () => {
       if (!video.isConnected) return;
       video.remove();
