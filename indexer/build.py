@@ -178,6 +178,8 @@ def _start(
     if encoder is not None and cfg.engine in LOADS_ITS_OWN_MODEL:
         raise InvalidArgumentError(f"engine {cfg.engine!r} loads the model in every worker from model=; it cannot take a loaded encoder")
     shard_source = None
+    # What the walk takes (videos too?): this run's options over what the index records.
+    walk = recorded_walk(out, cfg.include_hidden, cfg.exclude, cfg.videos)
     if found is None and is_shard_spec(source):
         if files is not None:
             raise InvalidArgumentError("files= lists images of a folder; the images of shards are listed from the shards")
@@ -185,19 +187,19 @@ def _start(
         # Listed before the model is loaded: a missing bucket or a damaged tar fails in seconds.
         shard_source = shards.resolve(source, cfg.storage_options)
         # Shards a completed run embedded whole and that did not change are not read again.
-        found = shards.list_source(shard_source, known={} if cfg.rebuild else shards.known_shards(out))
+        known = {} if cfg.rebuild else shards.known_shards(out, walk.videos)
+        found = shards.list_source(shard_source, known=known, videos=walk.videos)
         photos = Path(shard_source.root) if scheme_of(shard_source.root) is None else Path(".")
     else:
         photos = Path(source)
         check_photos_dir(photos)
     check_index_dir(out, "index", rebuild=cfg.rebuild)
     sides.check(cfg)  # a missing engine fails in one line, before any work
+    if walk.videos:
+        video_rows.check_engine()
     with contextlib.ExitStack() as stack:
         # Opened before the walk and the model: a cluster that does not answer fails in seconds.
         engine = stack.enter_context(open_engine(cfg))
-        walk = recorded_walk(out, cfg.include_hidden, cfg.exclude, cfg.videos)
-        if walk.videos:
-            video_rows.check_engine(cfg.engine, shard_source is not None)
         if found is None:
             extensions = IMAGE_EXTENSIONS | VIDEO_EXTENSIONS if walk.videos else IMAGE_EXTENSIONS
             found = find_images(photos, files, None if files is not None else load_exclusions(photos, walk), extensions)
@@ -301,8 +303,8 @@ def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
     # A video is sampled and its frames embedded apart from the images (indexer.video.video_rows).
     videos = video_rows.split_videos(plan) if job.walk.videos else []
     side_stats = {stage.name: SideStats() for stage in sides.SIDE_STAGES}
-    stats, cpu_level = _embed(job, previous, plan, writer, side_stats)
-    video_rows.count(_embed_videos(job, plan, writer, videos), stats)
+    stats, cpu_level, info = _embed(job, previous, plan, writer, side_stats)
+    video_rows.count(_embed_videos(job, plan, writer, videos, info), stats)
     _run_sides(job, previous, writer, side_stats, before=False)
     up_to_date = (
         previous is not None
@@ -400,9 +402,10 @@ def _meta(job: _Job, options: IndexOptions, side_settings: dict[str, Any], previ
 
 
 def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: GenerationWriter,
-           side_stats: dict[str, SideStats]) -> tuple[RunStats, str]:
+           side_stats: dict[str, SideStats]) -> tuple[RunStats, str, dict[str, Any]]:
     """Resolve the precision, apply the plan's row changes and embed its files with the
-    run's engine; returns the stats and the CPU level the model ran at ("" on GPU)."""
+    run's engine; returns the stats, the CPU level the model ran at ("" on GPU) and the model
+    info the engine embedded with (its videos are embedded with it too)."""
     cfg, enc, engine = job.cfg, job.enc, job.engine
     prev_info = previous.model_info if previous is not None else None
     images = job.images
@@ -436,16 +439,18 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
         # The side stages' rows not read yet (an index embedded without them), read here on any engine.
         _run_sides(job, previous, writer, side_stats, before=True)
         stats = engine.embed(enc, images, info, plan, writer, draft=decode.draft, stop=job.stop)
-        return stats, cpu_level
+        return stats, cpu_level, dict(info)
 
 
-def _embed_videos(job: _Job, plan: UpdatePlan, writer: GenerationWriter, videos: list[ImageFile]) -> video_rows.VideoStats:
-    """--videos: the planned videos sampled and embedded here, a generation committed as images' are."""
+def _embed_videos(job: _Job, plan: UpdatePlan, writer: GenerationWriter, videos: list[ImageFile],
+                  info: dict[str, Any]) -> video_rows.VideoStats:
+    """--videos: the planned videos sampled and embedded by the run's engine with the images'
+    model ``info``, written here in order, a generation committed as images' are."""
     if not videos:
         return video_rows.VideoStats()
     commits = ChunkCommits(job.cfg, writer)
     sink = video_rows.VideoSink(writer.append, lambda skip: writer.record_skips([skip]), commits.after)
-    return video_rows.embed_videos(videos, job.photos, job.enc, job.cfg.video_options(), sink,
+    return job.engine.embed_videos(job.enc, job.images, info, videos, job.cfg.video_options(), sink,
                                    updated=frozenset(plan.updated_paths), stop=job.stop)
 
 

@@ -1,9 +1,10 @@
 """What an engine of the build is: the :class:`Engine` protocol a build asks, the facts it
 reports, and the local engine (this process).
 
-:mod:`indexer.build` asks an :class:`Engine` four things (whether the driver's calibration
-speaks for it, the calibration where it does not, the embedding of a plan's files into the
-writer, and the facts its report states) and names no engine; :mod:`indexer.engines` says which
+:mod:`indexer.build` asks an :class:`Engine` five things (whether the driver's calibration
+speaks for it, the calibration where it does not, the embedding of a plan's images into the
+writer, the sampling and embedding of its videos, and the facts its report states) and names
+no engine; :mod:`indexer.engines` says which
 engines there are.
 """
 
@@ -23,6 +24,8 @@ from .embed import embed_planned
 from .plan import UpdatePlan
 from .shards import ShardReader
 from .stats import RunStats
+from .video import video_rows
+from .video.video_config import VideoOptions
 
 Images = Path | ShardReader
 
@@ -58,6 +61,13 @@ class Engine(Protocol):
         """Embed ``plan.to_embed`` into ``writer`` with the model ``info`` describes."""
         ...
 
+    def embed_videos(self, enc: Encoder, images: Images, info: Mapping[str, Any], files: Sequence[ImageFile],
+                     options: VideoOptions, sink: video_rows.VideoSink, *, updated: frozenset[bytes],
+                     stop: Callable[[], bool] | None) -> video_rows.VideoStats:
+        """Sample and embed the videos ``files`` with the model ``info`` describes, their rows
+        written through ``sink`` in the order of ``files`` (:func:`indexer.video.video_rows.write_videos`)."""
+        ...
+
     def facts(self, enc: Encoder) -> EngineFacts:
         """Where this run's models ran, for the report."""
         ...
@@ -80,6 +90,11 @@ class LocalEngine:
     def embed(self, enc: Encoder, images: Images, info: Mapping[str, Any], plan: UpdatePlan, writer: GenerationWriter,
               *, draft: bool, stop: Callable[[], bool] | None) -> RunStats:
         return embed_planned(self.cfg, enc, images, plan, writer, stop=stop, draft=draft)
+
+    def embed_videos(self, enc: Encoder, images: Images, info: Mapping[str, Any], files: Sequence[ImageFile],
+                     options: VideoOptions, sink: video_rows.VideoSink, *, updated: frozenset[bytes],
+                     stop: Callable[[], bool] | None) -> video_rows.VideoStats:
+        return video_rows.embed_videos(files, images, enc, options, sink, updated=updated, stop=stop)
 
     def facts(self, enc: Encoder) -> EngineFacts:
         return EngineFacts(device=str(enc.device))

@@ -47,6 +47,8 @@ from .ray_parts import Stage, by_part, part_rows
 from .shards import ShardReader
 from .sides.registry import decode_options
 from .stats import RunStats
+from .video.video_config import VideoOptions
+from .video.video_rows import VideoSink, VideoStats
 
 RAY_EXTRA = "pip install 'clipsearch[ray]'"
 # A cluster address that does not answer fails within this many seconds (Ray itself retries
@@ -287,6 +289,22 @@ class RayRun:
         (the driver's encoder only described it); ``stop`` is the local engine's (a Ray job
         is stopped by its driver's interrupt)."""
         return self.embed_spec(self.spec(images, info, **decode_options(writer.meta.sides), draft=draft), plan, writer)
+
+    def embed_videos(self, enc: Encoder, images: Path | ShardReader, info: Mapping[str, Any], files: Sequence[ImageFile],
+                     options: VideoOptions, sink: VideoSink, *, updated: frozenset[bytes],
+                     stop: Callable[[], bool] | None) -> VideoStats:
+        """:class:`~indexer.engine.Engine`'s videos: one video per task on actors with ``info``'s
+        model (:mod:`indexer.ray_videos`), written here in order."""
+        from .ray_videos import embed_on_actors
+
+        resources = {"num_cpus": self.pool.cpus_per_actor, "num_gpus": self.pool.gpus_per_actor, "runtime_env": _runtime_env()}
+        try:
+            return embed_on_actors(self.ray, self.spec(images, info), options, files, sink, actors=self.pool.actors,
+                                   resources=resources, updated=updated, stop=stop)
+        except ClipSearchError:
+            raise
+        except Exception as exc:  # noqa: BLE001 - a RayTaskError or RayActorError wraps the actor's own error
+            raise _task_error(exc) from exc
 
     def facts(self, enc: Encoder) -> EngineFacts:
         """The actors' device, their number and the cluster's resources."""

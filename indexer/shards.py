@@ -45,9 +45,12 @@ from retrieval.shards import (
 )
 
 from .discover import Discovery, ImageFile
+from .video.probe import VIDEO_EXTENSIONS
 
 SHARD_SUFFIX = ".tar"
 _IMAGE_EXTS = frozenset(e.lstrip(".").lower() for e in IMAGE_EXTENSIONS)
+# Video members (video2dataset's and img2dataset's ``mp4``, ``webm``...): what a folder's walk takes.
+_VIDEO_EXTS = frozenset(e.lstrip(".") for e in VIDEO_EXTENSIONS)
 # One brace group: a numeric range {000..099} or a list {a,b,c}.
 _BRACE = re.compile(r"\{(?:\d+\.\.\d+|[^{}.,]+(?:,[^{},]+)+)\}")
 # Shards listed at once (each mostly waits on the store).
@@ -194,10 +197,10 @@ class Known:
     retry: bool = False  # a skip without file facts that is not a missing image: read again
 
 
-def known_shards(index_dir: Path) -> dict[str, Known]:
+def known_shards(index_dir: Path, videos: bool = False) -> dict[str, Known]:
     """Per shard, what the index at ``index_dir`` holds of it, when its last run completed (so
-    every shard it listed was embedded whole); empty for a new, incomplete or damaged index.
-    An unchanged shard is then not read again (:func:`list_source`)."""
+    every shard it listed was embedded whole) with ``videos`` as this run; empty for a new,
+    incomplete or damaged index. An unchanged shard is then not read again (:func:`list_source`)."""
     from retrieval import store
     from retrieval.errors import ClipSearchError
     from retrieval.layout import is_index_dir, read_manifest
@@ -206,7 +209,7 @@ def known_shards(index_dir: Path) -> dict[str, Known]:
         if not is_index_dir(index_dir):
             return {}
         manifest = read_manifest(index_dir)
-        if not manifest.complete:
+        if not manifest.complete or bool(manifest.discovery.get("videos")) != videos:
             return {}
         parts = store.open_parts(index_dir, manifest)
         if any("member_offset" not in pf.schema_arrow.names for pf in parts):
@@ -242,9 +245,10 @@ def known_shards(index_dir: Path) -> dict[str, Known]:
     return known
 
 
-def list_source(source: ShardSource, threads: int = LIST_THREADS, known: Mapping[str, Known] | None = None) -> Discovery:
-    """Every image of every shard, as files named ``SHARD#MEMBER``; samples without an image go
-    to ``missing`` with why. A shard that ``known`` (:func:`known_shards`) holds at its current
+def list_source(source: ShardSource, threads: int = LIST_THREADS, known: Mapping[str, Known] | None = None,
+                videos: bool = False) -> Discovery:
+    """Every image (and with ``videos`` every video) of every shard, as files named
+    ``SHARD#MEMBER``; samples without one go to ``missing`` with why. A shard that ``known`` (:func:`known_shards`) holds at its current
     version is not read: its rows and skips are taken from there.
 
     Raises:
@@ -257,7 +261,7 @@ def list_source(source: ShardSource, threads: int = LIST_THREADS, known: Mapping
         held = known.get(shard.name)
         if held is not None and not held.retry and held.versions == {shard.version} and held.files:
             return held.files, held.missing
-        return list_shard(shard, options)
+        return list_shard(shard, options, videos)
 
     with ThreadPoolExecutor(max(1, min(threads, len(source.shards)))) as pool:
         listed = list(pool.map(listing, source.shards))
@@ -268,8 +272,9 @@ def list_source(source: ShardSource, threads: int = LIST_THREADS, known: Mapping
     return Discovery(files=files, unreadable_dirs=[], missing=missing)
 
 
-def list_shard(shard: Shard, options: Mapping[str, Any]) -> tuple[list[ImageFile], list[tuple[bytes, str]]]:
-    """The images of one shard (in tar order) and its samples without an image."""
+def list_shard(shard: Shard, options: Mapping[str, Any], videos: bool = False) -> tuple[list[ImageFile], list[tuple[bytes, str]]]:
+    """The images of one shard (in tar order), with ``videos`` its videos too (``mp4``, ``webm``...
+    members), and its samples without either."""
     from webdataset.tariterators import base_plus_ext
 
     fs, path = filesystem(shard.url, options)
@@ -295,17 +300,21 @@ def list_shard(shard: Shard, options: Mapping[str, Any]) -> tuple[list[ImageFile
     files: list[ImageFile] = []
     missing: list[tuple[bytes, str]] = []
     for key, members in samples.items():
+        # A sample's image, and with videos its video (a video's own sample, or beside a preview image).
         image = next((info for ext, info in members.items() if ext in _IMAGE_EXTS), None)
-        if image is None:
+        video = next((info for ext, info in members.items() if ext in _VIDEO_EXTS), None) if videos else None
+        found = [m for m in (image, video) if m is not None]
+        if not found:
             first = next(iter(members.values()))
             why = f"sample {key!r} {NO_IMAGE} ({', '.join(sorted(members))})"
             missing.append((f"{shard.name}{MEMBER_SEP}{first.name}".encode(), why))
             continue
-        if image.offset_data + image.size > shard.size:
-            raise ShardSourceError(f"{shard.url}: truncated tar ({image.name} ends past the end of the file)")
-        meta = _sample(shard.name, key, image.offset_data, texts.get((key, "txt")), texts.get((key, "json")))
-        rel = f"{shard.name}{MEMBER_SEP}{image.name}".encode()
-        files.append(ImageFile(rel=rel, size=image.size, mtime_ns=shard.version, sample=meta))
+        for entry in found:
+            if entry.offset_data + entry.size > shard.size:
+                raise ShardSourceError(f"{shard.url}: truncated tar ({entry.name} ends past the end of the file)")
+            meta = _sample(shard.name, key, entry.offset_data, texts.get((key, "txt")), texts.get((key, "json")))
+            rel = f"{shard.name}{MEMBER_SEP}{entry.name}".encode()
+            files.append(ImageFile(rel=rel, size=entry.size, mtime_ns=shard.version, sample=meta))
     return files, missing
 
 

@@ -133,7 +133,7 @@ def test_update_by_shard_adds_replaces_and_removes(tmp_path: Path, tiny_model: P
 
     read: list[str] = []
     listing = shards.list_shard
-    monkeypatch.setattr(shards, "list_shard", lambda shard, options: (read.append(shard.name), listing(shard, options))[1])
+    monkeypatch.setattr(shards, "list_shard", lambda shard, *rest: (read.append(shard.name), listing(shard, *rest))[1])
     root = tmp_path / "shards"
     write_shards(root, samples[:6], 3)
     out = tmp_path / "u.idx"

@@ -147,8 +147,6 @@ def test_index_videos_search_moments_and_update(tmp_path: Path, tiny_model: Path
     # --no-videos leaves them out: their rows go, the images stay.
     build_index(photos, out, videos=False, **opts)
     assert _rows_by_path(out) == {"astronaut.jpg": 1, "coffee.jpg": 1}
-    bad = run_cli(["index", photos, tmp_path / "ray.idx", "--videos", "--engine", "ray", "--model", tiny_model])
-    assert bad.returncode != 0 and "--videos runs on the local engine" in bad.stderr and "Traceback" not in bad.stderr
 
 
 def test_a_build_killed_between_two_videos_keeps_whole_videos(tmp_path: Path, tiny_model: Path) -> None:

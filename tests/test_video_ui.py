@@ -16,7 +16,7 @@ from urllib.parse import quote
 
 import numpy as np
 import pytest
-from test_browser import PAGE, Server, api_ids, browser, open_ui, page, serve, shown_ids
+from test_browser import PAGE, Server, api_ids, browser, open_ui, page, serve, shown_ids, wait_for_url
 
 pytest.importorskip("av")
 
@@ -76,3 +76,32 @@ def test_a_video_plays_from_its_moment_and_hevc_falls_back_to_its_frame(page: An
         "() => { const i = document.querySelector('[data-testid=viewer-image]'); return !i.hidden && i.complete && i.naturalWidth > 0; }"
     )
     assert page.locator("[data-testid=viewer-video]").count() == 0
+
+
+def test_the_media_control_shows_only_videos_and_stays_in_the_address(page: Any, server: Server) -> None:
+    everything = server.get("/api/search", q=QUERY, mode="vector", k=PAGE)
+    videos = server.get("/api/search", q=QUERY, mode="vector", k=PAGE, media="video")
+    assert any(r["media"] is None for r in everything["results"]) and any(r["media"] == "video" for r in everything["results"])
+    assert videos["results"] and all(r["media"] == "video" for r in videos["results"])
+    open_ui(page, server, f"q={quote(QUERY)}&mode=vector")
+    assert shown_ids(page, len(everything["results"])) == api_ids(everything)
+    if page.locator("[data-testid=filters]").is_hidden():  # opened already where a filter (mode) is set
+        page.locator("[data-testid=filters-toggle]").click()
+    page.locator("[data-testid=media]").select_option("video")
+    wait_for_url(page, q=QUERY, mode="vector", media="video")
+    # Only the video hits, each with its moment.
+    assert shown_ids(page, len(videos["results"])) == api_ids(videos)
+    assert page.locator("[data-testid=results] [data-testid=moment]").count() == len(videos["results"])
+    # Kept in the address: a reload (or a shared link) shows the same choice and results.
+    page.reload()
+    page.wait_for_selector("body[data-ready='true']", state="attached")
+    assert shown_ids(page, len(videos["results"])) == api_ids(videos)
+    assert page.locator("[data-testid=media]").input_value() == "video"
+    # Back to everything: photos again.
+    page.locator("[data-testid=media]").select_option("")
+    wait_for_url(page, q=QUERY, mode="vector")
+    assert shown_ids(page, len(everything["results"])) == api_ids(everything)
+    # An address with a media the API does not take says so beside the control and shows both.
+    open_ui(page, server, f"q={quote(QUERY)}&mode=vector&media=audio")
+    assert shown_ids(page, len(everything["results"])) == api_ids(everything)
+    assert "audio" in page.locator("[data-testid=media-error]").inner_text()

@@ -35,7 +35,7 @@ from retrieval.partitions import DEFAULT_DEADLINE_S
 from retrieval.query_cache import DEFAULT_CAPACITY
 from retrieval.version import __version__
 
-from . import files
+from . import files, ranges
 from .clip_back import clip_back_router
 from .clip_back_query import IGNORED_HEADER
 from .config import DEFAULT_IMAGE_URL_TIMEOUT_S, DEFAULT_THUMBNAIL_SIZE, ServerConfig
@@ -321,11 +321,11 @@ def _api_router() -> APIRouter:
         headers = {"ETag": found.etag, "Cache-Control": files.ORIGINAL_CACHE_CONTROL}
         if files.etag_matches(request.headers.get("if-none-match"), found.etag):
             return Response(status_code=304, headers=headers)
-        if found.data is not None or found.path is None:  # an image read out of its shard
-            return Response(found.data, media_type=found.media_type, headers=headers)
+        if found.data is not None or found.path is None:  # an image or video read out of its shard
+            return ranges.ranged(found.data or b"", request.headers.get("range"), found.media_type, headers)
         return FileResponse(found.path, media_type=found.media_type, headers=headers)
 
-    # HEAD too, and Range on GET (FileResponse answers both): a browser's <video> asks the size
+    # HEAD too, and Range on GET (FileResponse answers both; ranges.ranged for a shard's bytes): a browser's <video> asks the size
     # and seeks in a video's file. Kept out of the schema: one operation per path and method.
     api.add_api_route("/images/{image_id}", image, methods=["HEAD"], include_in_schema=False)
 

@@ -27,6 +27,9 @@ THUMBNAIL_QUALITY = 85
 # (a 304 when the recorded content is unchanged).
 THUMBNAIL_CACHE_CONTROL = "private, max-age=300"
 ORIGINAL_CACHE_CONTROL = "private, max-age=300"
+# A video frame's size limit no video reaches: the frame as decoded, as the faces stage found
+# faces in it (indexer.video.NATIVE_SIDE, kept here so the server imports PyAV only when it decodes).
+NATIVE_SIDE = 1 << 16
 
 
 @dataclass(frozen=True)
@@ -96,11 +99,12 @@ def original(index: ImageIndex, image_id: int, name: str) -> ImageFile:
     """The original file of an id, with the content type of its image format (from its header)."""
     data = shard_bytes(index, image_id, name)
     if data is not None:
+        media_type = (video_member_type(data, index, image_id) if video_time(index, image_id) is not None else None) or ""
         try:
             with Image.open(io.BytesIO(data)) as img:
-                media_type = Image.MIME.get(img.format or "", "application/octet-stream")
+                media_type = media_type or Image.MIME.get(img.format or "", "application/octet-stream")
         except (OSError, ValueError, SyntaxError):
-            media_type = "application/octet-stream"
+            media_type = media_type or "application/octet-stream"
         # The recorded content hash names these exact bytes (read_member checked them).
         etag = '"' + hashlib.blake2b(data, digest_size=16).hexdigest() + '"'
         return ImageFile(None, media_type, etag, data)
@@ -135,6 +139,15 @@ def video_type(path: Path) -> str | None:
     except ImportError:
         return "application/octet-stream"
     return probe.content_type(path)
+
+
+def video_member_type(data: bytes, index: ImageIndex, image_id: int) -> str | None:
+    """A shard member video's content type, from its bytes and its member name."""
+    try:
+        from indexer.video import probe
+    except ImportError:
+        return "application/octet-stream"
+    return probe.content_type_of(data[: probe.HEAD_BYTES], str(index.rows([image_id], columns=("path",))[0]["path"]))
 
 
 def check_size(size: int) -> int:
@@ -175,7 +188,7 @@ def thumbnail_file(index: ImageIndex, image_id: int, name: str, size: int, key: 
     data = shard_bytes(index, image_id, name)
     source: Path | io.BytesIO = io.BytesIO(data) if data is not None else source_file(index, image_id, name)
     at = video_time(index, image_id)
-    if at is not None and isinstance(source, Path):
+    if at is not None:
         img = video_frame(source, at, size, image_id)
     else:
         try:
@@ -196,14 +209,15 @@ def thumbnail_file(index: ImageIndex, image_id: int, name: str, size: int, key: 
     return cached
 
 
-def video_frame(path: Path, seconds: float, size: int, image_id: int) -> Image.Image:
-    """The frame of a video row's time (indexer.video), as an ImageDecodeError when it no longer decodes."""
+def video_frame(path: Path | io.BytesIO, seconds: float, size: int, image_id: int) -> Image.Image:
+    """The frame of a video row's time (indexer.video), from its file or its bytes read out of
+    its shard, as an ImageDecodeError when it no longer decodes."""
     try:
         from indexer.video import frame_at
     except ImportError:
         raise ImageDecodeError(f"image {image_id}", "a video frame needs the video extra (pip install clipsearch[video])") from None
     try:
-        return frame_at(path, seconds, max_side=size)
+        return frame_at(path, seconds, max_side=size, name=f"image {image_id}")
     except VideoDecodeError as exc:
         raise ImageDecodeError(f"image {image_id}", f"{exc.reason} (the file changed since it was indexed?)") from None
 

@@ -132,11 +132,16 @@ def face_picture(index: ImageIndex, face: Face, name: str, size: int, cache_dir:
         return cached
     data = files.shard_bytes(index, face.id, name)
     source: Path | io.BytesIO = io.BytesIO(data) if data is not None else files.source_file(index, face.id, name)
-    try:
-        # Decoded whole, as the face finder decoded it: the box is in these pixels.
-        img = decode_image(source, name=f"image {face.id}").image
-    except ImageDecodeError as exc:
-        raise ImageDecodeError(exc.path, f"{exc.reason} (the file changed since it was indexed?)") from None
+    at = files.video_time(index, face.id)
+    if at is not None:
+        # A video's row: its frame, as the face finder decoded it (the box is in these pixels).
+        img = files.video_frame(source, at, files.NATIVE_SIDE, face.id)
+    else:
+        try:
+            # Decoded whole, as the face finder decoded it: the box is in these pixels.
+            img = decode_image(source, name=f"image {face.id}").image
+        except ImageDecodeError as exc:
+            raise ImageDecodeError(exc.path, f"{exc.reason} (the file changed since it was indexed?)") from None
     left, top, right, bottom = face.box
     pad = _MARGIN * max(right - left, bottom - top)
     crop = img.crop((max(0, int(left - pad)), max(0, int(top - pad)), min(img.width, int(right + pad)),

@@ -135,11 +135,13 @@ class SearchResult(BaseModel):
         "max(z, 1.5) + 8 * keyword, z being the cosine in standard deviations above the query's mean cosine; null elsewhere"
     )
     media: Literal["video"] | None = Field(None, description="video for a video's hit (its best moment), null for an image")
-    start: float | None = Field(None, description="a video's hit: where its best moment starts, in seconds")
-    end: float | None = Field(None, description="a video's hit: where its best moment ends, in seconds")
+    start: float | None = Field(None, description="a video's hit: where its best moment starts, in seconds (null in a "
+                                "listing without a query: frame_time is the frame the filters kept)")
+    end: float | None = Field(None, description="a video's hit: where its best moment ends, in seconds (null as start)")
     frame_time: float | None = Field(None, description="a video's hit: the time of its best frame (the id's row and score)")
     moments: list[MomentResult] | None = Field(None, description="a video's hit: every matching moment, the best first")
-    video_url: str | None = Field(None, description="a video's hit: its file, playing from the moment (#t=start,end)")
+    video_url: str | None = Field(None, description="a video's hit: its file, playing from the moment (#t=start,end; "
+                                  "#t=frame_time without a moment)")
     faces: list[FaceResult] | None = Field(
         None, description="the faces in the image, largest first (an index built with --faces; null otherwise)"
     )
@@ -354,10 +356,11 @@ def run_search(served: ServedIndex, req: ApiSearch) -> dict[str, Any]:
 
 
 def _video_fields(hit: Hit, name: str) -> dict[str, Any]:
-    # A video's moments, and its file's URL with a media fragment a <video> plays from.
-    if hit.media != "video" or hit.start is None or hit.end is None:
+    # A video's moments, and its file's URL with a media fragment a <video> plays from. A listing
+    # without a query (filters alone: a person's photos) has no moment, only the frame it kept.
+    if hit.media != "video" or hit.frame_time is None and (hit.start is None or hit.end is None):
         return {"media": None, "start": None, "end": None, "frame_time": None, "moments": None, "video_url": None}
-    fragment = f"#t={hit.start:g},{hit.end:g}"
+    fragment = f"#t={hit.start:g},{hit.end:g}" if hit.start is not None and hit.end is not None else f"#t={hit.frame_time:g}"
     return {"media": hit.media, "start": hit.start, "end": hit.end, "frame_time": hit.frame_time,
             "moments": [m.to_dict() for m in hit.moments or ()], "video_url": f"/api/images/{hit.id}?index={name}{fragment}"}
 

@@ -1,7 +1,9 @@
 """``index --faces``: the faces of every row not read yet, found after the embedding stage.
 
-The detector reads each image again from the photos (or the shards): a decode costs little next
-to detection, and reading after the embedding means one pass serves a new build, an update and an
+The detector reads each image again from the photos (or the shards), and for a video's row the
+frame at its time, decoded at the video's own resolution (:func:`indexer.video.frame_at`), so a
+person's page lists the moments of videos they appear in. A decode costs little next to
+detection, and reading after the embedding means one pass serves a new build, an update and an
 index embedded without ``--faces`` alike (no image is embedded again). It runs in worker
 processes of this machine (dlib holds the interpreter while it works), for any engine.
 
@@ -26,6 +28,7 @@ from typing import Any, TypeVar
 
 import numpy as np
 import pyarrow as pa
+from PIL import Image
 
 from retrieval import store
 from retrieval.faces.edits import PeopleEdits, face_keys, load_edits
@@ -74,11 +77,15 @@ def _init_worker(options: FaceOptions, root: bytes, shards: ShardReader | None, 
     _worker = (FaceFinder(options), root, shards, max_pixels)
 
 
-def _find(file: ImageFile) -> tuple[list[Face], str | None]:
-    """The faces of one file, or a note saying why it could not be read."""
+def _find(job: tuple[ImageFile, float | None]) -> tuple[list[Face], str | None]:
+    """The faces of one file (a video's: of its frame at the row's time), or a note saying why it
+    could not be read."""
     assert _worker is not None
     finder, root, shards, max_pixels = _worker
+    file, at = job
     try:
+        if at is not None:
+            return finder.find(_frame(file, at, shards if shards is not None else Path(os.fsdecode(root)))), None
         if shards is not None:
             data = shards.read(file)
         else:
@@ -91,12 +98,22 @@ def _find(file: ImageFile) -> tuple[list[Face], str | None]:
         return [], f"faces not read: {type(exc).__name__}: {exc}"[:500]
 
 
+def _frame(file: ImageFile, at: float, images: Path | ShardReader) -> Image.Image:
+    # Imported here: PyAV (the video extra) is needed only by an index with videos.
+    from ..video import NATIVE_SIDE, frame_at
+    from ..video.source import name_of, opened
+
+    with opened(file, images) as source:
+        return frame_at(source, at, max_side=NATIVE_SIDE, name=name_of(file))
+
+
 # -- the driver side ---------------------------------------------------------------------------
 
 
 def _unread(writer: GenerationWriter, read_ids: np.ndarray) -> tuple[np.ndarray, pa.Table]:
     """Ids of the committed rows not read yet, and the columns that find their files."""
-    cols = ["path_bytes", "content_hash", "size", "mtime_ns", "shard", "key", "member_offset"]
+    cols = ["path_bytes", "content_hash", "size", "mtime_ns", "shard", "key", "member_offset", "frame_time"]
+    kinds = {"member_offset": pa.int64(), "frame_time": pa.float64()}
     tables = []
     for _, path in writer.parts:
         pf = store.open_parquet(path)
@@ -105,7 +122,7 @@ def _unread(writer: GenerationWriter, read_ids: np.ndarray) -> tuple[np.ndarray,
             table = pf.read(columns=[c for c in cols if c in names])
         for c in cols:
             if c not in table.column_names:
-                table = table.append_column(c, pa.nulls(table.num_rows, pa.int64() if c == "member_offset" else pa.string()))
+                table = table.append_column(c, pa.nulls(table.num_rows, kinds.get(c, pa.string())))
         tables.append(table.select(cols))
     rows = pa.concat_tables(tables) if tables else pa.table({c: pa.array([]) for c in cols})
     unread = np.ones(rows.num_rows, dtype=bool)
@@ -113,10 +130,11 @@ def _unread(writer: GenerationWriter, read_ids: np.ndarray) -> tuple[np.ndarray,
     return np.flatnonzero(unread), rows
 
 
-def _file(rows: pa.Table, i: int) -> ImageFile:
-    row = {c: rows.column(c)[i].as_py() for c in ("path_bytes", "size", "mtime_ns", "shard", "key", "member_offset")}
+def _file(rows: pa.Table, i: int) -> tuple[ImageFile, float | None]:
+    """The file of row ``i``, and the time of its frame for a video's row (None: an image)."""
+    row = {c: rows.column(c)[i].as_py() for c in ("path_bytes", "size", "mtime_ns", "shard", "key", "member_offset", "frame_time")}
     sample = SampleMeta(row["shard"], row["key"] or "", int(row["member_offset"] or 0)) if row["shard"] is not None else None
-    return ImageFile(row["path_bytes"], int(row["size"]), int(row["mtime_ns"]), sample)
+    return ImageFile(row["path_bytes"], int(row["size"]), int(row["mtime_ns"]), sample), row["frame_time"]
 
 
 def _tables_of(ids: list[int], rows: pa.Table, found: list[tuple[list[Face], str | None]]) -> tuple[pa.Table, pa.Table]:

@@ -3,11 +3,11 @@
 them (:mod:`.frames`). Importing this package imports no PyAV; opening a video does.
 """
 
-from .frames import SampledFrame, VideoSampler, frame_at, sample_video
+from .frames import NATIVE_SIDE, SampledFrame, VideoSampler, frame_at, sample_video
 from .probe import VIDEO_EXTENSIONS, VideoInfo, is_video_file, sniff
 from .video_config import SAMPLINGS, VideoOptions
 
 __all__ = [
-    "SAMPLINGS", "VIDEO_EXTENSIONS", "SampledFrame", "VideoInfo", "VideoOptions", "VideoSampler", "frame_at", "is_video_file",
-    "sample_video", "sniff",
+    "NATIVE_SIDE", "SAMPLINGS", "VIDEO_EXTENSIONS", "SampledFrame", "VideoInfo", "VideoOptions", "VideoSampler", "frame_at",
+    "is_video_file", "sample_video", "sniff",
 ]

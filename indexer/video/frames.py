@@ -16,18 +16,17 @@ end, and a file with no decodable frame, or over its time limit, raises
 
 from __future__ import annotations
 
-import os
 import time
 from collections.abc import Callable, Generator, Iterable, Iterator
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
 
 import numpy as np
 from PIL import Image
 
 from retrieval.errors import VideoDecodeError
 
-from .probe import VideoInfo, describe, open_video
+from .probe import VideoInfo, VideoSource, describe, open_video, source_name
 from .sampling import SIGNATURE_SIDE, Changes, Deadline, difference, plan_gop
 from .video_config import VideoOptions
 
@@ -39,6 +38,9 @@ if TYPE_CHECKING:
 # A frame's time and a target's are compared with this slack (timestamps are rounded to the
 # stream's time base).
 _EPS = 1e-6
+# A max_side no video reaches: the frame as decoded (the faces stage finds faces in these pixels,
+# and the server crops them from the same).
+NATIVE_SIDE = 1 << 16
 # A decoded frame and its presentation time in seconds.
 Timed = tuple["av.VideoFrame", float]
 
@@ -54,16 +56,18 @@ class SampledFrame:
 
 
 class VideoSampler:
-    """The sampled frames of the video at ``path``, by iteration; after it, ``info`` (the file's
+    """The sampled frames of the video at ``path`` (or in an open binary file, which ``name``
+    names), by iteration; after it, ``info`` (the file's
     facts), ``decoded`` (frames the decoder produced), ``dropped`` (near duplicates left out),
     ``damaged`` (packets the decoder refused) and ``truncated`` (the file ended early).
 
     Iterating raises :class:`~retrieval.errors.VideoDecodeError` (see :func:`sample_video`).
     """
 
-    def __init__(self, path: str | bytes | os.PathLike[Any], options: VideoOptions | None = None, *, max_side: int = 448,
-                 clock: Callable[[], float] = time.monotonic) -> None:
-        self.path = os.fsdecode(path)
+    def __init__(self, path: VideoSource, options: VideoOptions | None = None, *, max_side: int = 448,
+                 clock: Callable[[], float] = time.monotonic, name: str | None = None) -> None:
+        self.source = path
+        self.path = source_name(path, name)
         self.options = options or VideoOptions()
         self.max_side = max_side
         self.clock = clock
@@ -77,7 +81,7 @@ class VideoSampler:
 
     def __iter__(self) -> Iterator[SampledFrame]:
         deadline = Deadline(self.path, self.options.time_limit, self.clock)
-        with open_video(self.path, open_timeout=self.options.time_limit) as (container, stream):
+        with open_video(self.source, open_timeout=self.options.time_limit, name=self.path) as (container, stream):
             duration = describe(container, stream).duration
             changes = Changes(self.options.min_change)
             kept = 0
@@ -217,33 +221,35 @@ class VideoSampler:
         return image
 
 
-def sample_video(path: str | bytes | os.PathLike[Any], options: VideoOptions | None = None, *, max_side: int = 448,
-                 clock: Callable[[], float] = time.monotonic) -> tuple[VideoInfo, list[SampledFrame]]:
-    """The facts of the video at ``path`` and its sampled frames, in time order.
+def sample_video(path: VideoSource, options: VideoOptions | None = None, *, max_side: int = 448,
+                 clock: Callable[[], float] = time.monotonic, name: str | None = None) -> tuple[VideoInfo, list[SampledFrame]]:
+    """The facts of the video at ``path`` (or in an open binary file, which ``name`` names) and
+    its sampled frames, in time order.
 
     Raises:
         VideoDecodeError: not a video by its content, an empty, unreadable or damaged file, no
             video stream, a codec without a decoder here, no decodable frame, or more time than
             ``options.time_limit``. Its ``reason`` is the skip list's.
     """
-    sampler = VideoSampler(path, options, max_side=max_side, clock=clock)
+    sampler = VideoSampler(path, options, max_side=max_side, clock=clock, name=name)
     frames = sorted(sampler, key=lambda f: f.time)
     assert sampler.info is not None
     return sampler.info, frames
 
 
-def frame_at(path: str | bytes | os.PathLike[Any], seconds: float, *, max_side: int = 1024, time_limit: float = 30.0,
-             clock: Callable[[], float] = time.monotonic) -> Image.Image:
-    """The upright frame shown at ``seconds`` into the video at ``path`` (the last one before it
+def frame_at(path: VideoSource, seconds: float, *, max_side: int = 1024, time_limit: float = 30.0,
+             clock: Callable[[], float] = time.monotonic, name: str | None = None) -> Image.Image:
+    """The upright frame shown at ``seconds`` into the video at ``path`` (or in an open binary
+    file, which ``name`` names) (the last one before it
     where none starts exactly there; the first where ``seconds`` is before every frame), reduced
     to ``max_side``: a video hit's picture.
 
     Raises:
         VideoDecodeError: as :func:`sample_video`, and when no frame decodes.
     """
-    sampler = VideoSampler(path, VideoOptions(time_limit=time_limit), max_side=max_side, clock=clock)
+    sampler = VideoSampler(path, VideoOptions(time_limit=time_limit), max_side=max_side, clock=clock, name=name)
     deadline = Deadline(sampler.path, time_limit, clock)
-    with open_video(sampler.path, open_timeout=time_limit) as (container, stream):
+    with open_video(sampler.source, open_timeout=time_limit, name=sampler.path) as (container, stream):
         # Seek to the keyframe at or before the time, then decode forward to it.
         if stream.time_base is not None and seconds > 0:
             try:
@@ -281,4 +287,4 @@ def _chain(first: Iterable[Timed], then: Callable[[], list[Timed]]) -> Iterator[
     yield from then()
 
 
-__all__ = ["SampledFrame", "VideoSampler", "frame_at", "sample_video"]
+__all__ = ["NATIVE_SIDE", "SampledFrame", "VideoSampler", "frame_at", "sample_video"]

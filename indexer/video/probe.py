@@ -16,7 +16,7 @@ import re
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import IO, TYPE_CHECKING, Any, Union
 
 from retrieval.errors import VideoDecodeError
 from retrieval.images import PhotoMeta
@@ -30,6 +30,33 @@ VIDEO_EXTENSIONS: frozenset[str] = frozenset({".mp4", ".mov", ".mkv", ".webm", "
 _QT_ATOMS = (b"ftyp", b"moov", b"mdat", b"wide", b"free", b"skip", b"pnot")
 _EBML = b"\x1a\x45\xdf\xa3"
 HEAD_BYTES = 16
+# Where a video is read from: a path, or an open binary file positioned anywhere (a member of a
+# WebDataset shard: :mod:`indexer.video.source`), which PyAV reads and seeks in.
+VideoSource = Union[str, bytes, "os.PathLike[Any]", IO[bytes]]
+
+
+def source_name(source: VideoSource, name: str | None = None) -> str:
+    """What error messages call ``source``: ``name`` if given, else the path (or the file's name)."""
+    if name is not None:
+        return name
+    if isinstance(source, (str, bytes, os.PathLike)):
+        return os.fsdecode(source)
+    return str(getattr(source, "name", "<video>"))
+
+
+def read_head(source: VideoSource) -> bytes:
+    """The first :data:`HEAD_BYTES` of ``source`` (an open file is left at its start).
+
+    Raises:
+        OSError: the file cannot be read.
+    """
+    if isinstance(source, (str, bytes, os.PathLike)):
+        with open(source, "rb") as f:
+            return f.read(HEAD_BYTES)
+    source.seek(0)
+    head = source.read(HEAD_BYTES)
+    source.seek(0)
+    return head
 
 
 def sniff(head: bytes) -> str | None:
@@ -59,10 +86,16 @@ def content_type(path: str | bytes | os.PathLike[Any]) -> str | None:
     QuickTime from MP4 and WebM from other Matroska); None when it is no video container."""
     try:
         with open(path, "rb") as f:
-            family = sniff(f.read(HEAD_BYTES))
+            head = f.read(HEAD_BYTES)
     except OSError:
         return None
-    suffix = os.path.splitext(os.fsdecode(path))[1].lower()
+    return content_type_of(head, os.fsdecode(path))
+
+
+def content_type_of(head: bytes, name: str) -> str | None:
+    """:func:`content_type` from a video's first bytes and its file (or shard member) name."""
+    family = sniff(head)
+    suffix = os.path.splitext(name)[1].lower()
     if family == "mp4":
         return "video/quicktime" if suffix == ".mov" else "video/mp4"
     if family == "matroska":
@@ -107,8 +140,9 @@ class VideoInfo:
 
 
 @contextmanager
-def open_video(path: str | bytes | os.PathLike[Any], open_timeout: float = 30.0) -> Iterator[tuple[InputContainer, VideoStream]]:
-    """The opened container and its first video stream, closed on exit.
+def open_video(path: VideoSource, open_timeout: float = 30.0, name: str | None = None) -> Iterator[tuple[InputContainer, VideoStream]]:
+    """The opened container and its first video stream, closed on exit. ``path`` may be an open
+    binary file (read from its start); ``name`` is what errors call it.
 
     Raises:
         VideoDecodeError: the file is empty or unreadable, its content is no video container,
@@ -117,10 +151,9 @@ def open_video(path: str | bytes | os.PathLike[Any], open_timeout: float = 30.0)
     """
     import av
 
-    name = os.fsdecode(path)
+    name = source_name(path, name)
     try:
-        with open(path, "rb") as f:
-            head = f.read(HEAD_BYTES)
+        head = read_head(path)
     except OSError as exc:
         raise VideoDecodeError(name, f"unreadable ({exc.strerror or exc})") from None
     if not head:
@@ -128,7 +161,8 @@ def open_video(path: str | bytes | os.PathLike[Any], open_timeout: float = 30.0)
     if sniff(head) is None:
         raise VideoDecodeError(name, "not a video container (no MP4, QuickTime, Matroska, WebM or AVI signature)")
     try:
-        container = av.open(name, "r", timeout=(open_timeout, open_timeout))
+        opened = os.fsdecode(path) if isinstance(path, (str, bytes, os.PathLike)) else path
+        container = av.open(opened, "r", timeout=(open_timeout, open_timeout))
     except (av.FFmpegError, OSError, ValueError) as exc:
         raise VideoDecodeError(name, f"damaged or truncated container ({_short(exc)})") from None
     try:
@@ -222,6 +256,6 @@ def _short(exc: BaseException) -> str:
 
 
 __all__ = [
-    "HEAD_BYTES", "VIDEO_EXTENSIONS", "VideoInfo", "content_type", "describe", "is_video_file", "open_video", "recorded_at",
-    "sniff",
+    "HEAD_BYTES", "VIDEO_EXTENSIONS", "VideoInfo", "VideoSource", "content_type", "content_type_of", "describe", "is_video_file",
+    "open_video", "read_head", "recorded_at", "sniff", "source_name",
 ]

@@ -1,5 +1,8 @@
-"""A build's videos: each planned video file sampled (:mod:`.frames`), its frames embedded with
-the index's image tower, and appended as one row per frame (``VIDEO_COLUMNS``): :func:`embed_videos`.
+"""A build's videos: each planned video sampled (:mod:`.frames`) from its file or shard member
+(:mod:`.source`), its frames embedded with the index's image tower (:func:`sample_one`, which
+runs where the engine embeds: this process, or a Ray actor), and appended as one row per frame
+(``VIDEO_COLUMNS``) by the build's writer (:func:`write_videos`); :func:`embed_videos` does both
+in this process.
 
 A video's rows are appended together, after all of them are embedded, so a commit never holds
 part of a video; a video that cannot be sampled (not a video by its content, no video stream, a
@@ -10,26 +13,27 @@ update keeps, refreshes or re-samples it whole (:func:`indexer.plan.plan_update`
 
 from __future__ import annotations
 
-import hashlib
 import os
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 import numpy as np
 
-from retrieval.errors import EngineError, InvalidArgumentError, VideoDecodeError
+from retrieval.errors import EngineError, VideoDecodeError
 from retrieval.faults import crash_point
 from retrieval.layout import SkipRecord
 
 from ..discover import ImageFile
 from ..plan import UpdatePlan
+from ..shards import ShardReader
 from ..stats import RunStats
 from ..writer import FileRecord, FrameFacts
 from .frames import VideoSampler
-from .probe import VIDEO_EXTENSIONS
+from .probe import VIDEO_EXTENSIONS, VideoSource
+from .source import file_facts, name_of, opened
 from .video_config import VideoOptions
 
 if TYPE_CHECKING:
@@ -37,18 +41,12 @@ if TYPE_CHECKING:
 
 # Frames embedded in one model call.
 BATCH = 32
-# Bytes read at a time while hashing a video (it is never read whole into memory).
-_HASH_CHUNK = 1 << 20
 
 
-def check_engine(engine: str = "local", shards: bool = False) -> None:
-    """Refuse, in one line, a build with ``--videos`` that cannot sample them: PyAV (the video
-    extra) not installed (EngineError), or an engine or source that does not take videos yet (a
-    Ray build, WebDataset shards: InvalidArgumentError)."""
-    if engine != "local":
-        raise InvalidArgumentError(f"--videos runs on the local engine for now, not {engine!r}; index the videos with --engine local")
-    if shards:
-        raise InvalidArgumentError("--videos reads a folder's video files; WebDataset shards hold images only")
+def check_engine() -> None:
+    """Refuse, in one line, a build with ``--videos`` where PyAV (the video extra) is not
+    installed here (EngineError). Every engine and source takes videos (a Ray build's actors
+    import PyAV on their nodes too)."""
     try:
         import av  # noqa: F401
     except ImportError as exc:
@@ -105,44 +103,85 @@ class VideoSink:
     commit: Callable[[int], object]
 
 
-def embed_videos(files: Sequence[ImageFile], root: Path, enc: Encoder, options: VideoOptions, sink: VideoSink, *,
-                 updated: frozenset[bytes] = frozenset(), stop: Callable[[], bool] | None = None) -> VideoStats:
-    """Sample, embed and append every video of ``files`` (paths relative to ``root``); a video that
-    fails becomes a skip record. ``updated``: paths whose old rows this replaces (counted as
-    updated, or lost when the new file no longer samples). ``stop`` is asked before each video."""
+@dataclass
+class VideoResult:
+    """One video as :func:`sample_one` leaves it: its ``records`` and ``vectors`` (one per
+    sampled frame, in time order), or the ``reason`` it is skipped with and the ``facts`` read
+    (None: the file could not even be read); and what sampling and embedding it cost."""
+
+    file: ImageFile
+    records: list[FileRecord]
+    vectors: np.ndarray | None
+    reason: str | None = None
+    facts: tuple[int, int, str] | None = None
+    sample_seconds: float = 0.0
+    embed_seconds: float = 0.0
+    decoded: int = 0
+
+
+def sample_one(file: ImageFile, images: Path | ShardReader, enc: Encoder, options: VideoOptions) -> VideoResult:
+    """Sample and embed one video of the folder or shards ``images``; a video that fails is a
+    result with its skip reason, never an exception."""
+    try:
+        facts = file_facts(file, images)
+    except OSError as exc:
+        return VideoResult(file, [], None, f"unreadable ({exc.strerror or exc})")
+    try:
+        with opened(file, images) as source:
+            return video_rows(file, source, facts, enc, options)
+    except VideoDecodeError as exc:
+        return VideoResult(file, [], None, exc.reason, facts)
+    except OSError as exc:
+        return VideoResult(file, [], None, f"unreadable ({exc.strerror or exc})", facts)
+
+
+def write_videos(results: Iterable[VideoResult], sink: VideoSink, updated: frozenset[bytes] = frozenset()) -> VideoStats:
+    """Append each result's rows through ``sink`` (a video whole, then a commit when one is due),
+    or its skip record, in the order given. ``updated``: paths whose old rows this replaces
+    (counted as updated, or lost when the new file no longer samples)."""
     stats = VideoStats()
-    for file in files:
-        if stop is not None and stop():
-            break
-        path = os.path.join(os.fsencode(root), file.rel)
-        try:
-            facts = _file_facts(path)
-        except OSError as exc:
-            sink.skip(SkipRecord(file.rel, f"unreadable ({exc.strerror or exc})"))
+    for got in results:
+        rel = got.file.rel
+        stats.sample_seconds += got.sample_seconds
+        stats.embed_seconds += got.embed_seconds
+        stats.decoded += got.decoded
+        if got.reason is not None or got.vectors is None:
+            reason = got.reason or "no frame could be decoded"
+            sink.skip(SkipRecord(rel, reason, *(got.facts or ())))
             stats.skipped += 1
-            stats.lost += file.rel in updated
-            continue
-        try:
-            records, vectors = video_rows(file, path, facts, enc, options, stats)
-        except VideoDecodeError as exc:
-            sink.skip(SkipRecord(file.rel, exc.reason, *facts))
-            stats.skipped += 1
-            stats.lost += file.rel in updated
-            stats.reasons.append(exc.reason)
+            stats.lost += rel in updated
+            if got.facts is not None:
+                stats.reasons.append(reason)
             continue
         crash_point("video")
-        sink.append(records, vectors)
+        sink.append(got.records, got.vectors)
         stats.videos += 1
-        stats.frames += len(records)
-        stats.updated += file.rel in updated
-        sink.commit(len(records))
+        stats.frames += len(got.records)
+        stats.updated += rel in updated
+        sink.commit(len(got.records))
     return stats
 
 
-def video_rows(file: ImageFile, path: bytes, facts: tuple[int, int, str], enc: Encoder, options: VideoOptions,
-               stats: VideoStats | None = None) -> tuple[list[FileRecord], np.ndarray]:
+def until(stop: Callable[[], bool] | None, files: Sequence[ImageFile]) -> Iterator[ImageFile]:
+    """``files`` in order, asking ``stop`` before each (True ends them there)."""
+    for file in files:
+        if stop is not None and stop():
+            return
+        yield file
+
+
+def embed_videos(files: Sequence[ImageFile], root: Path | ShardReader, enc: Encoder, options: VideoOptions, sink: VideoSink, *,
+                 updated: frozenset[bytes] = frozenset(), stop: Callable[[], bool] | None = None) -> VideoStats:
+    """Sample, embed and append every video of ``files`` (paths relative to the folder ``root``,
+    or members of the shards it reads) in this process; a video that fails becomes a skip
+    record. ``updated``: see :func:`write_videos`. ``stop`` is asked before each video."""
+    return write_videos((sample_one(f, root, enc, options) for f in until(stop, files)), sink, updated)
+
+
+def video_rows(file: ImageFile, source: VideoSource, facts: tuple[int, int, str], enc: Encoder,
+               options: VideoOptions) -> VideoResult:
     """The rows of one video (a :class:`~indexer.writer.FileRecord` per sampled frame) and their
-    vectors, in time order.
+    vectors, in time order; ``source``: its path, or an open binary file of its bytes.
 
     Raises:
         VideoDecodeError: the file cannot be sampled (see :func:`indexer.video.frames.sample_video`).
@@ -150,7 +189,7 @@ def video_rows(file: ImageFile, path: bytes, facts: tuple[int, int, str], enc: E
     from retrieval.images import preprocess_images
 
     t0 = time.perf_counter()
-    sampler = VideoSampler(path, options, max_side=max(448, _input_side(enc)))
+    sampler = VideoSampler(source, options, max_side=max(448, _input_side(enc)), name=name_of(file))
     frames = sorted(sampler, key=lambda f: f.time)
     info = sampler.info
     assert info is not None  # set once the sampler is iterated through
@@ -158,10 +197,6 @@ def video_rows(file: ImageFile, path: bytes, facts: tuple[int, int, str], enc: E
     chunks = [enc.embed_pixels(preprocess_images([f.image for f in frames[i:i + BATCH]], enc.preprocess))
               for i in range(0, len(frames), BATCH)]
     vectors = np.concatenate(chunks).astype(np.float32)
-    if stats is not None:
-        stats.sample_seconds += t1 - t0
-        stats.embed_seconds += time.perf_counter() - t1
-        stats.decoded += sampler.decoded
     size, mtime_ns, digest = facts
     meta = info.photo_meta()
     records = [
@@ -169,18 +204,7 @@ def video_rows(file: ImageFile, path: bytes, facts: tuple[int, int, str], enc: E
                    FrameFacts(f.time, f.keyframe, info.duration, info.codec, info.rotation))
         for f in frames
     ]
-    return records, vectors
-
-
-def _file_facts(path: bytes) -> tuple[int, int, str]:
-    # Size, mtime and the hash an update compares (the same BLAKE2b-128 as an image's), read in
-    # chunks; the stat is the one of the bytes hashed.
-    digest = hashlib.blake2b(digest_size=16)
-    with open(path, "rb") as fh:
-        st = os.fstat(fh.fileno())
-        while chunk := fh.read(_HASH_CHUNK):
-            digest.update(chunk)
-    return st.st_size, st.st_mtime_ns, digest.hexdigest()
+    return VideoResult(file, records, vectors, None, facts, t1 - t0, time.perf_counter() - t1, sampler.decoded)
 
 
 def _input_side(enc: Encoder) -> int:
@@ -190,5 +214,6 @@ def _input_side(enc: Encoder) -> int:
 
 
 __all__ = [
-    "BATCH", "VideoSink", "VideoStats", "check_engine", "count", "embed_videos", "is_video_path", "split_videos", "video_rows",
+    "BATCH", "VideoResult", "VideoSink", "VideoStats", "check_engine", "count", "embed_videos", "is_video_path", "sample_one",
+    "split_videos", "until", "video_rows", "write_videos",
 ]

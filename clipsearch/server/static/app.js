@@ -33,6 +33,7 @@
     queryLangs: $("#query-langs"),
     sort: $('select[name="sort"]'),
     mode: $('select[name="mode"]'),
+    media: $('select[name="media"]'),
     file: $('input[name="image"]'),
     hint: $('[data-testid="hint"]'),
     queryImage: $('[data-testid="query-image"]'),
@@ -79,7 +80,7 @@
 
   // The filters by their address names. taken_to is the page's own: the last day included
   // (the API's taken_before is exclusive, so the page sends the next day's start).
-  const REFINE = ["taken_after", "taken_to", "min_score", "sort", "mode", "query_lang"];
+  const REFINE = ["taken_after", "taken_to", "min_score", "sort", "mode", "media", "query_lang"];
   const TEXT_FILTERS = new Set(["path_prefix", "add", "subtract", "min_score", "query_lang"]);
 
   // The search on screen. mode: "text" (q), "similar" (imageId: more like this), "upload" (file)
@@ -394,6 +395,8 @@
 
   const SORT_WORDS = { score: "best match", taken: "newest photo" };
   const MODE_WORDS = { "": "pictures and words", vector: "pictures only", keyword: "words only" };
+  // The API's media filter: photos, videos (each at its best moments) or both (no filter).
+  const MEDIA_WORDS = { "": "photos and videos", image: "photos only", video: "videos only" };
 
   // Read a search from the address (page load, reload, back/forward, a shared link). What cannot
   // be used is reported in `notes` (by field, beside its control) or `problems` (the page's error
@@ -430,6 +433,11 @@
       notes.sort = `The address's sort “${refine.sort}” is not one of ${Object.keys(SORT_WORDS).join(", ")}: sorted by best match.`;
       delete refine.sort;
     }
+    if (refine.media === "all") delete refine.media; // the API's word for no filter
+    if (refine.media !== undefined && !(refine.media in MEDIA_WORDS)) {
+      notes.media = `The address's media “${refine.media}” is not one of image, video, all: photos and videos shown.`;
+      delete refine.media;
+    }
     if (refine.mode !== undefined && !(refine.mode in MODE_WORDS)) {
       notes.mode = `The address's mode “${refine.mode}” is not one of vector, keyword: pictures and words used.`;
       delete refine.mode;
@@ -457,7 +465,8 @@
 
   function refineControls() {
     return {
-      taken_after: el.takenAfter, taken_to: el.takenTo, min_score: el.minScore, sort: el.sort, mode: el.mode, query_lang: el.queryLang,
+      taken_after: el.takenAfter, taken_to: el.takenTo, min_score: el.minScore, sort: el.sort, mode: el.mode, media: el.media,
+      query_lang: el.queryLang,
     };
   }
 
@@ -550,7 +559,7 @@
       if (s.prefix) params.set("path_prefix", s.prefix);
       for (const id of people) params.append("person", id);
       if (only) params.set("only_people", "true");
-      for (const name of ["taken_after", "taken_before"]) if (refine[name]) params.set(name, refine[name]);
+      for (const name of ["taken_after", "taken_before", "media"]) if (refine[name]) params.set(name, refine[name]);
       return [`/api/search?${params}`, { method: "GET" }];
     }
     if (s.mode === "text") {
@@ -568,6 +577,7 @@
       const filters = s.prefix ? { path_prefix: [s.prefix] } : {};
       if (refine.taken_after) filters.taken_after = refine.taken_after;
       if (refine.taken_before) filters.taken_before = refine.taken_before;
+      if (refine.media) filters.media = refine.media;
       if (people.length) filters.person = people;
       if (only) filters.only_people = true;
       const body = { image_id: s.imageId, k, offset };
@@ -974,7 +984,7 @@
       typingTimer = setTimeout(() => applyFilters(control.name), TYPING_PAUSE_MS);
     });
   }
-  for (const control of [el.takenAfter, el.takenTo, el.sort, el.mode]) {
+  for (const control of [el.takenAfter, el.takenTo, el.sort, el.mode, el.media]) {
     control.addEventListener("change", () => applyFilters(control.name));
   }
 
@@ -1093,7 +1103,9 @@
     return h ? `${h}:${two(m)}:${two(s)}` : `${two(m)}:${two(s)}`;
   }
 
+  // A listing without a query (a person's photos) has no moment: the time of the frame it kept.
   function momentText(result) {
+    if (result.start === null || result.start === undefined) return clock(result.frame_time);
     return `${clock(result.start)}–${clock(Math.ceil(result.end))}`;
   }
 
@@ -1126,7 +1138,7 @@
     video.autoplay = true;
     video.playsInline = true;
     video.preload = "metadata";
-    const fragment = `#t=${result.start},${result.end}`;
+    const fragment = result.start === null || result.start === undefined ? `#t=${result.frame_time}` : `#t=${result.start},${result.end}`;
     const fallback = () => {
       if (!video.isConnected) return;
       video.remove();
