@@ -332,3 +332,61 @@ def test_cluster_options_refuse_bad_values(capsys: pytest.CaptureFixture[str]) -
                         ({"shard_resources": (("shard", 0),)}, "shard_resources")):
         with pytest.raises(InvalidArgumentError, match=needle):
             ClusterOptions(**bad)
+
+
+class _Response:
+    """A DeploymentResponse stand-in: answers ``value`` after ``delay`` s, or never (a replica on
+    a node that died without a word), or raises ``error`` (a replica known lost)."""
+
+    def __init__(self, value: Any = None, delay: float | None = 0.0, error: Exception | None = None) -> None:
+        self.value, self.error, self.cancelled = value, error, False
+        self.ready_at = None if delay is None else time.monotonic() + delay
+
+    def result(self, timeout_s: float | None = None) -> Any:
+        if self.error is not None:
+            raise self.error
+        wait = float("inf") if self.ready_at is None else self.ready_at - time.monotonic()
+        if timeout_s is not None and wait > timeout_s:
+            time.sleep(timeout_s)
+            raise TimeoutError
+        time.sleep(max(0.0, wait))
+        return self.value
+
+    def cancel(self) -> None:
+        self.cancelled = True
+
+
+class _Handle:
+    def __init__(self, responses: list[_Response]) -> None:
+        self.responses, self.sent = responses, []
+        self.call = self
+
+    def remote(self, method: str, *args: Any) -> _Response:
+        self.sent.append(self.responses.pop(0))
+        return self.sent[-1]
+
+
+def test_a_shard_call_is_hedged_after_half_its_deadline_and_retried_when_its_replica_is_lost() -> None:
+    from clipsearch.server.cluster import HEDGE_AFTER, TRIES
+
+    # The first replica hangs: a second try goes out at half the deadline and answers.
+    handle = _Handle([_Response(delay=None), _Response("second")])
+    started = time.monotonic()
+    assert RayShard("shard-0000", handle).call("search", 1).result(timeout=1.0) == "second"
+    assert HEDGE_AFTER * 1.0 <= time.monotonic() - started < 0.9
+    assert [r.cancelled for r in handle.sent] == [True, False]
+    # A fast answer sends nothing more.
+    handle = _Handle([_Response("first", delay=0.05), _Response("never sent")])
+    assert RayShard("shard-0000", handle).call("search").result(timeout=1.0) == "first" and len(handle.sent) == 1
+    # A lost replica is tried again at once, up to TRIES in all; then its error is raised.
+    handle = _Handle([_Response(error=RuntimeError("actor died")), _Response("again")])
+    assert RayShard("shard-0000", handle).call("search").result(timeout=1.0) == "again"
+    handle = _Handle([_Response(error=RuntimeError(f"died {i}")) for i in range(TRIES)])
+    with pytest.raises(RuntimeError, match=f"died {TRIES - 1}"):
+        RayShard("shard-0000", handle).call("search").result(timeout=1.0)
+    # Nobody answers: a TimeoutError at the deadline, every try cancelled.
+    handle = _Handle([_Response(delay=None), _Response(delay=None)])
+    started = time.monotonic()
+    with pytest.raises(TimeoutError, match="no replica answered search within 0.4 s"):
+        RayShard("shard-0000", handle).call("search").result(timeout=0.4)
+    assert time.monotonic() - started < 0.6 and all(r.cancelled for r in handle.sent)

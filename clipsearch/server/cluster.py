@@ -41,8 +41,12 @@ CONNECT_TIMEOUT_S = 5.0
 # The HTTP proxy gives a request this many shard deadlines (the query's embedding, the fan-out,
 # the hits' rows) before it answers with a timeout.
 REQUEST_TIMEOUT_FACTOR = 6
-# Tries of one shard call whose replica is lost (each on a replica Serve still knows).
+# Tries of one shard call whose replica is lost or slow (each on a replica Serve still knows).
 TRIES = 3
+# The share of the deadline after which a call not answered yet is also sent to another replica.
+HEDGE_AFTER = 0.5
+# With two tries out, how long each is waited for in turn.
+POLL_S = 0.02
 # Requests a router replica takes at once before Serve's proxy looks for another router: high
 # enough never to be reached (the proxy's request timeout bounds a queue instead), so that a
 # proxy keeps every request on its own node's router rather than one on another node, whose
@@ -107,29 +111,63 @@ class ShardReplica:
 
 
 class _RayPending:
-    """A call to a shard deployment; tried again (up to :data:`TRIES` in all) where its replica
-    was lost, within the same deadline: Serve sends each try to a replica it still knows."""
+    """A call to a shard deployment, answered by the first replica that answers within the
+    deadline. A try whose replica was lost is sent again (up to :data:`TRIES` in all); a try not
+    answered by :data:`HEDGE_AFTER` of the deadline is also sent to another replica (a hedged
+    request): a replica on a node that died without a word hangs until Ray notices, and the
+    second try answers in the meantime. Serve sends each try to the replica with the fewest calls
+    in flight, which is not the one holding the first."""
 
     def __init__(self, handle: Any, method: str, args: tuple[Any, ...]) -> None:
         self._handle, self._method, self._args = handle, method, args
-        self._response = handle.call.remote(method, *args)
+        self._tries = [self._send()]
+        self._sent = 1
+
+    def _send(self) -> Any:
+        return self._handle.call.remote(self._method, *self._args)
 
     def result(self, timeout: float | None = None) -> Any:
         started = time.monotonic()
-        for attempt in range(1, TRIES + 1):
-            left = None if timeout is None else timeout - (time.monotonic() - started)
-            try:
-                return self._response.result(timeout_s=left)
-            except ClipSearchError:
-                raise
-            except TimeoutError:
-                self._response.cancel()  # not queued for a replica that will never take it
-                raise
-            except Exception:
-                if attempt == TRIES or (timeout is not None and time.monotonic() - started >= timeout):
+        hedge_at = None if timeout is None else timeout * HEDGE_AFTER
+        while True:
+            elapsed = time.monotonic() - started
+            if timeout is not None and elapsed >= timeout:
+                self._cancel()  # not queued for a replica that will never take it
+                raise TimeoutError(f"no replica answered {self._method} within {timeout} s")
+            if hedge_at is not None and elapsed >= hedge_at and self._sent < TRIES and len(self._tries) == 1:
+                self._tries.append(self._send())
+                self._sent += 1
+            # One try: wait for it up to the hedge (or the deadline); two: short turns on each.
+            if len(self._tries) > 1:
+                wait: float | None = POLL_S
+            elif hedge_at is not None and elapsed < hedge_at:
+                wait = hedge_at - elapsed
+            else:
+                wait = None if timeout is None else timeout - elapsed
+            for response in list(self._tries):
+                try:
+                    value = response.result(timeout_s=wait)
+                except ClipSearchError:
                     raise
-                self._response = self._handle.call.remote(self._method, *self._args)
-        raise AssertionError("unreachable")
+                except TimeoutError:
+                    continue
+                except Exception:
+                    # The replica was lost: another try, or the other try's answer.
+                    self._tries.remove(response)
+                    if self._sent < TRIES:
+                        self._tries.append(self._send())
+                        self._sent += 1
+                    elif not self._tries:
+                        raise
+                    continue
+                self._tries.remove(response)
+                self._cancel()
+                return value
+
+    def _cancel(self) -> None:
+        for response in self._tries:
+            response.cancel()
+        self._tries.clear()
 
 
 class RayShard:
