@@ -197,7 +197,13 @@ def test_index_files_from_list(tmp_path: Path, tiny_model: Path, collection: Col
     assert_one_line_error(proc.returncode, proc.stderr, "--files-from")
 
 
-def test_update_summary_lock_and_model_errors(tmp_path: Path, tiny_model: Path, other_model: Path) -> None:
+def test_update_summary_and_model_errors(tmp_path: Path, tiny_model: Path, other_model: Path,
+                                        capsys: pytest.CaptureFixture[str]) -> None:
+    """The update's summary from the console script; the other model's refusal and --rebuild
+    through the same CLI code in this process (the lock's one-line refusal from a second
+    process: test_crash)."""
+    from clipsearch.cli import main
+
     photos = tmp_path / "p"
     photos.mkdir()
     for i in range(3):
@@ -213,15 +219,10 @@ def test_update_summary_lock_and_model_errors(tmp_path: Path, tiny_model: Path, 
         "added": 1, "updated": 0, "removed": 1, "unchanged": 2, "skipped": 0, "total": 3
     }
     assert summary["seconds"] > 0
-    proc = run_cli(["index", photos, out, "--model", other_model])
-    assert_one_line_error(proc.returncode, proc.stderr, "--rebuild", str(tiny_model.resolve()), str(other_model.resolve()))
-    proc = run_cli(["index", photos, out, "--model", other_model, "--rebuild", "--workers", "0", "--json"])
-    assert proc.returncode == 0 and json.loads(proc.stdout)["added"] == 3
-    from indexer.lock import IndexLock
-
-    with IndexLock(out):
-        proc = run_cli(["index", photos, out, "--model", other_model])
-        assert_one_line_error(proc.returncode, proc.stderr, "being written", "pid")
+    code = main(["index", str(photos), str(out), "--model", str(other_model)])
+    assert_one_line_error(code, capsys.readouterr().err, "--rebuild", str(tiny_model.resolve()), str(other_model.resolve()))
+    assert main(["index", str(photos), str(out), "--model", str(other_model), "--rebuild", "--workers", "0", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["added"] == 3
 
 
 # -- one front door: the console script and python -m clipsearch are the same program ------------
