@@ -209,7 +209,7 @@ def test_a_damaged_member_is_refused_and_a_rewritten_shard_checked_again(served:
         for method in ("GET", "HEAD"):
             for headers in ({}, {"Range": "bytes=0-9"}):
                 res = client.request(method, "/api/images/1?index=shards.idx", headers=headers)
-                assert res.status_code == 404 and (method == "HEAD" or "changed since it was indexed" in res.json()["detail"])
+                assert res.status_code == 404 and (method == "HEAD" or "changed since it was indexed" in res.json()["error"])
         url = "/api/images/0?index=shards.idx"
         assert client.get(url, headers={"Range": "bytes=0-9"}).status_code == 206
         # The member's byte 200 changes in place after its check: the shard's version changed, so it is read whole again.
@@ -226,7 +226,7 @@ def test_a_damaged_member_is_refused_and_a_rewritten_shard_checked_again(served:
             os.utime(shard, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
             before = counting.read
             res = client.get(url, headers={"Range": "bytes=0-9"})
-            assert res.status_code == 404 and "changed since it was indexed" in res.json()["detail"]
+            assert res.status_code == 404 and "changed since it was indexed" in res.json()["error"]
             assert counting.read - before >= size
         finally:
             with open(shard, "r+b") as f:
