@@ -206,7 +206,7 @@ class ImageIndex(metaclass=_FormerNames):
     @property
     def files(self) -> SourceFiles:
         """The originals by id (:class:`~retrieval.source_files.SourceFiles`): ``path``,
-        ``shard_bytes``."""
+        ``shard_bytes``, ``shard_member``."""
         return self._files
 
     @property

@@ -24,6 +24,7 @@ from .index import ImageIndex
 from .keywords import CosineScale, KeywordIndex
 from .live import LiveIndex
 from .rows import Rows
+from .shard_ranges import ShardMember
 from .vector_search import VectorSearch
 
 
@@ -156,6 +157,9 @@ class ShardSearcher:
 
     def shard_bytes(self, id: int) -> bytes | None:
         return self._live.current().files.shard_bytes(id)
+
+    def shard_member(self, id: int) -> ShardMember | None:
+        return self._live.current().files.shard_member(id)
 
     def moments(self) -> tuple[int, np.ndarray, np.ndarray] | None:
         """``(count, mean, covariance)`` of the shard's stored vectors (their estimate hybrid

@@ -37,6 +37,7 @@ from .partition_shard import ShardAnswer, ShardQuery, ShardSearcher, with_global
 from .query_terms import embed_terms
 from .request import SearchRequest
 from .rows import check_id
+from .shard_ranges import ShardMember
 
 # Seconds a shard has to answer one call before the result goes on without it.
 DEFAULT_DEADLINE_S = 5.0
@@ -363,6 +364,10 @@ class _SetFiles:
     def shard_bytes(self, id: int) -> bytes | None:
         data: bytes | None = self._index.one(id, "shard_bytes")
         return data
+
+    def shard_member(self, id: int) -> ShardMember | None:
+        member: ShardMember | None = self._index.one(id, "shard_member")
+        return member
 
 
 class _SetVectors:

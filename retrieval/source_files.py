@@ -6,7 +6,8 @@ from pathlib import Path
 
 from .layout import Manifest
 from .rows import Rows, check_id, source_path
-from .shards import read_member
+from .shard_ranges import ShardMember
+from .shards import read_member, split_member
 
 
 class SourceFiles:
@@ -62,6 +63,22 @@ class SourceFiles:
             return None
         return read_member(self._manifest.source_root, row["shard"], row["member_offset"], row["size"],
                            content_hash=row["content_hash"])
+
+    def shard_member(self, id: int) -> ShardMember | None:
+        """Where image (or video) ``id``'s bytes lie in its WebDataset shard, for ranged reads
+        (:class:`~retrieval.shard_ranges.VerifiedMembers`); None for a file of a folder, or a
+        member with no recorded content hash (read it whole: :meth:`shard_bytes`). Reads no shard.
+
+        Raises:
+            InvalidArgumentError: ``id`` is not an id of this index.
+        """
+        columns = ("path", "shard", "member_offset", "size", "content_hash")
+        row = self._rows.rows([check_id(id, self._manifest.count)], columns=columns)[0]
+        if row["shard"] is None or row["member_offset"] is None or not row["content_hash"]:
+            return None
+        _, name = split_member(str(row["path"]))
+        return ShardMember(self._manifest.source_root, row["shard"], name, int(row["member_offset"]), int(row["size"]),
+                           str(row["content_hash"]))
 
 
 __all__ = ["SourceFiles"]

@@ -2,7 +2,8 @@
 
 Handlers parse and validate, call the same ``ImageIndex`` methods the CLI calls (in a worker
 thread: model calls and file reads never run on the event loop), and serialise. State lives on
-``app.state`` (``indexes``, ``config``), so several apps can live in one process.
+``app.state`` (``indexes``, ``config``, ``members``: the shard videos this process checked), so
+several apps can live in one process.
 """
 
 from __future__ import annotations
@@ -33,6 +34,7 @@ from retrieval.errors import InvalidArgumentError, ModelLoadError, ModelMismatch
 from retrieval.partition_live import Connect
 from retrieval.partitions import DEFAULT_DEADLINE_S
 from retrieval.query_cache import DEFAULT_CAPACITY
+from retrieval.shard_ranges import VerifiedMembers
 from retrieval.version import __version__
 
 from . import files, ranges
@@ -174,6 +176,8 @@ def create_app(
     )
     app.state.config = config
     app.state.indexes = indexes
+    # The shard members whose content hash this process checked: later ranges read only their bytes.
+    app.state.members = VerifiedMembers()
     install_error_handlers(app)
     app.include_router(_api_router())
     app.include_router(clip_back_router(require_token))
@@ -312,16 +316,21 @@ def _api_router() -> APIRouter:
     @api.get("/images/{image_id}", summary="The original image (or video) file of an id", response_class=FileResponse)
     async def image(request: Request, image_id: str, index: Annotated[str | None, Query()] = None) -> Response:
         served = _indexes(request).get(index)
+        members: VerifiedMembers = request.app.state.members
 
         def locate() -> files.ImageFile:
             current = served.current()
-            return files.original(current, files.parse_id(image_id, current, served.name), served.name)
+            return files.original(current, files.parse_id(image_id, current, served.name), served.name, members)
 
         found = await run_in_threadpool(locate)
         headers = {"ETag": found.etag, "Cache-Control": files.ORIGINAL_CACHE_CONTROL}
         if files.etag_matches(request.headers.get("if-none-match"), found.etag):
             return Response(status_code=304, headers=headers)
-        if found.data is not None or found.path is None:  # an image or video read out of its shard
+        if found.member is not None:  # a video of a shard: only the range asked is read (once its member was checked)
+            return await run_in_threadpool(
+                ranges.ranged_read, found.member.size, files.member_reader(members, found.member, image_id),
+                request.headers.get("range"), found.media_type, headers, head=request.method == "HEAD", limit=ranges.RANGE_LIMIT)
+        if found.data is not None or found.path is None:  # an image read out of its shard
             return ranges.ranged(found.data or b"", request.headers.get("range"), found.media_type, headers)
         return FileResponse(found.path, media_type=found.media_type, headers=headers)
 

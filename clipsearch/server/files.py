@@ -7,6 +7,7 @@ import io
 import os
 import re
 import tempfile
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -15,6 +16,7 @@ from PIL import Image
 from retrieval.errors import ImageDecodeError, IndexCorruptError, InvalidArgumentError, ShardSourceError, VideoDecodeError
 from retrieval.images.decode import decode_image
 from retrieval.index import ImageIndex
+from retrieval.shard_ranges import ShardMember, VerifiedMembers
 
 from .config import THUMBNAIL_SIZES
 from .errors import NotFoundError
@@ -35,12 +37,14 @@ NATIVE_SIDE = 1 << 16
 @dataclass(frozen=True)
 class ImageFile:
     """The original of an id: its file (or, for an image from a WebDataset shard, its bytes read
-    out of the shard), its content type and ETag."""
+    out of the shard; for a video from a shard, where its bytes lie, read by ranges), its content
+    type and ETag."""
 
     path: Path | None
     media_type: str
     etag: str
     data: bytes | None = None
+    member: ShardMember | None = None
 
 
 def parse_id(text: str, index: ImageIndex, name: str) -> int:
@@ -95,8 +99,50 @@ def shard_bytes(index: ImageIndex, image_id: int, name: str) -> bytes | None:
         raise NotFoundError(f"the shard of image {image_id} cannot be read: {exc}") from None
 
 
-def original(index: ImageIndex, image_id: int, name: str) -> ImageFile:
-    """The original file of an id, with the content type of its image format (from its header)."""
+def shard_member(index: ImageIndex, image_id: int, name: str) -> ShardMember | None:
+    """Where a video (or image) from a WebDataset shard lies in its shard (None for a folder's file).
+
+    Raises:
+        NotFoundError: no such id.
+    """
+    try:
+        return index.files.shard_member(image_id)
+    except InvalidArgumentError:
+        raise NotFoundError(f"no image {image_id} in index {name!r}") from None
+
+
+def member_reader(members: VerifiedMembers, member: ShardMember, image_id: int | str) -> Callable[[int, int], bytes]:
+    """``read(first, last)``: those bytes of a shard member, read alone once it was checked.
+
+    The reader raises NotFoundError where the shard cannot be read now, or changed since it was indexed.
+    """
+    def read(start: int, end: int) -> bytes:
+        try:
+            return members.read(member, start, end)
+        except ShardSourceError as exc:
+            raise NotFoundError(f"the shard of image {image_id} cannot be read: {exc}") from None
+
+    return read
+
+
+def original(index: ImageIndex, image_id: int, name: str, members: VerifiedMembers | None = None) -> ImageFile:
+    """The original file of an id, with the content type of its image format (from its header).
+
+    A video from a shard, with ``members``, is not read whole here: its member is checked
+    (once per version of its shard, see :class:`~retrieval.shard_ranges.VerifiedMembers`) and
+    answered by ranges (:func:`member_reader`).
+    """
+    if members is not None and video_time(index, image_id) is not None:
+        member = shard_member(index, image_id, name)
+        if member is not None:
+            try:
+                head = members.check(member)
+            except ShardSourceError as exc:
+                raise NotFoundError(f"the shard of image {image_id} cannot be read: {exc}") from None
+            media_type = _member_type(head, member.name) or "application/octet-stream"
+            # The recorded content hash names these exact bytes (check() compared them), as the ETag
+            # of a whole read below does.
+            return ImageFile(None, media_type, f'"{member.content_hash}"', member=member)
     data = shard_bytes(index, image_id, name)
     if data is not None:
         media_type = (video_member_type(data, index, image_id) if video_time(index, image_id) is not None else None) or ""
@@ -143,11 +189,15 @@ def video_type(path: Path) -> str | None:
 
 def video_member_type(data: bytes, index: ImageIndex, image_id: int) -> str | None:
     """A shard member video's content type, from its bytes and its member name."""
+    return _member_type(data, str(index.rows([image_id], columns=("path",))[0]["path"]))
+
+
+def _member_type(head: bytes, name: str) -> str | None:
     try:
         from indexer.video import probe
     except ImportError:
         return "application/octet-stream"
-    return probe.content_type_of(data[: probe.HEAD_BYTES], str(index.rows([image_id], columns=("path",))[0]["path"]))
+    return probe.content_type_of(head[: probe.HEAD_BYTES], name)
 
 
 def check_size(size: int) -> int:
