@@ -51,7 +51,8 @@ from .heap import retained_heap
 from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
 from .plan import UpdatePlan, plan_update
-from .shards import ShardReader, ShardSource, is_shard_spec
+from .shard_reader import ShardReader
+from .shards import ShardSource, is_shard_spec
 from .sides import registry as sides
 from .sides.contract import SideRun, SideStats
 from .stats import RunStats

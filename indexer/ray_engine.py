@@ -44,7 +44,7 @@ from .engine import EngineFacts
 from .plan import UpdatePlan
 from .ray_actor import ActorSpec, EmbedActor, calibrate_remote, from_columns
 from .ray_parts import Stage, by_part, part_rows
-from .shards import ShardReader
+from .shard_reader import ShardReader
 from .sides.registry import decode_options
 from .stats import RunStats
 from .video.video_config import VideoOptions
