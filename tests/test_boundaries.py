@@ -163,7 +163,7 @@ def test_no_import_cycle_at_module_level() -> None:
 # The engine-neutral build path: the engines plug in through indexer.engines.
 ENGINE_NEUTRAL = ("indexer.build", "indexer.embed", "indexer.stats", "indexer.commit", "indexer.new_generation", "indexer.engine",
                   "indexer.engines")
-RAY_ROOMS = ("indexer.ray_engine", "indexer.ray_actor", "indexer.ray_parts", "ray")
+RAY_ROOMS = ("indexer.ray_engine", "indexer.ray_cluster", "indexer.ray_actor", "indexer.ray_parts", "ray")
 
 
 @pytest.mark.parametrize("module", ENGINE_NEUTRAL)
