@@ -45,7 +45,7 @@ from .dataset import OCR_FAILED_NOTE, ImageDataset
 from .discover import ImageFile
 from .keywords import NAME, KeywordWriter
 from .parts import write_part
-from .shards import ShardReader
+from .shard_reader import ShardReader
 from .writer import conform
 
 # Images decoded and read per call on the decode threads (the progress bar moves between calls).

@@ -41,7 +41,7 @@ from retrieval.shards import scheme_of
 from . import ann, calibrate, shards
 from .build_config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
 from .chunk_commits import ChunkCommits
-from .commit import GenerationWriter, IndexMeta, remove_stale
+from .commit import GenerationWriter, IndexMeta
 from .dataset import content_hash
 from .discover import Discovery, ImageFile, check_photos_dir, find_images
 from .engine import Engine
@@ -50,8 +50,10 @@ from .exclusions import WalkOptions, load_exclusions, recorded_walk
 from .heap import retained_heap
 from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
+from .new_generation import remove_stale
 from .plan import UpdatePlan, plan_update
-from .shards import ShardReader, ShardSource, is_shard_spec
+from .shard_reader import ShardReader
+from .shards import ShardSource, is_shard_spec
 from .sides import registry as sides
 from .sides.contract import SideRun, SideStats
 from .stats import RunStats

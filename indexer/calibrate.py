@@ -38,7 +38,7 @@ from retrieval.errors import InvalidArgumentError
 from .build_config import DECODES, DEFAULT_DECODE, Decode
 from .dataset import ImageDataset, Item, collate
 from .discover import ImageFile
-from .shards import ShardReader
+from .shard_reader import ShardReader
 
 # Files tried for a calibration sample: broken files are skipped, a few more are looked at.
 SAMPLE_TRIES = 4 * CALIBRATION_IMAGES

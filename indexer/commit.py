@@ -3,14 +3,15 @@
 :class:`GenerationWriter` carries an index from one generation to the next. Each
 :meth:`~GenerationWriter.commit` publishes a complete, searchable generation holding every row
 committed so far; parts that did not change are hard-linked, never copied, so committing a chunk
-costs only the new rows. The caller holds the index lock.
+costs only the new rows. The caller holds the index lock. The writer decides what a generation
+holds (its rows, parts, FAISS file, sides and manifest); :mod:`indexer.new_generation` writes
+those files under a staging name and publishes them.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import os
 import shutil
 import uuid
 from collections.abc import Iterable, Iterator, Mapping, Sequence
@@ -23,39 +24,18 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 
 from indexer.index_types import IndexOptions
-from retrieval import faiss_index, store
+from retrieval import store
 from retrieval.faults import crash_point
-from retrieval.layout import (
-    EMBEDDINGS_DIR,
-    FAISS_FILE,
-    GENERATION_PREFIX,
-    SKIPPED_FILE,
-    STAGING_PREFIX,
-    FaissRef,
-    FileChecksum,
-    Manifest,
-    PartRef,
-    checksum_file,
-    format_version_for,
-    generation_dir,
-    part_name,
-    paths_file_of,
-    publish_generation,
-    write_manifest,
-)
+from retrieval.layout import STAGING_PREFIX, FaissRef, FileChecksum, Manifest, PartRef, format_version_for, paths_file_of
 from retrieval.version import __version__
 
 from . import ann
 from .ann import FaissInfo
-from .parts import PartSource, group_parts, link_part, write_part
+from .new_generation import NewGeneration, remove_stale
+from .parts import PartSource, group_parts
 from .plan import IndexedFacts
 from .side_writer import SideWriter, SideWriters
-from .writer import (
-    FileRecord,
-    SkipRecord,
-    records_table,
-    write_skipped,
-)
+from .writer import FileRecord, SkipRecord, records_table
 
 
 @dataclass(frozen=True)
@@ -273,53 +253,22 @@ class GenerationWriter:
 
         ``merge`` also rewrites runs of small parts into bigger ones (see :mod:`indexer.parts`).
         """
-        generation = uuid.uuid4().hex
-        staging = self.dir / f"{STAGING_PREFIX}{generation}"
-        gen_rel = generation_dir(generation)
-        (staging / EMBEDDINGS_DIR).mkdir(parents=True)
-        # Every file of the new generation, hashed once when written (from the page cache) and
-        # then carried along with the file from generation to generation.
-        sums: dict[str, FileChecksum] = {}
+        new = NewGeneration(self.dir, self._sums)
         try:
-            new_parts: list[tuple[PartRef, Path]] = []
-            staged: list[Path] = []
-            for group in self._groups(merge):
-                first_id = new_parts[-1][0].first_id + new_parts[-1][0].rows if new_parts else 0
-                name = f"{EMBEDDINGS_DIR}/{part_name(len(new_parts))}"
-                if len(group) == 1 and not isinstance(group[0], pa.Table):
-                    ref, src = group[0]
-                    new_ref, new_path = link_part(self.dir, ref, src, staging, gen_rel, name)
-                    sums[new_ref.path] = self._carried(ref.path, staging / name)
-                    sums[str(new_ref.paths)] = self._carried(ref.paths, staging / paths_file_of(name))
-                    new_parts.append((new_ref, new_path))
-                else:
-                    ref = write_part(staging / name, f"{gen_rel}/{name}", self.meta.dim, first_id, group)
-                    sums[ref.path] = checksum_file(staging / name)
-                    sums[str(ref.paths)] = checksum_file(staging / paths_file_of(name))
-                    new_parts.append((ref, self.dir / ref.path))
-                staged.append(staging / name)
+            new_parts = new.add_parts(self._groups(merge), self.meta.dim)
             count = new_parts[-1][0].first_id + new_parts[-1][0].rows if new_parts else 0
             # Each side's manifest entry, by its field (the stage's name).
-            entries = {name: side.write(staging, gen_rel, count, staged, self.meta.sides.get(name)) for name, side in self.sides.items()}
+            entries = {name: side.write(new.staging, new.rel, count, new.part_files, self.meta.sides.get(name))
+                       for name, side in self.sides.items()}
             faiss_ref: FaissRef | None = None
             info = FaissInfo()
             if faiss is not None:
-                if faiss.ntotal != count:
-                    raise RuntimeError(f"faiss index holds {faiss.ntotal} vectors for {count} rows")
-                if faiss_file is not None:
-                    os.replace(faiss_file, staging / FAISS_FILE)
-                else:
-                    faiss_index.write(faiss, staging / FAISS_FILE)
-                faiss_ref = FaissRef(f"{gen_rel}/{FAISS_FILE}", count)
+                faiss_ref = new.write_faiss(faiss, count, faiss_file)
                 info = faiss_info or FaissInfo()
-                sums[faiss_ref.path] = checksum_file(staging / FAISS_FILE)
             elif self._faiss is not None:
-                os.link(self._faiss[1], staging / FAISS_FILE)
-                faiss_ref = FaissRef(f"{gen_rel}/{FAISS_FILE}", self._faiss[0].rows)
+                faiss_ref = new.link_faiss(*self._faiss)
                 info = self._faiss_info
-                sums[faiss_ref.path] = self._carried(self._faiss[0].path, staging / FAISS_FILE)
-            write_skipped(staging / SKIPPED_FILE, self.skipped)
-            sums[f"{gen_rel}/{SKIPPED_FILE}"] = checksum_file(staging / SKIPPED_FILE)
+            skipped_file = new.add_skipped(self.skipped)
             manifest = Manifest(
                 model=self.meta.model,
                 model_fingerprint=self.meta.model_fingerprint,
@@ -329,39 +278,32 @@ class GenerationWriter:
                 skipped=len(self.skipped),
                 preprocess=dict(self.meta.preprocess),
                 index_type=info.factory,
-                generation=generation,
+                generation=new.generation,
                 source_root=self.meta.source_root,
                 created=dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
                 tool_version=__version__,
                 parts=tuple(ref for ref, _ in new_parts),
                 faiss=faiss_ref,
-                skipped_file=f"{gen_rel}/{SKIPPED_FILE}",
+                skipped_file=skipped_file,
                 complete=complete,
                 model_info=dict(self.meta.model_info),
                 index_options=dict(self.meta.index_options),
                 search_params=dict(info.search_params),
                 index_tuning=dict(info.tuning),
-                checksums=sums,
+                checksums=new.sums,
                 discovery=dict(self.meta.discovery),
                 # A side with no entry (None) leaves its field unset: a stage need not have one.
                 **{name: entry for name, entry in entries.items() if entry is not None},
                 format_version=format_version_for(info.factory, [ref for ref, _ in new_parts], self._videos),
             )
-            crash_point("staged")
-            publish_generation(self.dir, staging, generation)
-            crash_point("publish")
+            new.publish(manifest)
         except BaseException:
-            shutil.rmtree(staging, ignore_errors=True)
-            raise
-        try:
-            write_manifest(self.dir, manifest)
-        except BaseException:
-            shutil.rmtree(self.dir / gen_rel, ignore_errors=True)
+            new.discard()
             raise
         self._parts = new_parts
         self._faiss = (faiss_ref, self.dir / faiss_ref.path) if faiss_ref is not None else None
         self._faiss_info = info
-        self._sums = sums
+        self._sums = new.sums
         for name, side in self.sides.items():
             side.committed(entries[name], self.dir, count)
         self._committed = count
@@ -369,7 +311,7 @@ class GenerationWriter:
         self.current = manifest
         self.commits += 1
         crash_point("commit")
-        remove_stale(self.dir, keep=generation, live=self.live_staging)
+        remove_stale(self.dir, keep=new.generation, live=self.live_staging)
         return manifest
 
     def finish(self, progress: ann.Progress | None = None) -> Manifest:
@@ -427,25 +369,5 @@ class GenerationWriter:
         """Which sources become which new part: one part each, or runs of small ones merged."""
         return group_parts([*self._parts, *self._tail_tables()], merge)
 
-    def _carried(self, rel: str | None, linked: Path) -> FileChecksum:
-        """The recorded checksum of a file linked from the last generation; hashed when that
-        generation recorded none (written before checksums, or a version-1 part's new paths)."""
-        recorded = self._sums.get(rel) if rel is not None else None
-        return recorded if recorded is not None else checksum_file(linked)
 
-
-def remove_stale(index_dir: Path, keep: str | None, live: Iterable[str] = ()) -> None:
-    """Remove generations other than ``keep`` and leftover staging directories (but the
-    ``live`` ones, which the running writer still fills).
-
-    Only the lock holder calls this; readers of a removed generation keep their open files.
-    """
-    for path in index_dir.iterdir():
-        name = path.name
-        if not path.is_dir() or name in live:
-            continue
-        if name.startswith(STAGING_PREFIX) or (name.startswith(GENERATION_PREFIX) and name != GENERATION_PREFIX + (keep or "")):
-            shutil.rmtree(path, ignore_errors=True)
-
-
-__all__ = ["GenerationWriter", "IndexMeta", "remove_stale"]
+__all__ = ["GenerationWriter", "IndexMeta"]

@@ -38,7 +38,7 @@ from retrieval.layout import display_path
 
 from . import ocr
 from .discover import ImageFile
-from .shards import ShardReader
+from .shard_reader import ShardReader
 
 if TYPE_CHECKING:
     import torch
@@ -98,7 +98,7 @@ class Batch:
 class ImageDataset:
     """Map-style dataset over discovered files: item ``i`` is file ``i`` decoded and preprocessed.
 
-    ``root`` is the collection's folder, or a :class:`~indexer.shards.ShardReader` when the
+    ``root`` is the collection's folder, or a :class:`~indexer.shard_reader.ShardReader` when the
     files are members of WebDataset shards (read out of their tar, locally or from a store)."""
 
     def __init__(

@@ -26,7 +26,7 @@ from .dataset import Batch, ImageDataset, Item, collate, finish_on_device
 from .discover import ImageFile
 from .parts import WrittenPart
 from .plan import UpdatePlan
-from .shards import ShardReader
+from .shard_reader import ShardReader
 from .sides.registry import count_embedded, decode_options
 from .stats import RunStats
 from .writer import FileRecord

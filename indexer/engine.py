@@ -22,7 +22,7 @@ from .commit import GenerationWriter
 from .discover import ImageFile
 from .embed import embed_planned
 from .plan import UpdatePlan
-from .shards import ShardReader
+from .shard_reader import ShardReader
 from .stats import RunStats
 from .video import video_rows
 from .video.video_config import VideoOptions

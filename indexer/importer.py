@@ -33,11 +33,12 @@ from retrieval.layout import MANIFEST_FILE, is_index_dir
 from retrieval.shards import parse_storage_options
 
 from . import ann
-from .commit import GenerationWriter, IndexMeta, remove_stale
+from .commit import GenerationWriter, IndexMeta
 from .import_remote import is_remote, staged
 from .import_sources import LAYOUTS, Source, check_values, inspect_source, read_batches, unit_vectors
 from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
+from .new_generation import remove_stale
 from .sides.registry import side_writers
 from .writer import FileRecord
 

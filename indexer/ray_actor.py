@@ -32,7 +32,7 @@ from .discover import ImageFile
 from .embed import EmbeddedBatch, embed_batch, file_record
 from .heap import retained_heap
 from .ray_parts import UNREACHED_COLUMN, StageRef, part_columns, part_of, write_part
-from .shards import ShardReader
+from .shard_reader import ShardReader
 
 
 @dataclass(frozen=True)

@@ -25,7 +25,7 @@ from typing import Any
 from .discover import ImageFile
 from .heap import retained_heap
 from .ray_actor import ActorSpec, load_actor_encoder
-from .shards import ShardReader
+from .shard_reader import ShardReader
 from .video.video_config import VideoOptions
 from .video.video_rows import VideoResult, VideoSink, VideoStats, sample_one, until, write_videos
 

@@ -23,8 +23,9 @@ from retrieval.layout import Manifest, read_manifest
 
 from . import ann
 from .build_config import BuildConfig
-from .commit import GenerationWriter, IndexMeta, remove_stale
+from .commit import GenerationWriter, IndexMeta
 from .lock import IndexLock
+from .new_generation import remove_stale
 from .sides.registry import settings as side_settings
 from .sides.registry import side_writers
 

@@ -1,6 +1,7 @@
 """WebDataset shards as the images of a build (the query side: :mod:`retrieval.shards`).
 
-Which shards a SOURCE names, what each holds, and reading one image's bytes in a decode worker.
+Which shards a SOURCE names and what each holds; a decode worker reads one image's bytes out of
+its shard with :class:`~indexer.shard_reader.ShardReader` (:meth:`ShardSource.reader`).
 
 A SOURCE is a shard spec when it is a URL (``s3://bucket/prefix/``), a ``.tar`` file, a brace
 pattern (``shards/{00000..00099}.tar``, expanded by ``braceexpand``, webdataset's own), or a
@@ -24,7 +25,6 @@ import json
 import posixpath
 import re
 import tarfile
-import threading
 from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -45,6 +45,7 @@ from retrieval.shards import (
 )
 
 from .discover import Discovery, ImageFile
+from .shard_reader import ShardReader
 from .video.probe import VIDEO_EXTENSIONS
 
 SHARD_SUFFIX = ".tar"
@@ -349,61 +350,4 @@ def _int(value: object) -> int | None:
     return int(value) if isinstance(value, (int, float)) and not isinstance(value, bool) and 0 <= value < 2**31 else None
 
 
-class ShardReader:
-    """Reads an image's bytes out of its shard: one open fsspec file per shard and thread, read
-    forward (a store's file reads ahead in blocks, so a shard read in order streams)."""
-
-    def __init__(self, root: str, storage_options: str = "") -> None:
-        self.root = root
-        self.storage_options = storage_options
-        self._local = threading.local()
-
-    def __getstate__(self) -> dict[str, Any]:
-        # Workers open their own files.
-        return {"root": self.root, "storage_options": self.storage_options}
-
-    def __setstate__(self, state: dict[str, Any]) -> None:
-        self.__init__(state["root"], state["storage_options"])  # type: ignore[misc]
-
-    def read(self, file: ImageFile) -> bytes:
-        """The bytes of ``file`` (an image listed by :func:`list_shard`).
-
-        Raises:
-            OSError: the shard cannot be read or is shorter than listed.
-        """
-        sample = file.sample
-        if sample is None:
-            raise OSError(f"{file.rel!r} is not a shard member")
-        handle = self._handle(sample.shard)
-        try:
-            handle.seek(sample.offset)
-            data = handle.read(file.size)
-        except store_errors() as exc:
-            raise OSError(describe_error(join(self.root, sample.shard), exc)) from exc
-        if len(data) != file.size:
-            raise OSError("shard shorter than listed (truncated or replaced)")
-        return bytes(data)
-
-    def _handle(self, shard: str) -> Any:
-        cache: dict[str, Any] = getattr(self._local, "files", None) or {}
-        self._local.files = cache
-        handle = cache.get(shard)
-        if handle is None:
-            for old in list(cache.values()):
-                old.close()  # the previous shard is done: files are read in shard order
-            cache.clear()
-            url = join(self.root, shard)
-            fs, path = filesystem(url, parse_storage_options(self.storage_options))
-            try:
-                handle = cache[shard] = fs.open(path, "rb")
-            except store_errors() as exc:
-                raise OSError(describe_error(url, exc)) from exc
-        return handle
-
-    def close(self) -> None:
-        for handle in (getattr(self._local, "files", None) or {}).values():
-            handle.close()
-        self._local.files = {}
-
-
-__all__ = ["SHARD_SUFFIX", "Shard", "ShardReader", "ShardSource", "expand", "is_shard_spec", "list_shard", "list_source", "resolve"]
+__all__ = ["SHARD_SUFFIX", "Shard", "ShardSource", "expand", "is_shard_spec", "list_shard", "list_source", "resolve"]

@@ -417,14 +417,14 @@ def test_write_failure_keeps_previous_index(tmp_path: Path, tiny_model: Path, mo
     def disk_full(*args: object, **kwargs: object) -> None:
         raise OSError(errno.ENOSPC, "No space left on device")
 
-    import indexer.commit as commit_mod
+    import indexer.new_generation as new_generation
 
     # Fail while writing FAISS, while renaming the generation into place, or after that,
     # while switching the manifest.
     target = {
-        "faiss": (commit_mod.faiss_index, "write"),
-        "publish": (commit_mod, "publish_generation"),
-        "manifest": (commit_mod, "write_manifest"),
+        "faiss": (new_generation.faiss_index, "write"),
+        "publish": (new_generation, "publish_generation"),
+        "manifest": (new_generation, "write_manifest"),
     }[where]
     monkeypatch.setattr(*target, disk_full)
     with pytest.raises(IndexDirError, match="No space left on device"):

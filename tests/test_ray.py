@@ -23,7 +23,7 @@ from helpers import local_ray
 from imagegen import Collection, photo_like, write_photos
 
 from clipsearch.cli import main
-from indexer import build_index, ray_engine
+from indexer import build_index, ray_cluster, ray_engine
 from indexer.build_config import BuildConfig
 from retrieval import ImageIndex
 from retrieval.encoders.cpu import cpu_level
@@ -154,7 +154,7 @@ def test_an_address_that_is_not_a_ray_head_fails_in_bounded_time() -> None:
         silent.listen(1)
         address = f"127.0.0.1:{silent.getsockname()[1]}"
         with pytest.raises(EngineError, match=f"cannot reach the Ray cluster at {address}: no answer"):
-            ray_engine.check_reachable(address, timeout=0.5)
+            ray_cluster.check_reachable(address, timeout=0.5)
 
     with socket.socket() as other:
         other.bind(("127.0.0.1", 0))
@@ -169,10 +169,10 @@ def test_an_address_that_is_not_a_ray_head_fails_in_bounded_time() -> None:
         thread = threading.Thread(target=answer)
         thread.start()
         with pytest.raises(EngineError, match=f"{address} does not answer as a Ray head"):
-            ray_engine.check_reachable(address, timeout=5)
+            ray_cluster.check_reachable(address, timeout=5)
         thread.join()
     with pytest.raises(EngineError, match="is not HOST:PORT"):
-        ray_engine.check_reachable("ray://:10001")
+        ray_cluster.check_reachable("ray://:10001")
 
 
 # -- the embedded Ray shared by the rest of the module -------------------------------------------
@@ -340,13 +340,13 @@ def test_gpus_on_a_cluster_without_gpus(tmp_path: Path, tiny_model: Path, small_
 
 
 def test_pool_plan() -> None:
-    plan = ray_engine.plan_pool
-    assert plan(BuildConfig(engine="ray"), {"CPU": 2}) == ray_engine.Pool(1, 2.0, 0.0)
-    assert plan(BuildConfig(engine="ray"), {"CPU": 16}) == ray_engine.Pool(4, 4.0, 0.0)
-    assert plan(BuildConfig(engine="ray", cpus_per_actor=1), {"CPU": 2}) == ray_engine.Pool(2, 1.0, 0.0)
+    plan = ray_cluster.plan_pool
+    assert plan(BuildConfig(engine="ray"), {"CPU": 2}) == ray_cluster.Pool(1, 2.0, 0.0)
+    assert plan(BuildConfig(engine="ray"), {"CPU": 16}) == ray_cluster.Pool(4, 4.0, 0.0)
+    assert plan(BuildConfig(engine="ray", cpus_per_actor=1), {"CPU": 2}) == ray_cluster.Pool(2, 1.0, 0.0)
     # GPU actors: one per GPU, the CPUs but one shared out among them for decoding.
-    assert plan(BuildConfig(engine="ray", gpus_per_actor=1), {"CPU": 17, "GPU": 4}) == ray_engine.Pool(4, 4.0, 1.0)
-    assert plan(BuildConfig(engine="ray", gpus_per_actor=0.5), {"CPU": 8, "GPU": 1}) == ray_engine.Pool(2, 3.0, 0.5)
+    assert plan(BuildConfig(engine="ray", gpus_per_actor=1), {"CPU": 17, "GPU": 4}) == ray_cluster.Pool(4, 4.0, 1.0)
+    assert plan(BuildConfig(engine="ray", gpus_per_actor=0.5), {"CPU": 8, "GPU": 1}) == ray_cluster.Pool(2, 3.0, 0.5)
     with pytest.raises(EngineError, match="the Ray cluster has no GPUs"):
         plan(BuildConfig(engine="ray", gpus_per_actor=1), {"CPU": 8})
     with pytest.raises(EngineError, match="3 actors x 1 GPUs need 3 GPUs; the Ray cluster has 2"):
@@ -403,11 +403,11 @@ def test_config_validation() -> None:
         build_index("photos", "out.idx", engine="ray", encoder=object())  # type: ignore[arg-type]
 
 
-def test_only_the_ray_engine_imports_ray_and_only_when_it_runs() -> None:
-    """`import ray` appears in indexer/ray_engine.py (the build's engine) and
+def test_only_the_ray_cluster_imports_ray_and_only_when_it_runs() -> None:
+    """`import ray` appears in indexer/ray_cluster.py (the build's cluster) and
     clipsearch/server/cluster.py (`serve --ray`) alone, inside functions: a local build, search or
     serve never imports it (ray is an optional extra)."""
-    allowed = {ROOT / "indexer" / "ray_engine.py", ROOT / "clipsearch" / "server" / "cluster.py"}
+    allowed = {ROOT / "indexer" / "ray_cluster.py", ROOT / "clipsearch" / "server" / "cluster.py"}
     for path in sorted([*ROOT.glob("retrieval/**/*.py"), *ROOT.glob("indexer/**/*.py"), *ROOT.glob("clipsearch/**/*.py")]):
         tree = ast.parse(path.read_text(encoding="utf-8"))
         top_level = {id(node) for node in tree.body}

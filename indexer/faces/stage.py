@@ -40,7 +40,7 @@ from retrieval.shards import SampleMeta
 
 from ..commit import GenerationWriter
 from ..discover import ImageFile
-from ..shards import ShardReader
+from ..shard_reader import ShardReader
 from .detect import Face, FaceFinder, FaceOptions
 from .grouping import NOBODY, ClusterOptions, assign_new
 from .side import NAME, FaceTables, FaceWriter, face_options

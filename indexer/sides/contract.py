@@ -48,7 +48,7 @@ from retrieval.layout import Manifest
 from ..build_config import BuildConfig
 from ..commit import GenerationWriter
 from ..dataset import Item
-from ..shards import ShardReader
+from ..shard_reader import ShardReader
 from ..side_writer import SideWriter
 
 

@@ -20,7 +20,7 @@ from typing import IO, Any
 from retrieval.shards import describe_error, filesystem, join, parse_storage_options, store_errors
 
 from ..discover import ImageFile
-from ..shards import ShardReader
+from ..shard_reader import ShardReader
 from .probe import VideoSource
 
 # Bytes read at a time while hashing a video, and the read buffer over a shard member.

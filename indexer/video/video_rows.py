@@ -28,7 +28,7 @@ from retrieval.layout import SkipRecord
 
 from ..discover import ImageFile
 from ..plan import UpdatePlan
-from ..shards import ShardReader
+from ..shard_reader import ShardReader
 from ..stats import RunStats
 from ..writer import FileRecord, FrameFacts
 from .frames import VideoSampler
