@@ -101,11 +101,11 @@ def _host_port(address: str) -> tuple[str, int] | None:
         return None
     parts = urlsplit(address if "://" in address else f"gcs://{address}")
     if not parts.hostname:
-        raise EngineError(f"--ray-address {address!r} is not HOST:PORT, ray://HOST:PORT or auto")
+        raise EngineError(f"the Ray address {address!r} is not HOST:PORT, ray://HOST:PORT or auto")
     try:
         port = parts.port
     except ValueError as exc:
-        raise EngineError(f"--ray-address {address!r} has a bad port") from exc
+        raise EngineError(f"the Ray address {address!r} has a bad port") from exc
     return parts.hostname, port or (10001 if parts.scheme == "ray" else 6379)
 
 
@@ -140,7 +140,7 @@ def check_reachable(address: str, timeout: float = CONNECT_TIMEOUT_S) -> None:
             f"cannot reach the Ray cluster at {address}: {why}; is its head running (`ray start --head`)?"
         ) from exc
     if len(head) < 9 or head[3] != _HTTP2_SETTINGS:
-        raise EngineError(f"{address} does not answer as a Ray head (no gRPC server there); check --ray-address")
+        raise EngineError(f"{address} does not answer as a Ray head (no gRPC server there); check the Ray address")
 
 
 # The client side of an HTTP/2 connection's start (RFC 9113, 3.4): the preface, then an empty

@@ -219,8 +219,8 @@ def test_a_shard_failing_verify_is_refused_at_start_with_its_name(served: Served
     code = main(["serve", "--ray", str(bad), "--address", served.cluster.address])
     assert_one_line_error(code, capsys.readouterr().err, "shard-0001")
     code = main(["serve", "--ray", str(served.set_dir), "--address", "127.0.0.1:1"])
-    assert_one_line_error(code, capsys.readouterr().err, "cannot reach Ray at 127.0.0.1:1")
-    with pytest.raises(EngineError, match="cannot reach Ray"):
+    assert_one_line_error(code, capsys.readouterr().err, "cannot reach the Ray cluster at 127.0.0.1:1")
+    with pytest.raises(EngineError, match="cannot reach the Ray cluster"):
         deploy(served.set_dir, options, {}, address="ray://127.0.0.1:1")
     assert set(serve.status().applications) == {APP_NAME}
 

@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import logging
 import os
-import socket
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from indexer.ray_cluster import check_reachable
 from retrieval.checks import is_positive_int
 from retrieval.errors import ClipSearchError, EngineError, IndexCorruptError, InvalidArgumentError
 from retrieval.partition_set import PartitionSet, ShardRef, check_shards, read_partition_set
@@ -253,25 +253,15 @@ def connect_ray(address: str | None) -> bool:
 
     address = address or os.environ.get("RAY_ADDRESS") or None
     if address not in (None, "auto", "local"):
-        _check_reachable(address)
+        # The build's probe: a TCP connection, then gRPC's greeting (Ray's own connect retries
+        # for minutes against an address that is down or is not Ray).
+        check_reachable(address, CONNECT_TIMEOUT_S)
     try:
         ray.init(address=address, ignore_reinit_error=True, include_dashboard=False, logging_level=logging.ERROR,
                  log_to_driver=False)
     except (ConnectionError, RuntimeError, ValueError) as exc:
         raise EngineError(f"cannot join Ray at {address}: {exc}".splitlines()[0]) from None
     return address is None
-
-
-def _check_reachable(address: str) -> None:
-    text = address.removeprefix("ray://")
-    host, _, port = text.rpartition(":")
-    try:
-        with socket.create_connection((host or "127.0.0.1", int(port)), timeout=CONNECT_TIMEOUT_S):
-            return
-    except (OSError, ValueError):
-        raise EngineError(
-            f"cannot reach Ray at {address}: start it (ray start --head) or give the right --address / RAY_ADDRESS"
-        ) from None
 
 
 def deploy(set_dir: str | os.PathLike[str], options: ClusterOptions, settings: dict[str, Any], *,
