@@ -17,6 +17,7 @@ from typing import Any
 
 import numpy as np
 import pytest
+from helpers import moto_s3
 
 pytest.importorskip("av")
 
@@ -279,30 +280,10 @@ def s3_shard(served: Served) -> Iterator[tuple[Any, str]]:
     """The shard 00000.tar on moto's S3 (its wire protocol, on loopback): a boto3 client and its URL root."""
     pytest.importorskip("s3fs")
     pytest.importorskip("moto.server")
-    import logging
-
-    import boto3
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    names = ["AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION", "AWS_ENDPOINT_URL"]
-    saved = {k: os.environ.get(k) for k in names}
-    os.environ.update(dict(zip(names, ["testing", "testing", "us-east-1", f"http://{host}:{port}"], strict=True)))
-    try:
-        s3 = boto3.client("s3", endpoint_url=f"http://{host}:{port}")
+    with moto_s3() as (s3, _):
         s3.create_bucket(Bucket="videos")
         s3.upload_file(str(served.shard_dir / "00000.tar"), "videos", "data/00000.tar")
         yield s3, "s3://videos/data"
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
 
 
 def test_on_s3_a_replaced_shard_is_checked_again(served: Served, s3_shard: tuple[Any, str]) -> None:

@@ -7,7 +7,6 @@ store can do wrong (no bucket, no key, refused credentials, no answer) is one li
 from __future__ import annotations
 
 import json
-import logging
 import os
 import socket
 import subprocess
@@ -19,7 +18,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 from conftest import run_cli
-from helpers import assert_one_line_error, local_ray
+from helpers import assert_one_line_error, local_ray, moto_s3
 from shardgen import Sample, make_samples, write_shards
 from test_shards import by_key
 
@@ -35,7 +34,6 @@ BUCKET = "laion"
 N = 5
 # A store that does not answer is given up on quickly (the defaults retry for minutes).
 FAST = json.dumps({"config_kwargs": {"connect_timeout": 1, "read_timeout": 1, "retries": {"max_attempts": 1}}})
-CREDENTIALS = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1"}
 
 
 @pytest.fixture(scope="module")
@@ -54,30 +52,11 @@ def local_shards(tmp_path_factory: pytest.TempPathFactory, samples: list[Sample]
 def endpoint(local_shards: Path) -> Iterator[str]:
     """moto's S3 on loopback holding ``s3://laion/data/0000{0,1,2}.tar``; the AWS_* variables
     point at it for the module."""
-    from moto.server import ThreadedMotoServer
-
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    url = f"http://{host}:{port}"
-    saved = {k: os.environ.get(k) for k in [*CREDENTIALS, "AWS_ENDPOINT_URL"]}
-    os.environ.update({**CREDENTIALS, "AWS_ENDPOINT_URL": url})
-    try:
-        import boto3
-
-        s3 = boto3.client("s3", endpoint_url=url)
+    with moto_s3() as (s3, url):
         s3.create_bucket(Bucket=BUCKET)
         for shard in sorted(local_shards.glob("*.tar")):
             s3.upload_file(str(shard), BUCKET, f"data/{shard.name}")
         yield url
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        server.stop()
 
 
 def _opts(model: Path) -> dict[str, object]:
