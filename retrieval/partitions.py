@@ -83,6 +83,14 @@ class SetHits(list[Hit]):
         return bool(self.missing)
 
 
+def coverage(hits: Sequence[Hit]) -> dict[str, Any] | None:
+    """What a result says of its shards: ``{"partial", "missing_shards"}`` for a shard set's hits
+    (the CLI's and the HTTP API's JSON), None for one index's."""
+    if not isinstance(hits, SetHits):
+        return None
+    return {"partial": hits.partial, "missing_shards": list(hits.missing)}
+
+
 @dataclass(frozen=True)
 class SetFacts:
     """The facts of a set a server lists (as a manifest's): count, model, dim, index type, generation, source root."""
@@ -387,4 +395,4 @@ def _named(image: Any) -> Any:
     return image
 
 
-__all__ = ["DEFAULT_DEADLINE_S", "LocalShard", "PartitionedIndex", "SetFacts", "SetHits", "ShardClient"]
+__all__ = ["DEFAULT_DEADLINE_S", "LocalShard", "PartitionedIndex", "SetFacts", "SetHits", "ShardClient", "coverage"]

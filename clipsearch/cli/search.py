@@ -34,21 +34,20 @@ _TERMS_ON_THE_CLI = (
 def run(args: argparse.Namespace) -> int:
     """Search the index or shard set; print one line per hit, or ``{"results": [...]}`` with
     ``--json`` (a set's results also say ``partial`` and ``missing_shards``)."""
+    from retrieval.partitions import coverage
+
     # Checked before the index and the model load: a bad query, cut-off or term fails at once.
     req = _request(args)
     # One process, one search: auto's text tower weighs int8's set-up against the texts it embeds.
     texts = sum(t.kind == "text" for t in req.terms) if req.terms else int(req.text is not None)
     index = open_searchable(args.index_dir, model=args.model, device=args.device, precision=args.precision, text_queries=texts)
     hits = index.search(req)
-    missing: tuple[str, ...] | None = getattr(hits, "missing", None)
+    shards = coverage(hits)
     if args.json:
-        out: dict[str, object] = {"results": [h.to_dict(facts=True) for h in hits]}
-        if missing is not None:
-            out.update(partial=bool(missing), missing_shards=list(missing))
-        print_json(out)
+        print_json({"results": [h.to_dict(facts=True) for h in hits], **(shards or {})})
     else:
-        if missing:
-            print(f"partial: shard(s) {', '.join(missing)} did not answer in time")
+        if shards and shards["partial"]:
+            print(f"partial: shard(s) {', '.join(shards['missing_shards'])} did not answer in time")
         if not hits:
             print(_why_none(args, req.where is not None and req.where.active))
         browsing = req.kind == "browse"

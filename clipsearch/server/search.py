@@ -24,6 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, create_model
 
 from retrieval.errors import InvalidArgumentError
 from retrieval.index import Hit, ImageIndex
+from retrieval.partitions import coverage
 from retrieval.query_terms import QueryTerm, parse_term
 from retrieval.request import SearchRequest
 
@@ -349,9 +350,7 @@ def run_search(served: ServedIndex, req: ApiSearch) -> dict[str, Any]:
     ]
     took_ms = (time.perf_counter() - started) * 1000
     out: dict[str, Any] = {"results": results, "offset": req.offset, "k": req.k, "took_ms": round(took_ms, 3)}
-    missing = getattr(found, "missing", None)  # a shard set's hits say which shards did not answer
-    if missing is not None:
-        out.update(partial=bool(missing), missing_shards=list(missing))
+    out.update(coverage(found) or {})
     return out
 
 
