@@ -19,7 +19,6 @@ from __future__ import annotations
 import io
 import os
 import sys
-import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -71,13 +70,10 @@ class FaceStats:
 # -- the worker side ---------------------------------------------------------------------------
 
 _worker: tuple[FaceFinder, bytes, ShardReader | None, int] | None = None
-# How often a worker looks whether its build is still there.
-PARENT_POLL_S = 0.5
 
 
 def _init_worker(options: FaceOptions, root: bytes, shards: ShardReader | None, max_pixels: int) -> None:
     global _worker
-    threading.Thread(target=_exit_with, args=(os.getppid(),), name="clipsearch-faces-parent", daemon=True).start()
     _worker = (FaceFinder(options), root, shards, max_pixels)
 
 
@@ -109,15 +105,6 @@ def _frame(file: ImageFile, at: float, images: Path | ShardReader) -> Image.Imag
 
     with opened(file, images) as source:
         return frame_at(source, at, max_side=NATIVE_SIDE, name=name_of(file))
-
-
-def _exit_with(parent: int) -> None:
-    # A worker waiting on the pool's queue never sees its build killed (SIGKILL, the OOM killer):
-    # forked, it holds the queue's write end itself, so no end of file comes, and it would live
-    # on with a model loaded. It leaves once it is handed to another parent.
-    while os.getppid() == parent:
-        time.sleep(PARENT_POLL_S)
-    os._exit(1)
 
 
 # -- the driver side ---------------------------------------------------------------------------
