@@ -6,6 +6,7 @@ Real faces: views of scikit-image's ``astronaut``; scikit-image's ``coffee`` has
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 import numpy as np
@@ -175,12 +176,29 @@ def test_verify_finds_a_damaged_faces_file(tmp_path: Path, faces_index: tuple[Pa
     assert not report.ok and any(p.file == m.faces.path for p in report.problems)
 
 
+def _processes_naming(path: Path) -> list[int]:
+    """The processes whose command line names ``path`` (a build's forked workers keep its command line)."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and str(path).encode() in (proc / "cmdline").read_bytes():
+                found.append(int(proc.name))
+        except OSError:
+            continue
+    return found
+
+
 def test_a_build_killed_while_finding_faces_resumes(tmp_path: Path, tiny_model: Path) -> None:
     photos = _photos(tmp_path / "photos")
     out = tmp_path / "idx"
     args = ["index", photos, out, "--model", tiny_model, "--faces", "--workers", "0", "--precision", "fp32", "--commit-every", "1"]
     killed = run_killed_at(args, "faces", 3)
     assert killed.killed, killed.stderr
+    # Its face workers leave with it (they wait on a queue no one will write to again).
+    deadline = time.monotonic() + 15
+    while _processes_naming(out) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert _processes_naming(out) == [], "the killed build's face workers live on"
     m = read_manifest(out)
     assert m.faces is not None and m.faces.read == 2 and not m.faces.complete  # two chunks of one committed
     # People are formed when the stage ends: the faces the killed run committed are nobody's yet.

@@ -17,8 +17,10 @@ side stage of the build (:mod:`indexer.sides.face_stage`).
 from __future__ import annotations
 
 import io
+import multiprocessing
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ProcessPoolExecutor
@@ -72,9 +74,24 @@ class FaceStats:
 _worker: tuple[FaceFinder, bytes, ShardReader | None, int] | None = None
 
 
-def _init_worker(options: FaceOptions, root: bytes, shards: ShardReader | None, max_pixels: int) -> None:
+def _init_worker(options: FaceOptions, root: bytes, shards: ShardReader | None, max_pixels: int,
+                 lifeline: tuple[int, int] | None) -> None:
     global _worker
+    if lifeline is not None:
+        read_end, write_end = lifeline
+        os.close(write_end)  # the write end left open must be the build's alone
+        threading.Thread(target=_leave_with_build, args=(read_end,), name="clipsearch-faces-lifeline", daemon=True).start()
     _worker = (FaceFinder(options), root, shards, max_pixels)
+
+
+def _leave_with_build(read_end: int) -> None:
+    # A worker waiting on the pool's queue never sees its build killed (SIGKILL, the OOM killer):
+    # forked, it holds the queue's write end itself, so no end of file comes there, and it would
+    # live on with dlib's models loaded. Only the build holds the lifeline's write end, so its
+    # end of file says the build is gone (the pool's own shutdown stops the workers before it).
+    while os.read(read_end, 1):
+        pass
+    os._exit(1)
 
 
 def _find(job: tuple[ImageFile, float | None]) -> tuple[list[Face], str | None]:
@@ -214,8 +231,11 @@ def read_missing_faces(
     start = time.perf_counter()
     # The platform's default start method, as the decode workers' DataLoader uses: "spawn" would
     # run an API caller's unguarded script again in every worker.
+    # A forked worker inherits the lifeline's two ends; another start method passes no descriptor.
+    method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
+    lifeline = os.pipe() if method == "fork" else None
     pool = ProcessPoolExecutor(max(1, workers), initializer=_init_worker,
-                               initargs=(_settings(FaceOptions, options), root, shards, max_pixels))
+                               initargs=(_settings(FaceOptions, options), root, shards, max_pixels, lifeline))
     try:
         for at in range(0, len(todo), chunk):
             if stop is not None and stop():
@@ -238,6 +258,8 @@ def read_missing_faces(
                 commit()
     finally:
         pool.shutdown(cancel_futures=True)
+        for end in lifeline or ():
+            os.close(end)
         bar.close()
     # Every face without a person (this run's, and those a stopped or killed run committed) joins
     # or founds one, once per run rather than once per chunk.
