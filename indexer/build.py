@@ -39,7 +39,8 @@ from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 from retrieval.shards import scheme_of
 
 from . import ann, calibrate, shards
-from .build_config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
+from .build_config import DEFAULT_PRECISION, BuildConfig, default_batch_size, default_threads, default_workers
+from .build_report import BuildReport
 from .chunk_commits import ChunkCommits
 from .commit import GenerationWriter, IndexMeta
 from .dataset import content_hash

@@ -40,7 +40,8 @@ from retrieval.errors import IndexLockedError, InvalidArgumentError, PhotosDirEr
 from retrieval.images import IMAGE_EXTENSIONS
 
 from . import build
-from .build_config import BuildConfig, BuildReport, WatchConfig
+from .build_config import BuildConfig, WatchConfig
+from .build_report import BuildReport
 from .discover import Discovery, ImageFile, discover
 from .exclusions import IGNORE_FILE, Exclusions, load_exclusions, recorded_walk
 from .video.probe import VIDEO_EXTENSIONS
