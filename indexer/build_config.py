@@ -1,5 +1,5 @@
-"""Settings of a build (``BuildConfig``), of watch mode (``WatchConfig``) and the defaults that
-depend on the device; what a run did is :mod:`indexer.build_report`.
+"""Settings of a build (``BuildConfig``) and the defaults that depend on the device; what a run
+did is :mod:`indexer.build_report`, the settings of watch mode :mod:`indexer.watch_config`.
 
 One source of truth for the options: ``build_index(photos, index_dir, config, **overrides)``
 and ``clipsearch index`` both end in a ``BuildConfig``, validated here once.
@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from indexer.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions, parse_memory
-from retrieval.checks import is_int, is_positive_int
+from retrieval.checks import is_int, is_number, is_positive_int
 from retrieval.encoders import DEFAULT_MODEL, Precision, parse_precision
 from retrieval.errors import InvalidArgumentError, UnknownBuildOptionError
 from retrieval.images import DEFAULT_MAX_PIXELS
@@ -43,10 +43,6 @@ ENGINES = ("local", "ray")
 # Who writes a Ray build's Parquet parts (indexer.ray_parts): the actors where they reach the
 # index directory (auto), the driver alone, or the actors, failing where one cannot.
 RAY_WRITES = ("auto", "driver", "actors")
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
 
 
 
@@ -377,9 +373,9 @@ class BuildConfig:
             raise InvalidArgumentError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.actors is not None and not is_positive_int(self.actors):
             raise InvalidArgumentError(f"actors must be an integer >= 1, got {self.actors!r}")
-        if not _is_number(self.gpus_per_actor) or self.gpus_per_actor < 0:
+        if not is_number(self.gpus_per_actor) or self.gpus_per_actor < 0:
             raise InvalidArgumentError(f"gpus per actor must be a number >= 0, got {self.gpus_per_actor!r}")
-        if self.cpus_per_actor is not None and (not _is_number(self.cpus_per_actor) or self.cpus_per_actor <= 0):
+        if self.cpus_per_actor is not None and (not is_number(self.cpus_per_actor) or self.cpus_per_actor <= 0):
             raise InvalidArgumentError(f"cpus per actor must be a number > 0, got {self.cpus_per_actor!r}")
         if self.ray_write not in RAY_WRITES:
             raise InvalidArgumentError(f"ray_write must be one of {', '.join(RAY_WRITES)}, got {self.ray_write!r}")
@@ -414,49 +410,6 @@ class BuildConfig:
         return replace(self, **changes)
 
 
-@dataclass(frozen=True)
-class WatchConfig:
-    """Settings of watch mode (``clipsearch index --watch``, :func:`indexer.watch.watch_index`),
-    beside the :class:`BuildConfig` of its updates."""
-
-    settle: float = field(
-        default=2.0,
-        metadata=option(
-            "a changed file is indexed once its size and modification time have stayed the same this long (a file "
-            "still being written waits); also the quiet time after file events before an update",
-            flag="--watch-settle",
-            metavar="SECONDS",
-            minimum=0,
-            positive=True,
-        ),
-    )
-    rescan: float = field(
-        default=60.0,
-        metadata=option(
-            "walk the whole folder this often as well, for changes no file event reported (network mounts)",
-            flag="--watch-rescan",
-            metavar="SECONDS",
-            minimum=0,
-            positive=True,
-        ),
-    )
-    events: bool = field(
-        default=True,
-        metadata=option(
-            "follow file events (watchdog); without them changes are found by the rescans alone",
-            flag="--watch-no-events",
-            negate=True,
-            flag_help="no file events: find changes by the rescans alone",
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("settle", "rescan"):
-            value = getattr(self, name)
-            if not _is_number(value) or value <= 0:
-                raise InvalidArgumentError(f"watch {name} must be a number of seconds > 0, got {value!r}")
-
-
 __all__ = [
     "DECODES",
     "DEFAULT_DECODE",
@@ -465,7 +418,6 @@ __all__ = [
     "ENGINES",
     "RAY_WRITES",
     "BuildConfig",
-    "WatchConfig",
     "default_batch_size",
     "default_threads",
     "default_workers",

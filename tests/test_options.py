@@ -15,7 +15,8 @@ from clipsearch.cli._common import filter_from_args
 from clipsearch.cli.options import values_from_args
 from clipsearch.reference import tables
 from clipsearch.search_params import SearchParams
-from indexer.build_config import BuildConfig, WatchConfig
+from indexer.build_config import BuildConfig
+from indexer.watch_config import WatchConfig
 from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter, parse_time
 from retrieval.options import flag_of, option_of
