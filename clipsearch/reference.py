@@ -27,7 +27,8 @@ def tables() -> dict[str, str]:
         ``watch`` (``clipsearch index --watch`` / ``WatchConfig``), each a Markdown table with
         one row per field.
     """
-    from indexer.build_config import BuildConfig, WatchConfig
+    from indexer.build_config import BuildConfig
+    from indexer.watch_config import WatchConfig
     from retrieval.filters import Filter
 
     from .search_params import SearchParams

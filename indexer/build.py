@@ -23,25 +23,19 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from indexer.index_types import IndexOptions, parse_memory
-from retrieval import store
+from indexer.index_types import parse_memory
 from retrieval.encoders import Encoder, cpu, load_encoder
-from retrieval.errors import (
-    IndexFormatError,
-    InvalidArgumentError,
-    ModelMismatchError,
-    PhotosDirError,
-    UnknownBuildOptionError,
-    UnsupportedFormatError,
-)
+from retrieval.errors import InvalidArgumentError, PhotosDirError, UnknownBuildOptionError
 from retrieval.images import IMAGE_EXTENSIONS
-from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
+from retrieval.layout import Manifest, SkipRecord, is_index_dir
 from retrieval.shards import scheme_of
 
-from . import ann, calibrate, shards
-from .build_config import DEFAULT_PRECISION, BuildConfig, BuildReport, default_batch_size, default_threads, default_workers
+from . import calibrate, shards
+from .build_base import open_base, preprocess_record
+from .build_config import DEFAULT_PRECISION, BuildConfig, default_batch_size, default_threads, default_workers
+from .build_report import BuildReport
 from .chunk_commits import ChunkCommits
-from .commit import GenerationWriter, IndexMeta
+from .commit import GenerationWriter
 from .dataset import content_hash
 from .discover import Discovery, ImageFile, check_photos_dir, find_images
 from .engine import Engine
@@ -50,7 +44,6 @@ from .exclusions import WalkOptions, load_exclusions, recorded_walk
 from .heap import retained_heap
 from .index_dir import check_index_dir, write_error
 from .lock import IndexLock
-from .new_generation import remove_stale
 from .plan import UpdatePlan, plan_update
 from .shard_reader import ShardReader
 from .shards import ShardSource, is_shard_spec
@@ -93,15 +86,6 @@ class _Job:
     def source_root(self) -> str:
         return self.shards.root if self.shards is not None else str(self.photos.resolve())
 
-
-@dataclass(frozen=True)
-class _Base:
-    """What the index being updated (if any) decides before the plan: the writer over it."""
-
-    previous: Manifest | None
-    writer: GenerationWriter
-    options_changed: bool
-    old_skips: list[SkipRecord]
 
 
 def build_index(
@@ -247,40 +231,6 @@ def build_config(config: BuildConfig | str | None, overrides: dict[str, Any]) ->
     return base.replace(**overrides) if overrides else base
 
 
-def _readable_manifest(out: Path) -> Manifest | None:
-    # None for a new directory, or for a damaged index that --rebuild replaces (checked before).
-    if not is_index_dir(out):
-        return None
-    try:
-        return read_manifest(out)
-    except UnsupportedFormatError:
-        raise
-    except IndexFormatError:
-        return None
-
-
-def _check_model(base: Manifest, enc: Encoder, fingerprint: str, out: Path) -> None:
-    if base.backend == enc.backend and base.model_fingerprint == fingerprint and base.dim == enc.dim:
-        return
-    raise ModelMismatchError(
-        f"{out} was built with {base.model} ({base.model_fingerprint[:19]}), but this run uses "
-        f"{enc.name} ({fingerprint[:19]}); pass --rebuild to re-index everything with the new model"
-    )
-
-
-def _apply_image_size(cfg: BuildConfig, enc: Encoder, previous: Manifest | None, out: Path) -> None:
-    """Embed at ``cfg.image_size``, else at the size the index was embedded at; an update
-    must not mix two sizes in one index."""
-    recorded = previous.model_info.get("embed_image_size") if previous is not None else None
-    size = cfg.image_size if cfg.image_size is not None else recorded
-    if previous is not None and cfg.image_size is not None:
-        embedded_at = recorded if recorded is not None else previous.model_info.get("image_size")
-        if embedded_at is not None and int(embedded_at) != cfg.image_size:
-            raise InvalidArgumentError(
-                f"{out} was embedded at {embedded_at} px; pass --rebuild to re-embed everything at {cfg.image_size} px"
-            )
-    if size is not None:
-        enc.set_image_size(int(size))
 
 
 def _hash_or_none(root: bytes, rel: bytes) -> str | None:
@@ -293,7 +243,8 @@ def _hash_or_none(root: bytes, rel: bytes) -> str | None:
 
 def _run(job: _Job, *, interrupted_before: bool) -> BuildReport:
     """The build under the index lock: plan against the index, embed, finish, report."""
-    base = _open_base(job)
+    base = open_base(job.cfg, job.enc, job.fingerprint, job.out, files=len(job.found.files), source_root=job.source_root,
+                     walk=job.walk)
     previous, writer = base.previous, base.writer
     root = os.fsencode(job.photos)
     # A shard member whose shard changed is re-embedded: reading it to compare would cost as much.
@@ -344,63 +295,6 @@ def _run_sides(job: _Job, previous: Manifest | None, writer: GenerationWriter, s
         side_stats[stage.name].seconds += time.perf_counter() - t0
 
 
-def _open_base(job: _Job) -> _Base:
-    """Check the index to update against this run (model, files, index options) and open a
-    writer over it, or over nothing for a new index or a rebuild."""
-    cfg, enc, out = job.cfg, job.enc, job.out
-    base = _readable_manifest(out)
-    if base is not None and not cfg.rebuild:
-        _check_model(base, enc, job.fingerprint, out)
-    # Generations or staging left by a killed run are unreachable garbage now that we hold the lock.
-    remove_stale(out, keep=base.generation if base is not None else None)
-    previous = None if cfg.rebuild else base
-    if previous is not None:
-        # A missing or truncated file of the index fails here, naming it and the repair,
-        # rather than somewhere in the update.
-        store.check_files(out, previous)
-    _apply_image_size(cfg, enc, previous, out)
-    options = ann.choose_options(previous, index_type=cfg.index_type, max_memory=cfg.max_memory, target_recall=cfg.target_recall)
-    # A factory string FAISS rejects fails here, before any image is embedded.
-    ann.check_options(options, enc.dim, max(len(job.found.files), previous.count if previous is not None else 0))
-    writer = GenerationWriter(out, _meta(job, options, sides.settings(cfg, previous), previous), previous, sides.side_writers)
-    options_changed = previous is not None and dict(previous.index_options) != options.to_dict()
-    if options_changed:
-        writer.drop_faiss(options.to_dict())
-    old_skips = store.read_skipped(out / previous.skipped_file) if previous is not None else []
-    return _Base(previous, writer, options_changed, old_skips)
-
-
-def _recorded_decode(cfg: BuildConfig, previous: Manifest | None) -> calibrate.DecodeChoice:
-    """The decoding the manifest says until this run decides its own (:func:`_embed`): the
-    index's recorded one when this run asks for the same, else the request, not yet resolved."""
-    recorded = previous.preprocess if previous is not None else None
-    requested = calibrate.decode_request(cfg.decode, recorded)
-    before = calibrate.DecodeChoice.from_record(recorded)
-    if before is not None and before.requested == requested:
-        return before
-    if recorded is not None and before is None and requested != "auto":
-        return calibrate.DecodeChoice(requested, bool(recorded.get("jpeg_draft", True)))
-    return calibrate.DecodeChoice(requested, requested == "draft")
-
-
-def _preprocess_record(job: _Job, decode: calibrate.DecodeChoice) -> dict[str, Any]:
-    return {**job.enc.preprocess.to_dict(), **decode.record()}
-
-
-def _meta(job: _Job, options: IndexOptions, side_settings: dict[str, Any], previous: Manifest | None) -> IndexMeta:
-    enc = job.enc
-    return IndexMeta(
-        model=enc.name,
-        model_fingerprint=job.fingerprint,
-        backend=enc.backend,
-        dim=enc.dim,
-        preprocess=_preprocess_record(job, _recorded_decode(job.cfg, previous)),
-        source_root=job.source_root,
-        model_info=dict(enc.info),
-        index_options=options.to_dict(),
-        discovery=job.walk.to_dict(),
-        sides=side_settings,
-    )
 
 
 def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: GenerationWriter,
@@ -434,7 +328,7 @@ def _embed(job: _Job, previous: Manifest | None, plan: UpdatePlan, writer: Gener
             )
         if plan.to_embed or previous is None:
             # The decoding this run's vectors come from; with nothing embedded the recorded one stays.
-            writer.meta = dataclasses.replace(writer.meta, preprocess=_preprocess_record(job, decode))
+            writer.meta = dataclasses.replace(writer.meta, preprocess=preprocess_record(job.enc, decode))
         writer.set_model_info(calibrate.model_info(info, prev_info, bool(plan.to_embed)))
         if plan.changes_rows:
             writer.compact(plan.keep_ids, plan.refreshed)

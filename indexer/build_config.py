@@ -1,5 +1,5 @@
-"""Settings of a build (``BuildConfig``), what it reports (``BuildReport``) and the defaults
-that depend on the device.
+"""Settings of a build (``BuildConfig``) and the defaults that depend on the device; what a run
+did is :mod:`indexer.build_report`, the settings of watch mode :mod:`indexer.watch_config`.
 
 One source of truth for the options: ``build_index(photos, index_dir, config, **overrides)``
 and ``clipsearch index`` both end in a ``BuildConfig``, validated here once.
@@ -12,11 +12,11 @@ import json
 import os
 import warnings
 from collections.abc import Mapping
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
 from indexer.index_types import DEFAULT_MAX_MEMORY, DEFAULT_TARGET_RECALL, IndexOptions, parse_memory
-from retrieval.checks import is_int, is_positive_int
+from retrieval.checks import is_int, is_number, is_positive_int
 from retrieval.encoders import DEFAULT_MODEL, Precision, parse_precision
 from retrieval.errors import InvalidArgumentError, UnknownBuildOptionError
 from retrieval.images import DEFAULT_MAX_PIXELS
@@ -43,10 +43,6 @@ ENGINES = ("local", "ray")
 # Who writes a Ray build's Parquet parts (indexer.ray_parts): the actors where they reach the
 # index directory (auto), the driver alone, or the actors, failing where one cannot.
 RAY_WRITES = ("auto", "driver", "actors")
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")
 
 
 
@@ -377,9 +373,9 @@ class BuildConfig:
             raise InvalidArgumentError(f"engine must be one of {', '.join(ENGINES)}, got {self.engine!r}")
         if self.actors is not None and not is_positive_int(self.actors):
             raise InvalidArgumentError(f"actors must be an integer >= 1, got {self.actors!r}")
-        if not _is_number(self.gpus_per_actor) or self.gpus_per_actor < 0:
+        if not is_number(self.gpus_per_actor) or self.gpus_per_actor < 0:
             raise InvalidArgumentError(f"gpus per actor must be a number >= 0, got {self.gpus_per_actor!r}")
-        if self.cpus_per_actor is not None and (not _is_number(self.cpus_per_actor) or self.cpus_per_actor <= 0):
+        if self.cpus_per_actor is not None and (not is_number(self.cpus_per_actor) or self.cpus_per_actor <= 0):
             raise InvalidArgumentError(f"cpus per actor must be a number > 0, got {self.cpus_per_actor!r}")
         if self.ray_write not in RAY_WRITES:
             raise InvalidArgumentError(f"ray_write must be one of {', '.join(RAY_WRITES)}, got {self.ray_write!r}")
@@ -414,120 +410,6 @@ class BuildConfig:
         return replace(self, **changes)
 
 
-@dataclass(frozen=True)
-class WatchConfig:
-    """Settings of watch mode (``clipsearch index --watch``, :func:`indexer.watch.watch_index`),
-    beside the :class:`BuildConfig` of its updates."""
-
-    settle: float = field(
-        default=2.0,
-        metadata=option(
-            "a changed file is indexed once its size and modification time have stayed the same this long (a file "
-            "still being written waits); also the quiet time after file events before an update",
-            flag="--watch-settle",
-            metavar="SECONDS",
-            minimum=0,
-            positive=True,
-        ),
-    )
-    rescan: float = field(
-        default=60.0,
-        metadata=option(
-            "walk the whole folder this often as well, for changes no file event reported (network mounts)",
-            flag="--watch-rescan",
-            metavar="SECONDS",
-            minimum=0,
-            positive=True,
-        ),
-    )
-    events: bool = field(
-        default=True,
-        metadata=option(
-            "follow file events (watchdog); without them changes are found by the rescans alone",
-            flag="--watch-no-events",
-            negate=True,
-            flag_help="no file events: find changes by the rescans alone",
-        ),
-    )
-
-    def __post_init__(self) -> None:
-        for name in ("settle", "rescan"):
-            value = getattr(self, name)
-            if not _is_number(value) or value <= 0:
-                raise InvalidArgumentError(f"watch {name} must be a number of seconds > 0, got {value!r}")
-
-
-@dataclass(frozen=True)
-class BuildReport:
-    """What a run did; ``to_dict`` is what ``clipsearch index --json`` prints.
-
-    ``added`` new files embedded, ``updated`` changed files re-embedded, ``removed`` rows of
-    deleted files dropped, ``unchanged`` rows kept, ``skipped`` files in the skip list,
-    ``total`` (= ``indexed``) rows in the index now, ``embedded`` images embedded by this run.
-    ``write_seconds`` is the time spent committing the embedded rows and the final FAISS index;
-    the side stages' fields (from ``text_notes`` to ``faces_seconds``) are each stage's
-    :meth:`~indexer.sides.contract.SideStage.report`, their seconds their commits included.
-    """
-
-    index_dir: str
-    model: str
-    dim: int
-    added: int
-    updated: int
-    removed: int
-    unchanged: int
-    skipped: int
-    newly_skipped: int
-    total: int
-    indexed: int
-    embedded: int
-    resumed: bool
-    commits: int
-    seconds: float
-    images_per_second: float
-    decode_seconds: float
-    encode_seconds: float
-    write_seconds: float
-    workers: int
-    batch_size: int
-    device: str
-    threads: int = 0
-    precision: str = ""
-    # The CPU level the run acted on (retrieval.encoders.cpu), e.g. "avx2"; "" on CUDA.
-    cpu_level: str = ""
-    engine: str = "local"
-    # Images indexed without some of their text (ignored metadata, an image OCR could not read),
-    # and images in which OCR found text, this run; images already indexed whose text this run read
-    # without embedding them again (index --ocr on an index embedded without it).
-    text_notes: int = 0
-    with_ocr_text: int = 0
-    text_read: int = 0
-    # Seconds spent reading the text of images already indexed (their commits included).
-    text_seconds: float = 0.0
-    # index --faces: images the detector read this run, the faces it found in them, the images it
-    # could not read; and, over the whole index, the faces and the people they form.
-    faces_read: int = 0
-    faces_found: int = 0
-    faces_notes: int = 0
-    faces: int = 0
-    people: int = 0
-    # Seconds spent finding faces and grouping them into people (their commits included).
-    faces_seconds: float = 0.0
-    # Ray runs only: the encoder actors and the cluster's resources (ray.cluster_resources()).
-    actors: int = 0
-    cluster_resources: dict[str, float] = field(default_factory=dict)
-    # Who wrote the Parquet parts: "actors", "driver", or "actors+driver" (some actors could not
-    # reach the index directory); "" when nothing was embedded.
-    ray_write: str = ""
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        if self.engine != "ray":
-            # The Ray fields mean nothing for a local run: its summary leaves them out.
-            del data["actors"], data["cluster_resources"], data["ray_write"]
-        return data
-
-
 __all__ = [
     "DECODES",
     "DEFAULT_DECODE",
@@ -536,8 +418,6 @@ __all__ = [
     "ENGINES",
     "RAY_WRITES",
     "BuildConfig",
-    "BuildReport",
-    "WatchConfig",
     "default_batch_size",
     "default_threads",
     "default_workers",

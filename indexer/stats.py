@@ -2,7 +2,7 @@
 
 Both engines (:func:`indexer.embed.embed_planned`, :meth:`indexer.ray_engine.RayRun.embed`)
 fill one through :func:`indexer.embed.write_batches`; :mod:`indexer.build` turns it into the
-run's :class:`~indexer.build_config.BuildReport`.
+run's :class:`~indexer.build_report.BuildReport`.
 """
 
 from __future__ import annotations

@@ -40,10 +40,12 @@ from retrieval.errors import IndexLockedError, InvalidArgumentError, PhotosDirEr
 from retrieval.images import IMAGE_EXTENSIONS
 
 from . import build
-from .build_config import BuildConfig, BuildReport, WatchConfig
+from .build_config import BuildConfig
+from .build_report import BuildReport
 from .discover import Discovery, ImageFile, discover
 from .exclusions import IGNORE_FILE, Exclusions, load_exclusions, recorded_walk
 from .video.probe import VIDEO_EXTENSIONS
+from .watch_config import WatchConfig
 
 # An update waits for a quiet moment at most this long (seconds, or 10 settle times if more):
 # a copy of thousands of files sends events without pause, and must not starve the index.
@@ -260,7 +262,7 @@ def watch_index(
         index_dir: the index to create or update (as :func:`indexer.build_index`).
         config: the updates' settings, as for :func:`indexer.build_index` (``files`` and
             ``engine="ray"`` are not for watching).
-        watch: the watch's own settings (:class:`~indexer.build_config.WatchConfig`).
+        watch: the watch's own settings (:class:`~indexer.watch_config.WatchConfig`).
         stop: set it (from another thread or a signal handler) to stop: the update under way
             ends after its current batch and commits what it embedded.
         on_update: called with each committed update's :class:`BuildReport`.

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numbers
 from typing import TypeGuard
 
-__all__ = ["is_int", "is_positive_int"]
+__all__ = ["is_int", "is_number", "is_positive_int"]
 
 
 def is_int(value: object) -> TypeGuard[int]:
@@ -24,3 +24,8 @@ def is_int(value: object) -> TypeGuard[int]:
 def is_positive_int(value: object, minimum: int = 1) -> TypeGuard[int]:
     """True for an integer (see `is_int`) that is at least `minimum`."""
     return is_int(value) and value >= minimum
+
+
+def is_number(value: object) -> bool:
+    """True for a finite int or float (not a bool, not NaN, not an infinity)."""
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value and abs(value) != float("inf")

@@ -5,9 +5,7 @@ from __future__ import annotations
 import dataclasses
 import io
 import os
-import sys
-import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -19,39 +17,22 @@ from .encoders.query import QueryEncoders
 from .errors import InvalidArgumentError
 from .faces.current import CurrentPeople
 from .filters import Filter
+from .former_names import FormerNamesMeta, former_attribute
 from .generation import MMAP_MIN_BYTES, Generation, open_generation
 from .hits import Hit, browse, check_cut
 from .hybrid import resolve_mode, text_search
-from .images import PreprocessConfig
 from .keywords import KeywordIndex, check_query_text
 from .layout import read_manifest
 from .query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from .query_terms import embed_terms
-from .request import ImageInput, SearchRequest, TermInput
+from .request import ImageInput, SearchRequest
 from .rows import Rows, SkippedFile, check_id
 from .source_files import SourceFiles
 from .vector_search import VectorSearch
 from .video_hits import VideoFrames, as_video_hits, video_search
 
 
-class _FormerNames(type):
-    # ``ImageIndex.search_ids`` (the class, not an instance: an unbound method handed around)
-    # answers as the former method did, with the same warning; dir() still shows the narrow surface.
-    def __getattr__(cls, name: str) -> Any:
-        if name.startswith("_") or name not in _MOVED:
-            raise AttributeError(f"type object {cls.__name__!r} has no attribute {name!r}")
-        use = _MOVED[name][0]
-        if not _unmigrated(sys._getframe(1).f_code.co_filename):
-            warnings.warn(f"ImageIndex.{name} is deprecated: use {use}", DeprecationWarning, stacklevel=2)
-
-        def former(self: ImageIndex, *args: Any, **kwargs: Any) -> Any:
-            return _MOVED[name][1](self)(*args, **kwargs)
-
-        former.__name__ = name
-        return former
-
-
-class ImageIndex(metaclass=_FormerNames):
+class ImageIndex(metaclass=FormerNamesMeta):
     """A built index directory, ready to search.
 
     A small facade: open it, search it (:meth:`search` with a text or a
@@ -356,97 +337,15 @@ class ImageIndex(metaclass=_FormerNames):
         """The facts ``clipsearch info --json`` prints."""
         return self._generation.info(self._queries.text_path().to_dict(), self._queries.text_precision())
 
-    # -- the wide surface of before, kept with a DeprecationWarning --------------------------------
-
     def __getattr__(self, name: str) -> Any:
-        moved = _MOVED.get(name)
-        if moved is None or name.startswith("_"):
-            raise AttributeError(f"{type(self).__name__!r} object has no attribute {name!r}")
-        use, get = moved
-        if not _unmigrated(sys._getframe(1).f_code.co_filename):
-            warnings.warn(f"ImageIndex.{name} is deprecated: use {use}", DeprecationWarning, stacklevel=2)
-        return get(self)
-
-    def _search_many(self, queries: Sequence[str], k: int | None = None, where: Filter | None = None, *,
-                     min_score: float | None = None, sort: str = "score", mode: str | None = None,
-                     query_lang: str | None = None) -> list[list[Hit]]:
-        if isinstance(queries, str):
-            raise InvalidArgumentError("search_many takes a list of queries, not a single string")
-        reqs = [SearchRequest(text=q, k=k, where=where, min_score=min_score, sort=sort, mode=mode, query_lang=query_lang)
-                for q in queries]
-        return self._texts(list(queries), None, reqs[0]) if reqs else []
-
-    def _search_embedded(self, queries: Sequence[str], vectors: np.ndarray, k: int | None = None,
-                         where: Filter | None = None, *, min_score: float | None = None, sort: str = "score",
-                         mode: str | None = None) -> list[list[Hit]]:
-        if not queries:
-            return []
-        reqs = [SearchRequest(text=q, k=k, where=where, min_score=min_score, sort=sort, mode=mode) for q in queries]
-        return self._texts(list(queries), np.asarray(vectors), reqs[0])
-
-    def _search_combined(self, add: Sequence[TermInput], subtract: Sequence[TermInput] = (), k: int | None = None,
-                         where: Filter | None = None, *, min_score: float | None = None, sort: str = "score",
-                         query_lang: str | None = None) -> list[Hit]:
-        if isinstance(add, (str, os.PathLike)) or isinstance(subtract, (str, os.PathLike)):
-            raise InvalidArgumentError("add and subtract take lists of terms, not a single term")
-        if not add and not subtract:
-            raise InvalidArgumentError("a combined query needs at least one term")
-        return self._answer(SearchRequest(add=add, subtract=subtract, k=k, where=where, min_score=min_score, sort=sort,
-                                          query_lang=query_lang))
-
-    def _search_similar(self, id: int, k: int | None = None, where: Filter | None = None, *,
-                        min_score: float | None = None, sort: str = "score") -> list[Hit]:
-        return self._answer(SearchRequest(similar_to=check_id(id, self.count), k=k, where=where, min_score=min_score,
-                                          sort=sort))
-
-
-# This project's own modules still on the former names (owned by other changes in flight: the
-# evaluation, zero-shot and benchmark code): they do not warn, so that `clipsearch eval` prints
-# no warning of ours. Empty this once they use the collaborators.
-_UNMIGRATED = tuple(str(Path(__file__).resolve().parent.parent / d) + os.sep
-                    for d in ("retrieval/tools/evaluation", "retrieval/tools/zeroshot", "benchmarks"))
-
-
-def _unmigrated(filename: str) -> bool:
-    return os.path.abspath(filename).startswith(_UNMIGRATED)
+        # The wide surface of before (retrieval.former_names), each name with a DeprecationWarning.
+        return former_attribute(self, name)
 
 
 def _named_bytes(data: bytes) -> io.BytesIO:
     buf = io.BytesIO(data)
     buf.name = "the query image"  # how a decoding error names it (instead of '<stream>')
     return buf
-
-
-def _preprocess(index: ImageIndex) -> PreprocessConfig:
-    return PreprocessConfig.from_dict(index.manifest.preprocess)
-
-
-def _of(collaborator: str, member: str) -> tuple[str, Callable[[ImageIndex], Any]]:
-    return f"index.{collaborator}.{member}", lambda index: getattr(getattr(index, collaborator), member)
-
-
-def _request(example: str, method: str) -> tuple[str, Callable[[ImageIndex], Any]]:
-    return f"index.search(SearchRequest({example}, ...))", lambda index: getattr(index, method)
-
-
-# Each name ImageIndex had before it handed out its collaborators: what to use instead, and how
-# the old name still answers (with a DeprecationWarning).
-_MOVED: dict[str, tuple[str, Callable[[ImageIndex], Any]]] = {
-    **{name: _of("encoders", name) for name in (
-        "embed_texts", "embed_image", "text_path", "image_path", "query_languages", "encoder", "text_encoder", "query_model")},
-    "query_cache_info": _of("encoders", "cache_info"),
-    **{name: _of("vectors", name) for name in (
-        "vectors_of", "embeddings", "iter_embeddings", "iter_vectors", "search_ids", "search_range", "exact_scores",
-        "cosine_scale", "hit_source", "warm")},
-    **{name: _of("metadata", name) for name in ("paths", "paths_of", "sizes_of", "sample_meta", "skipped", "mask")},
-    "source_file": _of("files", "path"),
-    "source_bytes": _of("files", "shard_bytes"),
-    "preprocess": ("PreprocessConfig.from_dict(index.manifest.preprocess)", _preprocess),
-    "search_similar": _request("similar_to=ID", "_search_similar"),
-    "search_combined": _request("add=[...], subtract=[...]", "_search_combined"),
-    "search_many": ("index.search(text, ...) for each text", lambda index: index._search_many),
-    "search_embedded": _request("text=TEXT, vector=VECTOR", "_search_embedded"),
-}
 
 
 __all__ = ["MMAP_MIN_BYTES", "Hit", "ImageIndex", "SearchRequest", "SkippedFile"]

@@ -161,8 +161,8 @@ def test_no_import_cycle_at_module_level() -> None:
 
 
 # The engine-neutral build path: the engines plug in through indexer.engines.
-ENGINE_NEUTRAL = ("indexer.build", "indexer.embed", "indexer.stats", "indexer.commit", "indexer.new_generation", "indexer.engine",
-                  "indexer.engines")
+ENGINE_NEUTRAL = ("indexer.build", "indexer.build_base", "indexer.embed", "indexer.stats", "indexer.commit", "indexer.new_generation",
+                  "indexer.engine", "indexer.engines")
 RAY_ROOMS = ("indexer.ray_engine", "indexer.ray_cluster", "indexer.ray_actor", "indexer.ray_parts", "ray")
 
 
@@ -204,7 +204,7 @@ def test_modules_share_a_file_name_only_as_one_idea_in_two_layers() -> None:
 
 
 # The stage-neutral build path: the side stages plug in through indexer.sides.registry.
-STAGE_NEUTRAL = ("indexer.build", "indexer.embed", "indexer.stats", "indexer.commit", "indexer.new_generation")
+STAGE_NEUTRAL = ("indexer.build", "indexer.build_base", "indexer.embed", "indexer.stats", "indexer.commit", "indexer.new_generation")
 STAGE_ROOMS = ("indexer.ocr", "indexer.backfill", "indexer.keywords", "indexer.faces", "retrieval.keywords", "retrieval.faces")
 
 

@@ -15,7 +15,8 @@ from clipsearch.cli._common import filter_from_args
 from clipsearch.cli.options import values_from_args
 from clipsearch.reference import tables
 from clipsearch.search_params import SearchParams
-from indexer.build_config import BuildConfig, WatchConfig
+from indexer.build_config import BuildConfig
+from indexer.watch_config import WatchConfig
 from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter, parse_time
 from retrieval.options import flag_of, option_of
@@ -92,7 +93,7 @@ def test_server_shapes_take_every_filter() -> None:
     pytest.importorskip("fastapi")
     from fastapi import FastAPI
 
-    from clipsearch.server.app import _api_router
+    from clipsearch.server.api import api_router
     from clipsearch.server.filters import make_filter
     from clipsearch.server.search import Filters, SearchForm
 
@@ -100,7 +101,7 @@ def test_server_shapes_take_every_filter() -> None:
     assert list(Filters.model_fields) == names
     assert set(names) <= set(SearchForm.model_fields)
     app = FastAPI()
-    app.include_router(_api_router())
+    app.include_router(api_router())
     params = {p["name"] for p in app.openapi()["paths"]["/api/search"]["get"]["parameters"]}
     assert set(names) <= params
     got = make_filter(path_prefix="a/", path_glob="", min_width=3, modified_before="2024-01-01", modified_after=None)
@@ -129,13 +130,13 @@ def test_server_shapes_take_every_search_parameter() -> None:
     pytest.importorskip("fastapi")
     from fastapi import FastAPI
 
-    from clipsearch.server.app import _api_router
+    from clipsearch.server.api import api_router
     from clipsearch.server.search import SearchBody, SearchForm
 
     names = [f.name for f in dataclasses.fields(SearchParams)]
     assert set(names) <= set(SearchBody.model_fields) and set(names) <= set(SearchForm.model_fields)
     app = FastAPI()
-    app.include_router(_api_router())
+    app.include_router(api_router())
     params = {p["name"]: p for p in app.openapi()["paths"]["/api/search"]["get"]["parameters"]}
     assert set(names) <= set(params)
     for f in dataclasses.fields(SearchParams):

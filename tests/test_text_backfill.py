@@ -26,7 +26,7 @@ from PIL import Image, ImageDraw, ImageFont
 from shardgen import make_samples, write_shards
 
 from indexer import build_index, ocr
-from indexer.build_config import BuildReport
+from indexer.build_report import BuildReport
 from retrieval import ImageIndex
 from retrieval.layout import STAGING_PREFIX, checksum_file, read_manifest, write_manifest
 from retrieval.tools.verify import verify_index

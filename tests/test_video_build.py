@@ -132,8 +132,9 @@ def test_index_videos_search_moments_and_update(tmp_path: Path, tiny_model: Path
     # Watch mode on an index of videos walks for them too (a walk of images alone would drop them).
     import threading
 
-    from indexer.build_config import BuildConfig, WatchConfig
+    from indexer.build_config import BuildConfig
     from indexer.watch import _Watcher
+    from indexer.watch_config import WatchConfig
     from retrieval.encoders import load_encoder
 
     (photos / "later.mkv").write_bytes((photos / "cat.webm").read_bytes())

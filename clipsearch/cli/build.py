@@ -16,7 +16,9 @@ import threading
 from collections.abc import Iterator
 from typing import TYPE_CHECKING, Any
 
-from indexer.build_config import BuildConfig, BuildReport, WatchConfig
+from indexer.build_config import BuildConfig
+from indexer.build_report import BuildReport
+from indexer.watch_config import WatchConfig
 from retrieval.errors import InvalidArgumentError
 
 from ._common import PROG, print_json

@@ -20,7 +20,7 @@ in one build, in order:
    one chunk;
 5. :meth:`SideStage.complete`: whether the previous generation is already complete for this run
    (then a run with nothing to embed writes no generation);
-6. :meth:`SideStage.report`: its :class:`~indexer.build_config.BuildReport` fields.
+6. :meth:`SideStage.report`: its :class:`~indexer.build_report.BuildReport` fields.
 
 Every :class:`~indexer.commit.GenerationWriter` a build opens is given one
 :class:`~indexer.side_writer.SideWriter` per stage (by name, made by
@@ -68,7 +68,7 @@ class SideRun:
 
 @dataclass
 class SideStats:
-    """What a side stage did in one run: its counts by :class:`~indexer.build_config.BuildReport`
+    """What a side stage did in one run: its counts by :class:`~indexer.build_report.BuildReport`
     field, and the seconds it took (its commits included)."""
 
     counts: dict[str, int] = field(default_factory=dict)
@@ -123,7 +123,7 @@ class SideStage(Protocol):
         ...
 
     def report(self, stats: SideStats, current: Manifest | None) -> dict[str, Any]:
-        """Its :class:`~indexer.build_config.BuildReport` fields, from this run's ``stats`` and
+        """Its :class:`~indexer.build_report.BuildReport` fields, from this run's ``stats`` and
         the last generation committed."""
         ...
 

@@ -37,6 +37,7 @@ here, so callers import the contract from one place:
 - :mod:`retrieval.layout.paths_file`: the ``.paths`` side file;
 - :mod:`retrieval.layout.checksums`: content checksums of the data files;
 - :mod:`retrieval.layout.manifest`: the manifest, its format versions and its digest;
+- :mod:`retrieval.layout.file_refs`: what the manifest records of each file (parts, FAISS, the sides);
 - :mod:`retrieval.layout.durable`: atomic, flushed writes and the publishing of a generation.
 """
 
@@ -44,6 +45,7 @@ from __future__ import annotations
 
 from .checksums import CHECKSUM_ALGORITHM, FileChecksum, checksum_file
 from .durable import atomic_write, fsync_tree, publish_generation
+from .file_refs import FacesRef, FaissRef, KeywordsRef, PartRef
 from .filenames import (
     EMBEDDINGS_DIR,
     FACES_FILE,
@@ -66,11 +68,7 @@ from .manifest import (
     FORMAT_NAME,
     FORMAT_VERSION,
     MANIFEST_DIGEST_KEY,
-    FacesRef,
-    FaissRef,
-    KeywordsRef,
     Manifest,
-    PartRef,
     format_version_for,
     manifest_digest,
     read_manifest,

@@ -46,6 +46,7 @@ from ..checks import is_positive_int
 from ..errors import IndexCorruptError, IndexFormatError, NotAnIndexError, UnsupportedFormatError
 from .checksums import CHECKSUM_ALGORITHM, FileChecksum
 from .durable import atomic_write
+from .file_refs import FacesRef, FaissRef, KeywordsRef, PartRef, check_relative
 from .filenames import MANIFEST_FILE
 
 FORMAT_VERSION = 5
@@ -61,140 +62,6 @@ def format_version_for(index_type: str, parts: Sequence[PartRef] = (), videos: b
     if any(p.id_offset for p in parts):
         return 4
     return 3 if "Refine(" in index_type else 2
-
-
-def _check_relative(path: Any, what: str) -> None:
-    # Relative paths inside the index only: a manifest must not make readers open files elsewhere.
-    parts = path.split("/") if isinstance(path, str) else []
-    if not parts or path.startswith("/") or "\\" in path or any(p in ("", ".", "..") for p in parts):
-        raise ValueError(f"{what} must be a relative path inside the index, got {path!r}")
-
-
-@dataclass(frozen=True)
-class PartRef:
-    """One Parquet part: ``rows`` rows with ids ``first_id .. first_id + rows - 1``.
-
-    ``paths`` names its path side file (format 2); None in version-1 indexes. ``id_offset``
-    (format 4) is added to the part's stored ``id`` column to give the index's ids: a part
-    written before its first id was known (by a Ray actor) stores ``0 .. rows - 1`` and is
-    linked with ``id_offset == first_id``; 0 (and left out of the manifest) for every other part.
-    """
-
-    path: str
-    rows: int
-    first_id: int
-    file_id: str
-    paths: str | None = None
-    id_offset: int = 0
-
-    @property
-    def stored_first_id(self) -> int:
-        """The first value of the part's stored ``id`` column."""
-        return self.first_id - self.id_offset
-
-    def __post_init__(self) -> None:
-        _check_relative(self.path, "a part path")
-        if self.paths is not None:
-            _check_relative(self.paths, "a part's paths file")
-        if self.rows < 1 or self.first_id < 0:
-            raise ValueError(f"part {self.path}: rows must be >= 1 and first_id >= 0")
-        if isinstance(self.id_offset, bool) or not isinstance(self.id_offset, int) or not 0 <= self.id_offset <= self.first_id:
-            raise ValueError(f"part {self.path}: id_offset must be an integer in 0..first_id, got {self.id_offset!r}")
-
-
-@dataclass(frozen=True)
-class FaissRef:
-    """The FAISS file and how many rows (ids ``0 .. rows - 1``) it holds."""
-
-    path: str
-    rows: int
-
-    def __post_init__(self) -> None:
-        _check_relative(self.path, "the faiss path")
-        if self.rows < 0:
-            raise ValueError("faiss rows must be >= 0")
-
-
-@dataclass(frozen=True)
-class KeywordsRef:
-    """The keyword side of a generation (:mod:`retrieval.keywords`): an SQLite FTS5 file over
-    ``rows`` images (ids ``0 .. rows - 1``, always ``count``), with its own checksum.
-
-    Recorded under ``keywords`` rather than in ``checksums``, so that a reader that does not
-    know the key ignores the whole side (and the file) and still checks every other file.
-    ``sources`` are the sources it indexes, ``with_text`` how many images have text besides
-    their path, ``ocr`` whether the build recognised text in the pixels (``index --ocr``, kept
-    by updates).
-    """
-
-    path: str
-    rows: int
-    checksum: FileChecksum
-    sources: tuple[str, ...] = ()
-    with_text: int = 0
-    ocr: bool = False
-
-    def __post_init__(self) -> None:
-        _check_relative(self.path, "the keywords path")
-        if self.rows < 0 or self.with_text < 0:
-            raise ValueError("keywords rows must be >= 0")
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> KeywordsRef:
-        return cls(
-            path=data["path"], rows=data["rows"], checksum=FileChecksum(**data["checksum"]),
-            sources=tuple(data.get("sources", ())), with_text=int(data.get("with_text", 0)), ocr=bool(data.get("ocr", False)),
-        )
-
-
-@dataclass(frozen=True)
-class FacesRef:
-    """The faces side of a generation (``index --faces``, :mod:`indexer.faces`): the faces found
-    (``path``, :data:`~retrieval.layout.schemas.FACES_SCHEMA`) and the images read
-    (``read_path``), each file with its own checksum.
-
-    Recorded under ``faces`` rather than in ``checksums``, like the keyword side, so that a
-    reader that does not know the key ignores the whole side. ``read`` of the generation's rows
-    have been read (all of them when ``read == rows``); ``faces`` is the number of faces,
-    ``people`` the number of people they form; ``options`` are the detector's and the grouping's
-    settings, which later runs keep.
-    """
-
-    path: str
-    read_path: str
-    rows: int
-    read: int
-    faces: int
-    people: int
-    checksum: FileChecksum
-    read_checksum: FileChecksum
-    options: Mapping[str, Any] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        _check_relative(self.path, "the faces path")
-        _check_relative(self.read_path, "the faces read path")
-        if min(self.rows, self.read, self.faces, self.people) < 0 or self.read > self.rows:
-            raise ValueError(f"faces counts must be >= 0 and read <= rows (rows {self.rows}, read {self.read})")
-        if not isinstance(self.options, Mapping):
-            raise ValueError("faces options must be a mapping")
-
-    @property
-    def complete(self) -> bool:
-        """Whether every row of the generation has been read."""
-        return self.read == self.rows
-
-    def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data["options"] = dict(self.options)
-        return data
-
-    @classmethod
-    def from_dict(cls, data: Mapping[str, Any]) -> FacesRef:
-        return cls(
-            path=data["path"], read_path=data["read_path"], rows=int(data["rows"]), read=int(data["read"]),
-            faces=int(data["faces"]), people=int(data["people"]), checksum=FileChecksum(**data["checksum"]),
-            read_checksum=FileChecksum(**data["read_checksum"]), options=dict(data.get("options") or {}),
-        )
 
 
 @dataclass(frozen=True)
@@ -286,7 +153,7 @@ class Manifest:
             raise ValueError(f"index type {self.index_type!r} needs format version 3, got {self.format_version}")
         if self.format_version < 4 and any(p.id_offset for p in self.parts):
             raise ValueError(f"parts with an id_offset need format version 4, got {self.format_version}")
-        _check_relative(self.skipped_file, "skipped_file")
+        check_relative(self.skipped_file, "skipped_file")
         next_id = 0
         for part in self.parts:
             if part.first_id != next_id:

@@ -2,7 +2,8 @@
 
 - :mod:`.evaluation`: ``clipsearch eval``, labelled queries in, MRR / Recall@K out;
 - :mod:`.zeroshot`: ``clipsearch classify``, zero-shot labels for an index's images;
-- :mod:`.verify`: ``clipsearch verify``, every checksum and cross-check of an index directory;
+- :mod:`.verify`: ``clipsearch verify``, every checksum and cross-check of an index directory
+  (each kind of file's check in :mod:`.verify_checks`);
 - :mod:`.random_model`: offline random CLIP / SigLIP / open_clip checkpoints for tests,
   benchmarks and fine-tuning runs (``python -m retrieval.tools.random_model``).
 
