@@ -162,7 +162,7 @@ class ImageRuntime:
 
     def _try(self, runtime: Runtime, sample: torch.Tensor, torch_vectors: Callable[[], tuple[np.ndarray, float]]) -> Tower | str:
         """``runtime``'s tower where it passes :func:`agreement`, else why not (one line)."""
-        missing = runtime.missing_for(self.mode)
+        missing = runtime.missing(self.mode)
         if missing is not None:
             return f"{runtime.name} is not installed ({missing}); for the faster {self.mode} path: {runtime.install}"
         try:

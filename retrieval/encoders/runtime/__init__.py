@@ -61,26 +61,6 @@ def packages_missing(*packages: str) -> str | None:
     return None
 
 
-# onnx (which writes the export) and nncf (which makes the int8 weights) are looked for, not
-# imported: importing them takes seconds, and they are needed only when a model's files are
-# made, once; every later process reads the cached files.
-
-
-def onnxruntime_missing() -> str | None:
-    """Why ONNX Runtime cannot be used here (onnx writes the export), or None."""
-    return packages_missing("onnxruntime") or package_not_found("onnx")
-
-
-def openvino_missing() -> str | None:
-    """Why OpenVINO cannot be used here (onnx writes the export), or None."""
-    return packages_missing("openvino") or package_not_found("onnx")
-
-
-def openvino_int8_missing() -> str | None:
-    """Why OpenVINO's int8 image tower cannot be made here (NNCF makes its weights), or None."""
-    return openvino_missing() or package_not_found("nncf")
-
-
 def package_not_found(name: str) -> str | None:
     """Why ``name`` could not be imported, judged without importing it; None where it is there."""
     try:
@@ -95,9 +75,6 @@ __all__ = [
     "OV_INSTALL",
     "RuntimeUnavailable",
     "as_float32",
-    "onnxruntime_missing",
-    "openvino_int8_missing",
-    "openvino_missing",
     "package_not_found",
     "packages_missing",
     "tower_threads",
