@@ -17,9 +17,8 @@ from .. import memo
 from ..base import l2_normalize
 from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, auto_modes, choose, precision_record
-from ..text_choice import TextRuntime, choose_text_runtime, one_shot_reason
+from ..text_choice import TEXT_PRECISIONS, TextPath, TextRuntime, choose_text_runtime, local_checkpoint, one_shot_reason
 from .clip_tokenizer import load_clip_tokenizer
-from .path import TEXT_PRECISIONS, TextPath, local_checkpoint
 from .tower import NumpyTextTower
 from .tower_config import UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
