@@ -79,11 +79,7 @@ class NumpyTextEncoder:
                 fp32's (the image tower's gate), else fp32. The outcome is kept per weights and
                 CPU setting (:mod:`..memo`), so later loads do not gate again.
             text_queries: how many texts this process will embed, when it knows (a one-shot
-                command); with fewer than :data:`~..text_choice.ONE_SHOT_TEXTS`, ``auto`` stays fp32
-                and fp32 stays on numpy, without importing torch or onnxruntime
-                (:func:`~..text_choice.one_shot_reason`, :func:`~..text_choice.text_runtime_refusal`).
-                None: a long-lived process, where int8's set-up pays for itself, and so does
-                ONNX Runtime's for fp32 (:func:`~..text_choice.choose_text_runtime`).
+                command, :mod:`..text_choice`'s one-shot rule); None: a long-lived process.
             runtime: the runtime asked for the fp32 tower (``numpy``, ``onnxruntime``); None:
                 the user's setting (:func:`~..chooser.requested_runtime`).
 

@@ -1,13 +1,10 @@
 """The runtimes other than torch that run a tower on the CPU: OpenVINO and ONNX Runtime.
 
-Where one is installed it may run the image tower of a Hugging Face CLIP or SigLIP (FixRes)
-model (``fp32`` on OpenVINO or ONNX Runtime, ``bf16`` and ``int8`` on OpenVINO on some CPU
-levels) and the exact (fp32) numpy text tower (ONNX Runtime), each after its check against the
-reference tower. Which one runs, and the check, are :mod:`retrieval.encoders.chooser`'s; this
-package makes and runs the towers: :mod:`.export` the ONNX files (cached in the user's cache),
-:mod:`.image` the image runtimes' registry, :mod:`.ov_tower`, :mod:`.ort_tower` and
-:mod:`.ort_text` the compiled models and sessions. openvino, nncf and onnxruntime are imported
-only there, and only when a tower is made.
+Which runs which tower, in which mode and on which CPU, and the check it must pass, are
+:mod:`retrieval.encoders.chooser`'s; this package makes and runs the towers: :mod:`.export` the
+ONNX files (cached in the user's cache), :mod:`.image` the image runtimes' table,
+:mod:`.ov_tower`, :mod:`.ort_tower` and :mod:`.ort_text` the compiled models and sessions, the
+only modules that import openvino, nncf and onnxruntime (inside the functions that make a tower).
 """
 
 from __future__ import annotations
