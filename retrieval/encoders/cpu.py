@@ -68,17 +68,20 @@ _ONEDNN_ISA_LEVEL: tuple[tuple[str, str], ...] = (
 )
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+@functools.lru_cache(maxsize=4)
+def cpuinfo(field: str) -> str:
+    """The first ``field`` line's value in /proc/cpuinfo (empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
+        return ""
+    return next((line.partition(":")[2].strip() for line in text.splitlines() if line.startswith(field)), "")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    return frozenset(cpuinfo("flags").split())
 
 
 def level_of_flags(flags: frozenset[str], machine: str | None = None) -> str:
@@ -181,11 +184,6 @@ def has_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & flags) and at_least("avx512_vnni")
 
 
-def has_amx() -> bool:
-    """AMX tiles (bf16 products faster than fp32), after the caps."""
-    return cpu_level() == "amx"
-
-
 def describe() -> dict[str, str]:
     """The detected and the effective level, and the cap that made them differ (for ``info``)."""
     data = {"detected": detected_level(), "level": cpu_level()}
@@ -213,10 +211,10 @@ __all__ = [
     "at_least",
     "cpu_flags",
     "cpu_level",
+    "cpuinfo",
     "describe",
     "detected_level",
     "fbgemm_has_int8_dot",
-    "has_amx",
     "has_bf16",
     "has_fast_int8",
     "has_int8_dot",

@@ -122,15 +122,7 @@ _GATES = JsonMemo(lambda: gate_file())
 
 def _cpu_identity() -> str:
     """The CPU's model name and flags, hashed: kernels are picked from them, caps or not."""
-    name = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name"):
-                name = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
-    raw = f"{name}|{' '.join(sorted(cpu.cpu_flags()))}"
+    raw = f"{cpu.cpuinfo('model name')}|{' '.join(sorted(cpu.cpu_flags()))}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 
