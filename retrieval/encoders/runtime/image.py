@@ -7,14 +7,15 @@ mode, its version and the file a mode's tower runs from (what a passed check is 
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import ORT_INSTALL, OV_INSTALL, ort_tower, ov_tower, package_not_found, packages_missing
+from . import ORT_INSTALL, OV_INSTALL, package_not_found, packages_missing
 
 if TYPE_CHECKING:
     import torch
@@ -54,13 +55,20 @@ class Runtime:
         return self.int8_file(export) if mode == "int8" and self.int8_file is not None else export
 
 
+def _in(module: str, function: str) -> Callable[..., Any]:
+    """``module.function``, imported on the first call: every process that embeds or queries
+    imports this table, and most never make a tower."""
+    return lambda *args: getattr(importlib.import_module(f"{__package__}.{module}"), function)(*args)
+
+
 RUNTIMES: dict[str, Runtime] = {
     "openvino": Runtime(
-        "openvino", "OpenVINO", OV_INSTALL, ("openvino",), ("onnx",), ov_tower.load, ov_tower.openvino_version,
-        ("nncf",), ov_tower.int8_path,
+        "openvino", "OpenVINO", OV_INSTALL, ("openvino",), ("onnx",), _in("ov_tower", "load"), _in("ov_tower", "openvino_version"),
+        ("nncf",), _in("ov_tower", "int8_path"),
     ),
     "onnxruntime": Runtime(
-        "onnxruntime", "ONNX Runtime", ORT_INSTALL, ("onnxruntime",), ("onnx",), ort_tower.load, ort_tower.onnxruntime_version
+        "onnxruntime", "ONNX Runtime", ORT_INSTALL, ("onnxruntime",), ("onnx",), _in("ort_tower", "load"),
+        _in("ort_tower", "onnxruntime_version"),
     ),
 }
 
