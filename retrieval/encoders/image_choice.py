@@ -56,7 +56,7 @@ class ImageRuntime:
     def __init__(self, model_name: str, export: Callable[[], Any], applies: bool, mode: str = "fp32",
                  int8_group: int = 0, requested: str | None = None) -> None:
         self.model_name = model_name
-        self._export = export
+        self.export = export
         self.applies = applies
         self.mode = mode
         self.int8_group = int8_group
@@ -166,7 +166,7 @@ class ImageRuntime:
         if missing is not None:
             return f"{runtime.name} is not installed ({missing}); for the faster {self.mode} path: {runtime.install}"
         try:
-            export = Path(self._export())
+            export = Path(self.export())
             tower = runtime.load(export, self.mode, self.int8_group)
         except ModelLoadError as exc:
             return str(exc)
