@@ -19,7 +19,7 @@ from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, auto_modes, choose, precision_record
 from ..text_choice import TEXT_PRECISIONS, TextPath, TextRuntime, choose_text_runtime, local_checkpoint, one_shot_reason
 from .clip_tokenizer import load_clip_tokenizer
-from .tower import NumpyTextTower
+from .tower import NumpyTextTower, pooled_positions
 from .tower_config import UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
 
@@ -232,7 +232,7 @@ class NumpyTextEncoder:
         with self._products_context(tower):
             for start in range(0, len(texts), batch_size):
                 ids, mask = self.tokenize(texts[start : start + batch_size])
-                for row, pos in enumerate(tower.pooled_positions(ids)):
+                for row, pos in enumerate(pooled_positions(tower.cfg, ids)):
                     end = int(pos) + 1
                     out[start + row] = tower.forward(ids[row, :end], mask[row, :end])
         return l2_normalize(out)
