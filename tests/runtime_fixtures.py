@@ -18,7 +18,6 @@ from indexer import build_index
 from retrieval import ImageIndex
 from retrieval.encoders import HFClipEncoder
 from retrieval.encoders import chooser as CH
-from retrieval.encoders import runtime as R
 from retrieval.encoders.runtime import export as E
 from retrieval.encoders.runtime import image as IR
 from retrieval.errors import ModelLoadError
@@ -28,12 +27,12 @@ if TYPE_CHECKING:
 
 needs_openvino = pytest.mark.skipif(bool(IR.RUNTIMES["openvino"].missing()), reason="the [openvino] extra is not installed")
 needs_ov_int8 = pytest.mark.skipif(
-    bool(R.openvino_int8_missing()) or not CH.tried_here("int8"),
+    bool(IR.RUNTIMES["openvino"].missing("int8")) or not CH.tried_here("int8"),
     reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU at the AVX-512 VNNI level "
     "(with AMX torch's int8 runs: OpenVINO's moved with the batch there)",
 )
 needs_ov_bf16 = pytest.mark.skipif(
-    bool(R.openvino_missing()) or not CH.tried_here("bf16"),
+    bool(IR.RUNTIMES["openvino"].missing()) or not CH.tried_here("bf16"),
     reason="OpenVINO's bf16 tower needs the [openvino] extra and a CPU with AMX",
 )
 # Each runtime whose package is installed (make install installs both).
@@ -72,9 +71,9 @@ def refused_here(tiny_model: Path, pixels: torch.Tensor, tmp_path_factory: pytes
     to run is not excused: the tests that ask for the runtime fail on it."""
     refused: dict[str, str] = {}
     tries = [(name, name, "fp32") for name in [c.runtime for c in CH.candidates("image", "fp32")] if not IR.RUNTIMES[name].missing()]
-    if not R.openvino_int8_missing():
+    if not IR.RUNTIMES["openvino"].missing("int8"):
         tries.append(("openvino-int8", "openvino", "int8"))
-    if not R.openvino_missing():
+    if not IR.RUNTIMES["openvino"].missing():
         tries.append(("openvino-bf16", "openvino", "bf16"))
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv(E.ONNX_CACHE_ENV, str(tmp_path_factory.getbasetemp() / "onnx-cache-test"))

@@ -307,7 +307,7 @@ def test_openvino_leaves_the_signal_stack_as_it_found_it(tiny_model: Path, pixel
         return (stack.ss_sp or 0, stack.ss_flags, stack.ss_size)
 
     enc = _chosen(tiny_model, pixels)
-    path = enc.image_runtimes.export()
+    path = enc.image_runtimes["fp32"].export()
     before = current()
     first, second = ov_tower.compile_tower(path, 1), ov_tower.compile_tower(path, 1)
     assert current() == before
@@ -334,7 +334,7 @@ def test_openvino_serves_concurrent_callers(tiny_model: Path, pixels: torch.Tens
     from retrieval.encoders.runtime.ov_tower import OvImageTower
 
     # The tower itself, whether or not this CPU passes its batch check.
-    tower = OvImageTower(_chosen(tiny_model, pixels).image_runtimes.export(), 2)
+    tower = OvImageTower(_chosen(tiny_model, pixels).image_runtimes["fp32"].export(), 2)
     slices = [(lo, lo + size) for lo in range(len(pixels)) for size in (1, 2) if lo + size <= len(pixels)] * 4
     expected = {s: tower(pixels[s[0]:s[1]]) for s in set(slices)}
     with ThreadPoolExecutor(4) as pool:

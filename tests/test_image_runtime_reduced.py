@@ -138,10 +138,10 @@ def test_int8_on_openvino_agrees_with_torch_int8_and_does_not_depend_on_the_batc
     assert not np.array_equal(a, b)  # another tower indeed
     assert_batch_independent(ov8.embed_pixels, pixels, a, ((0, 1), (5, 6), (3, 10), (11, 12)))
     # The int8 model is made once from the export and kept beside it.
-    assert len(list(ov8.image_runtimes.export().parent.glob("*-ov-int8-*.xml"))) == 1
+    assert len(list(ov8.image_runtimes["int8"].export().parent.glob("*-ov-int8-*.xml"))) == 1
     # torch's tower, needed for the checks only, is freed, and loaded again when torch is asked for.
     assert ov8._vision_model is None
-    ov8.image_runtimes.follow("torch", "int8")
+    ov8.follow_image_runtime("torch", "int8")
     np.testing.assert_array_equal(ov8.embed_pixels(pixels), b)
 
 

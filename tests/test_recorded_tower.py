@@ -24,7 +24,6 @@ from indexer import build_index  # noqa: E402
 from retrieval import ImageIndex  # noqa: E402
 from retrieval.encoders import chooser as CH  # noqa: E402
 from retrieval.encoders import memo as M  # noqa: E402
-from retrieval.encoders import runtime as R  # noqa: E402
 from retrieval.encoders.recorded_tower import RecordedTower, numpy_pixels, open_recorded  # noqa: E402
 from retrieval.encoders.runtime import export as E  # noqa: E402
 from retrieval.encoders.runtime import image as IR  # noqa: E402
@@ -173,11 +172,11 @@ def test_settings_that_leave_image_queries_to_the_full_encoder(
     "precision",
     [
         pytest.param("bf16", marks=pytest.mark.skipif(
-            bool(R.openvino_missing()) or not CH.tried_here("bf16"),
+            bool(IR.RUNTIMES["openvino"].missing()) or not CH.tried_here("bf16"),
             reason="OpenVINO's bf16 tower needs the [openvino] extra and a CPU with AMX",
         )),
         pytest.param("int8", marks=pytest.mark.skipif(
-            bool(R.openvino_int8_missing()) or not CH.tried_here("int8"),
+            bool(IR.RUNTIMES["openvino"].missing("int8")) or not CH.tried_here("int8"),
             reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU at the AVX-512 VNNI level",
         )),
     ],

@@ -60,9 +60,7 @@ def run(args: argparse.Namespace) -> int:
             raise InvalidArgumentError("filters apply to an index, not to image files")
         precision = parse_precision(args.precision)
         encoder = load_encoder(args.model, device=args.device)
-        tower = getattr(encoder, "text_precision", None)
-        if tower is not None:
-            tower.request(precision)  # the label prompts'; the image files stay fp32
+        encoder.text_precision.request(precision)  # the label prompts'; the image files stay fp32
         classifier = ZeroShotClassifier.build(encoder, labels, templates, args.query_lang)
         batches = classify_files(encoder, args.targets, classifier)
     top_k = min(args.top_k, len(labels))

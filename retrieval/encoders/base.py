@@ -69,12 +69,14 @@ class Encoder(TextEncoder, Protocol):
 
     ``info`` is the JSON-able mapping an index manifest records as ``model_info``;
     ``image_precision`` the image tower's mode (:mod:`.precision`), which a build sets and
-    calibrates and a query matches to the index's.
+    calibrates and a query matches to the index's; ``text_precision`` the text tower's, which a
+    caller may set apart (``classify`` asks for its labels' precision while images stay fp32).
     """
 
     preprocess: PreprocessConfig
     device: torch.device
     image_precision: TowerPrecision
+    text_precision: TowerPrecision
 
     @property
     def info(self) -> dict[str, Any]: ...

@@ -1,41 +1,14 @@
-"""What the CPU can do for reduced precision, as one ordered level, and a way to cap it.
+"""What the CPU can do for reduced precision, as one ordered level (:data:`LEVELS`), and a way to cap it.
 
 The CPU paths that differ by hardware (which modes ``auto`` tries, which int8 activation range
 is safe) read one value, :func:`cpu_level`, so that a machine can be made to behave like a
-smaller one, in tests and by users who want the same behaviour everywhere:
-
-=============== ======================================================================
-level            what clipsearch does there
-=============== ======================================================================
-``none``         no fast int8: ``auto`` keeps fp32; ``--precision int8`` still runs, with
-                 7-bit activations (exact integer sums on any kernel)
-``avx2``         int8 dot products only through 16-bit pair sums (``vpmaddubsw``, which
-                 saturates): int8 with 7-bit activations, tried by ``auto``
-``avx_vnni``     int8 dot products (256-bit AVX-VNNI): int8 with 8-bit activations in the
-                 image tower (oneDNN); 7-bit in the numpy text tower, whose fbgemm kernels
-                 have none for AVX-VNNI (:func:`fbgemm_has_int8_dot`)
-``avx512_vnni``  the same, 512-bit
-``amx``          AMX tiles: bf16 and int8, bf16 tried first
-=============== ======================================================================
-
-Detected from ``/proc/cpuinfo`` (x86 flags; any other architecture is ``none`` until an int8
-path is measured there), capped by:
-
-- ``CLIPSEARCH_CPU_CAP`` (:data:`CAP_ENV`): one of the levels above; the lower of it and the
-  detected level is used. An unknown value raises :class:`InvalidArgumentError`.
-- ``ONEDNN_MAX_CPU_ISA`` / ``DNNL_MAX_CPU_ISA``: oneDNN's own cap. Where oneDNN is told to use
-  AVX2 kernels, 8-bit activations would saturate in them, so that cap lowers the level too.
-
-- ``FBGEMM_ENABLE_INSTRUCTIONS``: fbgemm's own cap (the text tower's int8 products); its
-  non-VNNI kernels (``AVX2``, ``AVX512``, ``AVX512_256``) make that tower use 7-bit activations.
-
-Below the levels, each int8 kernel is tried once per process on a product built to saturate
-16-bit pair sums; one that does gets 7-bit activations whatever its level
-(:func:`retrieval.encoders.int8.full_codes_saturate`, ``numpy_text.int8.full_inputs_saturate``).
-
-To make this machine behave as an AVX2-only host in every respect (speed included), set:
-``CLIPSEARCH_CPU_CAP=avx2 ONEDNN_MAX_CPU_ISA=AVX2 FBGEMM_ENABLE_INSTRUCTIONS=AVX2`` (and, for
-torch's own vectorised loops and MKL, ``ATEN_CPU_CAPABILITY=avx2 MKL_ENABLE_INSTRUCTIONS=AVX2``).
+smaller one, in tests and by users who want the same behaviour everywhere. What each level does,
+and the caps (``CLIPSEARCH_CPU_CAP``, oneDNN's ``ONEDNN_MAX_CPU_ISA``, fbgemm's
+``FBGEMM_ENABLE_INSTRUCTIONS``): docs/performance.md, "CPUs: levels and caps". Detected from
+``/proc/cpuinfo`` (x86 flags; any other architecture is ``none`` until an int8 path is measured
+there). Below the levels, each int8 kernel is tried once per process on a product built to
+saturate 16-bit pair sums (:func:`retrieval.encoders.int8.full_codes_saturate`,
+``numpy_text.int8.full_inputs_saturate``).
 """
 
 from __future__ import annotations
@@ -68,17 +41,20 @@ _ONEDNN_ISA_LEVEL: tuple[tuple[str, str], ...] = (
 )
 
 
-@functools.lru_cache(maxsize=1)
-def cpu_flags() -> frozenset[str]:
-    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+@functools.lru_cache(maxsize=4)
+def cpuinfo(field: str) -> str:
+    """The first ``field`` line's value in /proc/cpuinfo (empty where there is none)."""
     try:
         text = Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace")
     except OSError:
-        return frozenset()
-    for line in text.splitlines():
-        if line.startswith("flags"):
-            return frozenset(line.partition(":")[2].split())
-    return frozenset()
+        return ""
+    return next((line.partition(":")[2].strip() for line in text.splitlines() if line.startswith(field)), "")
+
+
+@functools.lru_cache(maxsize=1)
+def cpu_flags() -> frozenset[str]:
+    """The CPU's feature flags from /proc/cpuinfo (empty where there is none)."""
+    return frozenset(cpuinfo("flags").split())
 
 
 def level_of_flags(flags: frozenset[str], machine: str | None = None) -> str:
@@ -181,11 +157,6 @@ def has_bf16() -> bool:
     return bool({"avx512_bf16", "amx_bf16"} & flags) and at_least("avx512_vnni")
 
 
-def has_amx() -> bool:
-    """AMX tiles (bf16 products faster than fp32), after the caps."""
-    return cpu_level() == "amx"
-
-
 def describe() -> dict[str, str]:
     """The detected and the effective level, and the cap that made them differ (for ``info``)."""
     data = {"detected": detected_level(), "level": cpu_level()}
@@ -213,10 +184,10 @@ __all__ = [
     "at_least",
     "cpu_flags",
     "cpu_level",
+    "cpuinfo",
     "describe",
     "detected_level",
     "fbgemm_has_int8_dot",
-    "has_amx",
     "has_bf16",
     "has_fast_int8",
     "has_int8_dot",

@@ -1,6 +1,6 @@
-"""The image tower's choice of runtime (:class:`ImageRuntime`, one per mode; :class:`ImageRuntimes`,
-an encoder's set): the rows of :data:`retrieval.encoders.chooser.CANDIDATES` for the mode tried in
-order on a sample of the first batch, each against torch's tower through the chooser's one check
+"""The image tower's choice of runtime (:class:`ImageRuntime`, one per mode another runtime may
+run): the rows of :data:`retrieval.encoders.chooser.CANDIDATES` for the mode tried in order on a
+sample of the first batch, each against torch's tower through the chooser's one check
 (:func:`~retrieval.encoders.chooser.agreement`, with :func:`batch_drift`), the pass kept
 (:mod:`.memo`) and recorded in the index (``image_runtime``).
 """
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, ModelLoadError
 from . import memo
-from .chooser import LOG, RUNTIME_ENV, agreement, candidates, requested_runtime, runtime_modes, tried_here
+from .chooser import LOG, RUNTIME_ENV, agreement, candidates, requested_runtime, tried_here
 from .runtime.image import RUNTIMES, Runtime, Tower
 
 if TYPE_CHECKING:
@@ -56,7 +56,7 @@ class ImageRuntime:
     def __init__(self, model_name: str, export: Callable[[], Any], applies: bool, mode: str = "fp32",
                  int8_group: int = 0, requested: str | None = None) -> None:
         self.model_name = model_name
-        self._export = export
+        self.export = export
         self.applies = applies
         self.mode = mode
         self.int8_group = int8_group
@@ -162,11 +162,11 @@ class ImageRuntime:
 
     def _try(self, runtime: Runtime, sample: torch.Tensor, torch_vectors: Callable[[], tuple[np.ndarray, float]]) -> Tower | str:
         """``runtime``'s tower where it passes :func:`agreement`, else why not (one line)."""
-        missing = runtime.missing_for(self.mode)
+        missing = runtime.missing(self.mode)
         if missing is not None:
             return f"{runtime.name} is not installed ({missing}); for the faster {self.mode} path: {runtime.install}"
         try:
-            export = Path(self._export())
+            export = Path(self.export())
             tower = runtime.load(export, self.mode, self.int8_group)
         except ModelLoadError as exc:
             return str(exc)
@@ -215,47 +215,4 @@ class ImageRuntime:
         return data
 
 
-class ImageRuntimes:
-    """An encoder's runtime choices, one per mode a runtime may run (:func:`runtime_modes`).
-
-    Args: as :class:`ImageRuntime`'s, less the mode.
-    """
-
-    def __init__(self, model_name: str, export: Callable[[], Any], applies: bool, int8_group: int = 0,
-                 requested: str | None = None) -> None:
-        self._export = export
-        self.by_mode = {mode: ImageRuntime(model_name, export, applies, mode, int8_group, requested)
-                        for mode in runtime_modes("image")}
-
-    def export(self) -> Path:
-        """The cached ONNX export every runtime's tower is made from (made on first call)."""
-        return Path(self._export())
-
-    def get(self, mode: str | None) -> ImageRuntime | None:
-        """The choice for ``mode``; None for a mode only torch runs (fp16)."""
-        return self.by_mode.get(mode or "")
-
-    def follow(self, recorded: str | None, precision: str | None = None) -> None:
-        """Ask first for the runtime an index's vectors came from, for the mode they were made
-        in (``precision``; None: every mode); the other modes keep the usual order."""
-        for mode, runtime in self.by_mode.items():
-            runtime.follow(recorded if precision in (None, mode) else None)
-
-    def follow_as(self, other: ImageRuntimes) -> None:
-        """Ask first, per mode, for what ``other`` was asked to follow (the same encoder's
-        choices for another input size)."""
-        for mode, runtime in self.by_mode.items():
-            runtime.follow(other.by_mode[mode].recorded)
-
-    def pending(self, mode: str | None) -> bool:
-        """Whether ``mode``'s choice is still to be made on a sample of images."""
-        runtime = self.get(mode)
-        return runtime is not None and runtime.pending
-
-    def info(self, mode: str | None) -> dict[str, Any]:
-        """What an index of ``mode`` records (``image_runtime`` and its details), once chosen."""
-        runtime = self.get(mode)
-        return runtime.info() if runtime is not None else {}
-
-
-__all__ = ["PARITY_IMAGES", "ImageRuntime", "ImageRuntimes", "batch_drift"]
+__all__ = ["PARITY_IMAGES", "ImageRuntime", "batch_drift"]

@@ -24,7 +24,6 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -32,6 +31,7 @@ from typing import Any
 
 import numpy as np
 
+from ..layout.durable import atomic_write
 from . import cpu
 from .base import user_cache
 from .precision import GATE_K, GATE_MEAN_COSINE, GATE_MIN_COSINE, GATE_TOPK_OVERLAP, GateResult, gate_results_from_info
@@ -91,14 +91,7 @@ class JsonMemo:
             while len(data) > self.max_entries:
                 data.pop(next(iter(data)))
             path.parent.mkdir(parents=True, exist_ok=True)
-            fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-            try:
-                with os.fdopen(fd, "w", encoding="utf-8") as f:
-                    json.dump(data, f, indent=1)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            atomic_write(path, lambda f: f.write(json.dumps(data, indent=1).encode()))
         except OSError:
             return
 
@@ -122,15 +115,7 @@ _GATES = JsonMemo(lambda: gate_file())
 
 def _cpu_identity() -> str:
     """The CPU's model name and flags, hashed: kernels are picked from them, caps or not."""
-    name = ""
-    try:
-        for line in Path("/proc/cpuinfo").read_text(encoding="utf-8", errors="replace").splitlines():
-            if line.startswith("model name"):
-                name = line.partition(":")[2].strip()
-                break
-    except OSError:
-        pass
-    raw = f"{name}|{' '.join(sorted(cpu.cpu_flags()))}"
+    raw = f"{cpu.cpuinfo('model name')}|{' '.join(sorted(cpu.cpu_flags()))}"
     return hashlib.sha256(raw.encode()).hexdigest()[:16]
 
 

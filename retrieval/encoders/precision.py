@@ -6,17 +6,16 @@ Modes (``--precision``):
 - ``bf16`` / ``fp16``: ``torch.autocast`` (matrix products in 16 bits, LayerNorm, softmax and the
   final normalisation in float32). On CUDA the fast modes; on CPUs without AMX, measured slower
   than fp32 (see docs/performance.md), so ``auto`` never picks them there.
-- ``int8``: int8 weights and per-row dynamically quantised activations for every ``nn.Linear``
-  and the patch embedding (:mod:`retrieval.encoders.int8`), CPU only; a vector stays a
-  function of its input alone (bit-identical in any batch). A Hugging Face image tower may run
-  it on OpenVINO instead (:mod:`retrieval.encoders.runtime.image`), per row too.
+- ``int8``: per-row int8 (:mod:`retrieval.encoders.int8`), CPU only; a vector stays a function
+  of its input alone (bit-identical in any batch).
 - ``auto``: the fastest mode that passes the gate, else fp32. The candidates, fastest first,
-  depend on the device (:func:`auto_candidates`); each is compared with fp32 on a small
-  calibration sample (the first images a build embeds; a fixed set of captions for texts).
+  depend on the device (:data:`AUTO_MODES`); each is compared with fp32 on a small
+  calibration sample (the first images a build embeds; :data:`PROBE_TEXTS` for texts).
 
-The gate (:func:`gate`): per-vector cosine to the fp32 vectors (mean >= 0.999, min >= 0.99) and
-the overlap of the top-10 neighbours of each sample vector among the others (>= 0.9), fp32
-ranking against the candidate's.
+The gate (:func:`gate`): per-vector cosine to the fp32 vectors (mean and min at least
+:data:`GATE_MEAN_COSINE`, :data:`GATE_MIN_COSINE`) and the overlap of the top-:data:`GATE_K`
+neighbours of each sample vector among the others (:data:`GATE_TOPK_OVERLAP`). Which runtime
+runs a mode is :data:`retrieval.encoders.chooser.CANDIDATES`'s.
 
 Imports go one way: this module uses :mod:`.int8` (inside the functions that need it, since
 ``int8`` imports torch and this module must not), and ``int8`` never imports this one.
@@ -106,7 +105,6 @@ def check_device_support(precision: Precision, device: torch.device) -> None:
 # level up (after the caps, :mod:`.cpu`; None: any). On the CPU, bf16 only with AMX (with AVX-512
 # BF16 alone oneDNN's bf16 products ran slower than fp32) and int8 from AVX2 up (7-bit activations
 # below VNNI); none below AVX2. On CUDA the tensor cores' fp16, then bf16 (docs/performance.md).
-# Which runtime runs a mode is :data:`retrieval.encoders.chooser.CANDIDATES`'s.
 AUTO_MODES: tuple[tuple[str, Mode, str | None], ...] = (
     ("cuda", "fp16", None), ("cuda", "bf16", None), ("cpu", "bf16", "amx"), ("cpu", "int8", "avx2"),
 )

@@ -20,10 +20,11 @@ from ..query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from . import load_encoder
 from .base import Encoder, TextEncoder
 from .languages import language_embedder
-from .numpy_text import NumpyTextEncoder, TextPath, UnsupportedTextTower, fast_path_refusal, text_path
+from .numpy_text import NumpyTextEncoder, UnsupportedTextTower
 from .precision import Precision, parse_mode
 from .recorded_tower import RecordedTower, open_recorded
 from .runtime import RuntimeUnavailable
+from .text_choice import TextPath, fast_path_refusal, text_path
 
 if TYPE_CHECKING:
     from ..layout import Manifest

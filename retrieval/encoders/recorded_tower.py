@@ -128,7 +128,7 @@ def open_recorded(manifest: Manifest, model: str, device: str) -> RecordedTower 
     if runtime not in [c.runtime for c in candidates("image", mode)] or (choice == "auto" and not tried_here(mode)):
         return f"{mode} towers do not run on {runtime} on this CPU"
     spec = RUNTIMES[runtime]
-    missing = spec.missing_for(mode)
+    missing = spec.missing(mode)
     if missing is not None:
         return f"{runtime} is not installed ({missing})"
     try:

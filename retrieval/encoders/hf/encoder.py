@@ -21,8 +21,9 @@ from ...errors import InvalidArgumentError, ModelLoadError
 from ...images import PreprocessConfig
 from ...images.preprocess import unpack_patches
 from ..base import l2_normalize, quiet_transformers, resolve_device
+from ..chooser import runtime_modes
 from ..chunking import grid_tokens, images_per_call, in_calls
-from ..image_choice import ImageRuntimes
+from ..image_choice import ImageRuntime
 from ..precision import PROBE_TEXTS, Mode, PixelPrecisionMixin, Precision, TowerPrecision, autocast, parse_precision
 from ..runtime.export import cached_vision_export
 from .checkpoint import checkpoint_fingerprint, read_model_type, read_scalar, resolve_checkpoint
@@ -80,7 +81,7 @@ class HFClipEncoder(PixelPrecisionMixin):
         # Separate modules, separate int8 copies: each tower resolves its own mode.
         self.image_precision = TowerPrecision(precision, device)
         self.text_precision = TowerPrecision(precision, device)
-        # Which runtime runs the fp32 and the int8 image tower (torch, OpenVINO, ONNX Runtime).
+        # Per mode a runtime may run, which runs the image tower (torch, OpenVINO, ONNX Runtime).
         self.image_runtimes = self._make_runtimes()
 
     @classmethod
@@ -135,7 +136,7 @@ class HFClipEncoder(PixelPrecisionMixin):
             **({"max_num_patches": self.preprocess.max_num_patches} if self.family.naflex else {}),
             **self.image_precision.manifest_info(),
             # After the precision's keys: a runtime's int8 tower states its own activation bits.
-            **self.image_runtimes.info(self.image_precision.mode),
+            **(chosen.info() if (chosen := self._image_runtime(self.image_precision.mode)) else {}),
         }
 
     @property
@@ -179,7 +180,8 @@ class HFClipEncoder(PixelPrecisionMixin):
         self.preprocess = self._native_preprocess.scaled(size, self.native_image_size)
         if size != self.embed_image_size:
             before, self.image_runtimes = self.image_runtimes, self._make_runtimes(size)
-            self.image_runtimes.follow_as(before)
+            for mode, runtime in self.image_runtimes.items():
+                runtime.follow(before[mode].recorded)
         self.embed_image_size = size
 
     def logit_params(self) -> tuple[float, float | None]:
@@ -286,14 +288,17 @@ class HFClipEncoder(PixelPrecisionMixin):
         return mode
 
     def follow_image_runtime(self, recorded: str | None, precision: str | None = None) -> None:
-        """Ask first for the runtime an index's vectors came from (:meth:`.ImageRuntimes.follow`)."""
-        self.image_runtimes.follow(recorded, precision)
+        """Ask first for the runtime an index's vectors came from, for the mode they were made in
+        (``precision``; None: every mode); the other modes keep the usual order."""
+        for mode, runtime in self.image_runtimes.items():
+            runtime.follow(recorded if precision in (None, mode) else None)
 
     def image_runtime_pending(self) -> bool:
-        return self.image_runtimes.pending(self.image_precision.mode)
+        runtime = self._image_runtime(self.image_precision.mode)
+        return runtime is not None and runtime.pending
 
     def image_runtime_name(self) -> str:
-        chosen = self.image_runtimes.get(self.image_precision.mode)
+        chosen = self._image_runtime(self.image_precision.mode)
         return (chosen.name if chosen is not None else None) or "torch"
 
     def _auto_passes_over(self, mode: Mode, sample: torch.Tensor) -> str | None:
@@ -302,12 +307,16 @@ class HFClipEncoder(PixelPrecisionMixin):
         if mode == "bf16" and self.device.type == "cpu":
             if self._runtime_tower(sample, mode) is not None:
                 return None
-            runtime = self.image_runtimes.get(mode)
+            runtime = self._image_runtime(mode)
             why = runtime.note if runtime is not None and runtime.note else "no runtime runs it here"
             return f"{super()._auto_passes_over(mode, sample)}, and {why}"
         return super()._auto_passes_over(mode, sample)
 
-    def _make_runtimes(self, size: int | None = None) -> ImageRuntimes:
+    def _image_runtime(self, mode: str | None) -> ImageRuntime | None:
+        """The choice of runtime for ``mode``'s image tower; None for a mode only torch runs (fp16)."""
+        return self.image_runtimes.get(mode or "")
+
+    def _make_runtimes(self, size: int | None = None) -> dict[str, ImageRuntime]:
         size = size or self.native_image_size
         vision = self.config.vision_config
         # One activation scale per row and model width (its MLP's width is a multiple of it).
@@ -319,7 +328,8 @@ class HFClipEncoder(PixelPrecisionMixin):
                 interpolate=size != self.native_image_size,
             )
 
-        return ImageRuntimes(self.name, export, self.device.type == "cpu" and not self.family.naflex, group)
+        applies = self.device.type == "cpu" and not self.family.naflex
+        return {mode: ImageRuntime(self.name, export, applies, mode, group) for mode in runtime_modes("image")}
 
     def _images_per_call(self, pixel_values: torch.Tensor) -> int:
         """Images per CPU forward pass (:mod:`..chunking`): tokens from the input's patch grid
@@ -336,7 +346,7 @@ class HFClipEncoder(PixelPrecisionMixin):
         torch's fp32 (and need not export a tower it may not use). bf16 and int8 also while auto
         calibrates, so that the gate judges the tower that will run.
         """
-        runtime = self.image_runtimes.get(mode)
+        runtime = self._image_runtime(mode)
         if runtime is None or (mode == "fp32" and self.image_precision.mode != "fp32"):
             return None
         tower = runtime.tower(pixel_values, lambda sample: self._embed_torch(sample, mode))

@@ -11,10 +11,8 @@ could not equal a rebuild. Here, as in torchao's ``int8_dynamic_activation_int8_
 - products: oneDNN's uint8 x int8 linear (``torch.ops.onednn.qlinear_pointwise``), which
   applies the weight scales in the kernel and returns float32; ``torch._int_mm`` where that op
   is missing (not x86);
-- activation codes: 8 bits (254 steps) where the CPU has int8 dot products (VNNI, AMX); 7 bits
-  (126 steps) elsewhere, e.g. AVX2, whose ``vpmaddubsw`` sums pairs in 16 bits with saturation,
-  so 8-bit codes would overflow there and 7-bit codes keep the integer sums exact
-  (:func:`current_kernel`, :mod:`retrieval.encoders.cpu`);
+- activation codes: 8 bits where the CPU has int8 dot products, else 7 bits, which keep the
+  integer sums exact in kernels that saturate (:mod:`.codes`, :func:`current_kernel`);
 - integer accumulation is exact whatever the blocking, and every float step is per row, so a
   row's result is bit-identical in any batch (tested, transformers' CLIP), not just close. In
   open_clip's towers the final projection (``x @ proj``, a float32 product) still rounds with
@@ -27,17 +25,8 @@ product is left whose rounding depends on the batch; and a quick-GELU MLP
 into the two layers' scales (per-row quantisation does not see a row's scale). transformers'
 q/k/v projections share one quantised input and one product.
 
-The package's modules (all import torch; :mod:`retrieval.encoders.precision` imports this package
-only when an int8 tower is made):
-
-- :mod:`.codes`: the quantisation maths (weight codes, per-row activation codes);
-- :mod:`.kernel`: which product this process runs (:class:`Int8Kernel`, :func:`current_kernel`,
-  the saturation probe);
-- :mod:`.linear`: :class:`Int8Linear`;
-- :mod:`.modules`: the patch embedding, self-attention and fused q/k/v stand-ins;
-- :mod:`.convert`: :func:`quantize_int8`, which puts them in a copy of a tower.
-
-Measured speed and accuracy against fp32 and other int8 schemes: docs/performance.md.
+Every module here imports torch; :mod:`retrieval.encoders.precision` imports this package only
+when an int8 tower is made. Measured speed and accuracy against fp32 and other int8 schemes: docs/performance.md.
 """
 
 from __future__ import annotations

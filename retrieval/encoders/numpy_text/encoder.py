@@ -17,10 +17,9 @@ from .. import memo
 from ..base import l2_normalize
 from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, auto_modes, choose, precision_record
-from ..text_choice import TextRuntime, choose_text_runtime, one_shot_reason
+from ..text_choice import TEXT_PRECISIONS, TextPath, TextRuntime, choose_text_runtime, local_checkpoint, one_shot_reason
 from .clip_tokenizer import load_clip_tokenizer
-from .path import TEXT_PRECISIONS, TextPath, local_checkpoint
-from .tower import NumpyTextTower
+from .tower import NumpyTextTower, pooled_positions
 from .tower_config import UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
 
@@ -80,11 +79,7 @@ class NumpyTextEncoder:
                 fp32's (the image tower's gate), else fp32. The outcome is kept per weights and
                 CPU setting (:mod:`..memo`), so later loads do not gate again.
             text_queries: how many texts this process will embed, when it knows (a one-shot
-                command); with fewer than :data:`~..text_choice.ONE_SHOT_TEXTS`, ``auto`` stays fp32
-                and fp32 stays on numpy, without importing torch or onnxruntime
-                (:func:`~..text_choice.one_shot_reason`, :func:`~..text_choice.text_runtime_refusal`).
-                None: a long-lived process, where int8's set-up pays for itself, and so does
-                ONNX Runtime's for fp32 (:func:`~..text_choice.choose_text_runtime`).
+                command, :mod:`..text_choice`'s one-shot rule); None: a long-lived process.
             runtime: the runtime asked for the fp32 tower (``numpy``, ``onnxruntime``); None:
                 the user's setting (:func:`~..chooser.requested_runtime`).
 
@@ -237,7 +232,7 @@ class NumpyTextEncoder:
         with self._products_context(tower):
             for start in range(0, len(texts), batch_size):
                 ids, mask = self.tokenize(texts[start : start + batch_size])
-                for row, pos in enumerate(tower.pooled_positions(ids)):
+                for row, pos in enumerate(pooled_positions(tower.cfg, ids)):
                     end = int(pos) + 1
                     out[start + row] = tower.forward(ids[row, :end], mask[row, :end])
         return l2_normalize(out)

@@ -14,13 +14,10 @@ divided by their own maximum first) ran slower and no closer to fp32, and
 :mod:`retrieval.encoders.int8` (oneDNN, per row) slower for inputs of a few rows
 (``benchmarks/README.md``).
 
-Activations: 8-bit where fbgemm's kernels have int8 dot products (AVX-512 VNNI, AMX); 7-bit
-elsewhere (fbgemm's ``reduce_range``), since AVX2's ``vpmaddubsw`` sums pairs in 16 bits and
-saturates on 8-bit codes. That includes AVX-VNNI CPUs (most recent laptops), where fbgemm,
-having no kernels for AVX-VNNI, runs its AVX2 ones (:func:`~retrieval.encoders.cpu.fbgemm_has_int8_dot`,
-caps included); and wherever the kernel, tried once on inputs built to saturate, does
-(:func:`full_inputs_saturate`: fbgemm capped by ``FBGEMM_ENABLE_INSTRUCTIONS``, a CPU the
-tables get wrong).
+Activations: 8-bit where fbgemm's kernels have int8 dot products, else 7-bit (fbgemm's
+``reduce_range``): :func:`activation_bits`, from :func:`~retrieval.encoders.cpu.fbgemm_has_int8_dot`
+(which says why AVX-VNNI CPUs are not among them) and the kernel tried once on inputs built to
+saturate (:func:`full_inputs_saturate`).
 
 torch is imported when an int8 tower is made (:func:`quantize_layer`, :func:`int8_refusal`),
 never by an fp32 query.
@@ -130,9 +127,8 @@ class Int8DynamicLinear:
         self._from_numpy = torch.from_numpy
         # The op's Python binding asks each argument for ``__torch_function__``; the packed
         # weights (a TorchScript object) answer with a C++ exception turned into an
-        # AttributeError, on every call: ~10 us of a 512x512 product's ~34 us here. With
-        # ``__torch_function__`` off for the call (plain tensors only; no torch function
-        # modes are in use) the binding skips the question; the product is the same.
+        # AttributeError, on every call. With ``__torch_function__`` off for the call (plain
+        # tensors only; no torch function modes are in use) the binding skips the question.
         self._plain_dispatch = torch._C.DisableTorchFunctionSubclass
         self.reduce_range = reduce_range
 

@@ -75,10 +75,6 @@ class NumpyTextTower:
         other._layers = [convert(layer) for layer in self._layers]
         return other
 
-    def pooled_positions(self, ids: np.ndarray) -> np.ndarray:
-        """The token each row of a padded ``(n, L)`` id batch is pooled at, as transformers picks it."""
-        return pooled_positions(self.cfg, ids)
-
     def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Projected (not normalised) output at the last position of one sequence.
 

@@ -1,13 +1,10 @@
 """The runtimes other than torch that run a tower on the CPU: OpenVINO and ONNX Runtime.
 
-Where one is installed it may run the image tower of a Hugging Face CLIP or SigLIP (FixRes)
-model (``fp32`` on OpenVINO or ONNX Runtime, ``bf16`` and ``int8`` on OpenVINO on some CPU
-levels) and the exact (fp32) numpy text tower (ONNX Runtime), each after its check against the
-reference tower. Which one runs, and the check, are :mod:`retrieval.encoders.chooser`'s; this
-package makes and runs the towers: :mod:`.export` the ONNX files (cached in the user's cache),
-:mod:`.image` the image runtimes' registry, :mod:`.ov_tower`, :mod:`.ort_tower` and
-:mod:`.ort_text` the compiled models and sessions. openvino, nncf and onnxruntime are imported
-only there, and only when a tower is made.
+Which runs which tower, in which mode and on which CPU, and the check it must pass, are
+:mod:`retrieval.encoders.chooser`'s; this package makes and runs the towers: :mod:`.export` the
+ONNX files (cached in the user's cache), :mod:`.image` the image runtimes' table,
+:mod:`.ov_tower`, :mod:`.ort_tower` and :mod:`.ort_text` the compiled models and sessions, the
+only modules that import openvino, nncf and onnxruntime (inside the functions that make a tower).
 """
 
 from __future__ import annotations
@@ -61,26 +58,6 @@ def packages_missing(*packages: str) -> str | None:
     return None
 
 
-# onnx (which writes the export) and nncf (which makes the int8 weights) are looked for, not
-# imported: importing them takes seconds, and they are needed only when a model's files are
-# made, once; every later process reads the cached files.
-
-
-def onnxruntime_missing() -> str | None:
-    """Why ONNX Runtime cannot be used here (onnx writes the export), or None."""
-    return packages_missing("onnxruntime") or package_not_found("onnx")
-
-
-def openvino_missing() -> str | None:
-    """Why OpenVINO cannot be used here (onnx writes the export), or None."""
-    return packages_missing("openvino") or package_not_found("onnx")
-
-
-def openvino_int8_missing() -> str | None:
-    """Why OpenVINO's int8 image tower cannot be made here (NNCF makes its weights), or None."""
-    return openvino_missing() or package_not_found("nncf")
-
-
 def package_not_found(name: str) -> str | None:
     """Why ``name`` could not be imported, judged without importing it; None where it is there."""
     try:
@@ -95,9 +72,6 @@ __all__ = [
     "OV_INSTALL",
     "RuntimeUnavailable",
     "as_float32",
-    "onnxruntime_missing",
-    "openvino_int8_missing",
-    "openvino_missing",
     "package_not_found",
     "packages_missing",
     "tower_threads",

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ...errors import ModelLoadError
-from ..base import user_cache
+from ..base import quiet_transformers, user_cache
 
 ONNX_CACHE_ENV = "CLIPSEARCH_ONNX_CACHE"
 # Bumped when the exported graph changes (inputs, outputs, opset, wrapper).
@@ -78,25 +78,6 @@ def _failed_operator(exc: BaseException) -> str:
     return lines[0] if lines else type(exc).__name__
 
 
-class _ImageFeatures:
-    """Builds the wrapper module lazily (torch is imported only when an export happens)."""
-
-    @staticmethod
-    def wrap(tower: Any, output: str, interpolate: bool) -> Any:
-        import torch
-
-        class ImageFeatures(torch.nn.Module):
-            def __init__(self) -> None:
-                super().__init__()
-                self.tower = tower
-
-            def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
-                out = self.tower(pixel_values=pixel_values, interpolate_pos_encoding=interpolate)
-                return getattr(out, output)
-
-        return ImageFeatures().eval()
-
-
 def export_vision(
     tower: Any, output: str, image_size: int, dest: Path, model_name: str, interpolate: bool = False
 ) -> Path:
@@ -109,10 +90,17 @@ def export_vision(
     """
     import torch
 
-    module = _ImageFeatures.wrap(tower, output, interpolate)
+    class ImageFeatures(torch.nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.tower = tower
+
+        def forward(self, pixel_values: torch.Tensor) -> torch.Tensor:
+            return getattr(self.tower(pixel_values=pixel_values, interpolate_pos_encoding=interpolate), output)
+
     example = torch.zeros(2, 3, image_size, image_size, dtype=torch.float32)
     return _export_atomically(
-        module, (example,), dest, f"the image tower of {model_name}", input_names=["pixel_values"],
+        ImageFeatures().eval(), (example,), dest, f"the image tower of {model_name}", input_names=["pixel_values"],
         output_names=["image_embeds"], dynamic_axes={"pixel_values": {0: "batch"}, "image_embeds": {0: "batch"}},
     )
 
@@ -186,23 +174,16 @@ def export_text(directory: Path, dest: Path, model_name: str, eos_token_id: int)
     try:
         import torch
         from transformers import CLIPTextModelWithProjection
-        from transformers.utils import logging as hf_logging
     except ImportError as exc:
         raise ModelLoadError(f"exporting the text tower to ONNX needs torch and transformers ({exc})") from exc
 
     # Quiet: a CLIPModel checkpoint's image weights are "unused" here, and the loading bar would
     # land on a server's stderr in the middle of a query.
-    verbosity, bar = hf_logging.get_verbosity(), hf_logging.is_progress_bar_enabled()
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
     try:
-        tower = CLIPTextModelWithProjection.from_pretrained(directory, dtype=torch.float32).eval()
+        with quiet_transformers():
+            tower = CLIPTextModelWithProjection.from_pretrained(directory, dtype=torch.float32).eval()
     except Exception as exc:  # noqa: BLE001  (transformers raises many types)
         raise ModelLoadError(f"cannot load the text tower of {model_name} with transformers: {exc}") from exc
-    finally:
-        hf_logging.set_verbosity(verbosity)
-        if bar:
-            hf_logging.enable_progress_bar()
 
     class TextFeatures(torch.nn.Module):
         def __init__(self) -> None:

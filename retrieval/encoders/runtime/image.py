@@ -1,21 +1,21 @@
 """How each runtime other than torch makes and runs an exported image tower: :data:`RUNTIMES`.
 
-Which of them runs a tower, in which mode and on which CPU, is decided by
-:mod:`retrieval.encoders.chooser` (its ``CANDIDATES`` table and its one check); this module only
-says, per runtime, how to tell it is installed, load its tower in a mode, name its version and
-find the file a mode's tower runs from (what a passed check is remembered by).
+Which of them runs a tower, in which mode and on which CPU, is :data:`retrieval.encoders.chooser.CANDIDATES`'s
+to say; this table says only, per runtime, what it needs installed, how to load its tower in a
+mode, its version and the file a mode's tower runs from (what a passed check is remembered by).
 """
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from . import ORT_INSTALL, OV_INSTALL, onnxruntime_missing, openvino_int8_missing, openvino_missing
+from . import ORT_INSTALL, OV_INSTALL, package_not_found, packages_missing
 
 if TYPE_CHECKING:
     import torch
@@ -25,68 +25,51 @@ Tower = Callable[["torch.Tensor | np.ndarray"], np.ndarray]
 
 @dataclass(frozen=True)
 class Runtime:
-    """A runtime that can run an exported image tower in some of the modes."""
+    """A runtime that can run an exported image tower.
+
+    ``imports`` are imported to tell it is usable; ``looks_for`` (and for the int8 tower
+    ``int8_looks_for``) only looked for: onnx writes the export and NNCF the int8 weights, once
+    per model, and importing them takes seconds that every later process, reading the cached
+    files, need not pay.
+    """
 
     name: str
     label: str
     install: str
-    missing: Callable[[], str | None]
+    imports: tuple[str, ...]
+    looks_for: tuple[str, ...]
     # (export, mode, activation group of an int8 tower) -> the tower in that mode.
     load: Callable[[Path, str, int], Tower]
     version: Callable[[], str]
-    modes: tuple[str, ...] = ("fp32",)
-    # Why the int8 tower cannot be made here (its extra packages), where it needs more than ``missing``.
-    int8_missing: Callable[[], str | None] | None = None
+    int8_looks_for: tuple[str, ...] = ()
     # export -> the file the int8 tower is made from (what its checks are remembered by).
     int8_file: Callable[[Path], Path] | None = None
 
-    def missing_for(self, mode: str) -> str | None:
+    def missing(self, mode: str = "fp32") -> str | None:
         """Why this runtime cannot run ``mode``'s tower here (a package missing), or None."""
-        return (self.int8_missing if mode == "int8" and self.int8_missing else self.missing)()
+        looked_for = (*self.looks_for, *(self.int8_looks_for if mode == "int8" else ()))
+        return packages_missing(*self.imports) or next(filter(None, map(package_not_found, looked_for)), None)
 
     def tower_file(self, export: Path, mode: str) -> Path:
         """The file ``mode``'s tower runs from: the export, or for int8 the file made from it."""
         return self.int8_file(export) if mode == "int8" and self.int8_file is not None else export
 
 
-def _ort_tower(path: Path, mode: str, group: int) -> Tower:
-    from .ort_tower import OrtImageTower
-
-    return OrtImageTower(path)
-
-
-def _ort_version() -> str:
-    import onnxruntime
-
-    return str(onnxruntime.__version__)
-
-
-def _ov_tower(path: Path, mode: str, group: int) -> Tower:
-    from .ov_tower import OvImageTower, int8_model
-
-    if mode == "int8":
-        return OvImageTower(int8_model(path), mode="int8", int8_group=group)
-    return OvImageTower(path, mode=mode)
-
-
-def _ov_version() -> str:
-    from .ov_tower import openvino_version
-
-    return openvino_version()
-
-
-def _ov_int8_file(export: Path) -> Path:
-    from .ov_tower import int8_path
-
-    return int8_path(export)
+def _in(module: str, function: str) -> Callable[..., Any]:
+    """``module.function``, imported on the first call: every process that embeds or queries
+    imports this table, and most never make a tower."""
+    return lambda *args: getattr(importlib.import_module(f"{__package__}.{module}"), function)(*args)
 
 
 RUNTIMES: dict[str, Runtime] = {
     "openvino": Runtime(
-        "openvino", "OpenVINO", OV_INSTALL, openvino_missing, _ov_tower, _ov_version, ("fp32", "bf16", "int8"),
-        openvino_int8_missing, _ov_int8_file,
+        "openvino", "OpenVINO", OV_INSTALL, ("openvino",), ("onnx",), _in("ov_tower", "load"), _in("ov_tower", "openvino_version"),
+        ("nncf",), _in("ov_tower", "int8_path"),
     ),
-    "onnxruntime": Runtime("onnxruntime", "ONNX Runtime", ORT_INSTALL, onnxruntime_missing, _ort_tower, _ort_version),
+    "onnxruntime": Runtime(
+        "onnxruntime", "ONNX Runtime", ORT_INSTALL, ("onnxruntime",), ("onnx",), _in("ort_tower", "load"),
+        _in("ort_tower", "onnxruntime_version"),
+    ),
 }
 
 

@@ -1,23 +1,25 @@
 """An exported text tower on ONNX Runtime's CPU provider, in the numpy text tower's shape.
 
 :class:`OrtTextTower` has what :class:`~retrieval.encoders.numpy_text.encoder.NumpyTextEncoder`
-calls on a tower (``cfg``, ``uses_torch``, ``pooled_positions``, ``forward``), so the encoder
-tokenizes, truncates at the pooled token and normalises exactly as it does for numpy; only the
-forward pass changes runtime. Each text is one run of one row at its own length, with no padding:
+calls on a tower (``cfg``, ``uses_torch``, ``forward``), so the encoder tokenizes, truncates at
+the pooled token and normalises exactly as it does for numpy; only the forward pass changes
+runtime. Each text is one run of one row at its own length, with no padding:
 its vector cannot depend on the other texts of a call.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ...errors import ModelLoadError
 from ..cpu import usable_cores
-from ..numpy_text.tower import pooled_positions
-from ..numpy_text.tower_config import TextTowerConfig
 from .ort_tower import cpu_session
+
+if TYPE_CHECKING:
+    from ..numpy_text.tower_config import TextTowerConfig
 
 
 def default_threads() -> int:
@@ -56,10 +58,6 @@ class OrtTextTower:
             raise ModelLoadError(f"{path} is not a text-tower export (inputs {names})")
         self.path = path
         self.cfg = cfg
-
-    def pooled_positions(self, ids: np.ndarray) -> np.ndarray:
-        """The token each row of a padded ``(n, L)`` id batch is pooled at, as transformers picks it."""
-        return pooled_positions(self.cfg, ids)
 
     def forward(self, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
         """Projected (not normalised) output of one sequence ``ids`` (``(L,)``, up to and

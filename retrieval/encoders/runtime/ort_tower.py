@@ -57,3 +57,15 @@ class OrtImageTower:
         values = as_float32(pixel_values)
         out = self.session.run(None, {self.input_name: values})[0]
         return l2_normalize(out)
+
+
+def load(path: Path, mode: str, group: int) -> OrtImageTower:
+    """The fp32 tower of an export (:data:`~.image.RUNTIMES`; ONNX Runtime runs no other mode)."""
+    return OrtImageTower(path)
+
+
+def onnxruntime_version() -> str:
+    """The installed ONNX Runtime's version (what an index records)."""
+    import onnxruntime
+
+    return str(onnxruntime.__version__)

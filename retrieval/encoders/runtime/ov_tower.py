@@ -217,6 +217,13 @@ class OvImageTower:
                 self._idle.append(request)
 
 
+def load(export: Path, mode: str, group: int) -> OvImageTower:
+    """``mode``'s tower of an export (:data:`~.image.RUNTIMES`): for int8, :func:`int8_model`'s."""
+    if mode == "int8":
+        return OvImageTower(int8_model(export), mode="int8", int8_group=group)
+    return OvImageTower(export, mode=mode)
+
+
 def openvino_version() -> str:
     """The installed OpenVINO's version (what an index records)."""
     import openvino as ov
