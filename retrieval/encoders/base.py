@@ -13,7 +13,7 @@ import os
 import socket
 from collections.abc import Iterator, Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Protocol
+from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from urllib.parse import urlparse
 
 import numpy as np
@@ -25,6 +25,7 @@ if TYPE_CHECKING:
     import torch
 
     from .precision import Mode, TowerPrecision
+    from .text_choice import TextPath
 
 # (resolved path, size, mtime_ns) -> sha256 hex of the file's contents, for the process's life.
 _FILE_HASH_CACHE: dict[tuple[str, int, int], str] = {}
@@ -35,8 +36,8 @@ class TextEncoder(Protocol):
     (:class:`~retrieval.encoders.numpy_text.NumpyTextEncoder`), which has no image half.
 
     Capabilities are declared here, not probed: ``family_name`` (None where the backend has no
-    families), ``query_languages`` (() where any text is read as it is) and
-    ``text_precision_info`` exist on every text encoder.
+    families), ``query_languages`` (() where any text is read as it is),
+    ``text_precision_info`` and ``loaded_path`` exist on every text encoder.
     """
 
     name: str
@@ -63,8 +64,31 @@ class TextEncoder(Protocol):
         """JSON-able record of the text tower's precision: requested and chosen mode, the gate's figures."""
         ...
 
+    def loaded_path(self) -> TextPath | None:
+        """The text path this loaded encoder runs and why (what ``info`` reports), or None where
+        the caller plans it from the query's settings (:func:`~.text_choice.text_path`), as for
+        the torch encoders."""
+        ...
 
-class Encoder(TextEncoder, Protocol):
+
+class ImageQueryEncoder(Protocol):
+    """What image queries run on: a full :class:`Encoder`, or the index's image tower reopened
+    without torch's model (:class:`~retrieval.encoders.recorded_tower.RecordedTower`). The query
+    layer asks these instead of telling the two apart.
+    """
+
+    def embed_image(self, source: str | bytes | os.PathLike[str] | BinaryIO, cfg: PreprocessConfig, draft: bool = True) -> np.ndarray:
+        """The ``(1, dim)`` vector of an image file, decoded as ``draft`` says and preprocessed by ``cfg``."""
+        ...
+
+    def image_query_path(self) -> dict[str, str | None]:
+        """What runs image queries here: ``tower`` (``recorded`` or ``encoder``), ``runtime``
+        (``torch``, ``openvino``, ``onnxruntime``) and ``reason``; None for the full encoder, which
+        runs where the recorded tower was not reopened, for a reason only its caller knows."""
+        ...
+
+
+class Encoder(TextEncoder, ImageQueryEncoder, Protocol):
     """What the indexer and the query layer need from a model, whatever its backend.
 
     ``info`` is the JSON-able mapping an index manifest records as ``model_info``;

@@ -24,16 +24,20 @@ Imports go one way: this module uses :mod:`.int8` (inside the functions that nee
 from __future__ import annotations
 
 import contextlib
+import os
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Literal, get_args
+from typing import TYPE_CHECKING, Any, BinaryIO, Literal, get_args
 
 import numpy as np
 
 from ..errors import InvalidArgumentError
+from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 
 if TYPE_CHECKING:
     import torch
+
+    from .text_choice import TextPath
 
 # What a caller may ask for: a concrete mode, or ``auto`` (resolved by the gate on first use).
 Precision = Literal["fp32", "bf16", "fp16", "int8", "auto"]
@@ -344,9 +348,10 @@ class TowerPrecision:
 
 
 class PixelPrecisionMixin:
-    """``embed_pixels`` and ``calibrate_images`` for any backend: it provides ``image_precision``,
-    ``text_precision`` and ``_embed_pixels(pixel_values, mode)``. The image-runtime capabilities
-    of the ``Encoder`` protocol default to torch's tower (a backend with other runtimes overrides them)."""
+    """``embed_pixels``, ``embed_image`` and ``calibrate_images`` for any backend: it provides
+    ``image_precision``, ``text_precision`` and ``_embed_pixels(pixel_values, mode)``. The
+    image-runtime capabilities of the ``Encoder`` protocol default to torch's tower (a backend
+    with other runtimes overrides them); its text path is planned by the caller."""
 
     image_precision: TowerPrecision
     text_precision: TowerPrecision
@@ -354,6 +359,19 @@ class PixelPrecisionMixin:
     def text_precision_info(self) -> dict[str, Any]:
         """JSON-able record of the text tower's precision (:meth:`TowerPrecision.info`)."""
         return self.text_precision.info()
+
+    def loaded_path(self) -> TextPath | None:
+        """None: the query's settings say which path a full encoder's texts take (:func:`.text_choice.text_path`)."""
+        return None
+
+    def embed_image(self, source: str | bytes | os.PathLike[str] | BinaryIO, cfg: PreprocessConfig, draft: bool = True) -> np.ndarray:
+        """The ``(1, dim)`` vector of an image file, decoded as ``draft`` says and preprocessed by ``cfg`` in torch."""
+        pixels, _, _ = load_pixels(source, cfg, max_pixels=DEFAULT_MAX_PIXELS, draft=draft)
+        return self.embed_pixels(pixels[None])
+
+    def image_query_path(self) -> dict[str, str | None]:
+        """The full encoder on its image runtime; the reason is its caller's."""
+        return {"tower": "encoder", "runtime": self.image_runtime_name(), "reason": None}
 
     def follow_image_runtime(self, recorded: str | None, precision: str | None = None) -> None:
         """Nothing to follow: torch runs every image tower of this backend."""

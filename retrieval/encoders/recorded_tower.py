@@ -41,7 +41,8 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class RecordedTower:
-    """The image half of an encoder, for queries: the index's recorded tower on its runtime.
+    """The image half of an encoder, for queries: the index's recorded tower on its runtime
+    (an :class:`~.base.ImageQueryEncoder`, as the full encoder is).
 
     Attributes:
         name: the query model, as the index names it.
@@ -86,6 +87,10 @@ class RecordedTower:
     def describe(self) -> str:
         """One line for ``info``: what runs image queries."""
         return f"{self.mode} image tower on {RUNTIMES[self.runtime].label}, reopened from its remembered checks"
+
+    def image_query_path(self) -> dict[str, str | None]:
+        """This tower on its runtime, described by :meth:`describe`."""
+        return {"tower": "recorded", "runtime": self.runtime, "reason": self.describe()}
 
 
 def numpy_pixels(cfg: PreprocessConfig) -> bool:
