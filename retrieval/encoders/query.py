@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, BinaryIO
 import numpy as np
 
 from ..errors import InvalidArgumentError, ModelLoadError, ModelMismatchError
-from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
+from ..images import PreprocessConfig
 from ..query_cache import DEFAULT_CAPACITY, QueryVectorCache
 from . import load_encoder
 from .base import Encoder, TextEncoder
@@ -133,10 +133,12 @@ class QueryEncoders:
         """
         if self.given is not None:
             return TextPath("torch", "the index was opened with an encoder")
-        if isinstance(self._text_encoder, NumpyTextEncoder):
-            return self._text_encoder.loaded_path()
+        loaded = self._text_encoder
+        path = loaded.loaded_path() if loaded is not None else None
+        if path is not None:
+            return path
         planned = text_path(self.query_model, self.manifest.backend, self.precision, self.device, self.text_queries)
-        if self._text_encoder is not None and planned.path != "torch":
+        if loaded is not None and planned.path != "torch":
             return TextPath("torch", "the numpy text tower could not load this checkpoint")
         return planned
 
@@ -182,10 +184,8 @@ class QueryEncoders:
         cfg = PreprocessConfig.from_dict(self.manifest.preprocess)
         # JPEGs decoded as the index's were (an index from before the choice drafted them).
         draft = bool(self.manifest.preprocess.get("jpeg_draft", True))
-        if isinstance(encoder, RecordedTower):
-            return encoder.embed_image(image, cfg, draft)  # in numpy where that is torch's result: no torch
-        pixels, _, _ = load_pixels(image, cfg, max_pixels=DEFAULT_MAX_PIXELS, draft=draft)
-        return encoder.embed_pixels(pixels[None])
+        # The recorded tower preprocesses in numpy where that is torch's result: no torch.
+        return encoder.embed_image(image, cfg, draft)
 
     @property
     def image_encoder(self) -> Encoder | RecordedTower:
@@ -209,9 +209,10 @@ class QueryEncoders:
         loaded = self._image_encoder
         if loaded is None:
             return {"tower": None, "runtime": None, "reason": None}
-        if isinstance(loaded, RecordedTower):
-            return {"tower": "recorded", "runtime": loaded.runtime, "reason": loaded.describe()}
-        return {"tower": "encoder", "runtime": loaded.image_runtime_name(), "reason": self._image_note}
+        path = loaded.image_query_path()
+        if path["reason"] is None:
+            path["reason"] = self._image_note  # why the recorded tower was not reopened
+        return path
 
     def cache_info(self) -> dict[str, Any]:
         """The query cache's ``capacity``, ``size``, ``hits`` and ``misses``."""
@@ -243,7 +244,9 @@ class QueryEncoders:
                 if old.model_info.get("precision") == manifest.model_info.get("precision"):
                     fresh._encoder = self._encoder
                 same_tower = all(old.model_info.get(k) == manifest.model_info.get(k) for k in _TOWER_KEYS)
-                if isinstance(self._image_encoder, RecordedTower) and same_tower:
+                # A tower of its own (the recorded one); the full encoder goes with _encoder above.
+                own_tower = self._image_encoder is not None and self._image_encoder is not self._encoder
+                if own_tower and same_tower:
                     fresh._image_encoder = self._image_encoder
         return fresh
 
