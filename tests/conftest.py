@@ -149,3 +149,37 @@ def run_cli(
     cmd = [clipsearch_exe(), *map(os.fspath, args)]
     full_env = {**os.environ, "PYTHONWARNINGS": "default", **(env or {})}
     return subprocess.run(cmd, capture_output=True, text=True, cwd=cwd, timeout=timeout, env=full_env)
+
+
+def cli_here(args: Sequence[str | os.PathLike[str]], env: dict[str, str] | None = None) -> subprocess.CompletedProcess[str]:
+    """The ``clipsearch`` command's ``main`` on ``args`` in this process: its exit code and what it
+    printed, shaped as :func:`run_cli`'s result.
+
+    The same code as the console script (which only calls ``main``) without a second interpreter
+    start-up and its imports. For commands that read settings once per process (the query
+    layer's environment variables are read when used, not at import), do not kill or signal the
+    process, and do not need a fresh interpreter (the cold-start and import checks keep
+    :func:`run_cli`). ``env`` is set for the call only.
+    """
+    import contextlib
+    import io
+
+    from clipsearch.cli import main
+
+    argv = [os.fspath(a) for a in args]
+    out, err = io.StringIO(), io.StringIO()
+    saved = {k: os.environ.get(k) for k in (env or {})}
+    os.environ.update(env or {})
+    try:
+        with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+            try:
+                code = main(argv)
+            except SystemExit as exc:  # argparse's usage errors and --help
+                code = exc.code if isinstance(exc.code, int) else (0 if exc.code is None else 1)
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+    return subprocess.CompletedProcess(["clipsearch", *argv], code, out.getvalue(), err.getvalue())

@@ -16,7 +16,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import cli_here
 from imagegen import photo_like
 
 from retrieval import ImageIndex
@@ -145,7 +145,7 @@ def test_no_image_settings_is_a_one_line_error(
     photos = tmp_path / "photos"
     photos.mkdir()
     photo_like(48, 40, seed=1).save(photos / "a.png")
-    proc = run_cli(["index", photos, tmp_path / "idx", "--model", directory, "--workers", "0", "--device", "cpu"])
+    proc = cli_here(["index", photos, tmp_path / "idx", "--model", directory, "--workers", "0", "--device", "cpu"])
     assert proc.returncode == 1 and "Traceback" not in proc.stderr, proc.stderr
     lines = [line for line in proc.stderr.splitlines() if line.strip()]
     assert len(lines) == 1 and lines[0].startswith("clipsearch: error: "), proc.stderr
@@ -177,14 +177,14 @@ def test_cli_index_and_search_on_a_nested_checkpoint(tmp_path: Path, nested_mode
     for i in range(5):
         photo_like(120 + 10 * i, 90, seed=30 + i).save(photos / f"{i}.png")
     idx = tmp_path / "nested.idx"
-    proc = run_cli(["index", photos, idx, "--model", nested_model, "--workers", "0", "--device", "cpu",
+    proc = cli_here(["index", photos, idx, "--model", nested_model, "--workers", "0", "--device", "cpu",
                     "--precision", "fp32", "--json"])  # fmt: skip
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["indexed"] == 5
-    proc = run_cli(["search", idx, "a red square", "-k", "3", "--json"])
+    proc = cli_here(["search", idx, "a red square", "-k", "3", "--json"])
     assert proc.returncode == 0, proc.stderr
     assert len(json.loads(proc.stdout)["results"]) == 3
-    proc = run_cli(["search", idx, "--image", photos / "2.png", "-k", "1", "--json"])
+    proc = cli_here(["search", idx, "--image", photos / "2.png", "-k", "1", "--json"])
     assert proc.returncode == 0, proc.stderr
     [hit] = json.loads(proc.stdout)["results"]
     assert hit["path"] == "2.png" and hit["score"] == pytest.approx(1.0, abs=1e-5)

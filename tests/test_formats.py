@@ -12,7 +12,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from helpers import assert_one_line_error
 from photos import PHOTOS, encoded, exif_bytes, oriented_as, photo, png_with_alpha, save, write_dng
 from PIL import Image, ImageOps
@@ -189,7 +189,7 @@ def library(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="module")
 def library_index(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path, library: Path) -> Path:
     out = tmp_path_factory.mktemp("library_idx") / "lib.idx"
-    proc = run_cli(["index", library, out, "--model", tiny_model, "--workers", "1", "--batch-size", "4", "--device", "cpu",
+    proc = cli_here(["index", library, out, "--model", tiny_model, "--workers", "1", "--batch-size", "4", "--device", "cpu",
                     "--no-progress"])
     assert proc.returncode == 0, proc.stderr
     return out
@@ -225,12 +225,12 @@ def test_update_treats_new_formats_like_any_other(tmp_path: Path, tiny_model: Pa
     photos = tmp_path / "p"
     shutil.copytree(library, photos)
     out = tmp_path / "lib.idx"
-    assert run_cli(["index", photos, out, "--model", tiny_model, "--workers", "0", "--no-progress"]).returncode == 0
+    assert cli_here(["index", photos, out, "--model", tiny_model, "--workers", "0", "--no-progress"]).returncode == 0
     (photos / "cat.heic").unlink()
     save(photo("astronaut.png"), photos / "new.heic", "HEIF", quality=70)
     # The broken HEIC is repaired: the update indexes it and drops its skip record.
     save(photo("coffee.png"), photos / "cut.heic", "HEIF", quality=70)
-    proc = run_cli(["index", photos, out, "--model", tiny_model, "--workers", "0", "--no-progress", "--json"])
+    proc = cli_here(["index", photos, out, "--model", tiny_model, "--workers", "0", "--no-progress", "--json"])
     assert proc.returncode == 0, proc.stderr
     index = ImageIndex.open(out)
     assert "new.heic" in index.metadata.paths() and "cut.heic" in index.metadata.paths() and "cat.heic" not in index.metadata.paths()
@@ -254,10 +254,10 @@ def test_cli_index_of_only_broken_files_keeps_going(tmp_path: Path, tiny_model: 
     (photos / "x.cr2").write_bytes(b"II*\x00garbage")
     good = save(photo("rocket.jpg", max_side=64), photos / "ok.avif", "AVIF")
     assert good.exists()
-    proc = run_cli(["index", photos, tmp_path / "i", "--model", tiny_model, "--workers", "0", "--no-progress", "--json"])
+    proc = cli_here(["index", photos, tmp_path / "i", "--model", tiny_model, "--workers", "0", "--no-progress", "--json"])
     assert proc.returncode == 0, proc.stderr
     assert '"indexed": 1' in proc.stdout and '"skipped": 2' in proc.stdout
-    bad = run_cli(["search", tmp_path / "i", "rocket", "--min-score", "1.5"])
+    bad = cli_here(["search", tmp_path / "i", "rocket", "--min-score", "1.5"])
     assert_one_line_error(bad.returncode, bad.stderr, "min_score", "[-1, 1]")
     assert RAW_EXTENSIONS <= IMAGE_EXTENSIONS
 

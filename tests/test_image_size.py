@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import cli_here
 from imagegen import write_photos
 from PIL import Image
 
@@ -93,10 +93,10 @@ def test_the_index_records_the_size_and_updates_and_queries_keep_it(tiny_model: 
 @pytest.mark.slow
 def test_cli_image_size(tiny_model: Path, tmp_path: Path) -> None:
     photos = _photos(tmp_path / "photos", 2)
-    out = run_cli(["index", photos, tmp_path / "idx", "--model", tiny_model, "--image-size", "128", "--json", "--no-progress"])
+    out = cli_here(["index", photos, tmp_path / "idx", "--model", tiny_model, "--image-size", "128", "--json", "--no-progress"])
     assert out.returncode == 0, out.stderr
-    info = json.loads(run_cli(["info", tmp_path / "idx", "--json"]).stdout)
+    info = json.loads(cli_here(["info", tmp_path / "idx", "--json"]).stdout)
     assert info["model_info"]["embed_image_size"] == 128 and info["preprocess"]["crop_size"] == [128, 128]
-    bad = run_cli(["index", photos, tmp_path / "other", "--model", tiny_model, "--image-size", "100"])
+    bad = cli_here(["index", photos, tmp_path / "other", "--model", tiny_model, "--image-size", "100"])
     assert bad.returncode == 1 and bad.stderr.count("\n") == 1 and "multiple of" in bad.stderr, bad.stderr
     assert not (tmp_path / "other").exists()

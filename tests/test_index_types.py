@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from imagegen import Collection
 
 from indexer.index_types import IndexOptions, ivf_lists, parse_memory, plan_index
@@ -91,12 +91,12 @@ def test_bad_index_options(kwargs: dict) -> None:
 
 def test_cli_index_with_index_type(collection: Collection, tiny_model: Path, tmp_path: Path) -> None:
     out = tmp_path / "typed.idx"
-    proc = run_cli(["index", str(collection.root), str(out), "--model", str(tiny_model), "--index-type", "flat", "--no-progress", "--json"])
+    proc = cli_here(["index", collection.root, out, "--model", tiny_model, "--index-type", "flat", "--no-progress", "--json"])
     assert proc.returncode == 0, proc.stderr
     assert read_manifest(out).index_options["index_type"] == "flat"
-    bad = run_cli(["index", str(collection.root), str(tmp_path / "bad.idx"), "--model", str(tiny_model), "--max-memory", "x"])
+    bad = cli_here(["index", str(collection.root), str(tmp_path / "bad.idx"), "--model", str(tiny_model), "--max-memory", "x"])
     assert bad.returncode == 1 and "memory size" in bad.stderr and not (tmp_path / "bad.idx").exists()
-    bogus = run_cli(
+    bogus = cli_here(
         ["index", str(collection.root), str(tmp_path / "bogus.idx"), "--model", str(tiny_model), "--index-type", "Bogus7", "--no-progress"]
     )
     assert bogus.returncode == 1 and bogus.stderr.count("\n") == 1 and "could not parse index string Bogus7" in bogus.stderr

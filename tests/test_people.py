@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from faultctl import run_killed_at
 
 from indexer import build_index
@@ -155,28 +155,28 @@ def test_edits_survive_an_update_and_new_faces_join_the_named_person(
 
 def test_the_people_command(tmp_path: Path, people_index: tuple[Path, Path]) -> None:
     _, out = _copy(people_index, tmp_path)
-    listed = run_cli(["people", "list", out, "--json"])
+    listed = cli_here(["people", "list", out, "--json"])
     assert listed.returncode == 0, listed.stderr
     assert [p["faces"] for p in json.loads(listed.stdout)["people"]] == [4]
-    assert run_cli(["people", "name", out, "0", "Eileen Collins"]).returncode == 0
-    shown = json.loads(run_cli(["people", "show", out, "eileen collins", "--json"]).stdout)
+    assert cli_here(["people", "name", out, "0", "Eileen Collins"]).returncode == 0
+    shown = json.loads(cli_here(["people", "show", out, "eileen collins", "--json"]).stdout)
     keys = [f["key"] for f in shown["faces"]]
     assert shown["name"] == "Eileen Collins" and len(keys) == 4
-    split = run_cli(["people", "split", out, keys[0]])
+    split = cli_here(["people", "split", out, keys[0]])
     assert split.returncode == 0 and "#1" in split.stdout
-    assert run_cli(["people", "merge", out, "1", "Eileen Collins"]).returncode == 0
-    assert run_cli(["people", "move", out, "none", keys[1]]).returncode == 0
-    assert [p["faces"] for p in json.loads(run_cli(["people", "list", out, "--json"]).stdout)["people"]] == [3]
+    assert cli_here(["people", "merge", out, "1", "Eileen Collins"]).returncode == 0
+    assert cli_here(["people", "move", out, "none", keys[1]]).returncode == 0
+    assert [p["faces"] for p in json.loads(cli_here(["people", "list", out, "--json"]).stdout)["people"]] == [3]
     exported = tmp_path / "people.json"
-    assert run_cli(["people", "export", out, exported]).returncode == 0
+    assert cli_here(["people", "export", out, exported]).returncode == 0
     assert json.loads(exported.read_text())["names"] == {"0": "Eileen Collins"}
     # The exported edits imported into a copy of the index built before them.
     fresh = tmp_path / "fresh"
     shutil.copytree(people_index[1], fresh)
-    assert run_cli(["people", "import", fresh, exported]).returncode == 0
+    assert cli_here(["people", "import", fresh, exported]).returncode == 0
     assert load_edits(fresh) == load_edits(out)
-    hidden = run_cli(["people", "hide", out, "Eileen Collins"])
-    assert hidden.returncode == 0 and "0 people" in run_cli(["people", "list", out]).stdout
+    hidden = cli_here(["people", "hide", out, "Eileen Collins"])
+    assert hidden.returncode == 0 and "0 people" in cli_here(["people", "list", out]).stdout
 
 
 @pytest.mark.parametrize(
@@ -203,7 +203,7 @@ def test_bad_people_commands_are_one_line_and_change_nothing(
     generation = read_manifest(out).generation
     bad = tmp_path / "bad.json"
     bad.write_text(json.dumps({"format": "something else"}))
-    result = run_cli(["people", *(a.format(idx=out, bad=bad, plain=built_index) for a in args)])
+    result = cli_here(["people", *(a.format(idx=out, bad=bad, plain=built_index) for a in args)])
     assert result.returncode != 0 and message in result.stderr
     assert result.stderr.strip().count("\n") == 0
     assert (out / PEOPLE_FILE).read_bytes() == before and read_manifest(out).generation == generation
@@ -325,10 +325,10 @@ def test_recluster_killed_before_its_commit_leaves_the_index_as_it_was(tmp_path:
     assert killed.killed, killed.stderr
     assert read_manifest(out).generation == generation and _people_of(out) == {"#0": 4}
     assert verify_index(out).ok
-    done = run_cli(args)
+    done = cli_here(args)
     assert done.returncode == 0, done.stderr
     assert "4 faces regrouped into 4 people (before: 1;" in done.stdout and len(_people_of(out)) == 4 and verify_index(out).ok
-    as_json = run_cli(["people", "recluster", out, "--max-distance", "0.5", "--json"])
+    as_json = cli_here(["people", "recluster", out, "--max-distance", "0.5", "--json"])
     report = json.loads(as_json.stdout)
     assert as_json.returncode == 0 and (report["people_before"], report["people"], report["kept"]) == (4, 1, 0)
     assert report["options"] == {"max_distance": 0.5, "min_faces": 1}

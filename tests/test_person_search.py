@@ -14,7 +14,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from facegen import build_two_people
 
 from retrieval.errors import InvalidArgumentError, NoFacesError
@@ -136,16 +136,16 @@ def test_bad_person_searches_are_refused(two_people: Path, built_index: Path, ti
 
 
 def test_search_by_person_on_the_command_line(two_people: Path) -> None:
-    listed = run_cli(["search", two_people, "--person", "Alice", "--person", "Bob"])
+    listed = cli_here(["search", two_people, "--person", "Alice", "--person", "Bob"])
     assert listed.returncode == 0, listed.stderr
     (line,) = listed.stdout.strip().splitlines()
     assert "pair.jpg" in line and "2024-05-01" in line and "(with Alice, Bob)" in line
-    found = run_cli(["search", two_people, "a photo", "--person", "Alice", "--only", "--json"])
+    found = cli_here(["search", two_people, "a photo", "--person", "Alice", "--only", "--json"])
     assert found.returncode == 0, found.stderr
     results = json.loads(found.stdout)["results"]
     assert sorted(r["path"] for r in results) == ["a0.jpg", "a1.jpg"]
     assert all(isinstance(r["score"], float) and [f["name"] for f in r["faces"]] == ["Alice"] for r in results)
-    browse = json.loads(run_cli(["search", two_people, "--person", "Bob", "--json"]).stdout)["results"]
+    browse = json.loads(cli_here(["search", two_people, "--person", "Bob", "--json"]).stdout)["results"]
     assert [r["score"] for r in browse] == [None, None, None]
 
 
@@ -159,13 +159,13 @@ def test_search_by_person_on_the_command_line(two_people: Path) -> None:
     ],
 )
 def test_bad_person_searches_on_the_command_line(two_people: Path, args: list[str], message: str) -> None:
-    result = run_cli(["search", two_people, *args])
+    result = cli_here(["search", two_people, *args])
     assert result.returncode != 0 and message in result.stderr
     assert result.stderr.strip().count("\n") == 0
 
 
 def test_a_person_search_on_an_index_without_faces(built_index: Path) -> None:
-    result = run_cli(["search", built_index, "a photo", "--person", "Alice"])
+    result = cli_here(["search", built_index, "a photo", "--person", "Alice"])
     assert result.returncode != 0 and "--faces" in result.stderr and result.stderr.strip().count("\n") == 0
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow as pa
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from helpers import assert_one_line_error
 from photos import encoded, exif_bytes, photo, save
 from PIL import Image
@@ -149,17 +149,17 @@ def test_taken_filters_and_sort(dated: tuple[Path, Path]) -> None:
 @pytest.mark.slow
 def test_cli_taken_json_and_bad_dates(dated: tuple[Path, Path]) -> None:
     out = dated[1]
-    proc = run_cli(["search", out, "a photo", "--taken-after", "2021-01-01", "--sort", "taken", "--json", "--device", "cpu"])
+    proc = cli_here(["search", out, "a photo", "--taken-after", "2021-01-01", "--sort", "taken", "--json", "--device", "cpu"])
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout)["results"]
     assert [r["path"] for r in results] == ["cat.heic", "coffee.jpg"]
     assert results[0]["taken"] == "2023-07-14T18:30:00+02:00" and results[0]["camera"] == "Apple iPhone 13"
     assert results[0]["gps"] == pytest.approx([48.858, 2.2944], abs=1e-3)
-    text = run_cli(["search", out, "a photo", "--sort", "taken", "--device", "cpu"])
+    text = cli_here(["search", out, "a photo", "--sort", "taken", "--device", "cpu"])
     assert text.returncode == 0 and text.stdout.splitlines()[-1].endswith("bike.png  undated")
-    bad = run_cli(["search", out, "a photo", "--taken-after", "last summer"])
+    bad = cli_here(["search", out, "a photo", "--taken-after", "last summer"])
     assert_one_line_error(bad.returncode, bad.stderr, "cannot read time", "last summer")
-    inverted = run_cli(["search", out, "a photo", "--taken-after", "2022-01-01", "--taken-before", "2021-01-01"])
+    inverted = cli_here(["search", out, "a photo", "--taken-after", "2022-01-01", "--taken-before", "2021-01-01"])
     assert_one_line_error(inverted.returncode, inverted.stderr, "taken_after")
 
 
@@ -199,7 +199,7 @@ def test_index_without_the_columns_opens_searches_and_updates(tmp_path: Path, ti
     assert [(h.path, h.camera) for h in dated] == [("cat.jpg", "Fujifilm X100V")]
     assert [h.path for h in updated.search("a cat", k=5, sort="taken")][0] == "cat.jpg"
     # A rebuild of the FAISS side and a merge of the parts keep every row.
-    proc = run_cli(["reindex", out, "--index-type", "flat"])
+    proc = cli_here(["reindex", out, "--index-type", "flat"])
     assert proc.returncode == 0, proc.stderr
     again = ImageIndex.open(out)
     assert sorted(again.metadata.paths()) == ["cat.jpg", "coffee.png", "rocket.jpg"]

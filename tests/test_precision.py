@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import cli_here, run_cli
 from helpers import folder_pixels
 from imagegen import make_jpegs
 
@@ -93,7 +93,7 @@ def test_gate_figures_and_choice() -> None:
 
 
 def _info(index_dir: Path) -> dict:
-    proc = run_cli(["info", index_dir, "--json"])
+    proc = cli_here(["info", index_dir, "--json"])
     assert proc.returncode == 0, proc.stderr
     return json.loads(proc.stdout)["model_info"]
 
@@ -185,11 +185,11 @@ def test_fp32_is_exact_and_another_mode_on_update_is_recorded(tiny_model: Path, 
 
 
 def test_cli_precision_options(tiny_model: Path, photos: Path, tmp_path: Path) -> None:
-    bad = run_cli(["index", photos, tmp_path / "b.idx", "--model", tiny_model, "--precision", "fp64", "--no-progress"])
+    bad = cli_here(["index", photos, tmp_path / "b.idx", "--model", tiny_model, "--precision", "fp64", "--no-progress"])
     assert bad.returncode == 1 and bad.stderr.startswith("clipsearch: error: unknown precision 'fp64'")
     assert len(bad.stderr.strip().splitlines()) == 1 and not (tmp_path / "b.idx").exists()
     out = tmp_path / "c.idx"
-    ok = run_cli(
+    ok = cli_here(
         ["index", photos, out, "--model", tiny_model, "--precision", "int8", "--threads", "1", "--workers", "0", "--json", "--no-progress"]
     )
     assert ok.returncode == 0, ok.stderr
@@ -200,8 +200,8 @@ def test_cli_precision_options(tiny_model: Path, photos: Path, tmp_path: Path) -
         "clipsearch: error: CLIPSEARCH_CPU_CAP='avx3' is not a CPU level; use one of none, avx2, avx_vnni, avx512_vnni, amx"
     )
     assert not (tmp_path / "d.idx").exists()
-    hits = run_cli(["search", out, "a dog", "--precision", "int8", "--json", "-k", "3"])
+    hits = cli_here(["search", out, "a dog", "--precision", "int8", "--json", "-k", "3"])
     assert hits.returncode == 0, hits.stderr
     assert len(json.loads(hits.stdout)["results"]) == 3
-    bad = run_cli(["search", out, "a dog", "--precision", "nope"])
+    bad = cli_here(["search", out, "a dog", "--precision", "nope"])
     assert bad.returncode == 1 and "unknown precision 'nope'" in bad.stderr

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from vector_indexes import DIM, ROWS, clustered, copy_of, exact_top, records, write_vectors_index
 
 from indexer import ann
@@ -53,7 +53,7 @@ def test_plan_and_manifest(refined: Path) -> None:
     assert set(manifest.search_params) == {"nprobe", "k_factor"}
     assert manifest.index_tuning["reached"] and manifest.index_tuning["recall_at_10"] >= 0.9
     assert manifest.index_tuning["mapped_bytes"] == ROWS * DIM * 2  # the float16 vectors, not in the budget
-    info = json.loads(run_cli(["info", str(refined), "--json"]).stdout)
+    info = json.loads(cli_here(["info", str(refined), "--json"]).stdout)
     assert info["format_version"] == 3 and info["search_params"] == dict(manifest.search_params)
     # Opened by the plan: it maps the re-ranking vectors, so the file is mapped whatever its size.
     assert info["faiss_mmap"] is True and "re-ranking vectors" in info["faiss_mmap_reason"]
@@ -158,7 +158,7 @@ def test_range_search_is_not_empty(refined: Path, drawn: np.ndarray) -> None:
     many = index.vectors.search_range(queries[:2], float(np.quantile(fp16_scores(vectors, queries[:2]), 0.97)))
     assert max(len(h) for h, _ in many) > 32
     # Duplicates, built on range search, work on a re-ranked index and report exact cosines.
-    proc = run_cli(["duplicates", str(refined), "--threshold", "0.99", "--json"])
+    proc = cli_here(["duplicates", str(refined), "--threshold", "0.99", "--json"])
     assert proc.returncode == 0, proc.stderr
 
 
@@ -218,10 +218,10 @@ def test_format_version_follows_the_faiss_type(refined: Path, tmp_path: Path, mo
 
 def test_cli_reindex_and_verify(refined: Path, tmp_path: Path) -> None:
     idx = copy_of(refined, tmp_path)
-    proc = run_cli(["reindex", str(idx), "--index-type", "ivf-pq-refine", "--target-recall", "0.9", "--json"])
+    proc = cli_here(["reindex", str(idx), "--index-type", "ivf-pq-refine", "--target-recall", "0.9", "--json"])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["index_type"] == FACTORY
-    proc = run_cli(["verify", str(idx), "--json"])
+    proc = cli_here(["verify", str(idx), "--json"])
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert json.loads(proc.stdout)["faiss_sampled"] > 0
 

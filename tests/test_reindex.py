@@ -11,7 +11,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from vector_indexes import DIM, ROWS, clustered, copy_of, exact_top
 
 from indexer.index_types import IndexOptions
@@ -162,13 +162,13 @@ def test_version_1_index_is_read_and_upgraded_on_write(built_index: Path, tmp_pa
 
 def test_cli_reindex_and_info(vec_index: Path, tmp_path: Path) -> None:
     idx = copy_of(vec_index, tmp_path)
-    proc = run_cli(["reindex", str(idx), "--index-type", "hnsw", "--target-recall", "0.9", "--json", "--no-progress"])
+    proc = cli_here(["reindex", str(idx), "--index-type", "hnsw", "--target-recall", "0.9", "--json", "--no-progress"])
     assert proc.returncode == 0, proc.stderr
     report = json.loads(proc.stdout)
     assert report["index_type"] == "HNSW32" and report["index_tuning"]["recall_at_10"] >= 0.9
-    info = json.loads(run_cli(["info", str(idx), "--json"]).stdout)
+    info = json.loads(cli_here(["info", str(idx), "--json"]).stdout)
     assert info["index_type"] == "HNSW32" and info["search_params"] == report["search_params"]
-    text = run_cli(["reindex", str(idx), "--index-type", "ivf-sq8", "--no-progress"])
+    text = cli_here(["reindex", str(idx), "--index-type", "ivf-sq8", "--no-progress"])
     assert text.returncode == 0 and "reindexed 3000 vectors as IVF" in text.stdout
 
 
@@ -182,10 +182,10 @@ def test_cli_reindex_and_info(vec_index: Path, tmp_path: Path) -> None:
 )
 def test_cli_reindex_bad_inputs(vec_index: Path, tmp_path: Path, args: list[str], message: str) -> None:
     idx = copy_of(vec_index, tmp_path)
-    proc = run_cli(["reindex", str(idx), *args])
+    proc = cli_here(["reindex", str(idx), *args])
     assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr
     assert len(proc.stderr.strip().splitlines()) == 1
-    missing = run_cli(["reindex", str(tmp_path / "nothing")])
+    missing = cli_here(["reindex", str(tmp_path / "nothing")])
     assert missing.returncode == 1 and "not a clipsearch index" in missing.stderr
 
 

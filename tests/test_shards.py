@@ -15,7 +15,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from faultctl import run_killed_at
 from helpers import assert_one_line_error, cosines
 from shardgen import Sample, make_samples, write_folder, write_shards
@@ -114,13 +114,13 @@ def test_cli_index_search_json_and_skips(tmp_path: Path, tiny_model: Path, sampl
             info.size = len(data)
             tar.addfile(info, io.BytesIO(data))
     out = tmp_path / "s.idx"
-    done = run_cli(["index", root, out, "--model", tiny_model, "--device", "cpu", "--precision", "fp32", "--json", "--no-progress"])
+    done = cli_here(["index", root, out, "--model", tiny_model, "--device", "cpu", "--precision", "fp32", "--json", "--no-progress"])
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["indexed"] == 4
     skipped = {s.path: s.reason for s in ImageIndex.open(out).metadata.skipped()}
     assert "00001.tar#000010001.jpg" in skipped
     assert "00001.tar#000010000.txt" in skipped and "no image" in skipped["00001.tar#000010000.txt"]
-    found = run_cli(["search", out, "a photo", "-k", "4", "--json", "--device", "cpu"])
+    found = cli_here(["search", out, "a photo", "-k", "4", "--json", "--device", "cpu"])
     assert found.returncode == 0, found.stderr
     results = json.loads(found.stdout)["results"]
     assert {r.get("caption") for r in results} == {s.caption for s in samples[:3]} | {None}
@@ -172,7 +172,7 @@ def test_a_killed_run_resumes_within_a_shard(tmp_path: Path, tiny_model: Path, s
 
 def _bad(tmp_path: Path, source: str | Path, tiny_model: Path, *needles: str, extra: tuple[str, ...] = ()) -> None:
     out = tmp_path / "bad.idx"
-    done = run_cli(["index", source, out, "--model", tiny_model, "--device", "cpu", "--no-progress", *extra])
+    done = cli_here(["index", source, out, "--model", tiny_model, "--device", "cpu", "--no-progress", *extra])
     assert_one_line_error(done.returncode, done.stderr, *needles)
     assert not out.exists()
 
@@ -262,7 +262,7 @@ def test_eval_without_a_queries_file_uses_the_stored_captions(shard_index: Path,
     assert report.queries == 3 and 0 < report.mrr <= 1 and report.chance_mrr > 0
     with pytest.raises(EvaluationError, match="no captions"):
         caption_queries(ImageIndex.open(folder_index))
-    done = run_cli(["eval", shard_index, "--limit", "4", "--json", "--device", "cpu"])
+    done = cli_here(["eval", shard_index, "--limit", "4", "--json", "--device", "cpu"])
     assert done.returncode == 0, done.stderr
     out = json.loads(done.stdout)
     assert out["queries"] == 4 and {"mrr", "ndcg@10", "recall@5", "chance_mrr"} <= set(out)

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from imagegen import Collection
 
 from indexer.commit import GenerationWriter, IndexMeta
@@ -167,7 +167,7 @@ def test_clean_index_verifies_clean(clean: Path) -> None:
 
 
 def test_cli_verify_clean_exits_0_with_json_report(clean: Path) -> None:
-    proc = run_cli(["verify", clean, "--json"])
+    proc = cli_here(["verify", clean, "--json"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     report = json.loads(proc.stdout)
@@ -175,7 +175,7 @@ def test_cli_verify_clean_exits_0_with_json_report(clean: Path) -> None:
     assert report["ok"] is True and report["problems"] == [] and report["count"] == ROWS and report["checksums"] is True
     assert {f["kind"] for f in report["files"]} == {"part", "paths", "faiss", "skipped", "keywords"}
     assert all(set(f) == {"path", "kind", "size", "digest"} and f["digest"] == "ok" for f in report["files"])
-    text = run_cli(["verify", clean])
+    text = cli_here(["verify", clean])
     assert text.returncode == 0 and text.stdout.startswith(f"{clean}: ok (300 images, 7 files, file checksums verified")
 
 
@@ -311,7 +311,7 @@ def test_flipped_bit_in_the_skip_list_is_raised_on_read(idx: Path) -> None:
     index = ImageIndex.open(idx)
     with pytest.raises(IndexCorruptError, match="skipped.parquet is damaged .*CRC"):
         index.metadata.skipped()
-    proc = run_cli(["info", idx])
+    proc = cli_here(["info", idx])
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "skipped.parquet is damaged" in proc.stderr
     assert problems(idx) == [(rel, "checksum")]
 
@@ -327,7 +327,7 @@ def test_flipped_bit_in_faiss_is_named_by_verify_and_repaired_by_reindex(idx: Pa
     report = verify_index(idx)
     assert [(p.file, p.check) for p in report.problems] == [(rel, "checksum")]
     assert report.problems[0].fix == f"rebuild its FAISS index from the stored vectors with `clipsearch reindex {idx}`"
-    proc = run_cli(["verify", idx])
+    proc = cli_here(["verify", idx])
     assert proc.returncode == 1
     assert proc.stderr == (
         f"clipsearch: error: {rel} is damaged (its sha256 differs from the one the manifest records); {report.problems[0].fix}\n"
@@ -342,7 +342,7 @@ def test_truncated_or_deleted_faiss_fails_open_naming_reindex(idx: Path, damage:
     truncate(idx / rel) if damage == "truncate" else (idx / rel).unlink()
     with pytest.raises(IndexCorruptError, match=f"index.faiss is damaged .*`clipsearch reindex {idx}`"):
         ImageIndex.open(idx)
-    proc = run_cli(["search", idx, "a cat"])
+    proc = cli_here(["search", idx, "a cat"])
     assert proc.returncode == 1 and "Traceback" not in proc.stderr and proc.stderr.count("\n") == 1
     assert "index.faiss is damaged" in proc.stderr and "clipsearch reindex" in proc.stderr
     assert problems(idx) == [(rel, "missing" if damage == "delete" else "size")]
@@ -387,9 +387,9 @@ def test_flipped_version_digit_is_damage_not_a_newer_format(idx: Path) -> None:
         ImageIndex.open(idx)
     report = verify_index(idx)
     assert [(p.file, p.check) for p in report.problems] == [("manifest.json", "manifest")]
-    proc = run_cli(["verify", idx, "--json"])
+    proc = cli_here(["verify", idx, "--json"])
     assert proc.returncode == 1 and json.loads(proc.stdout)["problems"][0]["file"] == "manifest.json"
-    text = run_cli(["verify", idx])
+    text = cli_here(["verify", idx])
     assert text.returncode == 1
     assert text.stdout == f"{idx}: 1 damaged file(s) (the manifest cannot be read: nothing else was checked)\n"
     assert text.stderr == f"clipsearch: error: {report.problems[0].message()}\n"
@@ -409,7 +409,7 @@ def test_deleted_manifest_is_not_an_index(idx: Path) -> None:
         ImageIndex.open(idx)
     with pytest.raises(NotAnIndexError):
         verify_index(idx)
-    proc = run_cli(["verify", idx])
+    proc = cli_here(["verify", idx])
     assert proc.returncode == 1 and proc.stderr.count("\n") == 1 and "not a clipsearch index" in proc.stderr
 
 
@@ -427,7 +427,7 @@ def test_index_without_checksums_opens_verifies_and_gets_them_from_reindex(idx: 
         "the manifest records no file checksums (the index was written before clipsearch recorded them): "
         f"only the content checks ran; record them with `clipsearch reindex {idx}`",
     )
-    proc = run_cli(["verify", idx])
+    proc = cli_here(["verify", idx])
     assert proc.returncode == 0 and "no file checksums recorded" in proc.stdout and "clipsearch reindex" in proc.stdout
     reindex(idx)
     after = verify_index(idx)

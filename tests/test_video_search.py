@@ -18,7 +18,7 @@ from retrieval.filters import Filter  # noqa: E402
 from retrieval.index import ImageIndex  # noqa: E402
 from retrieval.request import SearchRequest  # noqa: E402
 from tests import videoindex  # noqa: E402
-from tests.conftest import run_cli  # noqa: E402
+from tests.conftest import cli_here  # noqa: E402
 
 QUERY = "a red car on a bridge"
 
@@ -88,20 +88,20 @@ def test_media_filter_k_min_score_and_sort(video_index: Path, query_vector: np.n
 
 
 def test_cli_prints_the_moment_and_json(video_index: Path) -> None:
-    res = run_cli(["search", video_index, QUERY, "-k", "2", "--mode", "vector"])
+    res = cli_here(["search", video_index, QUERY, "-k", "2", "--mode", "vector"])
     assert res.returncode == 0, res.stderr
     first = res.stdout.splitlines()[0]
     assert first.split()[2:4] == ["trip.mp4", "00:03-00:06"], res.stdout
     assert "(best 00:0" in first
-    res = run_cli(["search", video_index, QUERY, "--media", "image", "--json"])
+    res = cli_here(["search", video_index, QUERY, "--media", "image", "--json"])
     assert res.returncode == 0, res.stderr
     results: list[dict[str, Any]] = json.loads(res.stdout)["results"]
     assert results and all(r["path"].endswith(".jpg") and "media" not in r for r in results)
-    res = run_cli(["search", video_index, QUERY, "--media", "video", "--json"])
+    res = cli_here(["search", video_index, QUERY, "--media", "video", "--json"])
     results = json.loads(res.stdout)["results"]
     assert [r["path"] for r in results] == ["trip.mp4", "cats.webm"]
     assert results[0]["start"] == 3.0 and results[0]["end"] == 6.0 and len(results[0]["moments"]) == 2
-    bad = run_cli(["search", video_index, QUERY, "--media", "audio"])
+    bad = cli_here(["search", video_index, QUERY, "--media", "audio"])
     assert bad.returncode != 0 and "audio" in bad.stderr and "Traceback" not in bad.stderr
 
 

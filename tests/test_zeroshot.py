@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from imagegen import photo_like
 from PIL import Image
 
@@ -200,7 +200,7 @@ def test_cli_classify_and_eval_zeroshot(
     classifier = ZeroShotClassifier.build(index.encoders.encoder, LABELS, ["a photo of a {}."])
     expected = classifier.scores(index.vectors.embeddings())
     args = ["classify", built_index, *(a for label in LABELS for a in ("--label", label)), "--top-k", "2", "--json"]
-    out = run_cli(args)
+    out = cli_here(args)
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["labels"] == LABELS and len(doc["results"]) == index.count
