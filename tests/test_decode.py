@@ -244,9 +244,9 @@ def test_what_an_index_records_decides_an_update() -> None:
 
 
 def test_unknown_decode_is_a_one_line_error(photos: Path, tmp_path: Path) -> None:
-    from conftest import run_cli
+    from conftest import cli_here
 
     out = tmp_path / "idx"
-    proc = run_cli(["index", photos, out, "--decode", "fast"])
+    proc = cli_here(["index", photos, out, "--decode", "fast"])
     assert_one_line_error(proc.returncode, proc.stderr, "--decode", "fast", codes=(2,), prefix="clipsearch index: error: ")
     assert not out.exists()

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from PIL import Image
 
 from indexer import build_index
@@ -135,17 +135,17 @@ def test_bad_thresholds_and_too_many_pairs(built_index: Path, monkeypatch: pytes
 
 @pytest.mark.slow
 def test_cli_duplicates(planted: Path) -> None:
-    out = run_cli(["duplicates", planted, "--threshold", "0.94", "--json"])
+    out = cli_here(["duplicates", planted, "--threshold", "0.94", "--json"])
     assert out.returncode == 0, out.stderr
     doc = json.loads(out.stdout)
     assert doc["threshold"] == 0.94 and doc["groups_count"] == 4 and doc["images_in_groups"] == 20
     assert set(doc["groups"][0]) == {"keep", "duplicates"} and set(doc["groups"][0]["keep"]) == {"id", "path"}
     assert set(doc["groups"][0]["duplicates"][0]) == {"id", "path", "score"}
-    text = run_cli(["duplicates", planted, "--threshold", "0.94", "--path-glob", "00_*"])
+    text = cli_here(["duplicates", planted, "--threshold", "0.94", "--path-glob", "00_*"])
     assert text.returncode == 0 and text.stdout.startswith("1 groups, 5 images in groups"), text.stdout
     assert text.stdout.count("keep    ") == 1
     for bad, code, message in [(["--threshold", "0"], 1, "cosine in (0, 1]"), (["--threshold", "x"], 2, "expected a number")]:
-        res = run_cli(["duplicates", planted, *bad])
+        res = cli_here(["duplicates", planted, *bad])
         assert res.returncode == code and message in res.stderr and res.stderr.count("\n") == 1, res.stderr
 
 

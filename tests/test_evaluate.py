@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from helpers import assert_one_line_error
 from imagegen import Collection, photo_like
 
@@ -396,7 +396,7 @@ def test_cli_eval_json_and_per_query(built_index: Path, index: ImageIndex, tmp_p
     queries = _random_queries(index, 4, seed=5)
     path = _write_queries(tmp_path / "queries.jsonl", [{"query": q.text, "relevant": list(q.relevant)} for q in queries])
     out = tmp_path / "pq.jsonl"
-    proc = run_cli(["eval", built_index, path, "--json", "--k", "1,3", "--per-query", out, "--device", "cpu", "--batch-size", "2"])
+    proc = cli_here(["eval", built_index, path, "--json", "--k", "1,3", "--per-query", out, "--device", "cpu", "--batch-size", "2"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == ""
     summary = json.loads(proc.stdout)  # exactly one object
@@ -419,7 +419,7 @@ def test_cli_eval_human_table_and_missing_paths(built_index: Path, tmp_path: Pat
             {"query": "a car", "relevant": ["photos/a.jpg", "also/not/there.jpg"]},
         ],
     )
-    proc = run_cli(["eval", built_index, path, "--ann", "--device", "cpu"])
+    proc = cli_here(["eval", built_index, path, "--ann", "--device", "cpu"])
     assert proc.returncode == 0, proc.stderr
     assert "2 queries, ANN ranking (top 10)" in proc.stdout
     for row in ("MRR@10", "Recall@1", "Recall@5", "Recall@10", "nDCG@10", "chance"):
@@ -442,7 +442,7 @@ def test_cli_eval_bad_input_is_one_line(built_index: Path, tmp_path: Path, args:
     path = _write_queries(tmp_path / "queries.jsonl", [{"query": "a dog", "relevant": ["photos/a.jpg"]}])
     if args == ["--queries-missing"]:
         path, args = tmp_path / "missing.jsonl", []
-    proc = run_cli(["eval", built_index, path, *args])
+    proc = cli_here(["eval", built_index, path, *args])
     assert_one_line_error(proc.returncode, proc.stderr, *needles)
     assert proc.stdout == ""
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from faultctl import run_killed_at
 
 from indexer import build_index
@@ -153,11 +153,11 @@ def test_faces_added_to_an_index_without_embedding_it_again(tmp_path: Path, tiny
 def test_the_cli_flag_and_its_summary(tmp_path: Path, tiny_model: Path) -> None:
     photos = _photos(tmp_path / "photos")
     out = tmp_path / "idx"
-    result = run_cli(["index", photos, out, "--model", tiny_model, "--faces", "--workers", "0", "--precision", "fp32"])
+    result = cli_here(["index", photos, out, "--model", tiny_model, "--faces", "--workers", "0", "--precision", "fp32"])
     assert result.returncode == 0, result.stderr
     assert "faces: " in result.stderr and "forming 1 people" in result.stderr
     assert re.search(r"faces: \d+ found in 5 images read this run in \d+\.\d s,", result.stderr), result.stderr
-    verified = run_cli(["verify", out])
+    verified = cli_here(["verify", out])
     assert verified.returncode == 0, verified.stdout + verified.stderr
 
 
@@ -203,7 +203,7 @@ def test_a_build_killed_while_finding_faces_resumes(tmp_path: Path, tiny_model: 
     assert m.faces is not None and m.faces.read == 2 and not m.faces.complete  # two chunks of one committed
     # People are formed when the stage ends: the faces the killed run committed are nobody's yet.
     assert {f["person"] for f in _faces(out)[0]} == {-1}
-    resumed = run_cli(args)
+    resumed = cli_here(args)
     assert resumed.returncode == 0, resumed.stderr
     m = read_manifest(out)
     assert m.faces is not None and m.faces.complete and m.faces.read == 5

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from vector_indexes import DIM, ROWS, clustered, copy_of, exact_top
 
 from indexer.reindex import reindex
@@ -90,15 +90,15 @@ def test_cli_search_filters(built_index: Path) -> None:
     index = ImageIndex.open(built_index)
     paths = index.metadata.paths()
     prefix = paths[0][:1]
-    proc = run_cli(["search", str(built_index), "a photo", "--path-prefix", prefix, "-k", "100", "--json"])
+    proc = cli_here(["search", str(built_index), "a photo", "--path-prefix", prefix, "-k", "100", "--json"])
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout)["results"]
     assert len(results) == sum(p.startswith(prefix) for p in paths)
     assert all(r["path"].startswith(prefix) for r in results)
-    wide = run_cli(["search", str(built_index), "a photo", "--min-width", "100000", "--json"])
+    wide = cli_here(["search", str(built_index), "a photo", "--min-width", "100000", "--json"])
     assert wide.returncode == 0 and json.loads(wide.stdout)["results"] == []
     for bad, message in ((["--modified-after", "someday"], "ISO"), (["--min-width", "9", "--max-width", "3"], "nothing can match")):
-        proc = run_cli(["search", str(built_index), "a photo", *bad])
+        proc = cli_here(["search", str(built_index), "a photo", *bad])
         assert proc.returncode == 1 and message in proc.stderr and "Traceback" not in proc.stderr
 
 

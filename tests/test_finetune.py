@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from helpers import assert_one_line_error, model_weights
 from imagegen import photo_like, write_caption_pairs
 
@@ -167,10 +167,10 @@ def test_finetune_cli_trains_reports_skips_and_the_result_indexes(
     assert not [n for n in names if n.startswith(".")]
 
     index = tmp_path / "idx"
-    proc = run_cli(["index", pairs_dir, index, "--model", out, "--workers", "0", "--device", "cpu", "--json"])
+    proc = cli_here(["index", pairs_dir, index, "--model", out, "--workers", "0", "--device", "cpu", "--json"])
     assert proc.returncode == 0, proc.stderr
     assert json.loads(proc.stdout)["indexed"] == 8
-    proc = run_cli(["search", index, "a grey cat", "-k", "3", "--json"])
+    proc = cli_here(["search", index, "a grey cat", "-k", "3", "--json"])
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout)["results"]
     assert len(results) == 3 and all(r["path"].startswith("img/") for r in results)

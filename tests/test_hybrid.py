@@ -8,7 +8,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from photos import exif_bytes
 from PIL import Image
 
@@ -104,14 +104,14 @@ def test_a_bad_k_is_refused_in_every_mode(beach_index: Path, k: object) -> None:
 
 
 def test_cli_default_k_and_why(beach_index: Path) -> None:
-    proc = run_cli(["search", beach_index, "beach mountain", "--device", "cpu"])
+    proc = cli_here(["search", beach_index, "beach mountain", "--device", "cpu"])
     assert proc.returncode == 0, proc.stderr
     lines = proc.stdout.splitlines()
     assert len(lines) == DEFAULT_K and "mountain.jpg  [path: mountain | words 0.78, fused" in lines[0]  # the rarer word weighs more
-    proc = run_cli(["search", beach_index, "beach", "--mode", "keyword", "--sort", "taken", "--json", "--device", "cpu"])
+    proc = cli_here(["search", beach_index, "beach", "--mode", "keyword", "--sort", "taken", "--json", "--device", "cpu"])
     results = json.loads(proc.stdout)["results"]
     assert len(results) == DEFAULT_K and all(r["keyword"] == 1.0 for r in results)
-    bad = run_cli(["search", beach_index, "beach", "-k", "0", "--device", "cpu"])
+    bad = cli_here(["search", beach_index, "beach", "-k", "0", "--device", "cpu"])
     assert bad.returncode != 0 and len(bad.stderr.strip().splitlines()) == 1 and "k" in bad.stderr
 
 

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from PIL import Image, ImageDraw, ImageFont
 
 from indexer import build_index
@@ -371,11 +371,11 @@ def test_http_mode(kw_index: tuple[Path, Path], tmp_path: Path) -> None:
 
 
 def test_cli_mode(kw_index: tuple[Path, Path]) -> None:
-    proc = run_cli(["search", kw_index[1], "INVOICE 4711", "--mode", "keyword", "--json", "--device", "cpu"])
+    proc = cli_here(["search", kw_index[1], "INVOICE 4711", "--mode", "keyword", "--json", "--device", "cpu"])
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout)["results"]
     assert [r["path"] for r in results] == ["INVOICE4711.png"] and results[0]["matched"] == {"path": ["invoice", "4711"]}
-    bad = run_cli(["search", kw_index[1], "x", "--mode", "fuzzy"])
+    bad = cli_here(["search", kw_index[1], "x", "--mode", "fuzzy"])
     assert bad.returncode == 2 and "invalid choice" in bad.stderr
 
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from helpers import assert_one_line_error
 
 from retrieval.errors import InvalidArgumentError
@@ -75,18 +75,18 @@ def test_a_cut_off_outside_minus_one_to_one_is_refused(index: ImageIndex, bad: A
 def test_cli_min_score(built_index: Path, index: ImageIndex) -> None:
     query = index.encoders.embed_texts(["a blue circle"])[0]
     cut = _cut_after(index, query, 12)
-    proc = run_cli(["search", built_index, "a blue circle", "--min-score", repr(cut), "--json", "--device", "cpu", "--precision",
+    proc = cli_here(["search", built_index, "a blue circle", "--min-score", repr(cut), "--json", "--device", "cpu", "--precision",
                     "fp32"])
     assert proc.returncode == 0, proc.stderr
     results = json.loads(proc.stdout)["results"]
     assert [r["id"] for r in results] == _exact(index, query, cut)
     assert set(results[0]) >= {"id", "path", "score", "taken", "camera", "gps"}
-    none = run_cli(["search", built_index, "a blue circle", "--min-score", "1"])
+    none = cli_here(["search", built_index, "a blue circle", "--min-score", "1"])
     assert none.returncode == 0 and none.stdout.strip() == "no results (no image scores at least 1.0)"
     for bad in ("1.5", "-2", "nan"):
-        proc = run_cli(["search", built_index, "a blue circle", "--min-score", bad])
+        proc = cli_here(["search", built_index, "a blue circle", "--min-score", bad])
         assert_one_line_error(proc.returncode, proc.stderr, "min_score must be")
-    word = run_cli(["search", built_index, "x", "--min-score", "high"])
+    word = cli_here(["search", built_index, "x", "--min-score", "high"])
     assert_one_line_error(word.returncode, word.stderr, "--min-score", codes=(2,), prefix="clipsearch search: error: ")
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from imagegen import photo_like
 
 from retrieval.encoders import load_encoder
@@ -89,7 +89,7 @@ def nllb_index(tmp_path_factory: pytest.TempPathFactory, models: dict[str, Path]
         photo_like(64 + 8 * i, 48, seed=40 + i).save(photos / f"p{i}.png")
     out = tmp_path_factory.mktemp("nllb_idx") / "idx"
     model = f"open_clip:local-dir:{models['nllb-clip-tiny']}"
-    proc = run_cli(["index", photos, out, "--model", model, "--device", "cpu", "--precision", "fp32", "--workers", "0"])
+    proc = cli_here(["index", photos, out, "--model", model, "--device", "cpu", "--precision", "fp32", "--workers", "0"])
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -122,7 +122,7 @@ def test_nllb_index_through_the_api_and_the_cli(
 
     base = ["search", nllb_index, "一只猫", "-k", "3", "--device", "cpu", "--precision", "fp32"]
     # The console script once (argv decoding included), the rest in this process.
-    ok = run_cli([*base, "--query-lang", "zho_Hans", "--json"])
+    ok = cli_here([*base, "--query-lang", "zho_Hans", "--json"])
     assert ok.returncode == 0, ok.stderr
     assert [r["score"] for r in json.loads(ok.stdout)["results"]] == pytest.approx([h.score for h in hits], abs=1e-5)
     code, out, err = _cli(capsys, *base)

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import run_cli
+from conftest import cli_here
 
 from retrieval.errors import InvalidArgumentError
 from retrieval.filters import Filter
@@ -132,7 +132,7 @@ def test_cli_add_and_subtract(
 ) -> None:
     index = ImageIndex.open(built_index, device="cpu")
     image_file = index.files.path(1)
-    out = run_cli(["search", built_index, "2:a dog", "--add", f"0.5:{image_file}", "--subtract", "grass", "-k", "5", "--json"])
+    out = cli_here(["search", built_index, "2:a dog", "--add", f"0.5:{image_file}", "--subtract", "grass", "-k", "5", "--json"])
     assert out.returncode == 0, out.stderr
     hits = json.loads(out.stdout)["results"]
     parts = [(2.0, reference_text("a dog")), (0.5, index.vectors.embeddings()[1]), (-1.0, reference_text("grass"))]

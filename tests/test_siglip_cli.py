@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import run_cli
+from conftest import cli_here
 from helpers import local_ray
 from imagegen import photo_like
 
@@ -42,7 +42,7 @@ def photos(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def index_dir(tmp_path_factory: pytest.TempPathFactory, siglip_dir: Path, photos: Path) -> Path:
     """Built by the CLI in a subprocess, as a user would."""
     out = tmp_path_factory.mktemp("siglip_cli_idx") / "idx"
-    proc = run_cli(["index", photos, out, "--model", siglip_dir, "--device", "cpu", "--precision", "fp32", "--workers", "0"])
+    proc = cli_here(["index", photos, out, "--model", siglip_dir, "--device", "cpu", "--precision", "fp32", "--workers", "0"])
     assert proc.returncode == 0, proc.stderr
     return out
 
@@ -64,7 +64,7 @@ def test_cli_search_passes_every_script_intact(index_dir: Path, capsys: pytest.C
     stored = index.vectors.embeddings()
     encoder = index.encoders.encoder
     # One in a subprocess: the console script's own argv decoding (UTF-8 locale) included.
-    proc = run_cli(["search", index_dir, QUERIES["arabic"], "-k", "3", "--json", "--device", "cpu", "--precision", "fp32"])
+    proc = cli_here(["search", index_dir, QUERIES["arabic"], "-k", "3", "--json", "--device", "cpu", "--precision", "fp32"])
     assert proc.returncode == 0, proc.stderr
     expected = stored @ encoder.embed_texts([QUERIES["arabic"]])[0]
     assert [r["score"] for r in json.loads(proc.stdout)["results"]] == pytest.approx(sorted(expected, reverse=True)[:3], abs=1e-5)

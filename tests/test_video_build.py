@@ -88,7 +88,7 @@ def test_index_videos_search_moments_and_update(tmp_path: Path, tiny_model: Path
     from retrieval.index import ImageIndex
     from retrieval.layout import read_manifest
     from retrieval.request import SearchRequest
-    from tests.conftest import run_cli
+    from tests.conftest import cli_here
     from tests.photos import photo
 
     photos = tmp_path / "phone"
@@ -116,7 +116,7 @@ def test_index_videos_search_moments_and_update(tmp_path: Path, tiny_model: Path
     assert hits[0].path == "walk.mp4" and hits[0].media == "video" and hits[0].frame_time == frame["frame_time"]
     assert hits[0].start is not None and hits[0].end is not None and hits[0].start <= frame["frame_time"] < hits[0].end
     assert sorted(h.path for h in hits) == ["astronaut.jpg", "cat.webm", "coffee.jpg", "walk.mp4"]
-    res = run_cli(["search", out, "a cat", "--media", "video", "--mode", "vector"])
+    res = cli_here(["search", out, "a cat", "--media", "video", "--mode", "vector"])
     assert res.returncode == 0, res.stderr
     lines = res.stdout.splitlines()
     assert len(lines) == 2 and all(re.search(r"\.(mp4|webm) \d\d:\d\d-\d\d:\d\d", line) for line in lines), res.stdout
@@ -151,7 +151,7 @@ def test_index_videos_search_moments_and_update(tmp_path: Path, tiny_model: Path
 
 
 def test_a_build_killed_between_two_videos_keeps_whole_videos(tmp_path: Path, tiny_model: Path) -> None:
-    from tests.conftest import run_cli
+    from tests.conftest import cli_here
     from tests.faultctl import run_killed_at
 
     photos = tmp_path / "clips"
@@ -165,7 +165,7 @@ def test_a_build_killed_between_two_videos_keeps_whole_videos(tmp_path: Path, ti
     killed = _rows_by_path(out)
     assert list(killed) == ["a.mp4"] and killed["a.mp4"] >= 2
     # The next run adds b.mp4 whole and keeps a.mp4 as it was.
-    res = run_cli(args)
+    res = cli_here(args)
     assert res.returncode == 0, res.stderr
     done = _rows_by_path(out)
     assert done["a.mp4"] == killed["a.mp4"] and done["b.mp4"] >= 2
