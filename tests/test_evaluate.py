@@ -10,7 +10,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from conftest import cli_here
+from conftest import cli_here, run_cli
 from helpers import assert_one_line_error
 from imagegen import Collection, photo_like
 
@@ -396,7 +396,7 @@ def test_cli_eval_json_and_per_query(built_index: Path, index: ImageIndex, tmp_p
     queries = _random_queries(index, 4, seed=5)
     path = _write_queries(tmp_path / "queries.jsonl", [{"query": q.text, "relevant": list(q.relevant)} for q in queries])
     out = tmp_path / "pq.jsonl"
-    proc = cli_here(["eval", built_index, path, "--json", "--k", "1,3", "--per-query", out, "--device", "cpu", "--batch-size", "2"])
+    proc = run_cli(["eval", built_index, path, "--json", "--k", "1,3", "--per-query", out, "--device", "cpu", "--batch-size", "2"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == ""
     summary = json.loads(proc.stdout)  # exactly one object

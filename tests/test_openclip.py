@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 import torch
-from conftest import cli_here
+from conftest import cli_here, run_cli
 from helpers import normalised
 from imagegen import photo_like, transparent_photo_like
 from PIL import Image
@@ -450,7 +450,7 @@ def test_cli_index_and_search(cli_index, encoder: OpenClipEncoder, photos: Path)
         pixels, _, _ = load_pixels(photos / name, encoder.preprocess, draft=manifest["preprocess"]["jpeg_draft"])
         hit = index.search_vectors(same_mode.embed_pixels(pixels[None]), k=1)[0][0]
         assert hit.path == name and hit.score == pytest.approx(1.0, abs=1e-5)
-    proc = cli_here(["search", out, "a dog on a beach", "-k", "3", "--json", "--device", "cpu"])
+    proc = run_cli(["search", out, "a dog on a beach", "-k", "3", "--json", "--device", "cpu"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr.strip() == ""
     results = json.loads(proc.stdout)["results"]

@@ -23,7 +23,7 @@ from pathlib import Path
 import numpy as np
 import pyarrow.parquet as pq
 import pytest
-from conftest import cli_here
+from conftest import cli_here, run_cli
 from imagegen import Collection
 
 from indexer.commit import GenerationWriter, IndexMeta
@@ -167,7 +167,7 @@ def test_clean_index_verifies_clean(clean: Path) -> None:
 
 
 def test_cli_verify_clean_exits_0_with_json_report(clean: Path) -> None:
-    proc = cli_here(["verify", clean, "--json"])
+    proc = run_cli(["verify", clean, "--json"])
     assert proc.returncode == 0, proc.stderr
     assert proc.stderr == ""
     report = json.loads(proc.stdout)
