@@ -15,7 +15,7 @@ import warnings
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import numpy as np
 
@@ -27,7 +27,25 @@ from .request import SearchRequest, TermInput
 from .rows import check_id
 
 if TYPE_CHECKING:
-    from .index import ImageIndex
+    from .layout import Manifest
+
+
+class ImageIndex(Protocol):
+    """What the former names use of :class:`retrieval.index.ImageIndex`, named here so that this
+    module, which the index imports, does not import it back."""
+
+    @property
+    def count(self) -> int: ...
+
+    @property
+    def manifest(self) -> Manifest: ...
+
+    def _answer(self, request: SearchRequest) -> Any: ...
+
+    def _texts(self, texts: list[str], vectors: np.ndarray | None, request: SearchRequest) -> Any: ...
+
+    # The rest (search, and the former names themselves through ImageIndex.__getattr__).
+    def __getattr__(self, name: str) -> Any: ...
 
 
 class FormerNamesMeta(type):

@@ -12,6 +12,7 @@ import logging
 import os
 import socket
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, BinaryIO, Protocol
 from urllib.parse import urlparse
@@ -25,10 +26,27 @@ if TYPE_CHECKING:
     import torch
 
     from .precision import Mode, TowerPrecision
-    from .text_choice import TextPath
 
 # (resolved path, size, mtime_ns) -> sha256 hex of the file's contents, for the process's life.
 _FILE_HASH_CACHE: dict[tuple[str, int, int], str] = {}
+
+
+@dataclass(frozen=True)
+class TextPath:
+    """Which text tower a text query would run on, and why.
+
+    Attributes:
+        path: ``numpy`` (this package, no torch), ``onnxruntime`` (this package's tokenizer and
+            loop, the fp32 tower's forward pass on ONNX Runtime, :func:`choose_text_runtime`) or
+            ``torch`` (the backend's own encoder).
+        reason: why, in a few words.
+    """
+
+    path: str
+    reason: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"path": self.path, "reason": self.reason}
 
 
 class TextEncoder(Protocol):

@@ -37,7 +37,6 @@ from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 if TYPE_CHECKING:
     import torch
 
-    from .text_choice import TextPath
 
 # What a caller may ask for: a concrete mode, or ``auto`` (resolved by the gate on first use).
 Precision = Literal["fp32", "bf16", "fp16", "int8", "auto"]
@@ -360,7 +359,7 @@ class PixelPrecisionMixin:
         """JSON-able record of the text tower's precision (:meth:`TowerPrecision.info`)."""
         return self.text_precision.info()
 
-    def loaded_path(self) -> TextPath | None:
+    def loaded_path(self) -> None:
         """None: the query's settings say which path a full encoder's texts take (:func:`.text_choice.text_path`)."""
         return None
 

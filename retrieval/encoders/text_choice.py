@@ -27,7 +27,7 @@ import numpy as np
 
 from ..errors import ModelLoadError
 from . import cpu
-from .base import first_line
+from .base import TextPath, first_line
 from .chooser import LOG, TEXT_RUNTIME_ENV, agreement, candidates, requested_runtime
 from .precision import PROBE_TEXTS, auto_modes
 from .runtime import ORT_INSTALL, RuntimeUnavailable
@@ -194,24 +194,6 @@ def local_checkpoint(model: str) -> tuple[str, Path]:
     if found is None:
         raise UnsupportedTextTower(f"{model} is not in the local Hugging Face cache")
     return found
-
-
-@dataclass(frozen=True)
-class TextPath:
-    """Which text tower a text query would run on, and why.
-
-    Attributes:
-        path: ``numpy`` (this package, no torch), ``onnxruntime`` (this package's tokenizer and
-            loop, the fp32 tower's forward pass on ONNX Runtime, :func:`choose_text_runtime`) or
-            ``torch`` (the backend's own encoder).
-        reason: why, in a few words.
-    """
-
-    path: str
-    reason: str
-
-    def to_dict(self) -> dict[str, str]:
-        return {"path": self.path, "reason": self.reason}
 
 
 def fast_path_refusal(backend: str, model: str, precision: str, device: str, runtime: str | None = None) -> str | None:
