@@ -163,14 +163,14 @@ def cli_here(args: Sequence[str | os.PathLike[str]], env: dict[str, str] | None 
     """
     import contextlib
     import io
-
-    from helpers import environ
+    from unittest import mock
 
     from clipsearch.cli import main
 
     argv = [os.fspath(a) for a in args]
     out, err = io.StringIO(), io.StringIO()
-    with environ(env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+    # The environment as it was afterwards: ``env``, and what main sets for its own process.
+    with mock.patch.dict(os.environ, env or {}), contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
         try:
             code = main(argv)
         except SystemExit as exc:  # argparse's usage errors and --help

@@ -12,6 +12,7 @@ import os
 from collections.abc import Callable, Container, Iterable, Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
+from unittest import mock
 
 import numpy as np
 
@@ -112,21 +113,6 @@ def local_ray(num_cpus: int = 2) -> Iterator[str]:
 
 
 @contextlib.contextmanager
-def environ(env: dict[str, str]) -> Iterator[None]:
-    """``env`` set in ``os.environ`` until the block ends, then the variables as they were."""
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
 def moto_s3() -> Iterator[tuple[Any, str]]:
     """moto's S3 (its wire protocol) on a loopback port, with the ``AWS_*`` variables pointing
     at it until the block ends: yields a boto3 client and the endpoint URL."""
@@ -141,7 +127,7 @@ def moto_s3() -> Iterator[tuple[Any, str]]:
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
            "AWS_ENDPOINT_URL": url}
     try:
-        with environ(env):
+        with mock.patch.dict(os.environ, env):
             yield boto3.client("s3", endpoint_url=url), url
     finally:
         server.stop()
