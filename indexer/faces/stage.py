@@ -229,11 +229,11 @@ def read_missing_faces(
 
     bar = tqdm(total=len(todo), unit="img", desc="faces", disable=not progress, dynamic_ncols=True)
     start = time.perf_counter()
-    # The platform's default start method, as the decode workers' DataLoader uses: "spawn" would
-    # run an API caller's unguarded script again in every worker.
     # A forked worker inherits the lifeline's two ends; another start method passes no descriptor.
     method = multiprocessing.get_start_method(allow_none=True) or multiprocessing.get_all_start_methods()[0]
     lifeline = os.pipe() if method == "fork" else None
+    # The platform's default start method, as the decode workers' DataLoader uses: "spawn" would
+    # run an API caller's unguarded script again in every worker.
     pool = ProcessPoolExecutor(max(1, workers), initializer=_init_worker,
                                initargs=(_settings(FaceOptions, options), root, shards, max_pixels, lifeline))
     try:
