@@ -54,8 +54,11 @@ def worker_app() -> FastAPI:
     try:
         return create_app(index_dirs, mmap=True, **settings)
     except ClipSearchError as exc:
-        # One line, and the exit code that tells the supervisor not to start it again.
-        print(f"clipsearch: error: worker {os.getpid()}: {exc}", file=sys.stderr, flush=True)
+        # One line, and the exit code that tells the supervisor not to start it again. Written in
+        # one call: print() writes the text and its newline apart, and two workers failing at once
+        # interleaved them on the shared stderr (one worker's line ran into the other's).
+        sys.stderr.write(f"clipsearch: error: worker {os.getpid()}: {exc}\n")
+        sys.stderr.flush()
         raise SystemExit(STARTUP_FAILURE) from None
 
 
