@@ -5,11 +5,13 @@ to bad ``--workers`` and ``--cors-origin`` values."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import threading
+import time
 import urllib.request
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -125,6 +127,72 @@ def test_two_workers_share_the_mapped_index_and_follow_updates(tmp_path: Path, t
     assert rc == 0, "".join(lines)
     assert "Traceback" not in "".join(lines)
     assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+def test_a_stop_while_the_workers_load_stops_the_server(tmp_path: Path, tiny_model: Path) -> None:
+    from indexer import build_index
+
+    _photos(tmp_path / "photos", 0, 2)
+    build_index(tmp_path / "photos", tmp_path / "s.idx", model=str(tiny_model), batch_size=8, workers=0, device="cpu")
+    # Workers that never finish loading: a spawned worker's interpreter sleeps in sitecustomize
+    # (not multiprocessing's resource tracker, which would keep stderr open after the server).
+    hook = tmp_path / "hook"
+    hook.mkdir()
+    (hook / "sitecustomize.py").write_text(
+        "import time\nif b'spawn_main' in open('/proc/self/cmdline', 'rb').read():\n    time.sleep(3600)\n")
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(hook), os.environ.get("PYTHONPATH", "")])}
+    cmd = [clipsearch_exe(), "serve", str(tmp_path / "s.idx"), "--port", "0", "--workers", "2", "--device", "cpu"]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True, env=env)
+    workers: list[int] = []
+    try:
+        deadline = time.monotonic() + 120
+        while len(workers := _workers_of(proc.pid)) < 2 and time.monotonic() < deadline and proc.poll() is None:
+            time.sleep(0.1)
+        assert len(workers) == 2, workers
+        time.sleep(1.0)  # the supervisor is waiting for them now
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)  # uvicorn alone would wait START_TIMEOUT_S (600 s)
+    finally:
+        if proc.poll() is None:  # failed: the sleeping workers would hold stderr open for an hour
+            for pid in [*workers, proc.pid]:
+                with contextlib.suppress(OSError):
+                    os.kill(pid, signal.SIGKILL)
+            proc.communicate()
+    # A stop asked for is a clean exit, not "a worker failed to start"; no worker outlives it.
+    assert proc.returncode == 0, err
+    assert "error" not in err and "Traceback" not in err, err
+    assert not [pid for pid in workers if Path(f"/proc/{pid}").exists()]
+
+
+def test_a_worker_reports_the_server_it_runs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """uvicorn makes a worker's server on first use, from the healthcheck thread or the main
+    thread; here the healthcheck's is made last, as a loaded machine may order them."""
+    import uvicorn
+    from uvicorn.supervisors import multiprocess
+
+    from clipsearch.server.workers import _Worker
+
+    running = threading.Event()
+
+    class Server:
+        def __init__(self, config: uvicorn.Config) -> None:
+            self.started = False
+            if threading.current_thread().name != "worker main":
+                running.wait(10)  # the healthcheck thread's server is done after the main one runs
+
+        def run(self, sockets: list[object] | None = None) -> None:
+            self.started = True
+            running.set()
+
+    monkeypatch.setattr(multiprocess, "Server", Server)
+    worker = _Worker(uvicorn.Config("clipsearch.server.workers:worker_app", factory=True), [])
+    worker.parent_conn.send(b"ping")  # a ping already waits when the worker starts
+    main = threading.Thread(target=worker.target, name="worker main", daemon=True)
+    main.start()
+    main.join(10)
+    answers = [worker.parent_conn.recv()]  # the waiting ping's answer (made before or after the run)
+    answers += [worker.is_ready(timeout=10) for _ in range(3)]
+    assert answers[1:] == [True, True, True], answers
 
 
 @pytest.mark.parametrize(

@@ -13,9 +13,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import socket
 import sys
 import tempfile
+import threading
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
@@ -23,7 +25,7 @@ from typing import Any
 import uvicorn
 from fastapi import FastAPI
 from uvicorn.config import STARTUP_FAILURE
-from uvicorn.supervisors.multiprocess import Multiprocess
+from uvicorn.supervisors.multiprocess import Multiprocess, Process
 
 from retrieval.errors import ClipSearchError
 
@@ -62,21 +64,60 @@ def worker_app() -> FastAPI:
         raise SystemExit(STARTUP_FAILURE) from None
 
 
+class _Worker(Process):
+    """uvicorn's worker process, its server made before the healthcheck thread starts.
+
+    uvicorn makes a worker's ``Server`` on first use of ``Process.server``, and both the
+    healthcheck thread (answering a ping already waiting) and the main thread (about to run the
+    server) may make one at once. When the healthcheck's is the one kept, every answer says "not
+    started" while the other server serves, and the supervisor waits :data:`START_TIMEOUT_S` for a
+    worker that is ready. (Workers uvicorn starts again after a crash are its own ``Process``: it
+    asks those only whether they answer, which either server does.)
+    """
+
+    def target(self, sockets: list[socket.socket] | None = None) -> None:  # pragma: no cover (in the worker)
+        self.server  # noqa: B018  # made here, in one thread, before the healthcheck thread exists
+        super().target(sockets)
+
+
+class _StopAsked(threading.Event):
+    """Whether SIGINT or SIGTERM has come: uvicorn's handlers queue signals, and its supervisor
+    reads the queue only once every worker is up, too late for a stop asked while they load. It
+    reads that queue rather than being set by a handler of ours: setting an Event takes a lock,
+    which a handler that interrupts its own thread must not."""
+
+    def __init__(self, queue: list[int]) -> None:
+        super().__init__()
+        self.queue = queue
+
+    def is_set(self) -> bool:
+        return any(sig in (signal.SIGINT, signal.SIGTERM) for sig in self.queue)
+
+
 class _Supervisor(Multiprocess):
-    """uvicorn's supervisor, announcing once every worker is ready."""
+    """uvicorn's supervisor, announcing once every worker is ready, and stopping at SIGINT/SIGTERM
+    while they load."""
 
     def __init__(self, config: uvicorn.Config, sockets: list[socket.socket], on_ready: Callable[[], None]) -> None:
         super().__init__(config, sockets)
         self.on_ready = on_ready
         self.ready = False
+        self.stopped_loading = False
 
     def init_processes(self) -> None:
-        super().init_processes()
-        if all(p.wait_until_ready(START_TIMEOUT_S, self.should_exit) for p in self.processes):
+        for _ in range(self.processes_num):
+            process = _Worker(self.config, self.sockets)
+            process.start()
+            self.processes.append(process)
+        stop = _StopAsked(self.signal_queue)
+        if all(p.wait_until_ready(START_TIMEOUT_S, stop) for p in self.processes):
             self.ready = True
             self.on_ready()
         else:
-            self.should_exit.set()  # a worker that fails to load would fail again: stop them all
+            # A worker that failed to load would fail again, and a stop asked for now is a stop:
+            # either way, stop them all.
+            self.stopped_loading = stop.is_set()
+            self.should_exit.set()
 
 
 @contextmanager
@@ -114,7 +155,8 @@ def serve_workers(
         log_level: uvicorn's log level.
 
     Returns:
-        Whether every worker started (False: one failed while loading; its error is on stderr).
+        Whether every worker started or a stop was asked for while they loaded (False: one
+        failed while loading; its error is on stderr).
     """
     os.environ[SETTINGS_ENV] = json.dumps(dict(settings))
     own_dir = None
@@ -134,7 +176,7 @@ def serve_workers(
         supervisor = _Supervisor(config, [sock], on_ready)
         with _main_not_rerun():
             supervisor.run()
-        return supervisor.ready
+        return supervisor.ready or supervisor.stopped_loading
     finally:
         os.environ.pop(SETTINGS_ENV, None)
         if own_dir is not None:
