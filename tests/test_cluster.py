@@ -35,7 +35,11 @@ from retrieval.errors import EngineError, IndexCorruptError  # noqa: E402
 from retrieval.index import ImageIndex  # noqa: E402
 from retrieval.request import SearchRequest  # noqa: E402
 
-DEADLINE_S = 2.0
+# Shard deadlines: long enough for a healthy replica on a loaded 2-core host running a Ray
+# cluster beside the rest of the suite (at 2 s and 1 s, clean-clone CI runs met answers late:
+# one partial answer after a node loss, one 503 from the healthy shard beside a stalled one).
+DEADLINE_S = 4.0
+STALLED_DEADLINE_S = 3.0  # each search beside the stalled shard waits this long
 
 
 @dataclass
@@ -160,11 +164,11 @@ def test_a_shard_past_its_deadline_makes_a_partial_result(served: Served) -> Non
 
     whole = ImageIndex.open(served.root / "all.idx")
     try:
-        with TestClient(create_app([served.set_dir], warm=False, shard_connect=connect, shard_deadline_s=1.0)) as client:
+        with TestClient(create_app([served.set_dir], warm=False, shard_connect=connect, shard_deadline_s=STALLED_DEADLINE_S)) as client:
             for q in served.vectors[[5, 400]]:
                 started = time.monotonic()
                 body = _search(client, q)
-                assert time.monotonic() - started < 1.0 + 3
+                assert time.monotonic() - started < STALLED_DEADLINE_S + 3
                 assert body["partial"] is True and body["missing_shards"] == ["shard-0001"]
                 # The unsharded ranking without the missing shard's images (ids 300..599).
                 assert _ids(body) == [h for h in _want(whole, q, 600) if h[0] < 300][:5]
