@@ -394,3 +394,23 @@ def test_a_shard_call_is_hedged_after_half_its_deadline_and_retried_when_its_rep
     with pytest.raises(TimeoutError, match="no replica answered search within 0.4 s"):
         RayShard("shard-0000", handle).call("search").result(timeout=0.4)
     assert time.monotonic() - started < 0.6 and all(r.cancelled for r in handle.sent)
+
+
+def test_a_proxy_keeps_every_try_on_its_own_nodes_router() -> None:
+    from types import SimpleNamespace
+
+    from clipsearch.server.node_routing import OwnNodeRouters
+
+    routers = [SimpleNamespace(node_id=node, name=name) for node, name in (("a", "a1"), ("b", "b1"), ("a", "a2"))]
+    pending = SimpleNamespace(routing_context=SimpleNamespace(should_backoff=False))
+
+    def chosen(node: str) -> list[list[str]]:
+        me = SimpleNamespace(_self_node_id=node)
+        ranks = asyncio.run(OwnNodeRouters.choose_replicas(me, routers, pending))  # type: ignore[arg-type]
+        return [[r.name for r in rank] for rank in ranks]
+
+    # Every try (Serve asks again after each one its choice did not take): the node's own routers.
+    assert chosen("a") == [["a1", "a2"]] and chosen("a") == [["a1", "a2"]] and chosen("b") == [["b1"]]
+    assert pending.routing_context.should_backoff is True  # tries again after a pause, not in a spin
+    # A node with a proxy and no router (shards only): any router.
+    assert chosen("c") == [["a1", "b1", "a2"]]

@@ -8,10 +8,11 @@ deployment handles (:class:`RayShard`). Serve's HTTP proxy on every node answers
 
 A request's path survives the loss of any node but the one it entered: a call to a shard whose
 replica is lost is sent again to another replica (:class:`RayShard`), and Serve's proxy hands a
-request to the router on its own node first, only to another node's when that one refuses it;
-a router here never refuses (:data:`ROUTER_MAX_ONGOING`), so with a router on each node that
-takes traffic (``max_routers_per_node=1``), no request waits in a router on another node. A
-request in a router that dies fails (Serve's proxy does not send it again), hence the rule.
+request only to a router on its own node where one lives there
+(:class:`~clipsearch.server.node_routing.OwnNodeRouters`), which never refuses one
+(:data:`ROUTER_MAX_ONGOING`); so with a router on each node that takes traffic
+(``max_routers_per_node=1``), no request waits in a router on another node. A request in a
+router that dies fails (Serve's proxy does not send it again), hence the rule.
 
 Before anything is deployed, every shard is checked against the set and verified (its files'
 checksums); a failure names the shard. A deployment that fails to start is deleted, and a Ray
@@ -227,6 +228,9 @@ def check_set(set_dir: str | os.PathLike[str], verify: bool = True) -> Partition
 def application(set_dir: str | os.PathLike[str], parts: PartitionSet, options: ClusterOptions, settings: dict[str, Any]) -> Any:
     """The Serve application of the set: a deployment per shard, the routers' ingress deployment."""
     from ray import serve
+    from ray.serve.config import RequestRouterConfig
+
+    from .node_routing import OwnNodeRouters
 
     root = Path(set_dir).resolve()
     spread: dict[str, Any] = {} if options.max_replicas_per_node is None else {"max_replicas_per_node": options.max_replicas_per_node}
@@ -239,6 +243,8 @@ def application(set_dir: str | os.PathLike[str], parts: PartitionSet, options: C
     per_node: dict[str, Any] = {} if options.max_routers_per_node is None else {"max_replicas_per_node": options.max_routers_per_node}
     router = serve.deployment(name="router", num_replicas=options.routers, max_ongoing_requests=ROUTER_MAX_ONGOING,
                               ray_actor_options={"num_cpus": options.router_cpus, "resources": dict(options.router_resources)},
+                              # (Ray annotates RequestRouterConfig's **kwargs as dicts)
+                              request_router_config=RequestRouterConfig(request_router_class=OwnNodeRouters),  # type: ignore[arg-type]
                               **per_node)(serve.ingress()(Router))
     return router.bind(str(root), shard_apps, settings, options.deadline_s)
 
