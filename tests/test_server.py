@@ -10,6 +10,8 @@ from __future__ import annotations
 import io
 import json
 import os
+import posixpath
+import re
 import signal
 import subprocess
 import sys
@@ -540,10 +542,42 @@ def test_ui_and_headers(client: TestClient) -> None:
     _error(client.get("/api/nothing"), 404)
 
 
-def test_no_browser_ui(built_index: Path) -> None:
+# A static import or export-from of a relative module: `import ... from "./x.js"`, `export ... from "./x.js"`.
+_JS_IMPORT = re.compile(r"""^\s*(?:import|export)\b[^;'"]*?\bfrom\s*["'](\.{1,2}/[^"']+)["']""", re.MULTILINE)
+
+
+def _ui_modules(client: TestClient) -> list[str]:
+    """The URLs of app.js and every module it imports, transitively, as the browser would fetch them."""
+    seen: list[str] = []
+    todo = ["/static/app.js"]
+    while todo:
+        url = todo.pop()
+        if url in seen:
+            continue
+        seen.append(url)
+        resp = client.get(url)
+        assert resp.status_code == 200, url
+        base = url.rsplit("/", 1)[0]
+        for spec in _JS_IMPORT.findall(resp.text):
+            todo.append(posixpath.normpath(posixpath.join(base, spec)))
+    return seen
+
+
+def test_ui_modules_served_as_javascript(client: TestClient) -> None:
+    # Browsers refuse a module script served with a type other than JavaScript's.
+    modules = _ui_modules(client)
+    assert len(modules) > 1 and all(url.startswith("/static/") for url in modules)
+    for url in modules:
+        resp = client.get(url)
+        assert resp.status_code == 200 and "javascript" in resp.headers["content-type"], (url, resp.headers["content-type"])
+
+
+def test_no_browser_ui(built_index: Path, client: TestClient) -> None:
+    modules = _ui_modules(client)
     with TestClient(create_app([built_index], browser_ui=False, warm=False)) as c:
         _error(c.get("/"), 404)
-        _error(c.get("/static/app.js"), 404)
+        for url in modules:
+            _error(c.get(url), 404)
         assert c.get("/api/health").status_code == 200
 
 
