@@ -338,22 +338,41 @@ def test_cluster_options_refuse_bad_values(capsys: pytest.CaptureFixture[str]) -
             ClusterOptions(**bad)
 
 
+class _Clock:
+    """The time the hedging code reads, moved on only by the fake responses' waits: the test
+    asserts when each try went out without a loaded host's scheduling moving the figures."""
+
+    def __init__(self) -> None:
+        self.now = 0.0
+
+    def monotonic(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        self.now += max(0.0, seconds)
+
+
 class _Response:
     """A DeploymentResponse stand-in: answers ``value`` after ``delay`` s, or never (a replica on
     a node that died without a word), or raises ``error`` (a replica known lost)."""
 
-    def __init__(self, value: Any = None, delay: float | None = 0.0, error: Exception | None = None) -> None:
-        self.value, self.error, self.cancelled = value, error, False
-        self.ready_at = None if delay is None else time.monotonic() + delay
+    def __init__(self, clock: _Clock, value: Any = None, delay: float | None = 0.0, error: Exception | None = None) -> None:
+        self.clock, self.value, self.error, self.cancelled = clock, value, error, False
+        self.delay = delay
+        self.ready_at: float | None = None
+
+    def sent(self) -> _Response:
+        self.ready_at = None if self.delay is None else self.clock.now + self.delay
+        return self
 
     def result(self, timeout_s: float | None = None) -> Any:
         if self.error is not None:
             raise self.error
-        wait = float("inf") if self.ready_at is None else self.ready_at - time.monotonic()
+        wait = float("inf") if self.ready_at is None else self.ready_at - self.clock.now
         if timeout_s is not None and wait > timeout_s:
-            time.sleep(timeout_s)
+            self.clock.sleep(timeout_s)
             raise TimeoutError
-        time.sleep(max(0.0, wait))
+        self.clock.sleep(wait)
         return self.value
 
     def cancel(self) -> None:
@@ -362,38 +381,49 @@ class _Response:
 
 class _Handle:
     def __init__(self, responses: list[_Response]) -> None:
-        self.responses, self.sent = responses, []
+        self.responses: list[_Response] = responses
+        self.sent: list[_Response] = []
+        self.sent_at: list[float] = []
         self.call = self
 
     def remote(self, method: str, *args: Any) -> _Response:
-        self.sent.append(self.responses.pop(0))
-        return self.sent[-1]
+        response = self.responses.pop(0).sent()
+        self.sent.append(response)
+        self.sent_at.append(response.clock.now)
+        return response
 
 
-def test_a_shard_call_is_hedged_after_half_its_deadline_and_retried_when_its_replica_is_lost() -> None:
+def test_a_shard_call_is_hedged_after_half_its_deadline_and_retried_when_its_replica_is_lost(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    from clipsearch.server import cluster
     from clipsearch.server.cluster import HEDGE_AFTER, TRIES
 
+    clock = _Clock()
+    monkeypatch.setattr(cluster, "time", clock)
     # The first replica hangs: a second try goes out at half the deadline and answers.
-    handle = _Handle([_Response(delay=None), _Response("second")])
-    started = time.monotonic()
+    handle = _Handle([_Response(clock, delay=None), _Response(clock, "second", delay=0.1)])
     assert RayShard("shard-0000", handle).call("search", 1).result(timeout=1.0) == "second"
-    assert HEDGE_AFTER * 1.0 <= time.monotonic() - started < 0.9
-    assert [r.cancelled for r in handle.sent] == [True, False]
+    assert handle.sent_at == [0.0, pytest.approx(HEDGE_AFTER * 1.0)]
+    assert clock.now < 1.0 and [r.cancelled for r in handle.sent] == [True, False]
     # A fast answer sends nothing more.
-    handle = _Handle([_Response("first", delay=0.05), _Response("never sent")])
+    clock.now = 0.0
+    handle = _Handle([_Response(clock, "first", delay=0.05), _Response(clock, "never sent")])
     assert RayShard("shard-0000", handle).call("search").result(timeout=1.0) == "first" and len(handle.sent) == 1
     # A lost replica is tried again at once, up to TRIES in all; then its error is raised.
-    handle = _Handle([_Response(error=RuntimeError("actor died")), _Response("again")])
+    clock.now = 0.0
+    handle = _Handle([_Response(clock, error=RuntimeError("actor died")), _Response(clock, "again")])
     assert RayShard("shard-0000", handle).call("search").result(timeout=1.0) == "again"
-    handle = _Handle([_Response(error=RuntimeError(f"died {i}")) for i in range(TRIES)])
+    assert handle.sent_at == [0.0, 0.0]
+    handle = _Handle([_Response(clock, error=RuntimeError(f"died {i}")) for i in range(TRIES)])
     with pytest.raises(RuntimeError, match=f"died {TRIES - 1}"):
         RayShard("shard-0000", handle).call("search").result(timeout=1.0)
     # Nobody answers: a TimeoutError at the deadline, every try cancelled.
-    handle = _Handle([_Response(delay=None), _Response(delay=None)])
-    started = time.monotonic()
+    clock.now = 0.0
+    handle = _Handle([_Response(clock, delay=None), _Response(clock, delay=None)])
     with pytest.raises(TimeoutError, match="no replica answered search within 0.4 s"):
         RayShard("shard-0000", handle).call("search").result(timeout=0.4)
-    assert time.monotonic() - started < 0.6 and all(r.cancelled for r in handle.sent)
+    assert 0.4 <= clock.now < 0.4 + 0.05 and all(r.cancelled for r in handle.sent)
 
 
 def test_a_proxy_keeps_every_try_on_its_own_nodes_router() -> None:
