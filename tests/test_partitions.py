@@ -252,10 +252,11 @@ def test_a_shard_that_does_not_answer_makes_a_partial_result(vec_set: tuple[Path
     def connect(root: Path, shard: Any) -> Any:
         return _Broken(shard.name, 10) if shard.name == "shard-0001" else local(root, shard)
 
-    sharded = open_partitions(set_dir, connect=connect, deadline_s=0.3)
+    # A deadline the healthy shard (a thread here) meets on a loaded host too; the other sleeps past it.
+    sharded = open_partitions(set_dir, connect=connect, deadline_s=2.0)
     started = time.monotonic()
     got = sharded.search(SearchRequest(vector=vectors[0], k=10))
-    assert time.monotonic() - started < 3
+    assert time.monotonic() - started < 2.0 + 3
     assert got.partial and got.missing == ("shard-0001",)
     # What it returns is the unsharded ranking without the missing shard's ids.
     whole = ImageIndex.open(whole_dir).search(SearchRequest(vector=vectors[0], k=900))
