@@ -546,17 +546,18 @@ def test_ui_and_headers(client: TestClient) -> None:
 _JS_IMPORT = re.compile(r"""^\s*(?:import|export)\b[^;'"]*?\bfrom\s*["'](\.{1,2}/[^"']+)["']""", re.MULTILINE)
 
 
-def _ui_modules(client: TestClient) -> list[str]:
-    """The URLs of app.js and every module it imports, transitively, as the browser would fetch them."""
-    seen: list[str] = []
+def _ui_modules(client: TestClient) -> dict[str, str]:
+    """The URLs of app.js and every module it imports, transitively, as the browser would fetch
+    them, each with the content type it was served with."""
+    seen: dict[str, str] = {}
     todo = ["/static/app.js"]
     while todo:
         url = todo.pop()
         if url in seen:
             continue
-        seen.append(url)
         resp = client.get(url)
         assert resp.status_code == 200, url
+        seen[url] = resp.headers["content-type"]
         base = url.rsplit("/", 1)[0]
         for spec in _JS_IMPORT.findall(resp.text):
             todo.append(posixpath.normpath(posixpath.join(base, spec)))
@@ -567,9 +568,8 @@ def test_ui_modules_served_as_javascript(client: TestClient) -> None:
     # Browsers refuse a module script served with a type other than JavaScript's.
     modules = _ui_modules(client)
     assert len(modules) > 1 and all(url.startswith("/static/") for url in modules)
-    for url in modules:
-        resp = client.get(url)
-        assert resp.status_code == 200 and "javascript" in resp.headers["content-type"], (url, resp.headers["content-type"])
+    for url, content_type in modules.items():
+        assert "javascript" in content_type, (url, content_type)
 
 
 def test_no_browser_ui(built_index: Path, client: TestClient) -> None:

@@ -71,8 +71,10 @@ class _Worker(Process):
     healthcheck thread (answering a ping already waiting) and the main thread (about to run the
     server) may make one at once. When the healthcheck's is the one kept, every answer says "not
     started" while the other server serves, and the supervisor waits :data:`START_TIMEOUT_S` for a
-    worker that is ready. (Workers uvicorn starts again after a crash are its own ``Process``: it
-    asks those only whether they answer, which either server does.)
+    worker that is ready. Workers uvicorn starts itself are its own ``Process``: one started
+    again after a crash is only asked whether it answers, which either server does; one started by
+    uvicorn's SIGHUP restart is asked whether it is ready, and there the race makes uvicorn give up
+    the restart and keep the worker it had.
     """
 
     def target(self, sockets: list[socket.socket] | None = None) -> None:  # pragma: no cover (in the worker)
