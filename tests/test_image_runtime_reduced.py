@@ -80,7 +80,7 @@ def test_auto_never_takes_torchs_bf16_on_the_cpu(
 ) -> None:
     """On any CPU: with bf16 offered first (as with AMX) and only torch to run it, auto passes it
     over (torch's bf16 vectors move with the batch) and says why in the manifest."""
-    monkeypatch.setattr(P, "auto_candidates", lambda device: ("bf16",))
+    monkeypatch.setattr(P, "auto_candidates", lambda device, tower="image": ("bf16",))
     monkeypatch.setenv(CH.RUNTIME_ENV, "torch")
     build_index(photos, tmp_path / "t.idx", model=str(tiny_model), workers=0, device="cpu", precision="auto")
     info = ImageIndex.open(tmp_path / "t.idx").manifest.model_info

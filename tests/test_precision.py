@@ -205,3 +205,27 @@ def test_cli_precision_options(tiny_model: Path, photos: Path, tmp_path: Path) -
     assert len(json.loads(hits.stdout)["results"]) == 3
     bad = cli_here(["search", out, "a dog", "--precision", "nope"])
     assert bad.returncode == 1 and "unknown precision 'nope'" in bad.stderr
+
+
+def test_the_modes_auto_gates_are_the_rows_of_the_one_table(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Which reduced modes auto tries, per tower, device and CPU level, is read from the chooser's
+    one table: a row taken out or put in changes what every tower gates, and nothing else decides."""
+    from retrieval.encoders import chooser as CH
+
+    monkeypatch.setenv(cpu.CAP_ENV, "avx2")
+    assert P.auto_candidates(torch.device("cpu")) == ("int8",)
+    assert P.auto_candidates(torch.device("cpu"), "text") == ("int8",)
+    assert CH.auto_modes("text", "cpu", "numpy") == ("int8",)
+    without_torch_int8 = tuple(c for c in CH.CANDIDATES if not (c.runtime == "torch" and c.mode == "int8"))
+    monkeypatch.setattr(CH, "CANDIDATES", without_torch_int8)
+    # OpenVINO's int8 row applies only with AVX-512 VNNI: at AVX2 nothing is left to gate but
+    # the numpy text tower's int8.
+    assert P.auto_candidates(torch.device("cpu")) == ()
+    assert P.auto_candidates(torch.device("cpu"), "text") == ()
+    assert CH.auto_modes("text", "cpu", "numpy") == ("int8",)
+    monkeypatch.setattr(CH, "CANDIDATES", (*without_torch_int8, CH.Candidate("image", "fp16", "torch", CH.from_level("avx2"))))
+    assert P.auto_candidates(torch.device("cpu")) == ("fp16",)
+    monkeypatch.setenv(cpu.CAP_ENV, "none")
+    assert P.auto_candidates(torch.device("cpu")) == ()
+    # CUDA rows ignore the CPU's level.
+    assert P.auto_candidates(torch.device("cuda")) == ("fp16", "bf16")

@@ -1,9 +1,10 @@
 """How a tower runs: which runtime runs the image or the text tower in each mode, chosen in one place.
 
-The candidates are data (:data:`CANDIDATES`): one row per tower, mode and runtime, with the CPU
-levels (after the caps, :mod:`.cpu`) where the row is tried, in the order tried. What no row
-runs, or what every row fails, the tower's reference runs (:data:`REFERENCE`): torch's image
-tower, the numpy text tower.
+The candidates are data (:data:`CANDIDATES`): one row per tower, mode, runtime and device, with
+the CPU levels (after the caps, :mod:`.cpu`) where the row is tried, in the order tried. The
+reduced modes ``auto`` gates against fp32 (:mod:`.precision`) are the rows' modes that apply
+here, fastest first (:func:`auto_modes`). What no row runs, or what every row fails, the
+tower's reference runs (:data:`REFERENCE`): torch's image tower, the numpy text tower.
 
 One check, :func:`agreement`: the candidate's vectors of a sample against the reference's, each
 cosine at least the row's floor, and the same vectors when inputs run in other batches (an
@@ -55,26 +56,44 @@ REDUCED_PARITY_MIN_COSINE = 0.999
 
 @dataclass(frozen=True)
 class Candidate:
-    """One row of :data:`CANDIDATES`: ``runtime`` may run ``tower``'s ``mode`` on the CPU
-    ``levels`` (after the caps; None: every level) where its vectors pass :func:`agreement` at
-    ``min_cosine``."""
+    """One row of :data:`CANDIDATES`: ``runtime`` may run ``tower``'s ``mode`` on ``device``, on
+    the CPU ``levels`` (after the caps; None: every level). A runtime other than the tower's
+    reference (and torch's text tower) runs it only where its vectors pass :func:`agreement` at
+    ``min_cosine``; a reduced mode is kept only where it passes :mod:`.precision`'s gate."""
 
     tower: TowerKind
     mode: str
     runtime: str
     levels: tuple[str, ...] | None = None
     min_cosine: float = PARITY_MIN_COSINE
+    device: Literal["cpu", "cuda"] = "cpu"
 
 
-# The reduced image modes run on OpenVINO only on the levels where its tower was measured faster
-# than torch's and independent of the batch (benchmarks/README.md): bf16 with AMX (the bf16
-# inference hint), int8 with AVX-512 VNNI (NNCF int8 weights, activations quantised per row).
-# ONNX Runtime quantises a whole batch with one scale, so it never runs a reduced mode.
+def from_level(level: str) -> tuple[str, ...]:
+    """``level`` and every level above it (:data:`.cpu.LEVELS`)."""
+    return cpu.LEVELS[cpu.rank(level) :]
+
+
+# In the order tried. On CUDA, torch's autocast: the tensor cores' fp16, then bf16. On the CPU
+# (docs/performance.md, benchmarks/README.md): bf16 only on OpenVINO with AMX (the bf16 inference
+# hint; torch's bf16 image vectors move with the batch, and with AVX-512 BF16 alone oneDNN's bf16
+# products ran slower than fp32), except torch's text tower; int8 on OpenVINO with AVX-512 VNNI
+# (NNCF int8 weights, activations quantised per row), on torch's kernels from AVX2 up (7-bit
+# activations below VNNI); none below AVX2. ONNX Runtime quantises a whole batch with one
+# scale, so it runs the exact (fp32) towers only.
 CANDIDATES: tuple[Candidate, ...] = (
-    Candidate("image", "fp32", "openvino"),
-    Candidate("image", "fp32", "onnxruntime"),
+    Candidate("image", "fp16", "torch", device="cuda"),
+    Candidate("image", "bf16", "torch", device="cuda"),
+    Candidate("text", "fp16", "torch", device="cuda"),
+    Candidate("text", "bf16", "torch", device="cuda"),
     Candidate("image", "bf16", "openvino", ("amx",), REDUCED_PARITY_MIN_COSINE),
     Candidate("image", "int8", "openvino", ("avx512_vnni",), REDUCED_PARITY_MIN_COSINE),
+    Candidate("image", "int8", "torch", from_level("avx2")),
+    Candidate("image", "fp32", "openvino"),
+    Candidate("image", "fp32", "onnxruntime"),
+    Candidate("text", "bf16", "torch", ("amx",)),
+    Candidate("text", "int8", "numpy", from_level("avx2")),
+    Candidate("text", "int8", "torch", from_level("avx2")),
     Candidate("text", "fp32", "onnxruntime"),
 )
 # What runs a tower where no row does.
@@ -91,24 +110,45 @@ TEXT_PATH_ENV = "CLIPSEARCH_TEXT_PATH"
 RUNTIME_KEYS: tuple[str, ...] = ("image_runtime", "image_runtime_version", "image_runtime_parity", "image_runtime_note")
 
 
+def _checked(row: Candidate) -> bool:
+    """Whether ``row``'s runtime must pass :func:`agreement` (not the reference, nor torch's text tower)."""
+    return row.runtime != REFERENCE[row.tower] and row.runtime not in ALSO[row.tower]
+
+
+def _applies(row: Candidate) -> bool:
+    return row.levels is None or cpu.cpu_level() in row.levels
+
+
 def candidates(tower: TowerKind, mode: str | None) -> tuple[Candidate, ...]:
-    """The rows of ``tower`` in ``mode``, in the order tried (on every level)."""
-    return tuple(c for c in CANDIDATES if c.tower == tower and c.mode == mode)
+    """The rows of ``tower`` in ``mode`` whose runtime must pass the check, in the order tried (on every level)."""
+    return tuple(c for c in CANDIDATES if c.tower == tower and c.mode == mode and _checked(c))
 
 
 def runtime_modes(tower: TowerKind) -> tuple[str, ...]:
     """The modes some runtime other than the reference may run."""
-    return tuple(dict.fromkeys(c.mode for c in CANDIDATES if c.tower == tower))
+    return tuple(dict.fromkeys(c.mode for c in CANDIDATES if c.tower == tower and _checked(c)))
 
 
 def choices(tower: TowerKind) -> tuple[str, ...]:
     """What may be asked for: ``auto``, the reference, or a runtime of some row."""
-    return ("auto", REFERENCE[tower], *dict.fromkeys(c.runtime for c in CANDIDATES if c.tower == tower), *ALSO[tower])
+    checked = (c.runtime for c in CANDIDATES if c.tower == tower and _checked(c))
+    return ("auto", REFERENCE[tower], *dict.fromkeys(checked), *ALSO[tower])
 
 
 def tried_here(mode: str) -> bool:
     """Whether ``auto`` tries a runtime for ``mode``'s image tower on this CPU (after the caps)."""
-    return any(c.levels is None or cpu.cpu_level() in c.levels for c in candidates("image", mode))
+    return any(_applies(c) for c in candidates("image", mode))
+
+
+def auto_modes(tower: TowerKind, device_type: str, runtime: str | None = None) -> tuple[str, ...]:
+    """The reduced modes ``auto`` gates for ``tower`` on ``device_type`` (``cuda``; anything else
+    is the CPU) at this CPU's level, fastest first: those of the rows that apply (of ``runtime``'s
+    rows only, where given)."""
+    device = "cuda" if device_type == "cuda" else "cpu"
+    rows = (c for c in CANDIDATES if c.tower == tower and c.device == device and c.mode != "fp32")
+    return tuple(dict.fromkeys(
+        c.mode for c in rows if (runtime is None or c.runtime == runtime) and (device == "cuda" or _applies(c))
+    ))
 
 
 def requested_runtime(tower: TowerKind, requested: str | None = None) -> str:
@@ -175,8 +215,10 @@ __all__ = [
     "Agreement",
     "Candidate",
     "agreement",
+    "auto_modes",
     "candidates",
     "choices",
+    "from_level",
     "requested_runtime",
     "runtime_modes",
     "tried_here",

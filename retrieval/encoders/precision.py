@@ -9,7 +9,8 @@ Modes (``--precision``):
 - ``int8``: per-row int8 (:mod:`retrieval.encoders.int8`), CPU only; a vector stays a function
   of its input alone (bit-identical in any batch).
 - ``auto``: the fastest mode that passes the gate, else fp32. The candidates, fastest first,
-  depend on the device (:data:`AUTO_MODES`); each is compared with fp32 on a small
+  depend on the device and the CPU (:func:`retrieval.encoders.chooser.auto_modes`, the rows
+  of its table); each is compared with fp32 on a small
   calibration sample (the first images a build embeds; :data:`PROBE_TEXTS` for texts).
 
 The gate (:func:`gate`): per-vector cosine to the fp32 vectors (mean and min at least
@@ -33,6 +34,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
+from .chooser import TowerKind, auto_modes
 
 if TYPE_CHECKING:
     import torch
@@ -45,7 +47,6 @@ Mode = Literal["fp32", "bf16", "fp16", "int8"]
 
 PRECISIONS: tuple[Precision, ...] = get_args(Precision)
 MODES: tuple[Mode, ...] = get_args(Mode)
-REDUCED: tuple[Mode, ...] = ("bf16", "fp16", "int8")
 
 GATE_MEAN_COSINE = 0.999
 GATE_MIN_COSINE = 0.99
@@ -104,27 +105,11 @@ def check_device_support(precision: Precision, device: torch.device) -> None:
         raise InvalidArgumentError("precision int8 runs on the CPU only; on CUDA use bf16, fp16 or auto")
 
 
-# The reduced modes ``auto`` gates against fp32, fastest first: per device type, each from a CPU
-# level up (after the caps, :mod:`.cpu`; None: any). On the CPU, bf16 only with AMX (with AVX-512
-# BF16 alone oneDNN's bf16 products ran slower than fp32) and int8 from AVX2 up (7-bit activations
-# below VNNI); none below AVX2. On CUDA the tensor cores' fp16, then bf16 (docs/performance.md).
-AUTO_MODES: tuple[tuple[str, Mode, str | None], ...] = (
-    ("cuda", "fp16", None), ("cuda", "bf16", None), ("cpu", "bf16", "amx"), ("cpu", "int8", "avx2"),
-)
-
-
-def auto_modes(device_type: str, computes: Sequence[str] = REDUCED) -> tuple[Mode, ...]:
-    """The rows of :data:`AUTO_MODES` for a ``device_type`` (``cuda``; anything else is the CPU)
-    on this CPU, of the modes a tower ``computes`` (the numpy text tower: int8 only)."""
-    from . import cpu
-
-    device = "cuda" if device_type == "cuda" else "cpu"
-    return tuple(m for d, m, level in AUTO_MODES if d == device and m in computes and (level is None or cpu.at_least(level)))
-
-
-def auto_candidates(device: torch.device) -> tuple[Mode, ...]:
-    """Reduced modes ``auto`` tries on ``device``, fastest first (:data:`AUTO_MODES`)."""
-    return auto_modes(device.type)
+def auto_candidates(device: torch.device, tower: TowerKind = "image") -> tuple[Mode, ...]:
+    """Reduced modes ``auto`` tries for torch's ``tower`` on ``device``, fastest first: the
+    image tower's whatever runtime runs them, the text tower's on torch
+    (:func:`~retrieval.encoders.chooser.auto_modes`)."""
+    return tuple(parse_mode(m) for m in auto_modes(tower, device.type, None if tower == "image" else "torch"))
 
 
 @dataclass(frozen=True)
@@ -263,10 +248,13 @@ class TowerPrecision:
     int8 copy serves both.
     """
 
-    def __init__(self, requested: Precision, device: torch.device, variants: dict[str, Any] | None = None) -> None:
+    def __init__(
+        self, requested: Precision, device: torch.device, variants: dict[str, Any] | None = None, tower: TowerKind = "image",
+    ) -> None:
         check_device_support(requested, device)
         self.requested: Precision = requested
         self.device = device
+        self.tower: TowerKind = tower
         self.mode: Mode | None = None if requested == "auto" else requested
         self.gate_results: list[GateResult] = []
         # Candidates auto did not gate, with why (e.g. torch's bf16 on the CPU).
@@ -315,7 +303,7 @@ class TowerPrecision:
                     passed_over[mode] = reason
                 return reason
 
-            self.mode, self.gate_results = choose(embed, auto_candidates(self.device), why_not)
+            self.mode, self.gate_results = choose(embed, auto_candidates(self.device, self.tower), why_not)
             self.passed_over = passed_over
         return self.mode
 
@@ -442,9 +430,7 @@ __all__ = [
     "Mode",
     "Precision",
     "TowerPrecision",
-    "AUTO_MODES",
     "auto_candidates",
-    "auto_modes",
     "choose",
     "gate",
     "parse_mode",

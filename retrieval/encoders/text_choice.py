@@ -28,8 +28,8 @@ import numpy as np
 from ..errors import ModelLoadError
 from . import cpu
 from .base import TextPath, first_line
-from .chooser import LOG, TEXT_RUNTIME_ENV, agreement, candidates, requested_runtime
-from .precision import PROBE_TEXTS, auto_modes
+from .chooser import LOG, TEXT_RUNTIME_ENV, agreement, auto_modes, candidates, requested_runtime
+from .precision import PROBE_TEXTS
 from .runtime import ORT_INSTALL, RuntimeUnavailable
 
 # Text precisions the numpy tower computes; the others (bf16, fp16) run in torch.
@@ -252,7 +252,7 @@ def text_path(
     fp32_on = text_runtime_refusal(text_queries, requested=runtime)
     if precision == "int8":
         return TextPath("numpy", f"{tower} in numpy, int8 products (torch's kernels)")
-    if precision == "auto" and one_shot is None and auto_modes("cpu", ("int8",)):
+    if precision == "auto" and one_shot is None and auto_modes("text", "cpu", "numpy"):
         also = "ONNX Runtime" if fp32_on is None else "numpy"
         return TextPath("numpy", f"{tower} in numpy, int8 products where they pass the quality gate, else fp32 on {also}")
     why = ""

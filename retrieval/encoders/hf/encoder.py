@@ -80,7 +80,7 @@ class HFClipEncoder(PixelPrecisionMixin):
         self._native_preprocess = preprocess
         # Separate modules, separate int8 copies: each tower resolves its own mode.
         self.image_precision = TowerPrecision(precision, device)
-        self.text_precision = TowerPrecision(precision, device)
+        self.text_precision = TowerPrecision(precision, device, tower="text")
         # Per mode a runtime may run, which runs the image tower (torch, OpenVINO, ONNX Runtime).
         self.image_runtimes = self._make_runtimes()
 

@@ -15,8 +15,9 @@ import numpy as np
 
 from .. import memo
 from ..base import l2_normalize
+from ..chooser import auto_modes
 from ..hf import checkpoint_fingerprint
-from ..precision import PROBE_TEXTS, GateResult, Mode, auto_modes, choose, precision_record
+from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
 from ..text_choice import TEXT_PRECISIONS, TextPath, TextRuntime, choose_text_runtime, local_checkpoint, one_shot_reason
 from .clip_tokenizer import load_clip_tokenizer
 from .tower import NumpyTextTower, pooled_positions
@@ -140,7 +141,7 @@ class NumpyTextEncoder:
         self.requested = requested
         key: str | None = None
         known: memo.GateOutcome | None = None
-        if requested == "auto" and auto_modes("cpu", ("int8",)):
+        if requested == "auto" and auto_modes("text", "cpu", "numpy"):
             key = memo.gate_key(self.fingerprint)
             known = memo.lookup_gate(key)
             if known is not None and known.mode == "fp32":

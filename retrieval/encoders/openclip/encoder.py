@@ -89,7 +89,7 @@ class OpenClipEncoder(PixelPrecisionMixin):
         # One module holds both towers: one int8 copy serves both.
         variants: dict[str, Any] = {}
         self.image_precision = TowerPrecision(precision, device, variants)
-        self.text_precision = TowerPrecision(precision, device, variants)
+        self.text_precision = TowerPrecision(precision, device, variants, tower="text")
 
     @classmethod
     def load(cls, model: str, device: str = "auto", precision: str = "fp32") -> OpenClipEncoder:
