@@ -28,6 +28,8 @@ from unittest import mock
 import numpy as np
 from _peers import Embed, _normalise, describe, export_vision, vision_pipelines
 
+from retrieval.encoders.base import first_line
+
 
 def env(name: str, value: str) -> contextlib.AbstractContextManager[Any]:
     """``name=value`` in this process's environment for the block, the environment as it was after."""
@@ -83,15 +85,21 @@ def model_only(model_dir: Path, files: list[Path], batch_size: int, threads: int
     batches = decode_batches(files, model_dir, batch_size)
     pipes: dict[str, Embed | str] = dict(ours(model_dir, batches[0]))
     skipped: dict[str, str] = {}
-    if peers:
-        pipes.update(vision_pipelines(peers, export_vision(model_dir), threads))
+    peer_pipes = vision_pipelines(peers, export_vision(model_dir), threads) if peers else {}
+    pipes.update(peer_pipes)
     runnable: dict[str, Embed] = {}
     for name, p in pipes.items():
         if isinstance(p, str):
             skipped[name] = p
-        else:
+            continue
+        try:
             p(batches[0])  # steady state: the first call pays set-up
-            runnable[name] = p
+        except RuntimeError as exc:
+            if name not in peer_pipes:
+                raise  # ours failing is a bug to see, not a row to skip
+            skipped[name] = f"failed on the first batch here: {first_line(exc)}"
+            continue
+        runnable[name] = p
     times: dict[str, list[float]] = {name: [] for name in runnable}
     faults: dict[str, list[int]] = {name: [] for name in runnable}
     vectors: dict[str, np.ndarray] = {}

@@ -26,6 +26,8 @@ from typing import Any
 
 import numpy as np
 
+from retrieval.encoders.base import first_line
+
 PEERS: tuple[str, ...] = ("onnxruntime", "openvino")
 PIPELINES: dict[str, tuple[str, ...]] = {
     "onnxruntime": ("onnxruntime-fp32", "onnxruntime-int8"),
@@ -146,7 +148,11 @@ def vision_pipelines(peers: list[str], onnx_path: Path, threads: int) -> dict[st
                 out[name] = (lambda s, k: lambda x: _normalise(s.run(None, {k: x})[0]))(session, key)
         else:
             for name in PIPELINES["openvino"]:
-                compiled, _hint = ov_compiled(onnx_path, threads, name.removeprefix("openvino-"))
+                try:
+                    compiled, _hint = ov_compiled(onnx_path, threads, name.removeprefix("openvino-"))
+                except RuntimeError as exc:  # e.g. no kernel for a node under a oneDNN ISA cap
+                    out[name] = f"OpenVINO cannot compile it here: {first_line(exc)}"
+                    continue
                 request = compiled.create_infer_request()
                 out[name] = (lambda r: lambda x: _normalise(r.infer([x])[0]))(request)
     return out

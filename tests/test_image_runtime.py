@@ -220,6 +220,34 @@ def test_a_runtime_whose_vectors_move_with_the_batch_is_passed_over(
     assert "OpenVINO's fp32 vectors" in enc.info["image_runtime_note"] and "ONNX Runtime's fp32 vectors" in enc.info["image_runtime_note"]
 
 
+@needs_openvino
+def test_a_tower_that_fails_on_its_first_images_is_passed_over(
+    tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A tower that compiles and then raises on the sample (OpenVINO's int8 one under a oneDNN
+    ISA cap: no kernel for a node) is a failed candidate, not a failed build."""
+
+    def load(path: Path, mode: str, group: int) -> IR.Tower:
+        def tower(x: torch.Tensor) -> np.ndarray:
+            # OpenVINO's shape: the places it passed through, then the cause.
+            raise RuntimeError(
+                "Exception from src/inference/src/cpp/infer_request.cpp:224:\n"
+                "Exception from src/plugins/intel_cpu/src/node.cpp:823:\n"
+                "[CPU] FullyConnected node could not create a primitive descriptor\nmore lines"
+            )
+
+        return tower
+
+    monkeypatch.setitem(IR.RUNTIMES, "openvino", dataclasses.replace(IR.RUNTIMES["openvino"], load=load))
+    enc = _chosen(tiny_model, pixels)
+    assert enc.info["image_runtime"] == "onnxruntime"
+    note = enc.info["image_runtime_note"]
+    assert note == "OpenVINO's fp32 tower failed on the sample images: [CPU] FullyConnected node could not create a primitive descriptor"
+    monkeypatch.setenv(CH.RUNTIME_ENV, "openvino")
+    with pytest.raises(ModelLoadError, match=r"CLIPSEARCH_IMAGE_RUNTIME=openvino: OpenVINO's fp32 tower failed on the sample"):
+        _chosen(tiny_model, pixels)
+
+
 def test_without_openvino_onnxruntime_runs_without_a_notice(
     tiny_model: Path, pixels: torch.Tensor, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture
 ) -> None:

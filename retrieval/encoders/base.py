@@ -10,6 +10,7 @@ import contextlib
 import hashlib
 import logging
 import os
+import re
 import socket
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -276,7 +277,14 @@ def quiet_transformers() -> Iterator[None]:
             hf_logging.enable_progress_bar()
 
 
+# OpenVINO heads its messages with the source locations they passed through ("Exception from
+# src/...cpp:224:", "Check '...' failed at src/...cpp:345:"); the cause is on the line after them.
+_LOCATION_LINE = re.compile(r"^(Exception from |Check ').*:\d+:$")
+
+
 def first_line(exc: BaseException) -> str:
-    """The first line of an exception's message (or its type name), for one-line errors."""
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
+    """The first line of an exception's message that says more than where it was raised (or
+    its type name), for one-line errors."""
+    lines = [line.strip() for line in str(exc).strip().splitlines() if line.strip()]
+    told = [line for line in lines if not _LOCATION_LINE.match(line)]
+    return (told or lines or [type(exc).__name__])[0]

@@ -17,6 +17,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, ModelLoadError
 from . import memo
+from .base import first_line
 from .chooser import LOG, RUNTIME_ENV, agreement, candidates, requested_runtime, tried_here
 from .runtime.image import RUNTIMES, Runtime, Tower
 
@@ -171,12 +172,17 @@ class ImageRuntime:
         except ModelLoadError as exc:
             return str(exc)
         reference, torch_seconds = torch_vectors()
-        t0 = time.perf_counter()
-        vectors = tower(sample)
-        seconds = time.perf_counter() - t0
         row = next(c for c in candidates("image", self.mode) if c.runtime == runtime.name)
-        found = agreement(runtime.label, f"{self.mode} vectors", "torch", reference, vectors, row.min_cosine,
-                          lambda: batch_drift(tower, sample, vectors))
+        try:
+            # A tower can compile and still fail on its first images (OpenVINO's int8 one under a
+            # oneDNN ISA cap finds no kernel): the candidate fails, the build goes on.
+            t0 = time.perf_counter()
+            vectors = tower(sample)
+            seconds = time.perf_counter() - t0
+            found = agreement(runtime.label, f"{self.mode} vectors", "torch", reference, vectors, row.min_cosine,
+                              lambda: batch_drift(tower, sample, vectors))
+        except Exception as exc:  # noqa: BLE001  (the runtimes raise their own untyped errors)
+            return f"{runtime.label}'s {self.mode} tower failed on the sample images: {first_line(exc)}"
         if found.failure is not None:
             return found.failure
         self.parity = {
