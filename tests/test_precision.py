@@ -214,6 +214,9 @@ def test_the_modes_auto_gates_are_the_rows_of_the_one_table(monkeypatch: pytest.
 
     monkeypatch.setenv(cpu.CAP_ENV, "avx2")
     assert P.auto_candidates(torch.device("cpu")) == ("int8",)
+    # What torch's image tower may run in auto is the table's too, with why not where it may not.
+    assert CH.refusal("image", "int8", "torch", "cpu") is None and CH.refusal("image", "bf16", "torch", "cuda") is None
+    assert CH.refusal("image", "bf16", "torch", "cpu") == CH.NO_ROW[("image", "bf16", "torch", "cpu")]
     assert P.auto_candidates(torch.device("cpu"), "text") == ("int8",)
     assert CH.auto_modes("text", "cpu", "numpy") == ("int8",)
     without_torch_int8 = tuple(c for c in CH.CANDIDATES if not (c.runtime == "torch" and c.mode == "int8"))
@@ -227,5 +230,6 @@ def test_the_modes_auto_gates_are_the_rows_of_the_one_table(monkeypatch: pytest.
     assert P.auto_candidates(torch.device("cpu")) == ("fp16",)
     monkeypatch.setenv(cpu.CAP_ENV, "none")
     assert P.auto_candidates(torch.device("cpu")) == ()
+    assert CH.refusal("image", "fp16", "torch", "cpu") == "no row runs the fp16 image tower on torch here"
     # CUDA rows ignore the CPU's level.
     assert P.auto_candidates(torch.device("cuda")) == ("fp16", "bf16")

@@ -96,6 +96,11 @@ CANDIDATES: tuple[Candidate, ...] = (
     Candidate("text", "int8", "torch", from_level("avx2")),
     Candidate("text", "fp32", "onnxruntime"),
 )
+# Why a runtime has no row for a mode that auto gates on that device (what auto says when it passes it over).
+NO_ROW: dict[tuple[TowerKind, str, str, str], str] = {
+    # oneDNN's AMX kernels are picked by the batch size, so an update would not equal a rebuild.
+    ("image", "bf16", "torch", "cpu"): "torch's bf16 image tower on the CPU gives vectors that move with the batch",
+}
 # What runs a tower where no row does.
 REFERENCE: dict[TowerKind, str] = {"image": "torch", "text": "numpy"}
 # The user's setting of the runtime asked for, per tower (docs/performance.md).
@@ -138,6 +143,16 @@ def choices(tower: TowerKind) -> tuple[str, ...]:
 def tried_here(mode: str) -> bool:
     """Whether ``auto`` tries a runtime for ``mode``'s image tower on this CPU (after the caps)."""
     return any(_applies(c) for c in candidates("image", mode))
+
+
+def refusal(tower: TowerKind, mode: str, runtime: str, device_type: str) -> str | None:
+    """Why ``runtime`` may not run ``tower``'s ``mode`` on ``device_type`` here (None: a row that
+    applies says it may)."""
+    device = "cuda" if device_type == "cuda" else "cpu"
+    for c in CANDIDATES:
+        if (c.tower, c.mode, c.runtime, c.device) == (tower, mode, runtime, device) and (device == "cuda" or _applies(c)):
+            return None
+    return NO_ROW.get((tower, mode, runtime, device), f"no row runs the {mode} {tower} tower on {runtime} here")
 
 
 def auto_modes(tower: TowerKind, device_type: str, runtime: str | None = None) -> tuple[str, ...]:
@@ -204,6 +219,7 @@ def agreement(
 __all__ = [
     "CANDIDATES",
     "LOG",
+    "NO_ROW",
     "PARITY_MIN_COSINE",
     "REDUCED_PARITY_MIN_COSINE",
     "REFERENCE",
@@ -219,6 +235,7 @@ __all__ = [
     "candidates",
     "choices",
     "from_level",
+    "refusal",
     "requested_runtime",
     "runtime_modes",
     "tried_here",

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError
 from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
-from .chooser import TowerKind, auto_modes
+from .chooser import TowerKind, auto_modes, refusal
 
 if TYPE_CHECKING:
     import torch
@@ -373,13 +373,9 @@ class PixelPrecisionMixin:
         raise NotImplementedError
 
     def _auto_passes_over(self, mode: Mode, sample: torch.Tensor) -> str | None:
-        """Why ``auto`` must not use ``mode`` for this image tower (None: it may, if it passes
-        the gate). torch's bf16 on the CPU: its vectors move with the batch (oneDNN's AMX
-        kernels are picked by the batch size), so an update would not equal a rebuild, and
-        torch's int8 ran faster."""
-        if mode == "bf16" and self.image_precision.device.type == "cpu":
-            return "torch's bf16 image tower on the CPU gives vectors that move with the batch"
-        return None
+        """Why ``auto`` must not use ``mode`` for this image tower on torch (None: it may, if it
+        passes the gate): no row of the chooser's table lets torch run it on this device."""
+        return refusal("image", mode, "torch", self.image_precision.device.type)
 
     def embed_pixels(self, pixel_values: torch.Tensor) -> np.ndarray:
         """Encode a preprocessed ``(N, 3, h, w)`` batch to L2-normalised float32 vectors.

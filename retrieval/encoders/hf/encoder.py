@@ -302,15 +302,15 @@ class HFClipEncoder(PixelPrecisionMixin):
         return (chosen.name if chosen is not None else None) or "torch"
 
     def _auto_passes_over(self, mode: Mode, sample: torch.Tensor) -> str | None:
-        """bf16 on the CPU only where a runtime runs it with vectors independent of the batch
-        (OpenVINO with AMX, :mod:`..chooser`): its choice is made now, on the sample."""
-        if mode == "bf16" and self.device.type == "cpu":
-            if self._runtime_tower(sample, mode) is not None:
-                return None
-            runtime = self._image_runtime(mode)
-            why = runtime.note if runtime is not None and runtime.note else "no runtime runs it here"
-            return f"{super()._auto_passes_over(mode, sample)}, and {why}"
-        return super()._auto_passes_over(mode, sample)
+        """A mode torch may not run here (bf16 on the CPU, :mod:`..chooser`'s table) only where
+        another runtime runs it with vectors independent of the batch (OpenVINO with AMX): its
+        choice is made now, on the sample."""
+        refused = super()._auto_passes_over(mode, sample)
+        if refused is None or self._runtime_tower(sample, mode) is not None:
+            return None
+        runtime = self._image_runtime(mode)
+        why = runtime.note if runtime is not None and runtime.note else "no runtime runs it here"
+        return f"{refused}, and {why}"
 
     def _image_runtime(self, mode: str | None) -> ImageRuntime | None:
         """The choice of runtime for ``mode``'s image tower; None for a mode only torch runs (fp16)."""
