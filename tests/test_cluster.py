@@ -16,7 +16,7 @@ import shutil
 import socket
 import threading
 import time
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -56,6 +56,15 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
+
+
+def _until(condition: Callable[[], bool], within_s: float = 60.0) -> None:
+    """Wait for ``condition`` (traffic is under way, answers came) instead of a fixed sleep: on a
+    loaded host the first answers through a fresh proxy took over a second."""
+    deadline = time.monotonic() + within_s
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {within_s} s"
+        time.sleep(0.05)
 
 
 def _wait_routed(urls: Iterable[str], within_s: float = 60.0) -> None:
@@ -271,7 +280,7 @@ def test_images_added_to_a_shard_under_traffic_never_mix_generations(served: Ser
     thread = threading.Thread(target=traffic)
     thread.start()
     try:
-        time.sleep(0.5)
+        _until(lambda: bool(answers))  # the set answered as it was, before anything is added
         add_to_partitions(served.set_dir, served.root / "new.idx")
         deadline = time.monotonic() + 20
         while time.monotonic() < deadline and not (answers and answers[-1][1] == wanted[answers[-1][0]][1]):
@@ -311,10 +320,11 @@ def test_a_node_removed_under_traffic_costs_no_request(served: Served) -> None:
     for t in threads:
         t.start()
     try:
-        time.sleep(1.0)
+        _until(lambda: len(results) >= len(threads))
         served_before = len(results)
         served.cluster.remove_node(worker, allow_graceful=False)  # killed, as a crashed machine
         time.sleep(4.0)
+        _until(lambda: len(results) > served_before + 5)
     finally:
         stop.set()
         for t in threads:
