@@ -242,10 +242,29 @@ def test_a_tower_that_fails_on_its_first_images_is_passed_over(
     enc = _chosen(tiny_model, pixels)
     assert enc.info["image_runtime"] == "onnxruntime"
     note = enc.info["image_runtime_note"]
-    assert note == "OpenVINO's fp32 tower failed on the sample images: [CPU] FullyConnected node could not create a primitive descriptor"
+    assert note == ("OpenVINO's fp32 tower failed on the images of its check: "
+                    "[CPU] FullyConnected node could not create a primitive descriptor")
     monkeypatch.setenv(CH.RUNTIME_ENV, "openvino")
-    with pytest.raises(ModelLoadError, match=r"CLIPSEARCH_IMAGE_RUNTIME=openvino: OpenVINO's fp32 tower failed on the sample"):
+    with pytest.raises(ModelLoadError, match=r"CLIPSEARCH_IMAGE_RUNTIME=openvino: OpenVINO's fp32 tower failed on the images of its check"):
         _chosen(tiny_model, pixels)
+    monkeypatch.delenv(CH.RUNTIME_ENV)
+    # One that fails only on one image (the batch check's first probe) fails the same way.
+    real = IR.RUNTIMES["onnxruntime"]
+
+    def load_single_fails(path: Path, mode: str, group: int) -> IR.Tower:
+        tower = real.load(path, mode, group)
+
+        def run(x: torch.Tensor) -> np.ndarray:
+            if len(x) == 1:
+                raise ValueError("no kernel for a batch of one")
+            return tower(x)
+
+        return run
+
+    monkeypatch.setitem(IR.RUNTIMES, "onnxruntime", dataclasses.replace(real, load=load_single_fails))
+    enc = _chosen(tiny_model, pixels)
+    assert enc.info["image_runtime"] == "torch"
+    assert "ONNX Runtime's fp32 tower failed on the images of its check: no kernel for a batch of one" in enc.info["image_runtime_note"]
 
 
 def test_without_openvino_onnxruntime_runs_without_a_notice(

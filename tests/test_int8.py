@@ -20,6 +20,7 @@ from torch import nn
 from indexer import build_index
 from retrieval import ImageIndex
 from retrieval.encoders import HFClipEncoder, cpu
+from retrieval.encoders import chooser as CH
 from retrieval.encoders import int8 as I8
 from retrieval.encoders import precision as P
 from retrieval.encoders.int8 import Int8Linear, Int8PatchEmbedding, quantize_int8, quantize_rows
@@ -385,6 +386,9 @@ def test_cpu_level_decides_the_candidates_and_the_int8_range(
     assert cpu.cpu_level() == level
     assert P.auto_candidates(torch.device("cpu")) == candidates
     assert P.auto_candidates(torch.device("cuda")) == ("fp16", "bf16")
+    # torch's text tower gates what the image tower does; the numpy text tower computes int8 only.
+    assert P.auto_candidates(torch.device("cpu"), "text") == candidates
+    assert CH.auto_modes("text", "cpu", "numpy") == tuple(m for m in candidates if m == "int8")
     # 8-bit codes where the level has int8 dot products and this machine's kernel did not
     # saturate on the probe (on an AVX2 host it does, whatever flags the test pretends).
     dot = level in ("avx_vnni", "avx512_vnni", "amx")

@@ -212,7 +212,11 @@ def test_the_modes_auto_gates_are_the_rows_of_the_one_table(monkeypatch: pytest.
     one table: a row taken out or put in changes what every tower gates, and nothing else decides."""
     from retrieval.encoders import chooser as CH
 
-    monkeypatch.setenv(cpu.CAP_ENV, "avx2")
+    # An AVX2 CPU whatever the host (a cap lowers the level, never raises it).
+    for name in (cpu.CAP_ENV, "ONEDNN_MAX_CPU_ISA", "DNNL_MAX_CPU_ISA"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setattr(cpu, "cpu_flags", lambda: frozenset({"avx2", "fma"}))
+    monkeypatch.setattr(cpu.platform, "machine", lambda: "x86_64")
     assert P.auto_candidates(torch.device("cpu")) == ("int8",)
     # What torch's image tower may run in auto is the table's too, with why not where it may not.
     assert CH.refusal("image", "int8", "torch", "cpu") is None and CH.refusal("image", "bf16", "torch", "cuda") is None
@@ -231,5 +235,6 @@ def test_the_modes_auto_gates_are_the_rows_of_the_one_table(monkeypatch: pytest.
     monkeypatch.setenv(cpu.CAP_ENV, "none")
     assert P.auto_candidates(torch.device("cpu")) == ()
     assert CH.refusal("image", "fp16", "torch", "cpu") == "no row runs the fp16 image tower on torch here"
+    assert CH.refusal("image", "fp32", "torch", "cpu") is None and CH.refusal("text", "fp32", "numpy", "cpu") is None
     # CUDA rows ignore the CPU's level.
     assert P.auto_candidates(torch.device("cuda")) == ("fp16", "bf16")

@@ -6,6 +6,7 @@ memory, the runtime or the model named otherwise)."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import subprocess
@@ -166,6 +167,18 @@ def test_settings_that_leave_image_queries_to_the_full_encoder(
     monkeypatch.delenv(CH.RUNTIME_ENV)
     with pytest.raises(ModelMismatchError, match="model mismatch"):
         ImageIndex.open(tmp_path / "s.idx", model=str(other_model)).search_image(index.files.path(0), k=1)
+    # A tower that loads and then raises on the probe image (a kernel missing here) is not reopened.
+    runtime = str(manifest.model_info["image_runtime"])
+
+    def raising(path: Path, mode: str, group: int) -> IR.Tower:
+        def tower(x: object) -> np.ndarray:
+            raise RuntimeError("Exception from src/inference/src/cpp/infer_request.cpp:224:\nno kernel for this node")
+
+        return tower
+
+    monkeypatch.setitem(IR.RUNTIMES, runtime, dataclasses.replace(IR.RUNTIMES[runtime], load=raising))
+    assert open_recorded(manifest, model, "auto") == "the fp32 tower on " + IR.RUNTIMES[runtime].label + (
+        " failed on the probe image: no kernel for this node")
 
 
 @pytest.mark.parametrize(

@@ -146,8 +146,10 @@ def tried_here(mode: str) -> bool:
 
 
 def refusal(tower: TowerKind, mode: str, runtime: str, device_type: str) -> str | None:
-    """Why ``runtime`` may not run ``tower``'s ``mode`` on ``device_type`` here (None: a row that
-    applies says it may)."""
+    """Why ``runtime`` may not run ``tower``'s ``mode`` on ``device_type`` here (None: it may: the
+    reference in fp32, or a row that applies)."""
+    if mode == "fp32" and runtime == REFERENCE[tower]:
+        return None
     device = "cuda" if device_type == "cuda" else "cpu"
     for c in CANDIDATES:
         if (c.tower, c.mode, c.runtime, c.device) == (tower, mode, runtime, device) and (device == "cuda" or _applies(c)):

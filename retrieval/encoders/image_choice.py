@@ -42,6 +42,24 @@ def batch_drift(tower: Tower, sample: torch.Tensor, together: np.ndarray) -> flo
     return max(float(np.abs(tower(images) - expected).max()) for images, expected in probes)
 
 
+class _TowerFailed(Exception):
+    """A runtime's tower raised on images (its own error's first line is the message)."""
+
+
+def _guarded(tower: Tower) -> Tower:
+    """``tower``, its errors turned into :class:`_TowerFailed`: a tower can compile and still fail
+    on its first images (OpenVINO's int8 one under a oneDNN ISA cap finds no kernel for a node),
+    and then the candidate fails, not the build. Our own code around it raises as it would."""
+
+    def run(pixel_values: Any) -> np.ndarray:
+        try:
+            return tower(pixel_values)
+        except Exception as exc:  # noqa: BLE001  (the runtimes raise their own untyped errors)
+            raise _TowerFailed(first_line(exc)) from exc
+
+    return run
+
+
 class ImageRuntime:
     """One encoder's choice of runtime for one mode of its image tower, made on first use.
 
@@ -173,23 +191,23 @@ class ImageRuntime:
             return str(exc)
         reference, torch_seconds = torch_vectors()
         row = next(c for c in candidates("image", self.mode) if c.runtime == runtime.name)
+        checked = _guarded(tower)
         try:
-            # A tower can compile and still fail on its first images (OpenVINO's int8 one under a
-            # oneDNN ISA cap finds no kernel): the candidate fails, the build goes on.
             t0 = time.perf_counter()
-            vectors = tower(sample)
+            vectors = checked(sample)
             seconds = time.perf_counter() - t0
             found = agreement(runtime.label, f"{self.mode} vectors", "torch", reference, vectors, row.min_cosine,
-                              lambda: batch_drift(tower, sample, vectors))
-        except Exception as exc:  # noqa: BLE001  (the runtimes raise their own untyped errors)
-            return f"{runtime.label}'s {self.mode} tower failed on the sample images: {first_line(exc)}"
-        if found.failure is not None:
-            return found.failure
-        self.parity = {
-            "images": len(sample), **found.figures,
-            "torch_seconds": round(torch_seconds, 3), f"{runtime.name}_seconds": round(seconds, 3),
-        }
-        self._remember(runtime, export, tower, int(sample.shape[-1]))
+                              lambda: batch_drift(checked, sample, vectors))
+            if found.failure is not None:
+                return found.failure
+            self.parity = {
+                "images": len(sample), **found.figures,
+                "torch_seconds": round(torch_seconds, 3), f"{runtime.name}_seconds": round(seconds, 3),
+            }
+            self._remember(runtime, export, checked, int(sample.shape[-1]))
+        except _TowerFailed as failed:
+            self.parity = None
+            return f"{runtime.label}'s {self.mode} tower failed on the images of its check: {failed}"
         return tower
 
     def _remember(self, runtime: Runtime, export: Path, tower: Tower, image_size: int) -> None:
