@@ -265,6 +265,14 @@ def test_a_tower_that_fails_on_its_first_images_is_passed_over(
     enc = _chosen(tiny_model, pixels)
     assert enc.info["image_runtime"] == "torch"
     assert "ONNX Runtime's fp32 tower failed on the images of its check: no kernel for a batch of one" in enc.info["image_runtime_note"]
+    # One that answers with no vectors at all (OpenVINO's int8 tower did, under a oneDNN cap).
+    monkeypatch.setitem(IR.RUNTIMES, "onnxruntime", real)
+    monkeypatch.setitem(IR.RUNTIMES, "openvino", dataclasses.replace(
+        IR.RUNTIMES["openvino"], load=lambda path, mode, group: lambda x: np.zeros((0, 8), np.float32)))
+    enc = _chosen(tiny_model, pixels)
+    assert enc.info["image_runtime"] == "onnxruntime"
+    assert enc.info["image_runtime_note"] == (
+        "OpenVINO's fp32 tower failed on the images of its check: it gave vectors of shape (0, 8) for 4 images")
 
 
 def test_without_openvino_onnxruntime_runs_without_a_notice(

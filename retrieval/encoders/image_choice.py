@@ -53,9 +53,13 @@ def _guarded(tower: Tower) -> Tower:
 
     def run(pixel_values: Any) -> np.ndarray:
         try:
-            return tower(pixel_values)
+            vectors = tower(pixel_values)
         except Exception as exc:  # noqa: BLE001  (the runtimes raise their own untyped errors)
             raise _TowerFailed(first_line(exc)) from exc
+        if vectors.ndim != 2 or len(vectors) != len(pixel_values) or not vectors.shape[1]:
+            # Seen from OpenVINO's int8 tower under a oneDNN cap: (0, dim) for six images.
+            raise _TowerFailed(f"it gave vectors of shape {tuple(vectors.shape)} for {len(pixel_values)} images")
+        return vectors
 
     return run
 
