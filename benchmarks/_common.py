@@ -6,12 +6,13 @@ Benchmarks are scripts (``python benchmarks/NAME.py``), so this module is import
 
 from __future__ import annotations
 
+import contextlib
 import os
 import platform
 import resource
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -143,3 +144,18 @@ class StackSampler:
         lines = [f"{stack} {count}" for stack, count in self.counts.most_common()]
         path.write_text("\n".join(lines) + ("\n" if lines else ""))
         return path
+
+
+@contextlib.contextmanager
+def scheduling_kept() -> Iterator[None]:
+    """Put back this thread's scheduling policy after encoding: SVT-AV1 run as root leaves the
+    calling thread SCHED_FIFO at priority 99, which every later child process would inherit."""
+    if not hasattr(os, "sched_getscheduler"):
+        yield
+        return
+    policy, param = os.sched_getscheduler(0), os.sched_getparam(0)
+    try:
+        yield
+    finally:
+        if (os.sched_getscheduler(0), os.sched_getparam(0)) != (policy, param):
+            os.sched_setscheduler(0, policy, param)

@@ -36,6 +36,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from _common import scheduling_kept  # noqa: E402
 from _harness import Bench, listed, note  # noqa: E402
 
 # codec -> (encoder, container extension, encoder options for its fastest preset)
@@ -74,7 +75,7 @@ def write_video(path: Path, codec: str, shots: list[Shot], width: int, height: i
 
     encoder, _, options = CODECS[codec]
     photos: dict[str, Image.Image] = {}
-    with av.open(str(path), "w") as container:
+    with scheduling_kept(), av.open(str(path), "w") as container:
         stream = container.add_stream(encoder, rate=FPS, options=options)
         stream.width, stream.height, stream.pix_fmt = width, height, "yuv420p"
         stream.codec_context.gop_size = round(gop * FPS)

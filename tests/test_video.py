@@ -5,6 +5,7 @@ stream, an unknown codec, a variable frame rate, a 24-hour file, the time limit)
 from __future__ import annotations
 
 import itertools
+import os
 from pathlib import Path
 
 import numpy as np
@@ -36,6 +37,15 @@ def nearest_photo(image: object) -> str:
 def videos(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
     d = tmp_path_factory.mktemp("videos")
     return {codec: write_video(d / f"shots-{codec}.{ext}", SHOTS, codec, gop=16) for codec, ext in CODECS.items()}
+
+
+@pytest.mark.skipif(not hasattr(os, "sched_getscheduler"), reason="no POSIX scheduling here")
+def test_encoding_av1_leaves_the_process_scheduling_as_it_was(tmp_path: Path) -> None:
+    """SVT-AV1, run as root (as CI runs), leaves the encoding thread SCHED_FIFO at priority 99;
+    every later child of the test worker would inherit it. The test videos' writer puts it back."""
+    before = (os.sched_getscheduler(0), os.sched_getparam(0))
+    write_video(tmp_path / "a.mkv", [("coffee.png", 0.5)], "libsvtav1")
+    assert (os.sched_getscheduler(0), os.sched_getparam(0)) == before
 
 
 def test_sniff_tells_containers_by_content(tmp_path: Path, videos: dict[str, Path]) -> None:

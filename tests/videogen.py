@@ -14,6 +14,9 @@ from pathlib import Path
 import numpy as np
 from PIL import Image
 
+# SVT-AV1 (libsvtav1), run as root, leaves the encoding thread SCHED_FIFO at priority 99: every
+# process the test worker starts after it would inherit real-time priority (a suite run hung).
+from benchmarks._common import scheduling_kept
 from tests.photos import photo
 
 # codec -> file extension PyAV writes it in
@@ -41,7 +44,7 @@ def write_video(path: Path, shots: Sequence[tuple[str, float]], codec: str = "li
     frames = [f for name, secs in shots for f in shot_frames(name, size, drift, max(1, round(secs * fps)))]
     # Keys such as com.apple.quicktime.creationdate are written as QuickTime's mdta tags, as phones do.
     mdta = path.suffix in (".mp4", ".mov") and any("." in k for k in metadata or {})
-    with av.open(str(path), "w", options={"movflags": "use_metadata_tags"} if mdta else None) as container:
+    with scheduling_kept(), av.open(str(path), "w", options={"movflags": "use_metadata_tags"} if mdta else None) as container:
         if metadata:
             container.metadata.update(metadata)
         stream = container.add_stream(codec, rate=fps)
