@@ -29,14 +29,14 @@ needs_openvino = pytest.mark.skipif(bool(IR.RUNTIMES["openvino"].missing()), rea
 # A oneDNN ISA cap below the CPU (ONEDNN_MAX_CPU_ISA, to make a machine act as a smaller one)
 # leaves OpenVINO's reduced towers without kernels for some nodes: they fail on their first
 # images, and the chooser falls back (test_a_tower_that_fails_on_its_first_images_is_passed_over).
-_ONEDNN_CAPPED = cpu.kernel_level() != cpu.detected_level()
+ONEDNN_CAPPED = cpu.kernel_level() != cpu.detected_level()
 needs_ov_int8 = pytest.mark.skipif(
-    bool(IR.RUNTIMES["openvino"].missing("int8")) or not CH.tried_here("int8") or _ONEDNN_CAPPED,
+    bool(IR.RUNTIMES["openvino"].missing("int8")) or not CH.tried_here("int8") or ONEDNN_CAPPED,
     reason="OpenVINO's int8 tower needs the [openvino] extra (with nncf) and a CPU at the AVX-512 VNNI level "
     "(with AMX torch's int8 runs: OpenVINO's moved with the batch there), without a oneDNN ISA cap below it",
 )
 needs_ov_bf16 = pytest.mark.skipif(
-    bool(IR.RUNTIMES["openvino"].missing()) or not CH.tried_here("bf16") or _ONEDNN_CAPPED,
+    bool(IR.RUNTIMES["openvino"].missing()) or not CH.tried_here("bf16") or ONEDNN_CAPPED,
     reason="OpenVINO's bf16 tower needs the [openvino] extra and a CPU with AMX, without a oneDNN ISA cap below it",
 )
 # Each runtime whose package is installed (make install installs both).

@@ -10,8 +10,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 from imagegen import photo_like
-
-from retrieval.encoders import cpu
+from runtime_fixtures import ONEDNN_CAPPED
 
 BENCHMARKS = Path(__file__).resolve().parent.parent / "benchmarks"
 sys.path.insert(0, str(BENCHMARKS))
@@ -453,11 +452,10 @@ def test_bench_index_peers_model_only_rows() -> None:
     out = proc.stdout
     rows = {r["pipeline"]: r for r in _json_line(out)["model_only"]["rows"]}
     assert set(rows) == {"naive", "default", "fp32", "fp32-torch", "bf16-torch", "int8-torch", *_PEER_PIPELINES}
-    onednn_capped = cpu.kernel_level() != cpu.detected_level()
     for name, row in rows.items():
         if row.get("skipped"):  # a runtime not installed here, or one a oneDNN ISA cap leaves without kernels: why, no figures
             assert name.startswith(("onnxruntime", "openvino")), row
-            assert "pip install" in row["skipped"] or (onednn_capped and " here: " in row["skipped"]), row
+            assert "pip install" in row["skipped"] or (ONEDNN_CAPPED and " here: " in row["skipped"]), row
             continue
         assert row["images_per_second"] > 0 and row["x_naive"] > 0, row
         assert row["mean_cosine"] >= row["min_cosine"] > 0.99, row

@@ -34,7 +34,7 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Literal
 
@@ -124,6 +124,18 @@ def _applies(row: Candidate) -> bool:
     return row.levels is None or cpu.cpu_level() in row.levels
 
 
+def _device(device_type: str) -> str:
+    return "cuda" if device_type == "cuda" else "cpu"
+
+
+def _here(tower: TowerKind, device_type: str, runtime: str | None = None) -> Iterator[Candidate]:
+    """The rows of ``tower`` (of ``runtime``'s only, where given) on ``device_type`` (``cuda``;
+    anything else is the CPU) that apply at this CPU's level (CUDA rows name no level)."""
+    device = _device(device_type)
+    return (c for c in CANDIDATES
+            if c.tower == tower and c.device == device and (runtime is None or c.runtime == runtime) and _applies(c))
+
+
 def candidates(tower: TowerKind, mode: str | None) -> tuple[Candidate, ...]:
     """The rows of ``tower`` in ``mode`` whose runtime must pass the check, in the order tried (on every level)."""
     return tuple(c for c in CANDIDATES if c.tower == tower and c.mode == mode and _checked(c))
@@ -148,24 +160,15 @@ def tried_here(mode: str) -> bool:
 def refusal(tower: TowerKind, mode: str, runtime: str, device_type: str) -> str | None:
     """Why ``runtime`` may not run ``tower``'s ``mode`` on ``device_type`` here (None: it may: the
     reference in fp32, or a row that applies)."""
-    if mode == "fp32" and runtime == REFERENCE[tower]:
+    if (mode == "fp32" and runtime == REFERENCE[tower]) or any(c.mode == mode for c in _here(tower, device_type, runtime)):
         return None
-    device = "cuda" if device_type == "cuda" else "cpu"
-    for c in CANDIDATES:
-        if (c.tower, c.mode, c.runtime, c.device) == (tower, mode, runtime, device) and (device == "cuda" or _applies(c)):
-            return None
-    return NO_ROW.get((tower, mode, runtime, device), f"no row runs the {mode} {tower} tower on {runtime} here")
+    return NO_ROW.get((tower, mode, runtime, _device(device_type)), f"no row runs the {mode} {tower} tower on {runtime} here")
 
 
 def auto_modes(tower: TowerKind, device_type: str, runtime: str | None = None) -> tuple[str, ...]:
-    """The reduced modes ``auto`` gates for ``tower`` on ``device_type`` (``cuda``; anything else
-    is the CPU) at this CPU's level, fastest first: those of the rows that apply (of ``runtime``'s
-    rows only, where given)."""
-    device = "cuda" if device_type == "cuda" else "cpu"
-    rows = (c for c in CANDIDATES if c.tower == tower and c.device == device and c.mode != "fp32")
-    return tuple(dict.fromkeys(
-        c.mode for c in rows if (runtime is None or c.runtime == runtime) and (device == "cuda" or _applies(c))
-    ))
+    """The reduced modes ``auto`` gates for ``tower`` on ``device_type`` at this CPU's level,
+    fastest first: those of the rows that apply (of ``runtime``'s rows only, where given)."""
+    return tuple(dict.fromkeys(c.mode for c in _here(tower, device_type, runtime) if c.mode != "fp32"))
 
 
 def requested_runtime(tower: TowerKind, requested: str | None = None) -> str:

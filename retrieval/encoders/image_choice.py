@@ -17,9 +17,8 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, ModelLoadError
 from . import memo
-from .base import first_line
 from .chooser import LOG, RUNTIME_ENV, agreement, candidates, requested_runtime, tried_here
-from .runtime.image import RUNTIMES, Runtime, Tower
+from .runtime.image import RUNTIMES, Runtime, Tower, TowerFailed, guarded
 
 if TYPE_CHECKING:
     import torch
@@ -40,28 +39,6 @@ def batch_drift(tower: Tower, sample: torch.Tensor, together: np.ndarray) -> flo
         copies = -(-PARITY_IMAGES // n)
         probes.append((sample.repeat(copies, 1, 1, 1), np.tile(together, (copies, 1))))
     return max(float(np.abs(tower(images) - expected).max()) for images, expected in probes)
-
-
-class _TowerFailed(Exception):
-    """A runtime's tower raised on images (its own error's first line is the message)."""
-
-
-def _guarded(tower: Tower) -> Tower:
-    """``tower``, its errors turned into :class:`_TowerFailed`: a tower can compile and still fail
-    on its first images (OpenVINO's int8 one under a oneDNN ISA cap finds no kernel for a node),
-    and then the candidate fails, not the build. Our own code around it raises as it would."""
-
-    def run(pixel_values: Any) -> np.ndarray:
-        try:
-            vectors = tower(pixel_values)
-        except Exception as exc:  # noqa: BLE001  (the runtimes raise their own untyped errors)
-            raise _TowerFailed(first_line(exc)) from exc
-        if vectors.ndim != 2 or len(vectors) != len(pixel_values) or not vectors.shape[1]:
-            # Seen from OpenVINO's int8 tower under a oneDNN cap: (0, dim) for six images.
-            raise _TowerFailed(f"it gave vectors of shape {tuple(vectors.shape)} for {len(pixel_values)} images")
-        return vectors
-
-    return run
 
 
 class ImageRuntime:
@@ -195,7 +172,7 @@ class ImageRuntime:
             return str(exc)
         reference, torch_seconds = torch_vectors()
         row = next(c for c in candidates("image", self.mode) if c.runtime == runtime.name)
-        checked = _guarded(tower)
+        checked = guarded(tower)
         try:
             t0 = time.perf_counter()
             vectors = checked(sample)
@@ -209,7 +186,7 @@ class ImageRuntime:
                 "torch_seconds": round(torch_seconds, 3), f"{runtime.name}_seconds": round(seconds, 3),
             }
             self._remember(runtime, export, checked, int(sample.shape[-1]))
-        except _TowerFailed as failed:
+        except TowerFailed as failed:
             self.parity = None
             return f"{runtime.label}'s {self.mode} tower failed on the images of its check: {failed}"
         return tower

@@ -25,12 +25,11 @@ from ..errors import ModelLoadError
 from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from ..images.preprocess_numpy import load_pixels_array, numpy_preprocessing
 from . import cpu, memo
-from .base import first_line
 from .chooser import RUNTIME_ENV, candidates, requested_runtime, runtime_modes, tried_here
 from .hf.checkpoint import checkpoint_fingerprint, read_model_type
 from .hf.family import FAMILIES, Family
 from .runtime.export import cache_dir, export_key
-from .runtime.image import RUNTIMES, Tower
+from .runtime.image import RUNTIMES, Tower, TowerFailed, guarded
 
 if TYPE_CHECKING:
     from pathlib import Path
@@ -172,9 +171,9 @@ def _reopen(manifest: Manifest, model: str, runtime: str, mode: str, image_size:
         return f"this machine has no remembered checks of the {mode} tower on {spec.label} at these settings"
     tower = spec.load(export, mode, passed.int8_group)
     try:
-        probe = tower(memo.probe_pixels(image_size))[0]
-    except Exception as exc:  # noqa: BLE001  (the runtimes raise their own untyped errors)
-        return f"the {mode} tower on {spec.label} failed on the probe image: {first_line(exc)}"
+        probe = guarded(tower)(memo.probe_pixels(image_size))[0]
+    except TowerFailed as failed:
+        return f"the {mode} tower on {spec.label} failed on the probe image: {failed}"
     if probe.shape != passed.probe.shape or not np.array_equal(probe, passed.probe):
         return f"the {mode} tower on {spec.label} no longer gives the remembered probe vector"
     return RecordedTower(name, family, fingerprint, int(probe.shape[0]), runtime, mode, tower)

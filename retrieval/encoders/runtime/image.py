@@ -2,7 +2,8 @@
 
 Which of them runs a tower, in which mode and on which CPU, is :data:`retrieval.encoders.chooser.CANDIDATES`'s
 to say; this table says only, per runtime, what it needs installed, how to load its tower in a
-mode, its version and the file a mode's tower runs from (what a passed check is remembered by).
+mode, its version and the file a mode's tower runs from (what a passed check is remembered by);
+:func:`guarded` says what counts as a tower failing on images.
 """
 
 from __future__ import annotations
@@ -15,12 +16,35 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
+from ..base import first_line
 from . import ORT_INSTALL, OV_INSTALL, package_not_found, packages_missing
 
 if TYPE_CHECKING:
     import torch
 
 Tower = Callable[["torch.Tensor | np.ndarray"], np.ndarray]
+
+
+class TowerFailed(Exception):
+    """A runtime's tower failed on images: it raised (the message is its error's first line) or
+    gave other than one vector per image."""
+
+
+def guarded(tower: Tower) -> Tower:
+    """``tower``, its failures as :class:`TowerFailed`: a tower can compile and still fail on its
+    first images (OpenVINO's int8 one under a oneDNN ISA cap finds no kernel for a node, or
+    answers with no vectors), and then the candidate fails, not the build."""
+
+    def run(pixel_values: Any) -> np.ndarray:
+        try:
+            vectors = tower(pixel_values)
+        except Exception as exc:  # noqa: BLE001  (the runtimes raise their own untyped errors)
+            raise TowerFailed(first_line(exc)) from exc
+        if vectors.ndim != 2 or len(vectors) != len(pixel_values) or not vectors.shape[1]:
+            raise TowerFailed(f"it gave vectors of shape {tuple(vectors.shape)} for {len(pixel_values)} images")
+        return vectors
+
+    return run
 
 
 @dataclass(frozen=True)
@@ -73,4 +97,4 @@ RUNTIMES: dict[str, Runtime] = {
 }
 
 
-__all__ = ["RUNTIMES", "Runtime", "Tower"]
+__all__ = ["RUNTIMES", "Runtime", "Tower", "TowerFailed", "guarded"]
