@@ -86,11 +86,13 @@ serve: $(STAMP)
 # and says which on stderr; with none, the browser tests fail unless CLIPSEARCH_SKIP_BROWSER=1.
 # Two pytest-xdist workers, each test file on one worker (its module fixtures built once): much of
 # the suite waits on subprocesses, servers and disk, so two workers on two cores halve its time.
+# --no-loadscope-reorder: files start in collection order, the slowest first (tests/conftest.py's
+# SLOW_FILES), not xdist's most-tests-first, which left a long file of few tests to run alone at the end.
 # TEST_WORKERS=0 runs it in one process (e.g. to debug with -x -s).
 TEST_WORKERS ?= 2
 test: $(STAMP)
 	@chromium=$$(PYTHON=$(BIN)/python scripts/ensure-chromium) && \
-	  CLIPSEARCH_CHROMIUM="$$chromium" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --durations=25
+	  CLIPSEARCH_CHROMIUM="$$chromium" $(BIN)/python -m pytest -q -n $(TEST_WORKERS) --dist loadfile --no-loadscope-reorder --durations=25
 
 # The manual under docs/, built by MkDocs; --strict turns a broken link, a bad anchor or a page left
 # out of the navigation into a failure (.ci/run runs it).
