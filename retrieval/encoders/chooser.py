@@ -34,9 +34,9 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -111,8 +111,21 @@ TEXT_RUNTIME_ENV = SETTINGS["text"]
 ALSO: dict[TowerKind, tuple[str, ...]] = {"image": (), "text": ("torch",)}
 # The older setting of CLIPSEARCH_TEXT_RUNTIME=torch, still read (with a warning).
 TEXT_PATH_ENV = "CLIPSEARCH_TEXT_PATH"
-# What an index records of the image tower's choice (ImageRuntime.info).
+# What an index records of the image tower's choice (runtime_record("image_", ...)).
 RUNTIME_KEYS: tuple[str, ...] = ("image_runtime", "image_runtime_version", "image_runtime_parity", "image_runtime_note")
+
+
+def runtime_record(
+    prefix: str, name: str, version: str | None = None, parity: Mapping[str, float] | None = None, note: str | None = None,
+) -> dict[str, Any]:
+    """What an index (``image_``) or the text tower's ``info`` (no prefix) records of a choice:
+    ``{prefix}runtime`` and, where there are, its ``_version``, ``_parity`` (the check's
+    figures) and ``_note`` (why the runtimes before it were passed over)."""
+    data: dict[str, Any] = {f"{prefix}runtime": name}
+    for key, value in (("version", version), ("parity", dict(parity or {})), ("note", note)):
+        if value:
+            data[f"{prefix}runtime_{key}"] = value
+    return data
 
 
 def _checked(row: Candidate) -> bool:
@@ -242,6 +255,7 @@ __all__ = [
     "from_level",
     "refusal",
     "requested_runtime",
+    "runtime_record",
     "runtime_modes",
     "tried_here",
 ]

@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, ModelLoadError
 from . import memo
-from .chooser import LOG, RUNTIME_ENV, agreement, candidates, requested_runtime, tried_here
+from .chooser import LOG, RUNTIME_ENV, agreement, candidates, requested_runtime, runtime_record, tried_here
 from .runtime.image import RUNTIMES, Runtime, Tower, TowerFailed, guarded
 
 if TYPE_CHECKING:
@@ -39,6 +39,24 @@ def batch_drift(tower: Tower, sample: torch.Tensor, together: np.ndarray) -> flo
         copies = -(-PARITY_IMAGES // n)
         probes.append((sample.repeat(copies, 1, 1, 1), np.tile(together, (copies, 1))))
     return max(float(np.abs(tower(images) - expected).max()) for images, expected in probes)
+
+
+def plan(mode: str, recorded: str | None = None, requested: str | None = None) -> tuple[list[str], bool]:
+    """The runtimes to try for ``mode``'s image tower, in order (none: torch), and whether a
+    failure is an error (a runtime asked for by name): the runtime asked for
+    (:func:`requested_runtime`), else the rows that apply here, ``recorded`` (the index's
+    runtime) first. What the full encoder tries and what an image query reopens
+    (:mod:`.recorded_tower`) are decided here alike."""
+    order = [c.runtime for c in candidates("image", mode)]
+    choice = requested_runtime("image", requested)
+    if choice != "auto":
+        # torch named, or ONNX Runtime for a reduced mode (it runs the fp32 tower only): torch.
+        return ([choice], True) if choice in order else ([], False)
+    if recorded == "torch" or not tried_here(mode):
+        return [], False
+    if recorded in order:
+        return [recorded, *(name for name in order if name != recorded)], False
+    return order, False
 
 
 class ImageRuntime:
@@ -80,25 +98,16 @@ class ImageRuntime:
             self.reset()
 
     def _plan(self) -> tuple[list[str], bool]:
-        """The runtimes to try, in order (none: torch), and whether a failure is an error."""
-        order = [c.runtime for c in candidates("image", self.mode)]
-        choice = requested_runtime("image", self.requested)
-        if choice == "torch":
-            return [], False
-        if choice != "auto":
-            if choice not in order:
-                return [], False  # ONNX Runtime named: it runs the fp32 tower only, reduced modes stay on torch
-            if not self.applies:
-                raise ModelLoadError(
-                    f"{RUNTIME_ENV}={choice}: {RUNTIMES[choice].label} runs only the image tower of a Hugging "
-                    f"Face CLIP or SigLIP FixRes model on the CPU ({self.model_name} here is not one)"
-                )
-            return [choice], True
-        if not self.applies or self.recorded == "torch" or not tried_here(self.mode):
-            return [], False
-        if self.recorded in order:
-            return [self.recorded, *(name for name in order if name != self.recorded)], False
-        return order, False
+        """:func:`plan` for this tower; a runtime asked for by name where only torch runs it is an error."""
+        planned, strict = plan(self.mode, self.recorded, self.requested)
+        if self.applies:
+            return planned, strict
+        if strict:
+            raise ModelLoadError(
+                f"{RUNTIME_ENV}={planned[0]}: {RUNTIMES[planned[0]].label} runs only the image tower of a Hugging "
+                f"Face CLIP or SigLIP FixRes model on the CPU ({self.model_name} here is not one)"
+            )
+        return [], False
 
     @property
     def pending(self) -> bool:
@@ -208,16 +217,11 @@ class ImageRuntime:
             except (InvalidArgumentError, ModelLoadError):
                 return {}  # the choice will raise when the tower runs, and say why
             return {"image_runtime": "torch"} if settled else {}
-        data: dict[str, Any] = {"image_runtime": self.name}
-        if self.name in RUNTIMES:
-            data["image_runtime_version"] = RUNTIMES[self.name].version()
-            if self.mode == "int8":
-                data["int8_activation_bits"] = 8  # the runtime's own codes, whatever torch's kernel would use
-        if self.parity is not None:
-            data["image_runtime_parity"] = self.parity
-        if self.note:
-            data["image_runtime_note"] = self.note
+        runtime = RUNTIMES.get(self.name)
+        data = runtime_record("image_", self.name, runtime.version() if runtime else None, self.parity, self.note)
+        if runtime is not None and self.mode == "int8":
+            data["int8_activation_bits"] = 8  # the runtime's own codes, whatever torch's kernel would use
         return data
 
 
-__all__ = ["PARITY_IMAGES", "ImageRuntime", "batch_drift"]
+__all__ = ["PARITY_IMAGES", "ImageRuntime", "batch_drift", "plan"]

@@ -25,9 +25,10 @@ from ..errors import ModelLoadError
 from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from ..images.preprocess_numpy import load_pixels_array, numpy_preprocessing
 from . import cpu, memo
-from .chooser import RUNTIME_ENV, candidates, requested_runtime, runtime_modes, tried_here
+from .chooser import RUNTIME_ENV, requested_runtime, runtime_modes
 from .hf.checkpoint import checkpoint_fingerprint, read_model_type
 from .hf.family import FAMILIES, Family
+from .image_choice import plan
 from .runtime.export import cache_dir, export_key
 from .runtime.image import RUNTIMES, Tower, TowerFailed, guarded
 
@@ -130,7 +131,7 @@ def open_recorded(manifest: Manifest, model: str, device: str) -> RecordedTower 
     choice = requested_runtime("image")
     if choice not in ("auto", runtime):
         return f"{choice} asked for ({RUNTIME_ENV})"
-    if runtime not in [c.runtime for c in candidates("image", mode)] or (choice == "auto" and not tried_here(mode)):
+    if plan(mode, runtime)[0][:1] != [runtime]:
         return f"{mode} towers do not run on {runtime} on this CPU"
     spec = RUNTIMES[runtime]
     missing = spec.missing(mode)

@@ -28,7 +28,7 @@ import numpy as np
 from ..errors import ModelLoadError
 from . import cpu
 from .base import TextPath, first_line
-from .chooser import LOG, TEXT_RUNTIME_ENV, agreement, auto_modes, candidates, requested_runtime
+from .chooser import LOG, TEXT_RUNTIME_ENV, agreement, auto_modes, candidates, requested_runtime, runtime_record
 from .precision import PROBE_TEXTS
 from .runtime import ORT_INSTALL, RuntimeUnavailable
 
@@ -95,16 +95,7 @@ class TextRuntime:
     def record(self) -> dict[str, Any]:
         """JSON-able: ``runtime`` and, where there are, ``runtime_note``, ``runtime_parity``,
         ``runtime_version``; empty where ONNX Runtime was not tried (the text path says why)."""
-        if not self.tried:
-            return {}
-        data: dict[str, Any] = {"runtime": self.name}
-        if self.note:
-            data["runtime_note"] = self.note
-        if self.parity:
-            data["runtime_parity"] = dict(self.parity)
-        if self.version:
-            data["runtime_version"] = self.version
-        return data
+        return runtime_record("", self.name, self.version, self.parity, self.note) if self.tried else {}
 
 
 def choose_text_runtime(
