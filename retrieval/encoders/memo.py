@@ -1,22 +1,14 @@
-"""What a process learnt about how a tower runs, remembered for the next: one small JSON memo type
-in the user's cache, and its two books.
+"""What a process learnt about how a tower runs, remembered for the next (docs/performance.md):
+one small JSON memo type (:class:`JsonMemo`) in the user's cache, and its two books.
 
-- **passed checks** (:func:`lookup_check`, :func:`record_check`): what an image tower's runtime
-  passed (:func:`retrieval.encoders.chooser.agreement`), keyed by the tower's file, the runtime
-  and its version, the mode and the CPU (:func:`check_key`), with the tower's vector of a fixed
-  probe input (:func:`probe_pixels`). A query process reopens the tower from the entry
-  (:mod:`.recorded_tower`) only where the probe gives the same vector bit for bit, so a changed
-  kernel, another thread count that changes the sums, a stale compiled-model cache or an edited
-  entry sends it back to the full checks. File: ``$CLIPSEARCH_RUNTIME_CHECKS`` (a path; ``off``
-  disables it), else ``checks.json`` in the export cache, beside the files it speaks of.
+- **passed checks** of an image tower's runtime (:func:`lookup_check`, :func:`record_check`),
+  with the tower's vector of a fixed probe input: a query process reopens the tower
+  (:mod:`.recorded_tower`) only where the probe gives that vector bit for bit.
 - **auto's text precision** (:func:`lookup_gate`, :func:`record_gate`): the quality gate's
-  outcome for the numpy text tower (mode, figures, note), which depends only on the weights and
-  the products this CPU runs (:func:`gate_key`). File: ``$CLIPSEARCH_GATE_CACHE`` (``off``
-  disables it), else ``text-precision.json`` in clipsearch's user cache folder.
+  outcome for the numpy text tower.
 
-Both files are derived data, never inside an index directory (readers do not write there):
-written atomically (a temporary file renamed), bounded (the oldest entries go first), and any
-failure to read or write them is ignored, so the work they save simply runs again.
+Derived data, never inside an index directory: written atomically, bounded, and any failure to
+read or write is ignored, so the work they save simply runs again.
 """
 
 from __future__ import annotations
@@ -100,12 +92,12 @@ class JsonMemo:
 
 
 def checks_file() -> Path | None:
-    """Where passed checks are kept (None: not kept)."""
+    """Where passed checks are kept: ``$CLIPSEARCH_RUNTIME_CHECKS`` (``off``: not kept), else beside the exports."""
     return memo_file(CHECKS_ENV, cache_dir() / "checks.json")
 
 
 def gate_file() -> Path | None:
-    """Where ``auto``'s text precision outcomes are kept (None: not kept)."""
+    """Where ``auto``'s text precision outcomes are kept: ``$CLIPSEARCH_GATE_CACHE`` (``off``: not kept), else the user cache."""
     return memo_file(GATE_CACHE_ENV, user_cache() / "text-precision.json")
 
 
@@ -136,13 +128,8 @@ def probe_pixels(image_size: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PassedChecks:
-    """A remembered pass: the figures of the checks and the tower's probe vector.
-
-    Attributes:
-        parity: what the index records as ``image_runtime_parity``.
-        probe: the tower's normalised vector of :func:`probe_pixels`.
-        int8_group: the int8 tower's activation group (0 for fp32).
-    """
+    """A remembered pass: the checks' figures (the index's ``image_runtime_parity``), the
+    tower's vector of :func:`probe_pixels`, and an int8 tower's activation group (else 0)."""
 
     parity: dict[str, float]
     probe: np.ndarray
@@ -179,13 +166,8 @@ def record_check(key: str, passed: PassedChecks) -> None:
 
 @dataclass(frozen=True)
 class GateOutcome:
-    """What ``auto`` chose for one text tower on one CPU setting.
-
-    Attributes:
-        mode: ``int8`` or ``fp32``.
-        gate: the gate's figures.
-        note: why int8 was not kept although it passed (it ran no faster), or None.
-    """
+    """What ``auto`` chose for one text tower on one CPU setting (``int8`` or ``fp32``), the
+    gate's figures, and why int8 was not kept although it passed (``note``)."""
 
     mode: str
     gate: tuple[GateResult, ...]

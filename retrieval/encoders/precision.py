@@ -1,25 +1,9 @@
-"""Reduced-precision inference for the towers, and the quality gate that guards it.
+"""Reduced-precision modes of the towers (``--precision``; what each does: docs/performance.md,
+"Precision modes"), and the quality gate that guards ``auto``.
 
-Modes (``--precision``):
-
-- ``fp32``: the reference; embeddings equal ``CLIPModel.get_image_features`` exactly.
-- ``bf16`` / ``fp16``: ``torch.autocast`` (matrix products in 16 bits, LayerNorm, softmax and the
-  final normalisation in float32). On CUDA the fast modes; on CPUs without AMX, measured slower
-  than fp32 (see docs/performance.md), so ``auto`` never picks them there.
-- ``int8``: per-row int8 (:mod:`retrieval.encoders.int8`), CPU only; a vector stays a function
-  of its input alone (bit-identical in any batch).
-- ``auto``: the fastest mode that passes the gate, else fp32. The candidates, fastest first,
-  depend on the device and the CPU (:func:`retrieval.encoders.chooser.auto_modes`, the rows
-  of its table); each is compared with fp32 on a small
-  calibration sample (the first images a build embeds; :data:`PROBE_TEXTS` for texts).
-
-The gate (:func:`gate`): per-vector cosine to the fp32 vectors (mean and min at least
-:data:`GATE_MEAN_COSINE`, :data:`GATE_MIN_COSINE`) and the overlap of the top-:data:`GATE_K`
-neighbours of each sample vector among the others (:data:`GATE_TOPK_OVERLAP`). Which runtime
-runs a mode is :data:`retrieval.encoders.chooser.CANDIDATES`'s.
-
-Imports go one way: this module uses :mod:`.int8` (inside the functions that need it, since
-``int8`` imports torch and this module must not), and ``int8`` never imports this one.
+``auto`` runs the fastest candidate (:func:`retrieval.encoders.chooser.auto_modes`) whose
+vectors of a calibration sample pass :func:`gate` against fp32's (:func:`choose`), else fp32.
+:mod:`.int8` imports torch, so it is imported inside the functions that make an int8 tower.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
 """An index's image tower reopened on the runtime its vectors came from, without torch's model.
 
-An image query must be embedded as the index's images were: the mode (``precision``) and the
-runtime (``image_runtime``) its ``model_info`` records. Where that runtime is OpenVINO or ONNX
-Runtime, the full encoder (:class:`~.hf.HFClipEncoder`) imports transformers, loads torch's tower
-and checks the runtime's tower against it before the first query: several seconds of a
-one-shot ``clipsearch search --image``, for one image. :func:`open_recorded` reopens the tower
-straight from the cached files instead, where this machine remembers that the tower passed those
-checks (:mod:`.memo`, written by the run that checked it) and the tower reproduces the
-remembered probe vector bit for bit. Anything else (nothing remembered, another query model, a
-tower only torch runs, another runtime asked for: :func:`.chooser.requested_runtime`) is answered with the
-reason, and the caller uses the full encoder, which runs the checks and remembers them.
+A cold image query would otherwise load torch's tower to check the runtime's against it.
+:func:`open_recorded` reopens the tower from the cached files where this machine remembers its
+passed checks (:mod:`.memo`) and it reproduces the remembered probe vector bit for bit; else it
+says why, and the caller uses the full encoder (docs/performance.md, "Image queries reopen the
+recorded tower").
 """
 
 from __future__ import annotations
@@ -43,17 +38,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RecordedTower:
     """The image half of an encoder, for queries: the index's recorded tower on its runtime
-    (an :class:`~.base.ImageQueryEncoder`, as the full encoder is).
-
-    Attributes:
-        name: the query model, as the index names it.
-        family: the checkpoint's family (what :class:`~.query.QueryEncoders` checks).
-        fingerprint: the weights' fingerprint (checked equal to the index's before opening).
-        dim: the vectors' dimension (the probe vector's).
-        runtime: ``openvino`` or ``onnxruntime``.
-        mode: ``fp32``, ``bf16`` or ``int8``.
-        tower: ``(N, 3, H, W)`` pixel values -> ``(N, dim)`` normalised vectors.
-    """
+    (an :class:`~.base.ImageQueryEncoder`, as the full encoder is), with what
+    :class:`~.query.QueryEncoders` checks of an encoder (family, fingerprint, dim)."""
 
     name: str
     family: Family

@@ -19,9 +19,9 @@ from ..chooser import auto_modes
 from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
 from ..text_choice import TEXT_PRECISIONS, TextPath, TextRuntime, choose_text_runtime, local_checkpoint, one_shot_reason
-from .clip_tokenizer import load_clip_tokenizer
+from .clip_tokenizer import TokenizerSettings, load_clip_tokenizer
 from .tower import NumpyTextTower, pooled_positions
-from .tower_config import UnsupportedTextTower, read_checkpoint_config
+from .tower_config import TextTowerConfig, UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
 
 
@@ -93,9 +93,7 @@ class NumpyTextEncoder:
         """
         if precision not in TEXT_PRECISIONS:
             raise UnsupportedTextTower(f"text precision {precision} runs in torch")
-        name, directory = local_checkpoint(model)
-        cfg = read_checkpoint_config(directory)
-        reader = SafetensorsReader.for_checkpoint(directory)
+        name, directory, cfg, reader = checked_checkpoint(model)
         # Hashing the weights is slow and releases the GIL: it runs beside the tokenizer and
         # weight loading instead of after them (once the cheap checks passed, so that a fallback
         # to torch does not hash twice).
@@ -247,6 +245,23 @@ class NumpyTextEncoder:
                 yield
         else:
             yield
+
+
+def checked_checkpoint(model: str) -> tuple[str, Path, TextTowerConfig, SafetensorsReader]:
+    """``(name, directory, config, weights)`` of a checkpoint whose text tower this computes,
+    judged from its config, tokenizer settings and weight headers (no weights read): what
+    :func:`~..text_choice.text_path` predicts from and :meth:`NumpyTextEncoder.load` loads.
+
+    Raises:
+        UnsupportedTextTower: a hub id not in the local cache, or a text tower this does not compute.
+        ModelLoadError: a local directory that is not a checkpoint.
+    """
+    name, directory = local_checkpoint(model)
+    cfg = read_checkpoint_config(directory)
+    TokenizerSettings.read(directory)
+    if not (directory / "tokenizer.json").is_file():
+        raise UnsupportedTextTower("no tokenizer.json")
+    return name, directory, cfg, SafetensorsReader.for_checkpoint(directory)
 
 
 def keep_if_faster(mode: Mode, seconds: dict[str, float]) -> tuple[Mode, str | None]:
