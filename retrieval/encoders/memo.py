@@ -36,25 +36,20 @@ _CHECKS_VERSION = 1
 _GATE_VERSION = 1
 
 
-def memo_file(env: str, default: Path) -> Path | None:
-    """The file ``$env`` names (``off``: none), else ``default``."""
-    explicit = os.environ.get(env, "").strip()
-    if explicit.lower() == "off":
-        return None
-    return Path(explicit).expanduser() if explicit else default
-
-
 class JsonMemo:
-    """Entries (JSON objects) under string keys in the file ``locate()`` names (None: off).
+    """Entries (JSON objects) under string keys in one file: the one ``$env`` names (``off``:
+    none; read on every call, as the environment may change), else ``default()``. The oldest
+    written go first beyond ``max_entries``."""
 
-    Args:
-        locate: where the file is, read on every call (the environment may change it).
-        max_entries: entries kept; the oldest written go first.
-    """
+    def __init__(self, env: str, default: Callable[[], Path], max_entries: int = 64) -> None:
+        self.env, self.default, self.max_entries = env, default, max_entries
 
-    def __init__(self, locate: Callable[[], Path | None], max_entries: int = 64) -> None:
-        self.locate = locate
-        self.max_entries = max_entries
+    def file(self) -> Path | None:
+        """Where the entries are kept (None: not kept)."""
+        explicit = os.environ.get(self.env, "").strip()
+        if explicit.lower() == "off":
+            return None
+        return Path(explicit).expanduser() if explicit else self.default()
 
     def _read(self, path: Path) -> dict[str, Any]:
         try:
@@ -65,7 +60,7 @@ class JsonMemo:
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The entry under ``key``, or None (off, no file, no entry, or not an object)."""
-        path = self.locate()
+        path = self.file()
         if path is None:
             return None
         entry = self._read(path).get(key)
@@ -73,7 +68,7 @@ class JsonMemo:
 
     def put(self, key: str, entry: dict[str, Any]) -> None:
         """Keep ``entry`` under ``key``, atomically; a failure is ignored (the work runs next time)."""
-        path = self.locate()
+        path = self.file()
         if path is None:
             return
         try:
@@ -88,21 +83,13 @@ class JsonMemo:
             return
 
 
+_CHECKS = JsonMemo(CHECKS_ENV, lambda: cache_dir() / "checks.json")
+_GATES = JsonMemo(GATE_CACHE_ENV, lambda: user_cache() / "text-precision.json")
+# Where passed checks and auto's text precision outcomes are kept (None: not kept).
+checks_file, gate_file = _CHECKS.file, _GATES.file
+
+
 # -- passed checks of a runtime's image tower --------------------------------------------------
-
-
-def checks_file() -> Path | None:
-    """Where passed checks are kept: ``$CLIPSEARCH_RUNTIME_CHECKS`` (``off``: not kept), else beside the exports."""
-    return memo_file(CHECKS_ENV, cache_dir() / "checks.json")
-
-
-def gate_file() -> Path | None:
-    """Where ``auto``'s text precision outcomes are kept: ``$CLIPSEARCH_GATE_CACHE`` (``off``: not kept), else the user cache."""
-    return memo_file(GATE_CACHE_ENV, user_cache() / "text-precision.json")
-
-
-_CHECKS = JsonMemo(lambda: checks_file())
-_GATES = JsonMemo(lambda: gate_file())
 
 
 def _cpu_identity() -> str:
@@ -211,7 +198,6 @@ __all__ = [
     "gate_key",
     "lookup_check",
     "lookup_gate",
-    "memo_file",
     "probe_pixels",
     "record_check",
     "record_gate",
