@@ -1,8 +1,8 @@
-"""The image tower's choice of runtime (:class:`ImageRuntime`, one per mode another runtime may
-run): the rows of :data:`retrieval.encoders.chooser.CANDIDATES` for the mode tried in order on a
-sample of the first batch, each against torch's tower through the chooser's one check
-(:func:`~retrieval.encoders.chooser.agreement`, with :func:`batch_drift`), the pass kept
-(:mod:`.memo`) and recorded in the index (``image_runtime``).
+"""The image tower's choice of runtime: :func:`plan` the runtimes to try for a mode, in order;
+:class:`ImageRuntime` (one per mode another runtime may run) tries them on a sample of the
+first batch against torch's tower through the chooser's one check
+(:func:`~retrieval.encoders.chooser.agreement`, with :func:`batch_drift`), keeps the pass
+(:mod:`.memo`) and records it in the index (``image_runtime``).
 """
 
 from __future__ import annotations
@@ -137,37 +137,30 @@ class ImageRuntime:
             return reference[0]
 
         reasons: list[str] = []
+        chosen: Tower | None = None
         for name in planned:
-            runtime = RUNTIMES[name]
-            outcome = self._try(runtime, sample, torch_vectors)
-            if isinstance(outcome, str):
-                if strict:
-                    raise ModelLoadError(f"{RUNTIME_ENV}={name}: {outcome}")
-                reasons.append(outcome)
-                continue
-            self.name, self._tower = name, outcome
-            if self.recorded is not None and self.recorded != name:
-                why = "; ".join(reasons) if self.recorded in RUNTIMES else "this version does not know it"
-                self.note = f"the index's vectors came from {self.recorded}, which cannot run here: {why}"
-                LOG.warning("%s image tower of %s runs on %s: %s", self.mode, self.model_name, runtime.label, self.note)
-            else:
-                # A runtime that is not installed is worth a word only when nothing else runs.
-                failed = [r for r in reasons if " is not installed" not in r]
-                self.note = "; ".join(failed) or None
-                if failed:
-                    LOG.info("%s image tower of %s runs on %s: %s", self.mode, self.model_name, runtime.label, self.note)
-            return outcome
-        self.name = "torch"
-        if self.recorded in RUNTIMES:
+            outcome = self._try(RUNTIMES[name], sample, torch_vectors)
+            if not isinstance(outcome, str):
+                chosen = outcome
+                break
+            if strict:
+                raise ModelLoadError(f"{RUNTIME_ENV}={name}: {outcome}")
+            reasons.append(outcome)
+        self.name, self._tower = (name, chosen) if chosen is not None else ("torch", None)
+        if self.recorded not in (None, self.name) and (chosen is not None or self.recorded in RUNTIMES):
             # The index's vectors came from another tower: the new ones will differ a little.
-            self.note = f"the index's vectors came from {self.recorded}, which cannot run here: {'; '.join(reasons)}"
-            LOG.warning("%s image tower of %s runs on torch: %s", self.mode, self.model_name, self.note)
-        elif reasons:
-            self.note = "; ".join(reasons)
-            # torch's int8 tower is a fast path of its own: a missing OpenVINO is no cause for alarm there.
-            level = logging.WARNING if self.mode == "fp32" else logging.INFO
-            LOG.log(level, "%s image tower of %s runs on torch: %s", self.mode, self.model_name, self.note)
-        return None
+            why = "; ".join(reasons) if self.recorded in RUNTIMES else "this version does not know it"
+            self.note, level = f"the index's vectors came from {self.recorded}, which cannot run here: {why}", logging.WARNING
+        else:
+            # A runtime that is not installed is worth a word only when nothing else runs; and
+            # torch's int8 tower is a fast path of its own, no cause for alarm.
+            shown = reasons if chosen is None else [r for r in reasons if " is not installed" not in r]
+            self.note = "; ".join(shown) or None
+            level = logging.WARNING if chosen is None and self.mode == "fp32" else logging.INFO
+        if self.note:
+            label = RUNTIMES[self.name].label if chosen is not None else "torch"
+            LOG.log(level, "%s image tower of %s runs on %s: %s", self.mode, self.model_name, label, self.note)
+        return chosen
 
     def _try(self, runtime: Runtime, sample: torch.Tensor, torch_vectors: Callable[[], tuple[np.ndarray, float]]) -> Tower | str:
         """``runtime``'s tower where it passes :func:`agreement`, else why not (one line)."""

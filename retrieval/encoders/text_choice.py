@@ -223,9 +223,8 @@ def text_path(
         why = f": auto has no reduced mode here (no fast int8 on this CPU, level {cpu.cpu_level()})"
     if fp32_on is None:
         return TextPath("onnxruntime", f"{tower}, {ort}{why}")
-    if one_shot is not None:
-        return TextPath("numpy", f"{tower} in numpy, fp32, no torch{why}")
-    return TextPath("numpy", f"{tower} in numpy, fp32, no torch{why} (not ONNX Runtime: {fp32_on})")
+    not_ort = "" if one_shot is not None else f" (not ONNX Runtime: {fp32_on})"  # the one-shot rule said why
+    return TextPath("numpy", f"{tower} in numpy, fp32, no torch{why}{not_ort}")
 
 
 __all__ = [

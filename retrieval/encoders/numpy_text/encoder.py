@@ -183,9 +183,6 @@ class NumpyTextEncoder:
             self._tower, self.mode = int8_tower, "int8"
             self.int8_note = f"{activation_bits()}-bit activations, torch fbgemm"
 
-    def text_precision_info(self) -> dict[str, Any]:
-        return self.precision_info()
-
     def precision_info(self) -> dict[str, Any]:
         """JSON-able record: requested and chosen mode, the gate figures when ``auto`` ran (with
         ``gate_cached`` when they were read from :mod:`..memo`), and why int8 was not used
@@ -198,6 +195,8 @@ class NumpyTextEncoder:
         if self.mode == "fp32":
             data.update(self.runtime.record())
         return data
+
+    text_precision_info = precision_info  # the TextEncoder protocol's name
 
     @property
     def fingerprint(self) -> str:
