@@ -71,13 +71,10 @@ class RecordedTower:
         pixels, _, _ = load_pixels(source, cfg, max_pixels=DEFAULT_MAX_PIXELS, draft=draft)
         return self.tower(pixels[None])
 
-    def describe(self) -> str:
-        """One line for ``info``: what runs image queries."""
-        return f"{self.mode} image tower on {RUNTIMES[self.runtime].label}, reopened from its remembered checks"
-
     def image_query_path(self) -> dict[str, str | None]:
-        """This tower on its runtime, described by :meth:`describe`."""
-        return {"tower": "recorded", "runtime": self.runtime, "reason": self.describe()}
+        """This tower on its runtime, and one line for ``info`` on what runs image queries."""
+        reason = f"{self.mode} image tower on {RUNTIMES[self.runtime].label}, reopened from its remembered checks"
+        return {"tower": "recorded", "runtime": self.runtime, "reason": reason}
 
 
 def numpy_pixels(cfg: PreprocessConfig) -> bool:
@@ -89,7 +86,7 @@ def numpy_pixels(cfg: PreprocessConfig) -> bool:
         return False
     if cfg.resample == "bicubic":
         return True
-    native = cpu.rank(cpu.level_of_flags(cpu.cpu_flags())) >= cpu.rank("avx2")
+    native = cpu.rank(cpu.detected_level()) >= cpu.rank("avx2")
     return native and os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() != "default"
 
 

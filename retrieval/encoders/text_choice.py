@@ -2,8 +2,9 @@
 numpy tower (:mod:`.numpy_text`) with its fp32 forward pass on numpy or ONNX Runtime.
 
 Each decision is one function that the prediction (:func:`text_path`, no weights read) and
-the loading (``NumpyTextEncoder.load``) both call: :func:`fast_path_refusal` (torch or numpy),
-:func:`one_shot_reason` (``auto`` kept fp32 in a process of few texts, :data:`ONE_SHOT_TEXTS`),
+the loading (``QueryEncoders``, ``NumpyTextEncoder.load``) both call: :func:`fast_path_refusal`
+and ``numpy_text.encoder.checked_checkpoint`` (torch or numpy), :func:`one_shot_reason`
+(``auto`` kept fp32 in a process of few texts, :data:`ONE_SHOT_TEXTS`),
 :func:`text_runtime_refusal` and :func:`choose_text_runtime` (ONNX Runtime or numpy, through
 the chooser's one check). The numpy tower's modules import this one, so it imports them
 inside functions.

@@ -26,15 +26,10 @@ from .weights import SafetensorsReader
 
 
 class NumpyTextEncoder:
-    """Text queries of a Hugging Face CLIP checkpoint without torch (see the package docstring).
-
-    Use :meth:`load`. It is a :class:`~retrieval.encoders.TextEncoder` (the text half of
-    :class:`~retrieval.encoders.Encoder`): ``name``, ``backend``, ``dim``, ``max_text_length``,
-    ``fingerprint``, ``embed_texts``; :attr:`mode` and :meth:`precision_info` say whether its
-    matrix products are float32 (numpy, no torch) or int8 (:mod:`.int8`, torch's kernels),
-    and :attr:`runtime` whether the float32 tower runs on numpy or on ONNX Runtime
-    (:func:`retrieval.encoders.text_choice.choose_text_runtime`).
-    """
+    """Text queries of a Hugging Face CLIP checkpoint without torch (see the package docstring):
+    a :class:`~retrieval.encoders.TextEncoder`, made by :meth:`load`. :attr:`mode` says whether
+    its products are float32 or int8 (:mod:`.int8`), :attr:`runtime` what runs the float32 tower,
+    :meth:`precision_info` both and why."""
 
     backend = "hf"
     text_path = "numpy"
