@@ -232,18 +232,18 @@ class TowerPrecision:
     int8 copy serves both.
     """
 
+    requested: Precision
+    mode: Mode | None  # None until auto is resolved
+    gate_results: list[GateResult]
+    passed_over: dict[str, str]  # candidates auto did not gate, with why (e.g. torch's bf16 on the CPU)
+
     def __init__(
         self, requested: Precision, device: torch.device, variants: dict[str, Any] | None = None, tower: TowerKind = "image",
     ) -> None:
-        check_device_support(requested, device)
-        self.requested: Precision = requested
         self.device = device
         self.tower: TowerKind = tower
-        self.mode: Mode | None = None if requested == "auto" else requested
-        self.gate_results: list[GateResult] = []
-        # Candidates auto did not gate, with why (e.g. torch's bf16 on the CPU).
-        self.passed_over: dict[str, str] = {}
         self.variants = variants if variants is not None else {}
+        self.request(requested)
 
     def request(self, requested: Precision) -> None:
         """Ask for another mode (``auto`` calibrates again on next use).
@@ -279,16 +279,15 @@ class TowerPrecision:
         """Resolve ``auto`` by running the gate (no-op once resolved); ``passes_over`` as
         :func:`choose`'s, its reasons kept in :attr:`passed_over`."""
         if self.mode is None:
-            passed_over: dict[str, str] = {}
+            self.passed_over = {}
 
             def why_not(mode: Mode) -> str | None:
                 reason = passes_over(mode) if passes_over is not None else None
                 if reason is not None:
-                    passed_over[mode] = reason
+                    self.passed_over[mode] = reason
                 return reason
 
             self.mode, self.gate_results = choose(embed, auto_candidates(self.device, self.tower), why_not)
-            self.passed_over = passed_over
         return self.mode
 
     def info(self) -> dict[str, Any]:
