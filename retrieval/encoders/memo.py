@@ -122,10 +122,6 @@ class PassedChecks:
     probe: np.ndarray
     int8_group: int = 0
 
-    def to_dict(self) -> dict[str, Any]:
-        # float32 -> Python float -> JSON round-trips exactly.
-        return {"parity": self.parity, "probe": [float(v) for v in self.probe], "int8_group": self.int8_group}
-
 
 def lookup_check(key: str) -> PassedChecks | None:
     """The pass remembered under ``key``, or None (none, off, or an unreadable entry)."""
@@ -145,7 +141,8 @@ def lookup_check(key: str) -> PassedChecks | None:
 
 def record_check(key: str, passed: PassedChecks) -> None:
     """Remember ``passed`` under ``key`` (atomically; a failure is ignored: the checks run next time)."""
-    _CHECKS.put(key, passed.to_dict())
+    # float32 -> Python float -> JSON round-trips exactly.
+    _CHECKS.put(key, {"parity": passed.parity, "probe": [float(v) for v in passed.probe], "int8_group": passed.int8_group})
 
 
 # -- auto's text precision ---------------------------------------------------------------------
@@ -159,9 +156,6 @@ class GateOutcome:
     mode: str
     gate: tuple[GateResult, ...]
     note: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "gate": [g.to_dict() for g in self.gate], "note": self.note}
 
 
 def gate_key(fingerprint: str) -> str:
@@ -183,7 +177,7 @@ def lookup_gate(key: str) -> GateOutcome | None:
 
 def record_gate(key: str, outcome: GateOutcome) -> None:
     """Keep ``outcome`` under ``key`` (atomically; any failure is ignored: the gate runs next time)."""
-    _GATES.put(key, outcome.to_dict())
+    _GATES.put(key, {"mode": outcome.mode, "gate": [g.to_dict() for g in outcome.gate], "note": outcome.note})
 
 
 __all__ = [
