@@ -6,7 +6,8 @@ would move with its batch-mates and an update could not equal a rebuild. Here ev
 (:mod:`.codes`), 8-bit codes where the CPU has int8 dot products and 7-bit where its kernels
 would saturate (:func:`current_kernel`), products on oneDNN's uint8 x int8 linear or
 ``torch._int_mm`` (:mod:`.linear`). Integer sums are exact and every float step is per row, so
-a row's result is bit-identical in any batch (tested). Patch embeddings, open_clip's
+a row's result is bit-identical in any batch (tested; open_clip's final projection, a float32
+product, still rounds with the batch size, as in fp32). Patch embeddings, open_clip's
 self-attention, sibling q/k/v projections and quick-GELU MLPs are converted too
 (:mod:`.modules`, :mod:`.convert`), so no large float product is left whose rounding depends on
 the batch. The scheme and its measurements: docs/performance.md ("Precision modes").

@@ -8,7 +8,8 @@ count, unlike torch's bf16 there), ``int8`` from NNCF's ``int8_asym`` weights
 (:func:`int8_model`) with each row of a layer's input quantised on its own in groups of the
 model's width, so a vector depends on its image alone. Threads: torch's count, one stream, no
 pinning (the decode workers share the cores). OpenVINO's own files (the int8 tower) compile
-through the plugin's model cache, kept without the weights. Measurements: docs/performance.md.
+through the plugin's model cache, kept without the weights; the ONNX export compiles without
+it (its cached form would be a second copy of the weights). Measurements: docs/performance.md.
 """
 
 from __future__ import annotations
