@@ -1,18 +1,11 @@
 """Precision and JPEG decoding of a build: resolve each ``auto`` on the collection's own images, record it.
 
-``auto`` embeds a small calibration sample (the first images to embed, decoded in-process) in
-fp32 and in each reduced candidate, fastest first, and keeps the first that passes the gate
-(:mod:`retrieval.encoders.precision`). An update of an index whose manifest records a mode
-chosen by ``auto`` reuses that mode without calibrating again. Another explicit mode on update
-is allowed (its vectors agree with fp32's within the gate) and recorded: ``model_info`` keeps
-``precision`` (this run's mode) and ``precisions`` (every mode the index's runs embedded with).
-
-Decoding (``decode``, :func:`resolve_decode`): ``full`` decodes JPEGs in full (the reference
-processor's pixels), ``draft`` at a reduced DCT scale, ``auto`` drafts only where the sample's
-draft vectors equal its full-decode vectors within :data:`DECODE_GATE_MIN_COSINE`, and never
-with precision fp32 (exact means exact). The manifest's ``preprocess`` records the choice
-(``decode``), what it decided (``jpeg_draft``) and the gate's figures (``decode_gate``); an
-update keeps them as it keeps the precision.
+The precision (:func:`resolve`): ``auto`` runs the quality gate
+(:mod:`retrieval.encoders.precision`) on the first images to embed; an update reuses the mode
+its manifest records (docs/performance.md, "Precision modes"), and :func:`model_info` keeps
+every mode the index's runs used (``precisions``). The decoding (:func:`resolve_decode`):
+``auto`` drafts JPEGs only where the sample's draft vectors equal its full-decode vectors within
+:data:`DECODE_GATE_MIN_COSINE`, never with precision fp32 (docs/models.md, "JPEG decoding").
 """
 
 from __future__ import annotations
@@ -105,7 +98,7 @@ def resolve(
                 return []
         except InvalidArgumentError:
             pass  # e.g. int8 recorded on a CPU run, now on CUDA: calibrate anew
-    good = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=draft))
+    good = _sample(enc, root, files, max_pixels, draft)
     # Every item of ``good`` holds pixels, so they stack whenever there is one.
     pixels = collate(good).pixels if good else None
     if pixels is not None:
@@ -113,10 +106,15 @@ def resolve(
     return good
 
 
-def _sample(dataset: ImageDataset, indices: Sequence[int] | None = None) -> list[Item]:
-    """The first decodable items (up to :data:`CALIBRATION_IMAGES`) of ``dataset``, or of ``indices``."""
+def _sample(
+    enc: Encoder, root: str | os.PathLike[str] | ShardReader, files: Sequence[ImageFile], max_pixels: int, draft: bool,
+    among: Sequence[int] | None = None,
+) -> list[Item]:
+    """The first decodable images (up to :data:`CALIBRATION_IMAGES`) of the first
+    :data:`SAMPLE_TRIES` ``files`` (of the items at ``among`` only, where given), decoded as ``draft`` says."""
+    dataset = ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=draft)
     good = []
-    for i in indices if indices is not None else range(len(dataset)):
+    for i in among if among is not None else range(len(dataset)):
         item = dataset[i]
         if item.pixels is not None:
             good.append(item)
@@ -192,7 +190,7 @@ def resolve_decode(
     full = list(sample)
     if not full and enc.image_precision.mode is None and files:
         # Not calibrated yet (a caller that skipped resolve): the precision decides first.
-        full = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=False))
+        full = _sample(enc, root, files, max_pixels, draft=False)
         if full:
             enc.calibrate_images(collate(full).pixels)  # type: ignore[arg-type]  # items with pixels stack
     mode = enc.image_precision.mode
@@ -203,11 +201,10 @@ def resolve_decode(
     if not files:
         return before if before is not None else DecodeChoice("auto", False)
     if not full:
-        full = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=False))
+        full = _sample(enc, root, files, max_pixels, draft=False)
     if not full:
         return DecodeChoice("auto", False)
-    drafted = _sample(ImageDataset(root, files[:SAMPLE_TRIES], enc.preprocess, max_pixels=max_pixels, draft=True),
-                      [it.index for it in full])
+    drafted = _sample(enc, root, files, max_pixels, draft=True, among=[it.index for it in full])
     if len(drafted) != len(full):  # a file changed under us: no fair comparison, so no draft
         return DecodeChoice("auto", False, {"reason": "the sample did not decode alike twice"})
     import torch

@@ -1,32 +1,12 @@
 """How a tower runs: which runtime runs the image or the text tower in each mode, chosen in one place.
 
-The candidates are data (:data:`CANDIDATES`): one row per tower, mode, runtime and device, with
-the CPU levels (after the caps, :mod:`.cpu`) where the row is tried, in the order tried. The
-reduced modes ``auto`` gates against fp32 (:mod:`.precision`) are the rows' modes that apply
-here, fastest first (:func:`auto_modes`). What no row runs, or what every row fails, the
-tower's reference runs (:data:`REFERENCE`): torch's image tower, the numpy text tower.
-
-One check, :func:`agreement`: the candidate's vectors of a sample against the reference's, each
-cosine at least the row's floor, and the same vectors when inputs run in other batches (an
-update must equal a rebuild). One place that decides, records what passed (:mod:`.memo`, with
-the probe vector a reopened tower must reproduce) and says why, per tower, walking this table:
-:class:`~retrieval.encoders.image_choice.ImageRuntime` (one per image mode of an encoder) and
-:func:`~retrieval.encoders.text_choice.choose_text_runtime`; both log under this module's name.
-
-The runtime asked for, :func:`requested_runtime`: the user's setting, ``CLIPSEARCH_IMAGE_RUNTIME``
-or ``CLIPSEARCH_TEXT_RUNTIME`` (docs/performance.md): ``auto`` (the default) walks the rows; the
-reference's name runs the reference; a runtime's name runs that runtime where it can, and makes
-a failure an error; for texts, ``torch`` sends queries to the backend's own torch tower. A
-caller that must force a path (a benchmark, a test) passes it as the ``requested`` argument
-instead. ``CLIPSEARCH_TEXT_PATH=torch``, the older name of ``CLIPSEARCH_TEXT_RUNTIME=torch``,
-still works with a warning.
-
-For text queries the size of the process decides too: a one-shot command keeps ``auto`` in fp32
-and fp32 on numpy, without importing torch or onnxruntime (:mod:`.text_choice`).
-
-An index records what ran (``image_runtime``); a run that adds to it, and image queries against
-it, ask for the same runtime first (:meth:`~retrieval.encoders.image_choice.ImageRuntime.follow`),
-so an index stays uniform and an indexed image finds itself bit for bit.
+:data:`CANDIDATES` is the table (tower, mode, runtime, device, the CPU levels where a row is
+tried, in the order tried); the tower's :data:`REFERENCE` runs what no row runs or every row
+fails. :func:`agreement` is the one check of a candidate against the reference (cosines and
+batch independence), :func:`requested_runtime` what the user asked for. The towers walk the
+table in :mod:`.image_choice` and :mod:`.text_choice`, remember what passed in :mod:`.memo`,
+record it with :func:`runtime_record` and log under this module's name. What each setting does,
+and the measurements behind the rows: docs/performance.md.
 """
 
 from __future__ import annotations
@@ -34,9 +14,9 @@ from __future__ import annotations
 import logging
 import os
 import warnings
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 
@@ -111,8 +91,21 @@ TEXT_RUNTIME_ENV = SETTINGS["text"]
 ALSO: dict[TowerKind, tuple[str, ...]] = {"image": (), "text": ("torch",)}
 # The older setting of CLIPSEARCH_TEXT_RUNTIME=torch, still read (with a warning).
 TEXT_PATH_ENV = "CLIPSEARCH_TEXT_PATH"
-# What an index records of the image tower's choice (ImageRuntime.info).
+# What an index records of the image tower's choice (runtime_record("image_", ...)).
 RUNTIME_KEYS: tuple[str, ...] = ("image_runtime", "image_runtime_version", "image_runtime_parity", "image_runtime_note")
+
+
+def runtime_record(
+    prefix: str, name: str, version: str | None = None, parity: Mapping[str, float] | None = None, note: str | None = None,
+) -> dict[str, Any]:
+    """What an index (``image_``) or the text tower's ``info`` (no prefix) records of a choice:
+    ``{prefix}runtime`` and, where there are, its ``_version``, ``_parity`` (the check's
+    figures) and ``_note`` (why the runtimes before it were passed over)."""
+    data: dict[str, Any] = {f"{prefix}runtime": name}
+    for key, value in (("version", version), ("parity", dict(parity or {})), ("note", note)):
+        if value:
+            data[f"{prefix}runtime_{key}"] = value
+    return data
 
 
 def _checked(row: Candidate) -> bool:
@@ -242,6 +235,7 @@ __all__ = [
     "from_level",
     "refusal",
     "requested_runtime",
+    "runtime_record",
     "runtime_modes",
     "tried_here",
 ]

@@ -1,8 +1,8 @@
-"""The image tower's choice of runtime (:class:`ImageRuntime`, one per mode another runtime may
-run): the rows of :data:`retrieval.encoders.chooser.CANDIDATES` for the mode tried in order on a
-sample of the first batch, each against torch's tower through the chooser's one check
-(:func:`~retrieval.encoders.chooser.agreement`, with :func:`batch_drift`), the pass kept
-(:mod:`.memo`) and recorded in the index (``image_runtime``).
+"""The image tower's choice of runtime: :func:`plan` the runtimes to try for a mode, in order;
+:class:`ImageRuntime` (one per mode another runtime may run) tries them on a sample of the
+first batch against torch's tower through the chooser's one check
+(:func:`~retrieval.encoders.chooser.agreement`, with :func:`batch_drift`), keeps the pass
+(:mod:`.memo`) and records it in the index (``image_runtime``).
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 
 from ..errors import InvalidArgumentError, ModelLoadError
 from . import memo
-from .chooser import LOG, RUNTIME_ENV, agreement, candidates, requested_runtime, tried_here
+from .chooser import LOG, RUNTIME_ENV, agreement, candidates, requested_runtime, runtime_record, tried_here
 from .runtime.image import RUNTIMES, Runtime, Tower, TowerFailed, guarded
 
 if TYPE_CHECKING:
@@ -39,6 +39,24 @@ def batch_drift(tower: Tower, sample: torch.Tensor, together: np.ndarray) -> flo
         copies = -(-PARITY_IMAGES // n)
         probes.append((sample.repeat(copies, 1, 1, 1), np.tile(together, (copies, 1))))
     return max(float(np.abs(tower(images) - expected).max()) for images, expected in probes)
+
+
+def plan(mode: str, recorded: str | None = None, requested: str | None = None) -> tuple[list[str], bool]:
+    """The runtimes to try for ``mode``'s image tower, in order (none: torch), and whether a
+    failure is an error (a runtime asked for by name): the runtime asked for
+    (:func:`requested_runtime`), else the rows that apply here, ``recorded`` (the index's
+    runtime) first. What the full encoder tries and what an image query reopens
+    (:mod:`.recorded_tower`) are decided here alike."""
+    order = [c.runtime for c in candidates("image", mode)]
+    choice = requested_runtime("image", requested)
+    if choice != "auto":
+        # torch named, or ONNX Runtime for a reduced mode (it runs the fp32 tower only): torch.
+        return ([choice], True) if choice in order else ([], False)
+    if recorded == "torch" or not tried_here(mode):
+        return [], False
+    if recorded in order:
+        return [recorded, *(name for name in order if name != recorded)], False
+    return order, False
 
 
 class ImageRuntime:
@@ -80,25 +98,16 @@ class ImageRuntime:
             self.reset()
 
     def _plan(self) -> tuple[list[str], bool]:
-        """The runtimes to try, in order (none: torch), and whether a failure is an error."""
-        order = [c.runtime for c in candidates("image", self.mode)]
-        choice = requested_runtime("image", self.requested)
-        if choice == "torch":
-            return [], False
-        if choice != "auto":
-            if choice not in order:
-                return [], False  # ONNX Runtime named: it runs the fp32 tower only, reduced modes stay on torch
-            if not self.applies:
-                raise ModelLoadError(
-                    f"{RUNTIME_ENV}={choice}: {RUNTIMES[choice].label} runs only the image tower of a Hugging "
-                    f"Face CLIP or SigLIP FixRes model on the CPU ({self.model_name} here is not one)"
-                )
-            return [choice], True
-        if not self.applies or self.recorded == "torch" or not tried_here(self.mode):
-            return [], False
-        if self.recorded in order:
-            return [self.recorded, *(name for name in order if name != self.recorded)], False
-        return order, False
+        """:func:`plan` for this tower; a runtime asked for by name where only torch runs it is an error."""
+        planned, strict = plan(self.mode, self.recorded, self.requested)
+        if self.applies:
+            return planned, strict
+        if strict:
+            raise ModelLoadError(
+                f"{RUNTIME_ENV}={planned[0]}: {RUNTIMES[planned[0]].label} runs only the image tower of a Hugging "
+                f"Face CLIP or SigLIP FixRes model on the CPU ({self.model_name} here is not one)"
+            )
+        return [], False
 
     @property
     def pending(self) -> bool:
@@ -128,37 +137,30 @@ class ImageRuntime:
             return reference[0]
 
         reasons: list[str] = []
+        chosen: Tower | None = None
         for name in planned:
-            runtime = RUNTIMES[name]
-            outcome = self._try(runtime, sample, torch_vectors)
-            if isinstance(outcome, str):
-                if strict:
-                    raise ModelLoadError(f"{RUNTIME_ENV}={name}: {outcome}")
-                reasons.append(outcome)
-                continue
-            self.name, self._tower = name, outcome
-            if self.recorded is not None and self.recorded != name:
-                why = "; ".join(reasons) if self.recorded in RUNTIMES else "this version does not know it"
-                self.note = f"the index's vectors came from {self.recorded}, which cannot run here: {why}"
-                LOG.warning("%s image tower of %s runs on %s: %s", self.mode, self.model_name, runtime.label, self.note)
-            else:
-                # A runtime that is not installed is worth a word only when nothing else runs.
-                failed = [r for r in reasons if " is not installed" not in r]
-                self.note = "; ".join(failed) or None
-                if failed:
-                    LOG.info("%s image tower of %s runs on %s: %s", self.mode, self.model_name, runtime.label, self.note)
-            return outcome
-        self.name = "torch"
-        if self.recorded in RUNTIMES:
+            outcome = self._try(RUNTIMES[name], sample, torch_vectors)
+            if not isinstance(outcome, str):
+                chosen = outcome
+                break
+            if strict:
+                raise ModelLoadError(f"{RUNTIME_ENV}={name}: {outcome}")
+            reasons.append(outcome)
+        self.name, self._tower = (name, chosen) if chosen is not None else ("torch", None)
+        if self.recorded not in (None, self.name) and (chosen is not None or self.recorded in RUNTIMES):
             # The index's vectors came from another tower: the new ones will differ a little.
-            self.note = f"the index's vectors came from {self.recorded}, which cannot run here: {'; '.join(reasons)}"
-            LOG.warning("%s image tower of %s runs on torch: %s", self.mode, self.model_name, self.note)
-        elif reasons:
-            self.note = "; ".join(reasons)
-            # torch's int8 tower is a fast path of its own: a missing OpenVINO is no cause for alarm there.
-            level = logging.WARNING if self.mode == "fp32" else logging.INFO
-            LOG.log(level, "%s image tower of %s runs on torch: %s", self.mode, self.model_name, self.note)
-        return None
+            why = "; ".join(reasons) if self.recorded in RUNTIMES else "this version does not know it"
+            self.note, level = f"the index's vectors came from {self.recorded}, which cannot run here: {why}", logging.WARNING
+        else:
+            # A runtime that is not installed is worth a word only when nothing else runs; and
+            # torch's int8 tower is a fast path of its own, no cause for alarm.
+            shown = reasons if chosen is None else [r for r in reasons if " is not installed" not in r]
+            self.note = "; ".join(shown) or None
+            level = logging.WARNING if chosen is None and self.mode == "fp32" else logging.INFO
+        if self.note:
+            label = RUNTIMES[self.name].label if chosen is not None else "torch"
+            LOG.log(level, "%s image tower of %s runs on %s: %s", self.mode, self.model_name, label, self.note)
+        return chosen
 
     def _try(self, runtime: Runtime, sample: torch.Tensor, torch_vectors: Callable[[], tuple[np.ndarray, float]]) -> Tower | str:
         """``runtime``'s tower where it passes :func:`agreement`, else why not (one line)."""
@@ -208,16 +210,11 @@ class ImageRuntime:
             except (InvalidArgumentError, ModelLoadError):
                 return {}  # the choice will raise when the tower runs, and say why
             return {"image_runtime": "torch"} if settled else {}
-        data: dict[str, Any] = {"image_runtime": self.name}
-        if self.name in RUNTIMES:
-            data["image_runtime_version"] = RUNTIMES[self.name].version()
-            if self.mode == "int8":
-                data["int8_activation_bits"] = 8  # the runtime's own codes, whatever torch's kernel would use
-        if self.parity is not None:
-            data["image_runtime_parity"] = self.parity
-        if self.note:
-            data["image_runtime_note"] = self.note
+        runtime = RUNTIMES.get(self.name)
+        data = runtime_record("image_", self.name, runtime.version() if runtime else None, self.parity, self.note)
+        if runtime is not None and self.mode == "int8":
+            data["int8_activation_bits"] = 8  # the runtime's own codes, whatever torch's kernel would use
         return data
 
 
-__all__ = ["PARITY_IMAGES", "ImageRuntime", "batch_drift"]
+__all__ = ["PARITY_IMAGES", "ImageRuntime", "batch_drift", "plan"]

@@ -1,22 +1,14 @@
-"""What a process learnt about how a tower runs, remembered for the next: one small JSON memo type
-in the user's cache, and its two books.
+"""What a process learnt about how a tower runs, remembered for the next (docs/performance.md):
+one small JSON memo type (:class:`JsonMemo`) in the user's cache, and its two books.
 
-- **passed checks** (:func:`lookup_check`, :func:`record_check`): what an image tower's runtime
-  passed (:func:`retrieval.encoders.chooser.agreement`), keyed by the tower's file, the runtime
-  and its version, the mode and the CPU (:func:`check_key`), with the tower's vector of a fixed
-  probe input (:func:`probe_pixels`). A query process reopens the tower from the entry
-  (:mod:`.recorded_tower`) only where the probe gives the same vector bit for bit, so a changed
-  kernel, another thread count that changes the sums, a stale compiled-model cache or an edited
-  entry sends it back to the full checks. File: ``$CLIPSEARCH_RUNTIME_CHECKS`` (a path; ``off``
-  disables it), else ``checks.json`` in the export cache, beside the files it speaks of.
+- **passed checks** of an image tower's runtime (:func:`lookup_check`, :func:`record_check`),
+  with the tower's vector of a fixed probe input: a query process reopens the tower
+  (:mod:`.recorded_tower`) only where the probe gives that vector bit for bit.
 - **auto's text precision** (:func:`lookup_gate`, :func:`record_gate`): the quality gate's
-  outcome for the numpy text tower (mode, figures, note), which depends only on the weights and
-  the products this CPU runs (:func:`gate_key`). File: ``$CLIPSEARCH_GATE_CACHE`` (``off``
-  disables it), else ``text-precision.json`` in clipsearch's user cache folder.
+  outcome for the numpy text tower.
 
-Both files are derived data, never inside an index directory (readers do not write there):
-written atomically (a temporary file renamed), bounded (the oldest entries go first), and any
-failure to read or write them is ignored, so the work they save simply runs again.
+Derived data, never inside an index directory: written atomically, bounded, and any failure to
+read or write is ignored, so the work they save simply runs again.
 """
 
 from __future__ import annotations
@@ -44,25 +36,20 @@ _CHECKS_VERSION = 1
 _GATE_VERSION = 1
 
 
-def memo_file(env: str, default: Path) -> Path | None:
-    """The file ``$env`` names (``off``: none), else ``default``."""
-    explicit = os.environ.get(env, "").strip()
-    if explicit.lower() == "off":
-        return None
-    return Path(explicit).expanduser() if explicit else default
-
-
 class JsonMemo:
-    """Entries (JSON objects) under string keys in the file ``locate()`` names (None: off).
+    """Entries (JSON objects) under string keys in one file: the one ``$env`` names (``off``:
+    none; read on every call, as the environment may change), else ``default()``. The oldest
+    written go first beyond ``max_entries``."""
 
-    Args:
-        locate: where the file is, read on every call (the environment may change it).
-        max_entries: entries kept; the oldest written go first.
-    """
+    def __init__(self, env: str, default: Callable[[], Path], max_entries: int = 64) -> None:
+        self.env, self.default, self.max_entries = env, default, max_entries
 
-    def __init__(self, locate: Callable[[], Path | None], max_entries: int = 64) -> None:
-        self.locate = locate
-        self.max_entries = max_entries
+    def file(self) -> Path | None:
+        """Where the entries are kept (None: not kept)."""
+        explicit = os.environ.get(self.env, "").strip()
+        if explicit.lower() == "off":
+            return None
+        return Path(explicit).expanduser() if explicit else self.default()
 
     def _read(self, path: Path) -> dict[str, Any]:
         try:
@@ -73,7 +60,7 @@ class JsonMemo:
 
     def get(self, key: str) -> dict[str, Any] | None:
         """The entry under ``key``, or None (off, no file, no entry, or not an object)."""
-        path = self.locate()
+        path = self.file()
         if path is None:
             return None
         entry = self._read(path).get(key)
@@ -81,7 +68,7 @@ class JsonMemo:
 
     def put(self, key: str, entry: dict[str, Any]) -> None:
         """Keep ``entry`` under ``key``, atomically; a failure is ignored (the work runs next time)."""
-        path = self.locate()
+        path = self.file()
         if path is None:
             return
         try:
@@ -96,21 +83,13 @@ class JsonMemo:
             return
 
 
+_CHECKS = JsonMemo(CHECKS_ENV, lambda: cache_dir() / "checks.json")
+_GATES = JsonMemo(GATE_CACHE_ENV, lambda: user_cache() / "text-precision.json")
+# Where passed checks and auto's text precision outcomes are kept (None: not kept).
+checks_file, gate_file = _CHECKS.file, _GATES.file
+
+
 # -- passed checks of a runtime's image tower --------------------------------------------------
-
-
-def checks_file() -> Path | None:
-    """Where passed checks are kept (None: not kept)."""
-    return memo_file(CHECKS_ENV, cache_dir() / "checks.json")
-
-
-def gate_file() -> Path | None:
-    """Where ``auto``'s text precision outcomes are kept (None: not kept)."""
-    return memo_file(GATE_CACHE_ENV, user_cache() / "text-precision.json")
-
-
-_CHECKS = JsonMemo(lambda: checks_file())
-_GATES = JsonMemo(lambda: gate_file())
 
 
 def _cpu_identity() -> str:
@@ -136,21 +115,12 @@ def probe_pixels(image_size: int) -> np.ndarray:
 
 @dataclass(frozen=True)
 class PassedChecks:
-    """A remembered pass: the figures of the checks and the tower's probe vector.
-
-    Attributes:
-        parity: what the index records as ``image_runtime_parity``.
-        probe: the tower's normalised vector of :func:`probe_pixels`.
-        int8_group: the int8 tower's activation group (0 for fp32).
-    """
+    """A remembered pass: the checks' figures (the index's ``image_runtime_parity``), the
+    tower's vector of :func:`probe_pixels`, and an int8 tower's activation group (else 0)."""
 
     parity: dict[str, float]
     probe: np.ndarray
     int8_group: int = 0
-
-    def to_dict(self) -> dict[str, Any]:
-        # float32 -> Python float -> JSON round-trips exactly.
-        return {"parity": self.parity, "probe": [float(v) for v in self.probe], "int8_group": self.int8_group}
 
 
 def lookup_check(key: str) -> PassedChecks | None:
@@ -171,7 +141,8 @@ def lookup_check(key: str) -> PassedChecks | None:
 
 def record_check(key: str, passed: PassedChecks) -> None:
     """Remember ``passed`` under ``key`` (atomically; a failure is ignored: the checks run next time)."""
-    _CHECKS.put(key, passed.to_dict())
+    # float32 -> Python float -> JSON round-trips exactly.
+    _CHECKS.put(key, {"parity": passed.parity, "probe": [float(v) for v in passed.probe], "int8_group": passed.int8_group})
 
 
 # -- auto's text precision ---------------------------------------------------------------------
@@ -179,20 +150,12 @@ def record_check(key: str, passed: PassedChecks) -> None:
 
 @dataclass(frozen=True)
 class GateOutcome:
-    """What ``auto`` chose for one text tower on one CPU setting.
-
-    Attributes:
-        mode: ``int8`` or ``fp32``.
-        gate: the gate's figures.
-        note: why int8 was not kept although it passed (it ran no faster), or None.
-    """
+    """What ``auto`` chose for one text tower on one CPU setting (``int8`` or ``fp32``), the
+    gate's figures, and why int8 was not kept although it passed (``note``)."""
 
     mode: str
     gate: tuple[GateResult, ...]
     note: str | None
-
-    def to_dict(self) -> dict[str, Any]:
-        return {"mode": self.mode, "gate": [g.to_dict() for g in self.gate], "note": self.note}
 
 
 def gate_key(fingerprint: str) -> str:
@@ -214,7 +177,7 @@ def lookup_gate(key: str) -> GateOutcome | None:
 
 def record_gate(key: str, outcome: GateOutcome) -> None:
     """Keep ``outcome`` under ``key`` (atomically; any failure is ignored: the gate runs next time)."""
-    _GATES.put(key, outcome.to_dict())
+    _GATES.put(key, {"mode": outcome.mode, "gate": [g.to_dict() for g in outcome.gate], "note": outcome.note})
 
 
 __all__ = [
@@ -229,7 +192,6 @@ __all__ = [
     "gate_key",
     "lookup_check",
     "lookup_gate",
-    "memo_file",
     "probe_pixels",
     "record_check",
     "record_gate",

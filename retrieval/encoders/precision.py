@@ -1,25 +1,9 @@
-"""Reduced-precision inference for the towers, and the quality gate that guards it.
+"""Reduced-precision modes of the towers (``--precision``; what each does: docs/performance.md,
+"Precision modes"), and the quality gate that guards ``auto``.
 
-Modes (``--precision``):
-
-- ``fp32``: the reference; embeddings equal ``CLIPModel.get_image_features`` exactly.
-- ``bf16`` / ``fp16``: ``torch.autocast`` (matrix products in 16 bits, LayerNorm, softmax and the
-  final normalisation in float32). On CUDA the fast modes; on CPUs without AMX, measured slower
-  than fp32 (see docs/performance.md), so ``auto`` never picks them there.
-- ``int8``: per-row int8 (:mod:`retrieval.encoders.int8`), CPU only; a vector stays a function
-  of its input alone (bit-identical in any batch).
-- ``auto``: the fastest mode that passes the gate, else fp32. The candidates, fastest first,
-  depend on the device and the CPU (:func:`retrieval.encoders.chooser.auto_modes`, the rows
-  of its table); each is compared with fp32 on a small
-  calibration sample (the first images a build embeds; :data:`PROBE_TEXTS` for texts).
-
-The gate (:func:`gate`): per-vector cosine to the fp32 vectors (mean and min at least
-:data:`GATE_MEAN_COSINE`, :data:`GATE_MIN_COSINE`) and the overlap of the top-:data:`GATE_K`
-neighbours of each sample vector among the others (:data:`GATE_TOPK_OVERLAP`). Which runtime
-runs a mode is :data:`retrieval.encoders.chooser.CANDIDATES`'s.
-
-Imports go one way: this module uses :mod:`.int8` (inside the functions that need it, since
-``int8`` imports torch and this module must not), and ``int8`` never imports this one.
+``auto`` runs the fastest candidate (:func:`retrieval.encoders.chooser.auto_modes`) whose
+vectors of a calibration sample pass :func:`gate` against fp32's (:func:`choose`), else fp32.
+:mod:`.int8` imports torch, so it is imported inside the functions that make an int8 tower.
 """
 
 from __future__ import annotations
@@ -248,18 +232,18 @@ class TowerPrecision:
     int8 copy serves both.
     """
 
+    requested: Precision
+    mode: Mode | None  # None until auto is resolved
+    gate_results: list[GateResult]
+    passed_over: dict[str, str]  # candidates auto did not gate, with why (e.g. torch's bf16 on the CPU)
+
     def __init__(
         self, requested: Precision, device: torch.device, variants: dict[str, Any] | None = None, tower: TowerKind = "image",
     ) -> None:
-        check_device_support(requested, device)
-        self.requested: Precision = requested
         self.device = device
         self.tower: TowerKind = tower
-        self.mode: Mode | None = None if requested == "auto" else requested
-        self.gate_results: list[GateResult] = []
-        # Candidates auto did not gate, with why (e.g. torch's bf16 on the CPU).
-        self.passed_over: dict[str, str] = {}
         self.variants = variants if variants is not None else {}
+        self.request(requested)
 
     def request(self, requested: Precision) -> None:
         """Ask for another mode (``auto`` calibrates again on next use).
@@ -295,16 +279,15 @@ class TowerPrecision:
         """Resolve ``auto`` by running the gate (no-op once resolved); ``passes_over`` as
         :func:`choose`'s, its reasons kept in :attr:`passed_over`."""
         if self.mode is None:
-            passed_over: dict[str, str] = {}
+            self.passed_over = {}
 
             def why_not(mode: Mode) -> str | None:
                 reason = passes_over(mode) if passes_over is not None else None
                 if reason is not None:
-                    passed_over[mode] = reason
+                    self.passed_over[mode] = reason
                 return reason
 
             self.mode, self.gate_results = choose(embed, auto_candidates(self.device, self.tower), why_not)
-            self.passed_over = passed_over
         return self.mode
 
     def info(self) -> dict[str, Any]:

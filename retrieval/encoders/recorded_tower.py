@@ -1,15 +1,10 @@
 """An index's image tower reopened on the runtime its vectors came from, without torch's model.
 
-An image query must be embedded as the index's images were: the mode (``precision``) and the
-runtime (``image_runtime``) its ``model_info`` records. Where that runtime is OpenVINO or ONNX
-Runtime, the full encoder (:class:`~.hf.HFClipEncoder`) imports transformers, loads torch's tower
-and checks the runtime's tower against it before the first query: several seconds of a
-one-shot ``clipsearch search --image``, for one image. :func:`open_recorded` reopens the tower
-straight from the cached files instead, where this machine remembers that the tower passed those
-checks (:mod:`.memo`, written by the run that checked it) and the tower reproduces the
-remembered probe vector bit for bit. Anything else (nothing remembered, another query model, a
-tower only torch runs, another runtime asked for: :func:`.chooser.requested_runtime`) is answered with the
-reason, and the caller uses the full encoder, which runs the checks and remembers them.
+A cold image query would otherwise load torch's tower to check the runtime's against it.
+:func:`open_recorded` reopens the tower from the cached files where this machine remembers its
+passed checks (:mod:`.memo`) and it reproduces the remembered probe vector bit for bit; else it
+says why, and the caller uses the full encoder (docs/performance.md, "Image queries reopen the
+recorded tower").
 """
 
 from __future__ import annotations
@@ -25,9 +20,10 @@ from ..errors import ModelLoadError
 from ..images import DEFAULT_MAX_PIXELS, PreprocessConfig, load_pixels
 from ..images.preprocess_numpy import load_pixels_array, numpy_preprocessing
 from . import cpu, memo
-from .chooser import RUNTIME_ENV, candidates, requested_runtime, runtime_modes, tried_here
+from .chooser import RUNTIME_ENV, requested_runtime, runtime_modes
 from .hf.checkpoint import checkpoint_fingerprint, read_model_type
 from .hf.family import FAMILIES, Family
+from .image_choice import plan
 from .runtime.export import cache_dir, export_key
 from .runtime.image import RUNTIMES, Tower, TowerFailed, guarded
 
@@ -42,17 +38,8 @@ if TYPE_CHECKING:
 @dataclass(frozen=True)
 class RecordedTower:
     """The image half of an encoder, for queries: the index's recorded tower on its runtime
-    (an :class:`~.base.ImageQueryEncoder`, as the full encoder is).
-
-    Attributes:
-        name: the query model, as the index names it.
-        family: the checkpoint's family (what :class:`~.query.QueryEncoders` checks).
-        fingerprint: the weights' fingerprint (checked equal to the index's before opening).
-        dim: the vectors' dimension (the probe vector's).
-        runtime: ``openvino`` or ``onnxruntime``.
-        mode: ``fp32``, ``bf16`` or ``int8``.
-        tower: ``(N, 3, H, W)`` pixel values -> ``(N, dim)`` normalised vectors.
-    """
+    (an :class:`~.base.ImageQueryEncoder`, as the full encoder is), with what
+    :class:`~.query.QueryEncoders` checks of an encoder (family, fingerprint, dim)."""
 
     name: str
     family: Family
@@ -84,13 +71,10 @@ class RecordedTower:
         pixels, _, _ = load_pixels(source, cfg, max_pixels=DEFAULT_MAX_PIXELS, draft=draft)
         return self.tower(pixels[None])
 
-    def describe(self) -> str:
-        """One line for ``info``: what runs image queries."""
-        return f"{self.mode} image tower on {RUNTIMES[self.runtime].label}, reopened from its remembered checks"
-
     def image_query_path(self) -> dict[str, str | None]:
-        """This tower on its runtime, described by :meth:`describe`."""
-        return {"tower": "recorded", "runtime": self.runtime, "reason": self.describe()}
+        """This tower on its runtime, and one line for ``info`` on what runs image queries."""
+        reason = f"{self.mode} image tower on {RUNTIMES[self.runtime].label}, reopened from its remembered checks"
+        return {"tower": "recorded", "runtime": self.runtime, "reason": reason}
 
 
 def numpy_pixels(cfg: PreprocessConfig) -> bool:
@@ -102,7 +86,7 @@ def numpy_pixels(cfg: PreprocessConfig) -> bool:
         return False
     if cfg.resample == "bicubic":
         return True
-    native = cpu.rank(cpu.level_of_flags(cpu.cpu_flags())) >= cpu.rank("avx2")
+    native = cpu.rank(cpu.detected_level()) >= cpu.rank("avx2")
     return native and os.environ.get("ATEN_CPU_CAPABILITY", "").strip().lower() != "default"
 
 
@@ -130,7 +114,7 @@ def open_recorded(manifest: Manifest, model: str, device: str) -> RecordedTower 
     choice = requested_runtime("image")
     if choice not in ("auto", runtime):
         return f"{choice} asked for ({RUNTIME_ENV})"
-    if runtime not in [c.runtime for c in candidates("image", mode)] or (choice == "auto" and not tried_here(mode)):
+    if plan(mode, runtime)[0][:1] != [runtime]:
         return f"{mode} towers do not run on {runtime} on this CPU"
     spec = RUNTIMES[runtime]
     missing = spec.missing(mode)

@@ -1,17 +1,13 @@
 """Which text tower a query runs on, decided in one place: the backend's torch tower, or the
-numpy tower (:mod:`.numpy_text`) with its exact (fp32) forward pass on numpy or ONNX Runtime.
+numpy tower (:mod:`.numpy_text`) with its fp32 forward pass on numpy or ONNX Runtime.
 
-- :func:`text_path`: which path a query would take and why, judged without reading weights;
-  :func:`fast_path_refusal` the settings that send it to torch.
-- :func:`choose_text_runtime`: the fp32 forward pass on ONNX Runtime where the row of
-  :data:`retrieval.encoders.chooser.CANDIDATES` passes the chooser's one check against numpy's,
-  else numpy, with the record (:class:`TextRuntime`).
-- the one-shot rule (:data:`ONE_SHOT_TEXTS`): a process of few text queries keeps ``auto`` in
-  fp32 and fp32 on numpy, without importing torch or onnxruntime (:func:`one_shot_reason`,
-  :func:`text_runtime_refusal`).
-
-The numpy tower's modules are imported inside the functions that read a checkpoint: they
-import this one.
+Each decision is one function that the prediction (:func:`text_path`, no weights read) and
+the loading (``QueryEncoders``, ``NumpyTextEncoder.load``) both call: :func:`fast_path_refusal`
+and ``numpy_text.encoder.checked_checkpoint`` (torch or numpy), :func:`one_shot_reason`
+(``auto`` kept fp32 in a process of few texts, :data:`ONE_SHOT_TEXTS`),
+:func:`text_runtime_refusal` and :func:`choose_text_runtime` (ONNX Runtime or numpy, through
+the chooser's one check). The numpy tower's modules import this one, so it imports them
+inside functions.
 """
 
 from __future__ import annotations
@@ -28,7 +24,7 @@ import numpy as np
 from ..errors import ModelLoadError
 from . import cpu
 from .base import TextPath, first_line
-from .chooser import LOG, TEXT_RUNTIME_ENV, agreement, auto_modes, candidates, requested_runtime
+from .chooser import LOG, TEXT_RUNTIME_ENV, agreement, auto_modes, candidates, requested_runtime, runtime_record
 from .precision import PROBE_TEXTS
 from .runtime import ORT_INSTALL, RuntimeUnavailable
 
@@ -42,17 +38,20 @@ TEXT_PRECISIONS: tuple[str, ...] = ("fp32", "int8", "auto")
 ONE_SHOT_TEXTS = 256
 
 
-def _few(text_queries: int) -> str:
+def _few(text_queries: int | None) -> str | None:
+    """How few texts the process runs, where the one-shot rule applies (None: a long-lived process, or enough texts)."""
+    if text_queries is None or text_queries >= ONE_SHOT_TEXTS:
+        return None
     queries = "1 text query" if text_queries == 1 else f"{text_queries} text queries"
     return f"{queries} in this process (fewer than {ONE_SHOT_TEXTS})"
 
 
 def one_shot_reason(precision: str, text_queries: int | None) -> str | None:
-    """Why ``auto`` stays fp32 in a process that will run only ``text_queries`` texts (None: the
-    rule does not apply: another precision, a long-lived process, or enough texts)."""
-    if precision != "auto" or text_queries is None or text_queries >= ONE_SHOT_TEXTS:
+    """Why ``auto`` stays fp32 in a process that will run only ``text_queries`` texts (None: the rule does not apply)."""
+    few = _few(text_queries)
+    if precision != "auto" or few is None:
         return None
-    return f"{_few(text_queries)}: int8 would first import torch and quantise the tower, which costs more than it saves on so few"
+    return f"{few}: int8 would first import torch and quantise the tower, which costs more than it saves on so few"
 
 
 def text_runtime_refusal(text_queries: int | None, check_package: bool = True, requested: str | None = None) -> str | None:
@@ -63,11 +62,11 @@ def text_runtime_refusal(text_queries: int | None, check_package: bool = True, r
     Raises:
         InvalidArgumentError: an unknown runtime asked for.
     """
-    choice = requested_runtime("text", requested)
+    choice, few = requested_runtime("text", requested), _few(text_queries)
     if choice == "numpy":
         return f"{TEXT_RUNTIME_ENV}=numpy"
-    if choice == "auto" and text_queries is not None and text_queries < ONE_SHOT_TEXTS:
-        return f"{_few(text_queries)}: ONNX Runtime would first load and check its export, which costs more than it saves on so few"
+    if choice == "auto" and few is not None:
+        return f"{few}: ONNX Runtime would first load and check its export, which costs more than it saves on so few"
     if check_package and importlib.util.find_spec("onnxruntime") is None:
         return f"onnxruntime is not installed; for the faster exact path: {ORT_INSTALL}"
     return None
@@ -75,16 +74,9 @@ def text_runtime_refusal(text_queries: int | None, check_package: bool = True, r
 
 @dataclass
 class TextRuntime:
-    """What runs the fp32 text tower and why.
-
-    Attributes:
-        name: ``numpy`` or ``onnxruntime``.
-        note: why numpy runs it (None when ONNX Runtime does).
-        parity: the check's figures when it ran (texts, cosines, seconds per runtime).
-        version: onnxruntime's version when it runs the tower.
-        tried: whether ONNX Runtime was tried (False: refused before, by the setting, the
-            one-shot rule or the package not being installed).
-    """
+    """What runs the fp32 text tower (``numpy`` or ``onnxruntime``), why numpy does
+    (``note``), and the check's figures; recorded only where ONNX Runtime was ``tried`` (not
+    refused before, by the setting, the one-shot rule or the package missing)."""
 
     name: str = "numpy"
     note: str | None = None
@@ -93,18 +85,8 @@ class TextRuntime:
     tried: bool = False
 
     def record(self) -> dict[str, Any]:
-        """JSON-able: ``runtime`` and, where there are, ``runtime_note``, ``runtime_parity``,
-        ``runtime_version``; empty where ONNX Runtime was not tried (the text path says why)."""
-        if not self.tried:
-            return {}
-        data: dict[str, Any] = {"runtime": self.name}
-        if self.note:
-            data["runtime_note"] = self.note
-        if self.parity:
-            data["runtime_parity"] = dict(self.parity)
-        if self.version:
-            data["runtime_version"] = self.version
-        return data
+        """:func:`~.chooser.runtime_record`'s; empty where ONNX Runtime was not tried (the text path says why)."""
+        return runtime_record("", self.name, self.version, self.parity, self.note) if self.tried else {}
 
 
 def choose_text_runtime(
@@ -116,16 +98,9 @@ def choose_text_runtime(
     text_queries: int | None,
     requested: str | None = None,
 ) -> tuple[Any | None, TextRuntime]:
-    """The ONNX Runtime tower to run fp32 text queries on (None: keep ``numpy_tower``), and the record.
-
-    Args:
-        name: the model's name (for messages).
-        directory: the checkpoint directory (exported from when no export is cached).
-        fingerprint: ``() -> str``, the weights' fingerprint (the cache key).
-        numpy_tower: the loaded numpy tower (its ``cfg``; the reference).
-        embed: ``embed(tower, texts) -> normalised vectors``, the encoder's own loop.
-        text_queries: how many texts the process will embed, when it knows.
-        requested: the runtime asked for, overriding the user's setting.
+    """The ONNX Runtime tower to run fp32 text queries on (None: keep ``numpy_tower``, the
+    reference), and the record. ``embed(tower, texts)`` is the encoder's own loop; the export
+    is made from ``directory`` where none is cached under ``fingerprint()``.
 
     Raises:
         RuntimeUnavailable: with ``onnxruntime`` asked for, ONNX Runtime cannot be used (the
@@ -219,31 +194,18 @@ def text_path(
     model: str, backend: str = "hf", precision: str = "fp32", device: str = "auto", text_queries: int | None = None,
     runtime: str | None = None,
 ) -> TextPath:
-    """Which path :class:`~retrieval.index.ImageIndex` would take for a text query (cheap: no weights read).
-
-    Args:
-        model: the query model (the index's, unless ``--model`` names another).
-        backend: the index's backend (``hf``, ``open_clip``).
-        precision: the text precision asked for.
-        device: the device asked for.
-        text_queries: how many text queries the process will run, when it knows (see
-            :func:`one_shot_reason`); None for a long-lived process.
-        runtime: the text runtime asked for (:func:`~.chooser.requested_runtime`); None: the user's setting.
-    """
-    from .numpy_text.clip_tokenizer import TokenizerSettings
-    from .numpy_text.tower_config import UnsupportedTextTower, read_checkpoint_config
-    from .numpy_text.weights import SafetensorsReader
+    """Which path :class:`~retrieval.index.ImageIndex` would take for a text query with
+    these settings, and why (cheap: no weights read). ``text_queries``: how many texts the
+    process will run, None for a long-lived one; ``runtime``: the text runtime asked for (None:
+    the user's setting)."""
+    from .numpy_text.encoder import checked_checkpoint
+    from .numpy_text.tower_config import UnsupportedTextTower
 
     refusal = fast_path_refusal(backend, model, precision, device, runtime)
     if refusal is not None:
         return TextPath("torch", refusal)
     try:
-        _, directory = local_checkpoint(model)
-        cfg = read_checkpoint_config(directory)
-        TokenizerSettings.read(directory)
-        if not (directory / "tokenizer.json").is_file():
-            raise UnsupportedTextTower("no tokenizer.json")
-        SafetensorsReader.for_checkpoint(directory)
+        cfg = checked_checkpoint(model)[2]
     except (UnsupportedTextTower, ModelLoadError) as exc:
         return TextPath("torch", str(exc))
     tower = f"CLIP text tower ({cfg.num_layers} layers, {cfg.hidden_act})"
@@ -262,9 +224,8 @@ def text_path(
         why = f": auto has no reduced mode here (no fast int8 on this CPU, level {cpu.cpu_level()})"
     if fp32_on is None:
         return TextPath("onnxruntime", f"{tower}, {ort}{why}")
-    if one_shot is not None:
-        return TextPath("numpy", f"{tower} in numpy, fp32, no torch{why}")
-    return TextPath("numpy", f"{tower} in numpy, fp32, no torch{why} (not ONNX Runtime: {fp32_on})")
+    not_ort = "" if one_shot is not None else f" (not ONNX Runtime: {fp32_on})"  # the one-shot rule said why
+    return TextPath("numpy", f"{tower} in numpy, fp32, no torch{why}{not_ort}")
 
 
 __all__ = [

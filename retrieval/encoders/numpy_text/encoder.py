@@ -19,22 +19,17 @@ from ..chooser import auto_modes
 from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
 from ..text_choice import TEXT_PRECISIONS, TextPath, TextRuntime, choose_text_runtime, local_checkpoint, one_shot_reason
-from .clip_tokenizer import load_clip_tokenizer
+from .clip_tokenizer import TokenizerSettings, load_clip_tokenizer
 from .tower import NumpyTextTower, pooled_positions
-from .tower_config import UnsupportedTextTower, read_checkpoint_config
+from .tower_config import TextTowerConfig, UnsupportedTextTower, read_checkpoint_config
 from .weights import SafetensorsReader
 
 
 class NumpyTextEncoder:
-    """Text queries of a Hugging Face CLIP checkpoint without torch (see the package docstring).
-
-    Use :meth:`load`. It is a :class:`~retrieval.encoders.TextEncoder` (the text half of
-    :class:`~retrieval.encoders.Encoder`): ``name``, ``backend``, ``dim``, ``max_text_length``,
-    ``fingerprint``, ``embed_texts``; :attr:`mode` and :meth:`precision_info` say whether its
-    matrix products are float32 (numpy, no torch) or int8 (:mod:`.int8`, torch's kernels),
-    and :attr:`runtime` whether the float32 tower runs on numpy or on ONNX Runtime
-    (:func:`retrieval.encoders.text_choice.choose_text_runtime`).
-    """
+    """Text queries of a Hugging Face CLIP checkpoint without torch (see the package docstring):
+    a :class:`~retrieval.encoders.TextEncoder`, made by :meth:`load`. :attr:`mode` says whether
+    its products are float32 or int8 (:mod:`.int8`), :attr:`runtime` what runs the float32 tower,
+    :meth:`precision_info` both and why."""
 
     backend = "hf"
     text_path = "numpy"
@@ -93,9 +88,7 @@ class NumpyTextEncoder:
         """
         if precision not in TEXT_PRECISIONS:
             raise UnsupportedTextTower(f"text precision {precision} runs in torch")
-        name, directory = local_checkpoint(model)
-        cfg = read_checkpoint_config(directory)
-        reader = SafetensorsReader.for_checkpoint(directory)
+        name, directory, cfg, reader = checked_checkpoint(model)
         # Hashing the weights is slow and releases the GIL: it runs beside the tokenizer and
         # weight loading instead of after them (once the cheap checks passed, so that a fallback
         # to torch does not hash twice).
@@ -185,9 +178,6 @@ class NumpyTextEncoder:
             self._tower, self.mode = int8_tower, "int8"
             self.int8_note = f"{activation_bits()}-bit activations, torch fbgemm"
 
-    def text_precision_info(self) -> dict[str, Any]:
-        return self.precision_info()
-
     def precision_info(self) -> dict[str, Any]:
         """JSON-able record: requested and chosen mode, the gate figures when ``auto`` ran (with
         ``gate_cached`` when they were read from :mod:`..memo`), and why int8 was not used
@@ -200,6 +190,8 @@ class NumpyTextEncoder:
         if self.mode == "fp32":
             data.update(self.runtime.record())
         return data
+
+    text_precision_info = precision_info  # the TextEncoder protocol's name
 
     @property
     def fingerprint(self) -> str:
@@ -247,6 +239,23 @@ class NumpyTextEncoder:
                 yield
         else:
             yield
+
+
+def checked_checkpoint(model: str) -> tuple[str, Path, TextTowerConfig, SafetensorsReader]:
+    """``(name, directory, config, weights)`` of a checkpoint whose text tower this computes,
+    judged from its config, tokenizer settings and weight headers (no weights read): what
+    :func:`~..text_choice.text_path` predicts from and :meth:`NumpyTextEncoder.load` loads.
+
+    Raises:
+        UnsupportedTextTower: a hub id not in the local cache, or a text tower this does not compute.
+        ModelLoadError: a local directory that is not a checkpoint.
+    """
+    name, directory = local_checkpoint(model)
+    cfg = read_checkpoint_config(directory)
+    TokenizerSettings.read(directory)
+    if not (directory / "tokenizer.json").is_file():
+        raise UnsupportedTextTower("no tokenizer.json")
+    return name, directory, cfg, SafetensorsReader.for_checkpoint(directory)
 
 
 def keep_if_faster(mode: Mode, seconds: dict[str, float]) -> tuple[Mode, str | None]:

@@ -1,26 +1,13 @@
 """int8 matrix products for the numpy text tower: torch's dynamic int8 linear, one query at a time.
 
-A short query's text tower is bound by its matrix products, and by their float32 arithmetic
-more than by reading the weights. Here each becomes
-``torch.ops.quantized.linear_dynamic`` (fbgemm): int8 weights, one symmetric scale per output
-channel, quantised once; the input quantised to uint8 on every call with one scale for the
-whole input, the product dequantised and the bias added in the kernel.
-Everything else in the tower stays float32 numpy.
-
-One scale per input is per *query* here: :meth:`~.encoder.NumpyTextEncoder.embed_texts` runs
-each text alone, so a text's vector is a function of that text only, whatever it is batched
-with (tested), as per-row scales give the image tower. Per-row scales on this kernel (rows
-divided by their own maximum first) ran slower and no closer to fp32, and
-:mod:`retrieval.encoders.int8` (oneDNN, per row) slower for inputs of a few rows
-(``benchmarks/README.md``).
-
-Activations: 8-bit where fbgemm's kernels have int8 dot products, else 7-bit (fbgemm's
-``reduce_range``): :func:`activation_bits`, from :func:`~retrieval.encoders.cpu.fbgemm_has_int8_dot`
-(which says why AVX-VNNI CPUs are not among them) and the kernel tried once on inputs built to
-saturate (:func:`full_inputs_saturate`).
-
-torch is imported when an int8 tower is made (:func:`quantize_layer`, :func:`int8_refusal`),
-never by an fp32 query.
+Each product becomes ``torch.ops.quantized.linear_dynamic`` (fbgemm): int8 weights, one scale
+per output channel, quantised once; the input quantised on every call with one scale for the
+whole input, which is per *query* here: :meth:`~.encoder.NumpyTextEncoder.embed_texts` runs
+each text alone, so a text's vector depends on that text only (tested), as per-row scales give
+the image tower (:mod:`retrieval.encoders.int8`). Everything else stays float32 numpy.
+Activations: 8-bit where fbgemm's kernels have int8 dot products, else 7-bit
+(:func:`activation_bits`). torch is imported when an int8 tower is made, never by an fp32
+query. Why this kernel, and its figures: docs/performance.md, "int8 text queries".
 """
 
 from __future__ import annotations

@@ -1,15 +1,9 @@
-"""The image tower as an ONNX file, exported once per weights and input size, kept in a cache.
+"""The towers as ONNX files, exported once per weights and input size, kept in a cache.
 
-``torch.onnx.export`` of the vision tower with its projection (what ``get_image_features``
-returns, before normalisation), batch as a dynamic axis. The file is derived data: it is keyed
-by the weights' fingerprint, the input size, torch's version and this module's
-:data:`EXPORT_VERSION`, written to a temporary name and renamed, so concurrent builds never read
-half a file and a stale export is never used.
-
-Location: ``$CLIPSEARCH_ONNX_CACHE`` (a directory), else ``$XDG_CACHE_HOME/clipsearch/onnx``,
-else ``~/.cache/clipsearch/onnx``. Not in the index directory: an index is a checksummed,
-versioned contract that readers (``search --image``, ``serve``) never write to, and one export
-serves every index of the same model.
+An export is derived data, keyed by the weights' fingerprint, the input size and the export's
+versions, written to a temporary name and renamed, so concurrent builds never read half a file
+and a stale export is never used. Not in the index directory: an index is a checksummed,
+versioned contract that readers never write to, and one export serves every index of a model.
 """
 
 from __future__ import annotations
@@ -30,7 +24,7 @@ OPSET = 17
 
 
 def cache_dir() -> Path:
-    """Where exported towers are kept (created on first export)."""
+    """Where exported towers are kept (created on first export): ``$CLIPSEARCH_ONNX_CACHE``, else ``onnx/`` in the user cache."""
     explicit = os.environ.get(ONNX_CACHE_ENV, "").strip()
     return Path(explicit).expanduser() if explicit else user_cache() / "onnx"
 

@@ -38,12 +38,9 @@ def default_threads() -> int:
 
 
 class OrtTextTower:
-    """``forward(ids, mask) -> projected vector`` of one sequence on ONNX Runtime.
-
-    Args:
-        path: the export (:func:`~.export.cached_text_export`).
-        cfg: the checkpoint's text configuration (for the pooled token).
-        threads: intra-op threads (default: :func:`default_threads`).
+    """``forward(ids, mask) -> projected vector`` of one sequence on ONNX Runtime, from the
+    export at ``path`` (:func:`~.export.cached_text_export`), on ``threads`` (default:
+    :func:`default_threads`).
 
     Raises:
         ModelLoadError: ONNX Runtime cannot load the file, or it is not a text-tower export.

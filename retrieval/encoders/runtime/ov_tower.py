@@ -1,30 +1,15 @@
 """An exported image tower on OpenVINO's CPU plugin (the only module that imports openvino
 and nncf).
 
-The same ONNX file :mod:`.export` makes for ONNX Runtime, compiled once per tower. Settings
-that keep it the exact path (``fp32``):
-
-- ``INFERENCE_PRECISION_HINT=f32`` and ``EXECUTION_MODE_HINT=ACCURACY``: on CPUs with bf16
-  (AVX-512 BF16, AMX) the plugin otherwise runs in bf16 by default;
-- ``INFERENCE_NUM_THREADS``: torch's count in this process (what ``--threads`` sets), one
-  stream, and no CPU pinning, so it does not claim the cores the decode workers run on.
-
-The ``bf16`` tower is the same export compiled with ``INFERENCE_PRECISION_HINT=bf16``: on CPUs
-with AMX its products run on the AMX bf16 tiles, with vectors that do not depend on the batch
-or the thread count (measured), unlike torch's bf16 ``autocast`` there.
-
-The ``int8`` tower (:func:`int8_model`) is the export with NNCF's ``int8_asym`` weights (per
-output channel), OpenVINO's recommendation for transformers on the CPU, run with the plugin's
-dynamic quantisation of activations: each row of a linear layer's input is quantised on its
-own in groups of ``group`` input features (``DYNAMIC_QUANTIZATION_GROUP_SIZE``), so a vector
-depends on its image alone, as in the torch int8 path. The plugin's default group (32) is
-the slow end; one group per model width ran fastest
-(``benchmarks/README.md``). The rest of the tower runs in bf16 where the CPU has it.
-
-OpenVINO's own files (the int8 tower) compile through the plugin's model cache, kept without
-the weights (``CACHE_MODE=OPTIMIZE_SIZE``) under ``openvino/`` in the export cache: a later
-process, an image query above all, compiles in a fraction of the time. The ONNX export (fp32)
-is compiled without it: its cached form would be a second copy of the weights.
+The ONNX file of :mod:`.export`, compiled once per tower in a mode (:func:`compile_tower`):
+``fp32`` with the float32 and accuracy hints (the plugin would otherwise run bf16 on CPUs with
+bf16), ``bf16`` with the bf16 hint (AMX tiles; vectors independent of the batch and the thread
+count, unlike torch's bf16 there), ``int8`` from NNCF's ``int8_asym`` weights
+(:func:`int8_model`) with each row of a layer's input quantised on its own in groups of the
+model's width, so a vector depends on its image alone. Threads: torch's count, one stream, no
+pinning (the decode workers share the cores). OpenVINO's own files (the int8 tower) compile
+through the plugin's model cache, kept without the weights; the ONNX export compiles without
+it (its cached form would be a second copy of the weights). Measurements: docs/performance.md.
 """
 
 from __future__ import annotations
