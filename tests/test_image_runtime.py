@@ -314,6 +314,28 @@ def test_an_index_made_on_torch_is_queried_on_torch(
     assert index.encoders.image_path()["tower"] == "encoder" and "embedded with torch" in str(index.encoders.image_path()["reason"])
 
 
+@pytest.mark.parametrize("runtime", RUNTIMES)
+def test_a_runtime_asked_for_on_an_index_made_on_torch_says_so(
+    runtime: str, tiny_model: Path, photos: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+    caplog: pytest.LogCaptureFixture, refused_here: dict[str, str],
+) -> None:
+    """Asked for by name, a runtime embeds an update of an index made on torch, and the one
+    notice says so (not that torch cannot run)."""
+    files = sorted(p.name for p in photos.iterdir())
+    common = dict(model=str(tiny_model), workers=0, device="cpu", precision="fp32")
+    monkeypatch.setenv(CH.RUNTIME_ENV, "torch")
+    build_index(photos, tmp_path / "t.idx", files=files[:3], **common)
+    usable(runtime, refused_here)
+    monkeypatch.setenv(CH.RUNTIME_ENV, runtime)
+    with caplog.at_level(logging.WARNING, logger="retrieval.encoders.chooser"):
+        build_index(photos, tmp_path / "t.idx", **common)
+    notices = [r.getMessage() for r in caplog.records if r.name.startswith("retrieval.encoders.chooser")]
+    expected = f"the index's vectors came from torch; {CH.RUNTIME_ENV}={runtime} asks for {IR.RUNTIMES[runtime].label}"
+    assert len(notices) == 1 and expected in notices[0]
+    info = ImageIndex.open(tmp_path / "t.idx").manifest.model_info
+    assert info["image_runtime"] == runtime and info["image_runtime_note"] == expected
+
+
 @pytest.mark.parametrize(
     ("precision", "runtime", "removed", "instead"),
     [

@@ -149,8 +149,12 @@ class ImageRuntime:
         self.name, self._tower = (name, chosen) if chosen is not None else ("torch", None)
         if self.recorded not in (None, self.name) and (chosen is not None or self.recorded in RUNTIMES):
             # The index's vectors came from another tower: the new ones will differ a little.
-            why = "; ".join(reasons) if self.recorded in RUNTIMES else "this version does not know it"
-            self.note, level = f"the index's vectors came from {self.recorded}, which cannot run here: {why}", logging.WARNING
+            if self.recorded == "torch":  # only a runtime asked for by name moves an index made on torch
+                self.note = f"the index's vectors came from torch; {RUNTIME_ENV}={self.name} asks for {RUNTIMES[self.name].label}"
+            else:
+                why = "; ".join(reasons) if self.recorded in RUNTIMES else "this version does not know it"
+                self.note = f"the index's vectors came from {self.recorded}, which cannot run here: {why}"
+            level = logging.WARNING
         else:
             # A runtime that is not installed is worth a word only when nothing else runs; and
             # torch's int8 tower is a fast path of its own, no cause for alarm.
