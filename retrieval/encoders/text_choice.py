@@ -3,7 +3,7 @@ numpy tower (:mod:`.numpy_text`) with its fp32 forward pass on numpy or ONNX Run
 
 Each decision is one function that the prediction (:func:`text_path`, no weights read) and
 the loading (``QueryEncoders``, ``NumpyTextEncoder.load``) both call: :func:`fast_path_refusal`
-and ``numpy_text.encoder.checked_checkpoint`` (torch or numpy), :func:`one_shot_reason`
+and :func:`checked_checkpoint` (torch or numpy), :func:`one_shot_reason`
 (``auto`` kept fp32 in a process of few texts, :data:`ONE_SHOT_TEXTS`),
 :func:`text_runtime_refusal` and :func:`choose_text_runtime` (ONNX Runtime or numpy, through
 the chooser's one check). The numpy tower's modules import this one, so it imports them
@@ -17,7 +17,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -27,6 +27,10 @@ from .base import TextPath, first_line
 from .chooser import LOG, TEXT_RUNTIME_ENV, agreement, auto_modes, candidates, requested_runtime, runtime_record
 from .precision import PROBE_TEXTS
 from .runtime import ORT_INSTALL, RuntimeUnavailable
+
+if TYPE_CHECKING:
+    from .numpy_text.tower_config import TextTowerConfig
+    from .numpy_text.weights import SafetensorsReader
 
 # Text precisions the numpy tower computes; the others (bf16, fp16) run in torch.
 TEXT_PRECISIONS: tuple[str, ...] = ("fp32", "int8", "auto")
@@ -171,6 +175,27 @@ def local_checkpoint(model: str) -> tuple[str, Path]:
     return found
 
 
+def checked_checkpoint(model: str) -> tuple[str, Path, TextTowerConfig, SafetensorsReader]:
+    """``(name, directory, config, weights)`` of a checkpoint whose text tower the numpy tower
+    computes, judged from its config, tokenizer settings and weight headers (no weights read):
+    what :func:`text_path` predicts from and :meth:`~.numpy_text.NumpyTextEncoder.load` loads.
+
+    Raises:
+        UnsupportedTextTower: a hub id not in the local cache, or a text tower this does not compute.
+        ModelLoadError: a local directory that is not a checkpoint.
+    """
+    from .numpy_text.clip_tokenizer import TokenizerSettings
+    from .numpy_text.tower_config import UnsupportedTextTower, read_checkpoint_config
+    from .numpy_text.weights import SafetensorsReader
+
+    name, directory = local_checkpoint(model)
+    cfg = read_checkpoint_config(directory)
+    TokenizerSettings.read(directory)
+    if not (directory / "tokenizer.json").is_file():
+        raise UnsupportedTextTower("no tokenizer.json")
+    return name, directory, cfg, SafetensorsReader.for_checkpoint(directory)
+
+
 def fast_path_refusal(backend: str, model: str, precision: str, device: str, runtime: str | None = None) -> str | None:
     """Why a query with these settings cannot take the numpy path (None: it may, checkpoint allowing).
 
@@ -198,7 +223,6 @@ def text_path(
     these settings, and why (cheap: no weights read). ``text_queries``: how many texts the
     process will run, None for a long-lived one; ``runtime``: the text runtime asked for (None:
     the user's setting)."""
-    from .numpy_text.encoder import checked_checkpoint
     from .numpy_text.tower_config import UnsupportedTextTower
 
     refusal = fast_path_refusal(backend, model, precision, device, runtime)
@@ -233,6 +257,7 @@ __all__ = [
     "TEXT_PRECISIONS",
     "TextPath",
     "TextRuntime",
+    "checked_checkpoint",
     "choose_text_runtime",
     "fast_path_refusal",
     "local_checkpoint",

@@ -18,11 +18,10 @@ from ..base import l2_normalize
 from ..chooser import auto_modes
 from ..hf import checkpoint_fingerprint
 from ..precision import PROBE_TEXTS, GateResult, Mode, choose, precision_record
-from ..text_choice import TEXT_PRECISIONS, TextPath, TextRuntime, choose_text_runtime, local_checkpoint, one_shot_reason
-from .clip_tokenizer import TokenizerSettings, load_clip_tokenizer
+from ..text_choice import TEXT_PRECISIONS, TextPath, TextRuntime, checked_checkpoint, choose_text_runtime, one_shot_reason
+from .clip_tokenizer import load_clip_tokenizer
 from .tower import NumpyTextTower, pooled_positions
-from .tower_config import TextTowerConfig, UnsupportedTextTower, read_checkpoint_config
-from .weights import SafetensorsReader
+from .tower_config import UnsupportedTextTower
 
 
 class NumpyTextEncoder:
@@ -239,23 +238,6 @@ class NumpyTextEncoder:
                 yield
         else:
             yield
-
-
-def checked_checkpoint(model: str) -> tuple[str, Path, TextTowerConfig, SafetensorsReader]:
-    """``(name, directory, config, weights)`` of a checkpoint whose text tower this computes,
-    judged from its config, tokenizer settings and weight headers (no weights read): what
-    :func:`~..text_choice.text_path` predicts from and :meth:`NumpyTextEncoder.load` loads.
-
-    Raises:
-        UnsupportedTextTower: a hub id not in the local cache, or a text tower this does not compute.
-        ModelLoadError: a local directory that is not a checkpoint.
-    """
-    name, directory = local_checkpoint(model)
-    cfg = read_checkpoint_config(directory)
-    TokenizerSettings.read(directory)
-    if not (directory / "tokenizer.json").is_file():
-        raise UnsupportedTextTower("no tokenizer.json")
-    return name, directory, cfg, SafetensorsReader.for_checkpoint(directory)
 
 
 def keep_if_faster(mode: Mode, seconds: dict[str, float]) -> tuple[Mode, str | None]:
