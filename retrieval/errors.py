@@ -87,6 +87,9 @@ class IndexCorruptError(IndexFormatError):
     """
 
     def __init__(self, path: object, problem: str, fix: str) -> None:
+        # A library's reason may run over several lines (pyarrow's thrift errors): one line, so
+        # that the fix at its end is not cut off where only the first line is shown.
+        problem = " ".join(problem.split())
         super().__init__(f"{path} is damaged ({problem}); {fix}")
         self.path = str(path)
         self.problem = problem

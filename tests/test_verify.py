@@ -553,3 +553,12 @@ def test_the_named_rebuild_repairs_a_damaged_part(built_index: Path, collection:
         build_index(collection.root, idx, model=str(tiny_model), workers=0, device="cpu")  # an update refuses
     build_index(collection.root, idx, model=str(tiny_model), workers=0, device="cpu", rebuild=True)
     assert verify_index(idx).ok
+
+
+def test_a_damage_of_several_lines_is_told_in_one(idx: Path) -> None:
+    """pyarrow's reason for an undecodable file can run over lines; the error stays one line with
+    the fix at its end (the server shows only an error's first line)."""
+    exc = IndexCorruptError(idx / "part.parquet", "unreadable: Couldn't deserialize thrift: No more data to read.\n"
+                            "Deserializing page header failed.\n", "rebuild the index")
+    assert "\n" not in str(exc) and str(exc).endswith("failed.); rebuild the index")
+    assert exc.problem == "unreadable: Couldn't deserialize thrift: No more data to read. Deserializing page header failed."
