@@ -225,7 +225,7 @@ class Filter:
             a, b = getattr(self, low), getattr(self, high)
             if a is None or b is None:
                 continue
-            # A clock time and an instant: a camera's clock is up to a day's offset from UTC, so
+            # A clock time and an instant: a camera's clock may be up to 14:59 from UTC, so
             # only a gap wider than any offset leaves nothing to match.
             gap = _OFFSET_NS if isinstance(a, LocalTime) != isinstance(b, LocalTime) else 0
             if _ns(a) - gap > _ns(b):
