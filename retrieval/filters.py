@@ -25,6 +25,15 @@ from .options import option
 ColumnReader = Callable[[str], pa.ChunkedArray]
 # The kinds of file ``Filter.media`` chooses between.
 MEDIA: tuple[str, ...] = ("image", "video", "all")
+# More than any offset from UTC a photo may record (retrieval.images.exif reads up to 14:59).
+_OFFSET_NS = 15 * 3600 * 10**9
+
+
+def _read_time(text: str) -> dt.datetime:
+    try:
+        return dt.datetime.fromisoformat(text.strip())
+    except ValueError:
+        raise InvalidArgumentError(f"cannot read time {text!r}; use an ISO date like 2024-05-01 or 2024-05-01T12:30") from None
 
 
 def parse_time(text: str) -> int:
@@ -33,14 +42,41 @@ def parse_time(text: str) -> int:
     Raises:
         InvalidArgumentError: not an ISO-8601 date or time.
     """
-    try:
-        when = dt.datetime.fromisoformat(text.strip())
-    except ValueError:
-        raise InvalidArgumentError(f"cannot read time {text!r}; use an ISO date like 2024-05-01 or 2024-05-01T12:30") from None
+    when = _read_time(text)
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
     return (when - epoch) // dt.timedelta(microseconds=1) * 1000
+
+
+@dataclass(frozen=True)
+class LocalTime:
+    """A ``taken_after`` / ``taken_before`` bound given without a zone (``2024-01-01``): ``ns``
+    is that wall-clock time read as UTC, ns since the epoch, and it is compared with each photo's
+    own clock (its time plus the offset it recorded), not with the instant. A plain int bound is
+    an instant.
+
+    Raises:
+        InvalidArgumentError: ``ns`` is not an integer.
+    """
+
+    ns: int
+
+    def __post_init__(self) -> None:
+        if not is_int(self.ns):
+            raise InvalidArgumentError(f"a local time is an integer of ns, got {self.ns!r}")
+
+
+def parse_taken(text: str) -> int | LocalTime:
+    """A ``taken_after`` / ``taken_before`` bound: ``2024-05-01T12:30+02:00`` -> ns since the
+    epoch (an instant); ``2024-05-01`` or ``2024-05-01T12:30`` (no zone) -> a :class:`LocalTime`,
+    compared with the camera's clock.
+
+    Raises:
+        InvalidArgumentError: not an ISO-8601 date or time.
+    """
+    ns = parse_time(text)
+    return LocalTime(ns) if _read_time(text).tzinfo is None else ns
 
 
 def format_time(ns: int) -> str:
@@ -55,6 +91,20 @@ def _optional_time(text: str) -> int | None:
     return parse_time(text) if text else None
 
 
+def _optional_taken(text: str) -> int | LocalTime | None:
+    return parse_taken(text) if text else None
+
+
+def _ns(bound: int | LocalTime) -> int:
+    return bound.ns if isinstance(bound, LocalTime) else bound
+
+
+def _shown(bound: int | LocalTime) -> str:
+    if isinstance(bound, LocalTime):  # said without a zone, as it was given
+        return format_time(bound.ns).removesuffix("+00:00")
+    return format_time(bound)
+
+
 @dataclass(frozen=True)
 class Filter:
     """Conditions an image must meet to be returned (all of them; None means no condition).
@@ -62,9 +112,11 @@ class Filter:
     Each field is also a flag of ``clipsearch search`` and a request field of the HTTP API by
     the same name, derived from its :func:`~retrieval.options.option` metadata. Widths and
     heights are pixels; ``modified_after`` / ``modified_before`` and ``taken_after`` /
-    ``taken_before`` are ns since the epoch here, ISO dates on the CLI and over HTTP. A photo's
-    ``taken`` time without a recorded zone is compared as its wall-clock time read as UTC, as a
-    date given without a zone is.
+    ``taken_before`` are ns since the epoch here, ISO dates on the CLI and over HTTP. A taken
+    bound given without a zone is a :class:`LocalTime` (:func:`parse_taken`), compared with each
+    photo's clock (the time it was taken, plus the offset it recorded); a plain int is an
+    instant, compared with the photo's UTC instant, and a photo that recorded no offset is
+    compared as its clock's time read as UTC.
     """
 
     path_prefix: tuple[str, ...] = field(
@@ -100,24 +152,24 @@ class Filter:
             http=True,
         ),
     )
-    taken_after: int | None = field(
+    taken_after: int | LocalTime | None = field(
         default=None,
         metadata=option(
             "photo taken (EXIF DateTimeOriginal) at or after this time; undated images never match "
             "(ISO 8601; a time without a zone is the camera's clock)",
             metavar="DATE",
-            parse=_optional_time,
+            parse=_optional_taken,
             text_type="ISO 8601 date",
             http=True,
         ),
     )
-    taken_before: int | None = field(
+    taken_before: int | LocalTime | None = field(
         default=None,
         metadata=option(
             "photo taken (EXIF DateTimeOriginal) before this time; undated images never match "
             "(ISO 8601; a time without a zone is the camera's clock)",
             metavar="DATE",
-            parse=_optional_time,
+            parse=_optional_taken,
             text_type="ISO 8601 date",
             http=True,
         ),
@@ -164,16 +216,21 @@ class Filter:
         for name in ("min_width", "max_width", "min_height", "max_height", "modified_after", "modified_before", "taken_after",
                      "taken_before"):
             value = getattr(self, name)
-            if value is not None and not is_int(value):
+            if value is not None and not is_int(value) and not (name.startswith("taken") and isinstance(value, LocalTime)):
                 raise InvalidArgumentError(f"{name} must be an integer, got {value!r}")
-            if value is not None and name.endswith(("width", "height")) and value < 0:
+            if is_int(value) and name.endswith(("width", "height")) and value < 0:
                 raise InvalidArgumentError(f"{name} must be >= 0, got {value}")
         for low, high in (("min_width", "max_width"), ("min_height", "max_height"), ("modified_after", "modified_before"),
                           ("taken_after", "taken_before")):
             a, b = getattr(self, low), getattr(self, high)
-            if a is not None and b is not None and a > b:
+            if a is None or b is None:
+                continue
+            # A clock time and an instant: a camera's clock may be up to 14:59 from UTC, so
+            # only a gap wider than any offset leaves nothing to match.
+            gap = _OFFSET_NS if isinstance(a, LocalTime) != isinstance(b, LocalTime) else 0
+            if _ns(a) - gap > _ns(b):
                 if low.endswith("_after"):  # times are ns since the epoch: said as the dates they are
-                    raise InvalidArgumentError(f"{low} ({format_time(a)}) is after {high} ({format_time(b)}): nothing can match")
+                    raise InvalidArgumentError(f"{low} ({_shown(a)}) is after {high} ({_shown(b)}): nothing can match")
                 raise InvalidArgumentError(f"{low} ({a}) is greater than {high} ({b}): nothing can match")
 
     @property
@@ -211,18 +268,31 @@ class Filter:
             if bound is not None:
                 keep &= op(column(col).to_numpy(), bound)
         if self.taken_after is not None or self.taken_before is not None:
-            # ``taken`` is microseconds (a timestamp column, null where a photo has no date).
-            taken = column("taken").cast(pa.int64())
-            keep &= _bool(pc.is_valid(taken))
-            values = np.asarray(pc.fill_null(taken, 0).to_numpy(), dtype=np.int64)
-            if self.taken_after is not None:
-                keep &= values >= -(-self.taken_after // 1000)
-            if self.taken_before is not None:
-                keep &= values < -(-self.taken_before // 1000)
+            keep &= self._taken_mask(column)
         if self.media is not None:
             # ``media`` is null for an image (and in every row of an index without videos).
             videos = _bool(pc.fill_null(pc.equal(column("media"), "video"), False))
             keep &= videos if self.media == "video" else ~videos
+        return keep
+
+    def _taken_mask(self, column: ColumnReader) -> np.ndarray:
+        # ``taken`` is microseconds (a timestamp column, null where a photo has no date): the UTC
+        # instant where ``taken_offset`` (minutes) is known, else the camera's clock read as UTC.
+        taken = column("taken").cast(pa.int64())
+        keep = _bool(pc.is_valid(taken))
+        instant = np.asarray(pc.fill_null(taken, 0).to_numpy(), dtype=np.int64)
+        clock: np.ndarray | None = None
+        for bound, op in ((self.taken_after, np.greater_equal), (self.taken_before, np.less)):
+            if bound is None:
+                continue
+            if isinstance(bound, LocalTime):
+                if clock is None:
+                    # The camera's clock: the instant plus the offset it recorded (none: as stored).
+                    offset = np.asarray(pc.fill_null(column("taken_offset"), 0).to_numpy(), dtype=np.int64)
+                    clock = instant + offset * 60_000_000
+                keep &= op(clock, -(-bound.ns // 1000))
+            else:
+                keep &= op(instant, -(-bound // 1000))
         return keep
 
     def describe(self) -> dict[str, Any]:
@@ -244,4 +314,4 @@ def _bool(arr: pa.ChunkedArray | pa.Array) -> np.ndarray:
     return np.asarray(arr.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-__all__ = ["MEDIA", "Filter", "parse_time"]
+__all__ = ["MEDIA", "Filter", "LocalTime", "parse_taken", "parse_time"]

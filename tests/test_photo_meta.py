@@ -18,7 +18,7 @@ from photos import encoded, exif_bytes, photo, save
 from PIL import Image
 
 from retrieval.errors import InvalidArgumentError
-from retrieval.filters import Filter, parse_time
+from retrieval.filters import Filter, LocalTime, parse_taken, parse_time
 from retrieval.images import decode_image, iso_taken, read_meta
 from retrieval.images.exif import parse_exif_time, read_tiff_meta
 
@@ -95,6 +95,106 @@ def test_taken_filter_declaration() -> None:
     taken = pa.chunked_array([pa.array([_us(2020, 6, 1), None, _us(2021, 6, 1), _us(2022, 1, 1)], pa.timestamp("us", tz="UTC"))])
     mask = where.mask(lambda name: taken, 4)
     assert mask.tolist() == [False, False, True, False]
+
+
+# paris: 2024-01-01 00:30 on a clock at +02:00 (2023-12-31 22:30 UTC); noz: the same clock time
+# with no offset recorded (stored as that time read as UTC); undated: no date at all.
+_CLOCKS = {
+    "taken": pa.chunked_array([pa.array([_us(2024, 1, 1, 0, 30, offset_min=120), _us(2024, 1, 1, 0, 30), None],
+                                        pa.timestamp("us", tz="UTC"))]),
+    "taken_offset": pa.chunked_array([pa.array([120, None, None], pa.int16())]),
+}
+
+
+@pytest.mark.parametrize(
+    ("after", "before", "want"),
+    [
+        # Without a zone: the camera's clock, for photos with an offset and without.
+        ("2024-01-01", None, [True, True, False]),
+        (None, "2024-01-01", [False, False, False]),
+        ("2024-01-01T00:30", "2024-01-01T00:31", [True, True, False]),
+        (None, "2024-01-01T00:30", [False, False, False]),
+        # With a zone: the instant; a photo without an offset is its clock's time read as UTC.
+        ("2024-01-01T00:00+00:00", None, [False, True, False]),
+        (None, "2024-01-01T00:00+00:00", [True, False, False]),
+        ("2023-12-31T22:30Z", "2023-12-31T22:31Z", [True, False, False]),
+        ("2024-01-01T02:30+02:00", None, [False, True, False]),  # 00:30 UTC: noz, not paris
+        # One of each: paris's clock is from 1 January on, its instant before it.
+        ("2024-01-01", "2024-01-01T00:00Z", [True, False, False]),
+    ],
+)
+def test_taken_bounds_without_a_zone_are_the_cameras_clock(after: str | None, before: str | None, want: list[bool]) -> None:
+    where = Filter(taken_after=parse_taken(after) if after else None, taken_before=parse_taken(before) if before else None)
+    assert where.mask(_CLOCKS.__getitem__, 3).tolist() == want
+
+
+def test_taken_bound_declarations() -> None:
+    assert parse_taken("2024-01-01") == LocalTime(parse_time("2024-01-01"))
+    assert parse_taken("2024-01-01T12:30") == LocalTime(parse_time("2024-01-01T12:30"))
+    assert parse_taken("2024-01-01T00:00+02:00") == parse_time("2024-01-01T00:00+02:00")
+    # A clock bound and an instant are different filters (an opened index keeps a mask per filter).
+    assert Filter(taken_after=parse_taken("2024-01-01")) != Filter(taken_after=parse_taken("2024-01-01T00:00Z"))
+    for bad in ("last summer", "2024-13-01", ""):
+        with pytest.raises(InvalidArgumentError, match="cannot read time"):
+            parse_taken(bad)
+    with pytest.raises(InvalidArgumentError, match="integer"):
+        LocalTime("2024-01-01")  # type: ignore[arg-type]  # the bad value under test
+    with pytest.raises(InvalidArgumentError, match="must be an integer"):
+        Filter(modified_after=LocalTime(0))  # type: ignore[arg-type]  # only taken bounds read a clock
+    with pytest.raises(InvalidArgumentError, match=r"^taken_after \(2024-01-02T10:00:00\) is after taken_before \(2024-01-01\): "):
+        Filter(taken_after=parse_taken("2024-01-02T10:00"), taken_before=parse_taken("2024-01-01"))
+    # A clock bound against an instant: refused only when no offset can bring them together.
+    with pytest.raises(InvalidArgumentError, match=r"taken_after \(2024-01-02\) is after taken_before \(2024-01-01\)"):
+        Filter(taken_after=parse_taken("2024-01-02"), taken_before=parse_taken("2024-01-01T00:00Z"))
+    Filter(taken_after=parse_taken("2024-01-01T12:00"), taken_before=parse_taken("2024-01-01T00:00Z"))
+    Filter(taken_after=parse_taken("2024-01-01T12:00Z"), taken_before=parse_taken("2024-01-01T00:00"))
+
+
+@pytest.fixture(scope="module")
+def zoned(tmp_path_factory: pytest.TempPathFactory, tiny_model: Path) -> Path:
+    """The tester's folder: paris.jpg at 00:30 on 1 January on a +02:00 clock, noz.jpg at the
+    same clock time without an offset, and its index."""
+    from indexer import build_index
+
+    base = tmp_path_factory.mktemp("zoned")
+    root = base / "tz"
+    root.mkdir()
+    save(photo("chelsea.png", max_side=64), root / "paris.jpg", "JPEG", exif=exif_bytes("2024:01:01 00:30:00", "+02:00"))
+    save(photo("rocket.jpg", max_side=64), root / "noz.jpg", "JPEG", exif=exif_bytes("2024:01:01 00:30:00"))
+    out = base / "tz.idx"
+    build_index(root, out, model=str(tiny_model), batch_size=8, workers=0, device="cpu")
+    return out
+
+
+def test_cli_and_http_dates_without_a_zone_are_the_cameras_clock(zoned: Path, tmp_path: Path) -> None:
+    from fastapi.testclient import TestClient
+
+    from clipsearch.server import create_app
+
+    def cli(*flags: str) -> list[str]:
+        proc = cli_here(["search", zoned, "a photo", *flags, "--json", "--device", "cpu"])
+        assert proc.returncode == 0, proc.stderr
+        return sorted(r["path"] for r in json.loads(proc.stdout)["results"])
+
+    assert cli("--taken-after", "2024-01-01") == ["noz.jpg", "paris.jpg"]
+    assert cli("--taken-before", "2024-01-01") == []
+    assert cli("--taken-after", "2024-01-01T00:00+00:00") == ["noz.jpg"]
+    assert cli("--taken-before", "2024-01-01T00:00+00:00") == ["paris.jpg"]
+    app = create_app([zoned], cache_dir=tmp_path / "thumbs", device="cpu", warm=False, precision="fp32")
+    with TestClient(app, raise_server_exceptions=False) as client:
+        def http(**filters: str) -> tuple[list[str], list[str]]:
+            got = client.get("/api/search", params={"q": "a photo", **filters})
+            posted = client.post("/api/search", json={"text": "a photo", "filters": filters})
+            assert got.status_code == posted.status_code == 200, (got.text, posted.text)
+            return sorted(r["path"] for r in got.json()["results"]), sorted(r["path"] for r in posted.json()["results"])
+
+        assert http(taken_after="2024-01-01") == (["noz.jpg", "paris.jpg"],) * 2
+        assert http(taken_before="2024-01-01") == ([], [])
+        # The web page's "Taken from 2024-01-01 to 2024-01-01": taken_before the next day.
+        assert http(taken_after="2024-01-01", taken_before="2024-01-02") == (["noz.jpg", "paris.jpg"],) * 2
+        assert http(taken_before="2024-01-01T00:00+00:00") == (["paris.jpg"],) * 2
+        assert client.get("/api/search", params={"q": "a photo", "taken_after": "2024-01-02",
+                                                 "taken_before": "2024-01-01"}).status_code == 400
 
 
 @pytest.fixture(scope="module")
