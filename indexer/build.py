@@ -24,14 +24,14 @@ from pathlib import Path
 from typing import Any
 
 from indexer.index_types import parse_memory
-from retrieval.encoders import Encoder, cpu, load_encoder
-from retrieval.errors import InvalidArgumentError, PhotosDirError, UnknownBuildOptionError
+from retrieval.encoders import DEFAULT_MODEL, Encoder, cpu, load_encoder
+from retrieval.errors import InvalidArgumentError, ModelLoadError, PhotosDirError, UnknownBuildOptionError
 from retrieval.images import IMAGE_EXTENSIONS
 from retrieval.layout import Manifest, SkipRecord, is_index_dir
 from retrieval.shards import scheme_of
 
 from . import calibrate, shards
-from .build_base import open_base, preprocess_record
+from .build_base import model_load_error, open_base, preprocess_record, with_model
 from .build_config import DEFAULT_PRECISION, BuildConfig, default_batch_size, default_threads, default_workers
 from .build_report import BuildReport
 from .chunk_commits import ChunkCommits
@@ -150,9 +150,23 @@ def update_index(
     return _start(config, os.fspath(photos_dir), Path(index_dir), encoder, None, found=found, own_encoder=True, stop=stop)
 
 
-def load_model(config: BuildConfig) -> Encoder:
-    """The encoder :func:`build_index` loads for ``config`` (its model, device and precision)."""
-    return load_encoder(config.model, device=config.device, precision=config.precision or DEFAULT_PRECISION)
+def load_model(config: BuildConfig, index_dir: str | os.PathLike[str] | None = None) -> Encoder:
+    """The encoder :func:`build_index` loads for ``config`` (its model, device and precision).
+
+    No model named: the one the index at ``index_dir`` records, else the default.
+
+    Raises:
+        ModelLoadError: the model cannot be loaded; for the index's own model, the message
+            names the index and what to pass instead.
+    """
+    out = Path(index_dir) if index_dir is not None else None
+    model = (with_model(config, out).model if out is not None else config.model) or DEFAULT_MODEL
+    try:
+        return load_encoder(model, device=config.device, precision=config.precision or DEFAULT_PRECISION)
+    except ModelLoadError as exc:
+        if out is None:
+            raise
+        raise model_load_error(exc, model, out) from exc
 
 
 def _start(
@@ -161,6 +175,8 @@ def _start(
 ) -> BuildReport:
     start = time.perf_counter()
     cpu.cpu_level()  # a bad CLIPSEARCH_CPU_CAP fails here, before any work
+    # No model named: the index's own (every collaborator below, the Ray actors too, reads it here).
+    cfg = with_model(cfg, out)
     if encoder is not None and cfg.engine in LOADS_ITS_OWN_MODEL:
         raise InvalidArgumentError(f"engine {cfg.engine!r} loads the model in every worker from model=; it cannot take a loaded encoder")
     shard_source = None
@@ -191,7 +207,7 @@ def _start(
             found = find_images(photos, files, None if files is not None else load_exclusions(photos, walk), extensions)
         elif not found.files:
             raise PhotosDirError(f"no images found in {photos}")  # an emptied folder never empties the index
-        enc = encoder if encoder is not None else load_model(cfg)
+        enc = encoder if encoder is not None else load_model(cfg, out)
         if encoder is not None and cfg.precision is not None:
             calibrate.apply_precision(enc, cfg.precision)
         keep = cfg.precision is None and (encoder is None or own_encoder)

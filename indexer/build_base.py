@@ -15,8 +15,14 @@ from typing import Any
 
 from indexer.index_types import IndexOptions
 from retrieval import store
-from retrieval.encoders import Encoder
-from retrieval.errors import IndexFormatError, InvalidArgumentError, ModelMismatchError, UnsupportedFormatError
+from retrieval.encoders import DEFAULT_MODEL, Encoder
+from retrieval.errors import (
+    IndexFormatError,
+    InvalidArgumentError,
+    ModelLoadError,
+    ModelMismatchError,
+    UnsupportedFormatError,
+)
 from retrieval.layout import Manifest, SkipRecord, is_index_dir, read_manifest
 
 from . import ann, calibrate
@@ -40,6 +46,40 @@ class Base:
     writer: GenerationWriter
     options_changed: bool
     old_skips: list[SkipRecord]
+
+
+def with_model(cfg: BuildConfig, out: Path) -> BuildConfig:
+    """``cfg`` with the model to embed with: the one it names, else the one the index at
+    ``out`` records (its name carries the backend and any open_clip pretrained tag, as search
+    takes it), else the default for a new index or one whose manifest cannot be read.
+
+    Updating or rebuilding an index without ``--model`` keeps its model; the check against the
+    index (:func:`open_base`) then applies only to a model named on purpose.
+
+    Raises:
+        UnsupportedFormatError: the index is newer than this code reads.
+    """
+    if cfg.model is not None:
+        return cfg
+    return cfg.replace(model=recorded_model(out) or DEFAULT_MODEL)
+
+
+def recorded_model(out: Path) -> str | None:
+    """The model the index at ``out`` records; None for a new directory or an unreadable manifest."""
+    base = _readable_manifest(out)
+    return base.model if base is not None else None
+
+
+def model_load_error(exc: ModelLoadError, model: str, out: Path) -> ModelLoadError:
+    """``exc``, or where ``model`` is the one the index at ``out`` records (by default or by
+    name), an error that says so and how to go on: its checkpoint moved, or it is not cached
+    offline."""
+    if recorded_model(out) != model:
+        return exc
+    return ModelLoadError(
+        f"{out} records the model {model}, which cannot be loaded: {exc}; pass --model naming where that "
+        "model is now (or another model with --rebuild)"
+    )
 
 
 def open_base(cfg: BuildConfig, enc: Encoder, fingerprint: str, out: Path, *, files: int, source_root: str,
@@ -157,4 +197,4 @@ def _meta(cfg: BuildConfig, enc: Encoder, fingerprint: str, options: IndexOption
     )
 
 
-__all__ = ["Base", "open_base", "preprocess_record"]
+__all__ = ["Base", "model_load_error", "open_base", "preprocess_record", "recorded_model", "with_model"]

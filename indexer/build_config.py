@@ -91,7 +91,14 @@ class BuildConfig:
     :func:`~retrieval.options.option` metadata; the docs' reference table is generated from it.
     """
 
-    model: str = field(default=DEFAULT_MODEL, metadata=option("Hugging Face hub id or local checkpoint directory"))
+    model: str | None = field(
+        default=None,
+        metadata=option(
+            "Hugging Face hub id or local checkpoint directory, or an open_clip:... name; on an existing index, "
+            "another model than its own needs --rebuild",
+            default_text=f"the model the index records; {DEFAULT_MODEL} for a new index",
+        ),
+    )
     batch_size: int | None = field(
         default=None, metadata=option("images per model call", default_text="64 on CPU, 512 on GPU", minimum=1)
     )
@@ -315,6 +322,8 @@ class BuildConfig:
             max_memory=self.max_memory if self.max_memory is not None else DEFAULT_MAX_MEMORY,
             target_recall=self.target_recall if self.target_recall is not None else DEFAULT_TARGET_RECALL,
         )
+        if self.model is not None and (not isinstance(self.model, str) or not self.model.strip()):
+            raise InvalidArgumentError(f"model must be a non-empty name or path, got {self.model!r}")
         if self.precision is not None:
             parse_precision(self.precision)
         self._check_decode()

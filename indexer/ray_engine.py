@@ -29,7 +29,7 @@ from typing import Any
 
 import numpy as np
 
-from retrieval.encoders import Encoder
+from retrieval.encoders import DEFAULT_MODEL, Encoder
 from retrieval.errors import ClipSearchError, EngineError
 
 from . import calibrate
@@ -77,7 +77,8 @@ class RayRun:
         size = info.get("embed_image_size")
         bits = info.get("int8_activation_bits") if precision == "int8" else None
         return ActorSpec(
-            model=self.cfg.model, device=self.pool.device, precision=precision,
+            # The build resolved the model (named, or the index's) before opening this engine.
+            model=self.cfg.model or DEFAULT_MODEL, device=self.pool.device, precision=precision,
             image_size=int(size) if size is not None else None, int8_activation_bits=int(bits) if bits is not None else None,
             root=b"" if isinstance(photos, ShardReader) else os.fsencode(photos), max_pixels=self.cfg.max_pixels,
             draft=draft, threads=self.pool.threads, shards=photos if isinstance(photos, ShardReader) else None,

@@ -286,7 +286,7 @@ def watch_index(
     photos, out = Path(photos_dir), Path(index_dir)
     if not photos.is_dir():
         raise PhotosDirError(f"photos directory {photos} does not exist or is not a directory")
-    watcher = _Watcher(photos, out, cfg, wcfg, build.load_model(cfg), stop, on_update)
+    watcher = _Watcher(photos, out, cfg, wcfg, build.load_model(cfg, out), stop, on_update)
     observer = _observe(watcher, say) if wcfg.events else None
     watcher.report.events = observer is not None
     try:

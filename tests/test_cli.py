@@ -225,6 +225,36 @@ def test_update_summary_and_model_errors(tmp_path: Path, tiny_model: Path, other
     assert json.loads(capsys.readouterr().out)["added"] == 3
 
 
+def test_index_without_model_keeps_the_index_model(tmp_path: Path, tiny_model: Path, other_model: Path,
+                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """An update and a --rebuild without --model use the model the index records (the summary
+    names it on stderr); --model naming another is still refused on update, obeyed with --rebuild."""
+    from clipsearch.cli import main
+
+    photos = tmp_path / "p"
+    photos.mkdir()
+    for i in range(3):
+        photo_like(90, 70, i).save(photos / f"{i}.jpg")
+    out = tmp_path / "idx"
+    assert main(["index", str(photos), str(out), "--model", str(tiny_model), "--workers", "0", "--no-progress"]) == 0
+    capsys.readouterr()
+    photo_like(90, 70, 9).save(photos / "9.jpg")
+    assert main(["index", str(photos), str(out), "--workers", "0", "--no-progress"]) == 0
+    captured = capsys.readouterr()
+    assert "(added 1, updated 0, removed 0, unchanged 3)" in captured.out
+    assert f"clipsearch: model: {tiny_model.resolve()}, the one the index records" in captured.err
+    assert main(["index", str(photos), str(out), "--workers", "0", "--rebuild", "--json"]) == 0
+    summary = json.loads(capsys.readouterr().out)
+    assert (summary["model"], summary["added"]) == (str(tiny_model.resolve()), 4)
+    code = main(["index", str(photos), str(out), "--model", str(other_model), "--no-progress"])
+    assert_one_line_error(code, capsys.readouterr().err, "--rebuild", str(tiny_model.resolve()), str(other_model.resolve()))
+    assert main(["index", str(photos), str(out), "--model", str(other_model), "--rebuild", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["model"] == str(other_model.resolve())
+    assert ImageIndex.open(out).manifest.model == str(other_model.resolve())
+    code = main(["index", str(photos), str(out), "--model", "", "--no-progress"])
+    assert_one_line_error(code, capsys.readouterr().err, "model must be a non-empty name or path")
+
+
 # -- one front door: the console script and python -m clipsearch are the same program ------------
 
 

@@ -488,6 +488,22 @@ def test_hf_index_refuses_open_clip_query(tmp_path: Path, photos: Path, tiny_mod
     assert str(tiny_model.resolve()) in str(err.value) and tiny_spec.split("@")[0] in str(err.value)
 
 
+def test_update_and_rebuild_without_model_keep_the_open_clip_model(tmp_path: Path, photos: Path, tiny_spec: str,
+                                                                   encoder: OpenClipEncoder) -> None:
+    """Without model= an open_clip index keeps its backend and its name (architecture, tag,
+    weights) on update and rebuild: its recorded name loads the same model."""
+    from indexer import build_index
+
+    out = tmp_path / "oc.idx"
+    build_index(photos, out, model=tiny_spec, workers=0, device="cpu")
+    update = build_index(photos, out, workers=0, device="cpu")
+    assert (update.model, update.unchanged) == (encoder.name, 4)
+    rebuilt = build_index(photos, out, workers=0, device="cpu", rebuild=True)
+    assert (rebuilt.model, rebuilt.added) == (encoder.name, 4)
+    manifest = ImageIndex.open(out).manifest
+    assert (manifest.model, manifest.backend, manifest.model_fingerprint) == (encoder.name, "open_clip", encoder.fingerprint)
+
+
 def test_int8_open_clip_is_close_to_fp32_and_batch_invariant(tiny_spec: str, encoder: OpenClipEncoder, photos: Path) -> None:
     from retrieval.encoders import precision as P
     from retrieval.encoders.int8 import Int8Linear, Int8PatchEmbedding, Int8SelfAttention, quantize_int8

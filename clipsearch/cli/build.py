@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any
 from indexer.build_config import BuildConfig
 from indexer.build_report import BuildReport
 from indexer.watch_config import WatchConfig
+from retrieval.encoders import DEFAULT_MODEL
 from retrieval.errors import InvalidArgumentError
 
 from ._common import PROG, print_json
@@ -57,6 +58,9 @@ def _print_report(args: argparse.Namespace, report: BuildReport) -> None:
         print_json(report.to_dict())
         return
     warn_recall(args.index_dir)
+    if args.model is None and report.model != DEFAULT_MODEL:
+        # Without --model an existing index keeps its own model: say which one that is.
+        print(f"{PROG}: model: {report.model}, the one the index records (--model names another)", file=sys.stderr, flush=True)
     print(
         f"indexed {report.indexed} images, skipped {report.skipped} "
         f"(added {report.added}, updated {report.updated}, removed {report.removed}, unchanged {report.unchanged}), "
