@@ -22,6 +22,7 @@ import pyarrow.parquet as pq
 from . import faiss_index
 from .errors import IndexCorruptError, IndexFormatError
 from .layout import FILE_ID_KEY, PATHS_CRC_MAGIC, PATHS_HEADER, PATHS_MAGIC, Manifest, PartRef, SkipRecord
+from .layout.manifest import UNKNOWN_MODEL_NOTE
 
 REBUILD_HINT = "rebuild the index with `clipsearch index PHOTOS_DIR INDEX_DIR --rebuild`"
 
@@ -32,7 +33,11 @@ _SOURCES: weakref.WeakKeyDictionary[pq.ParquetFile, tuple[Path, str]] = weakref.
 
 def rebuild_hint(index_dir: Path, manifest: Manifest | None) -> str:
     """The command that rebuilds ``index_dir`` from its images (from the folder it recorded), or
-    from the embeddings it was imported from."""
+    from the embeddings it was imported from.
+
+    The rebuild embeds with the model the manifest records; the command says when that needs
+    ``--model``: the manifest is unreadable, or the model's local files are no longer there.
+    """
     if manifest is not None and manifest.model_info.get("imported_from"):
         source = shlex.quote(str(manifest.model_info.get("imported_source") or "SOURCE"))
         return (
@@ -40,7 +45,27 @@ def rebuild_hint(index_dir: Path, manifest: Manifest | None) -> str:
             f"`clipsearch import {source} NEW_INDEX_DIR --model {shlex.quote(manifest.model)}`"
         )
     photos = shlex.quote(manifest.source_root) if manifest is not None and manifest.source_root else "PHOTOS_DIR"
-    return f"rebuild the index with `clipsearch index {photos} {shlex.quote(str(index_dir))} --rebuild`"
+    command = f"clipsearch index {photos} {shlex.quote(str(index_dir))} --rebuild"
+    if manifest is None:
+        return f"rebuild the index with `{command}`{UNKNOWN_MODEL_NOTE}"
+    gone = _gone_model_path(manifest.model)
+    if gone is not None:
+        return (
+            f"rebuild the index with `{command} --model MODEL`, MODEL where its model is now "
+            f"({gone}, where the index records it, no longer exists)"
+        )
+    return f"rebuild the index with `{command}`"
+
+
+def _gone_model_path(model: str) -> str | None:
+    """A local file or folder that the model's recorded name points to and that no longer
+    exists. Recorded names hold absolute paths: a checkpoint directory, or open_clip's
+    ``local-dir:DIR``, ``ARCH@WEIGHTS`` and ``CONFIG.json@WEIGHTS``."""
+    name = model.removeprefix("open_clip:").removeprefix("local-dir:")
+    for piece in name.split("@"):
+        if piece.startswith("/") and not Path(piece).exists():
+            return piece
+    return None
 
 
 def fix_for(index_dir: Path, manifest: Manifest, rel: str) -> str:

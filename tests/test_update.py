@@ -184,3 +184,64 @@ def test_damaged_index_is_replaced_only_with_rebuild(tmp_path: Path, tiny_model:
     with pytest.raises(IndexDirError, match="not a clipsearch index"):
         build_index(photos, other, model=str(tiny_model), workers=0, rebuild=True)
     assert (other / "manifest.json").read_text() == '{"name": "my web app"}'
+
+
+def test_update_and_rebuild_without_model_keep_the_index_model(tmp_path: Path, other_model: Path) -> None:
+    """Without model= an existing index is updated, and rebuilt, with the model it records, as
+    search uses it; not with the default model (which, offline and uncached, cannot even load)."""
+    from indexer.build import load_model
+    from indexer.build_base import with_model
+    from indexer.build_config import BuildConfig
+    from retrieval.encoders import DEFAULT_MODEL
+
+    photos = write_photos(tmp_path / "photos", 3)
+    idx = tmp_path / "idx"
+    recorded = str(other_model.resolve())
+    build_index(photos, idx, model=str(other_model), workers=0)
+    write_photos(photos, 1, start=3)
+    update = build_index(photos, idx, workers=0)
+    assert (update.model, update.added, update.unchanged, update.total) == (recorded, 1, 3, 4)
+    rebuilt = build_index(photos, idx, workers=0, rebuild=True)
+    assert (rebuilt.model, rebuilt.added, rebuilt.total) == (recorded, 4, 4)
+    assert ImageIndex.open(idx).manifest.model == recorded
+    # Watch mode loads its encoder the same way; a new directory keeps today's default.
+    assert load_model(BuildConfig(), idx).name == recorded
+    assert with_model(BuildConfig(), tmp_path / "new").model == DEFAULT_MODEL
+    assert with_model(BuildConfig(model="m"), idx).model == "m"
+
+
+def test_recorded_model_that_moved_names_the_index_and_the_way_on(tmp_path: Path, tiny_model: Path) -> None:
+    import shutil
+
+    from retrieval import store
+    from retrieval.errors import ModelLoadError
+    from retrieval.layout import read_manifest
+
+    photos = write_photos(tmp_path / "photos", 3)
+    idx = tmp_path / "idx"
+    model = tmp_path / "model"
+    shutil.copytree(tiny_model, model)
+    build_index(photos, idx, model=str(model), workers=0)
+    moved = model.rename(tmp_path / "moved")
+    with pytest.raises(ModelLoadError) as err:
+        build_index(photos, idx, workers=0)
+    assert f"{idx} records the model {model.resolve()}, which cannot be loaded" in str(err.value)
+    assert "pass --model naming where that model is now" in str(err.value)
+    # The repair command a damaged index prints asks for it too.
+    hint = store.rebuild_hint(idx, read_manifest(idx))
+    assert f"--rebuild --model MODEL`, MODEL where its model is now ({model.resolve()}," in hint
+    # The same weights where they are now: no rebuild needed; an update that commits records that place.
+    write_photos(photos, 1, start=3)
+    assert build_index(photos, idx, model=str(moved), workers=0).unchanged == 3
+    assert read_manifest(idx).model == str(moved.resolve())
+    assert store.rebuild_hint(idx, read_manifest(idx)).endswith("--rebuild`")
+    assert build_index(photos, idx, workers=0).unchanged == 4
+
+
+@pytest.mark.parametrize("model", ["", "  ", 5])
+def test_empty_or_non_string_model_is_refused(model: object) -> None:
+    from indexer.build_config import BuildConfig
+    from retrieval.errors import InvalidArgumentError
+
+    with pytest.raises(InvalidArgumentError, match="model must be a non-empty name or path"):
+        BuildConfig(model=model)  # type: ignore[arg-type]

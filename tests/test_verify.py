@@ -17,6 +17,7 @@ gets a flipped bit, a truncation and a deletion. What happens is exact and diffe
 from __future__ import annotations
 
 import json
+import shlex
 import shutil
 from pathlib import Path
 
@@ -393,7 +394,10 @@ def test_flipped_version_digit_is_damage_not_a_newer_format(idx: Path) -> None:
     assert text.returncode == 1
     assert text.stdout == f"{idx}: 1 damaged file(s) (the manifest cannot be read: nothing else was checked)\n"
     assert text.stderr == f"clipsearch: error: {report.problems[0].message()}\n"
-    assert report.problems[0].fix == f"rebuild the index with `clipsearch index PHOTOS_DIR {idx} --rebuild`"
+    assert report.problems[0].fix == (
+        f"rebuild the index with `clipsearch index PHOTOS_DIR {idx} --rebuild` (add --model MODEL if it was built "
+        "with another model than the default: its manifest cannot tell)"
+    )
 
 
 def test_truncated_manifest_fails_open(idx: Path) -> None:
@@ -540,6 +544,7 @@ def test_an_update_names_a_truncated_faiss_file_and_reindex(
 
 
 def test_the_named_rebuild_repairs_a_damaged_part(built_index: Path, collection: Collection, tiny_model: Path, tmp_path: Path) -> None:
+    from clipsearch.cli import main
     from indexer import build_index
 
     idx = tmp_path / "built.idx"
@@ -551,8 +556,28 @@ def test_the_named_rebuild_repairs_a_damaged_part(built_index: Path, collection:
     assert problem.fix == f"rebuild the index with `clipsearch index {collection.root.resolve()} {idx} --rebuild`"
     with pytest.raises(IndexCorruptError, match="CRC"):
         build_index(collection.root, idx, model=str(tiny_model), workers=0, device="cpu")  # an update refuses
-    build_index(collection.root, idx, model=str(tiny_model), workers=0, device="cpu", rebuild=True)
-    assert verify_index(idx).ok
+    # The command as printed (no --model: the rebuild keeps the index's model), run by the CLI.
+    command = shlex.split(problem.fix.split("`")[1])
+    assert command[0] == "clipsearch"
+    assert main([*command[1:], "--workers", "0", "--device", "cpu", "--no-progress"]) == 0
+    assert verify_index(idx).ok and ImageIndex.open(idx).manifest.model == str(tiny_model.resolve())
+
+
+@pytest.mark.parametrize(("model", "gone"), [
+    ("openai/clip-vit-base-patch32", None),
+    ("open_clip:ViT-B-32/laion2b_s34b_b79k", None),
+    ("open_clip:hf-hub:org/name", None),
+    ("/no/such/checkpoint", "/no/such/checkpoint"),
+    ("open_clip:local-dir:/no/such/dir", "/no/such/dir"),
+    ("open_clip:ViT-B-32/tag@/no/such/weights.pt", "/no/such/weights.pt"),
+    ("open_clip:/no/such/config.json@/no/such/weights.pt", "/no/such/config.json"),
+])
+def test_rebuild_hint_asks_for_model_where_its_files_are_gone(model: str, gone: str | None, tmp_path: Path) -> None:
+    from retrieval.store import _gone_model_path
+
+    assert _gone_model_path(model) == gone
+    assert _gone_model_path(str(tmp_path)) is None
+    assert _gone_model_path(f"open_clip:local-dir:{tmp_path}") is None
 
 
 def test_a_damage_of_several_lines_is_told_in_one(idx: Path) -> None:

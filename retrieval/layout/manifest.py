@@ -250,6 +250,10 @@ class Manifest:
             raise IndexFormatError(f"{where} is damaged: {exc}") from exc
 
 
+# An unreadable manifest cannot name the index's model, which a rebuild otherwise keeps: it takes the default.
+UNKNOWN_MODEL_NOTE = " (add --model MODEL if it was built with another model than the default: its manifest cannot tell)"
+
+
 def read_manifest(index_dir: str | os.PathLike[str]) -> Manifest:
     """Read and validate ``INDEX_DIR/manifest.json``, its digest first.
 
@@ -270,7 +274,7 @@ def read_manifest(index_dir: str | os.PathLike[str]) -> Manifest:
         raise NotAnIndexError(f"{index_dir} is not a clipsearch index: no such directory")
     if not path.is_file():
         raise NotAnIndexError(f"{index_dir} is not a clipsearch index: it has no {MANIFEST_FILE}")
-    fix = f"rebuild the index with `clipsearch index PHOTOS_DIR {index_dir} --rebuild`"
+    fix = f"rebuild the index with `clipsearch index PHOTOS_DIR {index_dir} --rebuild`{UNKNOWN_MODEL_NOTE}"
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
     except OSError as exc:
