@@ -6,10 +6,11 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from indexer import ann
 from indexer.index_types import IndexOptions
-from retrieval import faiss_index
+from retrieval import InvalidArgumentError, faiss_index
 
 DIM = 16
 
@@ -78,3 +79,29 @@ def test_vectors_are_added_to_their_nearest_lists_under_an_hnsw_quantizer() -> N
         if size:
             listed[np.asarray(faiss.rev_swig_ptr(ivf.invlists.get_ids(lst), size), dtype=np.int64)] = lst
     assert np.mean(listed == nearest) >= 0.999
+
+
+@pytest.mark.parametrize(
+    "factory,need",
+    [
+        ("Flat", 0),
+        ("HNSW32", 0),
+        ("IVF64,Flat", 64),
+        ("IVF8,SQ8", 8),
+        ("IVF8,PQ4", 256),
+        ("IVF8,PQ4x4", 16),
+        ("OPQ4,IVF8,Flat", 256),
+        ("PCA8,IVF4,Flat", 8),
+        ("HNSW32,PQ4", 256),
+        ("IVF8,PQ4x4,Refine(PQ2)", 256),
+        ("RQ2x6", 64),
+    ],
+)
+def test_training_rows_needed_is_what_faiss_accepts(factory: str, need: int) -> None:
+    assert faiss_index.training_rows_needed(faiss_index.create(factory, DIM)) == need
+    faiss_index.train(faiss_index.create(factory, DIM), vectors(max(need, 1)))
+    if need > 1:
+        # One fewer fails in FAISS; that failure is a typed one-line error, not a C++ trace.
+        with pytest.raises(InvalidArgumentError, match=rf"^FAISS cannot train this index on {need - 1} vectors: [A-Z]"):
+            faiss_index.train(faiss_index.create(factory, DIM), vectors(need - 1))
+
