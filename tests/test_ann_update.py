@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -9,7 +10,7 @@ import numpy as np
 import pytest
 
 from indexer import ann
-from indexer.index_types import IndexOptions
+from indexer.index_types import NAMED_TYPES, IndexOptions
 from retrieval import InvalidArgumentError, faiss_index
 
 DIM = 16
@@ -105,3 +106,27 @@ def test_training_rows_needed_is_what_faiss_accepts(factory: str, need: int) -> 
         with pytest.raises(InvalidArgumentError, match=rf"^FAISS cannot train this index on {need - 1} vectors: [A-Z]"):
             faiss_index.train(faiss_index.create(factory, DIM), vectors(need - 1))
 
+
+def test_too_few_vectors_for_the_factory_fail_before_reading_them() -> None:
+    def unread(start: int) -> Iterator[tuple[int, np.ndarray]]:
+        raise AssertionError("the vectors were read before the plan was checked")
+
+    for factory, need in (("IVF256,Flat", 256), ("IVF4,PQ4", 256)):
+        options = IndexOptions(index_type=factory)
+        wanted = rf"{re.escape(repr(factory))} needs at least {need} training vectors.*has 100.*auto"
+        with pytest.raises(InvalidArgumentError, match=wanted):
+            ann.check_options(options, DIM, 100)
+        # The end of a build (fewer rows than planned: files that did not decode) fails the same way.
+        with pytest.raises(InvalidArgumentError, match=f"needs at least {need} training vectors"):
+            ann.update(None, unread, DIM, 100, options)
+    ann.check_options(IndexOptions(index_type="IVF64,Flat"), DIM, 64)
+    # A build trains on at most MAX_TRAIN_ROWS vectors, however many there are.
+    with pytest.raises(InvalidArgumentError, match="trains on at most 400000"):
+        ann.check_options(IndexOptions(index_type="IVF500000,Flat"), DIM, 1_000_000)
+
+
+@pytest.mark.parametrize("index_type", NAMED_TYPES)
+def test_auto_and_named_types_always_have_enough_to_train(index_type: str) -> None:
+    # Their list counts and PQ bits follow the collection's size, so the check never refuses them.
+    for n in (0, 1, 255, 256, 300, 1000, 10_000, 50_001, 200_000, 500_001, 2_000_000, 10_000_000):
+        ann.check_options(IndexOptions(index_type=index_type, max_memory=64 * 2**30), 512, n)

@@ -101,3 +101,9 @@ def test_cli_index_with_index_type(collection: Collection, tiny_model: Path, tmp
     )
     assert bogus.returncode == 1 and bogus.stderr.count("\n") == 1 and "could not parse index string Bogus7" in bogus.stderr
     assert not (tmp_path / "bogus.idx").exists()
+    # More IVF lists than images: refused after discovery, before any image is embedded.
+    ivf = tmp_path / "ivf.idx"
+    lists = cli_here(["index", str(collection.root), str(ivf), "--model", str(tiny_model), "--index-type", "IVF4096,Flat", "--no-progress"])
+    assert lists.returncode == 1 and lists.stderr.count("\n") == 1, lists.stderr
+    assert "'IVF4096,Flat' needs at least 4096 training vectors" in lists.stderr and "--index-type auto" in lists.stderr
+    assert not ivf.exists()
