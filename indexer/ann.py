@@ -23,7 +23,7 @@ import numpy as np
 
 from indexer.index_types import IndexOptions, IndexPlan, candidate_plans, parse_memory
 from retrieval import faiss_index, store
-from retrieval.errors import InvalidArgumentError
+from retrieval.errors import TooFewTrainingVectorsError
 from retrieval.layout import Manifest
 
 # Held-out collection vectors used as queries when tuning; their own row is excluded from
@@ -218,15 +218,15 @@ def check_plans(plans: Sequence[IndexPlan], dim: int, count: int) -> None:
     train on the sample a build of ``count`` vectors gives it.
 
     Raises:
-        InvalidArgumentError: naming the factory string and FAISS's reason, or how many training
-            vectors it needs and what to ask for instead.
+        InvalidArgumentError: naming the factory string and FAISS's reason.
+        TooFewTrainingVectorsError: how many training vectors it needs and what to ask for instead.
     """
     for plan in plans:
         need = faiss_index.training_rows_needed(faiss_index.create(plan.factory, dim))
         rows = min(plan.train_rows, count)
         if need > rows:
             have = f"this index has {count}" if rows == count else f"a build trains on at most {rows}"
-            raise InvalidArgumentError(
+            raise TooFewTrainingVectorsError(
                 f"FAISS index type {plan.factory!r} needs at least {need} training vectors (one per k-means "
                 f"centroid), but {have}: use fewer clusters (IVF lists, or bits per PQ code), or --index-type "
                 "auto (sized to the collection) or flat"
