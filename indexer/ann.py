@@ -23,6 +23,7 @@ import numpy as np
 
 from indexer.index_types import IndexOptions, IndexPlan, candidate_plans, parse_memory
 from retrieval import faiss_index, store
+from retrieval.errors import TooFewTrainingVectorsError
 from retrieval.layout import Manifest
 
 # Held-out collection vectors used as queries when tuning; their own row is excluded from
@@ -122,10 +123,11 @@ def build(
     it (``path``); the caller moves the file into place.
 
     Raises:
-        InvalidArgumentError: nothing fits ``max_memory`` or FAISS rejects a factory string.
+        InvalidArgumentError: nothing fits ``max_memory``, FAISS rejects a factory string, or
+            ``count`` vectors are too few to train it.
     """
     plans = candidate_plans(count, dim, options)
-    check_plans(plans, dim)
+    check_plans(plans, dim, count)
     start = time.perf_counter()
     rng = np.random.default_rng(seed)
     train_ids = _sample_ids(count, max(p.train_rows for p in plans), rng)
@@ -211,14 +213,24 @@ def _write_streamed(index: Any, path: Path, codes: Iterable[np.ndarray], rows: i
     return faiss_index.read(path, mmap=True)
 
 
-def check_plans(plans: Sequence[IndexPlan], dim: int) -> None:
-    """Fail now, not after a pass over the data, on a factory string FAISS rejects.
+def check_plans(plans: Sequence[IndexPlan], dim: int, count: int) -> None:
+    """Fail now, not after a pass over the data, on a factory string FAISS rejects or cannot
+    train on the sample a build of ``count`` vectors gives it.
 
     Raises:
         InvalidArgumentError: naming the factory string and FAISS's reason.
+        TooFewTrainingVectorsError: how many training vectors it needs and what to ask for instead.
     """
     for plan in plans:
-        faiss_index.create(plan.factory, dim)
+        need = faiss_index.training_rows_needed(faiss_index.create(plan.factory, dim))
+        rows = min(plan.train_rows, count)
+        if need > rows:
+            have = f"this index has {count}" if rows == count else f"a build trains on at most {rows}"
+            raise TooFewTrainingVectorsError(
+                f"FAISS index type {plan.factory!r} needs at least {need} training vectors (one per k-means "
+                f"centroid), but {have}: use fewer clusters (IVF lists, or bits per PQ code), or --index-type "
+                "auto (sized to the collection) or flat"
+            )
 
 
 def choose_options(
@@ -247,8 +259,12 @@ def choose_options(
 
 
 def check_options(options: IndexOptions, dim: int, count: int = 100_000) -> None:
-    """:func:`check_plans` for what ``options`` would build over ``count`` vectors."""
-    check_plans(candidate_plans(count, dim, options), dim)
+    """:func:`check_plans` for what ``options`` would build over ``count`` vectors.
+
+    Raises:
+        InvalidArgumentError: see :func:`check_plans` and :func:`indexer.index_types.candidate_plans`.
+    """
+    check_plans(candidate_plans(count, dim, options), dim, count)
 
 
 def _tune(

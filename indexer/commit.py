@@ -25,6 +25,7 @@ import pyarrow.parquet as pq
 
 from indexer.index_types import IndexOptions
 from retrieval import store
+from retrieval.errors import TooFewTrainingVectorsError
 from retrieval.faults import crash_point
 from retrieval.layout import STAGING_PREFIX, FaissRef, FileChecksum, Manifest, PartRef, format_version_for, paths_file_of
 from retrieval.version import __version__
@@ -79,6 +80,8 @@ class GenerationWriter:
             self._faiss = (base.faiss, index_dir / base.faiss.path)
             self._faiss_info = FaissInfo(base.index_type, dict(base.search_params), dict(base.index_tuning))
         self._committed = base.count if base else 0
+        # What a run records if the options it was given cannot be built (see finish).
+        self._base_options = dict(base.index_options) if base is not None else IndexOptions().to_dict()
         # Each side stage's part (indexer.sides): the last generation's side, carried into the next.
         self.sides: dict[str, SideWriter] = dict(sides(index_dir, base))
         # Whether the index holds a video's rows (format 5): once it has, it stays so.
@@ -330,11 +333,30 @@ class GenerationWriter:
         # leaves there.
         scratch = self.dir / f"{STAGING_PREFIX}faiss-{uuid.uuid4().hex}"
         try:
-            updated = ann.update(previous, self._chunks, self.meta.dim, self.count, options, progress=progress, scratch=scratch)
+            try:
+                updated = ann.update(previous, self._chunks, self.meta.dim, self.count, options, progress=progress, scratch=scratch)
+            except TooFewTrainingVectorsError as exc:
+                raise self._keep_rows_without(options, exc) from exc
             crash_point("finish")
             return self.commit(complete=True, faiss=updated.index, faiss_info=updated.info, merge=True, faiss_file=updated.path)
         finally:
             shutil.rmtree(scratch, ignore_errors=True)
+
+    def _keep_rows_without(self, options: IndexOptions, exc: TooFewTrainingVectorsError) -> TooFewTrainingVectorsError:
+        """Commit the rows of a build whose index type turned out untrainable (fewer images
+        decoded than were found), with the options the index had before this run (else ``auto``):
+        recorded, the failing ones would be reused by every later run and fail it again."""
+        if self.current is not None and self.current.complete and not self.pending:
+            return exc  # nothing new to keep; the published generation keeps its own options
+        fallback = self._base_options
+        if fallback.get("index_type") == options.index_type:
+            fallback = dataclasses.replace(options, index_type="auto").to_dict()
+        self.meta = dataclasses.replace(self.meta, index_options=fallback)
+        self.commit(complete=False)
+        named = fallback.get("index_type", "flat")  # a version-1 index's empty options: flat
+        return TooFewTrainingVectorsError(
+            f"{exc}; the {self.count} rows are kept: run again with one of those, or without --index-type for {named}"
+        )
 
     def drop_faiss(self, index_options: Mapping[str, Any]) -> None:
         """Forget the FAISS file (and switch options): the next :meth:`finish` builds a new one."""

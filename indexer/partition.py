@@ -32,7 +32,7 @@ import pyarrow.parquet as pq
 
 from retrieval import store
 from retrieval.checks import is_positive_int
-from retrieval.errors import IndexDirError, IndexFormatError, InvalidArgumentError, NotAnIndexError
+from retrieval.errors import IndexDirError, IndexFormatError, InvalidArgumentError, NotAnIndexError, TooFewTrainingVectorsError
 from retrieval.layout import EMBEDDINGS_DIR, STAGING_PREFIX, Manifest, is_index_dir, part_name, read_manifest
 from retrieval.partition_set import (
     IdRange,
@@ -44,6 +44,7 @@ from retrieval.partition_set import (
     write_partition_set,
 )
 
+from . import ann
 from .commit import GenerationWriter, IndexMeta
 from .faces.side import NAME as FACES
 from .lock import IndexLock
@@ -73,6 +74,7 @@ def split_index(index_dir: str | os.PathLike[str], shards: int, out: str | os.Pa
 
     Raises:
         InvalidArgumentError: ``shards`` below 1 or above the index's image count.
+        TooFewTrainingVectorsError: shards too small to train the index type the source records.
         NotAnIndexError, IndexFormatError: no complete, readable index at ``index_dir``.
         IndexDirError: ``out`` exists and is not an empty directory.
         IndexLockedError: another process is writing the index.
@@ -85,6 +87,14 @@ def split_index(index_dir: str | os.PathLike[str], shards: int, out: str | os.Pa
         raise InvalidArgumentError(f"--shards {shards} is more than the index's {base.count} images: give at most {base.count}")
     if not base.complete:
         raise IndexFormatError(f"{source} holds an interrupted build; finish it first by running the same `clipsearch index` command again")
+    # Each shard's FAISS index is built with the source's options: one the smallest shard cannot
+    # train fails now, before any shard is written.
+    try:
+        ann.check_options(ann.choose_options(base), base.dim, base.count // shards)
+    except TooFewTrainingVectorsError as exc:
+        raise TooFewTrainingVectorsError(
+            f"--shards {shards} gives shards of {base.count // shards} images: {exc} (reindex {source} with it first), or give fewer shards"
+        ) from exc
     target = Path(out)
     if target.exists() and (not target.is_dir() or any(target.iterdir())):
         raise IndexDirError(f"{target} exists and is not an empty directory; choose a new OUT")

@@ -96,6 +96,11 @@ class IndexCorruptError(IndexFormatError):
         self.fix = fix
 
 
+class TooFewTrainingVectorsError(InvalidArgumentError):
+    """A FAISS index type whose training needs more vectors than the collection gives it (more
+    IVF lists or PQ centroids than vectors); the message says how many and what to ask instead."""
+
+
 class NoFacesError(InvalidArgumentError):
     """The index holds no faces (built without ``--faces``), or no person by that name or number
     (a caller's mistake: 400 over HTTP)."""

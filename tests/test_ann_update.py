@@ -2,14 +2,16 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from indexer import ann
-from indexer.index_types import IndexOptions
-from retrieval import faiss_index
+from indexer.index_types import NAMED_TYPES, IndexOptions
+from retrieval import InvalidArgumentError, faiss_index
 
 DIM = 16
 
@@ -78,3 +80,53 @@ def test_vectors_are_added_to_their_nearest_lists_under_an_hnsw_quantizer() -> N
         if size:
             listed[np.asarray(faiss.rev_swig_ptr(ivf.invlists.get_ids(lst), size), dtype=np.int64)] = lst
     assert np.mean(listed == nearest) >= 0.999
+
+
+@pytest.mark.parametrize(
+    "factory,need",
+    [
+        ("Flat", 0),
+        ("HNSW32", 0),
+        ("IVF64,Flat", 64),
+        ("IVF8,SQ8", 8),
+        ("IVF8,PQ4", 256),
+        ("IVF8,PQ4x4", 16),
+        ("OPQ4,IVF8,Flat", 256),
+        ("PCA8,IVF4,Flat", 8),
+        ("HNSW32,PQ4", 256),
+        ("IVF8,PQ4x4,Refine(PQ2)", 256),
+        ("RQ2x6", 64),
+    ],
+)
+def test_training_rows_needed_is_what_faiss_accepts(factory: str, need: int) -> None:
+    assert faiss_index.training_rows_needed(faiss_index.create(factory, DIM)) == need
+    faiss_index.train(faiss_index.create(factory, DIM), vectors(max(need, 1)))
+    if need > 1:
+        # One fewer fails in FAISS; that failure is a typed one-line error, not a C++ trace.
+        with pytest.raises(InvalidArgumentError, match=rf"^FAISS cannot train this index on {need - 1} vectors: [A-Z]"):
+            faiss_index.train(faiss_index.create(factory, DIM), vectors(need - 1))
+
+
+def test_too_few_vectors_for_the_factory_fail_before_reading_them() -> None:
+    def unread(start: int) -> Iterator[tuple[int, np.ndarray]]:
+        raise AssertionError("the vectors were read before the plan was checked")
+
+    for factory, need in (("IVF256,Flat", 256), ("IVF4,PQ4", 256)):
+        options = IndexOptions(index_type=factory)
+        wanted = rf"{re.escape(repr(factory))} needs at least {need} training vectors.*has 100.*auto"
+        with pytest.raises(InvalidArgumentError, match=wanted):
+            ann.check_options(options, DIM, 100)
+        # The end of a build (fewer rows than planned: files that did not decode) fails the same way.
+        with pytest.raises(InvalidArgumentError, match=f"needs at least {need} training vectors"):
+            ann.update(None, unread, DIM, 100, options)
+    ann.check_options(IndexOptions(index_type="IVF64,Flat"), DIM, 64)
+    # A build trains on at most MAX_TRAIN_ROWS vectors, however many there are.
+    with pytest.raises(InvalidArgumentError, match="trains on at most 400000"):
+        ann.check_options(IndexOptions(index_type="IVF500000,Flat"), DIM, 1_000_000)
+
+
+@pytest.mark.parametrize("index_type", NAMED_TYPES)
+def test_auto_and_named_types_always_have_enough_to_train(index_type: str) -> None:
+    # Their list counts and PQ bits follow the collection's size, so the check never refuses them.
+    for n in (0, 1, 255, 256, 300, 1000, 10_000, 50_001, 200_000, 500_001, 2_000_000, 10_000_000):
+        ann.check_options(IndexOptions(index_type=index_type, max_memory=64 * 2**30), 512, n)

@@ -101,3 +101,29 @@ def test_cli_index_with_index_type(collection: Collection, tiny_model: Path, tmp
     )
     assert bogus.returncode == 1 and bogus.stderr.count("\n") == 1 and "could not parse index string Bogus7" in bogus.stderr
     assert not (tmp_path / "bogus.idx").exists()
+    # More IVF lists than images: refused after discovery, before any image is embedded.
+    ivf = tmp_path / "ivf.idx"
+    lists = cli_here(["index", str(collection.root), str(ivf), "--model", str(tiny_model), "--index-type", "IVF4096,Flat", "--no-progress"])
+    assert lists.returncode == 1 and lists.stderr.count("\n") == 1, lists.stderr
+    assert "'IVF4096,Flat' needs at least 4096 training vectors" in lists.stderr and "--index-type auto" in lists.stderr
+    assert not ivf.exists()
+
+
+def test_untrainable_index_type_found_late_keeps_the_rows_not_the_option(
+    collection: Collection, tiny_model: Path, built_index: Path, tmp_path: Path
+) -> None:
+    # More lists than images that decode, fewer than files found: known only at the end of the build.
+    rows, skipped = read_manifest(built_index).count, read_manifest(built_index).skipped
+    assert skipped >= 1
+    out = tmp_path / "late.idx"
+    args = ["index", str(collection.root), str(out), "--model", str(tiny_model), "--no-progress"]
+    late = cli_here([*args, "--index-type", f"IVF{rows + 1},Flat", "--commit-every", "8"])
+    assert late.returncode == 1 and late.stderr.count("\n") == 1, late.stderr
+    assert f"needs at least {rows + 1} training vectors" in late.stderr and f"the {rows} rows are kept" in late.stderr
+    kept = read_manifest(out)
+    # The chunk commits recorded the option; the last commit puts back what a rerun can build.
+    assert not kept.complete and kept.count == rows and kept.index_options["index_type"] == "auto"
+    again = cli_here(args)
+    assert again.returncode == 0, again.stderr
+    done = read_manifest(out)
+    assert done.complete and done.count == rows and done.index_type == "Flat"

@@ -17,7 +17,13 @@ from vector_indexes import clustered, write_vectors_index
 
 from clipsearch.cli import main
 from indexer.partition import add_to_partitions, join_indexes, split_index
-from retrieval.errors import IndexFormatError, InvalidArgumentError, NotAnIndexError, ShardUnavailableError
+from retrieval.errors import (
+    IndexFormatError,
+    InvalidArgumentError,
+    NotAnIndexError,
+    ShardUnavailableError,
+    TooFewTrainingVectorsError,
+)
 from retrieval.filters import Filter
 from retrieval.index import ImageIndex
 from retrieval.partition_live import LivePartitions, local_shards, open_partitions
@@ -297,6 +303,13 @@ def test_bad_inputs_are_refused_with_what_to_do(vec_set: tuple[Path, Path, np.nd
     with pytest.raises(InvalidArgumentError, match="more than the index's 900 images"):
         split_index(whole_dir, 901, tmp_path / "a")
     assert not (tmp_path / "a").exists()
+    # Shards too small to train the index type the source records: refused before any is written.
+    ivf = tmp_path / "ivf.idx"
+    write_vectors_index(ivf, clustered(600, 32), commit_every=600, options={"index_type": "IVF256,Flat"})
+    with pytest.raises(TooFewTrainingVectorsError, match="--shards 3 gives shards of 200 images: .*'IVF256,Flat' needs at least 256"):
+        split_index(ivf, 3, tmp_path / "a")
+    assert not (tmp_path / "a").exists()
+    split_index(ivf, 2, tmp_path / "two")
     work = tmp_path / "set"
     shutil.copytree(set_dir, work)
     shutil.rmtree(work / "shard-0002")

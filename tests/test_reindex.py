@@ -137,6 +137,21 @@ def test_reindex_bad_inputs(vec_index: Path, tmp_path: Path) -> None:
         reindex(idx, index_type="hnsw")
 
 
+def test_reindex_with_more_clusters_than_vectors_changes_nothing(vec_index: Path, tmp_path: Path) -> None:
+    idx = copy_of(vec_index, tmp_path)
+    before = (idx / "manifest.json").read_text()
+    for factory, need in (("IVF4096,Flat", 4096), ("IVF16,PQ8x12", 4096)):
+        with pytest.raises(InvalidArgumentError, match=f"needs at least {need} training vectors.*this index has {ROWS}.*auto"):
+            reindex(idx, index_type=factory)
+    proc = cli_here(["reindex", str(idx), "--index-type", "IVF4096,Flat", "--no-progress"])
+    assert proc.returncode == 1 and proc.stderr.count("\n") == 1, proc.stderr
+    assert "'IVF4096,Flat' needs at least 4096 training vectors" in proc.stderr and "Traceback" not in proc.stderr
+    assert (idx / "manifest.json").read_text() == before  # the option was not recorded
+    # So a later run without --index-type keeps what the index had.
+    reindex(idx)
+    assert read_manifest(idx).index_options["index_type"] == json.loads(before)["index_options"]["index_type"] == "auto"
+
+
 def test_version_1_index_is_read_and_upgraded_on_write(built_index: Path, tmp_path: Path) -> None:
     idx = copy_of(built_index, tmp_path)
     data = json.loads((idx / "manifest.json").read_text())

@@ -17,7 +17,7 @@ FAISS row i holds the image with id i; :mod:`retrieval.index` checks this on ope
 
 from __future__ import annotations
 
-from .building import DEFAULT_INDEX_TYPE, QUANTIZER_ADD_EF, TRAIN_ITERATIONS, add, build, create, reserve, train
+from .building import DEFAULT_INDEX_TYPE, QUANTIZER_ADD_EF, TRAIN_ITERATIONS, add, build, create, reserve, train, training_rows_needed
 from .exact import ExactTopK, recall_at
 from .io import read, write
 from .pagecache import available_memory, warm
@@ -52,6 +52,7 @@ __all__ = [
     "streams_refine",
     "streams_refine_file",
     "train",
+    "training_rows_needed",
     "tunable",
     "tune",
     "warm",

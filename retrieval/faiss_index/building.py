@@ -41,6 +41,13 @@ def build(vectors: npt.NDArray[np.float32], index_type: str = DEFAULT_INDEX_TYPE
     return index
 
 
+def _reason(exc: RuntimeError) -> str:
+    last = str(exc).strip().splitlines()[-1] if str(exc).strip() else "unknown error"
+    # "Error in faiss::Index* faiss::index_factory(...) at /project/faiss/index_factory.cpp:1228: could not ...",
+    # or "... Clustering.cpp:66: Error: 'nx >= k' failed: Number of training points ...".
+    return re.sub(r"^Error: '.*' failed: ", "", re.sub(r"^Error in .* at \S+:\d+: ", "", last))
+
+
 def create(factory: str, dim: int) -> FaissIndex:
     """An empty inner-product index from a FAISS factory string.
 
@@ -52,10 +59,7 @@ def create(factory: str, dim: int) -> FaissIndex:
     try:
         index = faiss.index_factory(int(dim), factory, faiss.METRIC_INNER_PRODUCT)
     except RuntimeError as exc:
-        last = str(exc).strip().splitlines()[-1] if str(exc).strip() else "unknown error"
-        # "Error in faiss::Index* faiss::index_factory(...) at /project/faiss/index_factory.cpp:1228: could not ..."
-        reason = re.sub(r"^Error in .* at \S+:\d+: ", "", last)
-        raise InvalidArgumentError(f"FAISS cannot build index type {factory!r} for {dim}-d vectors: {reason}") from exc
+        raise InvalidArgumentError(f"FAISS cannot build index type {factory!r} for {dim}-d vectors: {_reason(exc)}") from exc
     ivf = _ivf_of(index)
     if ivf is not None:
         ivf.cp.niter = TRAIN_ITERATIONS
@@ -67,14 +71,55 @@ def create(factory: str, dim: int) -> FaissIndex:
     return index
 
 
+def training_rows_needed(index: FaissIndex) -> int:
+    """The fewest training vectors FAISS accepts for ``index`` (0: it needs none).
+
+    Each k-means of its training needs at least one point per centroid: ``nlist`` for an IVF
+    coarse quantizer, ``2**nbits`` for a product, OPQ or additive (RQ, LSQ) codebook; a PCA one
+    per output dimension. FAISS checks this only once training starts, after the sample has
+    been read.
+    """
+    import faiss
+
+    need = 0
+    todo = [index]
+    while todo:
+        part = faiss.downcast_index(todo.pop())
+        if isinstance(part, faiss.IndexPreTransform):
+            for i in range(part.chain.size()):
+                step = faiss.downcast_VectorTransform(part.chain.at(i))
+                if isinstance(step, faiss.OPQMatrix):
+                    need = max(need, 256)  # OPQ trains its rotation with an 8-bit PQ of its own
+                elif isinstance(step, faiss.PCAMatrix):
+                    need = max(need, int(step.d_out))
+        if isinstance(part, faiss.IndexIVF):
+            need = max(need, int(part.nlist))
+        if (pq := getattr(part, "pq", None)) is not None:
+            need = max(need, int(pq.ksub))
+        if (aq := getattr(part, "aq", None)) is not None:
+            need = max([need, *(1 << int(b) for b in faiss.vector_to_array(aq.nbits))])
+        # The stages inside: a transform's index, a refine stage's two, HNSW's storage.
+        inner = (getattr(part, name, None) for name in ("index", "base_index", "refine_index", "storage"))
+        todo += [stage for stage in inner if stage is not None]
+    return need
+
+
 def train(index: FaissIndex, sample: npt.NDArray[np.float32], seed: int = 0) -> None:
-    """Train ``index`` (IVF centroids, PQ/SQ codebooks, OPQ rotation) on ``sample`` if it needs it."""
+    """Train ``index`` (IVF centroids, PQ/SQ codebooks, OPQ rotation) on ``sample`` if it needs it.
+
+    Raises:
+        InvalidArgumentError: FAISS cannot train it on ``sample`` (its reason, without the C++ trace).
+    """
     if index.is_trained:
         return
     ivf = _ivf_of(index)
     if ivf is not None:
         ivf.cp.seed = seed
-    index.train(np.ascontiguousarray(sample, dtype=np.float32))
+    try:
+        index.train(np.ascontiguousarray(sample, dtype=np.float32))
+    except RuntimeError as exc:
+        # What training_rows_needed does not foresee (an exotic factory) still ends in one line.
+        raise InvalidArgumentError(f"FAISS cannot train this index on {len(sample)} vectors: {_reason(exc)}") from exc
 
 
 def reserve(index: FaissIndex, rows: int) -> None:
