@@ -42,7 +42,11 @@ def parse_time(text: str) -> int:
     Raises:
         InvalidArgumentError: not an ISO-8601 date or time.
     """
-    when = _read_time(text)
+    return _epoch_ns(_read_time(text))
+
+
+def _epoch_ns(when: dt.datetime) -> int:
+    """ns since the epoch; a time without a zone read as UTC."""
     if when.tzinfo is None:
         when = when.replace(tzinfo=dt.timezone.utc)
     epoch = dt.datetime(1970, 1, 1, tzinfo=dt.timezone.utc)
@@ -75,8 +79,8 @@ def parse_taken(text: str) -> int | LocalTime:
     Raises:
         InvalidArgumentError: not an ISO-8601 date or time.
     """
-    ns = parse_time(text)
-    return LocalTime(ns) if _read_time(text).tzinfo is None else ns
+    when = _read_time(text)
+    return LocalTime(_epoch_ns(when)) if when.tzinfo is None else _epoch_ns(when)
 
 
 def format_time(ns: int) -> str:

@@ -63,7 +63,7 @@ def _gone_model_path(model: str) -> str | None:
     ``local-dir:DIR``, ``ARCH@WEIGHTS`` and ``CONFIG.json@WEIGHTS``."""
     name = model.removeprefix("open_clip:").removeprefix("local-dir:")
     for piece in name.split("@"):
-        if piece.startswith("/") and not Path(piece).exists():
+        if Path(piece).is_absolute() and not Path(piece).exists():
             return piece
     return None
 

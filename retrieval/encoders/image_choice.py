@@ -147,10 +147,11 @@ class ImageRuntime:
                 raise ModelLoadError(f"{RUNTIME_ENV}={name}: {outcome}")
             reasons.append(outcome)
         self.name, self._tower = (name, chosen) if chosen is not None else ("torch", None)
+        label = RUNTIMES[self.name].label if chosen is not None else "torch"
         if self.recorded not in (None, self.name) and (chosen is not None or self.recorded in RUNTIMES):
             # The index's vectors came from another tower: the new ones will differ a little.
             if self.recorded == "torch":  # only a runtime asked for by name moves an index made on torch
-                self.note = f"the index's vectors came from torch; {RUNTIME_ENV}={self.name} asks for {RUNTIMES[self.name].label}"
+                self.note = f"the index's vectors came from torch; {RUNTIME_ENV}={self.name} asks for {label}"
             else:
                 why = "; ".join(reasons) if self.recorded in RUNTIMES else "this version does not know it"
                 self.note = f"the index's vectors came from {self.recorded}, which cannot run here: {why}"
@@ -162,7 +163,6 @@ class ImageRuntime:
             self.note = "; ".join(shown) or None
             level = logging.WARNING if chosen is None and self.mode == "fp32" else logging.INFO
         if self.note:
-            label = RUNTIMES[self.name].label if chosen is not None else "torch"
             LOG.log(level, "%s image tower of %s runs on %s: %s", self.mode, self.model_name, label, self.note)
         return chosen
 
